@@ -1,0 +1,3 @@
+from orchestrator.cli import entry_point
+
+entry_point()

@@ -1,0 +1,137 @@
+"""The run spec: layered file < environment < flags, strict fields, frozen into the run."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.errors import SpecConflict, SpecError
+from orchestrator.protocol.layout import RunLayout
+from orchestrator.spec import freeze_spec, load_spec, read_stored_spec, spec_hash
+from orchestrator.store import open_store
+
+
+def write(tmp_path, text: str, name: str = "orch.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_spec_defaults_without_any_file(tmp_path):
+    spec = load_spec(None, {"run": "r1"}, env={}, cwd=tmp_path)
+    assert spec.run == "r1"
+    assert spec.store == "./.orch"
+    assert spec.backend == "local"
+    assert spec.resources.gpus == ["L4", "L40S", "A10G", "A100", "A100-80GB"]
+
+
+def test_spec_precedence_file_then_env_then_flags(tmp_path):
+    write(tmp_path, "run: from-file\nsampling:\n  max_tokens: 100\n  temperature: 0.5\nworkers:\n  count: 3\n")
+    env = {"ORCH_SAMPLING__MAX_TOKENS": "200", "ORCH_RUN": "from-env", "ORCH_WORKERS__COUNT": "5"}
+    spec = load_spec(None, {"run": "from-flag"}, env=env, cwd=tmp_path)
+    assert spec.run == "from-flag"
+    assert spec.sampling.max_tokens == 200
+    assert spec.sampling.temperature == 0.5
+    assert spec.workers.count == 5
+
+
+def test_spec_file_flag_overrides_default_file(tmp_path):
+    write(tmp_path, "run: default\n")
+    other = write(tmp_path, "run: other\n", "other.yaml")
+    assert load_spec(other, {}, env={}, cwd=tmp_path).run == "other"
+
+
+def test_spec_unknown_key_named_with_file_and_line(tmp_path):
+    write(tmp_path, "run: r\nsampling:\n  max_tokens: 10\n  temprature: 0.2\n")
+    with pytest.raises(SpecError) as err:
+        load_spec(None, {}, env={}, cwd=tmp_path)
+    assert "sampling.temprature" in str(err.value)
+    assert "unknown field" in str(err.value) and "temperature" in str(err.value)
+    assert err.value.where.endswith("orch.yaml:4")
+
+
+def test_spec_wrong_type_names_the_field(tmp_path):
+    write(tmp_path, "run: r\nworkers:\n  count: many\n")
+    with pytest.raises(SpecError) as err:
+        load_spec(None, {}, env={}, cwd=tmp_path)
+    assert "workers.count" in str(err.value) and err.value.where.endswith("orch.yaml:3")
+
+
+def test_spec_bad_environment_variable_is_named(tmp_path):
+    with pytest.raises(SpecError) as err:
+        load_spec(None, {}, env={"ORCH_SAMPLING__MAX_TOKENS": "lots"}, cwd=tmp_path)
+    assert err.value.where == "ORCH_SAMPLING__MAX_TOKENS"
+    with pytest.raises(SpecError, match="names no spec field"):
+        load_spec(None, {}, env={"ORCH_SAMPLNG__MAX_TOKENS": "1"}, cwd=tmp_path)
+
+
+def test_spec_invalid_yaml_reports_line(tmp_path):
+    write(tmp_path, "run: r\nsampling: [unclosed\n")
+    with pytest.raises(SpecError) as err:
+        load_spec(None, {}, env={}, cwd=tmp_path)
+    assert "orch.yaml:" in err.value.where
+
+
+def test_spec_missing_file_flag_is_an_error(tmp_path):
+    with pytest.raises(SpecError, match="does not exist"):
+        load_spec(tmp_path / "nope.yaml", {}, env={}, cwd=tmp_path)
+
+
+def test_spec_run_name_is_checked(tmp_path):
+    spec = load_spec(None, {"run": "../escape"}, env={}, cwd=tmp_path)
+    with pytest.raises(SpecError, match="invalid run name"):
+        spec.layout
+
+
+def test_freeze_spec_records_then_accepts_same_spec(tmp_path):
+    store = open_store(tmp_path / "s")
+    spec = load_spec(None, {"run": "r", "model.name": "m1"}, env={}, cwd=tmp_path)
+    layout = RunLayout("r")
+    freeze_spec(store, layout, spec)
+    stored, _ = read_stored_spec(store, layout)
+    assert stored["model"]["name"] == "m1"
+    again = load_spec(None, {"run": "r"}, env={}, cwd=tmp_path, stored=stored)
+    assert freeze_spec(store, layout, again).model.name == "m1"
+    assert spec_hash(again) == spec_hash(spec)
+
+
+def test_freeze_spec_refuses_changed_output_fields_and_names_them(tmp_path):
+    store = open_store(tmp_path / "s")
+    layout = RunLayout("r")
+    freeze_spec(store, layout, load_spec(None, {"run": "r", "model.name": "m1"}, env={}, cwd=tmp_path))
+    changed = load_spec(None, {"run": "r", "model.name": "m2", "sampling.max_tokens": 64}, env={}, cwd=tmp_path)
+    with pytest.raises(SpecConflict) as err:
+        freeze_spec(store, layout, changed)
+    text = str(err.value)
+    assert 'model.name: "m1" (frozen) != "m2" (now)' in text
+    assert "sampling.max_tokens: 256 (frozen) != 64 (now)" in text
+    # Nothing was overwritten.
+    assert read_stored_spec(store, layout)[0]["model"]["name"] == "m1"
+
+
+def test_freeze_spec_fills_a_model_left_unset_at_prepare(tmp_path):
+    store = open_store(tmp_path / "s")
+    layout = RunLayout("r")
+    freeze_spec(store, layout, load_spec(None, {"run": "r"}, env={}, cwd=tmp_path))
+    merged = freeze_spec(store, layout, load_spec(None, {"run": "r", "model.name": "m"}, env={}, cwd=tmp_path))
+    assert merged.model.name == "m"
+    assert read_stored_spec(store, layout)[0]["model"]["name"] == "m"
+
+
+def test_freeze_spec_allows_operational_changes(tmp_path):
+    store = open_store(tmp_path / "s")
+    layout = RunLayout("r")
+    freeze_spec(store, layout, load_spec(None, {"run": "r", "workers.count": 2}, env={}, cwd=tmp_path))
+    merged = freeze_spec(store, layout, load_spec(None, {"run": "r", "workers.count": 8}, env={}, cwd=tmp_path))
+    assert merged.workers.count == 8
+
+
+def test_freeze_spec_chunking_is_compared_as_a_whole(tmp_path):
+    store = open_store(tmp_path / "s")
+    layout = RunLayout("r")
+    freeze_spec(store, layout, load_spec(None, {"run": "r", "chunking.num_chunks": 10}, env={}, cwd=tmp_path))
+    stored = read_stored_spec(store, layout)[0]
+    rechunk = load_spec(
+        None, {"run": "r", "chunking.rows_per_chunk": 5, "chunking.num_chunks": None}, env={}, cwd=tmp_path, stored=stored
+    )
+    with pytest.raises(SpecConflict, match="chunking"):
+        freeze_spec(store, layout, rechunk)
