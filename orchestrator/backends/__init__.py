@@ -1,0 +1,1 @@
+"""Backends that run workers: `local` processes on this machine, or SkyPilot managed jobs."""

@@ -1,0 +1,121 @@
+"""What a backend is to the controller: launch workers, report their job states, cancel them."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from orchestrator.errors import BackendError
+
+
+class JobState(str, enum.Enum):
+    """A worker job's state, the same words for every backend (SkyPilot's managed-job states)."""
+
+    PENDING = "PENDING"  # submitted, waiting for the scheduler or for capacity
+    STARTING = "STARTING"  # provisioning the machine and running setup
+    RUNNING = "RUNNING"  # the worker program runs
+    RECOVERING = "RECOVERING"  # the machine was lost (spot preemption); the backend relaunches it
+    CANCELLING = "CANCELLING"  # a cancel was requested and is under way
+    SUCCEEDED = "SUCCEEDED"  # the worker exited 0 (it found no more work)
+    CANCELLED = "CANCELLED"  # cancelled by a user or by `orch cancel`
+    FAILED = "FAILED"  # the worker exited non-zero, or the process was killed
+    FAILED_SETUP = "FAILED_SETUP"  # the setup commands failed
+    FAILED_PRECHECKS = "FAILED_PRECHECKS"  # the task was refused before provisioning
+    FAILED_NO_RESOURCE = "FAILED_NO_RESOURCE"  # no capacity for any of the candidates
+    FAILED_CONTROLLER = "FAILED_CONTROLLER"  # the backend's own controller failed
+    UNKNOWN = "UNKNOWN"  # the backend no longer knows the job (or cannot be asked right now)
+
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+    def is_failure(self) -> bool:
+        return self in _FAILURES
+
+    def is_live(self) -> bool:
+        """Holds (or will soon hold) a machine: launching again would duplicate the worker."""
+        return not self.is_terminal() and self is not JobState.UNKNOWN
+
+
+_TERMINAL = {
+    JobState.SUCCEEDED,
+    JobState.CANCELLED,
+    JobState.FAILED,
+    JobState.FAILED_SETUP,
+    JobState.FAILED_PRECHECKS,
+    JobState.FAILED_NO_RESOURCE,
+    JobState.FAILED_CONTROLLER,
+}
+_FAILURES = _TERMINAL - {JobState.SUCCEEDED, JobState.CANCELLED}
+
+#: How `orch status` colours each state.
+STATE_COLOURS = {
+    JobState.PENDING: "white",
+    JobState.STARTING: "cyan",
+    JobState.RUNNING: "green",
+    JobState.RECOVERING: "yellow",
+    JobState.CANCELLING: "yellow",
+    JobState.SUCCEEDED: "green",
+    JobState.CANCELLED: "yellow",
+    JobState.FAILED: "red",
+    JobState.FAILED_SETUP: "red",
+    JobState.FAILED_PRECHECKS: "red",
+    JobState.FAILED_NO_RESOURCE: "red",
+    JobState.FAILED_CONTROLLER: "red",
+    JobState.UNKNOWN: "white",
+}
+
+
+@dataclass
+class LaunchRequest:
+    """One worker to start. `envs` are plain settings; `secrets` are never written anywhere."""
+
+    worker: int
+    name: str
+    envs: dict[str, str]
+    secrets: dict[str, str] = field(default_factory=dict)
+    #: Only for the deadline policy: force spot (True) or on-demand (False); None = the spec's choice.
+    use_spot: bool | None = None
+
+
+@dataclass
+class JobStatus:
+    """What the backend says about one job."""
+
+    job_id: str
+    state: JobState
+    recovery_count: int = 0
+    accelerator: str | None = None
+    cloud: str | None = None
+    region: str | None = None
+    spot: bool | None = None
+    failure_reason: str | None = None
+    exit_code: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+
+
+class Launcher(Protocol):
+    """A backend. Implementations take their side effects (SDK, process runner, clock) in the constructor."""
+
+    name: str
+
+    def launch(self, requests: Sequence[LaunchRequest]) -> dict[int, str]:
+        """Submit every request concurrently; returns worker -> job id. Raises LaunchFailed naming
+        the workers that could not be submitted (those that were are in its `.launched`)."""
+
+    def statuses(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        """The current state of each job (UNKNOWN for ids the backend no longer knows)."""
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        """Stop the jobs; cancelling a finished job is not an error."""
+
+
+class LaunchFailed(BackendError):
+    """Some workers could not be submitted. Those that were are in `launched`, so none is lost track of."""
+
+    def __init__(self, launched: dict[int, str], failures: dict[int, str], hint: str | None = None):
+        lines = "\n  ".join(f"worker {w}: {reason}" for w, reason in sorted(failures.items()))
+        super().__init__(f"launch: {len(failures)} worker(s) not submitted:\n  {lines}", hint=hint)
+        self.launched = launched
+        self.failures = failures
