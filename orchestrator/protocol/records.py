@@ -165,6 +165,7 @@ class Heartbeat(Record):
     tokens_in: int = 0
     tokens_out: int = 0
     tokens_per_s: float = 0.0
+    rows_per_s: float = 0.0
     accelerator: str | None = None
     spot: bool | None = None
     cloud: str | None = None
@@ -178,13 +179,14 @@ class Heartbeat(Record):
     #: Fields packed into the key, so that one list request gives `status` every worker's state.
     SUMMARY_FIELDS: ClassVar[tuple[str, ...]] = (
         "holder", "state", "chunk", "chunk_rows", "chunk_rows_done", "chunks_done", "rows_done",
-        "errors", "tokens_per_s", "accelerator", "spot", "cloud", "region", "started_at",
+        "errors", "tokens_per_s", "rows_per_s", "accelerator", "spot", "cloud", "region", "started_at",
         "updated_at", "exit_code",
     )  # fmt: skip
 
     def summary(self) -> dict[str, Any]:
         data = self.model_dump(include=set(self.SUMMARY_FIELDS))
         data["tokens_per_s"] = round(data["tokens_per_s"], 1)
+        data["rows_per_s"] = round(data["rows_per_s"], 4)
         data["started_at"] = round(data["started_at"], 3)
         data["updated_at"] = round(data["updated_at"], 3)
         return data

@@ -1,0 +1,53 @@
+"""Worker heartbeats: a body for whoever wants details, and a summary in the key so one listing shows the fleet."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from orchestrator.protocol.layout import RunLayout, decode_key_record
+from orchestrator.protocol.records import Heartbeat
+from orchestrator.store import Store, StoreError
+
+
+class HeartbeatPublisher:
+    """Rewrites one worker's heartbeat: the new key first, then the previous one is deleted.
+
+    A crash between the two leaves two keys for a worker; readers keep the newest.
+    """
+
+    def __init__(self, store: Store, layout: RunLayout, heartbeat: Heartbeat):
+        self.store = store
+        self.layout = layout
+        self.heartbeat = heartbeat
+        self._key: str | None = None
+        # Keys left by an earlier process of this worker id describe a process that is gone.
+        self._stale = [o.key for o in store.list(f"{layout.heartbeats_prefix}{heartbeat.worker}/")]
+
+    def publish(self, **updates: Any) -> Heartbeat:
+        self.heartbeat = self.heartbeat.model_copy(update=updates)
+        key = self.layout.heartbeat(self.heartbeat.worker, self.heartbeat.summary())
+        self.store.put(key, self.heartbeat.to_bytes())
+        old, self._key = [*self._stale, self._key], key
+        self._stale = []
+        for stale in old:
+            if stale and stale != key:
+                with contextlib.suppress(StoreError):
+                    self.store.delete(stale)
+        return self.heartbeat
+
+
+def read_heartbeats(store: Store, layout: RunLayout) -> dict[str, dict[str, Any]]:
+    """worker id -> its newest heartbeat summary, from listings alone (one request per 1,000 workers)."""
+    newest: dict[str, dict[str, Any]] = {}
+    prefix = layout.heartbeats_prefix
+    for info in store.list(prefix):
+        worker, _, encoded = info.key[len(prefix):].partition("/")
+        try:
+            summary = decode_key_record(encoded)
+        except ValueError:
+            continue  # not ours: a stray object under heartbeats/
+        summary["worker"] = worker
+        if worker not in newest or summary.get("updated_at", 0) > newest[worker].get("updated_at", 0):
+            newest[worker] = summary
+    return newest

@@ -1,0 +1,160 @@
+"""Chunk leases: create-if-absent to take a free chunk, compare-and-swap to renew, release or take over.
+
+A lease names the worker process (`holder`) that may write a chunk's outputs until `expires_at`.
+Correctness never rests on a lease alone: the done marker is written create-if-absent and lists
+exactly the parts it is made of, so a worker that lost its lease without noticing only leaves
+garbage behind. Leases are about not doing work twice, and about knowing when to stop.
+
+Expiry compares the writer's clock (expires_at) with the reader's: keep the TTL well above the
+clock skew between machines (NTP keeps it under a second; the default TTL is 300 s).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from orchestrator.protocol.layout import RunLayout
+from orchestrator.protocol.records import Lease, parse_record
+from orchestrator.store import NotFound, PreconditionFailed, Store
+
+Clock = Callable[[], float]
+
+
+class LeaseLost(Exception):
+    """Our lease was taken over (it expired, or a faster worker took the chunk): stop the chunk."""
+
+    def __init__(self, chunk: str, by: str | None = None):
+        super().__init__(f"lease on {chunk} lost{f' to {by}' if by else ''}")
+        self.chunk = chunk
+        self.by = by
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    lease: Lease
+    etag: str
+
+    @property
+    def chunk(self) -> str:
+        return self.lease.chunk
+
+
+def read_lease(store: Store, layout: RunLayout, chunk: str) -> tuple[Lease, str] | None:
+    try:
+        blob = store.get(layout.lease(chunk))
+    except NotFound:
+        return None
+    return parse_record(Lease, blob.data, layout.lease(chunk)), blob.etag
+
+
+def acquire(
+    store: Store,
+    layout: RunLayout,
+    chunk: str,
+    *,
+    worker: str,
+    holder: str,
+    ttl: float,
+    now: float,
+    may_take: Callable[[Lease], bool] | None = None,
+) -> HeldLease | None:
+    """Take the chunk's lease, or return None when someone else holds it.
+
+    1. No lease yet: create it (put-if-absent).
+    2. A lease exists: take it over by compare-and-swap when it is ours already, released,
+       expired, held by an earlier process of the same worker (that process is gone: a worker
+       id runs in one place at a time), or when `may_take` says so (a faster worker taking over
+       from a slow one at the end of a run).
+    """
+    mine = Lease(chunk=chunk, worker=worker, holder=holder, acquired_at=now, renewed_at=now, expires_at=now + ttl)
+    key = layout.lease(chunk)
+    for _ in range(3):
+        try:
+            return HeldLease(mine, store.put_if_absent(key, mine.to_bytes()))
+        except PreconditionFailed:
+            pass
+        current = read_lease(store, layout, chunk)
+        if current is None:
+            continue  # released by deletion between our two requests: try to create again
+        lease, etag = current
+        if lease.holder == holder:
+            return HeldLease(lease, etag)
+        if not (lease.is_free(now) or lease.worker == worker or (may_take is not None and may_take(lease))):
+            return None
+        try:
+            return HeldLease(mine, store.compare_and_swap(key, mine.to_bytes(), etag))
+        except PreconditionFailed:
+            return None  # someone else changed it first: they win
+    return None
+
+
+def renew(store: Store, layout: RunLayout, held: HeldLease, *, ttl: float, now: float) -> HeldLease:
+    """Extend the lease. Raises LeaseLost if it changed since we last wrote it."""
+    fresh = held.lease.model_copy(update={"renewed_at": now, "expires_at": now + ttl})
+    try:
+        return HeldLease(fresh, store.compare_and_swap(layout.lease(held.chunk), fresh.to_bytes(), held.etag))
+    except PreconditionFailed:
+        current = read_lease(store, layout, held.chunk)
+        raise LeaseLost(held.chunk, by=current[0].holder if current else None) from None
+
+
+def release(store: Store, layout: RunLayout, held: HeldLease, *, now: float) -> None:
+    """Give the chunk back (shutdown before finishing it): mark the lease released, if it is still ours.
+
+    A compare-and-swap, not a delete: R2 has no conditional delete, and an unconditional one could
+    remove a lease another worker took over in the meantime.
+    """
+    freed = held.lease.model_copy(update={"released": True, "renewed_at": now, "expires_at": now})
+    try:
+        store.compare_and_swap(layout.lease(held.chunk), freed.to_bytes(), held.etag)
+    except PreconditionFailed:
+        pass  # not ours any more: nothing to give back
+
+
+class LeaseKeeper:
+    """Keeps one held lease fresh. Every renewal goes through here, so the background renewer and a
+    checkpoint never race each other's ETags into a false `LeaseLost`."""
+
+    def __init__(self, store: Store, layout: RunLayout, held: HeldLease, *, ttl: float, clock: Clock):
+        self.store = store
+        self.layout = layout
+        self.ttl = ttl
+        self.clock = clock
+        self._held = held
+        self._lost: LeaseLost | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def chunk(self) -> str:
+        return self._held.chunk
+
+    @property
+    def held(self) -> HeldLease:
+        return self._held
+
+    @property
+    def lost(self) -> LeaseLost | None:
+        return self._lost
+
+    def renew(self) -> None:
+        """Renew now. Raises LeaseLost (and remembers it) if the lease is no longer ours."""
+        with self._lock:
+            if self._lost is not None:
+                raise self._lost
+            try:
+                self._held = renew(self.store, self.layout, self._held, ttl=self.ttl, now=self.clock())
+            except LeaseLost as e:
+                self._lost = e
+                raise
+
+    def renew_if_due(self) -> None:
+        """Renew when a third of the TTL has passed since the last renewal."""
+        if self.clock() - self._held.lease.renewed_at >= self.ttl / 3:
+            self.renew()
+
+    def release(self) -> None:
+        with self._lock:
+            if self._lost is None:
+                release(self.store, self.layout, self._held, now=self.clock())
