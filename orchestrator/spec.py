@@ -178,14 +178,16 @@ def load_spec(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike | None = None,
     stored: Mapping[str, Any] | None = None,
+    default_file: bool = True,
 ) -> RunSpec:
     """Resolve the spec from its layers. `flags` maps dotted field paths to the values given on the
-    command line (leave out flags that were not given; a None value sets the field to null)."""
+    command line (leave out flags that were not given; a None value sets the field to null).
+    `default_file=False` ignores ./orch.yaml (workers take their spec from the run alone)."""
     env = os.environ if env is None else env
     layers: list[tuple[str, dict[str, Any], Any]] = []
     if stored:
         layers.append(("the spec frozen into the run", dict(stored), None))
-    path = _spec_path(file, cwd)
+    path = _spec_path(file, cwd) if (file is not None or default_file) else None
     if path is not None:
         data, lines = _read_yaml(path)
         layers.append((str(path), data, lines))
