@@ -91,6 +91,19 @@ def test_store_list_gives_every_key_under_the_prefix_once(store):
     assert {o.key: o.size for o in store.list("q/")} == {"q/a": 3}
 
 
+def test_store_list_starts_after_a_key_on_a_flat_prefix(store):
+    for i in [5, 1, 3, 2, 4]:
+        store.put(f"flat/{i:04d}-x", b"")
+    assert _keys(store, "flat/") == [f"flat/{i:04d}-x" for i in range(1, 6)]
+    assert _keys_after(store, "flat/", "flat/0002-x") == ["flat/0003-x", "flat/0004-x", "flat/0005-x"]
+    assert _keys_after(store, "flat/", "flat/0003") == ["flat/0003-x", "flat/0004-x", "flat/0005-x"]
+    assert _keys_after(store, "flat/", "flat/0009") == []
+
+
+def _keys_after(store, prefix, start_after):
+    return sorted(o.key for o in store.list(prefix, start_after=start_after))
+
+
 def test_store_list_pages_through_more_than_one_thousand_keys(store):
     for i in range(1005):
         store.put(f"many/{i:05d}", b"x")

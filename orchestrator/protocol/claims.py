@@ -1,23 +1,29 @@
-"""Which chunk a worker takes next: its own list, then free chunks of others, then rescue of slow ones.
+"""Which chunk a worker takes next: its own list, then untouched chunks of others, expired leases, rescues.
 
 Static plan, dynamic finish. Each worker starts on its planned list (what users and the SkyPilot
 example expect). When the list runs out it steals:
-1. chunks nobody has leased, from the worker with the most untouched work, last chunk first
-   (that worker would reach its tail last);
-2. chunks whose lease looks expired (not rewritten for a TTL: its holder died);
-3. at the end of a run, the chunk of a live worker so much slower that finishing the chunk here,
-   from its last checkpoint, beats waiting for it (an A100 rescuing an L4's last chunk).
-   The slow worker loses the lease at its next renewal and stops: it has nothing left to do.
+1. untouched chunks (nobody leased them yet) of the worker with the most unfinished work, last
+   chunk first: the owner works front to back and would reach its tail last;
+2. chunks whose lease looks expired (not rewritten for a TTL: the holder died);
+3. at the end of a run, the chunk of a live worker so much slower that finishing it here, from its
+   last checkpoint, beats waiting (an A100 rescuing an L4's last chunk). The slow worker loses the
+   lease at its next renewal and stops; it has nothing left to do and its machine is released.
 
-Workers are never told what to do: every step is a lease taken by create-if-absent or
-compare-and-swap, so any number of workers (replacements, late joiners) can run this at once.
+Nobody assigns work: every step is a lease taken by create-if-absent or compare-and-swap, so any
+number of workers (replacements, late joiners) can run this at once.
+
+The cost of a claim does not grow with the run: what a worker knows (finished chunks, untouched
+tails) lives in a `RunView` refreshed from the chunks finished since it last looked (stats keys
+are in time order), and candidates are tried with create-if-absent instead of listing every lease.
+Processes that share a view (replicas on one machine, the simulator's workers) share one memory.
 """
 
 from __future__ import annotations
 
+import heapq
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping
 
 from orchestrator.protocol.heartbeats import read_heartbeats
 from orchestrator.protocol.layout import RunLayout
@@ -27,17 +33,113 @@ from orchestrator.store import Store
 
 
 @dataclass(frozen=True)
-class RunSnapshot:
-    """What two listings say about a run: finished chunks, and when each lease was last written."""
+class PlanIndex:
+    """The plan, indexed once; read-only, so any number of claimers can share it."""
 
-    done: frozenset[str]
-    lease_written: Mapping[str, float]
+    lists: Mapping[int, tuple[str, ...]]
+    owner: Mapping[str, int]
+    work: Mapping[str, float]
+
+    @classmethod
+    def build(cls, plan: PlanRecord, work: Mapping[str, float]) -> "PlanIndex":
+        lists = {a.worker: tuple(a.chunks) for a in plan.workers}
+        owner = {chunk: worker for worker, chunks in lists.items() for chunk in chunks}
+        # Chunks outside the plan (a plan older than the manifest) belong to no one: anyone steals them.
+        orphans = tuple(sorted(c for c in work if c not in owner))
+        if orphans:
+            lists[-1] = orphans
+            owner.update({c: -1 for c in orphans})
+        return cls(lists, owner, dict(work))
 
 
-def take_snapshot(store: Store, layout: RunLayout) -> RunSnapshot:
-    done = frozenset(layout.chunk_of(o.key, layout.done_prefix) for o in store.list(layout.done_prefix))
-    leases = {layout.chunk_of(o.key, layout.leases_prefix): o.modified for o in store.list(layout.leases_prefix)}
-    return RunSnapshot(done, leases)
+class RunView:
+    """What a worker knows about the run: finished chunks, and chunks known to be taken.
+
+    `refresh()` lists the stats of chunks finished since the last refresh, minus a margin for
+    clock skew between machines (stats keys carry the finisher's clock). Knowledge only grows:
+    a finished chunk stays finished; a chunk seen taken is left to the lease-expiry step.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        layout: RunLayout,
+        index: PlanIndex,
+        *,
+        skew_margin_s: float = 600.0,
+        rng: random.Random | None = None,
+    ):
+        self.store = store
+        self.layout = layout
+        self.index = index
+        self.skew_margin_s = skew_margin_s
+        self.rng = rng or random.Random()
+        self.done: set[str] = set()
+        self.taken: set[str] = set()
+        self._last_finished: float | None = None
+        # Untouched chunks of each list are those before its tail pointer that are neither done nor taken.
+        self._tail = {worker: len(chunks) for worker, chunks in index.lists.items()}
+        self._load = {worker: sum(index.work.get(c, 1.0) for c in chunks) for worker, chunks in index.lists.items()}
+        self._heap = [(-load, self.rng.random(), worker) for worker, load in self._load.items()]
+        heapq.heapify(self._heap)
+
+    def refresh(self) -> None:
+        start = None if self._last_finished is None else self.layout.stats_since(self._last_finished - self.skew_margin_s)
+        prefix_len = len(self.layout.stats_prefix)
+        for info in self.store.list(self.layout.stats_prefix, start_after=start):
+            # Only the chunk id is needed here: no decoding of the summary.
+            millis, chunk, _ = info.key[prefix_len:].split(".", 2)
+            finished = int(millis) / 1000
+            if self._last_finished is None or finished > self._last_finished:
+                self._last_finished = finished
+            if chunk not in self.done:
+                self.done.add(chunk)
+                self._drop(chunk)
+
+    def mark_taken(self, chunk: str) -> None:
+        if chunk not in self.taken:
+            self.taken.add(chunk)
+            self._drop(chunk)
+
+    def is_open(self, chunk: str) -> bool:
+        return chunk not in self.done and chunk not in self.taken
+
+    def untouched(self, exclude: int | None) -> Iterator[str]:
+        """Untouched chunks, from the tail of the list with the most unfinished work first.
+
+        Lists with equal loads come in random order, so idle workers spread over them.
+        """
+        skipped = []
+        while self._heap:
+            neg_load, tie, worker = heapq.heappop(self._heap)
+            if -neg_load != self._load.get(worker):
+                continue  # stale entry: a fresher one is in the heap
+            if worker == exclude:
+                skipped.append((neg_load, tie, worker))
+                continue
+            chunk = self._pop_tail(worker)
+            if chunk is None:
+                self._load.pop(worker, None)
+                continue
+            heapq.heappush(self._heap, (-self._load[worker], self.rng.random(), worker))
+            yield chunk
+        for entry in skipped:
+            heapq.heappush(self._heap, entry)
+
+    def _pop_tail(self, worker: int) -> str | None:
+        chunks = self.index.lists[worker]
+        while self._tail[worker] > 0:
+            self._tail[worker] -= 1
+            chunk = chunks[self._tail[worker]]
+            if self.is_open(chunk):
+                return chunk
+        return None
+
+    def _drop(self, chunk: str) -> None:
+        worker = self.index.owner.get(chunk)
+        if worker in self._load:
+            self._load[worker] -= self.index.work.get(chunk, 1.0)
+            heapq.heappush(self._heap, (-self._load[worker], self.rng.random(), worker))
 
 
 @dataclass(frozen=True)
@@ -63,47 +165,6 @@ class RescueCandidate:
     our_remaining_s: float
 
 
-def steal_order(
-    snapshot: RunSnapshot,
-    plan: PlanRecord,
-    work: Mapping[str, float],
-    *,
-    own: int | None,
-    now: float,
-    ttl: float,
-    rng: random.Random,
-) -> list[str]:
-    """Chunks worth trying to take, best first (see the module docstring, steps 1 and 2).
-
-    Victims with equal untouched work come in an order shuffled by `rng`, so that several idle
-    workers do not all race for the same chunk.
-    """
-    untouched: list[tuple[float, list[str]]] = []
-    for assignment in plan.workers:
-        if assignment.worker == own:
-            continue
-        free = [c for c in assignment.chunks if c not in snapshot.done and c not in snapshot.lease_written]
-        if free:
-            untouched.append((sum(work.get(c, 1.0) for c in free), free))
-    # Most untouched work first; equal loads in random order.
-    rng.shuffle(untouched)
-    untouched.sort(key=lambda item: -item[0])
-    order: list[str] = []
-    # Round-robin over victims, taking each one's tail first.
-    queues = [list(reversed(free)) for _, free in untouched]
-    while queues:
-        for q in queues:
-            order.append(q.pop(0))
-        queues = [q for q in queues if q]
-    planned = {c for a in plan.workers for c in a.chunks}
-    order += sorted(c for c in work if c not in planned and c not in snapshot.done and c not in snapshot.lease_written)
-    stale = sorted(
-        (written, c) for c, written in snapshot.lease_written.items() if c not in snapshot.done and now - written > ttl
-    )
-    order += [c for _, c in stale]
-    return order
-
-
 def pick_rescue(
     heartbeats: Mapping[str, Mapping[str, Any]],
     *,
@@ -119,9 +180,10 @@ def pick_rescue(
             continue
         rate = float(hb.get("rows_per_s") or 0.0)
         left = max(int(hb.get("chunk_rows") or 0) - int(hb.get("chunk_rows_done") or 0), 0)
-        if rate <= 0 or left == 0 or now - float(hb.get("updated_at") or 0) > policy.max_heartbeat_age_s:
+        age = now - float(hb.get("updated_at") or 0)
+        if rate <= 0 or left == 0 or age > policy.max_heartbeat_age_s:
             continue
-        theirs = left / rate - (now - float(hb["updated_at"]))
+        theirs = left / rate - age
         ours = left / our_rows_per_s + policy.takeover_overhead_s
         if theirs < policy.min_remaining_s or ours > policy.max_time_ratio * theirs:
             continue
@@ -130,17 +192,28 @@ def pick_rescue(
     return best
 
 
+def expired_lease_chunks(store: Store, layout: RunLayout, view: RunView, *, now: float, ttl: float) -> list[str]:
+    """Unfinished chunks whose lease was last written more than a TTL ago, oldest first (step 2).
+
+    The listing's write time is a hint; `acquire` reads the lease itself before taking it over.
+    """
+    stale = []
+    for info in store.list(layout.leases_prefix):
+        chunk = layout.chunk_of(info.key, layout.leases_prefix)
+        if chunk not in view.done and now - info.modified > ttl:
+            stale.append((info.modified, chunk))
+    return [chunk for _, chunk in sorted(stale)]
+
+
 @dataclass
 class ChunkClaimer:
     """Takes the next chunk for one worker process. The worker and the simulator both drive this."""
 
     store: Store
     layout: RunLayout
+    view: RunView
     worker: str
     holder: str
-    plan: PlanRecord
-    #: chunk -> estimated work (the planner's units); also the set of all chunks of the run.
-    work: Mapping[str, float]
     ttl: float
     clock: Clock
     #: Our own list in the plan (None for a worker outside the plan: it only steals).
@@ -148,46 +221,34 @@ class ChunkClaimer:
     #: Our measured speed in rows per second (None until we have finished a chunk).
     rows_per_s: Callable[[], float | None] = lambda: None
     rescue: RescuePolicy | None = field(default_factory=RescuePolicy)
-    rng: random.Random = field(default_factory=random.Random)
-    #: Chunks of our own list already handed out, or found held by others: not tried again.
-    _passed: set[str] = field(default_factory=set)
+    _own_next: int = 0
 
     def next_chunk(self) -> HeldLease | None:
         """A lease on the next chunk to work on, or None when nothing is left for us."""
-        held = self._next_chunk()
-        if held is not None:
-            self._passed.add(held.chunk)
-        return held
-
-    def _next_chunk(self) -> HeldLease | None:
-        snapshot = take_snapshot(self.store, self.layout)
-        for chunk in self._own_chunks():
-            if chunk in snapshot.done or chunk in self._passed:
-                continue
-            held = self._acquire(chunk)
-            if held is not None:
+        self.view.refresh()
+        own_list = self.view.index.lists.get(self.own, ()) if self.own is not None else ()
+        while self._own_next < len(own_list):
+            chunk = own_list[self._own_next]
+            self._own_next += 1
+            # A chunk of ours someone else holds is theirs now; if they die, step 2 finds it.
+            if self.view.is_open(chunk) and (held := self._take(chunk)) is not None:
                 return held
-            self._passed.add(chunk)
+        for chunk in self.view.untouched(exclude=self.own):
+            if (held := self._take(chunk)) is not None:
+                return held
         now = self.clock()
-        for chunk in steal_order(snapshot, self.plan, self.work, own=self.own, now=now, ttl=self.ttl, rng=self.rng):
-            held = self._acquire(chunk)
-            if held is not None:
+        for chunk in expired_lease_chunks(self.store, self.layout, self.view, now=now, ttl=self.ttl):
+            if (held := self._take(chunk)) is not None:
                 return held
         return self._rescue(now)
 
-    def _own_chunks(self) -> Sequence[str]:
-        if self.own is None:
-            return ()
-        for assignment in self.plan.workers:
-            if assignment.worker == self.own:
-                return assignment.chunks
-        return ()
-
-    def _acquire(self, chunk: str, may_take: Callable[[Lease], bool] | None = None) -> HeldLease | None:
-        return acquire(
+    def _take(self, chunk: str, may_take: Callable[[Lease], bool] | None = None) -> HeldLease | None:
+        held = acquire(
             self.store, self.layout, chunk,
             worker=self.worker, holder=self.holder, ttl=self.ttl, now=self.clock(), may_take=may_take,
         )  # fmt: skip
+        self.view.mark_taken(chunk)
+        return held
 
     def _rescue(self, now: float) -> HeldLease | None:
         speed = self.rows_per_s()
@@ -199,4 +260,4 @@ class ChunkClaimer:
         )  # fmt: skip
         if candidate is None:
             return None
-        return self._acquire(candidate.chunk, may_take=lambda lease: lease.holder == candidate.holder)
+        return self._take(candidate.chunk, may_take=lambda lease: lease.holder == candidate.holder)

@@ -110,8 +110,20 @@ class RunLayout:
     def stats_prefix(self) -> str:
         return f"{self.root}stats/"
 
-    def stats(self, chunk: str, summary: dict[str, Any]) -> str:
-        return f"{self.stats_prefix}{chunk}/{encode_key_record(summary)}"
+    def stats(self, chunk: str, summary: dict[str, Any], finished_at: float) -> str:
+        """`stats/<finished ms>.<chunk>.<summary>`: flat and in time order, so a worker lists only
+        the chunks finished since it last looked (`stats_since`), and `status` reads every
+        chunk's numbers from listings alone."""
+        return f"{self.stats_prefix}{int(finished_at * 1000):013d}.{chunk}.{encode_key_record(summary)}"
+
+    def stats_since(self, t: float) -> str:
+        """A `start_after` key for listing the stats of chunks finished at or after time `t`."""
+        return f"{self.stats_prefix}{max(int(t * 1000) - 1, 0):013d}/"
+
+    def parse_stats(self, key: str) -> tuple[float, str, dict[str, Any]]:
+        """(finished_at, chunk, summary) from a stats key. Raises ValueError for other keys."""
+        millis, chunk, encoded = key[len(self.stats_prefix):].split(".", 2)
+        return int(millis) / 1000, chunk, decode_key_record(encoded)
 
     @property
     def heartbeats_prefix(self) -> str:

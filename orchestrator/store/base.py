@@ -105,10 +105,12 @@ class Store(Protocol):
     def compare_and_swap(self, key: str, data: bytes, etag: str) -> str:
         """Replace the object only if its ETag is still `etag`. Raises PreconditionFailed otherwise."""
 
-    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
         """Every key under the prefix exactly once, fetched a page at a time.
 
-        The order is unspecified: AWS lists in byte order, SeaweedFS directory by directory.
+        The order is unspecified across "directories" (AWS lists in byte order, SeaweedFS directory
+        by directory). `start_after` skips keys up to and including it in byte order; use it on
+        flat prefixes only (keys without a further '/'), where every backend agrees.
         """
 
     def delete(self, key: str) -> None:

@@ -62,7 +62,7 @@ class LocalStore:
             return None
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
-    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
         base = self.root / prefix.rpartition("/")[0] if "/" in prefix else self.root
         keys: list[tuple[str, os.stat_result]] = []
         for dirpath, dirnames, filenames in os.walk(base):
@@ -71,7 +71,7 @@ class LocalStore:
             rel_dir = os.path.relpath(dirpath, self.root)
             for name in filenames:
                 key = name if rel_dir == "." else f"{rel_dir}/{name}"
-                if key.startswith(prefix):
+                if key.startswith(prefix) and (start_after is None or key.encode() > start_after.encode()):
                     with contextlib.suppress(FileNotFoundError):
                         keys.append((key, os.stat(os.path.join(dirpath, name))))
         keys.sort(key=lambda item: item[0].encode())

@@ -48,11 +48,17 @@ class MemoryStore:
         obj = self._objects.get(check_key(key))
         return None if obj is None else ObjectInfo(key, len(obj[0]), obj[2])
 
-    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
         with self._lock:
             start = bisect.bisect_left(self._keys, prefix)
-            keys = list(itertools.takewhile(lambda k: k.startswith(prefix), self._keys[start:]))
-            snapshot = [(k, self._objects[k]) for k in keys]
+            if start_after is not None:
+                start = max(start, bisect.bisect_right(self._keys, start_after))
+            snapshot = []
+            for i in range(start, len(self._keys)):
+                key = self._keys[i]
+                if not key.startswith(prefix):
+                    break
+                snapshot.append((key, self._objects[key]))
         self.requests.add("list")
         for i, (key, (data, _, modified)) in enumerate(snapshot):
             if i and i % LIST_PAGE_SIZE == 0:

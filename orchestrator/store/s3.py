@@ -90,12 +90,13 @@ class S3Store:
             return None
         return ObjectInfo(key, resp["ContentLength"], resp["LastModified"].timestamp())
 
-    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
         full_prefix = self._prefixed(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
         strip = len(self.prefix) + 1 if self.prefix else 0
         paginator = self.client.get_paginator("list_objects_v2")
+        extra = {"StartAfter": self._prefixed(start_after)} if start_after else {}
         pages = paginator.paginate(
-            Bucket=self.bucket, Prefix=full_prefix, PaginationConfig={"PageSize": LIST_PAGE_SIZE}
+            Bucket=self.bucket, Prefix=full_prefix, PaginationConfig={"PageSize": LIST_PAGE_SIZE}, **extra
         )
         with self._errors(prefix):
             for page in pages:

@@ -1,10 +1,17 @@
-"""Claims: own list first, then untouched chunks of the busiest worker (tail first), then expired, then rescue."""
+"""Claims: own list first, then untouched tails of the busiest list, then expired leases, then rescue."""
 
 from __future__ import annotations
 
 import random
 
-from orchestrator.protocol.claims import ChunkClaimer, RescuePolicy, RunSnapshot, pick_rescue, steal_order, take_snapshot
+from orchestrator.protocol.claims import (
+    ChunkClaimer,
+    PlanIndex,
+    RescuePolicy,
+    RunView,
+    expired_lease_chunks,
+    pick_rescue,
+)
 from orchestrator.protocol.heartbeats import HeartbeatPublisher, read_heartbeats
 from orchestrator.protocol.layout import RunLayout
 from orchestrator.protocol.leases import acquire
@@ -23,45 +30,54 @@ def plan(lists):
 
 PLAN = plan([["a0", "a1", "a2"], ["b0", "b1", "b2", "b3", "b4"], ["c0", "c1"]])
 WORK = {c: 1.0 for a in PLAN.workers for c in a.chunks}
+INDEX = PlanIndex.build(PLAN, WORK)
 
 
-def claimer(store, worker, own, now=100.0, **kw):
-    return ChunkClaimer(
-        store=store, layout=L, worker=str(worker), holder=f"h{worker}", plan=PLAN, work=WORK,
-        ttl=60, clock=lambda: now, own=own, rng=random.Random(0), **kw,
-    )  # fmt: skip
+def finish(store, chunk, t=1.0):
+    """What ChunkJob.complete leaves behind: a marker and a stats entry."""
+    store.put(L.done(chunk), b"{}")
+    store.put(L.stats(chunk, {"rows": 1}, t), b"")
+
+
+def claimer(store, worker, own, now=100.0, view=None, **kw):
+    view = view or RunView(store, L, INDEX, rng=random.Random(0))
+    return ChunkClaimer(store=store, layout=L, view=view, worker=str(worker), holder=f"h{worker}",
+                        ttl=60, clock=lambda: now, own=own, **kw)  # fmt: skip
 
 
 def test_claim_takes_own_list_in_order():
-    store = MemoryStore()
-    c = claimer(store, 0, own=0)
+    c = claimer(MemoryStore(), 0, own=0)
     assert [c.next_chunk().chunk for _ in range(3)] == ["a0", "a1", "a2"]
 
 
-def test_claim_skips_done_and_held_chunks_of_own_list():
+def test_claim_skips_finished_and_held_chunks_of_own_list():
     store = MemoryStore()
-    store.put(L.done("a0"), b"{}")
+    finish(store, "a0")
     acquire(store, L, "a1", worker="9", holder="h9", ttl=60, now=99.0)
     assert claimer(store, 0, own=0).next_chunk().chunk == "a2"
 
 
-def test_claim_steals_tail_of_busiest_worker_after_own_list():
+def test_claim_steals_the_tail_of_the_busiest_list_after_its_own():
     store = MemoryStore()
-    for chunk in ["c0", "c1"]:
-        store.put(L.done(chunk), b"{}")
+    finish(store, "c0")
+    finish(store, "c1")
     c = claimer(store, 2, own=2)
-    assert c.next_chunk().chunk == "b4"  # worker 1 has most untouched work; its last chunk first
-    # b4 is ours now, so worker 1 still has the most untouched work: its new tail is next.
-    assert c.next_chunk().chunk == "b3"
+    assert c.next_chunk().chunk == "b4"  # list 1 has the most unfinished work; its last chunk first
+    assert c.next_chunk().chunk == "b3"  # still the busiest (4 left against 3)
+    assert c.next_chunk().chunk in ("a2", "b2")  # now equal: random order between them
 
 
-def test_steal_order_round_robin_tails_then_stale_leases():
-    snap = RunSnapshot(done=frozenset({"c0", "c1"}), lease_written={"b0": 99.0, "a0": 10.0})
-    order = steal_order(snap, PLAN, WORK, own=2, now=100.0, ttl=60, rng=random.Random(1))
-    assert order[:2] == ["b4", "a2"]
-    assert set(order[:6]) == {"b4", "b3", "b2", "b1", "a2", "a1"}
-    assert order[-1] == "a0"  # a lease last written 90 s ago with a 60 s TTL: probably expired
-    assert "b0" not in order  # renewed a second ago: alive
+def test_claim_learns_finished_chunks_incrementally():
+    store = MemoryStore()
+    view = RunView(store, L, INDEX, skew_margin_s=0, rng=random.Random(0))
+    c = claimer(store, 2, own=2, view=view)
+    c.next_chunk(), c.next_chunk()  # c0, c1
+    for chunk in ["b1", "b2", "b3", "b4"]:
+        finish(store, chunk, t=5.0)
+    store.requests.reset()
+    assert c.next_chunk().chunk == "a2"  # list 0 has the most unfinished work now
+    # One listing of the stats written since the last look, then one create-if-absent.
+    assert store.requests.by_op == {"list": 1, "put_if_absent": 1}
 
 
 def test_claim_takes_over_an_expired_lease():
@@ -69,10 +85,19 @@ def test_claim_takes_over_an_expired_lease():
     for a in PLAN.workers:
         for chunk in a.chunks:
             if chunk != "b2":
-                store.put(L.done(chunk), b"{}")
+                finish(store, chunk)
     acquire(store, L, "b2", worker="1", holder="dead", ttl=60, now=0.0)
     held = claimer(store, 0, own=0, now=1000.0).next_chunk()
     assert held is not None and held.chunk == "b2" and held.lease.holder == "h0"
+
+
+def test_expired_lease_chunks_are_oldest_first_and_unfinished():
+    times = iter([10.0, 50.0, 95.0])
+    store = MemoryStore(clock=lambda: next(times))
+    for chunk in ["b1", "a0", "c1"]:
+        acquire(store, L, chunk, worker="x", holder="hx", ttl=60, now=0.0)
+    view = RunView(store, L, INDEX)
+    assert expired_lease_chunks(store, L, view, now=100.0, ttl=30) == ["b1", "a0"]
 
 
 def test_claim_returns_none_when_everything_is_done_or_held():
@@ -81,6 +106,27 @@ def test_claim_returns_none_when_everything_is_done_or_held():
         for chunk in a.chunks:
             acquire(store, L, chunk, worker="x", holder="hx", ttl=600, now=100.0)
     assert claimer(store, 0, own=0).next_chunk() is None
+
+
+def test_claimers_sharing_a_view_never_get_the_same_chunk():
+    store = MemoryStore()
+    view = RunView(store, L, INDEX, rng=random.Random(3))
+    claimers = [claimer(store, w, own=None, view=view) for w in range(4)]
+    got = []
+    while True:
+        held = [c.next_chunk() for c in claimers]
+        got += [h.chunk for h in held if h is not None]
+        if all(h is None for h in held):
+            break
+    assert sorted(got) == sorted(WORK)
+
+
+def test_plan_index_gives_chunks_outside_the_plan_to_anyone():
+    index = PlanIndex.build(PLAN, {**WORK, "z9": 1.0})
+    assert index.owner["z9"] == -1
+    store = MemoryStore()
+    view = RunView(store, L, index, rng=random.Random(0))
+    assert "z9" in list(view.untouched(exclude=None))
 
 
 def heartbeat(worker, chunk, rows, done, rate, updated=100.0, state="running"):
@@ -111,15 +157,13 @@ def test_claim_rescues_a_live_chunk_from_a_much_slower_worker():
     for a in PLAN.workers:
         for chunk in a.chunks:
             if chunk != "b1":
-                store.put(L.done(chunk), b"{}")
+                finish(store, chunk)
     acquire(store, L, "b1", worker="1", holder="h1", ttl=600, now=100.0)
     HeartbeatPublisher(store, L, Heartbeat(worker="1", holder="h1", state="running", started_at=0, updated_at=0)).publish(
         chunk="b1", chunk_rows=5000, chunk_rows_done=500, rows_per_s=1.0, updated_at=100.0
     )
-    slow_claimer = claimer(store, 0, own=0)
-    assert slow_claimer.next_chunk() is None  # no speed of our own yet: no rescue
-    fast = claimer(store, 0, own=0, rows_per_s=lambda: 5.0)
-    held = fast.next_chunk()
+    assert claimer(store, 0, own=0).next_chunk() is None  # no speed of our own yet: no rescue
+    held = claimer(store, 0, own=0, rows_per_s=lambda: 5.0).next_chunk()
     assert held is not None and held.chunk == "b1" and held.lease.holder == "h0"
 
 
@@ -137,13 +181,3 @@ def test_heartbeats_listing_keeps_the_newest_per_worker():
     store.requests.reset()
     read_heartbeats(store, L)
     assert store.requests.total == 1
-
-
-def test_snapshot_reads_only_listings():
-    store = MemoryStore()
-    store.put(L.done("a0"), b"{}")
-    acquire(store, L, "a1", worker="0", holder="h0", ttl=60, now=0.0)
-    store.requests.reset()
-    snap = take_snapshot(store, L)
-    assert snap.done == {"a0"} and set(snap.lease_written) == {"a1"}
-    assert store.requests.by_op == {"list": 2}
