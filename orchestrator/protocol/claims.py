@@ -221,6 +221,8 @@ class ChunkClaimer:
     #: Our measured speed in rows per second (None until we have finished a chunk).
     rows_per_s: Callable[[], float | None] = lambda: None
     rescue: RescuePolicy | None = field(default_factory=RescuePolicy)
+    #: False: only our own list, like the SkyPilot example's workers (the simulator compares both).
+    steal: bool = True
     _own_next: int = 0
 
     def next_chunk(self) -> HeldLease | None:
@@ -233,6 +235,8 @@ class ChunkClaimer:
             # A chunk of ours someone else holds is theirs now; if they die, step 2 finds it.
             if self.view.is_open(chunk) and (held := self._take(chunk)) is not None:
                 return held
+        if not self.steal:
+            return None
         for chunk in self.view.untouched(exclude=self.own):
             if (held := self._take(chunk)) is not None:
                 return held

@@ -67,6 +67,12 @@ def test_claim_steals_the_tail_of_the_busiest_list_after_its_own():
     assert c.next_chunk().chunk in ("a2", "b2")  # now equal: random order between them
 
 
+def test_claim_without_stealing_stops_after_its_own_list():
+    c = claimer(MemoryStore(), 2, own=2, steal=False)
+    assert [c.next_chunk().chunk for _ in range(2)] == ["c0", "c1"]
+    assert c.next_chunk() is None
+
+
 def test_claim_learns_finished_chunks_incrementally():
     store = MemoryStore()
     view = RunView(store, L, INDEX, skew_margin_s=0, rng=random.Random(0))
