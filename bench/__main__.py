@@ -1,0 +1,51 @@
+"""`make bench`: every benchmark, each in the environment it needs, each measured side by side in one run.
+
+Results land in bench/results/<name>.json; docs/BENCHMARKS.md explains them.
+Usage: python -m bench [--quick] [NAME ...]
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTROLLER = ROOT / ".venv" / "bin" / "python"
+WORKER = ROOT / ".venv-worker" / "bin" / "python"
+
+#: name -> the Python that runs it (the worker benchmark needs vLLM; the rest the controller's).
+BENCHMARKS = {
+    "prepare_bench": CONTROLLER,
+    "plan_bench": CONTROLLER,
+    "status_bench": CONTROLLER,
+    "launch_bench": CONTROLLER,
+    "simulate_bench": CONTROLLER,
+    "worker_bench": WORKER,
+}
+
+
+def main(argv: list[str]) -> int:
+    quick = "--quick" in argv
+    names = [a for a in argv if not a.startswith("-")] or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        print(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    failed = []
+    for name in names:
+        python = BENCHMARKS[name]
+        print(f"\n=== {name} ({python.parent.parent.name}) ===", flush=True)
+        started = time.monotonic()
+        code = subprocess.call([str(python), "-m", f"bench.{name}", *(["--quick"] if quick else [])], cwd=ROOT)
+        print(f"=== {name}: exit {code} in {time.monotonic() - started:.0f}s ===", flush=True)
+        if code:
+            failed.append(name)
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

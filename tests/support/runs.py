@@ -1,0 +1,67 @@
+"""Building small runs straight into a store (spec, chunks, manifest, plan), for worker and controller tests."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Sequence
+
+from orchestrator.protocol.layout import RunLayout, chunk_id
+from orchestrator.protocol.records import ManifestEntry, PlanRecord, WorkerAssignment, write_jsonl
+from orchestrator.spec import freeze_spec, load_spec
+from orchestrator.store import Store
+
+
+def chat_request(custom_id: str, content: str, **params: Any) -> dict[str, Any]:
+    body = {"model": "orch", "messages": [{"role": "user", "content": content}], **params}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def completion_request(custom_id: str, prompt: str, **params: Any) -> dict[str, Any]:
+    body = {"model": "orch", "prompt": prompt, **params}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body}
+
+
+def make_run(
+    store: Store,
+    run: str,
+    chunks: Sequence[Sequence[dict[str, Any] | bytes]],
+    *,
+    model: str,
+    workers: int = 1,
+    spec_flags: dict[str, Any] | None = None,
+    lists: Sequence[Sequence[int]] | None = None,
+) -> RunLayout:
+    """Write a prepared and planned run: one chunk per element of `chunks` (request dicts, or raw
+    bytes for deliberately bad lines). `lists` assigns chunk indices to workers (default: round robin)."""
+    layout = RunLayout(run)
+    flags = {"run": run, "store": store.uri, "model.name": model, **(spec_flags or {})}
+    spec = load_spec(None, flags, env={}, default_file=False)
+    freeze_spec(store, layout, spec)
+    entries = []
+    for i, requests in enumerate(chunks):
+        cid = chunk_id(i, len(chunks))
+        data = b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in requests)
+        store.put(layout.chunk(cid), data)
+        max_tokens = sum(
+            (r.get("body", {}).get("max_tokens") or spec.sampling.max_tokens) if isinstance(r, dict) else 0
+            for r in requests
+        )
+        entries.append(ManifestEntry(chunk=cid, key=layout.chunk_path(cid), rows=len(requests), bytes=len(data),
+                                     est_prompt_tokens=len(data) // 4, max_output_tokens=max_tokens))  # fmt: skip
+    store.put(layout.manifest, write_jsonl(entries))
+    store.put(layout.metadata, "".join(f"{e.key}\n" for e in entries).encode())
+    lists = lists or [[i for i in range(len(entries)) if i % workers == w] for w in range(workers)]
+    plan = PlanRecord(
+        workers=[
+            WorkerAssignment(worker=w, chunks=[entries[i].chunk for i in idx], rows=sum(entries[i].rows for i in idx),
+                             est_tokens=sum(entries[i].est_tokens for i in idx))  # fmt: skip
+            for w, idx in enumerate(lists)
+        ],
+        chunks=len(entries), rows=sum(e.rows for e in entries),
+        est_tokens=sum(e.est_tokens for e in entries), created_at=time.time(),
+    )  # fmt: skip
+    store.put(layout.plan, plan.to_bytes())
+    for a in plan.workers:
+        store.put(layout.worker_list(str(a.worker)), "".join(f"{layout.chunk_path(c)}\n" for c in a.chunks).encode())
+    return layout

@@ -1,0 +1,176 @@
+"""`python -m worker`: run one worker (or one replica per GPU set) of a run until no work is left.
+
+Settings come from flags, else from the environment the launcher sets (ORCH_RUN, ORCH_STORE,
+ORCH_WORKER, ORCH_SPOT); the spec comes from the run itself, frozen there by `orch prepare/plan`.
+The last line on stdout is a JSON summary; progress goes to stderr.
+Exit codes: 0 no work left, 143 stopped by SIGTERM/SIGINT (finished rows flushed), 1 an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import click
+
+from orchestrator.errors import OrchError, RunNotFound
+from orchestrator.protocol.layout import RunLayout, check_worker_id
+from orchestrator.spec import load_spec, read_stored_spec
+from orchestrator.store import open_store
+
+EXIT_STOPPED = 143
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--run", envvar="ORCH_RUN", required=True, help="run name [ORCH_RUN]")
+@click.option("--store", envvar="ORCH_STORE", required=True, help="store URI [ORCH_STORE]")
+@click.option("--worker", envvar="ORCH_WORKER", required=True, help="worker id: its list in the plan [ORCH_WORKER]")
+@click.option("--replicas", envvar="ORCH_REPLICAS", default="1",
+              help="engine replicas on this machine, each on its own GPUs (data parallel); 'auto' = GPUs / tensor_parallel_size")  # fmt: skip
+@click.option("--spot/--on-demand", "spot", envvar="ORCH_SPOT", default=None, help="what this machine is [ORCH_SPOT]")
+@click.option("--max-chunks", type=int, default=None, help="stop after this many chunks (tests, smoke runs)")
+@click.option("--checkpoint-interval", type=float, default=None, help="seconds between output flushes")
+@click.option("--lease-ttl", type=float, default=None, help="seconds a lease lasts without renewal")
+@click.option("--replica", type=int, default=None, hidden=True)
+def main(run, store, worker, replicas, spot, max_chunks, checkpoint_interval, lease_ttl, replica) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        check_worker_id(str(worker))
+        count = _replica_count(replicas, store, run)
+        if count > 1 and replica is None:
+            sys.exit(_run_replicas(count))
+        code = _run_one(run, store, str(worker), replica, spot, max_chunks, checkpoint_interval, lease_ttl)
+    except OrchError as e:
+        click.echo(f"ERROR {e}", err=True)
+        if e.hint:
+            click.echo(f"hint: {e.hint}", err=True)
+        code = e.exit_code
+    sys.exit(code)
+
+
+def _run_one(run, store_uri, worker, replica, spot, max_chunks, checkpoint_interval, lease_ttl) -> int:
+    from worker.engine import load_engine
+    from worker.runner import Shutdown, Worker, WorkerIdentity, install_signal_handlers, summary_line
+
+    store = open_store(store_uri)
+    spec = _spec_from_run(store, run, checkpoint_interval, lease_ttl)
+    cloud = _cluster_info()
+    identity = WorkerIdentity.new(
+        worker if replica is None else f"{worker}r{replica}",
+        own=int(worker) if worker.isdigit() else None,
+        spot=spot, cloud=cloud.get("cloud"), region=cloud.get("region"),
+    )  # fmt: skip
+    runner = Worker(store, spec, identity, lambda: load_engine(spec.model, spec.workers), max_chunks=max_chunks)
+    install_signal_handlers(runner)
+    try:
+        summary = runner.run()
+        code = 0
+    except Shutdown:
+        summary = runner.totals.summary(time.time() - runner.totals.started_at, "INTERRUPTED")
+        code = EXIT_STOPPED
+    summary.update(worker=identity.worker, holder=identity.holder, accelerator=identity.accelerator)
+    print(summary_line(summary), flush=True)
+    return code
+
+
+def _spec_from_run(store, run: str, checkpoint_interval, lease_ttl):
+    layout = RunLayout(run)
+    stored = read_stored_spec(store, layout)
+    if stored is None:
+        raise RunNotFound(f"run {run!r} not found in {store.uri}", hint="prepare and plan it with orch first")
+    flags: dict[str, Any] = {"run": run, "store": store.uri}
+    if checkpoint_interval is not None:
+        flags["workers.checkpoint_interval"] = checkpoint_interval
+    if lease_ttl is not None:
+        flags["workers.lease_ttl"] = lease_ttl
+    spec = load_spec(None, flags, stored=stored[0], default_file=False)
+    if not spec.model.name:
+        raise RunNotFound(f"run {run!r} names no model", hint="pass --model to orch plan/launch")
+    return spec
+
+
+def _cluster_info() -> dict[str, Any]:
+    """Cloud and region as SkyPilot tells its jobs (empty elsewhere)."""
+    try:
+        return json.loads(os.environ.get("SKYPILOT_CLUSTER_INFO", "{}"))
+    except ValueError:
+        return {}
+
+
+def _gpu_ids() -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g for g in visible.split(",") if g.strip()]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+def _replica_count(replicas: str, store_uri: str, run: str) -> int:
+    if replicas != "auto":
+        try:
+            count = int(replicas)
+        except ValueError:
+            raise OrchError(f"--replicas must be a number or 'auto', not {replicas!r}") from None
+        if count < 1:
+            raise OrchError("--replicas must be at least 1")
+        return count
+    stored = read_stored_spec(open_store(store_uri), RunLayout(run))
+    tp = ((stored[0] if stored else {}).get("model") or {}).get("tensor_parallel_size") or 1
+    return max(1, len(_gpu_ids()) // tp)
+
+
+def _run_replicas(count: int) -> int:
+    """Data parallel inside one machine: one process per replica, each on a disjoint GPU set,
+    each claiming chunks on its own (worker id `<worker>r<i>`). SIGTERM is passed on to all."""
+    gpus = _gpu_ids()
+    per = len(gpus) // count if gpus else 0
+    procs = []
+    for i in range(count):
+        env = dict(os.environ)
+        if per:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i * per:(i + 1) * per])
+        args = [a for a in sys.argv[1:]]
+        procs.append(subprocess.Popen([sys.executable, "-m", "worker", *args, "--replica", str(i)], env=env,
+                                      stdout=subprocess.PIPE, text=True))  # fmt: skip
+
+    def forward(signum: int, frame: Any) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    summaries = []
+    for p in procs:
+        out, _ = p.communicate()
+        lines = [line for line in out.splitlines() if line.strip()]
+        for line in lines[:-1]:
+            print(line)
+        if lines:
+            try:
+                summaries.append(json.loads(lines[-1]))
+            except ValueError:
+                print(lines[-1])
+    codes = [p.returncode for p in procs]
+    total = {k: sum(s.get(k, 0) for s in summaries) for k in
+             ("requests", "errors", "tokens_in", "tokens_out", "chunks_done", "chunks_lost")}  # fmt: skip
+    wall = max((s.get("wall_s", 0.0) for s in summaries), default=0.0)
+    total.update(
+        status="SUCCESS" if all(c == 0 for c in codes) else "INTERRUPTED" if EXIT_STOPPED in codes else "FAILED",
+        replicas=count, tokens_per_s=round(total["tokens_out"] / wall, 2) if wall else 0.0, wall_s=wall,
+    )  # fmt: skip
+    print(json.dumps(total), flush=True)
+    return max(codes, key=lambda c: (c != 0, c))
+
+
+if __name__ == "__main__":
+    main()

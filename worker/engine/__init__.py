@@ -1,0 +1,19 @@
+"""Inference engines behind one interface: vLLM (the fast path) and transformers (machines without vLLM)."""
+
+from __future__ import annotations
+
+from orchestrator.spec import ModelSpec, WorkersSpec
+from worker.engine.base import Engine, RowResult
+
+__all__ = ["Engine", "RowResult", "load_engine"]
+
+
+def load_engine(model: ModelSpec, workers: WorkersSpec | None = None) -> Engine:
+    max_in_flight = workers.max_in_flight if workers else None
+    if model.engine == "transformers":
+        from worker.engine.hf_engine import TransformersEngine
+
+        return TransformersEngine(model, max_in_flight=max_in_flight)
+    from worker.engine.vllm_engine import VllmEngine
+
+    return VllmEngine(model, max_in_flight=max_in_flight)

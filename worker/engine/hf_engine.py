@@ -1,0 +1,153 @@
+"""The transformers engine: for machines without vLLM. Same interface, same output lines; correct first.
+
+Requests are taken a window at a time and generated in padded batches of requests that share
+their sampling parameters (and seed), so per-request parameters are honoured exactly.
+Differences from vLLM, each an error row rather than a different answer: presence/frequency
+penalties (transformers has no equivalent).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterator
+
+from orchestrator.spec import ModelSpec
+from worker.engine.base import RowResult
+from worker.outputs import Choice, TokenLogprob, error_line, success_line
+from worker.requests import EngineRequest, GenerationParams
+
+
+class TransformersEngine:
+    name = "transformers"
+
+    def __init__(self, spec: ModelSpec, *, max_in_flight: int | None = None, batch_size: int = 16):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if not spec.name:
+            raise ValueError("no model to load")
+        self.torch = torch
+        self.model_name = spec.name
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = {"auto": torch.float32 if self.device == "cpu" else "auto", "float32": torch.float32,
+                 "bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.dtype, "auto")  # fmt: skip
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.name)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(spec.name, dtype=dtype).to(self.device).eval()
+        self.chat_template = spec.chat_template
+        self.max_model_len = spec.max_model_len or getattr(self.model.config, "max_position_embeddings", 2048)
+        self.batch_size = batch_size
+        self.window = max_in_flight or 4 * batch_size
+        self.accelerator = torch.cuda.get_device_name(0) if self.device == "cuda" else "cpu"
+        self._aborted = False
+
+    def run(self, requests: Iterator[EngineRequest]) -> Iterator[list[RowResult]]:
+        self._aborted = False
+        while not self._aborted:
+            window = [r for _, r in zip(range(self.window), requests)]
+            if not window:
+                return
+            groups: dict[GenerationParams, list[tuple[EngineRequest, list[int]]]] = defaultdict(list)
+            errors: list[RowResult] = []
+            for request in window:
+                prepared = self._prepare(request)
+                if isinstance(prepared, RowResult):
+                    errors.append(prepared)
+                else:
+                    groups[request.params].append((request, prepared))
+            if errors:
+                yield errors
+            for params, members in groups.items():
+                for start in range(0, len(members), self.batch_size):
+                    if self._aborted:
+                        return
+                    yield self._generate(params, members[start:start + self.batch_size])
+
+    def abort(self) -> None:
+        self._aborted = True
+
+    def close(self) -> None:
+        self.abort()
+
+    def _prepare(self, request: EngineRequest) -> list[int] | RowResult:
+        p = request.params
+        if p.presence_penalty or p.frequency_penalty:
+            return _error(request, "unsupported_parameter", "presence/frequency penalties need the vLLM engine",
+                          "presence_penalty" if p.presence_penalty else "frequency_penalty")  # fmt: skip
+        try:
+            if request.kind == "chat":
+                text = self.tokenizer.apply_chat_template(
+                    request.messages, add_generation_prompt=True, tokenize=False, chat_template=self.chat_template
+                )
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+            else:
+                ids = self.tokenizer.encode(request.prompt)
+        except Exception as e:  # a template that fails on this conversation fails this row only
+            return _error(request, "template_error", f"cannot apply the chat template: {e}")
+        if len(ids) + p.max_tokens > self.max_model_len:
+            return _error(request, "context_length_exceeded",
+                          f"this model's maximum context length is {self.max_model_len} tokens; the request has "
+                          f"{len(ids)} prompt tokens and asks for {p.max_tokens} more", "max_tokens")  # fmt: skip
+        return list(ids)
+
+    def _generate(self, p: GenerationParams, members: list[tuple[EngineRequest, list[int]]]) -> list[RowResult]:
+        torch = self.torch
+        batch = self.tokenizer.pad({"input_ids": [ids for _, ids in members]}, return_tensors="pt").to(self.device)
+        if p.seed is not None:
+            torch.manual_seed(p.seed)
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=p.max_tokens, min_new_tokens=p.min_tokens or None, num_return_sequences=p.n,
+            do_sample=p.temperature > 0, repetition_penalty=p.repetition_penalty,
+            pad_token_id=self.tokenizer.pad_token_id, return_dict_in_generate=True,
+            output_scores=p.logprobs is not None,
+        )  # fmt: skip
+        if p.temperature > 0:
+            kwargs.update(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k or None, min_p=p.min_p or None)
+        if p.ignore_eos:
+            kwargs["eos_token_id"] = None
+            kwargs["suppress_tokens"] = [self.tokenizer.eos_token_id]
+        with torch.inference_mode():
+            out = self.model.generate(**batch, **kwargs)
+        prompt_len = batch["input_ids"].shape[1]
+        new_tokens = out.sequences[:, prompt_len:]
+        logprobs = torch.stack(out.scores, dim=1).float().log_softmax(-1) if p.logprobs is not None else None
+        results = []
+        for i, (request, ids) in enumerate(members):
+            choices = [self._choice(p, new_tokens[i * p.n + j], logprobs[i * p.n + j] if logprobs is not None else None)
+                       for j in range(p.n)]  # fmt: skip
+            line = success_line(request, choices, len(ids), self.model_name)
+            results.append(RowResult(request.index, request.custom_id, line, len(ids), sum(c.tokens for c in choices), False))
+        return results
+
+    def _choice(self, p: GenerationParams, tokens: Any, logprobs: Any) -> Choice:
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        ids = tokens.tolist()
+        ended = False
+        if not p.ignore_eos and eos in ids:
+            ids, ended = ids[: ids.index(eos)], True
+        elif pad != eos and pad in ids:
+            ids = ids[: ids.index(pad)]
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        for stop in p.stop:
+            at = text.find(stop)
+            if at >= 0:
+                text, ended = text[:at], True
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+        token_logprobs = None
+        if logprobs is not None:
+            token_logprobs = []
+            for step, token_id in enumerate(ids):
+                row = logprobs[step]
+                top = row.topk(p.logprobs) if p.logprobs else None
+                token_logprobs.append(TokenLogprob(
+                    token=self.tokenizer.decode([token_id]),
+                    logprob=float(row[token_id]),
+                    top=[(self.tokenizer.decode([int(t)]), float(v)) for v, t in zip(*top)] if top is not None else [],
+                ))  # fmt: skip
+        return Choice(text=text, finish_reason="stop" if ended else "length", tokens=len(ids), logprobs=token_logprobs)
+
+
+def _error(request: EngineRequest, code: str, message: str, param: str | None = None) -> RowResult:
+    return RowResult(request.index, request.custom_id, error_line(request.custom_id, code, message, param=param), 0, 0, True)

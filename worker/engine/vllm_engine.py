@@ -1,0 +1,222 @@
+"""The vLLM engine: one `LLM`, continuous batching, requests streamed in and rows streamed out.
+
+Never fixed small batches: requests are added to vLLM's scheduler as soon as it has room (a
+window of a few times `max_num_seqs` waiting), and every `step()` returns whatever finished, so
+the GPU stays saturated and the worker can checkpoint between steps. Each row is tokenised here
+(the chat template for chat requests, the raw prompt for completions) so that a template error or
+a prompt longer than the context becomes that row's error, not a failed batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from orchestrator.spec import ModelSpec
+from worker.engine.base import RowResult
+from worker.outputs import Choice, TokenLogprob, error_line, success_line
+from worker.requests import EngineRequest, GenerationParams
+
+log = logging.getLogger("orch.worker.vllm")
+
+#: Settings that make vLLM usable on a CPU-only machine (FACTS.md); the spec's engine_args win.
+CPU_DEFAULTS: dict[str, Any] = {
+    "enforce_eager": True,  # torch.compile costs ~36 s at start-up on a CPU
+    "kv_cache_memory_bytes": 256 * 2**20,  # without a size, start-up fails on memory
+    "max_model_len": 2048,
+}
+
+
+@dataclass
+class _InFlight:
+    request: EngineRequest
+    prompt_tokens: int
+
+
+class VllmEngine:
+    name = "vllm"
+
+    def __init__(self, spec: ModelSpec, *, max_in_flight: int | None = None, llm: Any = None):
+        if not spec.name:
+            raise ValueError("no model to load")
+        self.model_name = spec.name
+        self._chat_template = _read_template(spec.chat_template)
+        self.llm = llm if llm is not None else _build_llm(spec)
+        engine = self.llm.llm_engine
+        self._engine = engine
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_model_len = engine.model_config.max_model_len
+        max_seqs = engine.vllm_config.scheduler_config.max_num_seqs
+        # Keep the scheduler's queue deeper than what it runs at once, so a finished sequence is
+        # replaced in the very next step.
+        self.max_in_flight = max_in_flight or max(4 * max_seqs, 256)
+        self.accelerator = _accelerator()
+        self._in_flight: dict[str, _InFlight] = {}
+        self._next_id = 0
+
+    # -- Engine ------------------------------------------------------------------------------
+    def run(self, requests: Iterator[EngineRequest]) -> Iterator[list[RowResult]]:
+        pending_errors: list[RowResult] = []
+        exhausted = False
+        while True:
+            while not exhausted and len(self._in_flight) < self.max_in_flight:
+                request = next(requests, None)
+                if request is None:
+                    exhausted = True
+                    break
+                failed = self._add(request)
+                if failed is not None:
+                    pending_errors.append(failed)
+            if not self._in_flight:
+                if pending_errors:
+                    yield pending_errors
+                    pending_errors = []
+                if exhausted:
+                    return
+                continue
+            finished = [self._result(o) for o in self._engine.step() if o.finished and o.request_id in self._in_flight]
+            yield finished + pending_errors
+            pending_errors = []
+
+    def abort(self) -> None:
+        if self._in_flight:
+            self._engine.abort_request(list(self._in_flight))
+            self._in_flight.clear()
+
+    def close(self) -> None:
+        self.abort()
+
+    # -- one row ---------------------------------------------------------------------------------
+    def _add(self, request: EngineRequest) -> RowResult | None:
+        try:
+            prompt_ids = self._tokenize(request)
+        except Exception as e:  # a template that fails on this conversation fails this row only
+            return _error(request, "template_error", f"cannot apply the chat template: {e}")
+        p = request.params
+        if len(prompt_ids) + p.max_tokens > self.max_model_len:
+            return _error(
+                request, "context_length_exceeded",
+                f"this model's maximum context length is {self.max_model_len} tokens; the request has "
+                f"{len(prompt_ids)} prompt tokens and asks for {p.max_tokens} more",
+                param="max_tokens" if len(prompt_ids) < self.max_model_len else "messages",
+            )  # fmt: skip
+        try:
+            params = _sampling_params(p)
+            request_id = str(self._next_id)
+            self._next_id += 1
+            self._engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+        except (ValueError, TypeError) as e:  # vLLM refused the parameters
+            return _error(request, "invalid_parameter", str(e))
+        self._in_flight[request_id] = _InFlight(request, len(prompt_ids))
+        return None
+
+    def _tokenize(self, request: EngineRequest) -> list[int]:
+        if request.kind == "chat":
+            text = self.tokenizer.apply_chat_template(
+                request.messages, add_generation_prompt=True, tokenize=False, chat_template=self._chat_template
+            )
+            # The template already wrote the special tokens it wants.
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(self.tokenizer.encode(request.prompt))
+
+    def _result(self, output: Any) -> RowResult:
+        flight = self._in_flight.pop(output.request_id)
+        request = flight.request
+        choices = [
+            Choice(
+                text=c.text,
+                finish_reason="length" if c.finish_reason == "length" else "stop",
+                tokens=len(c.token_ids),
+                logprobs=_logprobs(c, request.params.logprobs) if request.params.logprobs is not None else None,
+            )
+            for c in output.outputs
+        ]
+        line = success_line(request, choices, flight.prompt_tokens, self.model_name)
+        return RowResult(request.index, request.custom_id, line, flight.prompt_tokens, sum(c.tokens for c in choices), False)
+
+
+def _error(request: EngineRequest, code: str, message: str, param: str | None = None) -> RowResult:
+    return RowResult(request.index, request.custom_id, error_line(request.custom_id, code, message, param=param), 0, 0, True)
+
+
+def _sampling_params(p: GenerationParams) -> Any:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=p.n,
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        min_p=p.min_p,
+        seed=p.seed,
+        stop=list(p.stop) or None,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty,
+        min_tokens=p.min_tokens,
+        ignore_eos=p.ignore_eos,
+        logprobs=p.logprobs,
+        # Only the finished output: no per-step copies of partial text.
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def _logprobs(completion: Any, top: int) -> list[TokenLogprob]:
+    out = []
+    for token_id, alternatives in zip(completion.token_ids, completion.logprobs or ()):
+        chosen = alternatives.get(token_id)
+        ranked = sorted(alternatives.items(), key=lambda item: item[1].rank or 0)
+        out.append(
+            TokenLogprob(
+                token=(chosen.decoded_token if chosen else "") or "",
+                logprob=chosen.logprob if chosen else float("-inf"),
+                top=[(lp.decoded_token or "", lp.logprob) for _, lp in ranked[:top]],
+            )
+        )
+    return out
+
+
+def _read_template(template: str | None) -> str | None:
+    if template and os.path.isfile(template):
+        with open(template) as f:
+            return f.read()
+    return template
+
+
+def _build_llm(spec: ModelSpec) -> Any:
+    cpu = _is_cpu()
+    if cpu:
+        # In-process engine core: start-up in seconds instead of a minute on a CPU.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM
+
+    kwargs: dict[str, Any] = dict(CPU_DEFAULTS) if cpu else {}
+    dtype = spec.dtype
+    if cpu and dtype == "auto":
+        dtype = "float32"  # 2.5x faster than bfloat16 on this kind of CPU (FACTS.md)
+    kwargs.update(model=spec.name, dtype=dtype, tensor_parallel_size=spec.tensor_parallel_size, seed=0)
+    if spec.max_model_len:
+        kwargs["max_model_len"] = spec.max_model_len
+    kwargs.update(spec.engine_args)
+    return LLM(**kwargs)
+
+
+def _is_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.device_type == "cpu"
+
+
+def _accelerator() -> str:
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type == "cpu":
+        return "cpu"
+    try:
+        return str(current_platform.get_device_name(0))
+    except Exception:  # a platform without names: its type is still worth showing
+        return current_platform.device_type

@@ -1,0 +1,131 @@
+"""OpenAI Batch output lines, built the same way whichever engine generated the text.
+
+A success line:
+    {"id": "batch_req_<chunk>-<row>", "custom_id": ..., "error": null,
+     "response": {"status_code": 200, "request_id": ..., "body": <chat.completion | text_completion>}}
+An error line (one row failed alone: bad parameters, a prompt longer than the context...):
+    {"id": ..., "custom_id": ..., "error": {"code": ..., "message": ...},
+     "response": {"status_code": 400 (500 for engine failures), "request_id": ...,
+                  "body": {"error": {"message", "type", "param", "code"}}}}
+so `line["error"] is not None` tells an error row apart, and the response still reads like the
+HTTP answer the OpenAI API would have given. The `id` is set when the part is written
+(orchestrator.protocol.parts): it names the chunk and row.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from worker.requests import EngineRequest
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    #: The most likely tokens at this position, most likely first (may include the chosen one).
+    top: list[tuple[str, float]]
+
+
+@dataclass
+class Choice:
+    text: str
+    finish_reason: str  # "stop" | "length"
+    tokens: int
+    logprobs: list[TokenLogprob] | None = None
+
+
+def success_line(request: "EngineRequest", choices: list[Choice], prompt_tokens: int, model: str) -> dict[str, Any]:
+    completion_tokens = sum(c.tokens for c in choices)
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+    request_id = _request_id()
+    if request.kind == "chat":
+        body: dict[str, Any] = {
+            "id": f"chatcmpl-{request_id}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": _chat_logprobs(c.logprobs) if c.logprobs is not None else None,
+                    "finish_reason": c.finish_reason,
+                }
+                for i, c in enumerate(choices)
+            ],
+            "usage": usage,
+        }
+    else:
+        prefix = request.prompt if request.params.echo and request.prompt else ""
+        body = {
+            "id": f"cmpl-{request_id}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": i,
+                    "text": prefix + c.text,
+                    "logprobs": _completion_logprobs(c.logprobs, len(prefix)) if c.logprobs is not None else None,
+                    "finish_reason": c.finish_reason,
+                }
+                for i, c in enumerate(choices)
+            ],
+            "usage": usage,
+        }
+    return {"id": "batch_req", "custom_id": request.custom_id,
+            "response": {"status_code": 200, "request_id": request_id, "body": body}, "error": None}  # fmt: skip
+
+
+def error_line(
+    custom_id: str | None, code: str, message: str, *, param: str | None = None, status: int = 400
+) -> dict[str, Any]:
+    request_id = _request_id()
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {
+        "id": "batch_req",
+        "custom_id": custom_id,
+        "response": {
+            "status_code": status,
+            "request_id": request_id,
+            "body": {"error": {"message": message, "type": kind, "param": param, "code": code}},
+        },
+        "error": {"code": code, "message": message},
+    }
+
+
+def _chat_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                "token": t.token,
+                "logprob": t.logprob,
+                "bytes": list(t.token.encode()),
+                "top_logprobs": [{"token": s, "logprob": lp, "bytes": list(s.encode())} for s, lp in t.top],
+            }
+            for t in tokens
+        ]
+    }
+
+
+def _completion_logprobs(tokens: list[TokenLogprob], start: int) -> dict[str, Any]:
+    offsets, at = [], start
+    for t in tokens:
+        offsets.append(at)
+        at += len(t.token)
+    return {
+        "tokens": [t.token for t in tokens],
+        "token_logprobs": [t.logprob for t in tokens],
+        "top_logprobs": [dict(t.top) for t in tokens],
+        "text_offset": offsets,
+    }
+
+
+def _request_id() -> str:
+    return uuid.uuid4().hex[:24]
