@@ -181,7 +181,7 @@ class ChunkJob:
             self.store.put_if_absent(self.layout.done(self.chunk), marker.to_bytes())
         except PreconditionFailed:
             return None
-        self.store.put(self.layout.stats(self.chunk, marker.stats_summary(), marker.finished_at), b"")
+        self.store.put(self.layout.stats(self.chunk, marker.stats().key_values(), marker.finished_at), b"")
         # The marker supersedes the lease; deleting it keeps lease listings short.
         self.store.delete(self.layout.lease(self.chunk))
         return marker

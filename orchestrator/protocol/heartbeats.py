@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from orchestrator.protocol.layout import RunLayout, decode_key_record
-from orchestrator.protocol.records import Heartbeat
+from orchestrator.protocol.layout import RunLayout
+from orchestrator.protocol.records import Heartbeat, HeartbeatSummary
 from orchestrator.store import Store, StoreError
 
 
@@ -26,7 +26,7 @@ class HeartbeatPublisher:
 
     def publish(self, **updates: Any) -> Heartbeat:
         self.heartbeat = self.heartbeat.model_copy(update=updates)
-        key = self.layout.heartbeat(self.heartbeat.worker, self.heartbeat.summary())
+        key = self.layout.heartbeat(self.heartbeat.worker, self.heartbeat.summary().key_values())
         self.store.put(key, self.heartbeat.to_bytes())
         old, self._key = [*self._stale, self._key], key
         self._stale = []
@@ -44,9 +44,9 @@ def read_heartbeats(store: Store, layout: RunLayout) -> dict[str, dict[str, Any]
     for info in store.list(prefix):
         worker, _, encoded = info.key[len(prefix):].partition("/")
         try:
-            summary = decode_key_record(encoded)
+            summary = HeartbeatSummary.from_key(encoded).model_dump()
         except ValueError:
-            continue  # not ours: a stray object under heartbeats/
+            continue  # not ours: a stray object under heartbeats/, or another version's
         summary["worker"] = worker
         if worker not in newest or summary.get("updated_at", 0) > newest[worker].get("updated_at", 0):
             newest[worker] = summary

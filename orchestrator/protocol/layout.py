@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
+from urllib.parse import quote, unquote
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -110,7 +109,7 @@ class RunLayout:
     def stats_prefix(self) -> str:
         return f"{self.root}stats/"
 
-    def stats(self, chunk: str, summary: dict[str, Any], finished_at: float) -> str:
+    def stats(self, chunk: str, summary: Sequence[Any], finished_at: float) -> str:
         """`stats/<finished ms>.<chunk>.<summary>`: flat and in time order, so a worker lists only
         the chunks finished since it last looked (`stats_since`), and `status` reads every
         chunk's numbers from listings alone."""
@@ -120,16 +119,16 @@ class RunLayout:
         """A `start_after` key for listing the stats of chunks finished at or after time `t`."""
         return f"{self.stats_prefix}{max(int(t * 1000) - 1, 0):013d}/"
 
-    def parse_stats(self, key: str) -> tuple[float, str, dict[str, Any]]:
-        """(finished_at, chunk, summary) from a stats key. Raises ValueError for other keys."""
+    def parse_stats(self, key: str) -> tuple[float, str, str]:
+        """(finished_at, chunk, encoded summary) from a stats key. Raises ValueError for other keys."""
         millis, chunk, encoded = key[len(self.stats_prefix):].split(".", 2)
-        return int(millis) / 1000, chunk, decode_key_record(encoded)
+        return int(millis) / 1000, chunk, encoded
 
     @property
     def heartbeats_prefix(self) -> str:
         return f"{self.root}heartbeats/"
 
-    def heartbeat(self, worker: str, summary: dict[str, Any]) -> str:
+    def heartbeat(self, worker: str, summary: Sequence[Any]) -> str:
         return f"{self.heartbeats_prefix}{worker}/{encode_key_record(summary)}"
 
     # Written by the controller.
@@ -148,19 +147,41 @@ class RunLayout:
         return rest.split("/", 1)[0].removesuffix(".json")
 
 
-def encode_key_record(record: dict[str, Any]) -> str:
-    """A small record packed into a key name (base64url of compact JSON).
+#: Separates the values of a key record. `quote(..., safe="")` always escapes it, so it never
+#: appears inside a value, and it is on S3's list of characters safe in keys.
+_SEP = "!"
+_KEY_RECORD_VERSION = "v1"
+#: A path component longer than 255 bytes is refused by local file systems.
+_MAX_KEY_RECORD = 200
 
-    Used for objects that `status` must read for every worker and chunk: a list request returns
-    1,000 keys at once, where reading bodies would cost one request per object.
+
+def encode_key_record(values: Sequence[Any]) -> str:
+    """A small record packed into a key name: `v1!value!value...`, percent-encoded, positional.
+
+    Used for objects `status` and the claimers must read for every worker and chunk: one list
+    request returns 1,000 keys, where reading bodies would cost one request per object.
     """
-    raw = json.dumps(record, separators=(",", ":"), sort_keys=True).encode()
-    text = base64.urlsafe_b64encode(raw).decode().rstrip("=")
-    if len(text) > 700:
-        raise ValueError(f"key record too long ({len(text)} characters): {record}")
+    parts = [_KEY_RECORD_VERSION]
+    for value in values:
+        if value is None:
+            parts.append("")
+        elif isinstance(value, bool):
+            parts.append("1" if value else "0")
+        elif isinstance(value, float):
+            parts.append(f"{value:.6g}" if abs(value) < 1e6 else f"{value:.1f}")
+        else:
+            parts.append(quote(str(value)[:64], safe=""))
+    text = _SEP.join(parts)
+    if len(text) > _MAX_KEY_RECORD:
+        raise ValueError(f"key record too long ({len(text)} characters): {text[:80]}...")
     return text
 
 
-def decode_key_record(text: str) -> dict[str, Any]:
-    padded = text + "=" * (-len(text) % 4)
-    return json.loads(base64.urlsafe_b64decode(padded))
+def decode_key_record(text: str, fields: Sequence[str]) -> dict[str, Any]:
+    """The values of a key record by field name, as strings (None for empty); a model validates them.
+
+    Raises ValueError for a record of another version or shape."""
+    version, *values = text.split(_SEP)
+    if version != _KEY_RECORD_VERSION or len(values) != len(fields):
+        raise ValueError(f"not a {_KEY_RECORD_VERSION} key record of {len(fields)} fields: {text[:60]}")
+    return {f: (unquote(v) if v else None) for f, v in zip(fields, values)}

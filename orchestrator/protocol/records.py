@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Iterable, Iterator, Literal, TypeVar
+from typing import Any, Iterable, Iterator, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -20,6 +20,21 @@ class Record(BaseModel):
 
 
 R = TypeVar("R", bound=Record)
+K = TypeVar("K", bound="KeyRecord")
+
+
+class KeyRecord(Record):
+    """A record small enough to live in a key name (see layout.encode_key_record): its fields, in
+    declaration order, are the positions of the encoded values. Add fields only at the end."""
+
+    def key_values(self) -> list[Any]:
+        return [getattr(self, name) for name in type(self).model_fields]
+
+    @classmethod
+    def from_key(cls: type[K], text: str) -> K:
+        from orchestrator.protocol.layout import decode_key_record
+
+        return cls.model_validate(decode_key_record(text, tuple(cls.model_fields)))
 
 
 class CorruptRecord(OrchError):
@@ -133,18 +148,24 @@ class DoneMarker(Record):
     tokens_out: int
     output_format: Literal["jsonl", "parquet"] = "jsonl"
 
-    def stats_summary(self) -> dict[str, Any]:
-        """What `status` reads from the stats listing instead of this marker's body."""
-        return {
-            "rows": self.rows,
-            "errors": self.errors,
-            "tokens_in": self.tokens_in,
-            "tokens_out": self.tokens_out,
-            "seconds": round(self.finished_at - self.started_at, 3),
-            "finished_at": round(self.finished_at, 3),
-            "worker": self.worker,
-            "accelerator": self.accelerator,
-        }
+    def stats(self) -> "ChunkStats":
+        """What `status` and the claimers read from the stats listing instead of this marker's body."""
+        return ChunkStats(
+            rows=self.rows, errors=self.errors, tokens_in=self.tokens_in, tokens_out=self.tokens_out,
+            seconds=round(self.finished_at - self.started_at, 3), worker=self.worker, accelerator=self.accelerator,
+        )  # fmt: skip
+
+
+class ChunkStats(KeyRecord):
+    """A finished chunk's numbers, in its stats key (`stats/<finished ms>.<chunk>.<these>`)."""
+
+    rows: int
+    errors: int
+    tokens_in: int
+    tokens_out: int
+    seconds: float
+    worker: str
+    accelerator: str | None = None
 
 
 WorkerState = Literal["starting", "loading", "running", "idle", "stopping", "exited"]
@@ -176,20 +197,30 @@ class Heartbeat(Record):
     updated_at: float
     exit_code: int | None = None
 
-    #: Fields packed into the key, so that one list request gives `status` every worker's state.
-    SUMMARY_FIELDS: ClassVar[tuple[str, ...]] = (
-        "holder", "state", "chunk", "chunk_rows", "chunk_rows_done", "chunks_done", "rows_done",
-        "errors", "tokens_per_s", "rows_per_s", "accelerator", "spot", "cloud", "region", "started_at",
-        "updated_at", "exit_code",
-    )  # fmt: skip
+    def summary(self) -> "HeartbeatSummary":
+        return HeartbeatSummary.model_validate(self.model_dump(include=set(HeartbeatSummary.model_fields)))
 
-    def summary(self) -> dict[str, Any]:
-        data = self.model_dump(include=set(self.SUMMARY_FIELDS))
-        data["tokens_per_s"] = round(data["tokens_per_s"], 1)
-        data["rows_per_s"] = round(data["rows_per_s"], 4)
-        data["started_at"] = round(data["started_at"], 3)
-        data["updated_at"] = round(data["updated_at"], 3)
-        return data
+
+class HeartbeatSummary(KeyRecord):
+    """The part of a heartbeat packed into its key: one list request gives every worker's state."""
+
+    holder: str
+    state: WorkerState
+    chunk: str | None = None
+    chunk_rows: int = 0
+    chunk_rows_done: int = 0
+    chunks_done: int = 0
+    rows_done: int = 0
+    errors: int = 0
+    tokens_per_s: float = 0.0
+    rows_per_s: float = 0.0
+    accelerator: str | None = None
+    spot: bool | None = None
+    cloud: str | None = None
+    region: str | None = None
+    started_at: float
+    updated_at: float
+    exit_code: int | None = None
 
 
 def dumps(obj: Any) -> bytes:

@@ -36,7 +36,7 @@ INDEX = PlanIndex.build(PLAN, WORK)
 def finish(store, chunk, t=1.0):
     """What ChunkJob.complete leaves behind: a marker and a stats entry."""
     store.put(L.done(chunk), b"{}")
-    store.put(L.stats(chunk, {"rows": 1}, t), b"")
+    store.put(L.stats(chunk, [1, 0, 0, 0, 1.0, "0", None], t), b"")
 
 
 def claimer(store, worker, own, now=100.0, view=None, **kw):
