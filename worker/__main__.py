@@ -40,6 +40,8 @@ EXIT_STOPPED = 143
 @click.option("--replica", type=int, default=None, hidden=True)
 def main(run, store, worker, replicas, spot, max_chunks, checkpoint_interval, lease_ttl, replica) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # vLLM logs every setting at INFO; a worker's log should show progress and problems.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         check_worker_id(str(worker))
         count = _replica_count(replicas, store, run)

@@ -170,10 +170,15 @@ class Worker:
         except Shutdown:
             status = "INTERRUPTED"
             raise
+        except BaseException:
+            status = "FAILED"
+            raise
         finally:
             self._stop.set()
             beat.join(timeout=5)
-            self._publish(state="exited" if status == "SUCCESS" else "stopping", chunk=None)
+            exit_code = {"SUCCESS": 0, "INTERRUPTED": 143}.get(status, 1)
+            with contextlib.suppress(Exception):
+                self._publish(state="exited", chunk=None, exit_code=exit_code)
             if self._engine is not None:
                 self._engine.close()
             self.progress.close()
@@ -190,23 +195,32 @@ class Worker:
         if self.store.head(self.layout.done(entry.chunk)) is not None:
             self.store.delete(self.layout.lease(entry.chunk))  # finished by someone else meanwhile
             return
-        codec = part_codec(self.settings.output_format, entry.chunk)
-        job = ChunkJob(self.store, self.layout, keeper, codec, self.clock, chunk_rows=entry.rows)
-        point = job.resume()
         with self._lock:
-            self._keeper = keeper
-            self.totals.chunk, self.totals.chunk_rows = entry.chunk, entry.rows
-            self.totals.chunk_rows_done = len(point.done_rows)
-        self._publish(state="running")
-        self.progress.start_chunk(entry.chunk, entry.rows, len(point.done_rows))
-        engine = self._engine_loaded()
+            self._keeper = keeper  # renewed in the background from here on, model loading included
         try:
+            engine = self._engine_loaded()
+            job = ChunkJob(self.store, self.layout, keeper, part_codec(self.settings.output_format, entry.chunk),
+                           self.clock, chunk_rows=entry.rows)  # fmt: skip
+            point = job.resume()
+            with self._lock:
+                self.totals.chunk, self.totals.chunk_rows = entry.chunk, entry.rows
+                self.totals.chunk_rows_done = len(point.done_rows)
+            self._publish(state="running")
+            self.progress.start_chunk(entry.chunk, entry.rows, len(point.done_rows))
             self._run_chunk(engine, job, entry, point.done_rows)
         except LeaseLost as lost:
-            engine.abort()
+            if self._engine is not None:
+                self._engine.abort()
             self.totals.chunks_lost += 1
             log.warning("worker %s: %s; dropping the chunk", self.identity.worker, lost)
             self.progress.note(f"{entry.chunk}: lease lost to {lost.by or 'another worker'}; chunk dropped")
+        except Shutdown:
+            raise  # the lease was given back already, after the last flush
+        except BaseException:
+            # Whatever failed (the engine, the store), the chunk is free for others at once.
+            with contextlib.suppress(Exception):
+                keeper.release()
+            raise
         finally:
             with self._lock:
                 self._keeper = None

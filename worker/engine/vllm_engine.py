@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from orchestrator.errors import OrchError
 from orchestrator.spec import ModelSpec
 from worker.engine.base import RowResult
 from worker.outputs import Choice, TokenLogprob, error_line, success_line
@@ -25,8 +26,9 @@ log = logging.getLogger("orch.worker.vllm")
 CPU_DEFAULTS: dict[str, Any] = {
     "enforce_eager": True,  # torch.compile costs ~36 s at start-up on a CPU
     "kv_cache_memory_bytes": 256 * 2**20,  # without a size, start-up fails on memory
-    "max_model_len": 2048,
 }
+#: On a CPU, a context longer than this rarely pays: the KV cache above holds ~5k tokens of a 135M model.
+CPU_MAX_MODEL_LEN = 2048
 
 
 @dataclass
@@ -201,8 +203,34 @@ def _build_llm(spec: ModelSpec) -> Any:
     kwargs.update(model=spec.name, dtype=dtype, tensor_parallel_size=spec.tensor_parallel_size, seed=0)
     if spec.max_model_len:
         kwargs["max_model_len"] = spec.max_model_len
+    elif cpu:
+        kwargs["max_model_len"] = min(CPU_MAX_MODEL_LEN, _native_context(spec.name) or CPU_MAX_MODEL_LEN)
     kwargs.update(spec.engine_args)
-    return LLM(**kwargs)
+    try:
+        return LLM(**kwargs)
+    except Exception as e:  # vLLM's own message says what is wrong (path, memory, architecture)
+        raise EngineLoadError(f"vLLM cannot load {spec.name!r}: {_first_line(e)}") from e
+
+
+class EngineLoadError(OrchError):
+    """The model could not be loaded: a wrong path, an unsupported architecture, too little memory."""
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    for line in text.splitlines():
+        if "error" in line.lower() and len(line) > 20:
+            return line.strip()[:500]
+    return (text.splitlines() or [type(e).__name__])[0][:500]
+
+
+def _native_context(model: str) -> int | None:
+    try:
+        from transformers import AutoConfig
+
+        return getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+    except Exception:  # unknown architecture: let vLLM derive it
+        return None
 
 
 def _is_cpu() -> bool:

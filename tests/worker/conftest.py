@@ -1,0 +1,38 @@
+"""Worker fixtures: the test models (built once, cached in .cache/models) and one engine per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+MODELS = Path(__file__).resolve().parents[2] / ".cache" / "models"
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    from worker.models import build_tiny
+
+    return str(build_tiny(MODELS / "tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_model() -> str:
+    from worker.models import build_smollm2
+
+    return str(build_smollm2(MODELS / "smollm2-135m-instruct"))
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model):
+    from orchestrator.spec import ModelSpec
+    from worker.engine.vllm_engine import VllmEngine
+
+    engine = VllmEngine(ModelSpec(name=tiny_model))
+    yield engine
+    engine.close()

@@ -1,0 +1,66 @@
+"""The transformers engine: the same interface and output lines as vLLM, for machines without vLLM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.spec import ModelSpec, SamplingSpec
+from worker.requests import EngineRequest, parse_request
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def hf_engine(smollm2_model):
+    from worker.engine.hf_engine import TransformersEngine
+
+    return TransformersEngine(ModelSpec(name=smollm2_model, engine="transformers"), batch_size=4)
+
+
+def run(engine, *bodies, url="/v1/chat/completions"):
+    reqs = []
+    for i, body in enumerate(bodies):
+        parsed = parse_request(json.dumps({"custom_id": f"r{i}", "url": url, "body": body}), i, SamplingSpec())
+        assert isinstance(parsed, EngineRequest)
+        reqs.append(parsed)
+    out = {}
+    for step in engine.run(iter(reqs)):
+        for row in step:
+            out[row.custom_id] = row
+    assert len(out) == len(reqs)
+    return out
+
+
+def test_hf_engine_answers_like_the_chat_api(hf_engine):
+    out = run(hf_engine, {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 20})
+    body = out["r0"].line["response"]["body"]
+    assert body["object"] == "chat.completion" and "Paris" in body["choices"][0]["message"]["content"]
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["prompt_tokens"] == out["r0"].tokens_in > 0
+
+
+def test_hf_engine_per_request_parameters_in_one_window(hf_engine):
+    out = run(
+        hf_engine,
+        {"messages": [{"role": "user", "content": "Count"}], "max_tokens": 3, "ignore_eos": True},
+        {"messages": [{"role": "user", "content": "Count"}], "max_tokens": 6, "ignore_eos": True, "n": 2,
+         "temperature": 0.9, "seed": 3},
+    )  # fmt: skip
+    assert out["r0"].tokens_out == 3
+    two = out["r1"].line["response"]["body"]
+    assert len(two["choices"]) == 2 and two["usage"]["completion_tokens"] == 12
+
+
+def test_hf_engine_completion_logprobs(hf_engine):
+    out = run(hf_engine, {"prompt": "1, 2, 3,", "max_tokens": 4, "logprobs": 2, "ignore_eos": True}, url="/v1/completions")
+    choice = out["r0"].line["response"]["body"]["choices"][0]
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == 4 and all(len(alts) <= 2 for alts in lp["top_logprobs"])
+    assert all(x <= 0 for x in lp["token_logprobs"])
+
+
+def test_hf_engine_refuses_penalties_it_cannot_apply(hf_engine):
+    out = run(hf_engine, {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 1.0})
+    assert out["r0"].error and out["r0"].line["error"]["code"] == "unsupported_parameter"

@@ -1,0 +1,97 @@
+"""Request lines into engine requests: each row's own parameters, the spec's defaults, clear error rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.spec import SamplingSpec
+from worker.engine.base import RowResult
+from worker.requests import EngineRequest, parse_request
+
+DEFAULTS = SamplingSpec(max_tokens=100, temperature=0.3, stop=["END"])
+
+
+def parse(obj, index=0, defaults=DEFAULTS):
+    line = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    return parse_request(line, index, defaults)
+
+
+def chat(**body):
+    return {"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "hi"}], **body}}  # fmt: skip
+
+
+def completion(**body):
+    return {"custom_id": "p1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once", **body}}
+
+
+def error_of(result) -> tuple[str, str]:
+    assert isinstance(result, RowResult) and result.error
+    return result.line["error"]["code"], result.line["error"]["message"]
+
+
+def test_parse_request_applies_spec_defaults_where_the_row_sets_nothing():
+    r = parse(chat())
+    assert isinstance(r, EngineRequest) and r.kind == "chat" and r.custom_id == "c1"
+    assert (r.params.max_tokens, r.params.temperature, r.params.stop, r.params.n) == (100, 0.3, ("END",), 1)
+    assert r.params.logprobs is None
+
+
+def test_parse_request_row_parameters_win_over_defaults():
+    r = parse(chat(max_tokens=7, temperature=1.0, top_p=0.5, top_k=20, n=3, stop="\n", seed=42,
+                   presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2))  # fmt: skip
+    p = r.params
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.n, p.stop, p.seed) == (7, 1.0, 0.5, 20, 3, ("\n",), 42)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.5, 1.2)
+
+
+def test_parse_request_max_completion_tokens_and_chat_logprobs():
+    r = parse(chat(max_completion_tokens=9, logprobs=True, top_logprobs=3))
+    assert r.params.max_tokens == 9 and r.params.logprobs == 3
+    assert parse(chat(logprobs=True)).params.logprobs == 0
+
+
+def test_parse_request_completion_logprobs_echo_and_prompt_list():
+    r = parse(completion(prompt=["Once upon"], logprobs=2, best_of=1))
+    assert r.kind == "completion" and r.prompt == "Once upon" and r.params.logprobs == 2
+    assert parse(completion(echo=True)).params.echo
+
+
+def test_parse_request_text_content_parts_are_joined():
+    r = parse(chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]))
+    assert r.messages == [{"role": "user", "content": "ab"}]
+
+
+@pytest.mark.parametrize(
+    "line, code",
+    [
+        (b"{oops", "invalid_json"),
+        ({"method": "POST", "url": "/v1/chat/completions", "body": {}}, "missing_custom_id"),
+        ({"custom_id": "x", "url": "/v1/embeddings", "body": {"input": "a"}}, "unsupported_url"),
+        (chat(tools=[{"type": "function"}]), "unsupported_parameter"),
+        (chat(messages=[]), "invalid_messages"),
+        (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "unsupported_content"),
+        (chat(n=True), "invalid_parameter"),
+        (chat(temperature="hot"), "invalid_parameter"),
+        (chat(top_logprobs=2), "invalid_parameter"),
+        (completion(best_of=3), "unsupported_parameter"),
+        (completion(echo=True, logprobs=1), "unsupported_parameter"),
+        (completion(prompt=5), "invalid_prompt"),
+    ],
+)
+def test_parse_request_bad_rows_become_error_rows_with_a_code(line, code):
+    got, message = error_of(parse(line, index=4))
+    assert got == code and message
+
+
+def test_parse_request_error_row_keeps_custom_id_and_batch_shape():
+    result = parse(chat(temperature=9))
+    assert result.custom_id == "c1" and result.index == 0
+    assert result.line["response"]["status_code"] == 400
+    assert result.line["response"]["body"]["error"]["param"] == "temperature"
+
+
+def test_parse_request_ignores_fields_that_change_nothing():
+    assert isinstance(parse(chat(model="gpt-4o", user="u1", metadata={"a": 1})), EngineRequest)
