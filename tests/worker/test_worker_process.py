@@ -1,0 +1,214 @@
+"""The worker as a real process: exactly-once outputs, kill -9 and SIGTERM mid-chunk, races, takeovers."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.protocol.layout import RunLayout
+from orchestrator.protocol.leases import acquire, read_lease
+from orchestrator.protocol.parts import iter_part_lines, part_codec
+from orchestrator.protocol.records import DoneMarker
+from orchestrator.store import open_store
+from tests.support.runs import chat_request, make_run
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def chunk_of(prefix: str, rows: int, max_tokens: int = 8) -> list[dict]:
+    return [chat_request(f"{prefix}-{i}", f"Tell me about item {i}", max_tokens=max_tokens, ignore_eos=True)
+            for i in range(rows)]  # fmt: skip
+
+
+class WorkerProcess:
+    def __init__(self, store_uri: str, run: str, worker: str, tmp_path: Path, *args: str):
+        self.stderr_path = tmp_path / f"worker-{worker}-{time.monotonic_ns()}.err"
+        cmd = [sys.executable, "-m", "worker", "--run", run, "--store", store_uri, "--worker", worker, *args]
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+
+    def finish(self, timeout: float = 300) -> tuple[int, dict]:
+        out, _ = self.proc.communicate(timeout=timeout)
+        lines = [line for line in out.splitlines() if line.strip()]
+        summary = json.loads(lines[-1]) if lines else {}
+        return self.proc.returncode, summary
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+
+def answered(store, layout: RunLayout) -> collections.Counter:
+    """custom_id -> how often it appears in the parts that done markers list (what collect reads)."""
+    seen: collections.Counter = collections.Counter()
+    for info in store.list(layout.done_prefix):
+        marker = DoneMarker.model_validate_json(store.get(info.key).data)
+        for part in marker.parts:
+            for line in iter_part_lines(store.get(part.key).data, marker.output_format):
+                seen[line["custom_id"]] += 1
+    return seen
+
+
+def wait_for_parts(store, layout, chunk: str, count: int, timeout: float = 180) -> list:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        parts = list(store.list(layout.outputs_prefix(chunk)))
+        if len(parts) >= count:
+            return parts
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {count} parts of {chunk} after {timeout}s")
+
+
+def test_worker_answers_every_row_exactly_once(store_uri, tiny_model, tmp_path):
+    store = open_store(store_uri)
+    chunks = [chunk_of(f"c{c}", 15) for c in range(3)]
+    chunks[1].append(b"{this line is not json")
+    layout = make_run(store, "once", chunks, model=tiny_model, workers=2)
+    code, summary = WorkerProcess(store_uri, "once", "0", tmp_path).finish()
+    assert code == 0
+    assert summary["status"] == "SUCCESS" and summary["requests"] == 46 and summary["errors"] == 1
+    assert summary["chunks_done"] == 3  # its own list, then worker 1's chunk: nobody else came
+    seen = answered(store, layout)
+    assert seen.pop(None) == 1  # the line that is not JSON has no custom_id: an error row all the same
+    assert len(seen) == 45 and set(seen.values()) == {1}
+    assert len(list(store.list(layout.done_prefix))) == 3
+
+
+def test_worker_killed_mid_chunk_resumes_losing_at_most_one_interval(store_uri, tiny_model, tmp_path):
+    """kill -9 after a few checkpoints; a new process of the same worker resumes from the parts."""
+    store = open_store(store_uri)
+    rows, interval = 2000, 1.0  # about 15 s of work for the tiny model on 2 cores
+    layout = make_run(store, "kill", [chunk_of("k", rows, max_tokens=64)], model=tiny_model)
+    first = WorkerProcess(store_uri, "kill", "0", tmp_path, "--checkpoint-interval", str(interval))
+    wait_for_parts(store, layout, "part_00000", 2)
+    first.proc.send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    first.proc.wait()
+    parts = list(store.list(layout.outputs_prefix("part_00000")))
+    codec = part_codec("jsonl", "part_00000")
+    flushed = sum(len(codec.decode(store.get(p.key).data)) for p in parts)
+    assert 0 < flushed < rows, "the kill came too late to test a resume"
+    # Work lost to the kill: whatever finished after the last flush, at most one interval of it
+    # (S3 stamps objects to the second).
+    slack = 1.0 if store_uri.startswith("s3://") else 0.0
+    assert killed_at - max(p.modified for p in parts) <= interval + 1.0 + slack
+
+    code, summary = WorkerProcess(store_uri, "kill", "0", tmp_path, "--checkpoint-interval", str(interval)).finish()
+    assert code == 0
+    assert summary["requests"] == rows - flushed  # flushed rows were not run again
+    seen = answered(store, layout)
+    assert len(seen) == rows and set(seen.values()) == {1}
+
+
+def test_worker_sigterm_flushes_and_gives_the_lease_back(tiny_model, tmp_path):
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    layout = make_run(store, "term", [chunk_of("t", 2000, max_tokens=64)], model=tiny_model, workers=2)
+    worker = WorkerProcess(store_uri, "term", "0", tmp_path, "--checkpoint-interval", "30")
+    deadline = time.monotonic() + 180
+    while "part_00000: 2000 rows" not in worker.stderr and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)  # some rows finish, none is flushed yet (the interval is 30 s)
+    assert not list(store.list(layout.outputs_prefix("part_00000")))
+    worker.proc.send_signal(signal.SIGTERM)
+    code, summary = worker.finish()
+    assert code == 143 and summary["status"] == "INTERRUPTED"
+    flushed = list(store.list(layout.outputs_prefix("part_00000")))
+    assert len(flushed) == 1, "the finished rows were flushed on SIGTERM"
+    lease, _ = read_lease(store, layout, "part_00000")
+    assert lease.released
+    # Another worker takes the chunk at once (no TTL to wait out) and finishes only what is left.
+    code, summary = WorkerProcess(store_uri, "term", "1", tmp_path).finish()
+    assert code == 0 and 0 < summary["requests"] < 2000
+    assert len(answered(store, layout)) == 2000
+
+
+def test_workers_racing_over_the_same_chunks_write_one_marker_each(tiny_model, tmp_path):
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    chunks = [chunk_of(f"r{c}", 20, max_tokens=16) for c in range(6)]
+    # Everything is planned on worker 0; workers 1 and 2 have empty lists and steal.
+    layout = make_run(store, "race", chunks, model=tiny_model, lists=[[0, 1, 2, 3, 4, 5], [], []])
+    procs = [WorkerProcess(store_uri, "race", str(w), tmp_path) for w in range(3)]
+    results = [p.finish() for p in procs]
+    assert [code for code, _ in results] == [0, 0, 0]
+    assert sum(s["chunks_done"] for _, s in results) == 6
+    seen = answered(store, layout)
+    assert len(seen) == 120 and set(seen.values()) == {1}
+    holders = {DoneMarker.model_validate_json(store.get(o.key).data).holder for o in store.list(layout.done_prefix)}
+    assert len(holders) >= 1
+
+
+def test_worker_takes_over_an_expired_lease_and_reuses_its_parts(tiny_model, tmp_path):
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    layout = make_run(store, "expired", [chunk_of("e", 10), chunk_of("x", 10)], model=tiny_model, lists=[[0], [1]])
+    # Worker 1 died holding chunk 1 after flushing its first three rows; its lease has expired.
+    acquire(store, layout, "part_00001", worker="1", holder="1.dead", ttl=60, now=time.time() - 600)
+    dead_rows = [type("Row", (), {"index": i, "line": {"custom_id": f"x-{i}", "response": None, "error": None}})()
+                 for i in range(3)]  # fmt: skip
+    store.put(layout.output_part("part_00001", "1.dead", 1), part_codec("jsonl", "part_00001").encode(dead_rows))
+    code, summary = WorkerProcess(store_uri, "expired", "0", tmp_path).finish()
+    assert code == 0 and summary["chunks_done"] == 2
+    assert summary["requests"] == 10 + 7  # the dead worker's three flushed rows were kept
+    marker = DoneMarker.model_validate_json(store.get(layout.done("part_00001")).data)
+    assert marker.holder.startswith("0.") and len(marker.parts) == 2
+
+
+def test_worker_writes_parquet_parts_when_asked(tiny_model, tmp_path):
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    layout = make_run(store, "pq", [chunk_of("p", 12)], model=tiny_model,
+                      spec_flags={"workers.output_format": "parquet"})  # fmt: skip
+    code, _ = WorkerProcess(store_uri, "pq", "0", tmp_path).finish()
+    assert code == 0
+    marker = DoneMarker.model_validate_json(store.get(layout.done("part_00000")).data)
+    assert marker.output_format == "parquet" and marker.parts[0].key.endswith(".parquet")
+    assert sum(answered(store, layout).values()) == 12
+
+
+def test_worker_with_a_model_it_cannot_load_says_why_and_frees_the_chunk(tmp_path):
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    layout = make_run(store, "bad", [chunk_of("b", 3)], model=str(tmp_path / "no-such-model"))
+    worker = WorkerProcess(store_uri, "bad", "0", tmp_path)
+    code, summary = worker.finish()
+    assert code != 0
+    assert "ERROR" in worker.stderr and "no-such-model" in worker.stderr
+    assert "Traceback" not in worker.stderr
+    assert read_lease(store, layout, "part_00000")[0].released
+
+
+def test_worker_replicas_claim_chunks_independently(tiny_model, tmp_path):
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    layout = make_run(store, "dp", [chunk_of(f"d{c}", 40, max_tokens=32) for c in range(4)], model=tiny_model)
+    env_args = ("--replicas", "2")
+    code, summary = WorkerProcess(store_uri, "dp", "0", tmp_path, *env_args).finish()
+    assert code == 0 and summary["replicas"] == 2 and summary["chunks_done"] == 4
+    holders = {DoneMarker.model_validate_json(store.get(o.key).data).worker for o in store.list(layout.done_prefix)}
+    assert holders <= {"0r0", "0r1"}
+    assert len(answered(store, layout)) == 160
+
+
+def test_worker_with_smollm2_gives_real_answers(smollm2_model, tmp_path):
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    layout = make_run(store, "real", [[chat_request("france", "What is the capital of France?", max_tokens=24)]],
+                      model=smollm2_model)  # fmt: skip
+    code, _ = WorkerProcess(store_uri, "real", "0", tmp_path).finish()
+    assert code == 0
+    marker = DoneMarker.model_validate_json(store.get(layout.done("part_00000")).data)
+    line = next(iter_part_lines(store.get(marker.parts[0].key).data, "jsonl"))
+    assert "Paris" in line["response"]["body"]["choices"][0]["message"]["content"]
+    assert os.path.basename(smollm2_model) in marker.model
