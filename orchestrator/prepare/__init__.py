@@ -1,0 +1,245 @@
+"""`orch prepare`: stream a dataset into chunks of canonical requests, a manifest and metadata.txt.
+
+1. Resolve the sources and count their rows (Parquet metadata; one pass over JSONL lines).
+2. Stream rows through the format's converter; good requests fill chunk files (local temp files,
+   uploaded as each one closes), bad rows go to the errors file (or stop everything with --strict).
+3. Write the errors file, manifest.jsonl, metadata.txt, and last the prepare record. A run with a
+   prepare record is prepared: running the same command again changes nothing, and a different
+   input on the same run is refused. A prepare that died before its record is simply redone: the
+   same input gives byte-identical chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterator
+
+from orchestrator.context import RunContext
+from orchestrator.errors import InputError
+from orchestrator.spec import InputSpec
+from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
+from orchestrator.prepare.sources import (
+    RawRow,
+    SourceFile,
+    count_rows,
+    iter_rows,
+    parquet_first_user_turns,
+    resolve_sources,
+)
+from orchestrator.protocol.layout import chunk_id
+from orchestrator.protocol.records import ManifestEntry, write_jsonl
+from orchestrator.store import NotFound
+
+Progress = Callable[[str], None]
+_EXCERPT = 200
+
+
+@dataclass
+class PrepareReport:
+    run: str
+    chunks: int
+    rows: int
+    errors: int
+    errors_key: str | None
+    already_prepared: bool
+    seconds: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "rows_per_s": round(self.rows_per_s, 1)}
+
+
+def prepare_run(ctx: RunContext, sources: list[str], *, strict: bool = False, progress: Progress = lambda s: None) -> PrepareReport:
+    started = time.monotonic()
+    spec, store, layout = ctx.spec, ctx.store, ctx.layout
+    files = resolve_sources(sources)
+    identity = {
+        "sources": [f.describe() for f in files],
+        "input": spec.input.model_dump(mode="json"),
+        "chunking": spec.chunking.model_dump(mode="json"),
+    }
+    done = _existing_record(ctx)
+    if done is not None:
+        if done.get("identity") == identity:
+            return PrepareReport(layout.run, done["chunks"], done["rows"], done["errors"], done.get("errors_key"),
+                                 True, time.monotonic() - started)  # fmt: skip
+        raise InputError(
+            f"run {layout.run!r} was prepared from other inputs ({_describe(done['identity'])})",
+            where=layout.prepare_record,
+            hint="use a new --run name for different data",
+        )
+    if spec.chunking.num_chunks is None and spec.chunking.rows_per_chunk is None:
+        raise InputError("say how to chunk the data", hint="--num-chunks N or --rows-per-chunk K")
+
+    total = sum(count_rows(f) for f in files)
+    if total == 0:
+        raise InputError("the input has no rows", where=", ".join(f.uri for f in files))
+    if spec.chunking.num_chunks is not None:
+        chunks_total = min(spec.chunking.num_chunks, total)
+        boundaries = [total * i // chunks_total for i in range(chunks_total + 1)]
+    else:
+        size = spec.chunking.rows_per_chunk or 1
+        chunks_total = -(-total // size)
+        boundaries = [min(i * size, total) for i in range(chunks_total + 1)]
+    progress(f"{total:,} rows in {len(files)} file(s) -> {chunks_total} chunks")
+
+    convert = make_converter(spec.input, spec.sampling, spec.model.name)
+    columns = needed_columns(spec.input)
+    writer = _ChunkWriter(ctx, chunks_total)
+    errors = _ErrorWriter(strict)
+    seen: dict[str, tuple[int, int]] = {}  # custom_id -> (file, row) where it first appeared
+    row_index = 0
+    last_note = time.monotonic()
+    try:
+        for file_index, source in enumerate(files):
+            for raw in _rows(source, spec.input, columns):
+                # Chunk boundaries are positions in the input, so bad rows never shift them.
+                while row_index >= boundaries[writer.index + 1]:
+                    writer.next_chunk()
+                row_index += 1
+                if raw.record is None:
+                    errors.add(source, raw.number, raw.problem or "unreadable", raw.raw)
+                    continue
+                try:
+                    request = convert(raw.record, source.name, raw.number)
+                except BadRow as e:
+                    errors.add(source, raw.number, str(e), raw.raw or _excerpt(raw.record))
+                    continue
+                first = seen.setdefault(request.custom_id, (file_index, raw.number))
+                if first != (file_index, raw.number):
+                    errors.add(source, raw.number, f"duplicate custom_id {request.custom_id!r} (first at "
+                               f"{files[first[0]].uri}:{first[1]})", raw.raw or _excerpt(raw.record))  # fmt: skip
+                    continue
+                writer.add(request)
+                if time.monotonic() - last_note > 5:
+                    last_note = time.monotonic()
+                    progress(f"{row_index:,}/{total:,} rows ({row_index / (last_note - started):,.0f} rows/s)")
+        while writer.index < chunks_total - 1:
+            writer.next_chunk()
+        entries = writer.close()
+        errors_key = errors.upload(ctx)
+    finally:
+        writer.discard()
+        errors.discard()
+
+    store.put(layout.manifest, write_jsonl(entries))
+    store.put(layout.metadata, "".join(f"{e.key}\n" for e in entries).encode())
+    rows = sum(e.rows for e in entries)
+    record = {"identity": identity, "chunks": len(entries), "rows": rows, "errors": errors.count,
+              "errors_key": errors_key, "created_at": time.time()}  # fmt: skip
+    store.put(layout.prepare_record, json.dumps(record, indent=1).encode())
+    return PrepareReport(layout.run, len(entries), rows, errors.count, errors_key, False, time.monotonic() - started)
+
+
+def _rows(source: SourceFile, spec_input: InputSpec, columns: list[str] | None) -> Iterator[RawRow]:
+    if source.kind == "parquet" and spec_input.format == "chat" and spec_input.turns == "first":
+        return parquet_first_user_turns(source, spec_input.conversation_column, spec_input.id_column)
+    return iter_rows(source, columns)
+
+
+def _existing_record(ctx: RunContext) -> dict[str, Any] | None:
+    try:
+        return json.loads(ctx.store.get(ctx.layout.prepare_record).data)
+    except NotFound:
+        return None
+
+
+def _describe(identity: dict[str, Any]) -> str:
+    uris = [s["uri"] for s in identity.get("sources", [])]
+    return ", ".join(uris[:3]) + (f" and {len(uris) - 3} more" if len(uris) > 3 else "")
+
+
+def _excerpt(record: dict[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=False, default=str)[:_EXCERPT]
+
+
+class _ChunkWriter:
+    """Fills one local temp file per chunk and uploads it when the chunk is complete."""
+
+    def __init__(self, ctx: RunContext, total: int):
+        self.ctx = ctx
+        self.total = total
+        self.dir = tempfile.mkdtemp(prefix="orch-prepare-")
+        self.entries: list[ManifestEntry] = []
+        self.index = 0
+        self._open()
+
+    def _open(self) -> None:
+        self.chunk = chunk_id(self.index, self.total)
+        self.path = os.path.join(self.dir, f"{self.chunk}.jsonl")
+        self.file = open(self.path, "wb", buffering=1 << 20)
+        self.rows = self.bytes = self.prompt_tokens = self.output_tokens = 0
+
+    def add(self, request: Request) -> None:
+        self.file.write(request.line)
+        self.rows += 1
+        self.bytes += len(request.line)
+        self.prompt_tokens += request.est_prompt_tokens
+        self.output_tokens += request.max_output_tokens
+
+    def _seal(self) -> None:
+        self.file.close()
+        layout = self.ctx.layout
+        self.ctx.store.put_file(layout.chunk(self.chunk), self.path)
+        os.unlink(self.path)
+        self.entries.append(
+            ManifestEntry(chunk=self.chunk, key=layout.chunk_path(self.chunk), rows=self.rows, bytes=self.bytes,
+                          est_prompt_tokens=self.prompt_tokens, max_output_tokens=self.output_tokens)  # fmt: skip
+        )
+
+    def next_chunk(self) -> None:
+        self._seal()
+        self.index += 1
+        self._open()
+
+    def close(self) -> list[ManifestEntry]:
+        self._seal()
+        # A chunk whose every row was bad has nothing to run.
+        return [e for e in self.entries if e.rows > 0]
+
+    def discard(self) -> None:
+        if not self.file.closed:
+            self.file.close()
+        for name in os.listdir(self.dir):
+            os.unlink(os.path.join(self.dir, name))
+        os.rmdir(self.dir)
+
+
+class _ErrorWriter:
+    """Bad rows, each with its file and line, kept in the run's errors file; --strict stops at the first."""
+
+    def __init__(self, strict: bool):
+        self.strict = strict
+        self.count = 0
+        fd, self.path = tempfile.mkstemp(prefix="orch-prepare-errors-", suffix=".jsonl")
+        self.file = os.fdopen(fd, "w")
+
+    def add(self, source: SourceFile, number: int, problem: str, raw: str) -> None:
+        if self.strict:
+            raise InputError(problem, where=f"{source.uri}:{number}", hint="fix the row, or drop --strict to set bad rows aside")
+        self.count += 1
+        line = {"source": source.uri, "line" if source.kind != "parquet" else "row": number,
+                "error": problem, "excerpt": raw[:_EXCERPT]}  # fmt: skip
+        self.file.write(json.dumps(line, ensure_ascii=False) + "\n")
+
+    def upload(self, ctx: RunContext) -> str | None:
+        self.file.close()
+        key = ctx.layout.prepare_errors
+        if self.count:
+            ctx.store.put_file(key, self.path)
+            return key
+        ctx.store.delete(key)
+        return None
+
+    def discard(self) -> None:
+        if not self.file.closed:
+            self.file.close()
+        if os.path.exists(self.path):
+            os.unlink(self.path)

@@ -1,0 +1,161 @@
+"""Input rows into canonical request lines (OpenAI Batch requests), one format at a time.
+
+A request line carries only what the input row itself set: the spec's sampling defaults are
+applied by the worker at run time, so a default changed before launch is not baked into chunks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.spec import InputSpec, SamplingSpec
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETION_URL = "/v1/completions"
+URLS = (CHAT_URL, COMPLETION_URL)
+
+#: Keys of the FM-inference runner's completion objects that are not request parameters.
+_COMPLETION_NOT_PARAMS = {"engine", "model", "request_time", "result", "request"}
+#: A rough, tokenizer-free estimate: English text averages about 4 characters per token.
+CHARS_PER_TOKEN = 4
+MESSAGE_OVERHEAD_TOKENS = 4
+
+
+class BadRow(ValueError):
+    """This row cannot become a request; the message says why."""
+
+
+@dataclass(frozen=True)
+class Request:
+    custom_id: str
+    line: bytes  # the canonical request line, newline included
+    est_prompt_tokens: int
+    max_output_tokens: int
+
+
+def make_converter(spec_input: InputSpec, sampling: SamplingSpec, model: str | None):
+    """The function turning (record, source name, row number) into a Request, for the spec's format."""
+    fmt = spec_input.format
+    if fmt == "openai-batch":
+        return lambda record, source, number: _openai_batch(record, sampling)
+
+    def with_id(build):
+        def convert(record: dict[str, Any], source: str, number: int) -> Request:
+            custom_id = _custom_id(record, spec_input.id_column, source, number)
+            url, body = build(record)
+            if model and "model" not in body:
+                body = {"model": model, **body}
+            return _request(custom_id, url, body, sampling)
+
+        return convert
+
+    if fmt == "completion":
+        return with_id(lambda record: (COMPLETION_URL, _completion_body(record)))
+    if fmt == "chat":
+        return with_id(lambda record: (CHAT_URL, {"messages": _chat_messages(record, spec_input)}))
+    if fmt == "text":
+        return with_id(lambda record: _text_body(record, spec_input))
+    raise ValueError(f"unknown input format {fmt!r}")
+
+
+def needed_columns(spec_input: InputSpec) -> list[str] | None:
+    """The Parquet columns a format reads (None: all of them)."""
+    id_cols = [spec_input.id_column] if spec_input.id_column else []
+    if spec_input.format == "chat":
+        return [spec_input.conversation_column, *id_cols]
+    return None
+
+
+def _custom_id(record: dict[str, Any], id_column: str | None, source: str, number: int) -> str:
+    if id_column is None:
+        return f"{source}:{number}"
+    value = record.get(id_column)
+    if value is None or value == "":
+        raise BadRow(f"no value in the id column {id_column!r}")
+    return str(value)
+
+
+#: One encoder for every line: json.dumps with non-default options builds a new one per call.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _request(custom_id: str, url: str, body: dict[str, Any], sampling: SamplingSpec) -> Request:
+    line = _ENCODE({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+    return Request(custom_id, line.encode() + b"\n", _prompt_tokens(body), _output_budget(body, sampling))
+
+
+def _openai_batch(record: dict[str, Any], sampling: SamplingSpec) -> Request:
+    custom_id, url, body = record.get("custom_id"), record.get("url"), record.get("body")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise BadRow("no custom_id string")
+    if url not in URLS:
+        raise BadRow(f"url {url!r} is not one of {', '.join(URLS)}")
+    if record.get("method", "POST") != "POST":
+        raise BadRow(f"method {record.get('method')!r} is not POST")
+    if not isinstance(body, dict):
+        raise BadRow("no body object")
+    if url == CHAT_URL and not isinstance(body.get("messages"), list):
+        raise BadRow("a chat request needs body.messages (a list)")
+    if url == COMPLETION_URL and not isinstance(body.get("prompt"), (str, list)):
+        raise BadRow("a completion request needs body.prompt")
+    return _request(custom_id, url, body, sampling)
+
+
+def _completion_body(record: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(record.get("prompt"), str):
+        raise BadRow("no prompt string")
+    return {k: v for k, v in record.items() if k not in _COMPLETION_NOT_PARAMS and v is not None}
+
+
+def _chat_messages(record: dict[str, Any], spec_input: InputSpec) -> list[dict[str, str]]:
+    conversation = record.get(spec_input.conversation_column)
+    if not isinstance(conversation, list) or not conversation:
+        raise BadRow(f"column {spec_input.conversation_column!r} is not a list of turns")
+    turns = []
+    for i, turn in enumerate(conversation):
+        if not isinstance(turn, dict) or not isinstance(turn.get("content"), str) or not isinstance(turn.get("role"), str):
+            raise BadRow(f"turn {i} has no role/content strings")
+        turns.append({"role": turn["role"], "content": turn["content"]})
+    users = [i for i, t in enumerate(turns) if t["role"] == "user"]
+    if not users:
+        raise BadRow("the conversation has no user turn")
+    # "first": the SkyPilot example's choice; "all": everything up to the last user turn.
+    messages = [turns[users[0]]] if spec_input.turns == "first" else turns[: users[-1] + 1]
+    if spec_input.system_prompt:
+        messages = [{"role": "system", "content": spec_input.system_prompt}, *messages]
+    return messages
+
+
+def _text_body(record: dict[str, Any], spec_input: InputSpec) -> tuple[str, dict[str, Any]]:
+    if spec_input.text_column not in record:
+        raise BadRow(f"no column {spec_input.text_column!r}")
+    try:
+        text = spec_input.template.format(**{k: ("" if v is None else v) for k, v in record.items()})
+    except (KeyError, IndexError, ValueError) as e:
+        raise BadRow(f"the template cannot be filled from this row: {e!r}") from None
+    if spec_input.text_as == "completion":
+        return COMPLETION_URL, {"prompt": text}
+    messages = [{"role": "user", "content": text}]
+    if spec_input.system_prompt:
+        messages.insert(0, {"role": "system", "content": spec_input.system_prompt})
+    return CHAT_URL, {"messages": messages}
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    if "messages" in body:
+        chars = sum(len(m.get("content") or "") if isinstance(m, dict) and isinstance(m.get("content"), str) else 0
+                    for m in body["messages"])  # fmt: skip
+        return chars // CHARS_PER_TOKEN + MESSAGE_OVERHEAD_TOKENS * len(body["messages"])
+    prompt = body.get("prompt")
+    return len(prompt if isinstance(prompt, str) else "".join(map(str, prompt or []))) // CHARS_PER_TOKEN + 1
+
+
+def _output_budget(body: dict[str, Any], sampling: SamplingSpec) -> int:
+    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or sampling.max_tokens
+    n = body.get("n") or sampling.n
+    try:
+        return int(max_tokens) * int(n)
+    except (TypeError, ValueError):
+        return sampling.max_tokens * sampling.n

@@ -1,0 +1,280 @@
+"""Input datasets: local or S3/R2 files (.jsonl, .jsonl.gz, .parquet) or directories of them, read as a stream.
+
+Rows come out numbered as a user would find them again: the 1-based line of a JSONL file, the
+0-based row of a Parquet file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator
+from urllib.parse import urlparse
+
+from orchestrator.errors import InputError
+
+SUFFIXES = (".jsonl.gz", ".jsonl", ".parquet")
+#: Parquet rows are read this many at a time: memory stays bounded whatever the file's size.
+PARQUET_BATCH = 8192
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    uri: str  # as the user wrote it (a path, or s3://bucket/key)
+    name: str  # the file name: the stem of custom_ids built from file and row
+    kind: str  # "jsonl" | "jsonl.gz" | "parquet"
+    size: int
+    fingerprint: str  # mtime or ETag: a changed file is a different source
+
+    def describe(self) -> dict[str, Any]:
+        return {"uri": self.uri, "size": self.size, "fingerprint": self.fingerprint}
+
+
+@dataclass
+class RawRow:
+    """A row as read: `record` is None when the line could not be parsed (`problem` says why)."""
+
+    number: int
+    record: dict[str, Any] | None
+    raw: str
+    problem: str | None = None
+
+
+def resolve_sources(sources: list[str]) -> list[SourceFile]:
+    """Expand directories and prefixes into files, in name order, and check each one exists."""
+    if not sources:
+        raise InputError("no input given", hint="orch prepare PATH_OR_URI ... (a file, a directory, or s3://...)")
+    files: list[SourceFile] = []
+    for source in sources:
+        found = _resolve_remote(source) if _is_remote(source) else _resolve_local(source)
+        if not found:
+            raise InputError(f"no .jsonl, .jsonl.gz or .parquet files in {source}", where=source)
+        files.extend(found)
+    return files
+
+
+def count_rows(source: SourceFile) -> int:
+    """Rows in the file: Parquet metadata (free), or a pass over the lines of a JSONL file."""
+    if source.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        with _local_copy(source) as path:
+            return pq.ParquetFile(path).metadata.num_rows
+    count = 0
+    with _open_text_bytes(source) as f:
+        for line in f:
+            if line.strip():
+                count += 1
+    return count
+
+
+def iter_rows(source: SourceFile, columns: list[str] | None = None) -> Iterator[RawRow]:
+    """Every row of the file, streamed. JSONL lines that are not a JSON object come back as problems."""
+    if source.kind == "parquet":
+        yield from _parquet_rows(source, columns)
+        return
+    with _open_text_bytes(source) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            text = line.decode("utf-8", errors="replace").rstrip("\r\n")
+            try:
+                record = json.loads(text)
+            except ValueError as e:
+                yield RawRow(number, None, text, f"not valid JSON: {e}")
+                continue
+            if not isinstance(record, dict):
+                yield RawRow(number, None, text, "a line must be a JSON object")
+                continue
+            yield RawRow(number, record, text)
+
+
+def parquet_batches(source: SourceFile, columns: list[str] | None) -> Iterator[Any]:
+    """Record batches of a Parquet file (only the named columns), for vectorised formats."""
+    import pyarrow.parquet as pq
+
+    with _local_copy(source) as path:
+        parquet = pq.ParquetFile(path)
+        missing = [c for c in columns or [] if c not in parquet.schema_arrow.names]
+        if missing:
+            raise InputError(
+                f"column(s) {', '.join(missing)} not in the file (it has: {', '.join(parquet.schema_arrow.names)})",
+                where=source.uri,
+                hint="name the right columns (--id-column, input.conversation_column, input.text_column)",
+            )
+        yield from _read_ahead(parquet.iter_batches(batch_size=PARQUET_BATCH, columns=columns))
+
+
+def _read_ahead(batches: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """Decode the next Parquet batches in a thread (Arrow releases the GIL) while this one is converted."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        q.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as e:  # handed to the consumer, raised there
+            q.put(e)
+
+    thread = threading.Thread(target=produce, name="parquet-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def parquet_first_user_turns(source: SourceFile, conversation: str, id_column: str | None) -> Iterator[RawRow]:
+    """Rows reduced to their first user turn, picked with Arrow compute: the rest of each
+    conversation (long assistant answers) is never turned into Python objects. A row without a
+    user turn keeps an empty conversation, which the converter reports as a bad row."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    number = 0
+    for batch in parquet_batches(source, [conversation, *([id_column] if id_column else [])]):
+        turns = batch.column(conversation)
+        flat = pc.list_flatten(turns)
+        parents = pc.list_parent_indices(turns).to_numpy()
+        is_user = pc.fill_null(pc.equal(pc.struct_field(flat, "role"), "user"), False).to_numpy(zero_copy_only=False)
+        user_at = np.nonzero(is_user)[0]
+        rows_with_user, first = np.unique(parents[user_at], return_index=True)
+        contents = pc.struct_field(flat, "content").take(pa.array(user_at[first])).to_pylist()
+        first_turn: list[list[dict[str, Any]]] = [[] for _ in range(batch.num_rows)]
+        for row, content in zip(rows_with_user.tolist(), contents):
+            first_turn[row] = [{"role": "user", "content": content}]
+        ids = batch.column(id_column).to_pylist() if id_column else None
+        for i in range(batch.num_rows):
+            record = {conversation: first_turn[i]}
+            if ids is not None:
+                record[id_column] = ids[i]
+            yield RawRow(number, record, "")
+            number += 1
+
+
+def _parquet_rows(source: SourceFile, columns: list[str] | None) -> Iterator[RawRow]:
+    number = 0
+    for batch in parquet_batches(source, columns):
+        for record in batch.to_pylist():
+            yield RawRow(number, record, "")
+            number += 1
+
+
+# -- local files ------------------------------------------------------------------------------
+def _resolve_local(source: str) -> list[SourceFile]:
+    path = Path(source.removeprefix("file://"))
+    if path.is_dir():
+        return [_local_file(p) for p in sorted(path.iterdir()) if p.is_file() and _kind(p.name)]
+    if not path.exists():
+        raise InputError(f"{path} does not exist", where=source)
+    if not _kind(path.name):
+        raise InputError(f"{path.name}: not a .jsonl, .jsonl.gz or .parquet file", where=source)
+    return [_local_file(path)]
+
+
+def _local_file(path: Path) -> SourceFile:
+    st = path.stat()
+    return SourceFile(str(path), path.name, _kind(path.name) or "", st.st_size, f"mtime:{st.st_mtime_ns}")
+
+
+def _kind(name: str) -> str | None:
+    for suffix in SUFFIXES:
+        if name.endswith(suffix):
+            return suffix.lstrip(".")
+    return None
+
+
+# -- S3 and R2 -------------------------------------------------------------------------------
+def _is_remote(source: str) -> bool:
+    return source.startswith(("s3://", "r2://"))
+
+
+def _bucket_store(source: str):
+    """A store at the bucket's root, with the endpoint settings of the URI (query or environment)."""
+    from orchestrator.store.s3 import from_uri
+
+    parsed = urlparse(source)
+    query = f"?{parsed.query}" if parsed.query else ""
+    return from_uri(f"{parsed.scheme}://{parsed.netloc}{query}"), parsed.path.lstrip("/")
+
+
+def _resolve_remote(source: str) -> list[SourceFile]:
+    store, key = _bucket_store(source)
+    if _kind(key):
+        info = store.head(key)
+        if info is None:
+            raise InputError(f"no object at {source}", where=source)
+        return [_remote_file(source, key, info.size, f"modified:{info.modified}")]
+    prefix = key.rstrip("/") + "/" if key else ""
+    found = sorted((o for o in store.list(prefix) if _kind(o.key)), key=lambda o: o.key)
+    base = source.split("?", 1)[0].rstrip("/")
+    query = source[len(source.split("?", 1)[0]):]
+    return [_remote_file(f"{base}/{o.key[len(prefix):]}{query}", o.key, o.size, f"modified:{o.modified}") for o in found]
+
+
+def _remote_file(uri: str, key: str, size: int, fingerprint: str) -> SourceFile:
+    name = key.rsplit("/", 1)[-1]
+    return SourceFile(uri, name, _kind(name) or "", size, fingerprint)
+
+
+# -- opening ---------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _open_bytes(source: SourceFile) -> Iterator[BinaryIO]:
+    if _is_remote(source.uri):
+        store, key = _bucket_store(source.uri)
+        with store.open(key) as f:
+            yield f
+    else:
+        with open(source.uri, "rb") as f:
+            yield f
+
+
+@contextlib.contextmanager
+def _open_text_bytes(source: SourceFile) -> Iterator[BinaryIO]:
+    """The file's decompressed bytes, line-iterable."""
+    with _open_bytes(source) as raw:
+        if source.kind == "jsonl.gz":
+            with gzip.open(raw) as f:
+                yield io.BufferedReader(f, 1 << 20)  # type: ignore[arg-type]
+        else:
+            yield raw
+
+
+@contextlib.contextmanager
+def _local_copy(source: SourceFile) -> Iterator[str]:
+    """A seekable local path (Parquet needs one): the file itself, or a temporary download."""
+    if not _is_remote(source.uri):
+        yield source.uri
+        return
+    fd, path = tempfile.mkstemp(suffix=".parquet")
+    try:
+        with os.fdopen(fd, "wb") as out, _open_bytes(source) as src:
+            shutil.copyfileobj(src, out, 1 << 20)
+        yield path
+    finally:
+        os.unlink(path)

@@ -1,0 +1,171 @@
+"""`orch prepare` from the user's side: every format and source kind, bad rows, idempotent reruns."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.protocol.layout import RunLayout
+from orchestrator.protocol.records import ManifestEntry, read_jsonl
+from orchestrator.store import open_store
+from tests.support.datasets import write_jsonl, write_lmsys_parquet
+
+
+def prepare(store_uri, *args, run="r"):
+    return main(["prepare", *map(str, args), "--run", run, "--store", store_uri])
+
+
+def manifest(store_uri, run="r"):
+    store = open_store(store_uri)
+    return read_jsonl(ManifestEntry, store.get(RunLayout(run).manifest).data, "manifest")
+
+
+def chunk_lines(store_uri, run="r"):
+    store, layout = open_store(store_uri), RunLayout(run)
+    lines = []
+    for entry in manifest(store_uri, run):
+        lines += [json.loads(line) for line in store.get(layout.chunk(entry.chunk)).data.splitlines()]
+    return lines
+
+
+@pytest.fixture
+def store_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no stray orch.yaml from elsewhere
+    return str(tmp_path / "store")
+
+
+def test_prepare_lmsys_parquet_directory_first_user_turn(store_dir, tmp_path, capsys):
+    write_lmsys_parquet(tmp_path / "lmsys", 600, files=3, turns=(2,))
+    assert prepare(store_dir, tmp_path / "lmsys", "--num-chunks", "7", "--id-column", "conversation_id") == 0
+    entries = manifest(store_dir)
+    assert len(entries) == 7 and sum(e.rows for e in entries) == 600
+    assert max(e.rows for e in entries) - min(e.rows for e in entries) <= 1
+    lines = chunk_lines(store_dir)
+    assert len({line["custom_id"] for line in lines}) == 600
+    first = lines[0]
+    assert first["url"] == "/v1/chat/completions" and first["method"] == "POST"
+    assert [m["role"] for m in first["body"]["messages"]] == ["user"]
+    assert "prepared run 'r': 7 chunks, 600 rows" in capsys.readouterr().out
+    store = open_store(store_dir)
+    assert store.get(RunLayout("r").metadata).data.decode().splitlines() == [e.key for e in entries]
+
+
+def test_prepare_chat_all_turns_up_to_last_user_turn_with_system_prompt(store_dir, tmp_path):
+    conv = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]  # fmt: skip
+    write_jsonl(tmp_path / "c.jsonl", [{"conversation": conv}])
+    assert prepare(store_dir, tmp_path / "c.jsonl", "--turns", "all", "--system-prompt", "Be brief.",
+                   "--rows-per-chunk", "10") == 0  # fmt: skip
+    messages = chunk_lines(store_dir)[0]["body"]["messages"]
+    assert [m["content"] for m in messages] == ["Be brief.", "a", "b", "c"]
+
+
+def test_prepare_openai_batch_keeps_per_request_parameters(store_dir, tmp_path):
+    rows = [{"custom_id": f"id-{i}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"messages": [{"role": "user", "content": f"q{i}"}], "temperature": 0.1 * i, "max_tokens": 5 + i}}
+            for i in range(5)]  # fmt: skip
+    write_jsonl(tmp_path / "b.jsonl", rows)
+    assert prepare(store_dir, tmp_path / "b.jsonl", "--format", "openai-batch", "--num-chunks", "2") == 0
+    lines = chunk_lines(store_dir)
+    assert [line["custom_id"] for line in lines] == [f"id-{i}" for i in range(5)]
+    assert [line["body"]["max_tokens"] for line in lines] == [5, 6, 7, 8, 9]
+    assert sum(e.max_output_tokens for e in manifest(store_dir)) == 35
+
+
+def test_prepare_completion_objects_like_the_fm_runner(store_dir, tmp_path):
+    row = {"best_of": 1, "echo": False, "engine": "gpt-j-6b", "logprobs": 1, "max_tokens": 2, "n": 1,
+           "prompt": "Passage: ...\\nAnswer:", "stop": ["\\n"], "temperature": 0.0, "top_p": 1}  # fmt: skip
+    write_jsonl(tmp_path / "fm.jsonl.gz", [row, row], gz=True)
+    assert prepare(store_dir, tmp_path / "fm.jsonl.gz", "--format", "completion", "--num-chunks", "1") == 0
+    lines = chunk_lines(store_dir)
+    assert [line["custom_id"] for line in lines] == ["fm.jsonl.gz:1", "fm.jsonl.gz:2"]
+    body = lines[0]["body"]
+    assert lines[0]["url"] == "/v1/completions" and "engine" not in body
+    assert body["logprobs"] == 1 and body["stop"] == ["\\n"] and body["prompt"].startswith("Passage")
+
+
+def test_prepare_text_through_a_template(store_dir, tmp_path):
+    write_jsonl(tmp_path / "t.jsonl", [{"text": "the sea", "lang": "French"}])
+    assert prepare(store_dir, tmp_path / "t.jsonl", "--format", "text", "--template", "Translate {text} into {lang}.",
+                   "--num-chunks", "1") == 0  # fmt: skip
+    assert chunk_lines(store_dir)[0]["body"]["messages"] == [{"role": "user", "content": "Translate the sea into French."}]
+
+
+def test_prepare_sets_bad_rows_aside_with_file_and_line(store_dir, tmp_path, capsys):
+    good = {"conversation": [{"role": "user", "content": "hi"}]}
+    write_jsonl(tmp_path / "mixed.jsonl", [good, b"{broken", {"conversation": []}, good,
+                                           {"conversation": [{"role": "assistant", "content": "x"}]}])  # fmt: skip
+    assert prepare(store_dir, tmp_path / "mixed.jsonl", "--num-chunks", "2") == 0
+    assert sum(e.rows for e in manifest(store_dir)) == 2
+    out = capsys.readouterr().out
+    assert "3 bad row(s) set aside" in out
+    errors = [json.loads(line) for line in open_store(store_dir).get(RunLayout("r").prepare_errors).data.splitlines()]
+    assert [(e["line"], e["source"].endswith("mixed.jsonl")) for e in errors] == [(2, True), (3, True), (5, True)]
+    assert "not valid JSON" in errors[0]["error"] and "no user turn" in errors[2]["error"]
+
+
+def test_prepare_strict_stops_at_the_first_bad_row(store_dir, tmp_path, capsys):
+    write_jsonl(tmp_path / "bad.jsonl", [{"conversation": [{"role": "user", "content": "hi"}]}, b"[1, 2]"])
+    assert prepare(store_dir, tmp_path / "bad.jsonl", "--num-chunks", "1", "--strict") == 4
+    err = capsys.readouterr().err
+    assert "bad.jsonl:2" in err and "JSON object" in err
+    assert open_store(store_dir).head(RunLayout("r").manifest) is None
+
+
+def test_prepare_duplicate_ids_are_bad_rows(store_dir, tmp_path):
+    rows = [{"id": "a", "conversation": [{"role": "user", "content": "x"}]}] * 2
+    write_jsonl(tmp_path / "dup.jsonl", rows)
+    assert prepare(store_dir, tmp_path / "dup.jsonl", "--num-chunks", "1", "--id-column", "id") == 0
+    errors = open_store(store_dir).get(RunLayout("r").prepare_errors).data.decode()
+    assert "duplicate custom_id 'a'" in errors and "dup.jsonl:1" in errors
+
+
+def test_prepare_rerun_is_idempotent(store_dir, tmp_path, capsys):
+    write_lmsys_parquet(tmp_path / "d", 100, files=2)
+    assert prepare(store_dir, tmp_path / "d", "--num-chunks", "4") == 0
+    store = open_store(store_dir)
+    before = {o.key: store.get(o.key).data for o in store.list("runs/r/") if "/chunks/" in o.key or o.key.endswith(".txt")}
+    assert prepare(store_dir, tmp_path / "d", "--num-chunks", "4") == 0
+    assert "already prepared" in capsys.readouterr().out
+    after = {o.key: store.get(o.key).data for o in store.list("runs/r/") if "/chunks/" in o.key or o.key.endswith(".txt")}
+    assert after == before
+    assert store.get(RunLayout("r").metadata).data.decode().count("\n") == 4
+
+
+def test_prepare_refuses_a_changed_format_or_other_data_on_the_same_run(store_dir, tmp_path, capsys):
+    write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
+    write_jsonl(tmp_path / "b.jsonl", [{"text": "y"}])
+    assert prepare(store_dir, tmp_path / "a.jsonl", "--format", "text", "--num-chunks", "1") == 0
+    assert prepare(store_dir, tmp_path / "a.jsonl", "--format", "completion", "--num-chunks", "1") == 3
+    assert 'input.format: "text" (frozen) != "completion" (now)' in capsys.readouterr().err
+    assert prepare(store_dir, tmp_path / "b.jsonl", "--format", "text", "--num-chunks", "1") == 4
+    assert "prepared from other inputs" in capsys.readouterr().err
+
+
+def test_prepare_missing_inputs_and_columns_are_clear_errors(store_dir, tmp_path, capsys):
+    assert prepare(store_dir, tmp_path / "nope.jsonl", "--num-chunks", "1") == 4
+    assert "does not exist" in capsys.readouterr().err
+    write_lmsys_parquet(tmp_path / "d", 10, files=1)
+    assert prepare(store_dir, tmp_path / "d", "--num-chunks", "1", "--id-column", "nope") == 4
+    assert "column(s) nope not in the file" in capsys.readouterr().err
+    assert main(["prepare", str(tmp_path / "d"), "--run", "r2", "--store", store_dir]) == 4
+    assert "--num-chunks N or --rows-per-chunk K" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_prepare_from_s3_into_s3(seaweedfs_server, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    bucket = seaweedfs_server.new_bucket()
+    client = seaweedfs_server.client()
+    for path in write_lmsys_parquet(tmp_path / "lmsys", 300, files=3):
+        client.upload_file(str(path), bucket, f"datasets/lmsys/{path.name}")
+    client.upload_file(str(write_jsonl(tmp_path / "x.jsonl", [{"text": "t"}])), bucket, "datasets/other/x.jsonl")
+    source = f"s3://{bucket}/datasets/lmsys?endpoint={seaweedfs_server.endpoint}"
+    store_uri = seaweedfs_server.store_uri(bucket, "orch")
+    assert main(["prepare", source, "--run", "s3run", "--store", store_uri, "--num-chunks", "5",
+                 "--id-column", "conversation_id"]) == 0  # fmt: skip
+    entries = manifest(store_uri, "s3run")
+    assert len(entries) == 5 and sum(e.rows for e in entries) == 300
+    assert len({line["custom_id"] for line in chunk_lines(store_uri, "s3run")}) == 300
