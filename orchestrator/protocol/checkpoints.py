@@ -21,7 +21,7 @@ from typing import NamedTuple, Protocol, Sequence
 
 from orchestrator.protocol.layout import RunLayout
 from orchestrator.protocol.leases import Clock, LeaseKeeper
-from orchestrator.protocol.records import DoneMarker, PartRef
+from orchestrator.protocol.records import ChunkStats, DoneMarker, PartRef
 from orchestrator.store import PreconditionFailed, Store
 
 
@@ -185,6 +185,18 @@ class ChunkJob:
         # The marker supersedes the lease; deleting it keeps lease listings short.
         self.store.delete(self.layout.lease(self.chunk))
         return marker
+
+
+def read_chunk_stats(store: Store, layout: RunLayout) -> dict[str, tuple[float, ChunkStats]]:
+    """chunk -> (finished_at, its stats), from listings alone (one request per 1,000 chunks)."""
+    out: dict[str, tuple[float, ChunkStats]] = {}
+    for info in store.list(layout.stats_prefix):
+        try:
+            finished, chunk, encoded = layout.parse_stats(info.key)
+            out[chunk] = (finished, ChunkStats.from_key(encoded))
+        except ValueError:
+            continue  # not a stats key of this version
+    return out
 
 
 def _sha256(data: bytes) -> str:

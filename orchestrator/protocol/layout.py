@@ -180,8 +180,9 @@ def encode_key_record(values: Sequence[Any]) -> str:
 def decode_key_record(text: str, fields: Sequence[str]) -> dict[str, Any]:
     """The values of a key record by field name, as strings (None for empty); a model validates them.
 
-    Raises ValueError for a record of another version or shape."""
+    A record written before later fields were appended simply lacks them (the model's defaults
+    apply). Raises ValueError for a record of another version, or with more values than fields."""
     version, *values = text.split(_SEP)
-    if version != _KEY_RECORD_VERSION or len(values) != len(fields):
+    if version != _KEY_RECORD_VERSION or len(values) > len(fields):
         raise ValueError(f"not a {_KEY_RECORD_VERSION} key record of {len(fields)} fields: {text[:60]}")
     return {f: (unquote(v) if v else None) for f, v in zip(fields, values)}

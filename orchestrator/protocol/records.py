@@ -196,6 +196,13 @@ class Heartbeat(Record):
     started_at: float
     updated_at: float
     exit_code: int | None = None
+    #: Seconds earlier processes of this worker id were up (carried over from their heartbeats):
+    #: with this process's own, what the worker's machines have been billed for.
+    uptime_before_s: float = 0.0
+
+    @property
+    def uptime_s(self) -> float:
+        return self.uptime_before_s + max(self.updated_at - self.started_at, 0.0)
 
     def summary(self) -> "HeartbeatSummary":
         return HeartbeatSummary.model_validate(self.model_dump(include=set(HeartbeatSummary.model_fields)))
@@ -221,6 +228,7 @@ class HeartbeatSummary(KeyRecord):
     started_at: float
     updated_at: float
     exit_code: int | None = None
+    uptime_before_s: float = 0.0
 
 
 def dumps(obj: Any) -> bytes:

@@ -187,3 +187,13 @@ def test_heartbeats_listing_keeps_the_newest_per_worker():
     store.requests.reset()
     read_heartbeats(store, L)
     assert store.requests.total == 1
+
+
+def test_heartbeat_carries_uptime_over_restarts():
+    store = MemoryStore()
+    first = HeartbeatPublisher(store, L, Heartbeat(worker="3", holder="a", state="running", started_at=100, updated_at=100))
+    first.publish(updated_at=400)
+    second = HeartbeatPublisher(store, L, Heartbeat(worker="3", holder="b", state="starting", started_at=1000, updated_at=1000))
+    beat = second.publish(updated_at=1100)
+    assert beat.uptime_before_s == 300 and beat.uptime_s == 400
+    assert read_heartbeats(store, L)["3"]["uptime_before_s"] == 300

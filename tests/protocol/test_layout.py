@@ -47,6 +47,14 @@ def test_stats_keys_list_in_time_order_and_parse_back():
 def test_key_record_of_another_shape_is_refused():
     with pytest.raises(ValueError):
         HeartbeatSummary.from_key("v0!x!y")
+    with pytest.raises(ValueError):
+        ChunkStats.from_key("v1!" + "!".join(["1"] * 20))
+
+
+def test_key_record_written_before_fields_were_appended_still_reads():
+    stats = ChunkStats(rows=1, errors=0, tokens_in=2, tokens_out=3, seconds=4.0, worker="w", accelerator=None)
+    older = encode_key_record(stats.key_values()[:-1])  # as written before `accelerator` existed
+    assert ChunkStats.from_key(older) == stats
 
 
 def test_chunk_ids_sort_in_chunk_order():

@@ -65,3 +65,41 @@ def make_run(
     for a in plan.workers:
         store.put(layout.worker_list(str(a.worker)), "".join(f"{layout.chunk_path(c)}\n" for c in a.chunks).encode())
     return layout
+
+
+class Answer:
+    """An output row as a worker would flush it (what ChunkJob and the part codecs need)."""
+
+    def __init__(self, index: int, custom_id: str | None, text: str | None = None, *, error: str | None = None):
+        self.index = index
+        self.error = error is not None
+        self.tokens_in, self.tokens_out = 3, 2
+        body = {"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}  # fmt: skip
+        self.line = (
+            {"id": "x", "custom_id": custom_id, "response": {"status_code": 200, "request_id": "r", "body": body}, "error": None}
+            if error is None
+            else {"id": "x", "custom_id": custom_id, "response": {"status_code": 400, "request_id": "r", "body": None},
+                  "error": {"code": error, "message": error}}  # fmt: skip
+        )
+
+
+def answer_chunk(store: Store, layout: RunLayout, chunk: str, parts: Sequence[Sequence[Answer]], *,
+                 worker: str = "0", output_format: str = "jsonl", accelerator: str = "NVIDIA L4",
+                 seconds: float = 10.0) -> None:  # fmt: skip
+    """Finish a chunk through the protocol's own objects: lease, checkpointed parts, done marker."""
+    from orchestrator.protocol.checkpoints import ChunkJob
+    from orchestrator.protocol.leases import LeaseKeeper, acquire
+    from orchestrator.protocol.parts import part_codec
+
+    clock = [1_000.0]
+    held = acquire(store, layout, chunk, worker=worker, holder=f"{worker}.test", ttl=600, now=clock[0])
+    assert held is not None
+    keeper = LeaseKeeper(store, layout, held, ttl=600, clock=lambda: clock[0])
+    rows = sum(len(p) for p in parts)
+    job = ChunkJob(store, layout, keeper, part_codec(output_format, chunk), lambda: clock[0], chunk_rows=rows)
+    job.resume()
+    for part in parts:
+        job.checkpoint(list(part))
+    clock[0] += seconds
+    assert job.complete(worker=worker, model="m", spec_hash="h", accelerator=accelerator) is not None

@@ -1,0 +1,258 @@
+"""`orch status`: one view of a run, from a handful of requests: listings, never one request per chunk.
+
+1. `gather` reads the manifest, the plan and the jobs record (3 GETs), and lists `done/`,
+   `stats/` (each finished chunk's numbers are in its stats key) and `heartbeats/` (each worker's
+   state is in its key): one request per 1,000 objects. A done chunk without a stats entry (a
+   crash between the two writes) costs one GET of its marker. The backend is asked for the state of
+   each worker's current job.
+2. `derive_status` turns those facts into the view: plain data, no I/O.
+3. `render_table` and `to_json` show it.
+
+JSON shape (stable for scripts):
+    run, backend, complete (bool), backend_note (str|null),
+    chunks: {total, done},
+    rows: {total, done (in finished chunks), in_progress (flushed or not, in chunks being worked on),
+           errors (error rows in finished chunks)},
+    throughput: {rows_per_s, tokens_per_s} (sum over running workers), eta_s (null when unknown),
+    cost: {so_far_usd, worker_hours} (per-GPU-hour prices x workers' uptime, restarts included),
+    workers: [{worker, state, job_id, recovery_count, accelerator, cloud, region, spot, chunk,
+               chunk_rows, chunk_rows_done, chunks_assigned, chunks_done_of_own_list, chunks_finished
+               (by this worker, from any list), rows_done, tokens_per_s, heartbeat_state,
+               heartbeat_age_s, uptime_s}]
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import click
+
+from orchestrator.backends.base import STATE_COLOURS, JobState, JobStatus, Launcher
+from orchestrator.controller.jobs import JobsRecord, read_jobs
+from orchestrator.plan import read_manifest, read_plan
+from orchestrator.pricing import GpuTable
+from orchestrator.protocol.checkpoints import read_chunk_stats
+from orchestrator.protocol.heartbeats import read_heartbeats
+from orchestrator.protocol.layout import RunLayout
+from orchestrator.protocol.records import ChunkStats, DoneMarker, ManifestEntry, PlanRecord, parse_record
+from orchestrator.store import Store
+
+#: A heartbeat older than this many heartbeat intervals means the process is gone or stuck.
+STALE_HEARTBEATS = 6
+
+
+@dataclass
+class RunFacts:
+    run: str
+    manifest: list[ManifestEntry]
+    plan: PlanRecord | None
+    jobs: JobsRecord
+    done: set[str]
+    stats: dict[str, tuple[float, ChunkStats]]
+    heartbeats: dict[str, dict[str, Any]]
+    statuses: dict[str, JobStatus] = field(default_factory=dict)
+    backend_note: str | None = None
+
+
+def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) -> RunFacts:
+    manifest = read_manifest(store, layout)
+    plan = read_plan(store, layout)
+    jobs, _ = read_jobs(store, layout)
+    done = {layout.chunk_of(o.key, layout.done_prefix) for o in store.list(layout.done_prefix)}
+    stats = read_chunk_stats(store, layout)
+    for chunk in done - set(stats):
+        with contextlib.suppress(Exception):  # a marker we cannot read is shown as done without numbers
+            marker = parse_record(DoneMarker, store.get(layout.done(chunk)).data, layout.done(chunk))
+            stats[chunk] = (marker.finished_at, marker.stats())
+    facts = RunFacts(layout.run, manifest, plan, jobs, done, stats, read_heartbeats(store, layout))
+    current = [a.job_id for a in jobs.current_jobs().values()]
+    if launcher is not None and current:
+        try:
+            facts.statuses = launcher.statuses(current)
+        except Exception as e:  # the backend's own trouble must not hide what the store knows
+            facts.backend_note = f"cannot ask the {getattr(launcher, 'name', 'backend')} backend: {e}"
+    return facts
+
+
+@dataclass
+class WorkerView:
+    worker: str
+    state: str
+    job_id: str | None = None
+    recovery_count: int = 0
+    accelerator: str | None = None
+    cloud: str | None = None
+    region: str | None = None
+    spot: bool | None = None
+    chunk: str | None = None
+    chunk_rows: int = 0
+    chunk_rows_done: int = 0
+    chunks_assigned: int = 0
+    chunks_done_of_own_list: int = 0
+    chunks_finished: int = 0
+    rows_done: int = 0
+    tokens_per_s: float = 0.0
+    heartbeat_state: str | None = None
+    heartbeat_age_s: float | None = None
+    uptime_s: float = 0.0
+
+
+@dataclass
+class RunStatus:
+    run: str
+    backend: str | None
+    complete: bool
+    backend_note: str | None
+    chunks: dict[str, int]
+    rows: dict[str, int]
+    throughput: dict[str, float]
+    eta_s: float | None
+    cost: dict[str, float]
+    workers: list[WorkerView]
+
+
+def derive_status(facts: RunFacts, *, now: float, prices: GpuTable, heartbeat_interval: float = 10.0,
+                  default_spot: bool = True) -> RunStatus:  # fmt: skip
+    rows_by_chunk = {e.chunk: e.rows for e in facts.manifest}
+    done = facts.done & set(rows_by_chunk)
+    rows_done = sum(rows_by_chunk[c] for c in done)
+    errors = sum(s.errors for c, (_, s) in facts.stats.items() if c in done)
+    finished_by: dict[str, int] = {}
+    for _, s in facts.stats.values():
+        finished_by[s.worker] = finished_by.get(s.worker, 0) + 1
+
+    own = {str(a.worker): a.chunks for a in (facts.plan.workers if facts.plan else [])}
+    current = {str(w): a for w, a in facts.jobs.current_jobs().items()}
+    recoveries = {w: sum(1 for _ in wj.attempts) - 1 for w, wj in facts.jobs.workers.items()}
+    names = sorted(set(own) | set(current) | set(facts.heartbeats), key=_worker_order)
+    workers, in_progress, rows_per_s, tokens_per_s, cost, hours = [], 0, 0.0, 0.0, 0.0, 0.0
+    for name in names:
+        base = name.split("r", 1)[0] if name[0].isdigit() else name
+        attempt = current.get(name) or current.get(base)
+        status = facts.statuses.get(attempt.job_id) if attempt else None
+        hb = facts.heartbeats.get(name)
+        age = now - float(hb["updated_at"]) if hb else None
+        alive = hb is not None and hb.get("state") not in ("exited",) and age is not None \
+            and age <= STALE_HEARTBEATS * heartbeat_interval  # fmt: skip
+        view = WorkerView(
+            worker=name,
+            state=(status.state.value if status else JobState.UNKNOWN.value) if attempt else "NOT LAUNCHED",
+            job_id=attempt.job_id if attempt else None,
+            recovery_count=(status.recovery_count if status else 0) + max(recoveries.get(base, 0), 0),
+            accelerator=(hb or {}).get("accelerator") or (status.accelerator if status else None),
+            cloud=(hb or {}).get("cloud") or (status.cloud if status else None),
+            region=(hb or {}).get("region") or (status.region if status else None),
+            spot=(hb or {}).get("spot") if (hb or {}).get("spot") is not None else (status.spot if status else None),
+            chunk=hb.get("chunk") if alive and hb else None,
+            chunk_rows=int(hb.get("chunk_rows") or 0) if alive and hb else 0,
+            chunk_rows_done=int(hb.get("chunk_rows_done") or 0) if alive and hb else 0,
+            chunks_assigned=len(own.get(name, ())),
+            chunks_done_of_own_list=sum(1 for c in own.get(name, ()) if c in done),
+            chunks_finished=finished_by.get(name, 0),
+            rows_done=int((hb or {}).get("rows_done") or 0),
+            tokens_per_s=float(hb.get("tokens_per_s") or 0.0) if alive and hb else 0.0,
+            heartbeat_state=(hb or {}).get("state"),
+            heartbeat_age_s=round(age, 1) if age is not None else None,
+            uptime_s=round(float(hb.get("uptime_before_s") or 0) + max(float(hb["updated_at"]) - float(hb["started_at"]), 0.0), 1)
+            if hb else 0.0,
+        )  # fmt: skip
+        if alive and view.chunk:
+            in_progress += view.chunk_rows_done
+            rows_per_s += float(hb.get("rows_per_s") or 0.0)
+            tokens_per_s += view.tokens_per_s
+        gpu = prices.find(view.accelerator)
+        hours += view.uptime_s / 3600
+        if gpu is not None:
+            spot = view.spot if view.spot is not None else default_spot
+            cost += view.uptime_s / 3600 * gpu.price(spot, view.cloud)
+        workers.append(view)
+
+    total_rows = sum(rows_by_chunk.values())
+    remaining = total_rows - rows_done - in_progress
+    eta = remaining / rows_per_s if rows_per_s > 0 and remaining > 0 else (0.0 if remaining <= 0 else None)
+    return RunStatus(
+        run=facts.run,
+        backend=facts.jobs.backend,
+        complete=len(done) == len(rows_by_chunk),
+        backend_note=facts.backend_note,
+        chunks={"total": len(rows_by_chunk), "done": len(done)},
+        rows={"total": total_rows, "done": rows_done, "in_progress": in_progress, "errors": errors},
+        throughput={"rows_per_s": round(rows_per_s, 3), "tokens_per_s": round(tokens_per_s, 1)},
+        eta_s=round(eta, 1) if eta is not None else None,
+        cost={"so_far_usd": round(cost, 2), "worker_hours": round(hours, 3)},
+        workers=workers,
+    )
+
+
+def _worker_order(name: str) -> tuple[int, str]:
+    head = name.split("r", 1)[0]
+    return (int(head) if head.isdigit() else 1 << 30, name)
+
+
+def to_json(status: RunStatus) -> dict[str, Any]:
+    return asdict(status)
+
+
+def render_table(status: RunStatus) -> str:
+    c, r = status.chunks, status.rows
+    pct = 100 * c["done"] / c["total"] if c["total"] else 100.0
+    eta = _duration(status.eta_s) if status.eta_s is not None else "unknown"
+    head = [
+        click.style(f"run {status.run}", bold=True) + f"  ({status.backend or 'not launched'})"
+        + (click.style("  COMPLETE", fg="green", bold=True) if status.complete else ""),
+        f"chunks {c['done']}/{c['total']} ({pct:.0f}%)   rows {r['done']:,}/{r['total']:,} done"
+        f" (+{r['in_progress']:,} in progress)   errors {r['errors']:,}",
+        f"throughput {status.throughput['rows_per_s']:.2f} rows/s, {status.throughput['tokens_per_s']:,.0f} tok/s"
+        f"   ETA {eta}   cost so far ${status.cost['so_far_usd']:,.2f} ({status.cost['worker_hours']:.2f} worker-hours)",
+    ]  # fmt: skip
+    if status.backend_note:
+        head.append(click.style(f"warning: {status.backend_note}", fg="yellow"))
+    cols = ["worker", "state", "accel", "where", "spot", "chunk", "progress", "own done", "finished", "tok/s", "beat"]
+    rows = []
+    for w in status.workers:
+        state = w.state + (f" (recovered {w.recovery_count}x)" if w.recovery_count else "")
+        colour = STATE_COLOURS.get(JobState(w.state), "white") if w.state in JobState.__members__ else "white"
+        rows.append([
+            w.worker, (state, colour), w.accelerator or "-", "/".join(x for x in (w.cloud, w.region) if x) or "-",
+            {True: "spot", False: "on-dem", None: "-"}[w.spot], w.chunk or "-",
+            f"{w.chunk_rows_done}/{w.chunk_rows}" if w.chunk else "-",
+            f"{w.chunks_done_of_own_list}/{w.chunks_assigned}", str(w.chunks_finished),
+            f"{w.tokens_per_s:,.0f}" if w.chunk else "-",
+            _duration(w.heartbeat_age_s) + " ago" if w.heartbeat_age_s is not None else "-",
+        ])  # fmt: skip
+    widths = [max(len(cols[i]), *(len(_text(row[i])) for row in rows)) for i in range(len(cols))] if rows else []
+    lines = head + [""]
+    if rows:
+        lines.append("  ".join(h.ljust(wd) for h, wd in zip(cols, widths)))
+        for row in rows:
+            lines.append("  ".join(_cell(cell, wd) for cell, wd in zip(row, widths)))
+    return "\n".join(lines)
+
+
+def _text(cell: Any) -> str:
+    return cell[0] if isinstance(cell, tuple) else str(cell)
+
+
+def _cell(cell: Any, width: int) -> str:
+    if isinstance(cell, tuple):
+        return click.style(cell[0].ljust(width), fg=cell[1])
+    return str(cell).ljust(width)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+def status_of(store: Store, layout: RunLayout, launcher: Launcher | None, *, now: float, prices: GpuTable,
+              heartbeat_interval: float = 10.0, default_spot: bool = True) -> RunStatus:  # fmt: skip
+    return derive_status(gather(store, layout, launcher), now=now, prices=prices,
+                         heartbeat_interval=heartbeat_interval, default_spot=default_spot)  # fmt: skip

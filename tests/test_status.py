@@ -1,0 +1,98 @@
+"""`orch status`: one view of a run from listings, its JSON shape, and what it costs in requests."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from orchestrator.backends.base import JobState, JobStatus
+from orchestrator.cli import main
+from orchestrator.controller.jobs import JobAttempt, update_jobs
+from orchestrator.plan import plan_chunks, read_manifest, write_plan
+from orchestrator.pricing import load_gpu_table
+from orchestrator.protocol.heartbeats import HeartbeatPublisher
+from orchestrator.protocol.leases import acquire
+from orchestrator.protocol.records import Heartbeat
+from orchestrator.status import derive_status, gather, render_table, to_json
+from orchestrator.store import open_store
+from tests.support.runs import Answer, answer_chunk, chat_request, make_run
+
+
+class Backend:
+    """A backend that knows two jobs (what the SkyPilot SDK would say)."""
+
+    name = "skypilot"
+
+    def statuses(self, job_ids):
+        return {
+            "11": JobStatus("11", JobState.RECOVERING, recovery_count=2, cloud="gcp", region="us-central1", spot=True),
+            "12": JobStatus("12", JobState.RUNNING, spot=False),
+        }
+
+
+def build(store_uri):
+    store = open_store(store_uri)
+    layout = make_run(store, "s", [[chat_request(f"c{c}-{i}", "q") for i in range(10)] for c in range(4)], model="m")
+    write_plan(store, layout, plan_chunks(read_manifest(store, layout), 2))
+    answer_chunk(store, layout, "part_00000", [[Answer(i, f"c0-{i}", "x") for i in range(9)] + [Answer(9, "c0-9", error="e")]],
+                 worker="1", seconds=3600)  # fmt: skip
+    acquire(store, layout, "part_00001", worker="0", holder="0.live", ttl=600, now=time.time())
+    now = time.time()
+    HeartbeatPublisher(store, layout, Heartbeat(worker="0", holder="0.live", state="running", started_at=now - 7200,
+                                                updated_at=now, accelerator="NVIDIA A100-SXM4-80GB", spot=True,
+                                                cloud="gcp", region="us-central1")).publish(  # fmt: skip
+        chunk="part_00001", chunk_rows=10, chunk_rows_done=4, rows_per_s=0.5, tokens_per_s=120.0, updated_at=now
+    )
+    update_jobs(store, layout, lambda rec: [rec.worker(w).attempts.append(
+        JobAttempt(job_id=str(11 + w), backend="skypilot", launched_at=now)) for w in (0, 1)])  # fmt: skip
+    return store, layout
+
+
+def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
+    store, layout = build(str(tmp_path / "store"))
+    facts = gather(store, layout, Backend())
+    status = derive_status(facts, now=time.time(), prices=load_gpu_table())
+    assert status.chunks == {"total": 4, "done": 1}
+    assert status.rows == {"total": 40, "done": 10, "in_progress": 4, "errors": 1}
+    assert status.throughput["rows_per_s"] == 0.5 and status.eta_s == (40 - 10 - 4) / 0.5
+    w0 = status.workers[0]
+    assert (w0.worker, w0.state, w0.recovery_count, w0.chunk, w0.spot) == ("0", "RECOVERING", 2, "part_00001", True)
+    assert w0.accelerator == "NVIDIA A100-SXM4-80GB" and w0.cloud == "gcp"
+    assert status.workers[1].chunks_finished == 1
+    # Two hours of an A100-80GB on GCP spot.
+    assert abs(status.cost["so_far_usd"] - 2 * load_gpu_table().price("A100-80GB", True, "gcp")) < 0.05
+    assert "RECOVERING (recovered 2x)" in render_table(status)
+
+
+def test_status_json_shape_is_stable(tmp_path, capsys):
+    build(str(tmp_path / "store"))
+    assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) >= {"chunks", "rows", "workers", "throughput", "eta_s", "cost", "complete"}
+    assert set(doc["chunks"]) == {"total", "done"} and set(doc["rows"]) >= {"total", "done", "errors"}
+    assert {"worker", "state", "accelerator", "chunk", "heartbeat_age_s", "tokens_per_s"} <= set(doc["workers"][0])
+
+
+def test_status_reads_markers_with_list_calls_not_one_request_per_chunk(store_uri):
+    store, layout = build(store_uri)
+    for c in (2, 3):
+        answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "x") for i in range(10)]])
+    store.requests.reset()
+    status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
+    assert status.chunks["done"] == 3
+    assert store.requests.by_op.get("get", 0) == 3  # manifest, plan, jobs
+    assert store.requests.by_op.get("list", 0) == 3  # done/, stats/, heartbeats/
+
+
+def test_status_survives_a_backend_that_cannot_be_asked(tmp_path):
+    store, layout = build(str(tmp_path / "store"))
+
+    class Down:
+        name = "skypilot"
+
+        def statuses(self, job_ids):
+            raise ConnectionError("API server not reachable")
+
+    status = derive_status(gather(store, layout, Down()), now=time.time(), prices=load_gpu_table())
+    assert "API server not reachable" in status.backend_note
+    assert status.workers[0].state == "UNKNOWN"
