@@ -37,6 +37,7 @@ from orchestrator.protocol.checkpoints import read_chunk_stats
 from orchestrator.protocol.heartbeats import read_heartbeats
 from orchestrator.protocol.layout import RunLayout
 from orchestrator.protocol.records import ChunkStats, DoneMarker, ManifestEntry, PlanRecord, parse_record
+from orchestrator.protocol.snapshot import list_done
 from orchestrator.store import Store
 
 #: A heartbeat older than this many heartbeat intervals means the process is gone or stuck.
@@ -60,7 +61,7 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
     manifest = read_manifest(store, layout)
     plan = read_plan(store, layout)
     jobs, _ = read_jobs(store, layout)
-    done = {layout.chunk_of(o.key, layout.done_prefix) for o in store.list(layout.done_prefix)}
+    done = set(list_done(store, layout))
     stats = read_chunk_stats(store, layout)
     for chunk in done - set(stats):
         with contextlib.suppress(Exception):  # a marker we cannot read is shown as done without numbers

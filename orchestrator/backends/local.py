@@ -1,0 +1,174 @@
+"""The local backend: each worker is a process on this machine, logs in files. The default and the test bed.
+
+A job is a small shell that runs the worker with the worker environment's Python and then writes
+the worker's exit code to a file. A controller restarted later (not the parent any more) still
+tells a clean exit, a crash and a kill apart:
+- process alive (same PID and start time) -> RUNNING;
+- exit file 0 -> SUCCEEDED; 143/130 (SIGTERM/SIGINT) -> CANCELLED; other codes -> FAILED;
+- no process and no exit file (the shell was killed too, e.g. kill -9 of the process group) -> FAILED.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, LaunchRequest
+
+_STOPPED_CODES = {130, 143}
+
+
+def default_worker_python() -> str:
+    """ORCH_WORKER_PYTHON, else the repository's .venv-worker, else this interpreter."""
+    configured = os.environ.get("ORCH_WORKER_PYTHON")
+    if configured:
+        return configured
+    repo_worker = Path(__file__).resolve().parents[2] / ".venv-worker" / "bin" / "python"
+    return str(repo_worker) if repo_worker.exists() else sys.executable
+
+
+class LocalLauncher:
+    name = "local"
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike,
+        *,
+        python: str | None = None,
+        base_env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.log_dir = Path(log_dir).absolute()
+        self.python = python or default_worker_python()
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.cwd = str(cwd or os.getcwd())
+        self.clock = clock
+
+    # -- Launcher ----------------------------------------------------------------------------
+    def launch(self, requests: Sequence[LaunchRequest]) -> dict[int, str]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        launched: dict[int, str] = {}
+        failures: dict[int, str] = {}
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(requests)))) as pool:
+            for request, outcome in zip(requests, pool.map(self._start_safely, requests)):
+                if isinstance(outcome, str):
+                    launched[request.worker] = outcome
+                else:
+                    failures[request.worker] = str(outcome)
+        if failures:
+            raise LaunchFailed(launched, failures, hint=f"check the worker Python: {self.python}")
+        return launched
+
+    def statuses(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        return {job_id: self._status(job_id) for job_id in job_ids}
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        """SIGTERM to each job's process group (the worker flushes and gives its lease back), then
+        SIGKILL to whatever is left after a grace period."""
+        groups = [pid for pid in (self._live_pid(j) for j in job_ids) if pid is not None]
+        for pid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while groups and time.monotonic() < deadline:
+            groups = [pid for pid in groups if _alive(pid)]
+            time.sleep(0.2)
+        for pid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _start_safely(self, request: LaunchRequest) -> str | Exception:
+        try:
+            return self._start(request)
+        except OSError as e:
+            return e
+
+    def _start(self, request: LaunchRequest) -> str:
+        stamp = f"{int(self.clock() * 1000)}"
+        log = self.log_dir / f"worker-{request.worker}-{stamp}.log"
+        exit_file = self.log_dir / f"worker-{request.worker}-{stamp}.exit"
+        env = {**self.base_env, **request.envs, **request.secrets, "ORCH_EXIT_FILE": str(exit_file)}
+        if request.use_spot is not None:
+            env["ORCH_SPOT"] = "1" if request.use_spot else "0"
+        # The shell outlives the worker to record its exit code, even when the worker is killed.
+        # Its TERM/INT trap keeps it alive when the whole group is signalled (a trap with a command
+        # is not inherited: the worker still gets the signal and flushes).
+        script = f'trap "true" TERM INT; {shlex.quote(self.python)} -m worker; echo $? > "$ORCH_EXIT_FILE"'
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", script], cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        job_id = f"local-{proc.pid}-{_start_ticks(proc.pid)}-{stamp}"
+        # Keep the Popen object so this process reaps the child if it is the one watching.
+        _CHILDREN[proc.pid] = proc
+        return job_id
+
+    def log_path(self, job_id: str) -> Path:
+        _, _, _, stamp = job_id.split("-", 3)
+        return next(self.log_dir.glob(f"worker-*-{stamp}.log"), self.log_dir / "missing.log")
+
+    def _status(self, job_id: str) -> JobStatus:
+        try:
+            _, pid_text, ticks, stamp = job_id.split("-", 3)
+            pid = int(pid_text)
+        except ValueError:
+            return JobStatus(job_id, JobState.UNKNOWN, failure_reason="not a local job id")
+        started = int(stamp) / 1000
+        child = _CHILDREN.get(pid)
+        if child is not None:
+            child.poll()  # reap, so a finished child does not linger as a zombie
+        if _start_ticks(pid) == ticks and _alive(pid):
+            return JobStatus(job_id, JobState.RUNNING, accelerator=None, spot=None, started_at=started)
+        exit_file = next(self.log_dir.glob(f"worker-*-{stamp}.exit"), None)
+        if exit_file is None:
+            return JobStatus(job_id, JobState.FAILED, failure_reason="killed (no exit code recorded)", started_at=started)
+        try:
+            code = int(exit_file.read_text().strip())
+        except ValueError:
+            code = -1
+        ended = exit_file.stat().st_mtime
+        if code == 0:
+            return JobStatus(job_id, JobState.SUCCEEDED, exit_code=0, started_at=started, ended_at=ended)
+        if code in _STOPPED_CODES:
+            return JobStatus(job_id, JobState.CANCELLED, exit_code=code, started_at=started, ended_at=ended)
+        return JobStatus(job_id, JobState.FAILED, exit_code=code, failure_reason=f"worker exited with {code}",
+                         started_at=started, ended_at=ended)  # fmt: skip
+
+    def _live_pid(self, job_id: str) -> int | None:
+        try:
+            _, pid_text, ticks, _ = job_id.split("-", 3)
+        except ValueError:
+            return None
+        pid = int(pid_text)
+        return pid if _start_ticks(pid) == ticks and _alive(pid) else None
+
+
+_CHILDREN: dict[int, subprocess.Popen] = {}
+
+
+def _start_ticks(pid: int) -> str:
+    """The process's start time in clock ticks since boot: with the PID, it names one process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

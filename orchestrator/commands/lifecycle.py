@@ -1,0 +1,193 @@
+"""`orch launch`, `orch watch`, `orch resume`, `orch cancel`: starting, keeping and stopping a run's workers."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orchestrator.cli import Invocation, common_options
+
+
+def backend_option(func):
+    return click.option(
+        "--backend", type=click.Choice(["local", "skypilot"]), default=None,
+        help="where workers run (default: the spec's backend, local)",
+    )(func)  # fmt: skip
+
+
+def _flags(inv: Invocation, **more: Any) -> Invocation:
+    flags = dict(inv.flags)
+    flags.update({k: v for k, v in more.items() if v is not None})
+    return Invocation(inv.spec_file, flags)
+
+
+@click.command("launch")
+@common_options
+@backend_option
+@click.option("--workers", type=int, default=None, help="number of workers (replans if it differs from the plan)")
+@click.option("--gpus", default=None, help="GPU candidates, comma-separated (default L4,L40S,A10G,A100,A100-80GB)")
+@click.option("--spot", "spot_only", is_flag=True, help="spot instances only")
+@click.option("--on-demand", "on_demand_only", is_flag=True, help="on-demand instances only")
+@click.option("--dry-run", is_flag=True, help="render the SkyPilot task of every worker and launch nothing")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="where --dry-run writes")
+@click.option("--follow", is_flag=True, help="then watch: relaunch failed workers until the run is complete")
+@click.option("--interval", type=float, default=10.0, show_default=True, help="seconds between checks with --follow")
+def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_run, out_dir, follow, interval):
+    """Launch one worker per planned list (never a second copy of a live worker)."""
+    from orchestrator.controller import backend_for
+    from orchestrator.controller.launch import launch_workers
+    from orchestrator.controller.planning import ensure_plan
+
+    if spot_only and on_demand_only:
+        raise click.UsageError("--spot and --on-demand together mean both: leave both out for that")
+    inv = _flags(
+        inv,
+        backend=("skypilot" if dry_run and backend is None else backend),
+        **{
+            "workers.count": workers,
+            "resources.gpus": [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None,
+            "resources.spot": False if on_demand_only else None,
+            "resources.on_demand": False if spot_only else None,
+        },
+    )
+    ctx = inv.context(freeze=True)
+    _require_model(ctx)
+    plan = ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo)
+    if dry_run:
+        from orchestrator.controller.launch import dry_run_requests
+
+        paths = dry_run_requests(ctx, [a.worker for a in plan.workers], Path(out_dir or f".orch/dry-run/{ctx.layout.run}"))
+        for path in paths:
+            click.echo(str(path))
+        click.echo(f"{len(paths)} task file(s) written; nothing launched.")
+        return 0
+    launcher = backend_for(ctx.spec)
+    launched = launch_workers(ctx, launcher, [a.worker for a in plan.workers])
+    skipped = len(plan.workers) - len(launched)
+    for worker, job_id in sorted(launched.items()):
+        click.echo(f"worker {worker}: job {job_id}")
+    if skipped:
+        click.echo(f"{skipped} worker(s) already running: not launched again.")
+    if follow:
+        return _watch(ctx, launcher, interval)
+    return 0
+
+
+@click.command("watch")
+@common_options
+@backend_option
+@click.option("--interval", type=float, default=10.0, show_default=True, help="seconds between checks")
+@click.option("--retries", type=int, default=None, help="relaunches per worker (default: the spec's workers.retries)")
+def watch_command(inv, backend, interval, retries):
+    """Relaunch workers whose jobs end with work left, until every chunk has a marker.
+
+    Exits 0 when the run is complete, non-zero when the retry budget is spent with work left.
+    """
+    from orchestrator.controller import backend_for
+
+    ctx = _flags(inv, backend=backend).context()
+    return _watch(ctx, backend_for(ctx.spec), interval, retries)
+
+
+@click.command("resume")
+@common_options
+@backend_option
+@click.option("--follow", is_flag=True, help="then watch until the run is complete")
+@click.option("--interval", type=float, default=10.0, show_default=True)
+def resume_command(inv, backend, follow, interval):
+    """Relaunch just the workers the remaining chunks need, from the markers in the store."""
+    from orchestrator.controller import backend_for
+    from orchestrator.controller.launch import launch_workers
+    from orchestrator.controller.planning import workers_needed
+
+    ctx = _flags(inv, backend=backend).context()
+    _require_model(ctx)
+    launcher = backend_for(ctx.spec)
+    needed, remaining = workers_needed(ctx)
+    if not remaining:
+        click.echo("every chunk has a marker: nothing to resume (orch collect gives the output)")
+        return 0
+    launched = launch_workers(ctx, launcher, needed, reason="resume")
+    click.echo(f"{len(remaining)} chunk(s) left; launched {len(launched)} worker(s): "
+               f"{', '.join(str(w) for w in sorted(launched)) or 'none (all needed workers are live)'}")  # fmt: skip
+    if follow:
+        return _watch(ctx, launcher, interval)
+    return 0
+
+
+@click.command("cancel")
+@common_options
+@backend_option
+def cancel_command(inv, backend):
+    """Stop every worker of the run (finished rows are flushed; `orch resume` continues later)."""
+    from orchestrator.controller import backend_for
+    from orchestrator.controller.jobs import update_jobs
+
+    ctx = _flags(inv, backend=backend).context()
+    record = update_jobs(ctx.store, ctx.layout, lambda rec: setattr(rec, "cancelled", True))
+    job_ids = [a.job_id for a in record.current_jobs().values()]
+    if not job_ids:
+        click.echo("no workers were launched for this run")
+        return 0
+    launcher = backend_for(ctx.spec, record.backend)
+    live = [j for j, s in launcher.statuses(job_ids).items() if s.state.is_live()]
+    launcher.cancel(live)
+    # The record says cancelled (written first): `orch watch` will not relaunch these jobs.
+    click.echo(f"cancelled {len(live)} live job(s) of run {ctx.layout.run!r}")
+    return 0
+
+
+def _watch(ctx, launcher, interval: float, retries: int | None = None) -> int:
+    """Reconcile until complete. On a terminal the run's status is redrawn in place each tick;
+    otherwise (logs, CI) one line per tick. Relaunch events are printed either way."""
+    from orchestrator.commands.status import current_status
+    from orchestrator.controller.reconcile import Reconciler, watch
+    from orchestrator.errors import IncompleteRun
+    from orchestrator.status import render_table
+
+    live_view = sys.stdout.isatty()
+    events: list[str] = []
+
+    def event(message: str) -> None:
+        events.append(f"{time.strftime('%H:%M:%S')} {message}")
+        if not live_view:
+            click.echo(events[-1])
+
+    def tick(report) -> None:
+        if live_view:
+            view = render_table(current_status(ctx, launcher=launcher))
+            recent = "\n".join(events[-8:])
+            click.echo("\x1b[H\x1b[2J" + view + (f"\n\nevents:\n{recent}" if recent else ""))
+        else:
+            click.echo(f"{time.strftime('%H:%M:%S')} chunks {report.chunks_done}/{report.chunks_total} done, "
+                       f"{report.live} worker(s) running")  # fmt: skip
+
+    report = watch(Reconciler(ctx, launcher, retries=retries, on_event=event), interval=interval, on_tick=tick)
+    if report.complete:
+        click.echo(f"run {ctx.layout.run!r} complete: {report.chunks_total} chunks done")
+        return 0
+    if report.cancelled:
+        raise IncompleteRun(f"run {ctx.layout.run!r} was cancelled with {report.chunks_total - report.chunks_done} "
+                            "chunk(s) left", hint="orch resume --follow continues it")  # fmt: skip
+    details = "\n  ".join(f"worker {w}: {why}" for w, why in sorted(report.exhausted.items()))
+    raise IncompleteRun(
+        f"run {ctx.layout.run!r} stopped with {report.chunks_total - report.chunks_done} chunk(s) left"
+        + (f":\n  {details}" if details else ""),
+        hint="see the worker logs (orch status shows the jobs), fix the cause, then `orch resume --follow`",
+    )
+
+
+def _require_model(ctx) -> None:
+    from orchestrator.errors import SpecError
+
+    if not ctx.spec.model.name:
+        raise SpecError("no model", hint="pass --model PATH_OR_HUB_ID, or set model.name in orch.yaml", where="model.name")
+
+
+def register(cli: click.Group) -> None:
+    for command in (launch_command, watch_command, resume_command, cancel_command):
+        cli.add_command(command)

@@ -1,0 +1,64 @@
+"""`orch run`: prepare, plan, launch, watch and collect, in one command."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator.cli import Invocation, common_options
+from orchestrator.commands.prepare import input_flags, input_options
+
+
+@click.command("run")
+@common_options
+@click.argument("sources", nargs=-1, required=True)
+@input_options
+@click.option("--workers", type=int, default=None, help="number of workers (default: the spec's workers.count)")
+@click.option("--backend", type=click.Choice(["local", "skypilot"]), default=None, help="default: the spec's, local")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="where the collected output goes")
+@click.option("--retry-out", type=click.Path(dir_okay=False), default=None, help="failed requests, for a retry run")
+@click.option("--interval", type=float, default=5.0, show_default=True, help="seconds between checks")
+@click.option("--strict", is_flag=True, help="stop at the first bad input row")
+def run_command(inv: Invocation, sources, workers, backend, out, retry_out, interval, strict, **input_args):
+    """Run SOURCES through the model end to end and write one complete output to --out.
+
+    Every step is idempotent: running the same command again picks up where it stopped.
+    """
+    from orchestrator.collect import collect
+    from orchestrator.commands.collect import print_report
+    from orchestrator.commands.lifecycle import _require_model, _watch
+    from orchestrator.controller import backend_for
+    from orchestrator.controller.launch import launch_workers
+    from orchestrator.controller.planning import ensure_plan, workers_needed
+    from orchestrator.errors import IncompleteRun
+    from orchestrator.prepare import prepare_run
+
+    flags = {**inv.flags, **input_flags(**input_args)}
+    if workers is not None:
+        flags["workers.count"] = workers
+    if backend is not None:
+        flags["backend"] = backend
+    ctx = Invocation(inv.spec_file, flags).context(freeze=True)
+    _require_model(ctx)
+    # 1. prepare (a no-op when already prepared)
+    report = prepare_run(ctx, list(sources), strict=strict, progress=lambda s: click.echo(s, err=True))
+    click.echo(f"{'prepared' if not report.already_prepared else 'already prepared'}: "
+               f"{report.chunks} chunks, {report.rows:,} rows" + (f", {report.errors} bad row(s) set aside" if report.errors else ""))  # fmt: skip
+    # 2. plan, 3. launch the workers the remaining chunks need
+    ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo)
+    needed, remaining = workers_needed(ctx)
+    launcher = backend_for(ctx.spec)
+    if remaining:
+        launched = launch_workers(ctx, launcher, needed)
+        click.echo(f"launched {len(launched)} worker(s) on the {launcher.name} backend")
+        # 4. watch until every chunk has a marker
+        _watch(ctx, launcher, interval)
+    # 5. collect
+    result = collect(ctx.store, ctx.layout, out, retry_out=retry_out)
+    print_report(result)
+    if not result.complete:
+        raise IncompleteRun(f"run {ctx.layout.run!r}: {result.missing:,} row(s) missing", hint="orch resume --follow")
+    return 0
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(run_command)

@@ -1,0 +1,111 @@
+"""Launching workers: build each worker's settings and secrets, skip live ones, submit, record the jobs."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Iterable, Mapping
+
+from orchestrator.backends.base import JobStatus, LaunchFailed, Launcher, LaunchRequest
+from orchestrator.context import RunContext
+from orchestrator.controller.jobs import JobAttempt, JobsRecord, read_jobs, update_jobs
+
+#: Passed to workers as secrets when set here: never written to a file, a log or the store.
+SECRET_NAMES = (
+    "HF_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "R2_ACCOUNT_ID",
+    "R2_ACCESS_KEY_ID",
+    "R2_SECRET_ACCESS_KEY",
+)
+#: Plain settings passed through when set here (not secret: endpoints, regions).
+PASSTHROUGH_NAMES = ("ORCH_S3_ENDPOINT_URL", "R2_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")
+
+
+def worker_envs(ctx: RunContext, worker: int, env: Mapping[str, str]) -> dict[str, str]:
+    store = ctx.spec.store
+    if "://" not in store or store.startswith("file://"):
+        # A local store is shared with local workers only; give them a path that needs no cwd.
+        store = os.path.abspath(store.removeprefix("file://"))
+    envs = {
+        "ORCH_RUN": ctx.layout.run,
+        "ORCH_STORE": store,
+        "ORCH_WORKER": str(worker),
+        "ORCH_WORKER_LIST": ctx.layout.worker_list(str(worker))[len(ctx.layout.root):],
+    }
+    envs.update({k: env[k] for k in PASSTHROUGH_NAMES if env.get(k)})
+    return envs
+
+
+def worker_secrets(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: env[k] for k in SECRET_NAMES if env.get(k)}
+
+
+def live_workers(record: JobsRecord, statuses: Mapping[str, JobStatus]) -> set[int]:
+    """Workers whose current job holds (or will soon hold) a machine."""
+    return {
+        worker for worker, attempt in record.current_jobs().items()
+        if attempt.job_id in statuses and statuses[attempt.job_id].state.is_live()
+    }  # fmt: skip
+
+
+def launch_workers(
+    ctx: RunContext,
+    launcher: Launcher,
+    workers: Iterable[int],
+    *,
+    reason: str = "launch",
+    use_spot: bool | None = None,
+    count_as_relaunch: bool = False,
+    env: Mapping[str, str] | None = None,
+    clock: Callable[[], float] = time.time,
+) -> dict[int, str]:
+    """Launch the given workers, except those already live. Returns worker -> new job id.
+
+    1. Ask the backend about the current job of every worker: a live one is never duplicated.
+    2. Submit the others all at once (the launcher submits concurrently).
+    3. Record every job that was submitted, even when some failed to submit, then report failures.
+    """
+    env = os.environ if env is None else env
+    record, _ = read_jobs(ctx.store, ctx.layout)
+    current = {w: a.job_id for w, a in record.current_jobs().items()}
+    statuses = launcher.statuses(list(current.values())) if current else {}
+    live = live_workers(record, statuses)
+    requests = [
+        LaunchRequest(
+            worker=w,
+            name=f"orch-{ctx.layout.run}-w{w}",
+            envs=worker_envs(ctx, w, env),
+            secrets=worker_secrets(env),
+            use_spot=use_spot,
+        )
+        for w in sorted(set(workers))
+        if w not in live
+    ]
+    if not requests:
+        return {}
+    failure: LaunchFailed | None = None
+    try:
+        launched = launcher.launch(requests)
+    except LaunchFailed as e:
+        launched, failure = e.launched, e
+    now = clock()
+
+    def record_launches(rec: JobsRecord) -> None:
+        rec.backend = launcher.name
+        rec.cancelled = False
+        for w, job_id in launched.items():
+            jobs = rec.worker(w)
+            jobs.attempts.append(
+                JobAttempt(job_id=job_id, backend=launcher.name, launched_at=now, reason=reason, use_spot=use_spot)
+            )
+            if count_as_relaunch:
+                jobs.relaunches += 1
+
+    if launched:
+        update_jobs(ctx.store, ctx.layout, record_launches)
+    if failure is not None:
+        raise failure
+    return launched

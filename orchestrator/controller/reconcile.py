@@ -1,0 +1,193 @@
+"""The reconcile loop behind `orch watch`: keep workers running until every chunk has a marker.
+
+SkyPilot recovers a preempted managed job by itself (RECOVERING); this loop handles the rest.
+Each tick:
+1. Count markers (one listing). Every chunk done: the run is complete.
+2. Ask the backend about each worker's current job; record jobs that ended.
+3. Relaunch a worker whose job ended with work left: FAILED*, CANCELLED by someone other than
+   `orch cancel`, gone from the backend, or SUCCEEDED while chunks nobody holds remain. Each
+   worker has a retry budget; relaunches go through the same launcher as every launch.
+4. When no worker is live, none may be relaunched, and chunks remain: give up (exit non-zero).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, Launcher
+from orchestrator.context import RunContext
+from orchestrator.controller.jobs import JobsRecord, read_jobs, update_jobs
+from orchestrator.controller.launch import launch_workers
+from orchestrator.protocol.snapshot import RunSnapshot, take_snapshot
+from orchestrator.protocol.leases import read_lease
+from orchestrator.protocol.records import ManifestEntry, read_jsonl
+
+Event = Callable[[str], None]
+
+
+@dataclass
+class TickReport:
+    chunks_total: int
+    chunks_done: int
+    live: int = 0
+    #: Unfinished chunks under a lease that has not expired yet: claimable later, even with no worker live.
+    pending_leases: int = 0
+    relaunched: dict[int, str] = field(default_factory=dict)
+    exhausted: dict[int, str] = field(default_factory=dict)
+    statuses: dict[str, JobStatus] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return self.chunks_done >= self.chunks_total
+
+    cancelled: bool = False
+
+    @property
+    def stuck(self) -> bool:
+        """Nothing runs, nothing was relaunched, no lease is about to free a chunk, and work is left."""
+        return not self.complete and self.live == 0 and not self.relaunched and not self.pending_leases
+
+
+class Reconciler:
+    def __init__(
+        self,
+        ctx: RunContext,
+        launcher: Launcher,
+        *,
+        clock: Callable[[], float] = time.time,
+        retries: int | None = None,
+        env: Mapping[str, str] | None = None,
+        on_event: Event = lambda message: None,
+    ):
+        self.ctx = ctx
+        self.launcher = launcher
+        self.clock = clock
+        self.retries = ctx.spec.workers.retries if retries is None else retries
+        self.env = env
+        self.on_event = on_event
+        self._chunks = [e.chunk for e in read_jsonl(
+            ManifestEntry, ctx.store.get(ctx.layout.manifest).data, ctx.layout.manifest)]  # fmt: skip
+
+    def tick(self) -> TickReport:
+        snapshot = take_snapshot(self.ctx.store, self.ctx.layout)
+        report = TickReport(chunks_total=len(self._chunks), chunks_done=len(snapshot.done & set(self._chunks)))
+        record, _ = read_jobs(self.ctx.store, self.ctx.layout)
+        report.cancelled = record.cancelled
+        current = record.current_jobs()
+        report.statuses = self.launcher.statuses([a.job_id for a in current.values()]) if current else {}
+        ended = {
+            w: report.statuses[a.job_id]
+            for w, a in current.items()
+            if a.ended_state is None and a.job_id in report.statuses and report.statuses[a.job_id].state.is_terminal()
+        }
+        if ended:
+            self._record_ends(ended)
+        report.live = sum(
+            1 for a in current.values() if a.job_id in report.statuses and report.statuses[a.job_id].state.is_live()
+        )
+        if report.complete or record.cancelled:
+            return report  # after `orch cancel`, nothing comes back until `orch resume`
+        claimable, held = self._claimable(snapshot, check_leases=report.live == 0)
+        report.pending_leases = held if report.live == 0 else 0
+        wanted: dict[int, str] = {}
+        for worker, attempt in sorted(current.items()):
+            status = report.statuses.get(attempt.job_id)
+            state = status.state if status else JobState.UNKNOWN
+            if state.is_live():
+                continue
+            reason = self._relaunch_reason(state, record, claimable_left=len(claimable) - len(wanted))
+            if reason is None:
+                continue
+            jobs = record.worker(worker)
+            if jobs.relaunches >= self.retries:
+                detail = (status.failure_reason if status else None) or state.value
+                report.exhausted[worker] = f"{self.retries} relaunches spent; last job {attempt.job_id}: {detail}"
+                continue
+            wanted[worker] = reason
+        if wanted:
+            report.relaunched = self._relaunch(wanted)
+        return report
+
+    def _claimable(self, snapshot: RunSnapshot, *, check_leases: bool) -> tuple[list[str], int]:
+        """Unfinished chunks nobody holds, and how many are held. The listing's write times say
+        which leases may be alive; with no worker live, those few are read to be sure (a lease
+        given back on SIGTERM is free at once)."""
+        ttl, now = self.ctx.spec.workers.lease_ttl, self.clock()
+        claimable, held = [], 0
+        for chunk in self._chunks:
+            if chunk in snapshot.done:
+                continue
+            written = snapshot.lease_written.get(chunk)
+            if written is None or now - written > ttl:
+                claimable.append(chunk)
+                continue
+            if check_leases:
+                lease = read_lease(self.ctx.store, self.ctx.layout, chunk)
+                if lease is None or lease[0].is_free(now):
+                    claimable.append(chunk)
+                    continue
+            held += 1
+        return claimable, held
+
+    def _relaunch_reason(self, state: JobState, record: JobsRecord, claimable_left: int) -> str | None:
+        if state is JobState.SUCCEEDED:
+            # It found nothing to claim when it exited; relaunch only for chunks nobody holds now.
+            return "relaunch: chunks left that nobody holds" if claimable_left > 0 else None
+        if state is JobState.CANCELLED:
+            return "relaunch after CANCELLED (not by orch cancel)"
+        return f"relaunch after {state.value}"
+
+    def _relaunch(self, wanted: dict[int, str]) -> dict[int, str]:
+        done: dict[int, str] = {}
+        for reason in sorted(set(wanted.values())):
+            workers = [w for w, r in wanted.items() if r == reason]
+            try:
+                launched = launch_workers(
+                    self.ctx, self.launcher, workers, reason=reason, count_as_relaunch=True,
+                    env=self.env, clock=self.clock,
+                )  # fmt: skip
+            except LaunchFailed as e:
+                launched = e.launched
+                for w, why in e.failures.items():
+                    self.on_event(f"worker {w}: relaunch failed: {why}")
+            for w, job_id in launched.items():
+                done[w] = reason
+                self.on_event(f"worker {w}: {reason} -> job {job_id}")
+        return done
+
+    def _record_ends(self, ended: Mapping[int, JobStatus]) -> None:
+        now = self.clock()
+
+        def change(rec: JobsRecord) -> None:
+            for worker, status in ended.items():
+                attempt = rec.worker(worker).current
+                if attempt is not None and attempt.job_id == status.job_id and attempt.ended_state is None:
+                    attempt.ended_state = status.state.value
+                    attempt.ended_at = status.ended_at or now
+                    attempt.failure_reason = status.failure_reason
+
+        update_jobs(self.ctx.store, self.ctx.layout, change)
+        for worker, status in sorted(ended.items()):
+            detail = f" ({status.failure_reason})" if status.failure_reason else ""
+            self.on_event(f"worker {worker}: job {status.job_id} ended {status.state.value}{detail}")
+
+
+def watch(
+    reconciler: Reconciler,
+    *,
+    interval: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+    on_tick: Callable[[TickReport], None] = lambda report: None,
+    max_ticks: int | None = None,
+) -> TickReport:
+    """Tick until the run is complete or stuck. Returns the last report."""
+    ticks = 0
+    while True:
+        report = reconciler.tick()
+        on_tick(report)
+        ticks += 1
+        if report.complete or report.stuck or report.cancelled or (max_ticks is not None and ticks >= max_ticks):
+            return report
+        sleep(interval)
