@@ -16,7 +16,7 @@ def backend_for(spec: RunSpec, backend: str | None = None) -> Launcher:
     if name == "local":
         from orchestrator.backends.local import LocalLauncher
 
-        return LocalLauncher(local_log_dir(spec))
+        return LocalLauncher(local_log_dir(spec), workers=spec.workers.count)
     if name == "skypilot":
         store = spec.store
         if "://" not in store or store.startswith("file://"):
