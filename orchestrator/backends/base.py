@@ -16,6 +16,7 @@ class JobState(str, enum.Enum):
     STARTING = "STARTING"  # provisioning the machine and running setup
     RUNNING = "RUNNING"  # the worker program runs
     RECOVERING = "RECOVERING"  # the machine was lost (spot preemption); the backend relaunches it
+    WINDING_DOWN = "WINDING_DOWN"  # the run finished; the machine is being released
     CANCELLING = "CANCELLING"  # a cancel was requested and is under way
     SUCCEEDED = "SUCCEEDED"  # the worker exited 0 (it found no more work)
     CANCELLED = "CANCELLED"  # cancelled by a user or by `orch cancel`
@@ -54,6 +55,7 @@ STATE_COLOURS = {
     JobState.STARTING: "cyan",
     JobState.RUNNING: "green",
     JobState.RECOVERING: "yellow",
+    JobState.WINDING_DOWN: "cyan",
     JobState.CANCELLING: "yellow",
     JobState.SUCCEEDED: "green",
     JobState.CANCELLED: "yellow",

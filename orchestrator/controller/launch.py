@@ -109,3 +109,15 @@ def launch_workers(
     if failure is not None:
         raise failure
     return launched
+
+
+def dry_run_requests(ctx: RunContext, workers: Iterable[int], out_dir, env: Mapping[str, str] | None = None):
+    """`orch launch --dry-run`: each worker's SkyPilot task, rendered and checked, written to out_dir."""
+    from orchestrator.backends.skypilot_render import write_dry_run
+
+    env = os.environ if env is None else env
+    requests = [
+        LaunchRequest(worker=w, name=f"orch-{ctx.layout.run}-w{w}", envs=worker_envs(ctx, w, env), secrets=worker_secrets(env))
+        for w in sorted(set(workers))
+    ]
+    return write_dry_run(ctx.spec, requests, out_dir)

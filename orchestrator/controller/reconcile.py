@@ -18,6 +18,7 @@ from typing import Callable, Mapping
 
 from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, Launcher
 from orchestrator.context import RunContext
+from orchestrator.errors import BackendError
 from orchestrator.controller.jobs import JobsRecord, read_jobs, update_jobs
 from orchestrator.controller.launch import launch_workers
 from orchestrator.protocol.snapshot import RunSnapshot, take_snapshot
@@ -43,11 +44,14 @@ class TickReport:
         return self.chunks_done >= self.chunks_total
 
     cancelled: bool = False
+    #: Set when the backend could not be asked this round (the loop waits and asks again).
+    unreachable: str | None = None
 
     @property
     def stuck(self) -> bool:
         """Nothing runs, nothing was relaunched, no lease is about to free a chunk, and work is left."""
-        return not self.complete and self.live == 0 and not self.relaunched and not self.pending_leases
+        return (not self.complete and self.live == 0 and not self.relaunched and not self.pending_leases
+                and self.unreachable is None)  # fmt: skip
 
 
 class Reconciler:
@@ -76,7 +80,13 @@ class Reconciler:
         record, _ = read_jobs(self.ctx.store, self.ctx.layout)
         report.cancelled = record.cancelled
         current = record.current_jobs()
-        report.statuses = self.launcher.statuses([a.job_id for a in current.values()]) if current else {}
+        try:
+            report.statuses = self.launcher.statuses([a.job_id for a in current.values()]) if current else {}
+        except BackendError as e:
+            # Not knowing is not "gone": relaunching now could duplicate live workers. Wait.
+            report.unreachable = str(e)
+            self.on_event(f"backend unreachable, nothing relaunched this round: {e}")
+            return report
         ended = {
             w: report.statuses[a.job_id]
             for w, a in current.items()

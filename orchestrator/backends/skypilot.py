@@ -1,0 +1,129 @@
+"""The SkyPilot backend: each worker is a managed job; SkyPilot picks the cheapest GPU and recovers preemptions.
+
+All workers are submitted at once (a thread per submission: `sky.jobs.launch` returns a request
+id, `sky.get` waits for the job ids), never a shell loop of background processes. Everything
+that reaches SkyPilot's API server, and through it the clouds, goes through `SkyPilotSDK`: the
+one seam the tests replace.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, LaunchRequest
+from orchestrator.backends.skypilot_render import load_task, load_template, render_worker_task, to_yaml
+from orchestrator.errors import BackendError
+from orchestrator.spec import RunSpec
+
+#: What `status` shows of each job; queue_v2's default fields leave out cloud, region and reasons.
+QUEUE_FIELDS = [
+    "job_id", "job_name", "status", "recovery_count", "cloud", "region", "cluster_resources",
+    "accelerators", "failure_reason", "submitted_at", "start_at", "end_at",
+]  # fmt: skip
+_STATES = {s.value: s for s in JobState} | {"SUBMITTED": JobState.PENDING}
+
+
+class SkyPilotSDK:
+    """SkyPilot's client SDK, the calls orch makes. Each blocks until the API server answers."""
+
+    def launch(self, task: Any, name: str) -> list[int]:
+        import sky
+
+        job_ids, _ = sky.get(sky.jobs.launch(task, name=name))
+        if not job_ids:
+            raise BackendError(f"SkyPilot returned no job id for {name}")
+        return list(job_ids)
+
+    def queue(self, job_ids: Sequence[int]) -> list[Any]:
+        import sky
+
+        records, *_ = sky.get(sky.jobs.queue_v2(refresh=False, job_ids=list(job_ids), fields=QUEUE_FIELDS))
+        return list(records)
+
+    def cancel(self, job_ids: Sequence[int]) -> None:
+        import sky
+
+        sky.get(sky.jobs.cancel(job_ids=list(job_ids)))
+
+
+class SkyPilotLauncher:
+    name = "skypilot"
+
+    def __init__(self, spec: RunSpec, *, sdk: Any = None, template: dict[str, Any] | None = None, max_parallel: int = 32):
+        self.spec = spec
+        self.sdk = sdk or SkyPilotSDK()
+        self.template = template if template is not None else load_template()
+        self.max_parallel = max_parallel
+
+    def launch(self, requests: Sequence[LaunchRequest]) -> dict[int, str]:
+        # Render and check every task first: a bad template fails before anything is launched.
+        tasks = [(r, load_task(to_yaml(render_worker_task(self.template, self.spec, r)),
+                               secrets=sorted(r.secrets.items()), where=f"worker {r.worker}")) for r in requests]  # fmt: skip
+        launched: dict[int, str] = {}
+        failures: dict[int, str] = {}
+        with ThreadPoolExecutor(max_workers=max(1, min(self.max_parallel, len(tasks)))) as pool:
+            futures = {pool.submit(self.sdk.launch, task, r.name): r for r, task in tasks}
+            for future, request in futures.items():
+                try:
+                    launched[request.worker] = str(future.result()[0])
+                except Exception as e:  # one worker's failure must not hide the others' launches
+                    failures[request.worker] = _reason(e, self.spec)
+        if failures:
+            raise LaunchFailed(launched, failures, hint=_hint(failures))
+        return launched
+
+    def statuses(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        """Raises BackendError when SkyPilot cannot be asked (no API server, no jobs controller):
+        "unknown" must never read as "gone", or the watch loop would launch duplicates."""
+        if not job_ids:
+            return {}
+        try:
+            records = self.sdk.queue([int(j) for j in job_ids])
+        except Exception as e:
+            raise BackendError(f"cannot get job states from SkyPilot: {type(e).__name__}: {e}",
+                               hint="is the SkyPilot API server up (sky api info)?") from None  # fmt: skip
+        by_id = {str(_get(r, "job_id")): r for r in records}
+        return {j: _status(j, by_id[j]) if j in by_id else JobStatus(j, JobState.UNKNOWN,
+                                                                      failure_reason="not in SkyPilot's job queue")
+                for j in job_ids}  # fmt: skip
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        if job_ids:
+            self.sdk.cancel([int(j) for j in job_ids])
+
+
+def _get(record: Any, field: str) -> Any:
+    return record.get(field) if isinstance(record, dict) else getattr(record, field, None)
+
+
+def _status(job_id: str, record: Any) -> JobStatus:
+    raw = _get(record, "status")
+    state = _STATES.get(getattr(raw, "value", raw) or "", JobState.UNKNOWN)
+    accelerators = _get(record, "accelerators") or {}
+    resources = str(_get(record, "cluster_resources") or "")
+    return JobStatus(
+        job_id=job_id,
+        state=state,
+        recovery_count=int(_get(record, "recovery_count") or 0),
+        accelerator=next(iter(accelerators), None),
+        cloud=_get(record, "cloud"),
+        region=_get(record, "region"),
+        spot=("[spot]" in resources.lower()) if resources else None,
+        failure_reason=_get(record, "failure_reason"),
+        started_at=_get(record, "start_at"),
+        ended_at=_get(record, "end_at"),
+    )
+
+
+def _reason(e: Exception, spec: RunSpec) -> str:
+    if type(e).__name__ == "ResourcesUnavailableError":
+        kinds = " or ".join(k for k, ok in (("spot", spec.resources.spot), ("on-demand", spec.resources.on_demand)) if ok)
+        return f"no capacity for any of {', '.join(spec.resources.gpus)} ({kinds}): {str(e).splitlines()[0][:200]}"
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+
+
+def _hint(failures: dict[int, str]) -> str:
+    if any("no capacity" in why for why in failures.values()):
+        return "widen --gpus or allow on-demand; `orch launch` again launches just the missing workers"
+    return "`orch launch` again launches just the missing workers"

@@ -1,0 +1,125 @@
+"""Rendering a worker's SkyPilot task from task_templates/worker.yaml, and checking it with SkyPilot's own loader.
+
+Rendering is structured (load the YAML, set fields, dump it), never string replacement, and pure:
+the same spec and request give the same file. Secrets appear by name only, with null values;
+their values are handed to SkyPilot in memory at launch.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import yaml
+
+from orchestrator.backends.base import LaunchRequest
+from orchestrator.errors import BackendError
+from orchestrator.spec import RunSpec
+
+DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "task_templates" / "worker.yaml"
+
+
+def load_template(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    path = Path(path or os.environ.get("ORCH_TASK_TEMPLATE") or DEFAULT_TEMPLATE)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise BackendError(f"cannot read the task template: {e}", where=str(path)) from None
+    if not isinstance(doc, dict):
+        raise BackendError("a task template is a YAML mapping", where=str(path))
+    return doc
+
+
+def render_worker_task(template: dict[str, Any], spec: RunSpec, request: LaunchRequest) -> dict[str, Any]:
+    task = copy.deepcopy(template)
+    task["name"] = request.name
+    envs = dict(task.get("envs") or {})
+    envs.update(request.envs)
+    if request.use_spot is not None:
+        envs["ORCH_SPOT"] = "1" if request.use_spot else "0"
+    task["envs"] = envs
+    r = spec.resources
+    resources = dict(task.get("resources") or {})
+    resources["accelerators"] = {gpu: r.gpus_per_worker for gpu in r.gpus}
+    spot_choices = [s for s, allowed in ((True, r.spot), (False, r.on_demand)) if allowed]
+    if request.use_spot is not None:
+        spot_choices = [request.use_spot]
+    resources.pop("any_of", None)
+    resources.pop("use_spot", None)
+    if len(spot_choices) == 2:
+        # Every GPU x {spot, on-demand}: SkyPilot takes the cheapest that has capacity.
+        resources["any_of"] = [{"use_spot": True}, {"use_spot": False}]
+    else:
+        resources["use_spot"] = spot_choices[0]
+    if r.cloud:
+        resources["infra"] = f"{r.cloud}/{r.region}" if r.region else r.cloud
+    if r.disk_size:
+        resources["disk_size"] = r.disk_size
+    if r.image_id:
+        resources["image_id"] = r.image_id
+    resources["job_recovery"] = {
+        "strategy": r.job_recovery.strategy,
+        "max_restarts_on_errors": r.job_recovery.max_restarts_on_errors,
+    }
+    task["resources"] = resources
+    # Only names, and only of secrets we can fill: a null secret left unfilled fails the launch.
+    task["secrets"] = {name: None for name in request.secrets}
+    if not task["secrets"]:
+        task.pop("secrets")
+    return task
+
+
+class _TaskDumper(yaml.SafeDumper):
+    """Multi-line strings (setup, run) as `|` blocks, the way people write them."""
+
+
+_TaskDumper.add_representer(
+    str,
+    lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None),
+)
+
+
+def to_yaml(task: dict[str, Any]) -> str:
+    return yaml.dump(task, Dumper=_TaskDumper, sort_keys=False, default_flow_style=False)
+
+
+def load_task(text: str, *, secrets: Iterable[tuple[str, str]] = (), where: str = "task") -> Any:
+    """The sky.Task SkyPilot's own loader makes of the YAML (offline), secrets attached in memory.
+
+    1. No duplicate keys; 2. the chain-DAG loader (misspelled keys, wrong types, storage modes);
+    3. SkyPilot's defaults for a managed-job launch; 4. the recovery strategy exists.
+    """
+    from sky import JOBS_RECOVERY_STRATEGY_REGISTRY
+    from sky.utils import dag_utils, yaml_utils
+
+    try:
+        yaml_utils.check_no_duplicate_keys(text)
+        dag = dag_utils.load_chain_dag_from_yaml_str(text, secrets_overrides=list(secrets) or None)
+        dag_utils.fill_default_config_in_dag_for_job_launch(dag)
+        strategy = ((yaml.safe_load(text).get("resources") or {}).get("job_recovery") or {}).get("strategy")
+        if strategy:
+            JOBS_RECOVERY_STRATEGY_REGISTRY.from_str(strategy)
+    except Exception as e:  # SkyPilot's messages say which key is wrong
+        raise BackendError(f"SkyPilot refuses the task: {e}", where=where,
+                           hint="fix task_templates/worker.yaml (or the spec's resources)") from None  # fmt: skip
+    if len(dag.tasks) != 1:
+        raise BackendError("a worker task is one SkyPilot task", where=where)
+    return dag.tasks[0]
+
+
+def write_dry_run(spec: RunSpec, requests: Sequence[LaunchRequest], out_dir: str | os.PathLike,
+                  template: dict[str, Any] | None = None) -> list[Path]:  # fmt: skip
+    """Render and check every worker's task, write worker-<i>.yaml, launch nothing."""
+    template = template or load_template()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for request in requests:
+        text = to_yaml(render_worker_task(template, spec, request))
+        path = out / f"worker-{request.worker}.yaml"
+        load_task(text, where=str(path))
+        path.write_text(text)
+        paths.append(path)
+    return paths

@@ -1,0 +1,166 @@
+"""The SkyPilot launcher and the reconcile loop, with only the API server scripted (it reaches the clouds)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from orchestrator.backends.base import JobState, LaunchFailed, LaunchRequest
+from orchestrator.backends.skypilot import SkyPilotLauncher
+from orchestrator.context import RunContext
+from orchestrator.controller.jobs import read_jobs, update_jobs
+from orchestrator.controller.launch import launch_workers
+from orchestrator.controller.reconcile import Reconciler, watch
+from orchestrator.errors import BackendError
+from orchestrator.protocol.layout import RunLayout
+from orchestrator.protocol.leases import acquire
+from orchestrator.spec import load_spec
+from orchestrator.store import open_store
+from tests.support.fake_sky import ScriptedSky
+from tests.support.runs import Answer, answer_chunk, chat_request, make_run
+
+
+@pytest.fixture(autouse=True)
+def sky_home(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+    monkeypatch.setenv("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
+    monkeypatch.setenv("HF_TOKEN", "hf-secret-value")
+
+
+def make_ctx(tmp_path, chunks=2, **flags):
+    store = open_store(tmp_path / "store")
+    make_run(store, "sky", [[chat_request(f"c{c}-{i}", "q") for i in range(2)] for c in range(chunks)], model="m",
+             workers=chunks)  # fmt: skip
+    spec = load_spec(None, {"run": "sky", "store": "r2://bucket/orch", "backend": "skypilot", "workers.retries": 2,
+                            **flags}, env={}, default_file=False)  # fmt: skip
+    return RunContext(spec, store, RunLayout("sky"))
+
+
+def finish(ctx, chunk):
+    index = int(chunk.rsplit("_", 1)[1])
+    answer_chunk(ctx.store, ctx.layout, chunk, [[Answer(i, f"c{index}-{i}", "a") for i in range(2)]])
+
+
+def test_launch_submits_all_workers_concurrently_with_secrets_in_memory(tmp_path):
+    ctx = make_ctx(tmp_path, chunks=16)
+    sky = ScriptedSky(latency=0.3)
+    import sky as _warm_up  # noqa: F401  (importing SkyPilot takes seconds, once per process)
+
+    started = time.monotonic()
+    launched = launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), range(16))
+    elapsed = time.monotonic() - started
+    assert sorted(launched) == list(range(16)) and sky.max_concurrent > 8
+    assert elapsed < 2 * 0.3 + 1.0  # not 16 x 0.3 s
+    task = sky.launched[0][1]
+    assert task.secrets["HF_TOKEN"].get_secret_value() == "hf-secret-value"
+    assert {"ORCH_RUN", "ORCH_STORE", "ORCH_WORKER", "ORCH_WORKER_LIST"} <= set(task.envs)
+    assert "hf-secret-value" not in (tmp_path / "store" / "runs" / "sky" / "jobs.json").read_text()
+    record, _ = read_jobs(ctx.store, ctx.layout)
+    assert {w: a.job_id for w, a in record.current_jobs().items()} == launched
+
+
+def test_launch_reports_workers_without_capacity_and_keeps_the_others(tmp_path):
+    ctx = make_ctx(tmp_path, chunks=3)
+    sky = ScriptedSky(fail_workers=["1"])
+    with pytest.raises(LaunchFailed) as failed:
+        launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0, 1, 2])
+    assert sorted(failed.value.launched) == [0, 2]
+    assert "no capacity for any of L4, L40S, A10G, A100, A100-80GB (spot or on-demand)" in failed.value.failures[1]
+    assert "widen --gpus" in failed.value.hint
+    assert sorted(read_jobs(ctx.store, ctx.layout)[0].current_jobs()) == [0, 2]  # the launched ones are recorded
+
+
+def test_statuses_map_skypilot_records(tmp_path):
+    ctx = make_ctx(tmp_path)
+    sky = ScriptedSky()
+    sky.script_job(7, [{"status": "RECOVERING", "recovery_count": 2, "cloud": "GCP", "region": "us-east4",
+                        "cluster_resources": "1x GCP([Spot]g2-standard-4, {'L4': 1})", "accelerators": {"L4": 1}}])  # fmt: skip
+    status = SkyPilotLauncher(ctx.spec, sdk=sky).statuses(["7", "8"])
+    assert (status["7"].state, status["7"].recovery_count, status["7"].accelerator, status["7"].spot) == (
+        JobState.RECOVERING, 2, "L4", True)
+    assert status["8"].state is JobState.UNKNOWN  # not in SkyPilot's queue
+    sky.down = True
+    with pytest.raises(BackendError, match="cannot get job states"):
+        SkyPilotLauncher(ctx.spec, sdk=sky).statuses(["7"])
+
+
+def ticks(reconciler, n):
+    return [reconciler.tick() for _ in range(n)]
+
+
+def test_loop_leaves_skypilots_own_recovery_alone(tmp_path):
+    ctx = make_ctx(tmp_path, chunks=1)
+    sky = ScriptedSky(script=["STARTING", "RUNNING", "RECOVERING", "RUNNING", "RUNNING"])
+    launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0])
+    loop = Reconciler(ctx, SkyPilotLauncher(ctx.spec, sdk=sky))
+    reports = ticks(loop, 4)
+    assert [r.statuses["1"].state.value for r in reports] == ["STARTING", "RUNNING", "RECOVERING", "RUNNING"]
+    assert not any(r.relaunched for r in reports) and len(sky.launched) == 1
+    finish(ctx, "part_00000")
+    sky.script_job(1, ["SUCCEEDED"])
+    assert loop.tick().complete
+
+
+def test_loop_relaunches_after_no_resource_and_failures_until_the_budget_is_spent(tmp_path):
+    ctx = make_ctx(tmp_path, chunks=1)
+    sky = ScriptedSky(script=["FAILED_NO_RESOURCE"])
+    launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0])
+    events = []
+    loop = Reconciler(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), on_event=events.append)
+    first = loop.tick()
+    assert first.relaunched == {0: "relaunch after FAILED_NO_RESOURCE"}
+    sky.script_job(2, ["FAILED"])  # the second attempt fails with its chunk unfinished
+    assert loop.tick().relaunched == {0: "relaunch after FAILED"}
+    report = watch(loop, interval=0, max_ticks=5)
+    assert report.stuck and "2 relaunches spent" in report.exhausted[0]
+    assert len(sky.launched) == 3
+    assert any("ended FAILED_NO_RESOURCE" in e for e in events)
+
+
+def test_loop_relaunches_jobs_cancelled_by_someone_else_but_not_by_orch_cancel(tmp_path):
+    ctx = make_ctx(tmp_path, chunks=1)
+    sky = ScriptedSky(script=["CANCELLED"])
+    launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0])
+    loop = Reconciler(ctx, SkyPilotLauncher(ctx.spec, sdk=sky))
+    assert loop.tick().relaunched == {0: "relaunch after CANCELLED (not by orch cancel)"}
+    update_jobs(ctx.store, ctx.layout, lambda rec: setattr(rec, "cancelled", True))
+    sky.script_job(2, ["CANCELLED"])
+    report = loop.tick()
+    assert report.cancelled and not report.relaunched
+
+
+def test_loop_relaunches_a_succeeded_worker_only_for_chunks_nobody_holds(tmp_path):
+    ctx = make_ctx(tmp_path, chunks=2)
+    sky = ScriptedSky(script=["SUCCEEDED"])
+    launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0, 1])
+    finish(ctx, "part_00000")
+    # part_00001 is held by a live lease of a worker that is still running somewhere.
+    acquire(ctx.store, ctx.layout, "part_00001", worker="9", holder="9.live", ttl=600, now=time.time())
+    loop = Reconciler(ctx, SkyPilotLauncher(ctx.spec, sdk=sky))
+    report = loop.tick()
+    assert not report.relaunched and report.pending_leases == 1 and not report.stuck
+    # The lease expires (its holder died): now the chunk is nobody's, and one worker comes back.
+    ctx.store.delete(ctx.layout.lease("part_00001"))
+    report = loop.tick()
+    assert len(report.relaunched) == 1
+
+
+def test_loop_does_nothing_while_skypilot_cannot_be_asked(tmp_path):
+    ctx = make_ctx(tmp_path, chunks=1)
+    sky = ScriptedSky(script=["FAILED"])
+    launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0])
+    sky.down = True
+    report = Reconciler(ctx, SkyPilotLauncher(ctx.spec, sdk=sky)).tick()
+    assert report.unreachable and not report.relaunched and not report.stuck
+    assert len(sky.launched) == 1
+
+
+def test_launch_request_names_and_envs_per_worker(tmp_path):
+    ctx = make_ctx(tmp_path, chunks=2)
+    sky = ScriptedSky()
+    launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [1])
+    _, task, name = sky.launched[0]
+    assert name == "orch-sky-w1" and task.envs["ORCH_WORKER_LIST"] == "workers/1.txt"
+    assert task.envs["ORCH_STORE"] == "r2://bucket/orch"
+    assert isinstance(LaunchRequest, type)

@@ -1,0 +1,108 @@
+"""SkyPilot tasks: rendered from the template, checked by SkyPilot's own loader, secrets never written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.backends.base import LaunchRequest
+from orchestrator.backends.skypilot_render import load_task, load_template, render_worker_task, to_yaml
+from orchestrator.cli import main
+from orchestrator.errors import BackendError
+from orchestrator.spec import load_spec
+
+GOLDEN = Path(__file__).parent / "golden"
+CANARY = "orch-secret-canary-7f3a9"
+
+
+@pytest.fixture(autouse=True)
+def sky_home(tmp_path_factory, monkeypatch):
+    """Importing sky writes ~/.sky: keep it in a temporary HOME."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
+
+
+def request(worker=3, secrets=None, use_spot=None):
+    envs = {"ORCH_RUN": "lmsys", "ORCH_STORE": "r2://bucket/orch", "ORCH_WORKER": str(worker),
+            "ORCH_WORKER_LIST": f"workers/{worker}.txt"}  # fmt: skip
+    return LaunchRequest(worker=worker, name=f"orch-lmsys-w{worker}", envs=envs,
+                         secrets=secrets or {"HF_TOKEN": "x", "R2_ACCESS_KEY_ID": "y"}, use_spot=use_spot)  # fmt: skip
+
+
+SPECS = {
+    "default": {},
+    "spot-a100-gcp": {"resources.gpus": ["A100", "A100-80GB"], "resources.on_demand": False,
+                      "resources.cloud": "gcp", "resources.region": "us-central1", "resources.disk_size": 512,
+                      "resources.job_recovery.strategy": "FAILOVER"},  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_rendered_task_matches_golden_and_skypilot_accepts_it(name):
+    spec = load_spec(None, {"run": "lmsys", "store": "r2://bucket/orch", **SPECS[name]}, env={}, default_file=False)
+    text = to_yaml(render_worker_task(load_template(), spec, request()))
+    golden = GOLDEN / f"worker-{name}.yaml"
+    if os.environ.get("ORCH_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), f"rendering changed; if intended: ORCH_UPDATE_GOLDEN=1 pytest {__file__}"
+    task = load_task(text)
+    assert task.envs["ORCH_WORKER"] == "3" and task.name == "orch-lmsys-w3"
+    resources = {str(r) for r in task.resources}
+    if name == "default":
+        assert len(resources) == 10  # 5 GPUs x {spot, on-demand}
+    else:
+        assert len(resources) == 2 and all("Spot" in r for r in resources)
+
+
+def test_render_narrows_to_spot_or_on_demand_when_the_request_says_so():
+    spec = load_spec(None, {"run": "r"}, env={}, default_file=False)
+    task = render_worker_task(load_template(), spec, request(use_spot=False))
+    assert task["resources"]["use_spot"] is False and "any_of" not in task["resources"]
+    assert task["envs"]["ORCH_SPOT"] == "0"
+    assert len(load_task(to_yaml(task)).resources) == 5
+
+
+def test_render_keeps_what_the_user_wrote_in_the_template(tmp_path):
+    template = load_template()
+    template["resources"]["image_id"] = "docker:vllm/vllm-openai:latest"
+    template["file_mounts"] = {"/data": "s3://my-bucket/data"}
+    spec = load_spec(None, {"run": "r"}, env={}, default_file=False)
+    task = render_worker_task(template, spec, request())
+    assert task["resources"]["image_id"] == "docker:vllm/vllm-openai:latest"
+    assert task["file_mounts"] == {"/data": "s3://my-bucket/data"}
+    assert "pip install" in task["setup"] and "python -m worker" in task["run"]
+
+
+def test_skypilot_loader_catches_a_misspelled_template_key():
+    template = load_template()
+    template["resources"]["disk_sze"] = 100
+    spec = load_spec(None, {"run": "r"}, env={}, default_file=False)
+    with pytest.raises(BackendError, match="disk_size"):
+        load_task(to_yaml(render_worker_task(template, spec, request())))
+
+
+def test_dry_run_writes_checked_tasks_and_never_a_secret(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for name in ("HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "R2_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, CANARY)
+    (tmp_path / "d.jsonl").write_text('{"conversation": [{"role": "user", "content": "hi"}]}\n' * 8)
+    store = str(tmp_path / "store")
+    assert main(["prepare", str(tmp_path / "d.jsonl"), "--run", "dr", "--store", store, "--num-chunks", "4"]) == 0
+    out_dir = tmp_path / "tasks"
+    assert main(["launch", "--run", "dr", "--store", store, "--model", "m", "--workers", "4", "--dry-run",
+                 "--out", str(out_dir)]) == 0  # fmt: skip
+    files = sorted(out_dir.glob("*.yaml"))
+    assert [f.name for f in files] == [f"worker-{i}.yaml" for i in range(4)]
+    for f in files:
+        doc = yaml.safe_load(f.read_text())
+        assert {"HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "R2_SECRET_ACCESS_KEY"} <= set(doc["secrets"])
+        assert set(doc["secrets"].values()) == {None}  # names only
+        load_task(f.read_text())
+    printed = capsys.readouterr()
+    everything = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert CANARY not in printed.out + printed.err
+    assert not [p for p in everything if CANARY.encode() in p.read_bytes()]
