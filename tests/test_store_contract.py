@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import random
 import threading
 import uuid
 
@@ -234,3 +235,22 @@ def test_r2_store_endpoint_comes_from_account_id(monkeypatch):
     store = open_store("r2://bucket/runs")
     assert store.endpoint_url == "https://abc123.r2.cloudflarestorage.com"
     assert store.uri == "r2://bucket/runs"
+
+
+def test_memory_store_key_blocks_stay_sorted_under_inserts_and_deletes(monkeypatch):
+    from orchestrator.store.memory import _SortedKeys
+
+    monkeypatch.setattr(_SortedKeys, "BLOCK", 4)  # many small blocks: splits and empty blocks happen
+    rng, keys, ref = random.Random(1), _SortedKeys(), set()
+    for step in range(20000):
+        key = f"k{rng.randint(0, 3000):05d}"
+        if key in ref and rng.random() < 0.5:
+            keys.remove(key)
+            ref.discard(key)
+        elif key not in ref:
+            keys.add(key)
+            ref.add(key)
+        if step % 997 == 0:
+            start = f"k{rng.randint(0, 3000):05d}"
+            assert list(keys.from_key(start, inclusive=True)) == sorted(k for k in ref if k >= start)
+            assert list(keys.from_key(start, inclusive=False)) == sorted(k for k in ref if k > start)

@@ -15,7 +15,6 @@ Resuming (any worker, after any crash):
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, Sequence
 
@@ -123,10 +122,8 @@ class ChunkJob:
     def resume(self) -> ResumePoint:
         self.point = load_resume_point(self.store, self.layout, self.chunk, self.codec)
         # Never reuse a part name of ours from an earlier pass over this chunk.
-        pattern = re.compile(re.escape(self.holder) + r"-(\d+)\.")
-        seqs = [int(m.group(1)) for key in [*(p.key for p in self.point.parts), *self.point.dropped]
-                if (m := pattern.search(key.rsplit("/", 1)[-1]))]  # fmt: skip
-        self._seq = max(seqs, default=0)
+        self._seq = max((_part_seq(key, self.holder) for key in
+                         [*(p.key for p in self.point.parts), *self.point.dropped]), default=0)  # fmt: skip
         return self.point
 
     def checkpoint(self, rows: Sequence[OutputRow]) -> PartRef | None:
@@ -201,3 +198,12 @@ def read_chunk_stats(store: Store, layout: RunLayout) -> dict[str, tuple[float, 
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _part_seq(key: str, holder: str) -> int:
+    """The sequence number of a part this holder wrote (`<holder>-<seq>.<ext>`), else 0."""
+    name = key.rsplit("/", 1)[-1]
+    if not name.startswith(holder + "-"):
+        return 0
+    seq = name[len(holder) + 1 :].split(".", 1)[0]
+    return int(seq) if seq.isdigit() else 0

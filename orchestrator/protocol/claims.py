@@ -104,6 +104,11 @@ class RunView:
     def is_open(self, chunk: str) -> bool:
         return chunk not in self.done and chunk not in self.taken
 
+    @property
+    def exhausted(self) -> bool:
+        """No untouched chunk left anywhere (as far as this view knows): the end of the run."""
+        return not self._heap
+
     def untouched(self, exclude: int | None) -> Iterator[str]:
         """Untouched chunks, from the tail of the list with the most unfinished work first.
 
@@ -223,6 +228,9 @@ class ChunkClaimer:
     rescue: RescuePolicy | None = field(default_factory=RescuePolicy)
     #: False: only our own list, like the SkyPilot example's workers (the simulator compares both).
     steal: bool = True
+    #: Called when no untouched chunk is left, before expired leases and rescues are looked at
+    #: (the simulator flushes live workers' due checkpoints there).
+    on_end_game: Callable[[], None] | None = None
     _own_next: int = 0
 
     def next_chunk(self) -> HeldLease | None:
@@ -232,14 +240,17 @@ class ChunkClaimer:
         while self._own_next < len(own_list):
             chunk = own_list[self._own_next]
             self._own_next += 1
-            # A chunk of ours someone else holds is theirs now; if they die, step 2 finds it.
-            if self.view.is_open(chunk) and (held := self._take(chunk)) is not None:
+            # Tried even when seen taken: the holder may be an earlier process of this worker (a
+            # restart after preemption), whose lease we take over at once. Anyone else keeps it.
+            if chunk not in self.view.done and (held := self._take(chunk)) is not None:
                 return held
         if not self.steal:
             return None
         for chunk in self.view.untouched(exclude=self.own):
             if (held := self._take(chunk)) is not None:
                 return held
+        if self.on_end_game is not None:
+            self.on_end_game()
         now = self.clock()
         for chunk in expired_lease_chunks(self.store, self.layout, self.view, now=now, ttl=self.ttl):
             if (held := self._take(chunk)) is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from functools import lru_cache
 from typing import Any
 
 from orchestrator.protocol.layout import RunLayout
@@ -47,17 +48,26 @@ class HeartbeatPublisher:
         return self.heartbeat
 
 
+@lru_cache(maxsize=8192)
+def _decode(encoded: str) -> dict[str, Any] | None:
+    """A heartbeat key's summary. Keys change only when a worker publishes, and every idle worker
+    reads every heartbeat at the end of a run: most reads find keys decoded already."""
+    try:
+        return HeartbeatSummary.from_key(encoded).model_dump()
+    except ValueError:
+        return None
+
+
 def read_heartbeats(store: Store, layout: RunLayout) -> dict[str, dict[str, Any]]:
     """worker id -> its newest heartbeat summary, from listings alone (one request per 1,000 workers)."""
     newest: dict[str, dict[str, Any]] = {}
     prefix = layout.heartbeats_prefix
     for info in store.list(prefix):
         worker, _, encoded = info.key[len(prefix):].partition("/")
-        try:
-            summary = HeartbeatSummary.from_key(encoded).model_dump()
-        except ValueError:
+        summary = _decode(encoded)
+        if summary is None:
             continue  # not ours: a stray object under heartbeats/, or another version's
-        summary["worker"] = worker
+        summary = {**summary, "worker": worker}
         if worker not in newest or summary.get("updated_at", 0) > newest[worker].get("updated_at", 0):
             newest[worker] = summary
     return newest

@@ -151,6 +151,8 @@ class RunLayout:
 #: appears inside a value, and it is on S3's list of characters safe in keys.
 _SEP = "!"
 _KEY_RECORD_VERSION = "v1"
+#: Values made only of these need no escaping (most do: ids, states, numbers).
+_PLAIN = re.compile(r"[A-Za-z0-9._~-]*\Z")
 #: A path component longer than 255 bytes is refused by local file systems.
 _MAX_KEY_RECORD = 200
 
@@ -170,7 +172,8 @@ def encode_key_record(values: Sequence[Any]) -> str:
         elif isinstance(value, float):
             parts.append(f"{value:.6g}" if abs(value) < 1e6 else f"{value:.1f}")
         else:
-            parts.append(quote(str(value)[:64], safe=""))
+            text = str(value)[:64]
+            parts.append(text if _PLAIN.match(text) else quote(text, safe=""))
     text = _SEP.join(parts)
     if len(text) > _MAX_KEY_RECORD:
         raise ValueError(f"key record too long ({len(text)} characters): {text[:80]}...")

@@ -205,7 +205,8 @@ class Heartbeat(Record):
         return self.uptime_before_s + max(self.updated_at - self.started_at, 0.0)
 
     def summary(self) -> "HeartbeatSummary":
-        return HeartbeatSummary.model_validate(self.model_dump(include=set(HeartbeatSummary.model_fields)))
+        # The fields were validated when this heartbeat was made: no second validation.
+        return HeartbeatSummary.model_construct(**{f: getattr(self, f) for f in HeartbeatSummary.model_fields})
 
 
 class HeartbeatSummary(KeyRecord):

@@ -21,6 +21,46 @@ from orchestrator.store.base import (
 )
 
 
+class _SortedKeys:
+    """Keys in order, as a list of sorted blocks: inserts and deletes move one block, not every key
+    (a single sorted list of 500,000 keys makes each insert move megabytes)."""
+
+    BLOCK = 1024
+
+    def __init__(self) -> None:
+        self._blocks: list[list[str]] = []
+        self._firsts: list[str] = []
+
+    def add(self, key: str) -> None:
+        if not self._blocks:
+            self._blocks, self._firsts = [[key]], [key]
+            return
+        i = max(bisect.bisect_right(self._firsts, key) - 1, 0)
+        block = self._blocks[i]
+        bisect.insort(block, key)
+        self._firsts[i] = block[0]
+        if len(block) > 2 * self.BLOCK:
+            self._blocks[i:i + 1] = [block[: self.BLOCK], block[self.BLOCK:]]
+            self._firsts[i:i + 1] = [block[0], block[self.BLOCK]]
+
+    def remove(self, key: str) -> None:
+        i = max(bisect.bisect_right(self._firsts, key) - 1, 0)
+        block = self._blocks[i]
+        del block[bisect.bisect_left(block, key)]
+        if block:
+            self._firsts[i] = block[0]
+        else:
+            del self._blocks[i], self._firsts[i]
+
+    def from_key(self, start: str, *, inclusive: bool) -> Iterator[str]:
+        """Keys >= start (or > start), in order."""
+        i = max(bisect.bisect_right(self._firsts, start) - 1, 0)
+        for block in self._blocks[i:]:
+            j = bisect.bisect_left(block, start) if inclusive else bisect.bisect_right(block, start)
+            yield from block[j:]
+            start = ""  # every key of the later blocks is greater
+
+
 class MemoryStore:
     """Objects in a dict, keys also kept sorted so listings page like S3's.
 
@@ -32,7 +72,7 @@ class MemoryStore:
         self.requests = RequestCounter()
         self._clock = clock
         self._objects: dict[str, tuple[bytes, str, float]] = {}
-        self._keys: list[str] = []
+        self._keys = _SortedKeys()
         self._lock = threading.Lock()
         self._generation = itertools.count(1)
 
@@ -50,12 +90,9 @@ class MemoryStore:
 
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
         with self._lock:
-            start = bisect.bisect_left(self._keys, prefix)
-            if start_after is not None:
-                start = max(start, bisect.bisect_right(self._keys, start_after))
+            after = start_after is not None and start_after >= prefix
             snapshot = []
-            for i in range(start, len(self._keys)):
-                key = self._keys[i]
+            for key in self._keys.from_key(start_after if after else prefix, inclusive=not after):
                 if not key.startswith(prefix):
                     break
                 snapshot.append((key, self._objects[key]))
@@ -97,12 +134,12 @@ class MemoryStore:
         self.requests.add("delete")
         with self._lock:
             if self._objects.pop(check_key(key), None) is not None:
-                del self._keys[bisect.bisect_left(self._keys, key)]
+                self._keys.remove(key)
 
     def _write(self, key: str, data: bytes) -> str:
         # A generation number, not a content hash: no two writes ever share an ETag here.
         etag = f"g{next(self._generation)}"
         if key not in self._objects:
-            bisect.insort(self._keys, key)
+            self._keys.add(key)
         self._objects[key] = (bytes(data), etag, self._clock())
         return etag

@@ -197,3 +197,14 @@ def test_heartbeat_carries_uptime_over_restarts():
     beat = second.publish(updated_at=1100)
     assert beat.uptime_before_s == 300 and beat.uptime_s == 400
     assert read_heartbeats(store, L)["3"]["uptime_before_s"] == 300
+
+
+def test_claim_a_restarted_worker_takes_back_its_interrupted_chunk_through_a_shared_view():
+    store = MemoryStore()
+    view = RunView(store, L, INDEX, rng=random.Random(0))
+    first = claimer(store, 0, own=0, view=view)
+    assert first.next_chunk().chunk == "a0"  # then the process is preempted
+    restarted = ChunkClaimer(store=store, layout=L, view=view, worker="0", holder="h0-new", ttl=60,
+                             clock=lambda: 101.0, own=0)  # fmt: skip
+    held = restarted.next_chunk()
+    assert held.chunk == "a0" and held.lease.holder == "h0-new"

@@ -1,0 +1,93 @@
+"""`orch simulate`: makespan, cost and the price of preemptions before paying; orch against the SkyPilot example."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import click
+
+from orchestrator.cli import Invocation, common_options
+
+
+@click.command("simulate")
+@common_options
+@click.option("--workers", type=int, default=16, show_default=True)
+@click.option("--chunks", type=int, default=200, show_default=True, help="synthetic manifest (or --use-run)")
+@click.option("--rows-per-chunk", type=int, default=5000, show_default=True)
+@click.option("--rows-spread", type=float, default=1.0, show_default=True, help="largest/smallest chunk")
+@click.option("--gpus", default=None, help="GPU candidates, drawn uniformly per worker (default: the spec's)")
+@click.option("--on-demand", is_flag=True, help="on-demand machines: no preemptions, on-demand prices")
+@click.option("--preemptions-per-hour", type=float, default=0.25, show_default=True, help="per spot worker")
+@click.option("--trace", type=click.Path(dir_okay=False, exists=True), default=None, help="a preemption trace file")
+@click.option("--restart-overhead", type=float, default=600.0, show_default=True, help="seconds")
+@click.option("--checkpoint-interval", type=float, default=60.0, show_default=True, help="seconds")
+@click.option("--lease-ttl", type=float, default=300.0, show_default=True, help="seconds")
+@click.option("--base-rows-per-s", type=float, default=1.0, show_default=True, help="an L4's speed")
+@click.option("--seeds", type=int, default=5, show_default=True)
+@click.option("--policy", type=click.Choice(["orch", "skypilot-example"]), default="orch", show_default=True)
+@click.option("--compare", is_flag=True, help="both policies on the same seeds and traces")
+@click.option("--use-run", is_flag=True, help="simulate the manifest of --run instead of a synthetic one")
+@click.option("--prices", type=click.Path(dir_okay=False, exists=True), default=None)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="write a Gantt chart (PNG)")
+def simulate_command(inv: Invocation, workers, chunks, rows_per_chunk, rows_spread, gpus, on_demand,
+                     preemptions_per_hour, trace, restart_overhead, checkpoint_interval, lease_ttl, base_rows_per_s,
+                     seeds, policy, compare, use_run, prices, as_json, plot_path):  # fmt: skip
+    """Simulate a run: how long, how much, what preemptions cost (driving orch's own protocol code)."""
+    from orchestrator.simulate import POLICIES, SimConfig, simulate, summarise
+
+    config = SimConfig(
+        workers=workers, chunks=chunks, rows_per_chunk=rows_per_chunk, rows_spread=rows_spread,
+        gpus=[g.strip() for g in gpus.split(",")] if gpus else SimConfig().gpus, spot=not on_demand,
+        preemptions_per_hour=0 if on_demand else preemptions_per_hour, trace=trace,
+        restart_overhead_s=restart_overhead, checkpoint_interval_s=checkpoint_interval, lease_ttl_s=lease_ttl,
+        base_rows_per_s=base_rows_per_s, prices=prices,
+    )  # fmt: skip
+    entries = None
+    if use_run:
+        from orchestrator.plan import read_manifest
+
+        ctx = inv.context()
+        entries = read_manifest(ctx.store, ctx.layout)
+    names = list(POLICIES) if compare else [policy]
+    results = {name: [simulate(config, POLICIES[name], seed, entries=entries) for seed in range(seeds)] for name in names}
+    summaries = {name: summarise(rs) for name, rs in results.items()}
+    if plot_path:
+        from orchestrator.simulate.plot import plot_gantt
+
+        plot_gantt([rs[0] for rs in results.values()], plot_path)
+    if as_json:
+        click.echo(json.dumps({"config": config.model_dump(), "policies": {n: asdict(s) for n, s in summaries.items()}}))
+        return 0
+    click.echo(render(summaries, config, seeds))
+    if plot_path:
+        click.echo(f"Gantt chart of seed 0: {plot_path}")
+    return 0
+
+
+def render(summaries, config, seeds: int) -> str:
+    rows = [
+        ("makespan (h, mean)", lambda s: f"{s.makespan_h:.2f}"),
+        ("makespan (h, min-max)", lambda s: f"{s.makespan_h_min:.2f}-{s.makespan_h_max:.2f}"),
+        ("lower bound (h)", lambda s: f"{s.lower_bound_h:.2f}"),
+        ("makespan / lower bound", lambda s: f"{s.ratio:.3f} (max {s.ratio_max:.3f})"),
+        ("GPU-hours billed", lambda s: f"{s.billed_gpu_h:.1f}"),
+        ("GPU-hours wasted", lambda s: f"{s.wasted_gpu_h:.1f} ({s.lost_gpu_h:.1f} lost work)"),
+        ("idle tail GPU-hours (not billed)", lambda s: f"{s.idle_tail_gpu_h:.1f}"),
+        ("cost (USD)", lambda s: f"{s.cost_usd:,.2f}"),
+        ("preemptions / rescues", lambda s: f"{s.preemptions:.1f} / {s.rescues:.1f}"),
+        ("runs complete", lambda s: f"{s.complete}/{s.runs}"),
+    ]
+    names = list(summaries)
+    widths = [max(len(r[0]) for r in rows)] + [max(len(n), 22) for n in names]
+    head = (f"{config.workers} workers ({', '.join(config.gpus)}; {'spot' if config.spot else 'on-demand'}), "
+            f"{config.chunks} chunks x {config.rows_per_chunk} rows, {seeds} seed(s)")  # fmt: skip
+    lines = [head, "".ljust(widths[0]) + "  " + "  ".join(n.rjust(w) for n, w in zip(names, widths[1:]))]
+    for label, fmt in rows:
+        lines.append(label.ljust(widths[0]) + "  " + "  ".join(fmt(summaries[n]).rjust(w) for n, w in zip(names, widths[1:])))
+    return "\n".join(lines)
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(simulate_command)

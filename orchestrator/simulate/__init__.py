@@ -1,0 +1,95 @@
+"""`orch simulate`: how long, how much, and what preemptions cost, before paying; and orch against the
+SkyPilot example's static sharding, at scales this machine cannot run.
+
+Each seed draws a GPU per worker (uniform over the candidates) and a preemption trace, and every
+policy compared replays exactly those.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from orchestrator.pricing import GpuTable, load_gpu_table
+from orchestrator.protocol.layout import chunk_id
+from orchestrator.protocol.records import ManifestEntry
+from orchestrator.simulate.config import SimConfig
+from orchestrator.simulate.fleet import ORCH, POLICIES, SKYPILOT_EXAMPLE, Fleet, FleetResult, Policy
+from orchestrator.simulate.traces import Trace, load_trace, poisson_trace
+
+__all__ = ["ORCH", "POLICIES", "SKYPILOT_EXAMPLE", "SimConfig", "Summary", "simulate", "summarise", "synthetic_manifest"]
+
+
+def synthetic_manifest(config: SimConfig, rng: random.Random) -> list[ManifestEntry]:
+    """Chunks of rows_per_chunk rows (times a factor in [1/sqrt(spread), sqrt(spread)])."""
+    out = []
+    for i in range(config.chunks):
+        factor = config.rows_spread ** rng.uniform(-0.5, 0.5) if config.rows_spread > 1 else 1.0
+        rows = max(1, round(config.rows_per_chunk * factor))
+        cid = chunk_id(i, config.chunks)
+        out.append(ManifestEntry(chunk=cid, key=f"chunks/{cid}.jsonl", rows=rows, bytes=rows * 300,
+                                 est_prompt_tokens=rows * 60, max_output_tokens=rows * 256))  # fmt: skip
+    return out
+
+
+def scenario(config: SimConfig, seed: int, prices: GpuTable) -> tuple[list[str], Trace]:
+    """The seed's fleet (a GPU per worker) and its preemption trace: the same for every policy."""
+    rng = random.Random(seed)
+    gpus = [rng.choice(config.gpus) for _ in range(config.workers)]
+    for g in set(gpus):
+        prices.get(g)  # unknown GPU types fail here, with the table's names in the message
+    trace = load_trace(config.trace, gpus) if config.trace else poisson_trace(
+        gpus, config.preemptions_per_hour, config.horizon_s, random.Random(seed * 7919 + 1))
+    return gpus, trace
+
+
+def simulate(config: SimConfig, policy: Policy, seed: int, *, entries: Sequence[ManifestEntry] | None = None,
+             prices: GpuTable | None = None) -> FleetResult:  # fmt: skip
+    prices = prices or load_gpu_table(config.prices)
+    entries = list(entries) if entries is not None else synthetic_manifest(config, random.Random(seed + 104729))
+    gpus, trace = scenario(config, seed, prices)
+    return Fleet(config, policy, entries, gpus, trace, prices, seed).run()
+
+
+@dataclass
+class Summary:
+    policy: str
+    runs: int
+    complete: int
+    makespan_h: float
+    makespan_h_min: float
+    makespan_h_max: float
+    lower_bound_h: float
+    ratio: float
+    ratio_max: float
+    billed_gpu_h: float
+    wasted_gpu_h: float
+    lost_gpu_h: float
+    idle_tail_gpu_h: float
+    cost_usd: float
+    preemptions: float
+    rescues: float
+
+
+def summarise(results: Sequence[FleetResult]) -> Summary:
+    mean = lambda xs: statistics.fmean(xs) if xs else 0.0  # noqa: E731
+    return Summary(
+        policy=results[0].policy,
+        runs=len(results),
+        complete=sum(r.complete for r in results),
+        makespan_h=mean([r.makespan_s / 3600 for r in results]),
+        makespan_h_min=min(r.makespan_s for r in results) / 3600,
+        makespan_h_max=max(r.makespan_s for r in results) / 3600,
+        lower_bound_h=mean([r.lower_bound_s / 3600 for r in results]),
+        ratio=mean([r.ratio for r in results]),
+        ratio_max=max(r.ratio for r in results),
+        billed_gpu_h=mean([r.billed_gpu_h for r in results]),
+        wasted_gpu_h=mean([r.wasted_gpu_h for r in results]),
+        lost_gpu_h=mean([r.lost_gpu_h for r in results]),
+        idle_tail_gpu_h=mean([r.idle_tail_gpu_h for r in results]),
+        cost_usd=mean([r.cost_usd for r in results]),
+        preemptions=mean([r.preemptions for r in results]),
+        rescues=mean([r.rescues for r in results]),
+    )

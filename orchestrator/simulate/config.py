@@ -1,0 +1,34 @@
+"""What a simulation runs: the workload, the fleet, the preemption model, the protocol's timings."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from orchestrator.spec import DEFAULT_GPUS
+
+
+class SimConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    workers: int = Field(16, ge=1)
+    chunks: int = Field(200, ge=1, description="synthetic manifest: number of chunks")
+    rows_per_chunk: int = Field(5000, ge=1)
+    rows_spread: float = Field(1.0, ge=1.0, description="largest/smallest chunk (1: all equal)")
+    gpus: list[str] = Field(default_factory=lambda: list(DEFAULT_GPUS), description="drawn uniformly per worker")
+    spot: bool = Field(True, description="workers run on spot (preemptible) machines")
+    base_rows_per_s: float = Field(
+        1.0, gt=0, description="an L4's speed: a 5,000-row chunk in ~1.4 h, within SkyPilot's '1-2 hours on an L4'"
+    )
+    preemptions_per_hour: float = Field(0.25, ge=0, description="per spot worker: Poisson rate")
+    trace: str | None = Field(None, description="a preemption trace file (replaces the Poisson model)")
+    restart_overhead_s: float = Field(600.0, ge=0, description="provision + setup + model load")
+    checkpoint_interval_s: float = Field(60.0, gt=0)
+    lease_ttl_s: float = Field(300.0, gt=0)
+    prices: str | None = Field(None, description="GPU price table (default: orchestrator/data/gpus.yaml)")
+    horizon_s: float = Field(30 * 86400.0, gt=0, description="stop a run that has not finished by then")
+
+    @model_validator(mode="after")
+    def _gpus(self) -> "SimConfig":
+        if not self.gpus:
+            raise ValueError("name at least one GPU type")
+        return self

@@ -1,0 +1,427 @@
+"""The simulated fleet: workers whose every scheduling decision is a call into orch's protocol, on a virtual clock.
+
+Each simulated worker follows worker/runner.py's procedure with the production objects —
+`ChunkClaimer` (own list, stealing, expired leases, rescue), `acquire`/`LeaseKeeper` (leases),
+`ChunkJob` (resume from parts, checkpoints, the create-if-absent done marker) and
+`HeartbeatPublisher` — over a `MemoryStore` whose clock is the simulation's. Only the engine is
+simulated: a chunk's rows take rows / speed seconds.
+
+What is simulated when, and why that is exact:
+- Lease renewals are real events every lease_ttl / 3 for each busy worker. Heartbeats are read
+  only by the rescue step, which runs only in the end game: they are published from then on.
+- Checkpoints: a chunk's parts are read only by whoever resumes the chunk next. Before the end of
+  the run (while untouched chunks remain), that is its own holder after a preemption, or a worker
+  taking over an expired lease, and both happen after the holder's preemption. So flushes are
+  written when they become observable: at a preemption, one part with the rows done by the last
+  checkpoint boundary (written as of that boundary), and at completion, one part with the rest.
+  Once no untouched chunk is left (the end game: rescues of live chunks become possible), every
+  busy worker flushes on a real event every checkpoint_interval. What anyone can read is then the
+  same as with a flush every interval all along.
+- A simulated chunk has `units` rows, each standing for rows/units real rows, sized so that a unit
+  takes at most half a checkpoint interval on the fastest GPU.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from orchestrator.plan import contiguous_split, plan_chunks
+from orchestrator.pricing import GpuTable
+from orchestrator.protocol.checkpoints import ChunkJob, RowStat
+from orchestrator.protocol.claims import ChunkClaimer, PlanIndex, RescuePolicy, RunView
+from orchestrator.protocol.heartbeats import HeartbeatPublisher
+from orchestrator.protocol.layout import RunLayout
+from orchestrator.protocol.leases import LeaseKeeper, LeaseLost
+from orchestrator.protocol.records import Heartbeat, ManifestEntry, PlanRecord, WorkerAssignment
+from orchestrator.simulate.config import SimConfig
+from orchestrator.simulate.traces import Trace
+from orchestrator.store.memory import MemoryStore
+
+
+class SimClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a fleet works: its plan, whether it steals and rescues, whether it checkpoints inside chunks."""
+
+    name: str
+    plan: Callable[[Sequence[ManifestEntry], int], PlanRecord]
+    steal: bool
+    rescue: RescuePolicy | None
+    checkpoints: bool
+
+
+def _static_plan(entries: Sequence[ManifestEntry], workers: int) -> PlanRecord:
+    lists = contiguous_split([e.chunk for e in entries], workers)
+    by_id = {e.chunk: e for e in entries}
+    return PlanRecord(
+        workers=[WorkerAssignment(worker=w, chunks=c, rows=sum(by_id[x].rows for x in c),
+                                  est_tokens=sum(by_id[x].est_tokens for x in c)) for w, c in enumerate(lists)],
+        chunks=len(entries), rows=sum(e.rows for e in entries), est_tokens=sum(e.est_tokens for e in entries),
+        created_at=0.0,
+    )  # fmt: skip
+
+
+#: orch: balanced plan, row-level checkpoints, stealing, lease takeover, rescue of slow chunks.
+ORCH = Policy("orch", plan_chunks, steal=True, rescue=RescuePolicy(), checkpoints=True)
+#: The SkyPilot example: static contiguous lists (without its chunk-dropping bug), a success marker
+#: per chunk and nothing inside one, a preempted worker resumes its own list after restart.
+SKYPILOT_EXAMPLE = Policy("skypilot-example", _static_plan, steal=False, rescue=None, checkpoints=False)
+POLICIES = {p.name: p for p in (ORCH, SKYPILOT_EXAMPLE)}
+
+
+class UnitCodec:
+    """Parts of the simulator: row indices as ranges, so a resume reads them back like real parts."""
+
+    ext = "sim"
+
+    def encode(self, rows: Sequence[RowStat]) -> bytes:
+        indices = sorted(r.index for r in rows)
+        ranges, start = [], None
+        for prev, cur in zip([None, *indices], indices):
+            if start is None or cur != prev + 1:
+                if start is not None:
+                    ranges.append([start, prev])
+                start = cur
+        if start is not None:
+            ranges.append([start, indices[-1]])
+        return json.dumps(ranges).encode()
+
+    def decode(self, data: bytes) -> list[RowStat]:
+        return [RowStat(i, False, 0, 0) for a, b in json.loads(data) for i in range(a, b + 1)]
+
+
+@dataclass
+class Segment:
+    worker: int
+    kind: str  # "work" | "lost" | "restart" | "wait"
+    start: float
+    end: float
+    chunk: str | None = None
+
+
+@dataclass
+class _Session:
+    """One worker's pass over one chunk."""
+
+    job: ChunkJob
+    keeper: LeaseKeeper
+    start: float
+    remaining: list[int]
+    flushed: int = 0
+
+
+@dataclass
+class SimWorker:
+    index: int
+    gpu: str
+    rate: float  # units per second
+    spot: bool
+    price: float  # USD per hour
+    up: bool = False
+    exited_at: float | None = None
+    epoch: int = 0
+    restarts: int = 0
+    billed_since: float | None = None
+    billed_s: float = 0.0
+    claimer: ChunkClaimer | None = None
+    heartbeat: HeartbeatPublisher | None = None
+    session: _Session | None = None
+    chunks_done: int = 0
+
+
+@dataclass
+class FleetResult:
+    policy: str
+    seed: int
+    complete: bool
+    makespan_s: float
+    lower_bound_s: float
+    billed_gpu_h: float
+    lost_gpu_h: float
+    restart_gpu_h: float
+    idle_tail_gpu_h: float
+    cost_usd: float
+    chunks: int
+    markers: int
+    preemptions: int
+    rescues: int
+    workers: list[dict]
+    segments: list[Segment] = field(repr=False, default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        return self.makespan_s / self.lower_bound_s if self.lower_bound_s else float("inf")
+
+    @property
+    def wasted_gpu_h(self) -> float:
+        return self.lost_gpu_h + self.restart_gpu_h
+
+
+class Fleet:
+    def __init__(self, config: SimConfig, policy: Policy, entries: Sequence[ManifestEntry], gpus: Sequence[str],
+                 trace: Trace, prices: GpuTable, seed: int):  # fmt: skip
+        self.config = config
+        self.policy = policy
+        self.seed = seed
+        self.trace = trace
+        self.clock = SimClock()
+        self.store = MemoryStore(clock=self.clock, name=f"sim-{policy.name}-{seed}")
+        self.layout = RunLayout("sim")
+        self.entries = {e.chunk: e for e in entries}
+        speeds = [config.base_rows_per_s * prices.get(g).relative_speed for g in gpus]
+        # A unit takes at most half a checkpoint interval on the fastest GPU.
+        self.rows_per_unit = max(1, int(max(speeds) * config.checkpoint_interval_s / 2))
+        self.units = {e.chunk: max(1, math.ceil(e.rows / self.rows_per_unit)) for e in entries}
+        self.workers = [
+            SimWorker(i, g, speeds[i] / self.rows_per_unit, config.spot, prices.get(g).price(config.spot))
+            for i, g in enumerate(gpus)
+        ]
+        plan = policy.plan(list(entries), len(gpus))
+        self.view = RunView(self.store, self.layout, PlanIndex.build(plan, {e.chunk: float(e.est_tokens) for e in entries}),
+                            skew_margin_s=0.0, rng=random.Random(seed))  # fmt: skip
+        self.lower_bound_s = sum(e.rows for e in entries) / sum(speeds) + config.restart_overhead_s
+        self.segments: list[Segment] = []
+        self.markers = 0
+        self.last_marker = 0.0
+        self.preemptions = 0
+        self.rescues = 0
+        self.end_game = False
+        self._events: list[tuple[float, int, str, int, int]] = []
+        self._seq = itertools.count()
+
+    # -- the event loop ------------------------------------------------------------------------
+    def run(self) -> FleetResult:
+        for w in self.workers:
+            self._at(self.config.restart_overhead_s, "ready", w)
+            w.billed_since = 0.0
+            self.segments.append(Segment(w.index, "restart", 0.0, self.config.restart_overhead_s))
+            if w.spot:
+                for t in self.trace.preemptions.get(w.index, ()):
+                    self._at(t, "preempt", w, epoch=-1)
+        handlers = {"ready": self._ready, "finish": self._finish, "renew": self._renew,
+                    "checkpoint": self._checkpoint, "preempt": self._preempt}  # fmt: skip
+        while self._events and self.markers < len(self.entries):
+            t, _, kind, index, epoch = heapq.heappop(self._events)
+            if t > self.config.horizon_s:
+                break
+            self.clock.now = t
+            w = self.workers[index]
+            if epoch != -1 and epoch != w.epoch:
+                continue  # an event of a session that ended (preempted, lost, finished)
+            handlers[kind](w)
+        return self._result()
+
+    def _at(self, t: float, kind: str, w: SimWorker, epoch: int | None = None) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), kind, w.index, w.epoch if epoch is None else epoch))
+
+    # -- transitions -----------------------------------------------------------------------------
+    def _ready(self, w: SimWorker) -> None:
+        """A (new) worker process starts: its own claimer and heartbeat, a shared view of the run."""
+        w.up = True
+        holder = f"{w.index}.{w.restarts}"
+        w.claimer = ChunkClaimer(
+            store=self.store, layout=self.layout, view=self.view, worker=str(w.index), holder=holder,
+            ttl=self.config.lease_ttl_s, clock=self.clock, own=w.index, steal=self.policy.steal,
+            rescue=self.policy.rescue, rows_per_s=lambda w=w: w.rate if w.chunks_done else None,
+            on_end_game=self._start_end_game,
+        )  # fmt: skip
+        w.heartbeat = HeartbeatPublisher(self.store, self.layout, Heartbeat(
+            worker=str(w.index), holder=holder, state="running", accelerator=w.gpu, spot=w.spot,
+            started_at=self.clock.now, updated_at=self.clock.now))  # fmt: skip
+        self._claim(w)
+
+    def _claim(self, w: SimWorker) -> None:
+        assert w.claimer is not None and w.heartbeat is not None
+        while True:
+            held = w.claimer.next_chunk()
+            if held is None:
+                self._exit(w)
+                return
+            if self.store.head(self.layout.done(held.chunk)) is not None:
+                self.store.delete(self.layout.lease(held.chunk))
+                continue
+            break
+        keeper = LeaseKeeper(self.store, self.layout, held, ttl=self.config.lease_ttl_s, clock=self.clock)
+        job = ChunkJob(self.store, self.layout, keeper, UnitCodec(), self.clock, chunk_rows=self.units[held.chunk])
+        point = job.resume()
+        remaining = [i for i in range(self.units[held.chunk]) if i not in point.done_rows]
+        w.session = _Session(job, keeper, self.clock.now, remaining)
+        w.epoch += 1
+        self._at(self.clock.now + len(remaining) / w.rate, "finish", w)
+        self._at(self.clock.now + self.config.lease_ttl_s / 3, "renew", w)
+        if self.end_game and self.policy.checkpoints:
+            self._at(self.clock.now + self.config.checkpoint_interval_s, "checkpoint", w)
+        self._beat(w)
+
+    def _finish(self, w: SimWorker) -> None:
+        s = w.session
+        assert s is not None
+        try:
+            self._flush(w, len(s.remaining), self.clock.now)
+            marker = s.job.complete(worker=str(w.index), model="sim", spec_hash="sim", accelerator=w.gpu)
+        except LeaseLost:
+            self._lose(w)
+            self._claim(w)
+            return
+        self.segments.append(Segment(w.index, "work", s.start, self.clock.now, s.job.chunk))
+        if marker is not None:
+            self.markers += 1
+            self.last_marker = self.clock.now
+            w.chunks_done += 1
+        w.session = None
+        w.epoch += 1
+        self._claim(w)
+
+    def _renew(self, w: SimWorker) -> None:
+        s = w.session
+        assert s is not None
+        try:
+            s.keeper.renew()
+        except LeaseLost:
+            self._lose(w)
+            self._claim(w)
+            return
+        self._beat(w)
+        self._at(self.clock.now + self.config.lease_ttl_s / 3, "renew", w)
+
+    def _checkpoint(self, w: SimWorker) -> None:
+        s = w.session
+        assert s is not None
+        try:
+            self._flush(w, self._units_done(w, self.clock.now), self.clock.now)
+        except LeaseLost:
+            self._lose(w)
+            self._claim(w)
+            return
+        self._at(self.clock.now + self.config.checkpoint_interval_s, "checkpoint", w)
+
+    def _preempt(self, w: SimWorker) -> None:
+        if not w.up or w.exited_at is not None:
+            return  # down already (restarting, or waiting for capacity), or finished
+        self.preemptions += 1
+        now = self.clock.now
+        s = w.session
+        if s is not None:
+            if self.policy.checkpoints:
+                boundary = s.start + math.floor((now - s.start) / self.config.checkpoint_interval_s) * self.config.checkpoint_interval_s
+                try:
+                    # As of the boundary (or the last renewal, if later): what had been flushed then.
+                    self._flush(w, self._units_done(w, boundary), max(boundary, s.keeper.held.lease.renewed_at))
+                except LeaseLost:
+                    pass
+            self._close_session(w, now)
+        w.up = False
+        w.epoch += 1
+        w.restarts += 1
+        self._bill(w, now)
+        back = self.trace.available_at(w.gpu, now) if w.spot else now
+        if back > now:
+            self.segments.append(Segment(w.index, "wait", now, back))
+        self.segments.append(Segment(w.index, "restart", back, back + self.config.restart_overhead_s))
+        w.billed_since = back
+        self._at(back + self.config.restart_overhead_s, "ready", w)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _units_done(self, w: SimWorker, t: float) -> int:
+        s = w.session
+        assert s is not None
+        return min(len(s.remaining), int((t - s.start) * w.rate + 1e-9))
+
+    def _flush(self, w: SimWorker, upto: int, at: float) -> None:
+        s = w.session
+        assert s is not None
+        rows = [RowStat(i, False, 0, 0) for i in s.remaining[s.flushed:upto]]
+        saved, self.clock.now = self.clock.now, at
+        try:
+            s.job.checkpoint(rows)
+        finally:
+            self.clock.now = saved
+        s.flushed = max(s.flushed, upto)
+
+    def _lose(self, w: SimWorker) -> None:
+        """Our lease was taken over (a rescue): rows since the last flush are lost."""
+        self.rescues += 1
+        self._close_session(w, self.clock.now)
+        w.epoch += 1
+
+    def _close_session(self, w: SimWorker, now: float) -> None:
+        s = w.session
+        assert s is not None
+        useful_until = s.start + s.flushed / w.rate
+        if useful_until > s.start:
+            self.segments.append(Segment(w.index, "work", s.start, useful_until, s.job.chunk))
+        if now > useful_until:
+            self.segments.append(Segment(w.index, "lost", useful_until, now, s.job.chunk))
+        w.session = None
+
+    def _beat(self, w: SimWorker) -> None:
+        if not self.end_game:
+            return  # unobservable before the end game (see the module docstring)
+        s = w.session
+        assert w.heartbeat is not None
+        done = (self.units[s.job.chunk] - len(s.remaining) + self._units_done(w, self.clock.now)) if s else 0
+        w.heartbeat.publish(state="running", chunk=s.job.chunk if s else None,
+                            chunk_rows=self.units[s.job.chunk] if s else 0, chunk_rows_done=done,
+                            rows_per_s=w.rate, chunks_done=w.chunks_done, updated_at=self.clock.now)  # fmt: skip
+
+    def _exit(self, w: SimWorker) -> None:
+        w.exited_at = self.clock.now
+        w.up = False
+        self._bill(w, self.clock.now)
+        assert w.heartbeat is not None
+        if self.end_game:
+            w.heartbeat.publish(state="exited", chunk=None, updated_at=self.clock.now)
+
+    def _bill(self, w: SimWorker, now: float) -> None:
+        if w.billed_since is not None:
+            w.billed_s += now - w.billed_since
+            w.billed_since = None
+
+    def _start_end_game(self) -> None:
+        if self.end_game:
+            return
+        self.end_game = True
+        for w in self.workers:
+            if w.session is not None and w.heartbeat is not None:
+                self._beat(w)
+        if not self.policy.checkpoints:
+            return
+        for w in self.workers:
+            if w.session is not None:
+                # Catch up to the last boundary (flushes that were due but unobserved), then flush live.
+                boundary = w.session.start + math.floor((self.clock.now - w.session.start)
+                                                        / self.config.checkpoint_interval_s) * self.config.checkpoint_interval_s  # fmt: skip
+                self._flush(w, self._units_done(w, boundary), max(boundary, w.session.keeper.held.lease.renewed_at))
+                self._at(boundary + self.config.checkpoint_interval_s, "checkpoint", w)
+
+    def _result(self) -> FleetResult:
+        end = self.last_marker if self.markers == len(self.entries) else self.clock.now
+        for w in self.workers:
+            if w.billed_since is not None:  # still up at the end (only if the run did not finish)
+                self._bill(w, end)
+        hours = lambda kind: sum(s.end - s.start for s in self.segments if s.kind == kind) / 3600  # noqa: E731
+        idle_tail = sum(max(end - w.exited_at, 0.0) for w in self.workers if w.exited_at is not None) / 3600
+        return FleetResult(
+            policy=self.policy.name, seed=self.seed, complete=self.markers == len(self.entries),
+            makespan_s=end, lower_bound_s=self.lower_bound_s,
+            billed_gpu_h=sum(w.billed_s for w in self.workers) / 3600, lost_gpu_h=hours("lost"),
+            restart_gpu_h=hours("restart"), idle_tail_gpu_h=idle_tail,
+            cost_usd=sum(w.billed_s / 3600 * w.price for w in self.workers),
+            chunks=len(self.entries), markers=self.markers, preemptions=self.preemptions, rescues=self.rescues,
+            workers=[{"worker": w.index, "gpu": w.gpu, "spot": w.spot, "chunks_done": w.chunks_done,
+                      "restarts": w.restarts, "exited_at": w.exited_at, "billed_h": w.billed_s / 3600} for w in self.workers],
+            segments=self.segments,
+        )  # fmt: skip

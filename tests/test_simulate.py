@@ -1,0 +1,127 @@
+"""The simulator: accounting checked by hand, and proof that it drives the production protocol."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.plan import plan_chunks
+from orchestrator.pricing import load_gpu_table
+from orchestrator.protocol import claims as claims_module
+from orchestrator.protocol.checkpoints import ChunkJob
+from orchestrator.protocol.claims import ChunkClaimer
+from orchestrator.simulate import ORCH, SKYPILOT_EXAMPLE, SimConfig, simulate, synthetic_manifest
+from orchestrator.simulate.fleet import Fleet
+from orchestrator.simulate.traces import Trace, poisson_trace
+
+PRICES = load_gpu_table()
+
+
+def one_l4(**kw):
+    # 3,000-row chunks at 1 row/s: 100 units of 30 rows, no rounding anywhere.
+    return SimConfig(workers=1, chunks=kw.pop("chunks", 2), rows_per_chunk=3000, gpus=["L4"], **kw)
+
+
+def trace_file(tmp_path, text):
+    path = tmp_path / "trace.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_one_worker_without_preemptions_takes_work_over_speed_plus_start_up():
+    result = simulate(one_l4(preemptions_per_hour=0), ORCH, seed=0)
+    assert result.complete and result.markers == 2
+    assert result.makespan_s == pytest.approx(2 * 3000 / 1.0 + 600)
+    assert result.lower_bound_s == pytest.approx(result.makespan_s)
+    assert result.lost_gpu_h == 0 and result.billed_gpu_h == pytest.approx(result.makespan_s / 3600)
+    assert result.cost_usd == pytest.approx(result.billed_gpu_h * PRICES.price("L4", spot=True))
+
+
+def test_one_preemption_loses_at_most_one_checkpoint_interval(tmp_path):
+    config = one_l4(trace=trace_file(tmp_path, "preemptions:\n  - {t: 2000, worker: 0}\n"), checkpoint_interval_s=60)
+    result = simulate(config, ORCH, seed=0)
+    lost_s = result.lost_gpu_h * 3600
+    assert 0 < lost_s <= 60
+    # Work, two start-ups, and the lost seconds done again.
+    assert result.makespan_s == pytest.approx(6000 + 2 * 600 + lost_s)
+
+
+def test_the_skypilot_example_loses_the_whole_chunk_on_preemption(tmp_path):
+    config = one_l4(trace=trace_file(tmp_path, "preemptions:\n  - {t: 2000, worker: 0}\n"))
+    result = simulate(config, SKYPILOT_EXAMPLE, seed=0)
+    assert result.lost_gpu_h * 3600 == pytest.approx(2000 - 600)  # everything since the chunk started
+    assert result.makespan_s == pytest.approx(6000 + 2 * 600 + 1400)
+
+
+def test_an_outage_keeps_preempted_spot_machines_away_until_capacity_returns(tmp_path):
+    config = one_l4(trace=trace_file(tmp_path, "outages:\n  - {start: 1000, end: 4000, gpu: L4}\n"))
+    result = simulate(config, ORCH, seed=0)
+    waits = [s for s in result.segments if s.kind == "wait"]
+    assert [(w.start, w.end) for w in waits] == [(1000, 4000)]
+    assert result.makespan_s == pytest.approx(6000 + 600 + 3000 + 600 + result.lost_gpu_h * 3600)
+
+
+def test_every_chunk_gets_exactly_one_marker_in_every_run():
+    config = SimConfig(workers=6, chunks=40, rows_per_chunk=800, preemptions_per_hour=2.0)
+    for policy in (ORCH, SKYPILOT_EXAMPLE):
+        for seed in range(3):
+            entries = synthetic_manifest(config, random.Random(seed))
+            gpus = [random.Random(seed).choice(config.gpus) for _ in range(6)]
+            fleet = Fleet(config, policy, entries, gpus, poisson_trace(gpus, 2.0, 1e6, random.Random(seed)), PRICES, seed)
+            result = fleet.run()
+            markers = [o.key for o in fleet.store.list(fleet.layout.done_prefix)]
+            assert result.complete and len(markers) == len(set(markers)) == 40
+
+
+def test_runs_are_deterministic_per_seed():
+    config = SimConfig(workers=5, chunks=30, rows_per_chunk=1000, preemptions_per_hour=1.0)
+    a, b = simulate(config, ORCH, seed=4), simulate(config, ORCH, seed=4)
+    assert (a.makespan_s, a.lost_gpu_h, a.preemptions) == (b.makespan_s, b.lost_gpu_h, b.preemptions)
+    assert simulate(config, ORCH, seed=5).makespan_s != a.makespan_s
+
+
+def test_a_fast_gpu_rescues_a_slow_gpus_last_chunk():
+    config = SimConfig(workers=2, chunks=4, rows_per_chunk=3000, gpus=["L4"], preemptions_per_hour=0)
+    entries = synthetic_manifest(config, random.Random(0))
+    result = Fleet(config, ORCH, entries, ["L4", "A100-80GB"], Trace(), PRICES, 0).run()
+    assert result.rescues >= 1
+    without = Fleet(config, ORCH.__class__("no-rescue", ORCH.plan, True, None, True), entries, ["L4", "A100-80GB"],
+                    Trace(), PRICES, 0).run()  # fmt: skip
+    assert result.makespan_s < without.makespan_s
+
+
+def test_the_simulator_drives_the_production_protocol(monkeypatch):
+    calls = {"next_chunk": 0, "acquire": 0, "checkpoint": 0, "complete": 0}
+
+    def spy(name, real):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(ChunkClaimer, "next_chunk", spy("next_chunk", ChunkClaimer.next_chunk))
+    monkeypatch.setattr(claims_module, "acquire", spy("acquire", claims_module.acquire))
+    monkeypatch.setattr(ChunkJob, "checkpoint", spy("checkpoint", ChunkJob.checkpoint))
+    monkeypatch.setattr(ChunkJob, "complete", spy("complete", ChunkJob.complete))
+    result = simulate(SimConfig(workers=3, chunks=9, rows_per_chunk=600), ORCH, seed=1)
+    assert result.markers == 9
+    assert calls["complete"] >= 9 and calls["checkpoint"] >= 9 and calls["acquire"] >= 9 and calls["next_chunk"] >= 12
+    assert ORCH.plan is plan_chunks  # the planner `orch plan` uses
+
+
+def test_simulate_command_compares_policies(tmp_path, capsys):
+    png = tmp_path / "g.png"
+    assert main(["simulate", "--workers", "4", "--chunks", "20", "--rows-per-chunk", "500", "--seeds", "2",
+                 "--compare", "--plot", str(png)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "orch" in out and "skypilot-example" in out and "makespan / lower bound" in out
+    assert png.stat().st_size > 10_000
+
+
+def test_simulate_refuses_a_bad_trace(tmp_path, capsys):
+    bad = trace_file(tmp_path, "preemptions:\n  - {time: 5}\n")
+    assert main(["simulate", "--workers", "1", "--chunks", "1", "--trace", bad]) == 2
+    assert "not a valid preemption trace" in capsys.readouterr().err
