@@ -5,7 +5,8 @@ One `Worker` is one process with one engine. Per chunk:
 2. Resume: rows already in checkpointed parts are not run again.
 3. Stream the chunk's request lines into the engine, which pulls them as it has room; bad lines
    become error rows without reaching the engine.
-4. Every `checkpoint_interval` seconds flush finished rows as a part (renewing the lease first);
+4. Every `checkpoint_interval` seconds (or MAX_BUFFERED_ROWS rows) flush finished rows as a part
+   (renewing the lease first);
    on SIGTERM/SIGINT flush what is finished, give the lease back and stop.
 5. When every row is flushed, write the done marker (create-if-absent).
 A background thread renews the lease and publishes the heartbeat; if the lease is lost, the loop
@@ -41,6 +42,10 @@ from worker.progress import ProgressReporter
 from worker.requests import EngineRequest, parse_request
 
 log = logging.getLogger("orch.worker")
+
+#: Finished rows held between checkpoints, at most: bounds the worker's memory when the engine
+#: outruns the checkpoint interval (a fast GPU, short answers), whatever the chunk's size.
+MAX_BUFFERED_ROWS = 4096
 
 
 class Shutdown(Exception):
@@ -244,7 +249,8 @@ class Worker:
                         self._flush(job, buffer)
                         job.keeper.release()
                         raise Shutdown()
-                    if self.clock() - last_flush >= self.settings.checkpoint_interval:
+                    if (self.clock() - last_flush >= self.settings.checkpoint_interval
+                            or len(buffer) >= MAX_BUFFERED_ROWS):  # fmt: skip
                         self._flush(job, buffer)
                         buffer.clear()
                         last_flush = self.clock()

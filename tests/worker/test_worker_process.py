@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.protocol.layout import RunLayout
+from orchestrator.protocol.layout import RunLayout, chunk_id
 from orchestrator.protocol.leases import acquire, read_lease
 from orchestrator.protocol.parts import iter_part_lines, part_codec
 from orchestrator.protocol.records import DoneMarker
@@ -212,3 +212,22 @@ def test_worker_with_smollm2_gives_real_answers(smollm2_model, tmp_path):
     line = next(iter_part_lines(store.get(marker.parts[0].key).data, "jsonl"))
     assert "Paris" in line["response"]["body"]["choices"][0]["message"]["content"]
     assert os.path.basename(smollm2_model) in marker.model
+
+
+def test_worker_flushes_when_its_buffer_is_full_whatever_the_interval(tiny_engine, tiny_model, tmp_path, monkeypatch):
+    """A fast engine must not hold a whole chunk in memory until the next checkpoint."""
+    from orchestrator.spec import load_spec
+    from worker import runner
+
+    monkeypatch.setattr(runner, "MAX_BUFFERED_ROWS", 8)
+    store = open_store(str(tmp_path / "store"))
+    # One row finishes per engine step: row i asks for i + 1 tokens.
+    rows = [chat_request(f"b-{i}", f"Item {i}", max_tokens=i + 1, ignore_eos=True) for i in range(30)]
+    layout = make_run(store, "buffer", [rows], model=tiny_model)
+    spec = load_spec(None, {"run": "buffer", "store": store.uri, "model.name": tiny_model,
+                            "workers.checkpoint_interval": 3600}, env={}, default_file=False)  # fmt: skip
+    summary = runner.Worker(store, spec, runner.WorkerIdentity.new("0", 0), lambda: tiny_engine).run()
+    assert summary["requests"] == 30
+    marker = DoneMarker.model_validate_json(store.get(layout.done(chunk_id(0, 1))).data)
+    assert [p.rows for p in marker.parts] == [8, 8, 8, 6]
+    assert sum(answered(store, layout).values()) == 30

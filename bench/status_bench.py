@@ -1,0 +1,114 @@
+"""`orch status` over a run of 10,000 chunks and 1,000 workers on a real S3 server (SeaweedFS).
+
+The run is in mid-flight: 6,000 chunks done (marker + stats key each), 1,000 workers with a
+heartbeat each, 1,000 jobs recorded. Side by side, on the same bucket:
+  orch:  `gather` + `derive_status` + the table, as `orch status` runs them;
+  naive: what a script without a protocol does: HEAD every chunk's done marker, GET every
+         worker's heartbeat.
+Requests are counted at the store (one per list page). Target: orch at most 30 requests.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from bench.common import save, table
+
+
+def populate(store, layout, chunks: int, workers: int, done: int) -> None:
+    from orchestrator.controller.jobs import JobAttempt, JobsRecord, WorkerJobs
+    from orchestrator.plan import plan_chunks, write_plan
+    from orchestrator.protocol.heartbeats import HeartbeatPublisher
+    from orchestrator.protocol.layout import chunk_id
+    from orchestrator.protocol.records import DoneMarker, Heartbeat, ManifestEntry, PartRef, write_jsonl
+    from orchestrator.spec import freeze_spec, load_spec
+
+    spec = load_spec(None, {"run": layout.run, "store": store.uri, "model.name": "m"}, env={}, default_file=False)
+    freeze_spec(store, layout, spec)
+    entries = [ManifestEntry(chunk=chunk_id(i, chunks), key=layout.chunk_path(chunk_id(i, chunks)), rows=100,
+                             bytes=30_000, est_prompt_tokens=6_000, max_output_tokens=25_600) for i in range(chunks)]  # fmt: skip
+    store.put(layout.manifest, write_jsonl(entries))
+    plan = plan_chunks(entries, workers)
+    write_plan(store, layout, plan)
+    now = time.time()
+    jobs = JobsRecord(backend="skypilot", workers={
+        str(w): WorkerJobs(worker=w, attempts=[JobAttempt(job_id=str(100 + w), backend="skypilot", launched_at=now - 3600)])
+        for w in range(workers)})  # fmt: skip
+    store.put(layout.jobs, jobs.to_bytes())
+
+    def finish(i: int) -> None:
+        cid = entries[i].chunk
+        worker = str(i % workers)
+        marker = DoneMarker(
+            chunk=cid, parts=[PartRef(key=layout.output_part(cid, f"{worker}.x", 1), rows=100, errors=0, bytes=1, sha256="0")],
+            rows=100, errors=0, worker=worker, holder=f"{worker}.x", accelerator="NVIDIA L4", model="m", spec_hash="h",
+            started_at=now - 600, finished_at=now - 60 + i * 1e-3, tokens_in=6_000, tokens_out=25_600,
+        )  # fmt: skip
+        store.put_if_absent(layout.done(cid), marker.to_bytes())
+        store.put(layout.stats(cid, marker.stats().key_values(), marker.finished_at), b"")
+
+    def beat(w: int) -> None:
+        HeartbeatPublisher(store, layout, Heartbeat(
+            worker=str(w), holder=f"{w}.x", state="running", accelerator="NVIDIA L4", spot=True, host="h", pid=1,
+            started_at=now - 3600, updated_at=now, chunk=entries[-1 - w].chunk, chunk_rows=100, chunk_rows_done=40,
+        )).publish()  # fmt: skip
+
+    with ThreadPoolExecutor(32) as pool:
+        list(pool.map(finish, range(done)))
+        list(pool.map(beat, range(workers)))
+
+
+def main() -> None:
+    from orchestrator.plan import read_manifest
+    from orchestrator.pricing import load_gpu_table
+    from orchestrator.protocol.layout import RunLayout
+    from orchestrator.status import derive_status, gather, render_table
+    from orchestrator.store import open_store
+    from tests.support.s3servers import seaweedfs
+
+    quick = "--quick" in sys.argv
+    chunks, workers, done = (2_000, 200, 1_200) if quick else (10_000, 1_000, 6_000)
+    with seaweedfs() as server:
+        os.environ.update(server.env())
+        store = open_store(server.store_uri(server.new_bucket(), "runs"))
+        layout = RunLayout("bench")
+        started = time.monotonic()
+        populate(store, layout, chunks, workers, done)
+        print(f"SeaweedFS: {chunks:,} chunks ({done:,} done), {workers:,} workers written in "
+              f"{time.monotonic() - started:.0f} s")  # fmt: skip
+        prices = load_gpu_table()
+
+        store.requests.reset()
+        started = time.monotonic()
+        status = derive_status(gather(store, layout, None), now=time.time(), prices=prices)
+        render_table(status)
+        orch_s, orch_requests = time.monotonic() - started, dict(store.requests.by_op)
+        assert status.chunks == {"total": chunks, "done": done}, status.chunks
+        assert len(status.workers) == workers
+
+        manifest = [e.chunk for e in read_manifest(store, layout)]
+        heartbeat_keys = [i.key for i in store.list(layout.heartbeats_prefix)]
+        store.requests.reset()
+        started = time.monotonic()
+        with ThreadPoolExecutor(32) as pool:
+            naive_done = sum(r is not None for r in pool.map(lambda c: store.head(layout.done(c)), manifest))
+            list(pool.map(lambda k: store.get(k), heartbeat_keys))
+        naive_s, naive_requests = time.monotonic() - started, dict(store.requests.by_op)
+        assert naive_done == done
+
+    n_orch, n_naive = sum(orch_requests.values()), sum(naive_requests.values())
+    print(table([["orch status", n_orch, orch_s, 1.0],
+                 ["naive (HEAD per chunk, GET per heartbeat; 32 threads)", n_naive, naive_s, naive_s / orch_s]],
+                ["", "requests", "seconds", "x orch time"]))  # fmt: skip
+    print(f"orch requests by operation: {orch_requests} (target: at most 30)")
+    save("status_bench", {"chunks": chunks, "done": done, "workers": workers, "store": "SeaweedFS (S3 API, 127.0.0.1)",
+                          "orch": {"requests": n_orch, "by_op": orch_requests, "seconds": round(orch_s, 3)},
+                          "naive": {"requests": n_naive, "by_op": naive_requests, "seconds": round(naive_s, 3)},
+                          "target_requests": 30})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""The worker against the engine's ceiling and against the SkyPilot example's loop, side by side.
+
+Same prompts, same engine (one `vllm.LLM`, loaded once: start-up excluded from every variant),
+fixed output lengths (ignore_eos), in one process:
+  (a) the ceiling: one `LLM.chat` call over all conversations;
+  (b) the SkyPilot example's loop: `LLM.chat` on batches of about 2,000 characters, one batch at a
+      time (its row-losing bugs fixed, so it does the same work);
+  (c) the orch worker end to end: claim, stream the chunks from a local store, checkpoint every
+      few seconds, done markers, heartbeats.
+Target: (c)/(a) throughput at least 0.95.
+
+Then the worker's own memory (beyond the engine's): peak RSS growth while it runs one
+100,000-row chunk through an engine that answers at once (so the worker, not the model, is all
+that is measured). Target: at most 300 MB.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from bench.common import ROOT, save, table  # noqa: E402
+
+BATCH_CHAR_COUNT = 2000  # the SkyPilot example's batch size
+
+
+def conversations(count: int, seed: int = 0) -> list[str]:
+    """First user turns of LMSys-like lengths (tens of words, varying about 10x)."""
+    from tests.support.datasets import WORDS
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 60))).capitalize() + "?" for _ in range(count)]
+
+
+def skypilot_batches(prompts: list[str]) -> Iterator[list[str]]:
+    """The example's batching rule: close a batch once it passes 2,000 characters."""
+    batch: list[str] = []
+    chars = 0
+    for p in prompts:
+        chars += len(p)
+        if chars > BATCH_CHAR_COUNT and batch:
+            yield batch
+            batch, chars = [], len(p)
+        batch.append(p)
+    if batch:
+        yield batch
+
+
+def engine_variants(llm, model: str, prompts: list[str], max_tokens: int, checkpoint_s: float,
+                    chunks: int) -> dict[str, Any]:  # fmt: skip
+    from vllm import SamplingParams
+
+    from orchestrator.spec import ModelSpec
+    from worker.engine.vllm_engine import VllmEngine
+
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+    messages = [[{"role": "user", "content": p}] for p in prompts]
+    llm.chat(messages[:8], params, use_tqdm=False)  # warm-up: first-call allocations
+
+    def ceiling() -> int:
+        return sum(len(c.token_ids) for o in llm.chat(messages, params, use_tqdm=False) for c in o.outputs)
+
+    def skypilot_loop() -> int:
+        tokens = 0
+        for batch in skypilot_batches(prompts):
+            outs = llm.chat([[{"role": "user", "content": p}] for p in batch], params, use_tqdm=False)
+            tokens += sum(len(c.token_ids) for o in outs for c in o.outputs)
+        return tokens
+
+    def orch_worker() -> int:
+        store, spec = bench_run(prompts, model, max_tokens, checkpoint_s, chunks=chunks)
+        summary = run_worker(store, spec, lambda: VllmEngine(ModelSpec(name=model), llm=llm))
+        assert summary["requests"] == len(prompts) and summary["errors"] == 0, summary
+        return summary["tokens_out"]
+
+    variants = {"(a) one LLM.chat over all": ceiling, "(b) SkyPilot example, 2,000-char batches": skypilot_loop,
+                "(c) orch worker, end to end": orch_worker}  # fmt: skip
+    results = {}
+    for name, fn in variants.items():
+        started = time.perf_counter()
+        tokens = fn()
+        wall = time.perf_counter() - started
+        assert tokens == len(prompts) * max_tokens, (name, tokens)
+        results[name] = {"seconds": wall, "tokens_out": tokens, "tokens_per_s": tokens / wall}
+        print(f"  {name}: {wall:.1f} s, {tokens / wall:,.0f} tok/s", flush=True)
+    return results
+
+
+def bench_run(prompts: list[str], model: str, max_tokens: int, checkpoint_s: float, chunks: int = 4):
+    """A prepared and planned run in a fresh local store: (store, spec)."""
+    from orchestrator.spec import load_spec
+    from orchestrator.store import open_store
+    from tests.support.runs import chat_request, make_run
+
+    store = open_store(tempfile.mkdtemp(prefix="orch-bench-worker-"))
+    per = -(-len(prompts) // chunks)
+    rows = [[chat_request(f"r{i}", p, max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+             for i, p in enumerate(prompts[c * per:(c + 1) * per], start=c * per)] for c in range(chunks)]  # fmt: skip
+    flags = {"workers.checkpoint_interval": checkpoint_s}
+    make_run(store, "bench", rows, model=model, workers=1, spec_flags=flags)
+    spec = load_spec(None, {"run": "bench", "store": store.uri, "model.name": model, **flags}, env={}, default_file=False)
+    return store, spec
+
+
+def run_worker(store, spec, engine_factory) -> dict[str, Any]:
+    """The real Worker over the run; returns its JSON summary."""
+    from worker.progress import ProgressReporter
+    from worker.runner import Worker, WorkerIdentity
+
+    progress = ProgressReporter(stream=open(os.devnull, "w"))
+    return Worker(store, spec, WorkerIdentity.new("0", 0), engine_factory, progress=progress).run()
+
+
+class InstantEngine:
+    """Answers every request at once with a fixed text: the worker's own costs, without a model."""
+
+    name = "instant"
+    accelerator = "cpu"
+
+    def __init__(self, answer_chars: int = 1200, window: int = 256):
+        self.text = ("lorem ipsum dolor sit amet " * (answer_chars // 27 + 1))[:answer_chars]
+        self.window = window
+
+    def run(self, requests):
+        from worker.engine.base import RowResult
+        from worker.outputs import Choice, success_line
+
+        while True:
+            batch = [r for _, r in zip(range(self.window), requests)]
+            if not batch:
+                return
+            yield [RowResult(r.index, r.custom_id, success_line(r, [Choice(self.text, "length", 256, None)], 60, "m"),
+                             60, 256, False) for r in batch]  # fmt: skip
+
+    def abort(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def worker_memory(rows: int) -> dict[str, Any]:
+    """Peak RSS growth of the worker over one chunk of `rows` rows (prompts ~LMSys size)."""
+    import multiprocessing
+
+    from orchestrator.spec import load_spec
+    from orchestrator.store import open_store
+
+    # The run is written by a child process, so that none of its memory counts here.
+    directory = tempfile.mkdtemp(prefix="orch-bench-memory-")
+    child = multiprocessing.get_context("fork").Process(target=_write_memory_run, args=(directory, rows))
+    child.start()
+    child.join()
+    assert child.exitcode == 0
+    store = open_store(directory)
+    spec = load_spec(None, {"run": "bench", "store": store.uri, "model.name": "m"}, env={}, default_file=False)
+    baseline = rss_bytes()
+    peak = [baseline]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.05):
+            peak[0] = max(peak[0], rss_bytes())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.perf_counter()
+    summary = run_worker(store, spec, InstantEngine)
+    wall = time.perf_counter() - started
+    stop.set()
+    sampler.join()
+    assert summary["requests"] == rows, summary
+    growth = peak[0] - baseline
+    print(f"  {rows:,}-row chunk: {wall:.1f} s, peak RSS growth {growth / 2**20:.0f} MiB", flush=True)
+    return {"rows": rows, "seconds": round(wall, 2), "peak_rss_growth_mib": round(growth / 2**20, 1),
+            "target_mib": 300}  # fmt: skip
+
+
+def _write_memory_run(directory: str, rows: int) -> None:
+    from orchestrator.store import open_store
+    from tests.support.runs import chat_request, make_run
+
+    requests = [chat_request(f"r{i}", p, max_tokens=256) for i, p in enumerate(conversations(rows, seed=1))]
+    make_run(open_store(directory), "bench", [requests], model="m", workers=1)
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    from worker.models import build_smollm2
+
+    from orchestrator.spec import ModelSpec
+    from worker.engine.vllm_engine import _build_llm
+
+    model = str(build_smollm2(ROOT / ".cache" / "models" / "smollm2-135m-instruct"))
+    llm = _build_llm(ModelSpec(name=model))
+    # Chunks larger than the engine's batch, as real chunks are (thousands of rows): a chunk
+    # smaller than max_num_seqs would cap the batch, which is a chunking choice, not the worker.
+    max_seqs = llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
+    chunks, max_tokens = (1, 8) if quick else (2, 16)
+    count = chunks * max_seqs
+    prompts = conversations(count)
+    print(f"SmolLM2-135M-Instruct on vLLM ({os.cpu_count()} CPUs, max_num_seqs {max_seqs}), {count} conversations "
+          f"x {max_tokens} tokens, {chunks} chunk(s) for the worker")  # fmt: skip
+    res = engine_variants(llm, model, prompts, max_tokens, checkpoint_s=5.0, chunks=chunks)
+    a, b, c = (res[k]["tokens_per_s"] for k in res)
+    print(table([[name, r["seconds"], r["tokens_per_s"], r["tokens_per_s"] / a] for name, r in res.items()],
+                ["", "seconds", "tokens/s", "x ceiling"]))  # fmt: skip
+    print(f"(c)/(a) = {c / a:.3f} (target >= 0.95); (c)/(b) = {c / b:.2f}")
+    print("worker memory beyond the engine:")
+    memory = worker_memory(20_000 if quick else 100_000)
+    save("worker_bench", {
+        "model": "SmolLM2-135M-Instruct", "conversations": count, "max_tokens": max_tokens, "checkpoint_interval_s": 5.0,
+        "chunks": chunks, "max_num_seqs": max_seqs,
+        "variants": {k: {kk: round(vv, 3) for kk, vv in v.items()} for k, v in res.items()},
+        "c_over_a": round(c / a, 3), "c_over_b": round(c / b, 3), "target_c_over_a": 0.95, "memory": memory,
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
