@@ -48,6 +48,7 @@ class GpuType(_Strict):
 class GpuTable(_Strict):
     date: str
     source: str
+    reference_output_tokens_per_s: float = Field(1100.0, gt=0, description="an L4's, for a 7-8B model")
     gpus: dict[str, GpuType]
 
     @field_validator("gpus")

@@ -1,8 +1,9 @@
 """`orch status`: one view of a run, from a handful of requests: listings, never one request per chunk.
 
 1. `gather` reads the manifest, the plan and the jobs record (3 GETs), and lists `done/`,
-   `stats/` (each finished chunk's numbers are in its stats key) and `heartbeats/` (each worker's
-   state is in its key): one request per 1,000 objects. A done chunk without a stats entry (a
+   `stats/` (each finished chunk's numbers are in its stats key), `heartbeats/` (each worker's
+   state is in its key) and `decisions/` (plus one GET of the latest, if any): one request per
+   1,000 objects. A done chunk without a stats entry (a
    crash between the two writes) costs one GET of its marker. The backend is asked for the state of
    each worker's current job.
 2. `derive_status` turns those facts into the view: plain data, no I/O.
@@ -17,15 +18,21 @@ JSON shape (stable for scripts):
     cost: {so_far_usd, worker_hours} (per-GPU-hour prices x workers' uptime, restarts included),
     workers: [{worker, state, job_id, recovery_count, accelerator, cloud, region, spot, chunk,
                chunk_rows, chunk_rows_done, chunks_assigned, chunks_done_of_own_list, chunks_finished
-               (by this worker, from any list), rows_done, tokens_per_s, heartbeat_state,
-               heartbeat_age_s, uptime_s}]
+               (by this worker, from any list), rows_done, tokens_per_s, rows_per_s, heartbeat_state,
+               heartbeat_age_s, uptime_s}],
+    estimate: {gpu, workers, tokens_per_s_per_worker, measured, spot_hours, spot_usd, on_demand_hours,
+               on_demand_usd} | null (what is left, on the fleet any_of picks; orchestrator/estimate.py),
+    deadline: the deadline policy's latest decision | null ({at, deadline_s, budget_usd, action,
+              mode, reason, launch, retire, elapsed_s, progress, line, need_rows_per_s,
+              have_rows_per_s, slack_s}; orchestrator/controller/deadline.py)
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import click
 
@@ -55,6 +62,18 @@ class RunFacts:
     heartbeats: dict[str, dict[str, Any]]
     statuses: dict[str, JobStatus] = field(default_factory=dict)
     backend_note: str | None = None
+    #: The deadline policy's latest decision (`orch watch --deadline`), if any.
+    decision: dict[str, Any] | None = None
+
+
+def latest_decision(store: Store, layout: RunLayout) -> dict[str, Any] | None:
+    """The deadline policy's last decision: one listing (and one GET when there is one)."""
+    keys = [info.key for info in store.list(layout.decisions_prefix)]
+    if not keys:
+        return None
+    with contextlib.suppress(Exception):
+        return json.loads(store.get(max(keys)).data)
+    return None
 
 
 def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) -> RunFacts:
@@ -67,7 +86,8 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
         with contextlib.suppress(Exception):  # a marker we cannot read is shown as done without numbers
             marker = parse_record(DoneMarker, store.get(layout.done(chunk)).data, layout.done(chunk))
             stats[chunk] = (marker.finished_at, marker.stats())
-    facts = RunFacts(layout.run, manifest, plan, jobs, done, stats, read_heartbeats(store, layout))
+    facts = RunFacts(layout.run, manifest, plan, jobs, done, stats, read_heartbeats(store, layout),
+                     decision=latest_decision(store, layout))
     current = [a.job_id for a in jobs.current_jobs().values()]
     if launcher is not None and current:
         try:
@@ -95,6 +115,7 @@ class WorkerView:
     chunks_finished: int = 0
     rows_done: int = 0
     tokens_per_s: float = 0.0
+    rows_per_s: float = 0.0
     heartbeat_state: str | None = None
     heartbeat_age_s: float | None = None
     uptime_s: float = 0.0
@@ -112,10 +133,16 @@ class RunStatus:
     eta_s: float | None
     cost: dict[str, float]
     workers: list[WorkerView]
+    #: What is left, on the fleet any_of would pick (`orch plan --estimate`'s fleet line); None
+    #: when no GPU candidates were given.
+    estimate: dict[str, Any] | None = None
+    #: The deadline policy's latest decision, with its reason and numbers.
+    deadline: dict[str, Any] | None = None
 
 
 def derive_status(facts: RunFacts, *, now: float, prices: GpuTable, heartbeat_interval: float = 10.0,
-                  default_spot: bool = True) -> RunStatus:  # fmt: skip
+                  default_spot: bool = True, gpus: Sequence[str] | None = None,
+                  workers_planned: int | None = None) -> RunStatus:  # fmt: skip
     rows_by_chunk = {e.chunk: e.rows for e in facts.manifest}
     done = facts.done & set(rows_by_chunk)
     rows_done = sum(rows_by_chunk[c] for c in done)
@@ -154,6 +181,7 @@ def derive_status(facts: RunFacts, *, now: float, prices: GpuTable, heartbeat_in
             chunks_finished=finished_by.get(name, 0),
             rows_done=int((hb or {}).get("rows_done") or 0),
             tokens_per_s=float(hb.get("tokens_per_s") or 0.0) if alive and hb else 0.0,
+            rows_per_s=float(hb.get("rows_per_s") or 0.0) if alive and hb else 0.0,
             heartbeat_state=(hb or {}).get("state"),
             heartbeat_age_s=round(age, 1) if age is not None else None,
             uptime_s=round(float(hb.get("uptime_before_s") or 0) + max(float(hb["updated_at"]) - float(hb["started_at"]), 0.0), 1)
@@ -184,7 +212,23 @@ def derive_status(facts: RunFacts, *, now: float, prices: GpuTable, heartbeat_in
         eta_s=round(eta, 1) if eta is not None else None,
         cost={"so_far_usd": round(cost, 2), "worker_hours": round(hours, 3)},
         workers=workers,
+        estimate=_estimate(facts, prices, gpus, workers_planned) if gpus else None,
+        deadline=facts.decision,
     )
+
+
+def _estimate(facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: int | None) -> dict[str, Any] | None:
+    from orchestrator.estimate import estimate
+
+    try:
+        est = estimate(prices, gpus, workers or max(len(facts.plan.workers) if facts.plan else 1, 1), facts.manifest,
+                       facts.stats, facts.done)  # fmt: skip
+    except Exception:  # an unknown GPU name in the spec: the status itself must still show
+        return None
+    f = est.fleet
+    return {"gpu": f.gpu, "workers": est.workers, "tokens_per_s_per_worker": f.tokens_per_s, "measured": f.measured,
+            "spot_hours": f.spot_hours, "spot_usd": f.spot_usd, "on_demand_hours": f.on_demand_hours,
+            "on_demand_usd": f.on_demand_usd}  # fmt: skip
 
 
 def _worker_order(name: str) -> tuple[int, str]:
@@ -208,6 +252,19 @@ def render_table(status: RunStatus) -> str:
         f"throughput {status.throughput['rows_per_s']:.2f} rows/s, {status.throughput['tokens_per_s']:,.0f} tok/s"
         f"   ETA {eta}   cost so far ${status.cost['so_far_usd']:,.2f} ({status.cost['worker_hours']:.2f} worker-hours)",
     ]  # fmt: skip
+    if status.estimate and not status.complete:
+        e = status.estimate
+        head.append(f"estimate left on {e['workers']} x {e['gpu']} ({'measured' if e['measured'] else 'table'} "
+                    f"{e['tokens_per_s_per_worker']:,.0f} tok/s each): {_duration(e['spot_hours'] * 3600)} / "
+                    f"${e['spot_usd']:,.2f} on spot, {_duration(e['on_demand_hours'] * 3600)} / "
+                    f"${e['on_demand_usd']:,.2f} on demand")  # fmt: skip
+    if status.deadline:
+        d = status.deadline
+        colour = {"critical": "red", "behind": "yellow"}.get(d.get("mode"), "green")
+        head.append(click.style(f"deadline {_duration(d['deadline_s'])}", bold=True)
+                    + click.style(f" [{d.get('mode')}]", fg=colour)
+                    + f" progress {d.get('progress', 0):.1%} vs line {d.get('line', 0):.1%}; last decision: "
+                    f"{d.get('action')}: {d.get('reason')}" + (f" (budget ${d['budget_usd']:,.2f})" if d.get("budget_usd") else ""))  # fmt: skip
     if status.backend_note:
         head.append(click.style(f"warning: {status.backend_note}", fg="yellow"))
     cols = ["worker", "state", "accel", "where", "spot", "chunk", "progress", "own done", "finished", "tok/s", "beat"]
@@ -254,6 +311,8 @@ def _duration(seconds: float | None) -> str:
 
 
 def status_of(store: Store, layout: RunLayout, launcher: Launcher | None, *, now: float, prices: GpuTable,
-              heartbeat_interval: float = 10.0, default_spot: bool = True) -> RunStatus:  # fmt: skip
+              heartbeat_interval: float = 10.0, default_spot: bool = True, gpus: Sequence[str] | None = None,
+              workers_planned: int | None = None) -> RunStatus:  # fmt: skip
     return derive_status(gather(store, layout, launcher), now=now, prices=prices,
-                         heartbeat_interval=heartbeat_interval, default_spot=default_spot)  # fmt: skip
+                         heartbeat_interval=heartbeat_interval, default_spot=default_spot, gpus=gpus,
+                         workers_planned=workers_planned)  # fmt: skip

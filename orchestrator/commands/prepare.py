@@ -74,7 +74,9 @@ def prepare_command(inv: Invocation, sources, strict, as_json, **input_args):
 @common_options
 @click.option("--workers", type=int, default=None, help="number of workers (default: the spec's workers.count)")
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
-def plan_command(inv: Invocation, workers, as_json):
+@click.option("--estimate", "with_estimate", is_flag=True,
+              help="also the expected time and cost per GPU candidate, spot and on-demand")
+def plan_command(inv: Invocation, workers, as_json, with_estimate):
     """Spread the run's chunks over workers, balanced by estimated work; write workers/<i>.txt."""
     from orchestrator.plan import plan_chunks, read_manifest, render_plan, write_plan
 
@@ -84,14 +86,35 @@ def plan_command(inv: Invocation, workers, as_json):
             raise click.BadParameter("at least 1", param_hint="--workers")
         flags["workers.count"] = workers
     ctx = Invocation(inv.spec_file, flags).context(freeze=True)
-    plan = plan_chunks(read_manifest(ctx.store, ctx.layout), ctx.spec.workers.count)
+    manifest = read_manifest(ctx.store, ctx.layout)
+    plan = plan_chunks(manifest, ctx.spec.workers.count)
     write_plan(ctx.store, ctx.layout, plan)
+    est = run_estimate(ctx, manifest) if with_estimate else None
     if as_json:
-        click.echo(json.dumps({"workers": [a.model_dump() for a in plan.workers], "chunks": plan.chunks,
-                               "rows": plan.rows, "est_tokens": plan.est_tokens}))  # fmt: skip
+        doc = {"workers": [a.model_dump() for a in plan.workers], "chunks": plan.chunks, "rows": plan.rows,
+               "est_tokens": plan.est_tokens}  # fmt: skip
+        if est is not None:
+            doc["estimate"] = est.to_dict()
+        click.echo(json.dumps(doc))
     else:
         click.echo(render_plan(plan))
+        if est is not None:
+            from orchestrator.estimate import render_estimate
+
+            click.echo("\n" + render_estimate(est))
     return 0
+
+
+def run_estimate(ctx, manifest):
+    """The estimate for this run as it stands: finished chunks' stats replace the table's speeds."""
+    from orchestrator.estimate import estimate
+    from orchestrator.pricing import load_gpu_table
+    from orchestrator.protocol.checkpoints import read_chunk_stats
+    from orchestrator.protocol.snapshot import list_done
+
+    return estimate(load_gpu_table(), ctx.spec.resources.gpus, ctx.spec.workers.count, manifest,
+                    read_chunk_stats(ctx.store, ctx.layout), set(list_done(ctx.store, ctx.layout)),
+                    checkpoint_interval_s=ctx.spec.workers.checkpoint_interval)  # fmt: skip
 
 
 def register(cli: click.Group) -> None:

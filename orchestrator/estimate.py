@@ -1,0 +1,155 @@
+"""How long and how much, before launching and while running: per GPU candidate, spot and on-demand.
+
+Work is counted in output tokens: rows left x output tokens per row (measured from finished
+chunks' stats; before any finish, half of each row's max_tokens). Speed per worker comes from the
+price table (an L4's tokens/s for a 7-8B model x relative_speed) until chunks finish on a known
+GPU: then the measured tokens/s replace it, and GPUs not seen yet are scaled from the measured
+ones by their relative speeds (the model is the run's, not the table's).
+
+Spot time includes what preemptions cost: each takes a restart and, on average, half a checkpoint
+interval of work, at `preemptions_per_hour` per worker.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence
+
+from orchestrator.pricing import GpuTable
+from orchestrator.protocol.records import ChunkStats, ManifestEntry
+
+#: Provision + setup + model load of a new machine (what a preemption or a new launch costs).
+RESTART_OVERHEAD_S = 600.0
+#: An assumption for spot capacity, per worker-hour (SkyPilot's docs and the NSDI'24 traces put
+#: typical GPU spot preemption rates between 0.1 and 1 per hour).
+PREEMPTIONS_PER_HOUR = 0.25
+
+
+@dataclass
+class Throughput:
+    tokens_per_s: dict[str, float]  # GPU type -> output tokens/s of one worker
+    measured: dict[str, int]  # GPU type -> chunks its figure comes from (empty: the table's)
+    tokens_per_row: float
+    tokens_per_row_measured: bool
+
+
+@dataclass
+class Candidate:
+    gpu: str
+    tokens_per_s: float
+    measured: bool
+    spot_hours: float
+    spot_usd: float
+    on_demand_hours: float
+    on_demand_usd: float
+    cheapest_per_hour: bool  # what SkyPilot's any_of picks when capacity allows
+
+
+@dataclass
+class Estimate:
+    workers: int
+    rows_total: int
+    rows_left: int
+    tokens_left: float
+    throughput: Throughput
+    candidates: list[Candidate]
+    price_table_date: str
+    preemptions_per_hour: float
+    restart_overhead_s: float
+
+    @property
+    def fleet(self) -> Candidate:
+        return next(c for c in self.candidates if c.cheapest_per_hour)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def throughput(prices: GpuTable, gpus: Sequence[str], entries: Sequence[ManifestEntry],
+               stats: Mapping[str, tuple[float, ChunkStats]]) -> Throughput:  # fmt: skip
+    tokens, seconds, chunks = {}, {}, {}
+    rows_done = tokens_done = 0
+    for _, s in stats.values():
+        rows_done += s.rows
+        tokens_done += s.tokens_out
+        gpu = prices.find(s.accelerator)
+        if gpu is None or s.seconds <= 0:
+            continue
+        tokens[gpu.name] = tokens.get(gpu.name, 0) + s.tokens_out
+        seconds[gpu.name] = seconds.get(gpu.name, 0.0) + s.seconds
+        chunks[gpu.name] = chunks.get(gpu.name, 0) + 1
+    measured = {g: tokens[g] / seconds[g] for g in tokens if tokens[g] > 0}
+    if measured:
+        # Tokens/s per unit of relative speed, averaged over what was measured (weighted by chunks).
+        per_speed = sum(measured[g] / prices.get(g).relative_speed * chunks[g] for g in measured) / sum(
+            chunks[g] for g in measured)  # fmt: skip
+    else:
+        per_speed = prices.reference_output_tokens_per_s
+    table = {g: measured.get(g, per_speed * prices.get(g).relative_speed) for g in gpus}
+    if rows_done and tokens_done:
+        per_row, per_row_measured = tokens_done / rows_done, True
+    else:
+        rows = sum(e.rows for e in entries)
+        per_row, per_row_measured = (sum(e.max_output_tokens for e in entries) / 2 / rows if rows else 0.0), False
+    return Throughput(table, {g: chunks[g] for g in measured if g in table}, per_row, per_row_measured)
+
+
+def estimate(prices: GpuTable, gpus: Sequence[str], workers: int, entries: Sequence[ManifestEntry],
+             stats: Mapping[str, tuple[float, ChunkStats]], done: set[str], *, checkpoint_interval_s: float = 60.0,
+             preemptions_per_hour: float = PREEMPTIONS_PER_HOUR,
+             restart_overhead_s: float = RESTART_OVERHEAD_S) -> Estimate:  # fmt: skip
+    tp = throughput(prices, gpus, entries, stats)
+    rows_total = sum(e.rows for e in entries)
+    rows_left = sum(e.rows for e in entries if e.chunk not in done)
+    tokens_left = rows_left * tp.tokens_per_row
+    largest = max((e.rows for e in entries if e.chunk not in done), default=0)
+    # Each preemption costs a restart plus half an interval of redone work: the share of a spot
+    # worker's hour that is lost.
+    lost_share = min(preemptions_per_hour * (restart_overhead_s + checkpoint_interval_s / 2) / 3600, 0.9)
+    cheapest = min(gpus, key=lambda g: prices.get(g).spot_usd_h)
+    candidates = []
+    for g in gpus:
+        info = prices.get(g)
+        # Spread over the workers, but no faster than the largest chunk left on one worker.
+        tokens = max(tokens_left / workers, largest * tp.tokens_per_row)
+        work_h = tokens / tp.tokens_per_s[g] / 3600 if tp.tokens_per_s[g] > 0 else math.inf
+        start_h = restart_overhead_s / 3600 if rows_left else 0.0
+        od_h = work_h + start_h
+        spot_h = work_h / (1 - lost_share) + start_h
+        candidates.append(Candidate(
+            gpu=g, tokens_per_s=round(tp.tokens_per_s[g], 1), measured=g in tp.measured,
+            spot_hours=round(spot_h, 3), spot_usd=round(spot_h * workers * info.spot_usd_h, 2),
+            on_demand_hours=round(od_h, 3), on_demand_usd=round(od_h * workers * info.on_demand_usd_h, 2),
+            cheapest_per_hour=g == cheapest,
+        ))  # fmt: skip
+    return Estimate(workers, rows_total, rows_left, round(tokens_left), tp, candidates, prices.date,
+                    preemptions_per_hour, restart_overhead_s)  # fmt: skip
+
+
+def render_estimate(est: Estimate) -> str:
+    tp = est.throughput
+    basis = (f"measured on {', '.join(f'{g} ({n} chunks)' for g, n in tp.measured.items())}, others scaled by "
+             "relative speed" if tp.measured else f"price table of {est.price_table_date} (7-8B model on vLLM)")  # fmt: skip
+    per_row = f"{tp.tokens_per_row:,.0f} output tokens/row ({'measured' if tp.tokens_per_row_measured else 'assumed: half of max_tokens'})"
+    lines = [
+        f"Estimate: {est.rows_left:,} of {est.rows_total:,} rows left, {per_row}, {est.workers} workers",
+        f"speed: {basis}",
+        f"{'GPU':<12}{'tok/s/worker':>13}{'spot time':>11}{'spot cost':>11}{'on-demand':>11}{'on-d. cost':>12}",
+    ]
+    for c in est.candidates:
+        mark = " *" if c.cheapest_per_hour else ""
+        lines.append(f"{c.gpu + mark:<12}{c.tokens_per_s:>13,.0f}{_hours(c.spot_hours):>11}{c.spot_usd:>11,.2f}"
+                     f"{_hours(c.on_demand_hours):>11}{c.on_demand_usd:>12,.2f}")  # fmt: skip
+    f = est.fleet
+    lines.append(f"fleet (*: any_of's pick, the cheapest per hour when capacity allows): {_hours(f.spot_hours)} for "
+                 f"${f.spot_usd:,.2f} on spot, {_hours(f.on_demand_hours)} for ${f.on_demand_usd:,.2f} on demand")  # fmt: skip
+    lines.append(f"spot includes {est.preemptions_per_hour:g} preemptions per worker-hour, each a "
+                 f"{est.restart_overhead_s / 60:.0f}-minute restart plus half a checkpoint interval; costs in USD")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _hours(h: float) -> str:
+    if h == math.inf:
+        return "-"
+    return f"{h:.1f} h" if h >= 1 else f"{h * 60:.0f} min"
