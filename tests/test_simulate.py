@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -125,3 +126,28 @@ def test_simulate_refuses_a_bad_trace(tmp_path, capsys):
     bad = trace_file(tmp_path, "preemptions:\n  - {time: 5}\n")
     assert main(["simulate", "--workers", "1", "--chunks", "1", "--trace", bad]) == 2
     assert "not a valid preemption trace" in capsys.readouterr().err
+
+
+def test_the_deadline_policy_meets_a_deadline_spot_alone_misses_and_costs_less_than_on_demand():
+    from orchestrator.simulate import deadline_study
+
+    # Two 4-hour windows without spot capacity: spot alone runs late on this seed.
+    config = SimConfig(workers=8, chunks=40, rows_per_chunk=2000, preemptions_per_hour=1.0, outages=2,
+                       outage_s=3 * 3600, outage_window_s=1800)  # fmt: skip
+    runs = {market: results[0] for market, results in deadline_study(config, 1, 2.0).items()}
+    od = runs["on-demand only"]
+    assert od.met_deadline and od.deadline_s == 2 * od.makespan_s
+    assert not runs["spot only"].met_deadline
+    deadline = runs["deadline"]
+    assert deadline.complete and deadline.met_deadline and deadline.on_demand_launched > 0
+    assert deadline.cost_usd < od.cost_usd
+    assert deadline.markers == deadline.chunks  # every chunk once, with workers added and retired
+
+
+def test_simulate_command_runs_the_deadline_study(capsys):
+    code = main(["simulate", "--workers", "4", "--chunks", "12", "--rows-per-chunk", "500", "--seeds", "2",
+                 "--outages", "1", "--deadline-factor", "1.5", "--json"])  # fmt: skip
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["markets"]) == {"on-demand only", "spot only", "greedy", "deadline"}
+    assert doc["markets"]["on-demand only"]["cost_vs_on_demand"] == 1.0

@@ -82,15 +82,40 @@ def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_r
 @backend_option
 @click.option("--interval", type=float, default=10.0, show_default=True, help="seconds between checks")
 @click.option("--retries", type=int, default=None, help="relaunches per worker (default: the spec's workers.retries)")
-def watch_command(inv, backend, interval, retries):
+@click.option("--deadline", default=None, metavar="DURATION",
+              help="finish within this long of the first launch (8h, 90m, 1.5d): add on-demand workers when "
+                   "behind schedule, retire them when ahead")
+@click.option("--budget", type=float, default=None, metavar="USD", help="with --deadline: no launch past this cost")
+@click.option("--max-on-demand", type=int, default=None,
+              help="with --deadline: extra on-demand workers at most (default: as many as the plan's workers)")
+@click.option("--restart-overhead", type=float, default=None, metavar="SECONDS",
+              help="with --deadline: provision + setup + model load of a new machine (default 600)")
+def watch_command(inv, backend, interval, retries, deadline, budget, max_on_demand, restart_overhead):
     """Relaunch workers whose jobs end with work left, until every chunk has a marker.
+
+    With --deadline, also keep the run on schedule at the least cost: spot while progress is on
+    the uniform line, on-demand workers added when behind (or when the slack left is within a
+    restart), retired first when ahead. Decisions are logged in the store and shown by `orch status`.
 
     Exits 0 when the run is complete, non-zero when the retry budget is spent with work left.
     """
     from orchestrator.controller import backend_for
 
     ctx = _flags(inv, backend=backend).context()
-    return _watch(ctx, backend_for(ctx.spec), interval, retries)
+    settings = None
+    if budget is not None and deadline is None:
+        raise click.BadParameter("--budget goes with --deadline", param_hint="--budget")
+    if deadline is not None:
+        from orchestrator.controller.deadline import DeadlineSettings, parse_duration
+        from orchestrator.estimate import RESTART_OVERHEAD_S
+
+        settings = DeadlineSettings(
+            deadline_s=parse_duration(deadline), budget_usd=budget,
+            restart_overhead_s=RESTART_OVERHEAD_S if restart_overhead is None else restart_overhead,
+            max_on_demand=max_on_demand if max_on_demand is not None else ctx.spec.workers.count,
+            commit_margin_s=ctx.spec.workers.lease_ttl + interval,
+        )  # fmt: skip
+    return _watch(ctx, backend_for(ctx.spec), interval, retries, deadline=settings)
 
 
 @click.command("resume")
@@ -141,7 +166,7 @@ def cancel_command(inv, backend):
     return 0
 
 
-def _watch(ctx, launcher, interval: float, retries: int | None = None) -> int:
+def _watch(ctx, launcher, interval: float, retries: int | None = None, deadline=None) -> int:
     """Reconcile until complete. On a terminal the run's status is redrawn in place each tick;
     otherwise (logs, CI) one line per tick. Relaunch events are printed either way."""
     from orchestrator.commands.status import current_status
@@ -166,7 +191,8 @@ def _watch(ctx, launcher, interval: float, retries: int | None = None) -> int:
             click.echo(f"{time.strftime('%H:%M:%S')} chunks {report.chunks_done}/{report.chunks_total} done, "
                        f"{report.live} worker(s) running")  # fmt: skip
 
-    report = watch(Reconciler(ctx, launcher, retries=retries, on_event=event), interval=interval, on_tick=tick)
+    reconciler = Reconciler(ctx, launcher, retries=retries, on_event=event, deadline=deadline)
+    report = watch(reconciler, interval=interval, on_tick=tick)
     if report.complete:
         click.echo(f"run {ctx.layout.run!r} complete: {report.chunks_total} chunks done")
         return 0

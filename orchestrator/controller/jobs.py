@@ -26,6 +26,8 @@ class JobAttempt(Record):
     ended_state: str | None = None
     ended_at: float | None = None
     failure_reason: str | None = None
+    #: Cancelled by the deadline policy (ahead of schedule): never relaunched.
+    retired: bool = False
 
 
 class WorkerJobs(Record):

@@ -8,6 +8,9 @@ Each tick:
    `orch cancel`, gone from the backend, or SUCCEEDED while chunks nobody holds remain. Each
    worker has a retry budget; relaunches go through the same launcher as every launch.
 4. When no worker is live, none may be relaunched, and chunks remain: give up (exit non-zero).
+With a deadline (`orch watch --deadline`), step 3 is preceded by the deadline policy's round
+(controller/deadline_control.py): on-demand workers added or retired, and a budget that, once
+reached, stops every launch.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, Launch
 from orchestrator.context import RunContext
 from orchestrator.errors import BackendError
 from orchestrator.controller.jobs import JobsRecord, read_jobs, update_jobs
+from orchestrator.controller.deadline import Decision, DeadlineSettings
+from orchestrator.controller.deadline_control import DeadlineControl
 from orchestrator.controller.launch import launch_workers
+from orchestrator.pricing import GpuTable
 from orchestrator.protocol.snapshot import RunSnapshot, take_snapshot
 from orchestrator.protocol.leases import read_lease
 from orchestrator.protocol.records import ManifestEntry, read_jsonl
@@ -46,6 +52,8 @@ class TickReport:
     cancelled: bool = False
     #: Set when the backend could not be asked this round (the loop waits and asks again).
     unreachable: str | None = None
+    #: The deadline policy's decision this round (with --deadline).
+    decision: Decision | None = None
 
     @property
     def stuck(self) -> bool:
@@ -64,6 +72,8 @@ class Reconciler:
         retries: int | None = None,
         env: Mapping[str, str] | None = None,
         on_event: Event = lambda message: None,
+        deadline: "DeadlineSettings | None" = None,
+        prices: GpuTable | None = None,
     ):
         self.ctx = ctx
         self.launcher = launcher
@@ -71,6 +81,8 @@ class Reconciler:
         self.retries = ctx.spec.workers.retries if retries is None else retries
         self.env = env
         self.on_event = on_event
+        self.deadline = DeadlineControl(ctx, launcher, deadline, prices=prices, clock=clock, env=env,
+                                        on_event=on_event) if deadline is not None else None  # fmt: skip
         self._chunks = [e.chunk for e in read_jsonl(
             ManifestEntry, ctx.store.get(ctx.layout.manifest).data, ctx.layout.manifest)]  # fmt: skip
 
@@ -102,10 +114,14 @@ class Reconciler:
         claimable, held = self._claimable(snapshot, check_leases=report.live == 0)
         report.pending_leases = held if report.live == 0 else 0
         wanted: dict[int, str] = {}
+        if self.deadline is not None:
+            report.decision = self.deadline.round(report.statuses)
+            if report.decision.action == "budget":
+                return report  # the budget stops every launch, relaunches included
         for worker, attempt in sorted(current.items()):
             status = report.statuses.get(attempt.job_id)
             state = status.state if status else JobState.UNKNOWN
-            if state.is_live():
+            if state.is_live() or attempt.retired:
                 continue
             reason = self._relaunch_reason(state, record, claimable_left=len(claimable) - len(wanted))
             if reason is None:

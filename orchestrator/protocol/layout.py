@@ -140,6 +140,10 @@ class RunLayout:
     def decisions_prefix(self) -> str:
         return f"{self.root}decisions/"
 
+    def decision(self, at: float) -> str:
+        """The deadline policy's log: one object per decision, in time order."""
+        return f"{self.decisions_prefix}{int(at * 1000):013d}.json"
+
     # Reading keys back.
     def chunk_of(self, key: str, prefix: str) -> str:
         """The chunk id in `<prefix><chunk>.json` or `<prefix><chunk>/...`."""

@@ -17,7 +17,8 @@ from orchestrator.protocol.layout import chunk_id
 from orchestrator.protocol.records import ManifestEntry
 from orchestrator.simulate.config import SimConfig
 from orchestrator.simulate.fleet import ORCH, POLICIES, SKYPILOT_EXAMPLE, Fleet, FleetResult, Policy
-from orchestrator.simulate.traces import Trace, load_trace, poisson_trace
+from orchestrator.controller.deadline import DeadlineSettings
+from orchestrator.simulate.traces import Trace, bursty_trace, load_trace, poisson_trace
 
 __all__ = ["ORCH", "POLICIES", "SKYPILOT_EXAMPLE", "SimConfig", "Summary", "simulate", "summarise", "synthetic_manifest"]
 
@@ -40,17 +41,25 @@ def scenario(config: SimConfig, seed: int, prices: GpuTable) -> tuple[list[str],
     gpus = [rng.choice(config.gpus) for _ in range(config.workers)]
     for g in set(gpus):
         prices.get(g)  # unknown GPU types fail here, with the table's names in the message
-    trace = load_trace(config.trace, gpus) if config.trace else poisson_trace(
-        gpus, config.preemptions_per_hour, config.horizon_s, random.Random(seed * 7919 + 1))
+    rng = random.Random(seed * 7919 + 1)
+    if config.trace:
+        trace = load_trace(config.trace, gpus)
+    elif config.outages:
+        trace = bursty_trace(gpus, config.preemptions_per_hour, config.horizon_s, rng, outages=config.outages,
+                             outage_s=config.outage_s, within_s=config.outage_window_s)  # fmt: skip
+    else:
+        trace = poisson_trace(gpus, config.preemptions_per_hour, config.horizon_s, rng)
     return gpus, trace
 
 
 def simulate(config: SimConfig, policy: Policy, seed: int, *, entries: Sequence[ManifestEntry] | None = None,
-             prices: GpuTable | None = None) -> FleetResult:  # fmt: skip
+             prices: GpuTable | None = None, deadline: DeadlineSettings | None = None) -> FleetResult:  # fmt: skip
+    """One run. With `deadline`, the deadline policy (controller/deadline.py) adds and retires
+    on-demand workers every control interval, as `orch watch --deadline` does."""
     prices = prices or load_gpu_table(config.prices)
     entries = list(entries) if entries is not None else synthetic_manifest(config, random.Random(seed + 104729))
     gpus, trace = scenario(config, seed, prices)
-    return Fleet(config, policy, entries, gpus, trace, prices, seed).run()
+    return Fleet(config, policy, entries, gpus, trace, prices, seed, deadline=deadline).run()
 
 
 @dataclass
@@ -93,3 +102,32 @@ def summarise(results: Sequence[FleetResult]) -> Summary:
         preemptions=mean([r.preemptions for r in results]),
         rescues=mean([r.rescues for r in results]),
     )
+
+
+#: How a fleet buys capacity, compared by `orch simulate --deadline-factor`.
+MARKETS = ("on-demand only", "spot only", "greedy", "deadline")
+
+
+def deadline_study(config: SimConfig, seeds: int, factor: float, *, entries: Sequence[ManifestEntry] | None = None,
+                   prices: GpuTable | None = None) -> dict[str, list[FleetResult]]:  # fmt: skip
+    """Per seed: the on-demand-only makespan M sets the deadline (factor x M); then spot only,
+    greedy (spot until the slack is gone, then commit) and the deadline policy run against it,
+    on the same GPUs and the same preemption trace."""
+    prices = prices or load_gpu_table(config.prices)
+    on_demand = config.model_copy(update={"spot": False, "preemptions_per_hour": 0.0, "outages": 0, "trace": None})
+    out: dict[str, list[FleetResult]] = {m: [] for m in MARKETS}
+    for seed in range(seeds):
+        od = simulate(on_demand, ORCH, seed, entries=entries, prices=prices)
+        deadline_s = factor * od.makespan_s
+        od.deadline_s = deadline_s
+        spot = simulate(config, ORCH, seed, entries=entries, prices=prices)
+        spot.deadline_s = deadline_s
+        runs = {"on-demand only": od, "spot only": spot}
+        for name, greedy in (("greedy", True), ("deadline", False)):
+            settings = DeadlineSettings(deadline_s=deadline_s, restart_overhead_s=config.restart_overhead_s,
+                                        max_on_demand=config.workers, greedy=greedy,
+                                        commit_margin_s=config.lease_ttl_s + config.control_interval_s)  # fmt: skip
+            runs[name] = simulate(config, ORCH, seed, entries=entries, prices=prices, deadline=settings)
+        for name, result in runs.items():
+            out[name].append(result)
+    return out

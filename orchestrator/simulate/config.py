@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from orchestrator.estimate import RESTART_OVERHEAD_S
 from orchestrator.spec import DEFAULT_GPUS
 
 
@@ -21,10 +22,14 @@ class SimConfig(BaseModel):
     )
     preemptions_per_hour: float = Field(0.25, ge=0, description="per spot worker: Poisson rate")
     trace: str | None = Field(None, description="a preemption trace file (replaces the Poisson model)")
-    restart_overhead_s: float = Field(600.0, ge=0, description="provision + setup + model load")
+    outages: int = Field(0, ge=0, description="synthetic bursts with no spot capacity at all (replaces nothing: added to the Poisson model)")
+    outage_s: float = Field(7200.0, gt=0, description="length of each burst")
+    outage_window_s: float = Field(6 * 3600.0, gt=0, description="bursts start uniformly within this window")
+    restart_overhead_s: float = Field(RESTART_OVERHEAD_S, ge=0, description="provision + setup + model load")
     checkpoint_interval_s: float = Field(60.0, gt=0)
     lease_ttl_s: float = Field(300.0, gt=0)
     prices: str | None = Field(None, description="GPU price table (default: orchestrator/data/gpus.yaml)")
+    control_interval_s: float = Field(60.0, gt=0, description="how often the deadline policy decides")
     horizon_s: float = Field(30 * 86400.0, gt=0, description="stop a run that has not finished by then")
 
     @model_validator(mode="after")

@@ -31,6 +31,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from orchestrator.controller.deadline import DeadlineSettings, Decision, FleetState, OnDemandWorker, decide
 from orchestrator.plan import contiguous_split, plan_chunks
 from orchestrator.pricing import GpuTable
 from orchestrator.protocol.checkpoints import ChunkJob, RowStat
@@ -140,6 +141,11 @@ class SimWorker:
     heartbeat: HeartbeatPublisher | None = None
     session: _Session | None = None
     chunks_done: int = 0
+    #: Launched by the deadline policy on top of the planned fleet (on-demand).
+    extra: bool = False
+    retired: bool = False
+    #: When its machine is provisioned (capacity found): from then on it is coming up.
+    provisioning_since: float | None = 0.0
 
 
 @dataclass
@@ -160,6 +166,13 @@ class FleetResult:
     rescues: int
     workers: list[dict]
     segments: list[Segment] = field(repr=False, default_factory=list)
+    deadline_s: float | None = None
+    on_demand_launched: int = 0
+    decisions: list[Decision] = field(repr=False, default_factory=list)
+
+    @property
+    def met_deadline(self) -> bool | None:
+        return None if self.deadline_s is None else self.complete and self.makespan_s <= self.deadline_s
 
     @property
     def ratio(self) -> float:
@@ -172,8 +185,15 @@ class FleetResult:
 
 class Fleet:
     def __init__(self, config: SimConfig, policy: Policy, entries: Sequence[ManifestEntry], gpus: Sequence[str],
-                 trace: Trace, prices: GpuTable, seed: int):  # fmt: skip
+                 trace: Trace, prices: GpuTable, seed: int, deadline: DeadlineSettings | None = None):  # fmt: skip
         self.config = config
+        self.deadline = deadline
+        self.prices = prices
+        self.rng = random.Random(seed * 31 + 7)
+        self.done_units = 0
+        self._done: set[str] = set()
+        self.decisions: list[Decision] = []
+        self.on_demand_launched = 0
         self.policy = policy
         self.seed = seed
         self.trace = trace
@@ -211,8 +231,10 @@ class Fleet:
             if w.spot:
                 for t in self.trace.preemptions.get(w.index, ()):
                     self._at(t, "preempt", w, epoch=-1)
+        if self.deadline is not None:
+            self._at(0.0, "control", self.workers[0], epoch=-1)
         handlers = {"ready": self._ready, "finish": self._finish, "renew": self._renew,
-                    "checkpoint": self._checkpoint, "preempt": self._preempt}  # fmt: skip
+                    "checkpoint": self._checkpoint, "preempt": self._preempt, "control": self._control}  # fmt: skip
         while self._events and self.markers < len(self.entries):
             t, _, kind, index, epoch = heapq.heappop(self._events)
             if t > self.config.horizon_s:
@@ -231,6 +253,7 @@ class Fleet:
     def _ready(self, w: SimWorker) -> None:
         """A (new) worker process starts: its own claimer and heartbeat, a shared view of the run."""
         w.up = True
+        w.provisioning_since = None
         holder = f"{w.index}.{w.restarts}"
         w.claimer = ChunkClaimer(
             store=self.store, layout=self.layout, view=self.view, worker=str(w.index), holder=holder,
@@ -279,6 +302,8 @@ class Fleet:
         self.segments.append(Segment(w.index, "work", s.start, self.clock.now, s.job.chunk))
         if marker is not None:
             self.markers += 1
+            self.done_units += self.units[s.job.chunk]
+            self._done.add(s.job.chunk)
             self.last_marker = self.clock.now
             w.chunks_done += 1
         w.session = None
@@ -332,7 +357,74 @@ class Fleet:
             self.segments.append(Segment(w.index, "wait", now, back))
         self.segments.append(Segment(w.index, "restart", back, back + self.config.restart_overhead_s))
         w.billed_since = back
+        w.provisioning_since = back
         self._at(back + self.config.restart_overhead_s, "ready", w)
+
+    # -- the deadline policy: the controller's decisions, every control interval --------------------
+    def _control(self, _: SimWorker) -> None:
+        assert self.deadline is not None
+        now = self.clock.now
+        gpus = [self.prices.get(g) for g in self.config.gpus]
+        new_rate = sum(self.config.base_rows_per_s * g.relative_speed for g in gpus) / len(gpus) / self.rows_per_unit
+        state = FleetState(
+            elapsed_s=now, total_rows=float(sum(self.units.values())), done_rows=float(self._units_done_now()),
+            # Spot workers up, or coming up on capacity already found (not those waiting for capacity).
+            spot_rate=sum(w.rate for w in self.workers if w.spot and w.exited_at is None and (
+                w.up or (w.provisioning_since is not None and w.provisioning_since <= now))),
+            on_demand=[OnDemandWorker(w.index, w.rate, w.up) for w in self.workers
+                       if w.extra and w.exited_at is None],
+            new_worker_rate=new_rate, new_worker_usd_h=sum(g.on_demand_usd_h for g in gpus) / len(gpus),
+            cost_so_far_usd=self._cost_until(now),
+            largest_chunk_rows=float(max((u for c, u in self.units.items() if c not in self._done), default=0)),
+            open_chunks=len(self.units) - len(self._done) - sum(1 for w in self.workers if w.up and w.session),
+        )  # fmt: skip
+        decision = decide(state, self.deadline)
+        if decision.action != "hold":
+            self.decisions.append(decision)
+        for _ in range(decision.launch):
+            self._launch_on_demand()
+        for index in decision.retire:
+            self._retire(self.workers[index])
+        self._at(now + self.config.control_interval_s, "control", self.workers[0], epoch=-1)
+
+    def _launch_on_demand(self) -> None:
+        gpu = self.rng.choice(self.config.gpus)
+        info = self.prices.get(gpu)
+        rate = self.config.base_rows_per_s * info.relative_speed / self.rows_per_unit
+        w = SimWorker(len(self.workers), gpu, rate, spot=False, price=info.on_demand_usd_h, extra=True)
+        self.workers.append(w)
+        self.on_demand_launched += 1
+        now = self.clock.now
+        w.billed_since = now
+        w.provisioning_since = now
+        self.segments.append(Segment(w.index, "restart", now, now + self.config.restart_overhead_s))
+        self._at(now + self.config.restart_overhead_s, "ready", w)
+
+    def _retire(self, w: SimWorker) -> None:
+        """`orch cancel` of one worker: SIGTERM, so it flushes what it finished and gives its lease back."""
+        now = self.clock.now
+        s = w.session
+        if s is not None:
+            try:
+                self._flush(w, self._units_done(w, now), now)
+                s.keeper.release()
+            except LeaseLost:
+                pass
+            self._close_session(w, now)
+        w.retired = True
+        w.epoch += 1  # its pending events (a start-up, a finish) are void
+        w.exited_at = now
+        w.up = False
+        self._bill(w, now)
+
+    def _units_done_now(self) -> int:
+        busy = sum(self.units[w.session.job.chunk] - len(w.session.remaining) + self._units_done(w, self.clock.now)
+                   for w in self.workers if w.session is not None)  # fmt: skip
+        return self.done_units + busy
+
+    def _cost_until(self, now: float) -> float:
+        return sum((w.billed_s + (now - w.billed_since if w.billed_since is not None else 0.0)) / 3600 * w.price
+                   for w in self.workers)  # fmt: skip
 
     # -- helpers ---------------------------------------------------------------------------------
     def _units_done(self, w: SimWorker, t: float) -> int:
@@ -422,6 +514,8 @@ class Fleet:
             cost_usd=sum(w.billed_s / 3600 * w.price for w in self.workers),
             chunks=len(self.entries), markers=self.markers, preemptions=self.preemptions, rescues=self.rescues,
             workers=[{"worker": w.index, "gpu": w.gpu, "spot": w.spot, "chunks_done": w.chunks_done,
-                      "restarts": w.restarts, "exited_at": w.exited_at, "billed_h": w.billed_s / 3600} for w in self.workers],
-            segments=self.segments,
+                      "restarts": w.restarts, "exited_at": w.exited_at, "billed_h": w.billed_s / 3600,
+                      "extra": w.extra} for w in self.workers],
+            segments=self.segments, deadline_s=self.deadline.deadline_s if self.deadline else None,
+            on_demand_launched=self.on_demand_launched, decisions=self.decisions,
         )  # fmt: skip

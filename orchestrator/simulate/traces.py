@@ -99,14 +99,13 @@ def load_trace(path: str | Path, gpus: list[str]) -> Trace:
 
 
 def bursty_trace(gpus: list[str], rate_per_hour: float, horizon_s: float, rng: random.Random, *,
-                 outages: int = 1, outage_s: float = 7200.0) -> Trace:  # fmt: skip
-    """Poisson preemptions plus `outages` windows with no spot capacity for one GPU type."""
+                 outages: int = 1, outage_s: float = 7200.0, within_s: float = 6 * 3600.0) -> Trace:  # fmt: skip
+    """Poisson preemptions plus `outages` windows, starting within `within_s`, with no spot capacity
+    at all for `outage_s`: every spot machine is taken away and none comes back until the end."""
     trace = poisson_trace(gpus, rate_per_hour, horizon_s, rng)
     for _ in range(outages):
-        start = rng.uniform(0, horizon_s / 4)
-        gpu = rng.choice(sorted(set(gpus)))
-        trace.outages.append(Outage(start=start, end=start + outage_s, gpu=gpu))
-        for worker, g in enumerate(gpus):
-            if g == gpu:
-                trace.preemptions[worker] = sorted([*trace.preemptions[worker], start])
+        start = rng.uniform(0, within_s)
+        trace.outages.append(Outage(start=start, end=start + outage_s))
+        for worker in range(len(gpus)):
+            trace.preemptions[worker] = sorted([*trace.preemptions[worker], start])
     return trace
