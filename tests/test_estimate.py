@@ -1,0 +1,71 @@
+"""Estimates before launch and while running: the table first, then the run's own measured speeds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.estimate import estimate
+from orchestrator.pricing import load_gpu_table
+from orchestrator.protocol.records import ChunkStats, ManifestEntry
+from orchestrator.store import open_store
+from tests.support.runs import Answer, answer_chunk, chat_request, make_run
+
+TABLE = load_gpu_table()
+
+
+def entries(n=10, rows=1000, max_tokens=256):
+    return [ManifestEntry(chunk=f"part_{i:05d}", key=f"chunks/part_{i:05d}.jsonl", rows=rows, bytes=rows * 300,
+                          est_prompt_tokens=rows * 60, max_output_tokens=rows * max_tokens) for i in range(n)]  # fmt: skip
+
+
+def test_before_any_chunk_finishes_the_table_gives_the_speeds():
+    est = estimate(TABLE, ["L4", "A100"], 4, entries(), {}, set(), preemptions_per_hour=0.25,
+                   restart_overhead_s=600, checkpoint_interval_s=60)  # fmt: skip
+    l4, a100 = est.candidates
+    # 10,000 rows x 128 tokens (half of max_tokens) over 4 workers at 1,100 tok/s: 290.9 s + 600 s start-up.
+    work_h = 10_000 * 128 / 4 / 1100 / 3600
+    assert l4.on_demand_hours == pytest.approx(work_h + 600 / 3600, abs=1e-3)
+    assert l4.on_demand_usd == pytest.approx(l4.on_demand_hours * 4 * TABLE.get("L4").on_demand_usd_h, abs=0.01)
+    # Spot: each preemption costs 600 s + 30 s, 0.25 per hour -> 4.375% of the time lost.
+    assert l4.spot_hours == pytest.approx(work_h / (1 - 0.25 * 630 / 3600) + 600 / 3600, abs=1e-3)
+    assert a100.tokens_per_s == pytest.approx(1100 * TABLE.get("A100").relative_speed)
+    assert l4.cheapest_per_hour and est.fleet is l4 and not l4.measured
+
+
+def test_measured_speeds_replace_the_table_and_scale_the_gpus_not_seen():
+    stats = {f"part_0000{i}": (0.0, ChunkStats(rows=1000, errors=0, tokens_in=0, tokens_out=50_000, seconds=100.0,
+                                                worker="0", accelerator="NVIDIA L4")) for i in range(2)}  # fmt: skip
+    done = set(stats)
+    est = estimate(TABLE, ["L4", "A100"], 2, entries(), stats, done)
+    tp = est.throughput
+    assert tp.tokens_per_s["L4"] == 500.0 and tp.measured == {"L4": 2}
+    assert tp.tokens_per_s["A100"] == pytest.approx(500.0 * TABLE.get("A100").relative_speed)
+    assert tp.tokens_per_row == 50.0 and tp.tokens_per_row_measured
+    assert est.rows_left == 8000 and est.tokens_left == 8000 * 50
+
+
+def test_plan_estimate_on_the_command_line(tmp_path, capsys):
+    store = open_store(str(tmp_path / "store"))
+    make_run(store, "e", [[chat_request(f"c{c}-{i}", "q", max_tokens=100) for i in range(10)] for c in range(4)],
+             model="m")  # fmt: skip
+    argv = ["plan", "--run", "e", "--store", str(tmp_path / "store"), "--workers", "2", "--estimate"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Estimate: 40 of 40 rows left, 50 output tokens/row (assumed: half of max_tokens), 2 workers" in out
+    assert "L4 *" in out and "on demand" in out
+    assert main(argv + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {c["gpu"] for c in doc["estimate"]["candidates"]} >= {"L4", "A100"}
+
+
+def test_status_estimates_what_is_left(tmp_path, capsys):
+    store = open_store(str(tmp_path / "store"))
+    layout = make_run(store, "e", [[chat_request(f"c{c}-{i}", "q") for i in range(10)] for c in range(4)], model="m")
+    answer_chunk(store, layout, "part_00000", [[Answer(i, f"c0-{i}", "x") for i in range(10)]], seconds=20)
+    assert main(["status", "--run", "e", "--store", str(tmp_path / "store"), "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)["estimate"]
+    assert est["gpu"] == "L4" and est["measured"]  # answer_chunk finishes on an "NVIDIA L4"
+    assert 0 < est["spot_usd"] < est["on_demand_usd"] and est["spot_hours"] >= est["on_demand_hours"]
