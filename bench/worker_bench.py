@@ -56,29 +56,31 @@ def skypilot_batches(prompts: list[str]) -> Iterator[list[str]]:
         yield batch
 
 
-def engine_variants(llm, model: str, prompts: list[str], max_tokens: int, checkpoint_s: float,
+def engine_variants(llm, model: str, prompts: list[str], lengths: list[int], checkpoint_s: float,
                     chunks: int) -> dict[str, Any]:  # fmt: skip
+    """Each prompt i is answered with exactly lengths[i] tokens (ignore_eos), in every variant."""
     from vllm import SamplingParams
 
     from orchestrator.spec import ModelSpec
     from worker.engine.vllm_engine import VllmEngine
 
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for n in lengths]
     messages = [[{"role": "user", "content": p}] for p in prompts]
-    llm.chat(messages[:8], params, use_tqdm=False)  # warm-up: first-call allocations
+    llm.chat(messages[:8], params[:8], use_tqdm=False)  # warm-up: first-call allocations
 
     def ceiling() -> int:
         return sum(len(c.token_ids) for o in llm.chat(messages, params, use_tqdm=False) for c in o.outputs)
 
     def skypilot_loop() -> int:
-        tokens = 0
+        tokens, start = 0, 0
         for batch in skypilot_batches(prompts):
-            outs = llm.chat([[{"role": "user", "content": p}] for p in batch], params, use_tqdm=False)
+            outs = llm.chat(messages[start:start + len(batch)], params[start:start + len(batch)], use_tqdm=False)
+            start += len(batch)
             tokens += sum(len(c.token_ids) for o in outs for c in o.outputs)
         return tokens
 
     def orch_worker() -> int:
-        store, spec = bench_run(prompts, model, max_tokens, checkpoint_s, chunks=chunks)
+        store, spec = bench_run(prompts, model, lengths, checkpoint_s, chunks=chunks)
         summary = run_worker(store, spec, lambda: VllmEngine(ModelSpec(name=model), llm=llm))
         assert summary["requests"] == len(prompts) and summary["errors"] == 0, summary
         return summary["tokens_out"]
@@ -90,21 +92,21 @@ def engine_variants(llm, model: str, prompts: list[str], max_tokens: int, checkp
         started = time.perf_counter()
         tokens = fn()
         wall = time.perf_counter() - started
-        assert tokens == len(prompts) * max_tokens, (name, tokens)
+        assert tokens == sum(lengths), (name, tokens)
         results[name] = {"seconds": wall, "tokens_out": tokens, "tokens_per_s": tokens / wall}
         print(f"  {name}: {wall:.1f} s, {tokens / wall:,.0f} tok/s", flush=True)
     return results
 
 
-def bench_run(prompts: list[str], model: str, max_tokens: int, checkpoint_s: float, chunks: int = 4):
-    """A prepared and planned run in a fresh local store: (store, spec)."""
+def bench_run(prompts: list[str], model: str, lengths: list[int], checkpoint_s: float, chunks: int = 4):
+    """A prepared and planned run in a fresh local store: (store, spec). Row i asks for lengths[i] tokens."""
     from orchestrator.spec import load_spec
     from orchestrator.store import open_store
     from tests.support.runs import chat_request, make_run
 
     store = open_store(tempfile.mkdtemp(prefix="orch-bench-worker-"))
     per = -(-len(prompts) // chunks)
-    rows = [[chat_request(f"r{i}", p, max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+    rows = [[chat_request(f"r{i}", p, max_tokens=lengths[i], ignore_eos=True, temperature=0.0)
              for i, p in enumerate(prompts[c * per:(c + 1) * per], start=c * per)] for c in range(chunks)]  # fmt: skip
     flags = {"workers.checkpoint_interval": checkpoint_s}
     make_run(store, "bench", rows, model=model, workers=1, spec_flags=flags)
@@ -211,17 +213,24 @@ def main() -> None:
     chunks, max_tokens = (1, 8) if quick else (2, 16)
     count = chunks * max_seqs
     prompts = conversations(count)
+    if "--varied" in sys.argv:
+        # Answers of different lengths (1 to 4x max_tokens): each chunk ends with a tail of long ones.
+        rng = random.Random(7)
+        lengths = [rng.randint(max_tokens // 4, 4 * max_tokens) for _ in prompts]
+    else:
+        lengths = [max_tokens] * count
     print(f"SmolLM2-135M-Instruct on vLLM ({os.cpu_count()} CPUs, max_num_seqs {max_seqs}), {count} conversations "
-          f"x {max_tokens} tokens, {chunks} chunk(s) for the worker")  # fmt: skip
-    res = engine_variants(llm, model, prompts, max_tokens, checkpoint_s=5.0, chunks=chunks)
+          f"x {min(lengths)}-{max(lengths)} tokens, {chunks} chunk(s) for the worker")  # fmt: skip
+    res = engine_variants(llm, model, prompts, lengths, checkpoint_s=5.0, chunks=chunks)
     a, b, c = (res[k]["tokens_per_s"] for k in res)
     print(table([[name, r["seconds"], r["tokens_per_s"], r["tokens_per_s"] / a] for name, r in res.items()],
                 ["", "seconds", "tokens/s", "x ceiling"]))  # fmt: skip
     print(f"(c)/(a) = {c / a:.3f} (target >= 0.95); (c)/(b) = {c / b:.2f}")
     print("worker memory beyond the engine:")
     memory = worker_memory(20_000 if quick else 100_000)
-    save("worker_bench", {
-        "model": "SmolLM2-135M-Instruct", "conversations": count, "max_tokens": max_tokens, "checkpoint_interval_s": 5.0,
+    save("worker_bench_varied" if "--varied" in sys.argv else "worker_bench", {
+        "model": "SmolLM2-135M-Instruct", "conversations": count, "output_tokens": [min(lengths), max(lengths)],
+        "checkpoint_interval_s": 5.0,
         "chunks": chunks, "max_num_seqs": max_seqs,
         "variants": {k: {kk: round(vv, 3) for kk, vv in v.items()} for k, v in res.items()},
         "c_over_a": round(c / a, 3), "c_over_b": round(c / b, 3), "target_c_over_a": 0.95, "memory": memory,

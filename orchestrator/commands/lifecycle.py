@@ -200,6 +200,8 @@ def _watch(ctx, launcher, interval: float, retries: int | None = None, deadline=
         raise IncompleteRun(f"run {ctx.layout.run!r} was cancelled with {report.chunks_total - report.chunks_done} "
                             "chunk(s) left", hint="orch resume --follow continues it")  # fmt: skip
     details = "\n  ".join(f"worker {w}: {why}" for w, why in sorted(report.exhausted.items()))
+    if report.decision is not None and report.decision.action == "budget":
+        details = "\n  ".join(x for x in (details, report.decision.reason) if x)
     raise IncompleteRun(
         f"run {ctx.layout.run!r} stopped with {report.chunks_total - report.chunks_done} chunk(s) left"
         + (f":\n  {details}" if details else ""),
