@@ -131,20 +131,17 @@ class InstantEngine:
 
     def __init__(self, answer_chars: int = 1200, window: int = 256):
         self.text = ("lorem ipsum dolor sit amet " * (answer_chars // 27 + 1))[:answer_chars]
-        self.window = window
+        self.capacity = window
 
     def run(self, requests):
-        from worker.engine.base import RowResult
+        from worker.engine.base import RowResult, take_window
         from worker.outputs import Choice, success_line
 
-        while True:
-            batch = [r for _, r in zip(range(self.window), requests)]
-            if not batch:
-                return
+        while (batch := take_window(requests, self.capacity)) is not None:
             yield [RowResult(r.index, r.custom_id, success_line(r, [Choice(self.text, "length", 256, None)], 60, "m"),
-                             60, 256, False) for r in batch]  # fmt: skip
+                             60, 256, False, r.chunk) for r in batch]  # fmt: skip
 
-    def abort(self) -> None: ...
+    def abort(self, chunk: str | None = None) -> None: ...
     def close(self) -> None: ...
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -20,6 +21,7 @@ from orchestrator.controller.jobs import read_jobs
 from orchestrator.controller.launch import launch_workers
 from orchestrator.controller.planning import ensure_plan
 from orchestrator.controller.reconcile import Reconciler, watch
+from orchestrator.protocol.heartbeats import read_heartbeats
 from tests.support.datasets import write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -103,11 +105,11 @@ def test_watch_gives_up_when_the_retry_budget_is_spent(workdir, capsys):
 
 
 def test_chaos_workers_killed_again_and_again_still_answer_every_row_once(workdir, tiny_model):
-    """kill -9 random worker processes while the loop relaunches them: nothing lost, nothing twice."""
-    data = questions(workdir / "q.jsonl", 1200)
+    """kill -9 worker processes in the middle of chunks, again and again, while the loop relaunches
+    them: nothing lost, nothing twice."""
+    data = questions(workdir / "q.jsonl", 2400)
     (workdir / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 48\n  ignore_eos: true\n" if False else
-        "sampling:\n  max_tokens: 48\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 6\n"
+        "sampling:\n  max_tokens: 160\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 6\n"
     )
     assert main(["prepare", str(data), "--run", "chaos", "--num-chunks", "6", "--id-column", "id"]) == 0
     ctx = resolve_spec(None, {"run": "chaos", "model.name": tiny_model}, freeze=True)
@@ -117,20 +119,26 @@ def test_chaos_workers_killed_again_and_again_still_answer_every_row_once(workdi
     kills, stop = [], threading.Event()
     rng = random.Random(5)
 
+    def mid_chunk_jobs() -> list[str]:
+        """Live jobs whose worker is part-way through a chunk (its heartbeat says so)."""
+        beats = read_heartbeats(ctx.store, ctx.layout)
+        record, _ = read_jobs(ctx.store, ctx.layout)
+        return [a.job_id for w, a in record.current_jobs().items()
+                if (beat := beats.get(str(w))) and beat["state"] == "running" and beat["chunk_rows_done"] > 0
+                and launcher.statuses([a.job_id])[a.job_id].state.is_live()]  # fmt: skip
+
     def chaos():
-        time.sleep(25)  # let the first workers load their engines
-        while not stop.wait(rng.uniform(4, 9)) and len(kills) < 6:
-            record, _ = read_jobs(ctx.store, ctx.layout)
-            live = [a.job_id for a in record.current_jobs().values()
-                    if launcher.statuses([a.job_id])[a.job_id].state.is_live()]  # fmt: skip
-            if live:
-                job = rng.choice(live)
-                pid = int(job.split("-")[1])
-                try:
-                    os.killpg(pid, signal.SIGKILL)  # the shell and the worker: no exit code recorded
-                    kills.append(job)
-                except ProcessLookupError:
-                    pass
+        # Kills follow progress, not the clock: each one lands in a chunk some rows into it.
+        while not stop.is_set() and len(kills) < 5:
+            victims = mid_chunk_jobs()
+            if not victims:
+                stop.wait(0.3)
+                continue
+            job = rng.choice(victims)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(job.split("-")[1]), signal.SIGKILL)  # the shell and the worker: no exit code
+                kills.append(job)
+            stop.wait(rng.uniform(1, 3))
 
     thread = threading.Thread(target=chaos, daemon=True)
     thread.start()
@@ -143,4 +151,4 @@ def test_chaos_workers_killed_again_and_again_still_answer_every_row_once(workdi
     assert len(kills) >= 3, f"only {len(kills)} kills happened"
     assert main(["collect", "--run", "chaos", "--out", str(workdir / "chaos.jsonl")]) == 0
     ids = collected_ids(workdir / "chaos.jsonl")
-    assert ids == [f"q{i}" for i in range(1200)]
+    assert ids == [f"q{i}" for i in range(2400)]

@@ -19,6 +19,7 @@ class ProgressReporter:
         self._done = 0
         self._last = 0.0
         self._chunk_started = 0.0
+        self._started: dict[str, float] = {}
 
     def note(self, text: str) -> None:
         self._clear_bar()
@@ -27,11 +28,13 @@ class ProgressReporter:
     def start_chunk(self, chunk: str, rows: int, already_done: int) -> None:
         self._chunk, self._rows, self._done = chunk, rows, already_done
         self._chunk_started = self._last = time.monotonic()
+        self._started[chunk] = self._chunk_started
         resumed = f", resuming after {already_done} flushed rows" if already_done else ""
         self.note(f"{chunk}: {rows} rows{resumed}")
 
-    def advance(self, n: int, totals: Any) -> None:
-        self._done += n
+    def advance(self, rows: list[Any], totals: Any) -> None:
+        """Rows finished; those of the chunk shown (the newest) move its bar."""
+        self._done += sum(1 for r in rows if r.chunk is None or r.chunk == self._chunk)
         now = time.monotonic()
         if self.interactive:
             self._draw_bar(totals)
@@ -40,7 +43,7 @@ class ProgressReporter:
             self.note(self._status(totals))
 
     def finish_chunk(self, chunk: str, rows: int, errors: int) -> None:
-        took = time.monotonic() - self._chunk_started
+        took = time.monotonic() - self._started.pop(chunk, self._chunk_started)
         self.note(f"{chunk}: done, {rows} rows ({errors} errors) in {took:.1f}s")
 
     def close(self) -> None:

@@ -61,6 +61,7 @@ class EngineRequest:
     messages: list[dict[str, Any]] | None
     prompt: str | None
     params: GenerationParams
+    chunk: str | None = None  # set by the worker: where the row's answer goes
 
 
 class BadRequest(ValueError):

@@ -4,13 +4,16 @@ One `Worker` is one process with one engine. Per chunk:
 1. Take the lease (ChunkClaimer); skip the chunk if its marker appeared meanwhile.
 2. Resume: rows already in checkpointed parts are not run again.
 3. Stream the chunk's request lines into the engine, which pulls them as it has room; bad lines
-   become error rows without reaching the engine.
-4. Every `checkpoint_interval` seconds (or MAX_BUFFERED_ROWS rows) flush finished rows as a part
-   (renewing the lease first);
-   on SIGTERM/SIGINT flush what is finished, give the lease back and stop.
-5. When every row is flushed, write the done marker (create-if-absent).
-A background thread renews the lease and publishes the heartbeat; if the lease is lost, the loop
-drops the chunk at the next engine step.
+   become error rows without reaching the engine. Once the chunk is handed over and the engine
+   has room it cannot fill, steps 1-2 run for the next chunk, whose requests fill the batch while
+   the current chunk's last rows finish: one engine run over all our chunks, never drained
+   between two of them, and never more than two chunks in hand.
+4. Every `checkpoint_interval` seconds (or MAX_BUFFERED_ROWS rows) flush a chunk's finished rows
+   as a part (renewing its lease first); on SIGTERM/SIGINT flush what is finished, give the
+   leases back and stop.
+5. When every row of a chunk is flushed, write its done marker (create-if-absent).
+A background thread renews the leases and publishes the heartbeat; if a lease is lost, the loop
+drops that chunk (and aborts its requests in the engine) at the next engine step.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from orchestrator.protocol.checkpoints import ChunkJob
 from orchestrator.protocol.claims import ChunkClaimer, PlanIndex, RunView
 from orchestrator.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.leases import HeldLease, LeaseKeeper, LeaseLost
+from orchestrator.protocol.leases import LeaseKeeper, LeaseLost
 from orchestrator.protocol.records import Heartbeat, ManifestEntry, PlanRecord, parse_record, read_jsonl
 from orchestrator.spec import RunSpec, spec_hash
 from orchestrator.store import NotFound, Store
@@ -46,6 +49,9 @@ log = logging.getLogger("orch.worker")
 #: Finished rows held between checkpoints, at most: bounds the worker's memory when the engine
 #: outruns the checkpoint interval (a fast GPU, short answers), whatever the chunk's size.
 MAX_BUFFERED_ROWS = 4096
+#: Chunks with rows in the engine at once: the one finishing and the next, which fills the batch
+#: as the first one's last rows drain.
+MAX_CHUNKS_IN_ENGINE = 2
 
 
 class Shutdown(Exception):
@@ -89,7 +95,7 @@ class Totals:
         self.errors += sum(r.error for r in rows)
         self.tokens_in += sum(r.tokens_in for r in rows)
         self.tokens_out += sum(r.tokens_out for r in rows)
-        self.chunk_rows_done += len(rows)
+        self.chunk_rows_done += sum(1 for r in rows if r.chunk == self.chunk)
 
     def rows_per_s(self) -> float | None:
         return self.requests / self.busy_s if self.busy_s > 1 and self.requests else None
@@ -109,6 +115,22 @@ class Totals:
             "chunks_lost": self.chunks_lost,
             "wall_s": round(wall_s, 3),
         }
+
+
+@dataclass
+class _Active:
+    """A chunk in the engine: its lease and checkpoints, and the rows finished but not flushed yet."""
+
+    entry: ManifestEntry
+    job: ChunkJob
+    keeper: LeaseKeeper
+    last_flush: float
+    skip: set[int]  # rows flushed by an earlier pass
+    buffer: list[RowResult] = field(default_factory=list)
+    side_errors: list[RowResult] = field(default_factory=list)
+    outstanding: int = 0  # handed to the engine, not finished
+    fed: bool = False  # every line read: handed to the engine or set aside as an error row
+    rows_done: int = 0
 
 
 class Worker:
@@ -135,7 +157,9 @@ class Worker:
         self.totals = Totals(started_at=clock())
         self.progress = progress or ProgressReporter(stream=sys.stderr)
         self._engine: Engine | None = None
-        self._keeper: LeaseKeeper | None = None
+        self._active: dict[str, _Active] = {}  # chunks in the engine, oldest first
+        self._keepers: dict[str, LeaseKeeper] = {}  # the leases we hold, renewed in the background
+        self._opened = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._publisher = HeartbeatPublisher(
@@ -154,7 +178,7 @@ class Worker:
         """Work until no chunk is left for us. Returns the summary; raises Shutdown on SIGTERM."""
         started = self.clock()
         manifest = self._manifest()
-        rows = {e.chunk: e for e in manifest}
+        entries = {e.chunk: e for e in manifest}
         index = PlanIndex.build(self._plan(), {e.chunk: float(e.est_tokens) for e in manifest})
         claimer = ChunkClaimer(
             store=self.store, layout=self.layout, view=RunView(self.store, self.layout, index),
@@ -165,18 +189,18 @@ class Worker:
         beat.start()
         status = "SUCCESS"
         try:
-            while not self._stop.is_set():
-                if self.max_chunks is not None and self.totals.chunks_done >= self.max_chunks:
-                    break
-                held = claimer.next_chunk()
-                if held is None:
-                    break
-                self._work_on(held, rows[held.chunk])
+            first = self._open_next(claimer, entries)
+            if first is not None:
+                self._pump(self._engine_loaded(), claimer, entries, first)  # loaded for the first chunk
         except Shutdown:
             status = "INTERRUPTED"
             raise
         except BaseException:
             status = "FAILED"
+            # Whatever failed (the engine, the store), our chunks are free for others at once.
+            for active in self._drop_all():
+                with contextlib.suppress(Exception):
+                    active.keeper.release()
             raise
         finally:
             self._stop.set()
@@ -195,87 +219,166 @@ class Worker:
 
     _shutdown_requested = False
 
-    def _work_on(self, held: HeldLease, entry: ManifestEntry) -> None:
-        keeper = LeaseKeeper(self.store, self.layout, held, ttl=self.settings.lease_ttl, clock=self.clock)
-        if self.store.head(self.layout.done(entry.chunk)) is not None:
-            self.store.delete(self.layout.lease(entry.chunk))  # finished by someone else meanwhile
-            return
-        with self._lock:
-            self._keeper = keeper  # renewed in the background from here on, model loading included
-        try:
-            engine = self._engine_loaded()
-            job = ChunkJob(self.store, self.layout, keeper, part_codec(self.settings.output_format, entry.chunk),
-                           self.clock, chunk_rows=entry.rows)  # fmt: skip
-            point = job.resume()
-            with self._lock:
-                self.totals.chunk, self.totals.chunk_rows = entry.chunk, entry.rows
-                self.totals.chunk_rows_done = len(point.done_rows)
-            self._publish(state="running")
-            self.progress.start_chunk(entry.chunk, entry.rows, len(point.done_rows))
-            self._run_chunk(engine, job, entry, point.done_rows)
-        except LeaseLost as lost:
-            if self._engine is not None:
-                self._engine.abort()
-            self.totals.chunks_lost += 1
-            log.warning("worker %s: %s; dropping the chunk", self.identity.worker, lost)
-            self.progress.note(f"{entry.chunk}: lease lost to {lost.by or 'another worker'}; chunk dropped")
-        except Shutdown:
-            raise  # the lease was given back already, after the last flush
-        except BaseException:
-            # Whatever failed (the engine, the store), the chunk is free for others at once.
-            with contextlib.suppress(Exception):
-                keeper.release()
-            raise
-        finally:
-            with self._lock:
-                self._keeper = None
-                self.totals.chunk = None
-
-    def _run_chunk(self, engine: Engine, job: ChunkJob, entry: ManifestEntry, skip: set[int]) -> None:
-        """Steps 3-5 of the module docstring."""
-        side_errors: list[RowResult] = []
-        buffer: list[RowResult] = []
-        last_flush = self.clock()
+    def _pump(self, engine: Engine, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], first: _Active) -> None:
+        """Steps 3-5 of the module docstring, for every chunk we get, through one engine run."""
         busy_from = time.monotonic()
         try:
-            with contextlib.closing(engine.run(self._requests(entry, skip, side_errors))) as steps:
+            with contextlib.closing(engine.run(self._feed(claimer, entries, engine, first))) as steps:
                 for finished in steps:
-                    self._take(buffer, finished + side_errors)
-                    side_errors.clear()
-                    if job.keeper.lost is not None:
-                        raise job.keeper.lost
-                    if self._shutdown_requested:
-                        engine.abort()
-                        self._flush(job, buffer)
-                        job.keeper.release()
-                        raise Shutdown()
-                    if (self.clock() - last_flush >= self.settings.checkpoint_interval
-                            or len(buffer) >= MAX_BUFFERED_ROWS):  # fmt: skip
-                        self._flush(job, buffer)
-                        buffer.clear()
-                        last_flush = self.clock()
-            self._take(buffer, side_errors)  # bad lines after the last request the engine took
-            self._flush(job, buffer)
+                    self._route(finished)
+                    self._after_step(engine)
+            self._after_step(engine)  # chunks whose last lines were bad (never reached the engine)
         finally:
             self.totals.busy_s += time.monotonic() - busy_from
-        marker = job.complete(
+        for active in self._drop_all():  # only after an engine that stopped early: free the chunk
+            with contextlib.suppress(Exception):
+                active.keeper.release()
+
+    def _feed(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine,
+              active: _Active | None) -> Iterator[EngineRequest | None]:  # fmt: skip
+        """The requests of our chunks, one chunk after another, pulled by the engine as it has room.
+
+        The next chunk is claimed just in time: once the current one is handed over entirely and
+        the engine has room the chunks in it cannot fill (fewer than `capacity` rows unfinished,
+        and at most one other chunk still in the engine). Its requests then join the batch while
+        the current chunk's last rows generate. Until then the engine hears "nothing for now", so
+        a worker never holds leases on more than it is about to work on.
+        """
+        while active is not None:
+            chunk = active.entry.chunk
+            for request in self._requests(active.entry, active.skip, active.side_errors):
+                if chunk not in self._active:
+                    break  # lease lost meanwhile: the chunk is someone else's
+                request.chunk = chunk
+                active.outstanding += 1
+                yield request
+            active.fed = True
+            while not self._shutdown_requested and not self._room_for_another(engine):
+                yield None
+            if self._shutdown_requested:
+                return
+            active = self._open_next(claimer, entries)
+
+    def _room_for_another(self, engine: Engine) -> bool:
+        in_engine = [a.outstanding for a in self._active.values() if a.outstanding > 0]
+        return len(in_engine) < MAX_CHUNKS_IN_ENGINE and sum(in_engine) < engine.capacity
+
+    def _open_next(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> _Active | None:
+        """Step 1 and 2: take the next chunk's lease and resume it."""
+        while not self._shutdown_requested:
+            if self.max_chunks is not None and self._opened >= self.max_chunks:
+                return None
+            held = claimer.next_chunk()
+            if held is None:
+                return None
+            entry = entries[held.chunk]
+            keeper = LeaseKeeper(self.store, self.layout, held, ttl=self.settings.lease_ttl, clock=self.clock)
+            if self.store.head(self.layout.done(entry.chunk)) is not None:
+                self.store.delete(self.layout.lease(entry.chunk))  # finished by someone else meanwhile
+                continue
+            with self._lock:
+                self._keepers[entry.chunk] = keeper  # renewed in the background from here on
+            try:
+                self._engine_loaded()  # the first time: once we know there is work
+                job = ChunkJob(self.store, self.layout, keeper, part_codec(self.settings.output_format, entry.chunk),
+                               self.clock, chunk_rows=entry.rows)  # fmt: skip
+                point = job.resume()
+            except BaseException:
+                self._drop(entry.chunk)
+                with contextlib.suppress(Exception):
+                    keeper.release()
+                raise
+            active = _Active(entry, job, keeper, last_flush=self.clock(), skip=point.done_rows)
+            with self._lock:
+                self._active[entry.chunk] = active
+                self.totals.chunk, self.totals.chunk_rows = entry.chunk, entry.rows
+                self.totals.chunk_rows_done = len(point.done_rows)
+            self._opened += 1
+            self._publish(state="running")
+            self.progress.start_chunk(entry.chunk, entry.rows, len(point.done_rows))
+            return active
+        return None
+
+    def _route(self, finished: list[RowResult]) -> None:
+        """Finished rows to the buffers of their chunks (rows of a chunk we lost are dropped)."""
+        kept = []
+        for row in finished:
+            active = self._active.get(row.chunk) if row.chunk is not None else None
+            if active is None:
+                continue
+            active.outstanding -= 1
+            active.rows_done += 1
+            active.buffer.append(row)
+            kept.append(row)
+        self._count(kept)
+
+    def _after_step(self, engine: Engine) -> None:
+        if self._shutdown_requested:
+            engine.abort()
+            for active in self._drop_all():
+                with contextlib.suppress(LeaseLost):
+                    self._flush(active)
+                    active.keeper.release()
+            raise Shutdown()
+        now = self.clock()
+        for chunk, active in list(self._active.items()):
+            try:
+                if active.keeper.lost is not None:
+                    raise active.keeper.lost
+                if active.side_errors:
+                    active.rows_done += len(active.side_errors)
+                    active.buffer.extend(active.side_errors)
+                    self._count(active.side_errors)
+                    active.side_errors = []
+                if active.fed and active.outstanding == 0:
+                    self._flush(active)
+                    self._complete(active, engine)
+                elif (now - active.last_flush >= self.settings.checkpoint_interval
+                      or len(active.buffer) >= MAX_BUFFERED_ROWS):  # fmt: skip
+                    self._flush(active)
+                    active.last_flush = now
+            except LeaseLost as lost:
+                self._drop(chunk)
+                engine.abort(chunk)
+                self.totals.chunks_lost += 1
+                log.warning("worker %s: %s; dropping the chunk", self.identity.worker, lost)
+                self.progress.note(f"{chunk}: lease lost to {lost.by or 'another worker'}; chunk dropped")
+
+    def _count(self, rows: list[RowResult]) -> None:
+        if rows:
+            with self._lock:
+                self.totals.add(rows)
+            self.progress.advance(rows, self.totals)
+
+    def _flush(self, active: _Active) -> None:
+        active.job.checkpoint(active.buffer)  # renews the lease first: LeaseLost if it is gone
+        active.buffer = []
+        self._publish()
+
+    def _complete(self, active: _Active, engine: Engine) -> None:
+        marker = active.job.complete(
             worker=self.identity.worker, model=self.spec.model.name or "", spec_hash=self.spec_hash,
             accelerator=self.identity.accelerator or engine.accelerator,
         )  # fmt: skip
+        self._drop(active.entry.chunk)
         if marker is not None:
             self.totals.chunks_done += 1
-            self.progress.finish_chunk(entry.chunk, marker.rows, marker.errors)
+            self.progress.finish_chunk(active.entry.chunk, marker.rows, marker.errors)
 
-    def _take(self, buffer: list[RowResult], finished: list[RowResult]) -> None:
-        if finished:
-            buffer.extend(finished)
-            with self._lock:
-                self.totals.add(finished)
-            self.progress.advance(len(finished), self.totals)
+    def _drop(self, chunk: str) -> _Active | None:
+        with self._lock:
+            self._keepers.pop(chunk, None)
+            active = self._active.pop(chunk, None)
+            if self.totals.chunk == chunk:
+                # The heartbeat shows the chunk still in hand, if any.
+                other = next(iter(self._active.values()), None)
+                self.totals.chunk = other.entry.chunk if other else None
+                self.totals.chunk_rows = other.entry.rows if other else 0
+                self.totals.chunk_rows_done = (len(other.skip) + other.rows_done) if other else 0
+        return active
 
-    def _flush(self, job: ChunkJob, buffer: list[RowResult]) -> None:
-        job.checkpoint(buffer)
-        self._publish()
+    def _drop_all(self) -> list[_Active]:
+        return [a for a in (self._drop(c) for c in list(self._active)) if a is not None]
 
     def _requests(self, entry: ManifestEntry, skip: set[int], side_errors: list[RowResult]) -> Iterator[EngineRequest]:
         """The chunk's lines as engine requests, streamed; bad lines go to `side_errors` instead."""
@@ -287,6 +390,7 @@ class Worker:
                 if isinstance(parsed, EngineRequest):
                     yield parsed
                 else:
+                    parsed.chunk = entry.chunk
                     side_errors.append(parsed)
 
     # -- the engine, loaded once we know there is work -------------------------------------
@@ -305,8 +409,8 @@ class Worker:
         interval = min(self.settings.heartbeat_interval, self.settings.lease_ttl / 3)
         while not self._stop.wait(interval):
             with self._lock:
-                keeper = self._keeper
-            if keeper is not None:
+                keepers = list(self._keepers.values())
+            for keeper in keepers:
                 with contextlib.suppress(LeaseLost):
                     keeper.renew_if_due()
             with contextlib.suppress(Exception):

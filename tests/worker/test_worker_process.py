@@ -231,3 +231,27 @@ def test_worker_flushes_when_its_buffer_is_full_whatever_the_interval(tiny_engin
     marker = DoneMarker.model_validate_json(store.get(layout.done(chunk_id(0, 1))).data)
     assert [p.rows for p in marker.parts] == [8, 8, 8, 6]
     assert sum(answered(store, layout).values()) == 30
+
+
+def test_worker_feeds_the_next_chunk_before_the_current_one_drains(tiny_engine, tiny_model, tmp_path):
+    """One engine run over all chunks: the next chunk's requests join while the last rows of the
+    current one generate, so the batch never empties between chunks; but never more than two
+    chunks are in hand, so a worker does not sit on leases it is not about to work on."""
+    from orchestrator.spec import load_spec
+    from worker import runner
+
+    store = open_store(str(tmp_path / "store"))
+    # Chunk c's longest answer is 24 * (c + 1) tokens: each chunk outlasts the one before it.
+    chunks = [[chat_request(f"p{c}-{i}", f"Item {i}", max_tokens=2 * (i + 1) * (c + 1), ignore_eos=True)
+               for i in range(12)] for c in range(4)]  # fmt: skip
+    layout = make_run(store, "pipe", chunks, model=tiny_model)
+    spec = load_spec(None, {"run": "pipe", "store": store.uri, "model.name": tiny_model}, env={}, default_file=False)
+    summary = runner.Worker(store, spec, runner.WorkerIdentity.new("0", 0), lambda: tiny_engine).run()
+    assert summary["requests"] == 48 and summary["chunks_done"] == 4
+    markers = [DoneMarker.model_validate_json(store.get(layout.done(chunk_id(c, 4))).data) for c in range(4)]
+    for earlier, later in zip(markers, markers[1:]):
+        assert later.started_at < earlier.finished_at  # taken (and fed) before the earlier one finished
+    for first, third in zip(markers, markers[2:]):
+        assert third.started_at >= first.finished_at  # ...but only one chunk ahead
+    seen = answered(store, layout)
+    assert len(seen) == 48 and set(seen.values()) == {1}

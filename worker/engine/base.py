@@ -19,20 +19,43 @@ class RowResult:
     tokens_in: int
     tokens_out: int
     error: bool
+    #: The chunk the request came from (set by the engine from EngineRequest.chunk).
+    chunk: str | None = None
 
 
 class Engine(Protocol):
     name: str
     #: What it runs on: "cpu", or the GPU's name ("NVIDIA L4").
     accelerator: str | None
+    #: How many requests it works on at once (vLLM's max_num_seqs): the worker keeps at least
+    #: this many in its hands before it claims another chunk.
+    capacity: int
 
-    def run(self, requests: Iterator["EngineRequest"]) -> Iterator[list[RowResult]]:
+    def run(self, requests: Iterator["EngineRequest | None"]) -> Iterator[list[RowResult]]:
         """Pull requests as the engine has room (a bounded window, so a 100,000-row chunk never
         sits in memory), and yield after every engine step the rows that finished in it, possibly
         none, so the caller can checkpoint and check for stop requests between steps. Ends when
-        the requests are exhausted and every row has finished."""
+        the requests are exhausted and every row has finished. Requests may come from several
+        chunks: each row result carries its request's chunk.
 
-    def abort(self) -> None:
-        """Drop the requests in flight (lease lost, shutdown); the current run() ends."""
+        A `None` from `requests` means "nothing more for now": step what is in flight and ask
+        again. The worker sends it only while rows it handed over are unfinished."""
+
+    def abort(self, chunk: str | None = None) -> None:
+        """Drop the requests in flight of one chunk (its lease was lost), or all of them (shutdown:
+        the current run() ends)."""
 
     def close(self) -> None: ...
+
+
+def take_window(requests: Iterator["EngineRequest | None"], size: int) -> list["EngineRequest"] | None:
+    """Up to `size` requests for an engine that works a window at a time: fewer when the worker
+    has nothing more for now, None once the requests are exhausted."""
+    window: list["EngineRequest"] = []
+    for request in requests:
+        if request is None:
+            return window
+        window.append(request)
+        if len(window) == size:
+            return window
+    return window or None

@@ -12,7 +12,7 @@ from collections import defaultdict
 from typing import Any, Iterator
 
 from orchestrator.spec import ModelSpec
-from worker.engine.base import RowResult
+from worker.engine.base import RowResult, take_window
 from worker.outputs import Choice, TokenLogprob, error_line, success_line
 from worker.requests import EngineRequest, GenerationParams
 
@@ -40,15 +40,20 @@ class TransformersEngine:
         self.max_model_len = spec.max_model_len or getattr(self.model.config, "max_position_embeddings", 2048)
         self.batch_size = batch_size
         self.window = max_in_flight or 4 * batch_size
+        self.capacity = self.window  # a window is generated before the next is taken
         self.accelerator = torch.cuda.get_device_name(0) if self.device == "cuda" else "cpu"
         self._aborted = False
+        self._dropped: set[str] = set()
 
-    def run(self, requests: Iterator[EngineRequest]) -> Iterator[list[RowResult]]:
+    def run(self, requests: Iterator[EngineRequest | None]) -> Iterator[list[RowResult]]:
         self._aborted = False
         while not self._aborted:
-            window = [r for _, r in zip(range(self.window), requests)]
-            if not window:
+            window = take_window(requests, self.window)
+            if window is None:
                 return
+            # Chunks given up while this window generates; the worker may take one back later,
+            # and then its rows come in a later window.
+            self._dropped = set()
             groups: dict[GenerationParams, list[tuple[EngineRequest, list[int]]]] = defaultdict(list)
             errors: list[RowResult] = []
             for request in window:
@@ -63,10 +68,15 @@ class TransformersEngine:
                 for start in range(0, len(members), self.batch_size):
                     if self._aborted:
                         return
-                    yield self._generate(params, members[start:start + self.batch_size])
+                    batch = [m for m in members[start:start + self.batch_size] if m[0].chunk not in self._dropped]
+                    if batch:
+                        yield self._generate(params, batch)
 
-    def abort(self) -> None:
-        self._aborted = True
+    def abort(self, chunk: str | None = None) -> None:
+        if chunk is None:
+            self._aborted = True
+        else:
+            self._dropped.add(chunk)  # its rows still queued in this window are skipped
 
     def close(self) -> None:
         self.abort()
@@ -118,7 +128,8 @@ class TransformersEngine:
             choices = [self._choice(p, new_tokens[i * p.n + j], logprobs[i * p.n + j] if logprobs is not None else None)
                        for j in range(p.n)]  # fmt: skip
             line = success_line(request, choices, len(ids), self.model_name)
-            results.append(RowResult(request.index, request.custom_id, line, len(ids), sum(c.tokens for c in choices), False))
+            results.append(RowResult(request.index, request.custom_id, line, len(ids), sum(c.tokens for c in choices),
+                                     False, request.chunk))  # fmt: skip
         return results
 
     def _choice(self, p: GenerationParams, tokens: Any, logprobs: Any) -> Choice:
@@ -150,4 +161,5 @@ class TransformersEngine:
 
 
 def _error(request: EngineRequest, code: str, message: str, param: str | None = None) -> RowResult:
-    return RowResult(request.index, request.custom_id, error_line(request.custom_id, code, message, param=param), 0, 0, True)
+    return RowResult(request.index, request.custom_id, error_line(request.custom_id, code, message, param=param), 0, 0,
+                     True, request.chunk)  # fmt: skip

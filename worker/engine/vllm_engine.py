@@ -31,6 +31,9 @@ CPU_DEFAULTS: dict[str, Any] = {
 CPU_MAX_MODEL_LEN = 2048
 
 
+_END = object()
+
+
 @dataclass
 class _InFlight:
     request: EngineRequest
@@ -50,24 +53,26 @@ class VllmEngine:
         self._engine = engine
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = engine.model_config.max_model_len
-        max_seqs = engine.vllm_config.scheduler_config.max_num_seqs
+        self.capacity = engine.vllm_config.scheduler_config.max_num_seqs
         # Keep the scheduler's queue deeper than what it runs at once, so a finished sequence is
         # replaced in the very next step.
-        self.max_in_flight = max_in_flight or max(4 * max_seqs, 256)
+        self.max_in_flight = max_in_flight or max(4 * self.capacity, 256)
         self.accelerator = _accelerator()
         self._in_flight: dict[str, _InFlight] = {}
         self._next_id = 0
 
     # -- Engine ------------------------------------------------------------------------------
-    def run(self, requests: Iterator[EngineRequest]) -> Iterator[list[RowResult]]:
+    def run(self, requests: Iterator[EngineRequest | None]) -> Iterator[list[RowResult]]:
         pending_errors: list[RowResult] = []
         exhausted = False
         while True:
             while not exhausted and len(self._in_flight) < self.max_in_flight:
-                request = next(requests, None)
-                if request is None:
+                request = next(requests, _END)
+                if request is _END:
                     exhausted = True
                     break
+                if request is None:
+                    break  # nothing more for now: step what is in flight
                 failed = self._add(request)
                 if failed is not None:
                     pending_errors.append(failed)
@@ -82,10 +87,12 @@ class VllmEngine:
             yield finished + pending_errors
             pending_errors = []
 
-    def abort(self) -> None:
-        if self._in_flight:
-            self._engine.abort_request(list(self._in_flight))
-            self._in_flight.clear()
+    def abort(self, chunk: str | None = None) -> None:
+        ids = [rid for rid, f in self._in_flight.items() if chunk is None or f.request.chunk == chunk]
+        if ids:
+            self._engine.abort_request(ids)
+            for rid in ids:
+                del self._in_flight[rid]
 
     def close(self) -> None:
         self.abort()
@@ -136,11 +143,13 @@ class VllmEngine:
             for c in output.outputs
         ]
         line = success_line(request, choices, flight.prompt_tokens, self.model_name)
-        return RowResult(request.index, request.custom_id, line, flight.prompt_tokens, sum(c.tokens for c in choices), False)
+        return RowResult(request.index, request.custom_id, line, flight.prompt_tokens, sum(c.tokens for c in choices),
+                         False, request.chunk)  # fmt: skip
 
 
 def _error(request: EngineRequest, code: str, message: str, param: str | None = None) -> RowResult:
-    return RowResult(request.index, request.custom_id, error_line(request.custom_id, code, message, param=param), 0, 0, True)
+    return RowResult(request.index, request.custom_id, error_line(request.custom_id, code, message, param=param), 0, 0,
+                     True, request.chunk)  # fmt: skip
 
 
 def _sampling_params(p: GenerationParams) -> Any:
