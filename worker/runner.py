@@ -144,6 +144,7 @@ class Worker:
         clock: Callable[[], float] = time.time,
         max_chunks: int | None = None,
         progress: ProgressReporter | None = None,
+        chunks_in_engine: int = MAX_CHUNKS_IN_ENGINE,
     ):
         self.store = store
         self.spec = spec
@@ -152,6 +153,8 @@ class Worker:
         self.engine_factory = engine_factory
         self.clock = clock
         self.max_chunks = max_chunks
+        #: 1: each chunk drains before the next is claimed (the benchmark's ablation).
+        self.chunks_in_engine = chunks_in_engine
         self.settings = spec.workers
         self.spec_hash = spec_hash(spec)
         self.totals = Totals(started_at=clock())
@@ -261,7 +264,7 @@ class Worker:
 
     def _room_for_another(self, engine: Engine) -> bool:
         in_engine = [a.outstanding for a in self._active.values() if a.outstanding > 0]
-        return len(in_engine) < MAX_CHUNKS_IN_ENGINE and sum(in_engine) < engine.capacity
+        return len(in_engine) < self.chunks_in_engine and sum(in_engine) < engine.capacity
 
     def _open_next(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> _Active | None:
         """Step 1 and 2: take the next chunk's lease and resume it."""

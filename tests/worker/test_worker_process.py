@@ -110,8 +110,7 @@ def test_worker_killed_mid_chunk_resumes_losing_at_most_one_interval(store_uri, 
     assert len(seen) == rows and set(seen.values()) == {1}
 
 
-def test_worker_sigterm_flushes_and_gives_the_lease_back(tiny_model, tmp_path):
-    store_uri = str(tmp_path / "store")
+def test_worker_sigterm_flushes_and_gives_the_lease_back(store_uri, tiny_model, tmp_path):
     store = open_store(store_uri)
     layout = make_run(store, "term", [chunk_of("t", 2000, max_tokens=64)], model=tiny_model, workers=2)
     worker = WorkerProcess(store_uri, "term", "0", tmp_path, "--checkpoint-interval", "30")
@@ -133,8 +132,7 @@ def test_worker_sigterm_flushes_and_gives_the_lease_back(tiny_model, tmp_path):
     assert len(answered(store, layout)) == 2000
 
 
-def test_workers_racing_over_the_same_chunks_write_one_marker_each(tiny_model, tmp_path):
-    store_uri = str(tmp_path / "store")
+def test_workers_racing_over_the_same_chunks_write_one_marker_each(store_uri, tiny_model, tmp_path):
     store = open_store(store_uri)
     chunks = [chunk_of(f"r{c}", 20, max_tokens=16) for c in range(6)]
     # Everything is planned on worker 0; workers 1 and 2 have empty lists and steal.
@@ -149,8 +147,7 @@ def test_workers_racing_over_the_same_chunks_write_one_marker_each(tiny_model, t
     assert len(holders) >= 1
 
 
-def test_worker_takes_over_an_expired_lease_and_reuses_its_parts(tiny_model, tmp_path):
-    store_uri = str(tmp_path / "store")
+def test_worker_takes_over_an_expired_lease_and_reuses_its_parts(store_uri, tiny_model, tmp_path):
     store = open_store(store_uri)
     layout = make_run(store, "expired", [chunk_of("e", 10), chunk_of("x", 10)], model=tiny_model, lists=[[0], [1]])
     # Worker 1 died holding chunk 1 after flushing its first three rows; its lease has expired.
