@@ -15,7 +15,7 @@ MODELS := .cache/models
 export HF_HUB_OFFLINE := 1
 export SKYPILOT_DISABLE_USAGE_COLLECTION := 1
 
-.PHONY: setup test test-controller test-worker demo bench models clean
+.PHONY: setup system-deps test demo bench models clean
 
 setup: $(VENV)/.installed $(WVENV)/.installed
 
@@ -42,7 +42,11 @@ $(MODELS)/smollm2-135m-instruct/.built: $(WVENV)/.installed worker/models.py
 $(MODELS)/tiny-llama/.built: $(WVENV)/.installed worker/models.py
 	$(WVENV)/bin/python -m worker.models tiny $(MODELS)/tiny-llama
 
-test: setup models
+# rsync, for SkyPilot's local jobs controller in the tests (apt, when missing).
+system-deps:
+	scripts/system-deps
+
+test: setup models system-deps
 	$(VENV)/bin/python -m pytest tests --ignore=tests/worker
 	$(WVENV)/bin/python -m pytest tests/worker
 

@@ -80,6 +80,12 @@ def test_statuses_map_skypilot_records(tmp_path):
     assert (status["7"].state, status["7"].recovery_count, status["7"].accelerator, status["7"].spot) == (
         JobState.RECOVERING, 2, "L4", True)
     assert status["8"].state is JobState.UNKNOWN  # not in SkyPilot's queue
+    # What SkyPilot reports for a job that never got a machine: placeholders and a coloured hint.
+    sky.script_job(9, [{"status": "FAILED_PRECHECKS", "cloud": "-", "region": "-", "cluster_resources": "-",
+                        "failure_reason": "[NoCloudAccessError] Cloud access is not set up. Run: \x1b[1msky check\x1b[0m"}])  # fmt: skip
+    failed = SkyPilotLauncher(ctx.spec, sdk=sky).statuses(["9"])["9"]
+    assert (failed.state, failed.cloud, failed.region, failed.spot) == (JobState.FAILED_PRECHECKS, None, None, None)
+    assert failed.failure_reason == "[NoCloudAccessError] Cloud access is not set up. Run: sky check"
     sky.down = True
     with pytest.raises(BackendError, match="cannot get job states"):
         SkyPilotLauncher(ctx.spec, sdk=sky).statuses(["7"])

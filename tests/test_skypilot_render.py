@@ -15,6 +15,7 @@ from orchestrator.errors import BackendError
 from orchestrator.spec import load_spec
 
 GOLDEN = Path(__file__).parent / "golden"
+ROOT = Path(__file__).resolve().parents[1]
 CANARY = "orch-secret-canary-7f3a9"
 
 
@@ -45,6 +46,7 @@ SPECS = {
 def test_rendered_task_matches_golden_and_skypilot_accepts_it(name):
     spec = load_spec(None, {"run": "lmsys", "store": "r2://bucket/orch", **SPECS[name]}, env={}, default_file=False)
     text = to_yaml(render_worker_task(load_template(), spec, request()))
+    text = text.replace(f"workdir: {ROOT}\n", "workdir: /path/to/orch\n")  # the checkout's place varies
     golden = GOLDEN / f"worker-{name}.yaml"
     if os.environ.get("ORCH_UPDATE_GOLDEN"):
         golden.write_text(text)
@@ -64,6 +66,21 @@ def test_render_narrows_to_spot_or_on_demand_when_the_request_says_so():
     assert task["resources"]["use_spot"] is False and "any_of" not in task["resources"]
     assert task["envs"]["ORCH_SPOT"] == "0"
     assert len(load_task(to_yaml(task)).resources) == 5
+
+
+def test_template_paths_are_relative_to_the_template_not_to_where_orch_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a user's project folder, far from orch's source
+    assert load_template()["workdir"] == str(ROOT)  # what the worker's setup installs from
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "task.yaml").write_text(
+        "workdir: ../src\nfile_mounts:\n  /data: data\n  /abs: /srv/x\n  /bucket: s3://b/p\n"
+        "  /store: {source: cache, mode: COPY}\nrun: echo\n"
+    )
+    template = load_template(tmp_path / "mine" / "task.yaml")
+    assert template["workdir"] == str(tmp_path / "src")
+    assert template["file_mounts"] == {"/data": str(tmp_path / "mine" / "data"), "/abs": "/srv/x",
+                                       "/bucket": "s3://b/p", "/store": {"source": str(tmp_path / "mine" / "cache"),
+                                                                         "mode": "COPY"}}  # fmt: skip
 
 
 def test_render_keeps_what_the_user_wrote_in_the_template(tmp_path):

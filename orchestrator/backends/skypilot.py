@@ -8,6 +8,7 @@ one seam the tests replace.
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -93,8 +94,14 @@ class SkyPilotLauncher:
             self.sdk.cancel([int(j) for j in job_ids])
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _get(record: Any, field: str) -> Any:
-    return record.get(field) if isinstance(record, dict) else getattr(record, field, None)
+    """A field of a queue record (SkyPilot's ManagedJobRecord, or a dict); SkyPilot writes '-'
+    for what a job that never got a machine does not have (cloud, region, resources)."""
+    value = record.get(field) if isinstance(record, dict) else getattr(record, field, None)
+    return None if value == "-" else value
 
 
 def _status(job_id: str, record: Any) -> JobStatus:
@@ -102,6 +109,7 @@ def _status(job_id: str, record: Any) -> JobStatus:
     state = _STATES.get(getattr(raw, "value", raw) or "", JobState.UNKNOWN)
     accelerators = _get(record, "accelerators") or {}
     resources = str(_get(record, "cluster_resources") or "")
+    reason = _get(record, "failure_reason")
     return JobStatus(
         job_id=job_id,
         state=state,
@@ -110,7 +118,7 @@ def _status(job_id: str, record: Any) -> JobStatus:
         cloud=_get(record, "cloud"),
         region=_get(record, "region"),
         spot=("[spot]" in resources.lower()) if resources else None,
-        failure_reason=_get(record, "failure_reason"),
+        failure_reason=_ANSI.sub("", reason) if reason else None,  # SkyPilot colours its hints
         started_at=_get(record, "start_at"),
         ended_at=_get(record, "end_at"),
     )

@@ -22,6 +22,8 @@ DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "task_templates" / "wor
 
 
 def load_template(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The task template, with its relative local paths (workdir, file mount sources) made absolute
+    against the template's own directory: `orch launch` runs from the user's project, not from here."""
     path = Path(path or os.environ.get("ORCH_TASK_TEMPLATE") or DEFAULT_TEMPLATE)
     try:
         doc = yaml.safe_load(path.read_text())
@@ -29,7 +31,24 @@ def load_template(path: str | os.PathLike | None = None) -> dict[str, Any]:
         raise BackendError(f"cannot read the task template: {e}", where=str(path)) from None
     if not isinstance(doc, dict):
         raise BackendError("a task template is a YAML mapping", where=str(path))
+    base = path.absolute().parent
+    if isinstance(doc.get("workdir"), str):
+        doc["workdir"] = _local_path(doc["workdir"], base)
+    mounts = doc.get("file_mounts")
+    if isinstance(mounts, dict):
+        for target, source in mounts.items():
+            if isinstance(source, str):
+                mounts[target] = _local_path(source, base)
+            elif isinstance(source, dict) and isinstance(source.get("source"), str):
+                source["source"] = _local_path(source["source"], base)
     return doc
+
+
+def _local_path(value: str, base: Path) -> str:
+    """A relative local path, absolute against `base`; URLs, absolute and home paths as written."""
+    if "://" in value or value.startswith(("~", "/")):
+        return value
+    return os.path.normpath(base / value)
 
 
 def render_worker_task(template: dict[str, Any], spec: RunSpec, request: LaunchRequest) -> dict[str, Any]:

@@ -1,0 +1,104 @@
+"""The SkyPilot backend against a real SkyPilot API server on this machine (consolidation mode).
+
+No cloud is reachable here, so every managed job really goes PENDING -> STARTING ->
+FAILED_PRECHECKS (NoCloudAccessError); everything up to the cloud is SkyPilot's own code: the API
+server, its jobs controller, request ids, `sky.get`, `queue_v2` records and cancel. orch runs as a
+user runs it (its CLI in subprocesses), against a real S3 store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.protocol.layout import RunLayout
+from orchestrator.store import open_store
+from tests.support import s3servers
+from tests.support.datasets import write_jsonl
+
+pytestmark = pytest.mark.slow
+
+ORCH = [sys.executable, "-m", "orchestrator"]
+SKY = str(Path(sys.executable).parent / "sky")
+CANARY = "hf_orch_canary_4d1b"
+
+
+@pytest.fixture(scope="module")
+def sky_env(tmp_path_factory):
+    """A HOME with SkyPilot set up for a local run: jobs controller inside the API server, an
+    accelerator catalog (the real one is fetched from the internet), and a server stopped after."""
+    if shutil.which("rsync") is None:
+        pytest.fail("SkyPilot's local jobs controller needs rsync: apt-get install rsync (.ci/run does)")
+    home = tmp_path_factory.mktemp("sky-home")
+    (home / ".sky").mkdir()
+    (home / ".sky" / "config.yaml").write_text("jobs:\n  controller:\n    consolidation_mode: true\n")
+    catalog = home / ".sky" / "catalogs" / "v8" / "common"
+    catalog.mkdir(parents=True)
+    (catalog / "accelerators.csv").write_text(
+        'AcceleratorName,Clouds\nL4,"AWS,GCP"\nA10G,AWS\nL40S,"AWS,GCP"\nA100,"AWS,GCP"\nA100-80GB,"AWS,GCP"\n'
+    )
+    env = dict(os.environ, HOME=str(home), SKYPILOT_DISABLE_USAGE_COLLECTION="1", HF_TOKEN=CANARY,
+               AWS_ACCESS_KEY_ID=s3servers.ACCESS_KEY, AWS_SECRET_ACCESS_KEY=s3servers.SECRET_KEY)  # fmt: skip
+    # The server listens on a fixed port: one left by another HOME would answer for the wrong state.
+    subprocess.run([SKY, "api", "stop"], env=env, capture_output=True, timeout=120)
+    yield env
+    subprocess.run([SKY, "api", "stop"], env=env, capture_output=True, timeout=120)
+
+
+def orch(env, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*ORCH, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_skypilot_backend_launches_watches_and_cancels_through_a_real_api_server(sky_env, seaweedfs_server, tmp_path):
+    store_uri = seaweedfs_server.store_uri(seaweedfs_server.new_bucket(), "orch")
+    run = ["--run", "sky", "--store", store_uri]
+    data = write_jsonl(tmp_path / "q.jsonl", [{"id": f"q{i}", "conversation": [{"role": "user", "content": f"Q{i}?"}]}
+                                              for i in range(10)])  # fmt: skip
+    assert orch(sky_env, "prepare", str(data), *run, "--num-chunks", "2", "--id-column", "id").returncode == 0
+
+    # 1. Launch: both workers submitted, SkyPilot's job ids recorded in the store.
+    launched = orch(sky_env, "launch", *run, "--backend", "skypilot", "--workers", "2", "--model", "org/model")
+    assert launched.returncode == 0, launched.stderr
+    store, layout = open_store(store_uri), RunLayout("sky")
+    jobs = json.loads(store.get(layout.jobs).data)
+    first_ids = {w: j["attempts"][0]["job_id"] for w, j in jobs["workers"].items()}
+    assert sorted(first_ids) == ["0", "1"] and all(i.isdigit() for i in first_ids.values())
+    assert all(f"job {i}" in launched.stdout for i in first_ids.values())
+
+    # 2. Status shows SkyPilot's own states until the jobs end (no cloud: FAILED_PRECHECKS).
+    seen: set[str] = set()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        status = orch(sky_env, "status", *run, "--json")
+        assert status.returncode == 0, status.stderr
+        workers = json.loads(status.stdout)["workers"]
+        seen |= {w["state"] for w in workers}
+        if all(w["state"] == "FAILED_PRECHECKS" for w in workers):
+            break
+        time.sleep(2)
+    assert seen <= {"PENDING", "STARTING", "FAILED_PRECHECKS"}, seen
+    assert [w["job_id"] for w in workers] == [first_ids["0"], first_ids["1"]]
+    assert all(w["state"] == "FAILED_PRECHECKS" and w["cloud"] is None and w["spot"] is None for w in workers)
+
+    # 3. The loop relaunches each failed worker within its budget, then stops and says why.
+    watched = orch(sky_env, "watch", *run, "--retries", "1", "--interval", "2")
+    assert watched.returncode == 7, watched.stdout + watched.stderr
+    assert "relaunch after FAILED_PRECHECKS" in watched.stdout
+    assert "1 relaunches spent" in watched.stderr and "Cloud access is not set up" in watched.stderr
+    assert "\x1b[" not in watched.stdout + watched.stderr  # SkyPilot's colour codes stripped
+    jobs = json.loads(store.get(layout.jobs).data)
+    assert all(len(j["attempts"]) == 2 and j["relaunches"] == 1 for j in jobs["workers"].values())
+
+    # 4. Cancel answers through the real server; nothing of the secret reached orch's files or output.
+    cancelled = orch(sky_env, "cancel", *run)
+    assert cancelled.returncode == 0, cancelled.stderr
+    for info in store.list(layout.root):
+        assert CANARY.encode() not in store.get(info.key).data, info.key
+    assert CANARY not in launched.stdout + launched.stderr + watched.stdout + watched.stderr
