@@ -15,6 +15,8 @@ JSON shape (stable for scripts):
     rows: {total, done (in finished chunks), in_progress (flushed or not, in chunks being worked on),
            errors (error rows in finished chunks)},
     throughput: {rows_per_s, tokens_per_s} (sum over running workers), eta_s (null when unknown),
+    overall: {wall_s, rows_per_s, tokens_per_s} | null (the finished chunks' pace, from the first
+             chunk's start to the last one's end),
     cost: {so_far_usd, worker_hours} (per-GPU-hour prices x workers' uptime, restarts included),
     workers: [{worker, state, job_id, recovery_count, accelerator, cloud, region, spot, chunk,
                chunk_rows, chunk_rows_done, chunks_assigned, chunks_done_of_own_list, chunks_finished
@@ -138,6 +140,8 @@ class RunStatus:
     estimate: dict[str, Any] | None = None
     #: The deadline policy's latest decision, with its reason and numbers.
     deadline: dict[str, Any] | None = None
+    #: The finished chunks' pace: what a complete run shows instead of live throughput.
+    overall: dict[str, float] | None = None
 
 
 def derive_status(facts: RunFacts, *, now: float, prices: GpuTable, heartbeat_interval: float = 10.0,
@@ -214,7 +218,17 @@ def derive_status(facts: RunFacts, *, now: float, prices: GpuTable, heartbeat_in
         workers=workers,
         estimate=_estimate(facts, prices, gpus, workers_planned) if gpus else None,
         deadline=facts.decision,
+        overall=_overall([s for c, s in facts.stats.items() if c in done]),
     )
+
+
+def _overall(finished: Sequence[tuple[float, ChunkStats]]) -> dict[str, float] | None:
+    if not finished:
+        return None
+    began = min(at - s.seconds for at, s in finished)
+    wall = max(max(at for at, _ in finished) - began, 1e-3)
+    return {"wall_s": round(wall, 1), "rows_per_s": round(sum(s.rows for _, s in finished) / wall, 3),
+            "tokens_per_s": round(sum(s.tokens_out for _, s in finished) / wall, 1)}  # fmt: skip
 
 
 def _estimate(facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: int | None) -> dict[str, Any] | None:
@@ -249,8 +263,7 @@ def render_table(status: RunStatus) -> str:
         + (click.style("  COMPLETE", fg="green", bold=True) if status.complete else ""),
         f"chunks {c['done']}/{c['total']} ({pct:.0f}%)   rows {r['done']:,}/{r['total']:,} done"
         f" (+{r['in_progress']:,} in progress)   errors {r['errors']:,}",
-        f"throughput {status.throughput['rows_per_s']:.2f} rows/s, {status.throughput['tokens_per_s']:,.0f} tok/s"
-        f"   ETA {eta}   cost so far ${status.cost['so_far_usd']:,.2f} ({status.cost['worker_hours']:.2f} worker-hours)",
+        _pace_line(status, eta),
     ]  # fmt: skip
     if status.estimate and not status.complete:
         e = status.estimate
@@ -287,6 +300,16 @@ def render_table(status: RunStatus) -> str:
         for row in rows:
             lines.append("  ".join(_cell(cell, wd) for cell, wd in zip(row, widths)))
     return "\n".join(lines)
+
+
+def _pace_line(status: RunStatus, eta: str) -> str:
+    cost = f"cost so far ${status.cost['so_far_usd']:,.2f} ({status.cost['worker_hours']:.2f} worker-hours)"
+    o = status.overall
+    if status.complete and o:
+        return (f"finished in {_duration(o['wall_s'])}: {o['rows_per_s']:,.2f} rows/s, {o['tokens_per_s']:,.0f} tok/s"
+                f" over the run   {cost}")  # fmt: skip
+    t = status.throughput
+    return f"throughput {t['rows_per_s']:.2f} rows/s, {t['tokens_per_s']:,.0f} tok/s   ETA {eta}   {cost}"
 
 
 def _text(cell: Any) -> str:

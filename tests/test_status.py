@@ -62,13 +62,25 @@ def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
     # Two hours of an A100-80GB on GCP spot.
     assert abs(status.cost["so_far_usd"] - 2 * load_gpu_table().price("A100-80GB", True, "gcp")) < 0.05
     assert "RECOVERING (recovered 2x)" in render_table(status)
+    # The finished chunk: 10 rows in an hour (answer_chunk's clock), 2 tokens each.
+    assert status.overall == {"wall_s": 3600.0, "rows_per_s": round(10 / 3600, 3), "tokens_per_s": 0.0}
+    assert "throughput 0.50 rows/s" in render_table(status)
+
+
+def test_status_of_a_complete_run_shows_the_runs_own_pace(tmp_path):
+    store, layout = build(str(tmp_path / "store"))
+    for c in (1, 2, 3):
+        answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "x") for i in range(10)]], seconds=100)
+    status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
+    assert status.complete and status.overall["wall_s"] == 3600.0 and status.overall["rows_per_s"] == round(40 / 3600, 3)
+    assert "finished in 60m: 0.01 rows/s, 0 tok/s over the run" in render_table(status)
 
 
 def test_status_json_shape_is_stable(tmp_path, capsys):
     build(str(tmp_path / "store"))
     assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) >= {"chunks", "rows", "workers", "throughput", "eta_s", "cost", "complete"}
+    assert set(doc) >= {"chunks", "rows", "workers", "throughput", "eta_s", "cost", "complete", "overall"}
     assert set(doc["chunks"]) == {"total", "done"} and set(doc["rows"]) >= {"total", "done", "errors"}
     assert {"worker", "state", "accelerator", "chunk", "heartbeat_age_s", "tokens_per_s"} <= set(doc["workers"][0])
 
