@@ -15,10 +15,12 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from typing import Any
 
 import click
 
+from orchestrator.cli import render_error
 from orchestrator.errors import OrchError, RunNotFound
 from orchestrator.protocol.layout import RunLayout, check_worker_id
 from orchestrator.spec import load_spec, read_stored_spec
@@ -49,9 +51,9 @@ def main(run, store, worker, replicas, spot, max_chunks, checkpoint_interval, le
             sys.exit(_run_replicas(count))
         code = _run_one(run, store, str(worker), replica, spot, max_chunks, checkpoint_interval, lease_ttl)
     except OrchError as e:
-        click.echo(f"ERROR {e}", err=True)
-        if e.hint:
-            click.echo(f"hint: {e.hint}", err=True)
+        if os.environ.get("ORCH_DEBUG"):
+            traceback.print_exc()
+        render_error(e)
         code = e.exit_code
     sys.exit(code)
 
