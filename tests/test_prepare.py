@@ -101,6 +101,10 @@ def test_prepare_sets_bad_rows_aside_with_file_and_line(store_dir, tmp_path, cap
     assert sum(e.rows for e in manifest(store_dir)) == 2
     out = capsys.readouterr().out
     assert "3 bad row(s) set aside" in out
+    # The first bad rows are shown where the user looks, with file and line.
+    shown = [line.strip() for line in out.splitlines() if "mixed.jsonl:" in line]
+    assert [line.split(": ", 1)[0].rsplit(":", 1)[1] for line in shown] == ["2", "3", "5"]
+    assert "not valid JSON" in shown[0]
     errors = [json.loads(line) for line in open_store(store_dir).get(RunLayout("r").prepare_errors).data.splitlines()]
     assert [(e["line"], e["source"].endswith("mixed.jsonl")) for e in errors] == [(2, True), (3, True), (5, True)]
     assert "not valid JSON" in errors[0]["error"] and "no user turn" in errors[2]["error"]

@@ -67,6 +67,10 @@ def prepare_command(inv: Invocation, sources, strict, as_json, **input_args):
     if report.errors:
         click.echo(click.style(f"{report.errors:,} bad row(s) set aside", fg="yellow")
                    + f" -> {ctx.store.uri}/{report.errors_key}")  # fmt: skip
+        for problem in report.first_errors:
+            click.echo(f"  {problem}")
+        if report.errors > len(report.first_errors):
+            click.echo(f"  ... and {report.errors - len(report.first_errors):,} more in the errors file")
     return 0
 
 

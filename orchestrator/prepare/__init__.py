@@ -15,7 +15,7 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 from orchestrator.context import RunContext
@@ -47,6 +47,8 @@ class PrepareReport:
     errors_key: str | None
     already_prepared: bool
     seconds: float
+    #: The first few bad rows, `file:line: what is wrong` (all of them are in the errors file).
+    first_errors: list[str] = field(default_factory=list)
 
     @property
     def rows_per_s(self) -> float:
@@ -69,7 +71,7 @@ def prepare_run(ctx: RunContext, sources: list[str], *, strict: bool = False, pr
     if done is not None:
         if done.get("identity") == identity:
             return PrepareReport(layout.run, done["chunks"], done["rows"], done["errors"], done.get("errors_key"),
-                                 True, time.monotonic() - started)  # fmt: skip
+                                 True, time.monotonic() - started, done.get("first_errors", []))  # fmt: skip
         raise InputError(
             f"run {layout.run!r} was prepared from other inputs ({_describe(done['identity'])})",
             where=layout.prepare_record,
@@ -133,9 +135,10 @@ def prepare_run(ctx: RunContext, sources: list[str], *, strict: bool = False, pr
     store.put(layout.metadata, "".join(f"{e.key}\n" for e in entries).encode())
     rows = sum(e.rows for e in entries)
     record = {"identity": identity, "chunks": len(entries), "rows": rows, "errors": errors.count,
-              "errors_key": errors_key, "created_at": time.time()}  # fmt: skip
+              "errors_key": errors_key, "first_errors": errors.first, "created_at": time.time()}  # fmt: skip
     store.put(layout.prepare_record, json.dumps(record, indent=1).encode())
-    return PrepareReport(layout.run, len(entries), rows, errors.count, errors_key, False, time.monotonic() - started)
+    return PrepareReport(layout.run, len(entries), rows, errors.count, errors_key, False, time.monotonic() - started,
+                         errors.first)  # fmt: skip
 
 
 def _rows(source: SourceFile, spec_input: InputSpec, columns: list[str] | None) -> Iterator[RawRow]:
@@ -215,9 +218,13 @@ class _ChunkWriter:
 class _ErrorWriter:
     """Bad rows, each with its file and line, kept in the run's errors file; --strict stops at the first."""
 
+    #: How many bad rows the report shows on the console.
+    SHOWN = 5
+
     def __init__(self, strict: bool):
         self.strict = strict
         self.count = 0
+        self.first: list[str] = []
         fd, self.path = tempfile.mkstemp(prefix="orch-prepare-errors-", suffix=".jsonl")
         self.file = os.fdopen(fd, "w")
 
@@ -225,6 +232,8 @@ class _ErrorWriter:
         if self.strict:
             raise InputError(problem, where=f"{source.uri}:{number}", hint="fix the row, or drop --strict to set bad rows aside")
         self.count += 1
+        if len(self.first) < self.SHOWN:
+            self.first.append(f"{source.uri}:{number}: {problem}")
         line = {"source": source.uri, "line" if source.kind != "parquet" else "row": number,
                 "error": problem, "excerpt": raw[:_EXCERPT]}  # fmt: skip
         self.file.write(json.dumps(line, ensure_ascii=False) + "\n")
