@@ -193,8 +193,11 @@ class Worker:
         status = "SUCCESS"
         try:
             first = self._open_next(claimer, entries)
-            if first is not None:
+            while first is not None:
                 self._pump(self._engine_loaded(), claimer, entries, first)  # loaded for the first chunk
+                # One more look once the engine has drained: leases that expired meanwhile, a
+                # slow worker's chunk to rescue.
+                first = self._open_next(claimer, entries)
         except Shutdown:
             status = "INTERRUPTED"
             raise

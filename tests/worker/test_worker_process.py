@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.protocol.heartbeats import read_heartbeats
 from orchestrator.protocol.layout import RunLayout, chunk_id
 from orchestrator.protocol.leases import acquire, read_lease
 from orchestrator.protocol.parts import iter_part_lines, part_codec
@@ -112,18 +113,22 @@ def test_worker_killed_mid_chunk_resumes_losing_at_most_one_interval(store_uri, 
 
 def test_worker_sigterm_flushes_and_gives_the_lease_back(store_uri, tiny_model, tmp_path):
     store = open_store(store_uri)
-    layout = make_run(store, "term", [chunk_of("t", 2000, max_tokens=64)], model=tiny_model, workers=2)
-    worker = WorkerProcess(store_uri, "term", "0", tmp_path, "--checkpoint-interval", "30")
+    layout = make_run(store, "term", [chunk_of("t", 2000, max_tokens=64)], model=tiny_model, workers=2,
+                      spec_flags={"workers.heartbeat_interval": 0.5})  # fmt: skip
+    worker = WorkerProcess(store_uri, "term", "0", tmp_path, "--checkpoint-interval", "3600")
+    # Wait until the worker reports finished rows (its heartbeat), none flushed yet (the interval is an hour).
     deadline = time.monotonic() + 180
-    while "part_00000: 2000 rows" not in worker.stderr and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.5)  # some rows finish, none is flushed yet (the interval is 30 s)
+    while not (beat := read_heartbeats(store, layout).get("0")) or beat["rows_done"] == 0:
+        assert time.monotonic() < deadline and worker.proc.poll() is None, worker.stderr
+        time.sleep(0.1)
     assert not list(store.list(layout.outputs_prefix("part_00000")))
     worker.proc.send_signal(signal.SIGTERM)
     code, summary = worker.finish()
     assert code == 143 and summary["status"] == "INTERRUPTED"
     flushed = list(store.list(layout.outputs_prefix("part_00000")))
     assert len(flushed) == 1, "the finished rows were flushed on SIGTERM"
+    codec = part_codec("jsonl", "part_00000")
+    assert len(codec.decode(store.get(flushed[0].key).data)) >= beat["rows_done"]
     lease, _ = read_lease(store, layout, "part_00000")
     assert lease.released
     # Another worker takes the chunk at once (no TTL to wait out) and finishes only what is left.
@@ -252,3 +257,35 @@ def test_worker_feeds_the_next_chunk_before_the_current_one_drains(tiny_engine, 
         assert third.started_at >= first.finished_at  # ...but only one chunk ahead
     seen = answered(store, layout)
     assert len(seen) == 48 and set(seen.values()) == {1}
+
+
+class DrainTakesLong:
+    """The real engine, with the clock moving 100 s ahead each time it finishes its rows."""
+
+    def __init__(self, engine, skew: list[float]):
+        self.engine, self.skew = engine, skew
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def run(self, requests):
+        yield from self.engine.run(requests)
+        self.skew[0] += 100
+
+
+def test_worker_looks_for_work_again_after_its_last_rows_drain(tiny_engine, tiny_model, tmp_path):
+    """A lease that expires while the worker's last chunk drains is taken over before it exits."""
+    from orchestrator.spec import load_spec
+    from worker import runner
+
+    store = open_store(str(tmp_path / "store"))
+    layout = make_run(store, "drain", [chunk_of("a", 6), chunk_of("b", 6)], model=tiny_model, lists=[[0], [1]])
+    acquire(store, layout, "part_00001", worker="1", holder="1.dead", ttl=60, now=time.time())  # dies holding it
+    skew = [0.0]
+    spec = load_spec(None, {"run": "drain", "store": store.uri, "model.name": tiny_model, "workers.lease_ttl": 60},
+                     env={}, default_file=False)  # fmt: skip
+    worker = runner.Worker(store, spec, runner.WorkerIdentity.new("0", 0), lambda: DrainTakesLong(tiny_engine, skew),
+                           clock=lambda: time.time() + skew[0])  # fmt: skip
+    summary = worker.run()
+    assert summary["chunks_done"] == 2
+    assert DoneMarker.model_validate_json(store.get(layout.done("part_00001")).data).holder.startswith("0.")
