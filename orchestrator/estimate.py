@@ -145,7 +145,8 @@ def render_estimate(est: Estimate) -> str:
     lines.append(f"fleet (*: any_of's pick, the cheapest per hour when capacity allows): {_hours(f.spot_hours)} for "
                  f"${f.spot_usd:,.2f} on spot, {_hours(f.on_demand_hours)} for ${f.on_demand_usd:,.2f} on demand")  # fmt: skip
     lines.append(f"spot includes {est.preemptions_per_hour:g} preemptions per worker-hour, each a "
-                 f"{est.restart_overhead_s / 60:.0f}-minute restart plus half a checkpoint interval; costs in USD")  # fmt: skip
+                 f"{est.restart_overhead_s / 60:.0f}-minute restart plus half a checkpoint interval; costs in USD "
+                 f"at the prices of {est.price_table_date} (orch prices; --refresh from SkyPilot's catalog)")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, Iterable
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from orchestrator import orch_home
 from orchestrator.errors import SpecError
 
 DEFAULT_TABLE = Path(__file__).parent / "data" / "gpus.yaml"
@@ -80,9 +84,17 @@ class GpuTable(_Strict):
         return self.get(gpu).price(spot, cloud)
 
 
+def refreshed_table_path() -> Path:
+    """Where `orch prices --refresh` writes the table it builds from SkyPilot's catalog."""
+    return orch_home() / "prices.yaml"
+
+
 def load_gpu_table(path: str | os.PathLike | None = None) -> GpuTable:
-    """The built-in table, or the file given (or named by ORCH_PRICES)."""
+    """The file given (or named by ORCH_PRICES), else the table `orch prices --refresh` wrote,
+    else the built-in one."""
     path = path or os.environ.get("ORCH_PRICES") or None
+    if path is None and refreshed_table_path().is_file():
+        path = refreshed_table_path()
     return _load(str(Path(path).absolute()) if path else str(DEFAULT_TABLE))
 
 
@@ -98,3 +110,71 @@ def _load(path: str) -> GpuTable:
         err = e.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         raise SpecError(f"{field}: {err['msg']}", where=path, hint="see orchestrator/data/gpus.yaml for the format") from None
+
+
+# -- refreshing the prices from a cloud catalog ------------------------------------------------
+@dataclass(frozen=True)
+class Offering:
+    """One machine type with a GPU, in one region of one cloud, as a catalog lists it."""
+
+    gpu: str
+    cloud: str
+    region: str
+    gpus: int  # per machine
+    on_demand: float  # USD per machine-hour
+    spot: float | None  # None where the catalog has no spot price
+
+
+def table_from_offerings(base: GpuTable, offerings: Iterable[Offering], *, date: str, source: str) -> GpuTable:
+    """`base` with the prices the offerings give: per GPU and cloud, the cheapest GPU-hour over the
+    regions (what SkyPilot's any_of picks when capacity allows), on the machines with the fewest
+    GPUs of that type. GPUs and clouds without offerings keep their earlier prices; speeds stay."""
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    names = {name.upper(): name for name in base.gpus}
+    for o in offerings:
+        gpu = names.get(o.gpu.upper())
+        if gpu is None or o.gpus < 1 or o.on_demand <= 0:
+            continue
+        key = (gpu, o.cloud.lower())
+        seen = best.get(key)
+        if seen is not None and o.gpus > seen["gpus"]:
+            continue
+        if seen is None or o.gpus < seen["gpus"]:
+            seen = best[key] = {"gpus": o.gpus, "on_demand": math.inf, "spot": math.inf}
+        seen["on_demand"] = min(seen["on_demand"], o.on_demand / o.gpus)
+        if o.spot is not None and o.spot > 0:
+            seen["spot"] = min(seen["spot"], o.spot / o.gpus)
+    gpus = {}
+    for name, gpu in base.gpus.items():
+        prices = dict(gpu.prices)
+        for (g, cloud), found in best.items():
+            if g == name:
+                old = prices.get(cloud)
+                # No spot offering listed: keep the earlier spot price, else assume on-demand's.
+                spot = found["spot"] if found["spot"] < math.inf else (old.spot if old else found["on_demand"])
+                prices[cloud] = Price(on_demand=round(found["on_demand"], 4), spot=round(spot, 4))
+        gpus[name] = gpu.model_copy(update={"prices": prices})
+    return base.model_copy(update={"date": date, "source": source, "gpus": gpus})
+
+
+def write_gpu_table(table: GpuTable, path: str | os.PathLike) -> None:
+    doc = {"date": table.date, "source": table.source,
+           "reference_output_tokens_per_s": table.reference_output_tokens_per_s,
+           "gpus": {name: g.model_dump(exclude={"name"}) for name, g in table.gpus.items()}}  # fmt: skip
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(doc, sort_keys=False))
+    _load.cache_clear()
+
+
+def render_gpu_table(table: GpuTable, before: GpuTable | None = None) -> str:
+    """One line per GPU and cloud; with `before`, the earlier prices beside the ones that changed."""
+    lines = [f"prices of {table.date} ({table.source}); USD per GPU-hour",
+             f"{'GPU':<11}{'cloud':<7}{'on-demand':>10}{'spot':>8}"]  # fmt: skip
+    for name, gpu in table.gpus.items():
+        for cloud, p in sorted(gpu.prices.items()):
+            line = f"{name:<11}{cloud:<7}{p.on_demand:>10.3f}{p.spot:>8.3f}"
+            old = before.gpus[name].prices.get(cloud) if before and name in before.gpus else None
+            if before is not None and old != p:
+                line += f"   (was {old.on_demand:.3f} / {old.spot:.3f})" if old else "   (new)"
+            lines.append(line)
+    return "\n".join(lines)

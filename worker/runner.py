@@ -274,7 +274,7 @@ class Worker:
         while not self._shutdown_requested:
             if self.max_chunks is not None and self._opened >= self.max_chunks:
                 return None
-            held = claimer.next_chunk()
+            held = claimer.next_chunk(working_on=self._active.keys())
             if held is None:
                 return None
             entry = entries[held.chunk]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from orchestrator import orch_home
 from orchestrator.backends.base import Launcher
 from orchestrator.errors import SpecError
 from orchestrator.spec import RunSpec
@@ -32,4 +32,4 @@ def backend_for(spec: RunSpec, backend: str | None = None) -> Launcher:
 
 def local_log_dir(spec: RunSpec) -> Path:
     """Worker logs of the local backend: ORCH_HOME (default ./.orch) / logs / <run>."""
-    return Path(os.environ.get("ORCH_HOME", ".orch")) / "logs" / spec.layout.run
+    return orch_home() / "logs" / spec.layout.run

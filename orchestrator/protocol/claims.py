@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Collection, Iterator, Mapping
 
 from orchestrator.protocol.heartbeats import read_heartbeats
 from orchestrator.protocol.layout import RunLayout
@@ -233,8 +233,13 @@ class ChunkClaimer:
     on_end_game: Callable[[], None] | None = None
     _own_next: int = 0
 
-    def next_chunk(self) -> HeldLease | None:
-        """A lease on the next chunk to work on, or None when nothing is left for us."""
+    def next_chunk(self, working_on: Collection[str] = ()) -> HeldLease | None:
+        """A lease on the next chunk to work on, or None when nothing is left for us.
+
+        `working_on`: chunks whose leases we hold already (a worker claims the next chunk while it
+        finishes the current one). Never handed out again: a listing can make our own lease look
+        expired (a late renewal, clock skew), and `acquire` gives a holder back its own lease.
+        """
         self.view.refresh()
         own_list = self.view.index.lists.get(self.own, ()) if self.own is not None else ()
         while self._own_next < len(own_list):
@@ -242,20 +247,20 @@ class ChunkClaimer:
             self._own_next += 1
             # Tried even when seen taken: the holder may be an earlier process of this worker (a
             # restart after preemption), whose lease we take over at once. Anyone else keeps it.
-            if chunk not in self.view.done and (held := self._take(chunk)) is not None:
+            if chunk not in self.view.done and chunk not in working_on and (held := self._take(chunk)) is not None:
                 return held
         if not self.steal:
             return None
         for chunk in self.view.untouched(exclude=self.own):
-            if (held := self._take(chunk)) is not None:
+            if chunk not in working_on and (held := self._take(chunk)) is not None:
                 return held
         if self.on_end_game is not None:
             self.on_end_game()
         now = self.clock()
         for chunk in expired_lease_chunks(self.store, self.layout, self.view, now=now, ttl=self.ttl):
-            if (held := self._take(chunk)) is not None:
+            if chunk not in working_on and (held := self._take(chunk)) is not None:
                 return held
-        return self._rescue(now)
+        return self._rescue(now, working_on)
 
     def _take(self, chunk: str, may_take: Callable[[Lease], bool] | None = None) -> HeldLease | None:
         held = acquire(
@@ -265,7 +270,7 @@ class ChunkClaimer:
         self.view.mark_taken(chunk)
         return held
 
-    def _rescue(self, now: float) -> HeldLease | None:
+    def _rescue(self, now: float, working_on: Collection[str]) -> HeldLease | None:
         speed = self.rows_per_s()
         if self.rescue is None or not speed:
             return None
@@ -273,6 +278,6 @@ class ChunkClaimer:
             read_heartbeats(self.store, self.layout),
             our_worker=self.worker, our_rows_per_s=speed, now=now, policy=self.rescue,
         )  # fmt: skip
-        if candidate is None:
+        if candidate is None or candidate.chunk in working_on:
             return None
         return self._take(candidate.chunk, may_take=lambda lease: lease.holder == candidate.holder)

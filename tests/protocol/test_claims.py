@@ -97,6 +97,21 @@ def test_claim_takes_over_an_expired_lease():
     assert held is not None and held.chunk == "b2" and held.lease.holder == "h0"
 
 
+def test_claim_never_hands_back_a_chunk_the_caller_is_working_on():
+    """A worker claims its next chunk while it holds the current one: even when a listing makes its
+    own lease look expired (a late renewal), that chunk is not handed out a second time."""
+    store = MemoryStore(clock=lambda: 0.0)  # every object written at t=0
+    for a in PLAN.workers:
+        for chunk in a.chunks:
+            if chunk != "b2":
+                finish(store, chunk)
+    c = claimer(store, 0, own=None, now=0.0)
+    assert c.next_chunk().chunk == "b2"  # ours now; its lease was written at t=0
+    later = claimer(store, 0, own=None, now=1000.0)  # the same holder, when the listing says "stale"
+    assert later.next_chunk().chunk == "b2"  # what acquire does for a holder asking again...
+    assert later.next_chunk(working_on={"b2"}) is None  # ...and what a worker that holds it gets
+
+
 def test_expired_lease_chunks_are_oldest_first_and_unfinished():
     times = iter([10.0, 50.0, 95.0])
     store = MemoryStore(clock=lambda: next(times))
