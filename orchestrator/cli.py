@@ -84,8 +84,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Exit as e:
         return e.exit_code
     except OrchError as e:
-        if os.environ.get("ORCH_DEBUG"):
-            traceback.print_exc()
         render_error(e)
         return e.exit_code
     except KeyboardInterrupt:
@@ -94,6 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def render_error(e: OrchError) -> None:
+    """The one way an error reaches a user: a red ERROR line and a hint (the traceback with ORCH_DEBUG=1).
+    Call it while handling the exception."""
+    if os.environ.get("ORCH_DEBUG"):
+        traceback.print_exc()
     click.echo(click.style("ERROR", fg="red", bold=True) + f" {e}", err=True)
     if e.hint:
         click.echo(click.style("hint", fg="yellow") + f": {e.hint}", err=True)

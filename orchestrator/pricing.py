@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import os
+from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -129,32 +129,25 @@ def table_from_offerings(base: GpuTable, offerings: Iterable[Offering], *, date:
     """`base` with the prices the offerings give: per GPU and cloud, the cheapest GPU-hour over the
     regions (what SkyPilot's any_of picks when capacity allows), on the machines with the fewest
     GPUs of that type. GPUs and clouds without offerings keep their earlier prices; speeds stay."""
-    best: dict[tuple[str, str], dict[str, Any]] = {}
     names = {name.upper(): name for name in base.gpus}
+    by_gpu_cloud: dict[tuple[str, str], list[Offering]] = defaultdict(list)
     for o in offerings:
-        gpu = names.get(o.gpu.upper())
-        if gpu is None or o.gpus < 1 or o.on_demand <= 0:
-            continue
-        key = (gpu, o.cloud.lower())
-        seen = best.get(key)
-        if seen is not None and o.gpus > seen["gpus"]:
-            continue
-        if seen is None or o.gpus < seen["gpus"]:
-            seen = best[key] = {"gpus": o.gpus, "on_demand": math.inf, "spot": math.inf}
-        seen["on_demand"] = min(seen["on_demand"], o.on_demand / o.gpus)
-        if o.spot is not None and o.spot > 0:
-            seen["spot"] = min(seen["spot"], o.spot / o.gpus)
-    gpus = {}
-    for name, gpu in base.gpus.items():
-        prices = dict(gpu.prices)
-        for (g, cloud), found in best.items():
-            if g == name:
-                old = prices.get(cloud)
-                # No spot offering listed: keep the earlier spot price, else assume on-demand's.
-                spot = found["spot"] if found["spot"] < math.inf else (old.spot if old else found["on_demand"])
-                prices[cloud] = Price(on_demand=round(found["on_demand"], 4), spot=round(spot, 4))
-        gpus[name] = gpu.model_copy(update={"prices": prices})
-    return base.model_copy(update={"date": date, "source": source, "gpus": gpus})
+        if o.gpu.upper() in names and o.gpus >= 1 and o.on_demand > 0:
+            by_gpu_cloud[(names[o.gpu.upper()], o.cloud.lower())].append(o)
+    gpus = {name: dict(gpu.prices) for name, gpu in base.gpus.items()}
+    for (name, cloud), found in by_gpu_cloud.items():
+        fewest = min(o.gpus for o in found)
+        smallest = [o for o in found if o.gpus == fewest]
+        on_demand = min(o.on_demand for o in smallest) / fewest
+        spots = [o.spot for o in smallest if o.spot is not None and o.spot > 0]
+        old = gpus[name].get(cloud)
+        # No spot price listed: keep the earlier one, else assume on-demand's.
+        spot = min(spots) / fewest if spots else (old.spot if old else on_demand)
+        gpus[name][cloud] = Price(on_demand=round(on_demand, 4), spot=round(spot, 4))
+    return base.model_copy(update={
+        "date": date, "source": source,
+        "gpus": {name: gpu.model_copy(update={"prices": gpus[name]}) for name, gpu in base.gpus.items()},
+    })  # fmt: skip
 
 
 def write_gpu_table(table: GpuTable, path: str | os.PathLike) -> None:

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from typing import Any
 
 import click
@@ -51,8 +50,6 @@ def main(run, store, worker, replicas, spot, max_chunks, checkpoint_interval, le
             sys.exit(_run_replicas(count))
         code = _run_one(run, store, str(worker), replica, spot, max_chunks, checkpoint_interval, lease_ttl)
     except OrchError as e:
-        if os.environ.get("ORCH_DEBUG"):
-            traceback.print_exc()
         render_error(e)
         code = e.exit_code
     sys.exit(code)

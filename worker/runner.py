@@ -354,7 +354,7 @@ class Worker:
         if rows:
             with self._lock:
                 self.totals.add(rows)
-            self.progress.advance(rows, self.totals)
+            self.progress.advance(self.totals)
 
     def _flush(self, active: _Active) -> None:
         active.job.checkpoint(active.buffer)  # renews the lease first: LeaseLost if it is gone

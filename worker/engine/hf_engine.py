@@ -39,8 +39,8 @@ class TransformersEngine:
         self.chat_template = spec.chat_template
         self.max_model_len = spec.max_model_len or getattr(self.model.config, "max_position_embeddings", 2048)
         self.batch_size = batch_size
-        self.window = max_in_flight or 4 * batch_size
-        self.capacity = self.window  # a window is generated before the next is taken
+        # Requests taken (and generated) a window at a time: the window is what it works on at once.
+        self.capacity = max_in_flight or 4 * batch_size
         self.accelerator = torch.cuda.get_device_name(0) if self.device == "cuda" else "cpu"
         self._aborted = False
         self._dropped: set[str] = set()
@@ -48,7 +48,7 @@ class TransformersEngine:
     def run(self, requests: Iterator[EngineRequest | None]) -> Iterator[list[RowResult]]:
         self._aborted = False
         while not self._aborted:
-            window = take_window(requests, self.window)
+            window = take_window(requests, self.capacity)
             if window is None:
                 return
             # Chunks given up while this window generates; the worker may take one back later,
