@@ -15,14 +15,14 @@ MODELS := .cache/models
 export HF_HUB_OFFLINE := 1
 export SKYPILOT_DISABLE_USAGE_COLLECTION := 1
 
-.PHONY: setup system-deps test demo bench models clean
+.PHONY: setup system-deps lint test demo bench models clean
 
 setup: $(VENV)/.installed $(WVENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	test -x $(UV) || $(VENV)/bin/pip install -q uv
-	$(UV) pip install -q --python $(VENV)/bin/python -e '.[controller,plot,test]'
+	$(UV) pip install -q --python $(VENV)/bin/python -e '.[controller,plot,test,lint]'
 	touch $@
 
 $(WVENV)/.installed: pyproject.toml scripts/worker-overrides.txt $(VENV)/.installed
@@ -46,7 +46,12 @@ $(MODELS)/tiny-llama/.built: $(WVENV)/.installed worker/models.py
 system-deps:
 	scripts/system-deps
 
-test: setup models system-deps
+# The gates: one formatter, the linter.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+test: lint setup models system-deps
 	$(VENV)/bin/python -m pytest tests --ignore=tests/worker
 	$(WVENV)/bin/python -m pytest tests/worker
 

@@ -33,7 +33,8 @@ def save(name: str, result: dict[str, Any]) -> Path:
 
 
 def table(rows: list[list[Any]], header: list[str]) -> str:
-    cells = [header] + [[f"{c:,.3f}" if isinstance(c, float) else f"{c:,}" if isinstance(c, int) else str(c) for c in r]
-                        for r in rows]  # fmt: skip
+    cells = [header] + [
+        [f"{c:,.3f}" if isinstance(c, float) else f"{c:,}" if isinstance(c, int) else str(c) for c in r] for r in rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells)

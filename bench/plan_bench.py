@@ -24,8 +24,16 @@ def main() -> None:
     entries = []
     for i in range(chunks):
         rows = rng.randint(500, 5000)  # 10x variation
-        entries.append(ManifestEntry(chunk=chunk_id(i, chunks), key=f"chunks/{chunk_id(i, chunks)}.jsonl", rows=rows,
-                                     bytes=rows * 300, est_prompt_tokens=rows * 60, max_output_tokens=rows * 256))  # fmt: skip
+        entries.append(
+            ManifestEntry(
+                chunk=chunk_id(i, chunks),
+                key=f"chunks/{chunk_id(i, chunks)}.jsonl",
+                rows=rows,
+                bytes=rows * 300,
+                est_prompt_tokens=rows * 60,
+                max_output_tokens=rows * 256,
+            )
+        )
     work = {e.chunk: e.est_tokens for e in entries}
     mean = sum(work.values()) / workers
 
@@ -41,15 +49,26 @@ def main() -> None:
     sky_max = max(sky_loads) / mean
     dropped = chunks - sum(len(lst) for lst in split)
 
-    print(table([["orch (balanced by est. tokens)", orch_s, orch_max, 0],
-                 ["SkyPilot example (len // n)", sky_s, sky_max, dropped]],
-                ["", "seconds", "max load / mean", "chunks dropped"]))  # fmt: skip
-    save("plan_bench", {
-        "chunks": chunks, "workers": workers, "size_variation": "500-5000 rows (10x)",
-        "orch": {"seconds": round(orch_s, 3), "max_over_mean": round(orch_max, 4), "dropped": 0},
-        "skypilot_example": {"seconds": round(sky_s, 3), "max_over_mean": round(sky_max, 4), "dropped": dropped},
-        "targets": {"seconds": 2.0, "max_over_mean": 1.05},
-    })  # fmt: skip
+    print(
+        table(
+            [
+                ["orch (balanced by est. tokens)", orch_s, orch_max, 0],
+                ["SkyPilot example (len // n)", sky_s, sky_max, dropped],
+            ],
+            ["", "seconds", "max load / mean", "chunks dropped"],
+        )
+    )
+    save(
+        "plan_bench",
+        {
+            "chunks": chunks,
+            "workers": workers,
+            "size_variation": "500-5000 rows (10x)",
+            "orch": {"seconds": round(orch_s, 3), "max_over_mean": round(orch_max, 4), "dropped": 0},
+            "skypilot_example": {"seconds": round(sky_s, 3), "max_over_mean": round(sky_max, 4), "dropped": dropped},
+            "targets": {"seconds": 2.0, "max_over_mean": 1.05},
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import time
 
 from bench.common import CACHE, ROOT, save, table
 
-NAIVE = r'''
+NAIVE = r"""
 import json, math, sys, pathlib, pyarrow.parquet as pq
 src, out, chunks = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3])
 rows = []
@@ -28,7 +28,7 @@ for i in range(chunks):
     with open(out / f"part_{i}.jsonl", "w") as fh:
         for row in rows[i * per:(i + 1) * per]:
             fh.write(json.dumps({"id": row["conversation_id"], "messages": row["conversation"][:1]}) + "\n")
-'''
+"""
 
 
 def measure(cmd: list[str]) -> tuple[float, float]:
@@ -54,15 +54,36 @@ def main() -> None:
         print(f"generating {rows:,} conversations in {data} ...", flush=True)
         # In a child process: a child's peak RSS counts what it inherited at fork, so this process
         # must stay small for the measurements below to be each command's own.
-        subprocess.run([sys.executable, "-c", "import sys; from tests.support.datasets import write_lmsys_parquet; "
-                        f"write_lmsys_parquet({str(data)!r}, {rows}, files=6)"], check=True, cwd=ROOT)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from tests.support.datasets import write_lmsys_parquet; "
+                f"write_lmsys_parquet({str(data)!r}, {rows}, files=6)",
+            ],
+            check=True,
+            cwd=ROOT,
+        )
         (data / ".done").write_text("ok")
     results = {}
     # Each in its own process, so peak RSS is each one's own.
     store = CACHE / "prepare-store"
     shutil.rmtree(store, ignore_errors=True)
-    orch = [sys.executable, "-m", "orchestrator", "prepare", str(data), "--run", "bench", "--store", str(store),
-            "--num-chunks", "200", "--id-column", "conversation_id"]  # fmt: skip
+    orch = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "prepare",
+        str(data),
+        "--run",
+        "bench",
+        "--store",
+        str(store),
+        "--num-chunks",
+        "200",
+        "--id-column",
+        "conversation_id",
+    ]
     naive_out = CACHE / "naive-chunks"
     shutil.rmtree(naive_out, ignore_errors=True)
     naive = [sys.executable, "-c", NAIVE, str(data), str(naive_out), "200"]
@@ -72,13 +93,27 @@ def main() -> None:
     shutil.rmtree(store, ignore_errors=True)
     shutil.rmtree(naive_out, ignore_errors=True)
     o, n = results["orch prepare (streaming)"], results["load-all-then-split script"]
-    print(table([[k, v["seconds"], v["rows_per_s"], v["peak_rss_mib"]] for k, v in results.items()],
-                ["", "seconds", "rows/s", "peak RSS MiB"]))  # fmt: skip
-    ratios = {"speed_orch_over_naive": round(o["rows_per_s"] / n["rows_per_s"], 2),
-              "memory_orch_over_naive": round(o["peak_rss_mib"] / n["peak_rss_mib"], 2)}  # fmt: skip
+    print(
+        table(
+            [[k, v["seconds"], v["rows_per_s"], v["peak_rss_mib"]] for k, v in results.items()],
+            ["", "seconds", "rows/s", "peak RSS MiB"],
+        )
+    )
+    ratios = {
+        "speed_orch_over_naive": round(o["rows_per_s"] / n["rows_per_s"], 2),
+        "memory_orch_over_naive": round(o["peak_rss_mib"] / n["peak_rss_mib"], 2),
+    }
     print(json.dumps(ratios))
-    save("prepare_bench", {"rows": rows, "chunks": 200, "results": results, "ratios": ratios,
-                           "targets": {"rows_per_s": 50_000, "peak_rss_mib": 1024}})  # fmt: skip
+    save(
+        "prepare_bench",
+        {
+            "rows": rows,
+            "chunks": 200,
+            "results": results,
+            "ratios": ratios,
+            "targets": {"rows_per_s": 50_000, "peak_rss_mib": 1024},
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -28,33 +28,72 @@ def populate(store, layout, chunks: int, workers: int, done: int) -> None:
 
     spec = load_spec(None, {"run": layout.run, "store": store.uri, "model.name": "m"}, env={}, default_file=False)
     freeze_spec(store, layout, spec)
-    entries = [ManifestEntry(chunk=chunk_id(i, chunks), key=layout.chunk_path(chunk_id(i, chunks)), rows=100,
-                             bytes=30_000, est_prompt_tokens=6_000, max_output_tokens=25_600) for i in range(chunks)]  # fmt: skip
+    entries = [
+        ManifestEntry(
+            chunk=chunk_id(i, chunks),
+            key=layout.chunk_path(chunk_id(i, chunks)),
+            rows=100,
+            bytes=30_000,
+            est_prompt_tokens=6_000,
+            max_output_tokens=25_600,
+        )
+        for i in range(chunks)
+    ]
     store.put(layout.manifest, write_jsonl(entries))
     plan = plan_chunks(entries, workers)
     write_plan(store, layout, plan)
     now = time.time()
-    jobs = JobsRecord(backend="skypilot", workers={
-        str(w): WorkerJobs(worker=w, attempts=[JobAttempt(job_id=str(100 + w), backend="skypilot", launched_at=now - 3600)])
-        for w in range(workers)})  # fmt: skip
+    jobs = JobsRecord(
+        backend="skypilot",
+        workers={
+            str(w): WorkerJobs(
+                worker=w, attempts=[JobAttempt(job_id=str(100 + w), backend="skypilot", launched_at=now - 3600)]
+            )
+            for w in range(workers)
+        },
+    )
     store.put(layout.jobs, jobs.to_bytes())
 
     def finish(i: int) -> None:
         cid = entries[i].chunk
         worker = str(i % workers)
         marker = DoneMarker(
-            chunk=cid, parts=[PartRef(key=layout.output_part(cid, f"{worker}.x", 1), rows=100, errors=0, bytes=1, sha256="0")],
-            rows=100, errors=0, worker=worker, holder=f"{worker}.x", accelerator="NVIDIA L4", model="m", spec_hash="h",
-            started_at=now - 600, finished_at=now - 60 + i * 1e-3, tokens_in=6_000, tokens_out=25_600,
-        )  # fmt: skip
+            chunk=cid,
+            parts=[PartRef(key=layout.output_part(cid, f"{worker}.x", 1), rows=100, errors=0, bytes=1, sha256="0")],
+            rows=100,
+            errors=0,
+            worker=worker,
+            holder=f"{worker}.x",
+            accelerator="NVIDIA L4",
+            model="m",
+            spec_hash="h",
+            started_at=now - 600,
+            finished_at=now - 60 + i * 1e-3,
+            tokens_in=6_000,
+            tokens_out=25_600,
+        )
         store.put_if_absent(layout.done(cid), marker.to_bytes())
         store.put(layout.stats(cid, marker.stats().key_values(), marker.finished_at), b"")
 
     def beat(w: int) -> None:
-        HeartbeatPublisher(store, layout, Heartbeat(
-            worker=str(w), holder=f"{w}.x", state="running", accelerator="NVIDIA L4", spot=True, host="h", pid=1,
-            started_at=now - 3600, updated_at=now, chunk=entries[-1 - w].chunk, chunk_rows=100, chunk_rows_done=40,
-        )).publish()  # fmt: skip
+        HeartbeatPublisher(
+            store,
+            layout,
+            Heartbeat(
+                worker=str(w),
+                holder=f"{w}.x",
+                state="running",
+                accelerator="NVIDIA L4",
+                spot=True,
+                host="h",
+                pid=1,
+                started_at=now - 3600,
+                updated_at=now,
+                chunk=entries[-1 - w].chunk,
+                chunk_rows=100,
+                chunk_rows_done=40,
+            ),
+        ).publish()
 
     with ThreadPoolExecutor(32) as pool:
         list(pool.map(finish, range(done)))
@@ -77,8 +116,10 @@ def main() -> None:
         layout = RunLayout("bench")
         started = time.monotonic()
         populate(store, layout, chunks, workers, done)
-        print(f"SeaweedFS: {chunks:,} chunks ({done:,} done), {workers:,} workers written in "
-              f"{time.monotonic() - started:.0f} s")  # fmt: skip
+        print(
+            f"SeaweedFS: {chunks:,} chunks ({done:,} done), {workers:,} workers written in "
+            f"{time.monotonic() - started:.0f} s"
+        )
         prices = load_gpu_table()
 
         store.requests.reset()
@@ -100,14 +141,28 @@ def main() -> None:
         assert naive_done == done
 
     n_orch, n_naive = sum(orch_requests.values()), sum(naive_requests.values())
-    print(table([["orch status", n_orch, orch_s, 1.0],
-                 ["naive (HEAD per chunk, GET per heartbeat; 32 threads)", n_naive, naive_s, naive_s / orch_s]],
-                ["", "requests", "seconds", "x orch time"]))  # fmt: skip
+    print(
+        table(
+            [
+                ["orch status", n_orch, orch_s, 1.0],
+                ["naive (HEAD per chunk, GET per heartbeat; 32 threads)", n_naive, naive_s, naive_s / orch_s],
+            ],
+            ["", "requests", "seconds", "x orch time"],
+        )
+    )
     print(f"orch requests by operation: {orch_requests} (target: at most 30)")
-    save("status_bench", {"chunks": chunks, "done": done, "workers": workers, "store": "SeaweedFS (S3 API, 127.0.0.1)",
-                          "orch": {"requests": n_orch, "by_op": orch_requests, "seconds": round(orch_s, 3)},
-                          "naive": {"requests": n_naive, "by_op": naive_requests, "seconds": round(naive_s, 3)},
-                          "target_requests": 30})  # fmt: skip
+    save(
+        "status_bench",
+        {
+            "chunks": chunks,
+            "done": done,
+            "workers": workers,
+            "store": "SeaweedFS (S3 API, 127.0.0.1)",
+            "orch": {"requests": n_orch, "by_op": orch_requests, "seconds": round(orch_s, 3)},
+            "naive": {"requests": n_naive, "by_op": naive_requests, "seconds": round(naive_s, 3)},
+            "target_requests": 30,
+        },
+    )
 
 
 if __name__ == "__main__":

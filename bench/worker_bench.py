@@ -28,14 +28,14 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench.common import ROOT, save, table  # noqa: E402
+from bench.common import ROOT, save, table
 
 BATCH_CHAR_COUNT = 2000  # the SkyPilot example's batch size
 
@@ -62,8 +62,17 @@ def skypilot_batches(prompts: list[str]) -> Iterator[list[str]]:
         yield batch
 
 
-def engine_variants(llm, model: str, prompts: list[str], lengths: list[int], *, checkpoint_s: float, chunks: int,
-                    names: list[str], rounds: int) -> dict[str, Any]:  # fmt: skip
+def engine_variants(
+    llm,
+    model: str,
+    prompts: list[str],
+    lengths: list[int],
+    *,
+    checkpoint_s: float,
+    chunks: int,
+    names: list[str],
+    rounds: int,
+) -> dict[str, Any]:
     """Each prompt i is answered with exactly lengths[i] tokens (ignore_eos), in every variant."""
     from vllm import SamplingParams
 
@@ -80,7 +89,7 @@ def engine_variants(llm, model: str, prompts: list[str], lengths: list[int], *, 
     def skypilot_loop() -> int:
         tokens, start = 0, 0
         for batch in skypilot_batches(prompts):
-            outs = llm.chat(messages[start:start + len(batch)], params[start:start + len(batch)], use_tqdm=False)
+            outs = llm.chat(messages[start : start + len(batch)], params[start : start + len(batch)], use_tqdm=False)
             start += len(batch)
             tokens += sum(len(c.token_ids) for o in outs for c in o.outputs)
         return tokens
@@ -108,15 +117,22 @@ def best_of_rounds(variants: dict[str, Any], rounds: int, *, expected_tokens: in
     names = list(variants)
     seconds: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             started = time.perf_counter()
             tokens = variants[name]()
             wall = time.perf_counter() - started
             assert tokens == expected_tokens, (name, tokens)
             seconds[name].append(wall)
             print(f"  round {r + 1}: {name}: {wall:.1f} s, {tokens / wall:,.0f} tok/s", flush=True)
-    return {name: {"seconds": min(s), "tokens_out": expected_tokens, "tokens_per_s": expected_tokens / min(s),
-                   "all_seconds": [round(x, 2) for x in s]} for name, s in seconds.items()}  # fmt: skip
+    return {
+        name: {
+            "seconds": min(s),
+            "tokens_out": expected_tokens,
+            "tokens_per_s": expected_tokens / min(s),
+            "all_seconds": [round(x, 2) for x in s],
+        }
+        for name, s in seconds.items()
+    }
 
 
 def bench_run(prompts: list[str], model: str, lengths: list[int], checkpoint_s: float, chunks: int = 4):
@@ -127,11 +143,18 @@ def bench_run(prompts: list[str], model: str, lengths: list[int], checkpoint_s: 
 
     store = open_store(tempfile.mkdtemp(prefix="orch-bench-worker-"))
     per = -(-len(prompts) // chunks)
-    rows = [[chat_request(f"r{i}", p, max_tokens=lengths[i], ignore_eos=True, temperature=0.0)
-             for i, p in enumerate(prompts[c * per:(c + 1) * per], start=c * per)] for c in range(chunks)]  # fmt: skip
+    rows = [
+        [
+            chat_request(f"r{i}", p, max_tokens=lengths[i], ignore_eos=True, temperature=0.0)
+            for i, p in enumerate(prompts[c * per : (c + 1) * per], start=c * per)
+        ]
+        for c in range(chunks)
+    ]
     flags = {"workers.checkpoint_interval": checkpoint_s}
     make_run(store, "bench", rows, model=model, workers=1, spec_flags=flags)
-    spec = load_spec(None, {"run": "bench", "store": store.uri, "model.name": model, **flags}, env={}, default_file=False)
+    spec = load_spec(
+        None, {"run": "bench", "store": store.uri, "model.name": model, **flags}, env={}, default_file=False
+    )
     return store, spec
 
 
@@ -140,8 +163,9 @@ def run_worker(store, spec, engine_factory, **options: Any) -> dict[str, Any]:
     from worker.progress import ProgressReporter
     from worker.runner import Worker, WorkerIdentity
 
-    progress = ProgressReporter(stream=open(os.devnull, "w"))
-    return Worker(store, spec, WorkerIdentity.new("0", 0), engine_factory, progress=progress, **options).run()
+    with open(os.devnull, "w") as devnull:
+        progress = ProgressReporter(stream=devnull)
+        return Worker(store, spec, WorkerIdentity.new("0", 0), engine_factory, progress=progress, **options).run()
 
 
 class InstantEngine:
@@ -159,8 +183,18 @@ class InstantEngine:
         from worker.outputs import Choice, success_line
 
         while (batch := take_window(requests, self.capacity)) is not None:
-            yield [RowResult(r.index, r.custom_id, success_line(r, [Choice(self.text, "length", 256, None)], 60, "m"),
-                             60, 256, False, r.chunk) for r in batch]  # fmt: skip
+            yield [
+                RowResult(
+                    r.index,
+                    r.custom_id,
+                    success_line(r, [Choice(self.text, "length", 256, None)], 60, "m"),
+                    60,
+                    256,
+                    False,
+                    r.chunk,
+                )
+                for r in batch
+            ]
 
     def abort(self, chunk: str | None = None) -> None: ...
     def close(self) -> None: ...
@@ -204,8 +238,7 @@ def worker_memory(rows: int) -> dict[str, Any]:
     assert summary["requests"] == rows, summary
     growth = peak[0] - baseline
     print(f"  {rows:,}-row chunk: {wall:.1f} s, peak RSS growth {growth / 2**20:.0f} MiB", flush=True)
-    return {"rows": rows, "seconds": round(wall, 2), "peak_rss_growth_mib": round(growth / 2**20, 1),
-            "target_mib": 300}  # fmt: skip
+    return {"rows": rows, "seconds": round(wall, 2), "peak_rss_growth_mib": round(growth / 2**20, 1), "target_mib": 300}
 
 
 def _write_memory_run(directory: str, rows: int) -> None:
@@ -218,10 +251,9 @@ def _write_memory_run(directory: str, rows: int) -> None:
 
 def main() -> None:
     quick = "--quick" in sys.argv
-    from worker.models import build_smollm2
-
     from orchestrator.spec import ModelSpec
     from worker.engine.vllm_engine import _build_llm
+    from worker.models import build_smollm2
 
     model = str(build_smollm2(ROOT / ".cache" / "models" / "smollm2-135m-instruct"))
     llm = _build_llm(ModelSpec(name=model))
@@ -235,24 +267,45 @@ def main() -> None:
     rng = random.Random(7)
     workloads = {
         "fixed": ([max_tokens] * count, ["(a)", "(b)", "(c)"], 1 if quick else 3),
-        "varied": ([rng.randint(max_tokens // 4, 4 * max_tokens) for _ in prompts], ["(a)", "(c)", "(d)"],
-                   1 if quick else 2),
-    }  # fmt: skip
-    results: dict[str, Any] = {"model": "SmolLM2-135M-Instruct", "conversations": count, "chunks": chunks,
-                               "max_num_seqs": max_seqs, "checkpoint_interval_s": 5.0, "target_c_over_a": 0.95}  # fmt: skip
+        "varied": (
+            [rng.randint(max_tokens // 4, 4 * max_tokens) for _ in prompts],
+            ["(a)", "(c)", "(d)"],
+            1 if quick else 2,
+        ),
+    }
+    results: dict[str, Any] = {
+        "model": "SmolLM2-135M-Instruct",
+        "conversations": count,
+        "chunks": chunks,
+        "max_num_seqs": max_seqs,
+        "checkpoint_interval_s": 5.0,
+        "target_c_over_a": 0.95,
+    }
     for name, (lengths, variants, rounds) in workloads.items():
-        print(f"{name} lengths: SmolLM2-135M-Instruct on vLLM ({os.cpu_count()} CPUs, max_num_seqs {max_seqs}), "
-              f"{count} conversations x {min(lengths)}-{max(lengths)} tokens, {chunks} chunks, best of {rounds}")  # fmt: skip
-        res = engine_variants(llm, model, prompts, lengths, checkpoint_s=5.0, chunks=chunks, names=variants,
-                              rounds=rounds)  # fmt: skip
+        print(
+            f"{name} lengths: SmolLM2-135M-Instruct on vLLM ({os.cpu_count()} CPUs, max_num_seqs {max_seqs}), "
+            f"{count} conversations x {min(lengths)}-{max(lengths)} tokens, {chunks} chunks, best of {rounds}"
+        )
+        res = engine_variants(
+            llm, model, prompts, lengths, checkpoint_s=5.0, chunks=chunks, names=variants, rounds=rounds
+        )
         ceiling = next(iter(res.values()))["tokens_per_s"]
-        print(table([[n, r["seconds"], r["tokens_per_s"], r["tokens_per_s"] / ceiling] for n, r in res.items()],
-                    ["", "best s", "tokens/s", "x ceiling"]))  # fmt: skip
+        print(
+            table(
+                [[n, r["seconds"], r["tokens_per_s"], r["tokens_per_s"] / ceiling] for n, r in res.items()],
+                ["", "best s", "tokens/s", "x ceiling"],
+            )
+        )
         ratios = {f"{n[1]}_over_a": round(r["tokens_per_s"] / ceiling, 3) for n, r in res.items() if n[1] != "a"}
         print("  " + ", ".join(f"({k[0]})/(a) = {v}" for k, v in ratios.items()))
-        results[name] = {"output_tokens": [min(lengths), max(lengths)], "rounds": rounds, **ratios,
-                         "variants": {k: {kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in v.items()}
-                                      for k, v in res.items()}}  # fmt: skip
+        results[name] = {
+            "output_tokens": [min(lengths), max(lengths)],
+            "rounds": rounds,
+            **ratios,
+            "variants": {
+                k: {kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in v.items()} for k, v in res.items()
+            },
+        }
     fixed = results["fixed"]["variants"]
     c, b = fixed["(c) orch worker, end to end"], fixed["(b) SkyPilot example, 2,000-char batches"]
     results["c_over_a"] = results["fixed"]["c_over_a"]

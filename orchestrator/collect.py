@@ -18,9 +18,10 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from orchestrator.errors import OrchError
 from orchestrator.plan import read_manifest
@@ -73,12 +74,23 @@ def output_format(out: str | os.PathLike, fmt: str | None) -> str:
     return "parquet" if str(out).endswith(".parquet") else "jsonl"
 
 
-def collect(store: Store, layout: RunLayout, out: str | os.PathLike, *, fmt: str | None = None,
-            retry_out: str | os.PathLike | None = None) -> CollectReport:  # fmt: skip
+def collect(
+    store: Store,
+    layout: RunLayout,
+    out: str | os.PathLike,
+    *,
+    fmt: str | None = None,
+    retry_out: str | os.PathLike | None = None,
+) -> CollectReport:
     fmt = output_format(out, fmt)
     entries = read_manifest(store, layout)
-    report = CollectReport(out=str(out), format=fmt, chunks_total=len(entries), rows_total=sum(e.rows for e in entries),
-                           retry_out=str(retry_out) if retry_out else None)  # fmt: skip
+    report = CollectReport(
+        out=str(out),
+        format=fmt,
+        chunks_total=len(entries),
+        rows_total=sum(e.rows for e in entries),
+        retry_out=str(retry_out) if retry_out else None,
+    )
     with _Writer(out, fmt) as writer, _RetryWriter(retry_out) as retry:
         for entry in entries:
             _collect_chunk(store, layout, entry, writer, retry, report)
@@ -86,8 +98,14 @@ def collect(store: Store, layout: RunLayout, out: str | os.PathLike, *, fmt: str
     return report
 
 
-def _collect_chunk(store: Store, layout: RunLayout, entry: ManifestEntry, writer: "_Writer",
-                   retry: "_RetryWriter", report: CollectReport) -> None:  # fmt: skip
+def _collect_chunk(
+    store: Store,
+    layout: RunLayout,
+    entry: ManifestEntry,
+    writer: _Writer,
+    retry: _RetryWriter,
+    report: CollectReport,
+) -> None:
     marker = _marker(store, layout, entry.chunk)
     answers: dict[int, dict[str, Any]] = {}
     if marker is None:
@@ -180,7 +198,7 @@ class _Writer:
         self.parquet.write_table(table)
         self.rows = []
 
-    def __enter__(self) -> "_Writer":
+    def __enter__(self) -> _Writer:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
@@ -215,7 +233,7 @@ class _RetryWriter:
         if self.file:
             self.file.write(request_line)
 
-    def __enter__(self) -> "_RetryWriter":
+    def __enter__(self) -> _RetryWriter:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
@@ -230,12 +248,21 @@ class _RetryWriter:
 def _parquet_schema():
     import pyarrow as pa
 
-    return pa.schema([
-        ("custom_id", pa.string()), ("status_code", pa.int32()), ("text", pa.string()),
-        ("finish_reason", pa.string()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
-        ("error_code", pa.string()), ("error_message", pa.string()),
-        ("id", pa.string()), ("response", pa.string()), ("error", pa.string()),
-    ])  # fmt: skip
+    return pa.schema(
+        [
+            ("custom_id", pa.string()),
+            ("status_code", pa.int32()),
+            ("text", pa.string()),
+            ("finish_reason", pa.string()),
+            ("prompt_tokens", pa.int64()),
+            ("completion_tokens", pa.int64()),
+            ("error_code", pa.string()),
+            ("error_message", pa.string()),
+            ("id", pa.string()),
+            ("response", pa.string()),
+            ("error", pa.string()),
+        ]
+    )
 
 
 def _flatten(lines: list[dict[str, Any]]) -> dict[str, list[Any]]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from orchestrator.protocol.layout import RunLayout
 from orchestrator.spec import RunSpec, freeze_spec, load_spec, read_stored_spec

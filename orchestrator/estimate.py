@@ -13,8 +13,9 @@ interval of work, at `preemptions_per_hour` per worker.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from orchestrator.pricing import GpuTable
 from orchestrator.protocol.records import ChunkStats, ManifestEntry
@@ -66,8 +67,12 @@ class Estimate:
         return asdict(self)
 
 
-def throughput(prices: GpuTable, gpus: Sequence[str], entries: Sequence[ManifestEntry],
-               stats: Mapping[str, tuple[float, ChunkStats]]) -> Throughput:  # fmt: skip
+def throughput(
+    prices: GpuTable,
+    gpus: Sequence[str],
+    entries: Sequence[ManifestEntry],
+    stats: Mapping[str, tuple[float, ChunkStats]],
+) -> Throughput:
     tokens, seconds, chunks = {}, {}, {}
     rows_done = tokens_done = 0
     for _, s in stats.values():
@@ -83,7 +88,8 @@ def throughput(prices: GpuTable, gpus: Sequence[str], entries: Sequence[Manifest
     if measured:
         # Tokens/s per unit of relative speed, averaged over what was measured (weighted by chunks).
         per_speed = sum(measured[g] / prices.get(g).relative_speed * chunks[g] for g in measured) / sum(
-            chunks[g] for g in measured)  # fmt: skip
+            chunks[g] for g in measured
+        )
     else:
         per_speed = prices.reference_output_tokens_per_s
     table = {g: measured.get(g, per_speed * prices.get(g).relative_speed) for g in gpus}
@@ -95,10 +101,18 @@ def throughput(prices: GpuTable, gpus: Sequence[str], entries: Sequence[Manifest
     return Throughput(table, {g: chunks[g] for g in measured if g in table}, per_row, per_row_measured)
 
 
-def estimate(prices: GpuTable, gpus: Sequence[str], workers: int, entries: Sequence[ManifestEntry],
-             stats: Mapping[str, tuple[float, ChunkStats]], done: set[str], *, checkpoint_interval_s: float = 60.0,
-             preemptions_per_hour: float = PREEMPTIONS_PER_HOUR,
-             restart_overhead_s: float = RESTART_OVERHEAD_S) -> Estimate:  # fmt: skip
+def estimate(
+    prices: GpuTable,
+    gpus: Sequence[str],
+    workers: int,
+    entries: Sequence[ManifestEntry],
+    stats: Mapping[str, tuple[float, ChunkStats]],
+    done: set[str],
+    *,
+    checkpoint_interval_s: float = 60.0,
+    preemptions_per_hour: float = PREEMPTIONS_PER_HOUR,
+    restart_overhead_s: float = RESTART_OVERHEAD_S,
+) -> Estimate:
     tp = throughput(prices, gpus, entries, stats)
     rows_total = sum(e.rows for e in entries)
     rows_left = sum(e.rows for e in entries if e.chunk not in done)
@@ -117,21 +131,40 @@ def estimate(prices: GpuTable, gpus: Sequence[str], workers: int, entries: Seque
         start_h = restart_overhead_s / 3600 if rows_left else 0.0
         od_h = work_h + start_h
         spot_h = work_h / (1 - lost_share) + start_h
-        candidates.append(Candidate(
-            gpu=g, tokens_per_s=round(tp.tokens_per_s[g], 1), measured=g in tp.measured,
-            spot_hours=round(spot_h, 3), spot_usd=round(spot_h * workers * info.spot_usd_h, 2),
-            on_demand_hours=round(od_h, 3), on_demand_usd=round(od_h * workers * info.on_demand_usd_h, 2),
-            cheapest_per_hour=g == cheapest,
-        ))  # fmt: skip
-    return Estimate(workers, rows_total, rows_left, round(tokens_left), tp, candidates, prices.date,
-                    preemptions_per_hour, restart_overhead_s)  # fmt: skip
+        candidates.append(
+            Candidate(
+                gpu=g,
+                tokens_per_s=round(tp.tokens_per_s[g], 1),
+                measured=g in tp.measured,
+                spot_hours=round(spot_h, 3),
+                spot_usd=round(spot_h * workers * info.spot_usd_h, 2),
+                on_demand_hours=round(od_h, 3),
+                on_demand_usd=round(od_h * workers * info.on_demand_usd_h, 2),
+                cheapest_per_hour=g == cheapest,
+            )
+        )
+    return Estimate(
+        workers,
+        rows_total,
+        rows_left,
+        round(tokens_left),
+        tp,
+        candidates,
+        prices.date,
+        preemptions_per_hour,
+        restart_overhead_s,
+    )
 
 
 def render_estimate(est: Estimate) -> str:
     tp = est.throughput
-    basis = (f"measured on {', '.join(f'{g} ({n} chunks)' for g, n in tp.measured.items())}, others scaled by "
-             "relative speed" if tp.measured else f"price table of {est.price_table_date} (7-8B model on vLLM)")  # fmt: skip
-    per_row = f"{tp.tokens_per_row:,.0f} output tokens/row ({'measured' if tp.tokens_per_row_measured else 'assumed: half of max_tokens'})"
+    basis = (
+        f"measured on {', '.join(f'{g} ({n} chunks)' for g, n in tp.measured.items())}, others scaled by relative speed"
+        if tp.measured
+        else f"price table of {est.price_table_date} (7-8B model on vLLM)"
+    )
+    source = "measured" if tp.tokens_per_row_measured else "assumed: half of max_tokens"
+    per_row = f"{tp.tokens_per_row:,.0f} output tokens/row ({source})"
     lines = [
         f"Estimate: {est.rows_left:,} of {est.rows_total:,} rows left, {per_row}, {est.workers} workers",
         f"speed: {basis}",
@@ -139,14 +172,20 @@ def render_estimate(est: Estimate) -> str:
     ]
     for c in est.candidates:
         mark = " *" if c.cheapest_per_hour else ""
-        lines.append(f"{c.gpu + mark:<12}{c.tokens_per_s:>13,.0f}{_hours(c.spot_hours):>11}{c.spot_usd:>11,.2f}"
-                     f"{_hours(c.on_demand_hours):>11}{c.on_demand_usd:>12,.2f}")  # fmt: skip
+        lines.append(
+            f"{c.gpu + mark:<12}{c.tokens_per_s:>13,.0f}{_hours(c.spot_hours):>11}{c.spot_usd:>11,.2f}"
+            f"{_hours(c.on_demand_hours):>11}{c.on_demand_usd:>12,.2f}"
+        )
     f = est.fleet
-    lines.append(f"fleet (*: any_of's pick, the cheapest per hour when capacity allows): {_hours(f.spot_hours)} for "
-                 f"${f.spot_usd:,.2f} on spot, {_hours(f.on_demand_hours)} for ${f.on_demand_usd:,.2f} on demand")  # fmt: skip
-    lines.append(f"spot includes {est.preemptions_per_hour:g} preemptions per worker-hour, each a "
-                 f"{est.restart_overhead_s / 60:.0f}-minute restart plus half a checkpoint interval; costs in USD "
-                 f"at the prices of {est.price_table_date} (orch prices; --refresh from SkyPilot's catalog)")  # fmt: skip
+    lines.append(
+        f"fleet (*: any_of's pick, the cheapest per hour when capacity allows): {_hours(f.spot_hours)} for "
+        f"${f.spot_usd:,.2f} on spot, {_hours(f.on_demand_hours)} for ${f.on_demand_usd:,.2f} on demand"
+    )
+    lines.append(
+        f"spot includes {est.preemptions_per_hour:g} preemptions per worker-hour, each a "
+        f"{est.restart_overhead_s / 60:.0f}-minute restart plus half a checkpoint interval; costs in USD "
+        f"at the prices of {est.price_table_date} (orch prices; --refresh from SkyPilot's catalog)"
+    )
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from orchestrator.errors import RunNotFound
 from orchestrator.protocol.layout import RunLayout
@@ -32,24 +32,30 @@ def plan_chunks(entries: Sequence[ManifestEntry], workers: int) -> PlanRecord:
     assignments = []
     for w, chosen in enumerate(lists):
         chosen.sort(key=lambda e: e.chunk)
-        assignments.append(WorkerAssignment(worker=w, chunks=[e.chunk for e in chosen],
-                                            rows=sum(e.rows for e in chosen), est_tokens=loads[w]))  # fmt: skip
+        assignments.append(
+            WorkerAssignment(
+                worker=w, chunks=[e.chunk for e in chosen], rows=sum(e.rows for e in chosen), est_tokens=loads[w]
+            )
+        )
     return PlanRecord(
-        workers=assignments, chunks=len(entries), rows=sum(e.rows for e in entries),
-        est_tokens=sum(e.est_tokens for e in entries), created_at=time.time(),
-    )  # fmt: skip
+        workers=assignments,
+        chunks=len(entries),
+        rows=sum(e.rows for e in entries),
+        est_tokens=sum(e.est_tokens for e in entries),
+        created_at=time.time(),
+    )
 
 
 def skypilot_example_split(chunks: Sequence[str], workers: int) -> list[list[str]]:
     """The SkyPilot example's get_per_worker_chunk_paths, for comparison only: contiguous slices of
     len(chunks) // workers, which drops the remainder (8 of 200 chunks for 16 workers)."""
     per = len(chunks) // workers
-    return [list(chunks[i * per:(i + 1) * per]) for i in range(workers)]
+    return [list(chunks[i * per : (i + 1) * per]) for i in range(workers)]
 
 
 def contiguous_split(chunks: Sequence[str], workers: int) -> list[list[str]]:
     """Static contiguous slices that keep every chunk (the example's idea without its bug)."""
-    return [list(chunks[len(chunks) * i // workers: len(chunks) * (i + 1) // workers]) for i in range(workers)]
+    return [list(chunks[len(chunks) * i // workers : len(chunks) * (i + 1) // workers]) for i in range(workers)]
 
 
 def read_manifest(store: Store, layout: RunLayout) -> list[ManifestEntry]:
@@ -85,13 +91,20 @@ def render_plan(plan: PlanRecord) -> str:
     total = max(plan.est_tokens, 1)
     lines = [f"{'worker':>6}  {'chunks':>6}  {'rows':>10}  {'est. tokens':>13}  {'share':>6}"]
     for a in plan.workers:
-        lines.append(f"{a.worker:>6}  {len(a.chunks):>6}  {a.rows:>10,}  {a.est_tokens:>13,}  {100 * a.est_tokens / total:>5.1f}%")
+        lines.append(
+            f"{a.worker:>6}  {len(a.chunks):>6}  {a.rows:>10,}  {a.est_tokens:>13,}  "
+            f"{100 * a.est_tokens / total:>5.1f}%"
+        )
     loads = [a.est_tokens for a in plan.workers]
     mean = sum(loads) / len(loads)
-    lines.append(f"{plan.chunks} chunks, {plan.rows:,} rows over {len(plan.workers)} workers; "
-                 f"largest load {max(loads) / mean if mean else 1:.3f}x the mean")  # fmt: skip
+    lines.append(
+        f"{plan.chunks} chunks, {plan.rows:,} rows over {len(plan.workers)} workers; "
+        f"largest load {max(loads) / mean if mean else 1:.3f}x the mean"
+    )
     empty = sum(1 for a in plan.workers if not a.chunks)
     if empty:
-        lines.append(f"note: {empty} worker(s) have no chunk of their own (fewer chunks than workers); "
-                     "they will take over other workers' chunks")  # fmt: skip
+        lines.append(
+            f"note: {empty} worker(s) have no chunk of their own (fewer chunks than workers); "
+            "they will take over other workers' chunks"
+        )
     return "\n".join(lines)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -63,7 +63,9 @@ class GpuTable(_Strict):
     def get(self, name: str) -> GpuType:
         gpu = self.find(name)
         if gpu is None:
-            raise SpecError(f"unknown GPU type {name!r}", hint=f"known: {', '.join(self.gpus)} (or add it with --prices FILE)")
+            raise SpecError(
+                f"unknown GPU type {name!r}", hint=f"known: {', '.join(self.gpus)} (or add it with --prices FILE)"
+            )
         return gpu
 
     def find(self, name: str | None) -> GpuType | None:
@@ -109,7 +111,9 @@ def _load(path: str) -> GpuTable:
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
-        raise SpecError(f"{field}: {err['msg']}", where=path, hint="see orchestrator/data/gpus.yaml for the format") from None
+        raise SpecError(
+            f"{field}: {err['msg']}", where=path, hint="see orchestrator/data/gpus.yaml for the format"
+        ) from None
 
 
 # -- refreshing the prices from a cloud catalog ------------------------------------------------
@@ -144,16 +148,22 @@ def table_from_offerings(base: GpuTable, offerings: Iterable[Offering], *, date:
         # No spot price listed: keep the earlier one, else assume on-demand's.
         spot = min(spots) / fewest if spots else (old.spot if old else on_demand)
         gpus[name][cloud] = Price(on_demand=round(on_demand, 4), spot=round(spot, 4))
-    return base.model_copy(update={
-        "date": date, "source": source,
-        "gpus": {name: gpu.model_copy(update={"prices": gpus[name]}) for name, gpu in base.gpus.items()},
-    })  # fmt: skip
+    return base.model_copy(
+        update={
+            "date": date,
+            "source": source,
+            "gpus": {name: gpu.model_copy(update={"prices": gpus[name]}) for name, gpu in base.gpus.items()},
+        }
+    )
 
 
 def write_gpu_table(table: GpuTable, path: str | os.PathLike) -> None:
-    doc = {"date": table.date, "source": table.source,
-           "reference_output_tokens_per_s": table.reference_output_tokens_per_s,
-           "gpus": {name: g.model_dump(exclude={"name"}) for name, g in table.gpus.items()}}  # fmt: skip
+    doc = {
+        "date": table.date,
+        "source": table.source,
+        "reference_output_tokens_per_s": table.reference_output_tokens_per_s,
+        "gpus": {name: g.model_dump(exclude={"name"}) for name, g in table.gpus.items()},
+    }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(yaml.safe_dump(doc, sort_keys=False))
     _load.cache_clear()
@@ -161,8 +171,10 @@ def write_gpu_table(table: GpuTable, path: str | os.PathLike) -> None:
 
 def render_gpu_table(table: GpuTable, before: GpuTable | None = None) -> str:
     """One line per GPU and cloud; with `before`, the earlier prices beside the ones that changed."""
-    lines = [f"prices of {table.date} ({table.source}); USD per GPU-hour",
-             f"{'GPU':<11}{'cloud':<7}{'on-demand':>10}{'spot':>8}"]  # fmt: skip
+    lines = [
+        f"prices of {table.date} ({table.source}); USD per GPU-hour",
+        f"{'GPU':<11}{'cloud':<7}{'on-demand':>10}{'spot':>8}",
+    ]
     for name, gpu in table.gpus.items():
         for cloud, p in sorted(gpu.prices.items()):
             line = f"{name:<11}{cloud:<7}{p.on_demand:>10.3f}{p.spot:>8.3f}"

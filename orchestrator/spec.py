@@ -20,8 +20,9 @@ import copy
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -89,7 +90,7 @@ class ChunkingSpec(StrictModel):
     num_chunks: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
-    def _one_of(self) -> "ChunkingSpec":
+    def _one_of(self) -> ChunkingSpec:
         if self.rows_per_chunk is not None and self.num_chunks is not None:
             raise ValueError("set rows_per_chunk or num_chunks, not both")
         return self
@@ -124,7 +125,7 @@ class ResourcesSpec(StrictModel):
     job_recovery: JobRecoverySpec = Field(default_factory=JobRecoverySpec)
 
     @model_validator(mode="after")
-    def _some_pricing(self) -> "ResourcesSpec":
+    def _some_pricing(self) -> ResourcesSpec:
         if not (self.spot or self.on_demand):
             raise ValueError("allow spot, on-demand or both")
         if not self.gpus:
@@ -205,7 +206,7 @@ def load_spec(
         try:
             spec = RunSpec.model_validate(merged)
         except ValidationError as e:
-            raise _spec_error(e, source, lines, env_layer if source == "environment" else None) from None
+            raise _spec_error(e, source, lines) from None
     return spec
 
 
@@ -247,7 +248,7 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
         if name in _ENV_SHORTCUTS:
             path = _ENV_SHORTCUTS[name]
         elif "__" in name:
-            path = ".".join(part.lower() for part in name[len("ORCH_"):].split("__"))
+            path = ".".join(part.lower() for part in name[len("ORCH_") :].split("__"))
         else:
             continue
         if path.split(".")[0] not in RunSpec.model_fields:
@@ -288,7 +289,7 @@ def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _spec_error(e: ValidationError, source: str, lines: Any, env_layer: Any) -> SpecError:
+def _spec_error(e: ValidationError, source: str, lines: Any) -> SpecError:
     err = e.errors()[0]
     loc = [str(p) for p in err.get("loc", ()) if not str(p).startswith("function-")]
     field = ".".join(loc) or "(top level)"

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import click
 
@@ -88,8 +89,16 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
         with contextlib.suppress(Exception):  # a marker we cannot read is shown as done without numbers
             marker = parse_record(DoneMarker, store.get(layout.done(chunk)).data, layout.done(chunk))
             stats[chunk] = (marker.finished_at, marker.stats())
-    facts = RunFacts(layout.run, manifest, plan, jobs, done, stats, read_heartbeats(store, layout),
-                     decision=latest_decision(store, layout))
+    facts = RunFacts(
+        layout.run,
+        manifest,
+        plan,
+        jobs,
+        done,
+        stats,
+        read_heartbeats(store, layout),
+        decision=latest_decision(store, layout),
+    )
     current = [a.job_id for a in jobs.current_jobs().values()]
     if launcher is not None and current:
         try:
@@ -144,9 +153,16 @@ class RunStatus:
     overall: dict[str, float] | None = None
 
 
-def derive_status(facts: RunFacts, *, now: float, prices: GpuTable, heartbeat_interval: float = 10.0,
-                  default_spot: bool = True, gpus: Sequence[str] | None = None,
-                  workers_planned: int | None = None) -> RunStatus:  # fmt: skip
+def derive_status(
+    facts: RunFacts,
+    *,
+    now: float,
+    prices: GpuTable,
+    heartbeat_interval: float = 10.0,
+    default_spot: bool = True,
+    gpus: Sequence[str] | None = None,
+    workers_planned: int | None = None,
+) -> RunStatus:
     rows_by_chunk = {e.chunk: e.rows for e in facts.manifest}
     done = facts.done & set(rows_by_chunk)
     rows_done = sum(rows_by_chunk[c] for c in done)
@@ -166,8 +182,12 @@ def derive_status(facts: RunFacts, *, now: float, prices: GpuTable, heartbeat_in
         status = facts.statuses.get(attempt.job_id) if attempt else None
         hb = facts.heartbeats.get(name)
         age = now - float(hb["updated_at"]) if hb else None
-        alive = hb is not None and hb.get("state") not in ("exited",) and age is not None \
-            and age <= STALE_HEARTBEATS * heartbeat_interval  # fmt: skip
+        alive = (
+            hb is not None
+            and hb.get("state") not in ("exited",)
+            and age is not None
+            and age <= STALE_HEARTBEATS * heartbeat_interval
+        )
         view = WorkerView(
             worker=name,
             state=(status.state.value if status else JobState.UNKNOWN.value) if attempt else "NOT LAUNCHED",
@@ -188,9 +208,12 @@ def derive_status(facts: RunFacts, *, now: float, prices: GpuTable, heartbeat_in
             rows_per_s=float(hb.get("rows_per_s") or 0.0) if alive and hb else 0.0,
             heartbeat_state=(hb or {}).get("state"),
             heartbeat_age_s=round(age, 1) if age is not None else None,
-            uptime_s=round(float(hb.get("uptime_before_s") or 0) + max(float(hb["updated_at"]) - float(hb["started_at"]), 0.0), 1)
-            if hb else 0.0,
-        )  # fmt: skip
+            uptime_s=round(
+                float(hb.get("uptime_before_s") or 0) + max(float(hb["updated_at"]) - float(hb["started_at"]), 0.0), 1
+            )
+            if hb
+            else 0.0,
+        )
         if alive and view.chunk:
             in_progress += view.chunk_rows_done
             rows_per_s += float(hb.get("rows_per_s") or 0.0)
@@ -227,22 +250,38 @@ def _overall(finished: Sequence[tuple[float, ChunkStats]]) -> dict[str, float] |
         return None
     began = min(at - s.seconds for at, s in finished)
     wall = max(max(at for at, _ in finished) - began, 1e-3)
-    return {"wall_s": round(wall, 1), "rows_per_s": round(sum(s.rows for _, s in finished) / wall, 3),
-            "tokens_per_s": round(sum(s.tokens_out for _, s in finished) / wall, 1)}  # fmt: skip
+    return {
+        "wall_s": round(wall, 1),
+        "rows_per_s": round(sum(s.rows for _, s in finished) / wall, 3),
+        "tokens_per_s": round(sum(s.tokens_out for _, s in finished) / wall, 1),
+    }
 
 
 def _estimate(facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: int | None) -> dict[str, Any] | None:
     from orchestrator.estimate import estimate
 
     try:
-        est = estimate(prices, gpus, workers or max(len(facts.plan.workers) if facts.plan else 1, 1), facts.manifest,
-                       facts.stats, facts.done)  # fmt: skip
+        est = estimate(
+            prices,
+            gpus,
+            workers or max(len(facts.plan.workers) if facts.plan else 1, 1),
+            facts.manifest,
+            facts.stats,
+            facts.done,
+        )
     except Exception:  # an unknown GPU name in the spec: the status itself must still show
         return None
     f = est.fleet
-    return {"gpu": f.gpu, "workers": est.workers, "tokens_per_s_per_worker": f.tokens_per_s, "measured": f.measured,
-            "spot_hours": f.spot_hours, "spot_usd": f.spot_usd, "on_demand_hours": f.on_demand_hours,
-            "on_demand_usd": f.on_demand_usd}  # fmt: skip
+    return {
+        "gpu": f.gpu,
+        "workers": est.workers,
+        "tokens_per_s_per_worker": f.tokens_per_s,
+        "measured": f.measured,
+        "spot_hours": f.spot_hours,
+        "spot_usd": f.spot_usd,
+        "on_demand_hours": f.on_demand_hours,
+        "on_demand_usd": f.on_demand_usd,
+    }
 
 
 def _worker_order(name: str) -> tuple[int, str]:
@@ -259,25 +298,31 @@ def render_table(status: RunStatus) -> str:
     pct = 100 * c["done"] / c["total"] if c["total"] else 100.0
     eta = _duration(status.eta_s) if status.eta_s is not None else "unknown"
     head = [
-        click.style(f"run {status.run}", bold=True) + f"  ({status.backend or 'not launched'})"
+        click.style(f"run {status.run}", bold=True)
+        + f"  ({status.backend or 'not launched'})"
         + (click.style("  COMPLETE", fg="green", bold=True) if status.complete else ""),
         f"chunks {c['done']}/{c['total']} ({pct:.0f}%)   rows {r['done']:,}/{r['total']:,} done"
         f" (+{r['in_progress']:,} in progress)   errors {r['errors']:,}",
         _pace_line(status, eta),
-    ]  # fmt: skip
+    ]
     if status.estimate and not status.complete:
         e = status.estimate
-        head.append(f"estimate left on {e['workers']} x {e['gpu']} ({'measured' if e['measured'] else 'table'} "
-                    f"{e['tokens_per_s_per_worker']:,.0f} tok/s each): {_duration(e['spot_hours'] * 3600)} / "
-                    f"${e['spot_usd']:,.2f} on spot, {_duration(e['on_demand_hours'] * 3600)} / "
-                    f"${e['on_demand_usd']:,.2f} on demand")  # fmt: skip
+        head.append(
+            f"estimate left on {e['workers']} x {e['gpu']} ({'measured' if e['measured'] else 'table'} "
+            f"{e['tokens_per_s_per_worker']:,.0f} tok/s each): {_duration(e['spot_hours'] * 3600)} / "
+            f"${e['spot_usd']:,.2f} on spot, {_duration(e['on_demand_hours'] * 3600)} / "
+            f"${e['on_demand_usd']:,.2f} on demand"
+        )
     if status.deadline:
         d = status.deadline
         colour = {"critical": "red", "behind": "yellow"}.get(d.get("mode"), "green")
-        head.append(click.style(f"deadline {_duration(d['deadline_s'])}", bold=True)
-                    + click.style(f" [{d.get('mode')}]", fg=colour)
-                    + f" progress {d.get('progress', 0):.1%} vs line {d.get('line', 0):.1%}; last decision: "
-                    f"{d.get('action')}: {d.get('reason')}" + (f" (budget ${d['budget_usd']:,.2f})" if d.get("budget_usd") else ""))  # fmt: skip
+        head.append(
+            click.style(f"deadline {_duration(d['deadline_s'])}", bold=True)
+            + click.style(f" [{d.get('mode')}]", fg=colour)
+            + f" progress {d.get('progress', 0):.1%} vs line {d.get('line', 0):.1%}; last decision: "
+            f"{d.get('action')}: {d.get('reason')}"
+            + (f" (budget ${d['budget_usd']:,.2f})" if d.get("budget_usd") else "")
+        )
     if status.backend_note:
         head.append(click.style(f"warning: {status.backend_note}", fg="yellow"))
     cols = ["worker", "state", "accel", "where", "spot", "chunk", "progress", "own done", "finished", "tok/s", "beat"]
@@ -285,20 +330,27 @@ def render_table(status: RunStatus) -> str:
     for w in status.workers:
         state = w.state + (f" (recovered {w.recovery_count}x)" if w.recovery_count else "")
         colour = STATE_COLOURS.get(JobState(w.state), "white") if w.state in JobState.__members__ else "white"
-        rows.append([
-            w.worker, (state, colour), w.accelerator or "-", "/".join(x for x in (w.cloud, w.region) if x) or "-",
-            {True: "spot", False: "on-dem", None: "-"}[w.spot], w.chunk or "-",
-            f"{w.chunk_rows_done}/{w.chunk_rows}" if w.chunk else "-",
-            f"{w.chunks_done_of_own_list}/{w.chunks_assigned}", str(w.chunks_finished),
-            f"{w.tokens_per_s:,.0f}" if w.chunk else "-",
-            _duration(w.heartbeat_age_s) + " ago" if w.heartbeat_age_s is not None else "-",
-        ])  # fmt: skip
+        rows.append(
+            [
+                w.worker,
+                (state, colour),
+                w.accelerator or "-",
+                "/".join(x for x in (w.cloud, w.region) if x) or "-",
+                {True: "spot", False: "on-dem", None: "-"}[w.spot],
+                w.chunk or "-",
+                f"{w.chunk_rows_done}/{w.chunk_rows}" if w.chunk else "-",
+                f"{w.chunks_done_of_own_list}/{w.chunks_assigned}",
+                str(w.chunks_finished),
+                f"{w.tokens_per_s:,.0f}" if w.chunk else "-",
+                _duration(w.heartbeat_age_s) + " ago" if w.heartbeat_age_s is not None else "-",
+            ]
+        )
     widths = [max(len(cols[i]), *(len(_text(row[i])) for row in rows)) for i in range(len(cols))] if rows else []
-    lines = head + [""]
+    lines = [*head, ""]
     if rows:
-        lines.append("  ".join(h.ljust(wd) for h, wd in zip(cols, widths)))
+        lines.append("  ".join(h.ljust(wd) for h, wd in zip(cols, widths, strict=True)))
         for row in rows:
-            lines.append("  ".join(_cell(cell, wd) for cell, wd in zip(row, widths)))
+            lines.append("  ".join(_cell(cell, wd) for cell, wd in zip(row, widths, strict=True)))
     return "\n".join(lines)
 
 
@@ -306,8 +358,10 @@ def _pace_line(status: RunStatus, eta: str) -> str:
     cost = f"cost so far ${status.cost['so_far_usd']:,.2f} ({status.cost['worker_hours']:.2f} worker-hours)"
     o = status.overall
     if status.complete and o:
-        return (f"finished in {_duration(o['wall_s'])}: {o['rows_per_s']:,.2f} rows/s, {o['tokens_per_s']:,.0f} tok/s"
-                f" over the run   {cost}")  # fmt: skip
+        return (
+            f"finished in {_duration(o['wall_s'])}: {o['rows_per_s']:,.2f} rows/s, {o['tokens_per_s']:,.0f} tok/s"
+            f" over the run   {cost}"
+        )
     t = status.throughput
     return f"throughput {t['rows_per_s']:.2f} rows/s, {t['tokens_per_s']:,.0f} tok/s   ETA {eta}   {cost}"
 
@@ -333,9 +387,24 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
 
 
-def status_of(store: Store, layout: RunLayout, launcher: Launcher | None, *, now: float, prices: GpuTable,
-              heartbeat_interval: float = 10.0, default_spot: bool = True, gpus: Sequence[str] | None = None,
-              workers_planned: int | None = None) -> RunStatus:  # fmt: skip
-    return derive_status(gather(store, layout, launcher), now=now, prices=prices,
-                         heartbeat_interval=heartbeat_interval, default_spot=default_spot, gpus=gpus,
-                         workers_planned=workers_planned)  # fmt: skip
+def status_of(
+    store: Store,
+    layout: RunLayout,
+    launcher: Launcher | None,
+    *,
+    now: float,
+    prices: GpuTable,
+    heartbeat_interval: float = 10.0,
+    default_spot: bool = True,
+    gpus: Sequence[str] | None = None,
+    workers_planned: int | None = None,
+) -> RunStatus:
+    return derive_status(
+        gather(store, layout, launcher),
+        now=now,
+        prices=prices,
+        heartbeat_interval=heartbeat_interval,
+        default_spot=default_spot,
+        gpus=gpus,
+        workers_planned=workers_planned,
+    )

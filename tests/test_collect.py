@@ -21,9 +21,15 @@ def build(store_uri, answered=(0, 1)):
     store = open_store(store_uri)
     layout = make_run(store, "c", [requests("a", 4), requests("b", 3)], model="m")
     if 0 in answered:  # rows finished out of order, over two parts
-        answer_chunk(store, layout, "part_00000", [[Answer(2, "a2", "two"), Answer(0, "a0", "zero")],
-                                                    [Answer(3, "a3", error="context_length_exceeded"),
-                                                     Answer(1, "a1", "one")]])  # fmt: skip
+        answer_chunk(
+            store,
+            layout,
+            "part_00000",
+            [
+                [Answer(2, "a2", "two"), Answer(0, "a0", "zero")],
+                [Answer(3, "a3", error="context_length_exceeded"), Answer(1, "a1", "one")],
+            ],
+        )
     if 1 in answered:
         answer_chunk(store, layout, "part_00001", [[Answer(i, f"b{i}", f"b{i}") for i in range(3)]])
     return store, layout
@@ -48,13 +54,27 @@ def test_collect_writes_every_row_in_input_order(store_uri, tmp_path):
 def test_collect_reports_a_chunk_without_marker_as_missing(tmp_path, capsys):
     store_uri = str(tmp_path / "s")
     build(store_uri, answered=(0,))
-    code = main(["collect", "--run", "c", "--store", store_uri, "--out", str(tmp_path / "o.jsonl"),
-                 "--retry-out", str(tmp_path / "r.jsonl")])  # fmt: skip
+    code = main(
+        [
+            "collect",
+            "--run",
+            "c",
+            "--store",
+            store_uri,
+            "--out",
+            str(tmp_path / "o.jsonl"),
+            "--retry-out",
+            str(tmp_path / "r.jsonl"),
+        ]
+    )
     assert code == 7
     out, err = capsys.readouterr()
     assert "3 row(s) missing" in out and "part_00001" in out and "incomplete" in err
     assert [r["custom_id"] for r in read_lines(tmp_path / "r.jsonl")] == ["a3", "b0", "b1", "b2"]
-    assert main(["collect", "--run", "c", "--store", store_uri, "--out", str(tmp_path / "o.jsonl"), "--allow-partial"]) == 0
+    assert (
+        main(["collect", "--run", "c", "--store", store_uri, "--out", str(tmp_path / "o.jsonl"), "--allow-partial"])
+        == 0
+    )
 
 
 def test_collect_never_writes_a_row_twice_and_ignores_unlisted_parts(tmp_path):
@@ -94,6 +114,8 @@ def test_collect_to_parquet_with_flattened_columns(tmp_path, capsys):
 def test_collect_reads_parquet_parts(tmp_path):
     store = open_store(str(tmp_path / "s"))
     layout = make_run(store, "pq", [requests("p", 2)], model="m")
-    answer_chunk(store, layout, "part_00000", [[Answer(1, "p1", "one")], [Answer(0, "p0", "zero")]], output_format="parquet")
+    answer_chunk(
+        store, layout, "part_00000", [[Answer(1, "p1", "one")], [Answer(0, "p0", "zero")]], output_format="parquet"
+    )
     collect(store, layout, tmp_path / "o.jsonl")
     assert [line["custom_id"] for line in read_lines(tmp_path / "o.jsonl")] == ["p0", "p1"]

@@ -1,4 +1,4 @@
-"""The deadline policy: decisions on hand-computed timelines, and `orch watch --deadline` acting through the launcher."""
+"""The deadline policy: decisions on hand-computed timelines, and `orch watch --deadline` acting through a launcher."""
 
 from __future__ import annotations
 
@@ -29,8 +29,16 @@ EIGHT_HOURS = DeadlineSettings(deadline_s=8 * H, restart_overhead_s=600, max_on_
 
 
 def state(elapsed_h, done, spot_rate, on_demand=(), total=1000.0, new_rate=0.02, cost=0.0):
-    return FleetState(elapsed_s=elapsed_h * H, total_rows=total, done_rows=done, spot_rate=spot_rate,
-                      on_demand=list(on_demand), new_worker_rate=new_rate, new_worker_usd_h=1.0, cost_so_far_usd=cost)  # fmt: skip
+    return FleetState(
+        elapsed_s=elapsed_h * H,
+        total_rows=total,
+        done_rows=done,
+        spot_rate=spot_rate,
+        on_demand=list(on_demand),
+        new_worker_rate=new_rate,
+        new_worker_usd_h=1.0,
+        cost_so_far_usd=cost,
+    )
 
 
 # -- decisions on hand timelines -----------------------------------------------------------------
@@ -114,17 +122,32 @@ def sky_home(tmp_path_factory, monkeypatch):
 
 def make_ctx(tmp_path, chunks=4):
     store = open_store(tmp_path / "store")
-    make_run(store, "dl", [[chat_request(f"c{c}-{i}", "q") for i in range(2)] for c in range(chunks)], model="m",
-             workers=2)  # fmt: skip
-    spec = load_spec(None, {"run": "dl", "store": "r2://bucket/orch", "backend": "skypilot"}, env={}, default_file=False)
+    make_run(
+        store, "dl", [[chat_request(f"c{c}-{i}", "q") for i in range(2)] for c in range(chunks)], model="m", workers=2
+    )
+    spec = load_spec(
+        None, {"run": "dl", "store": "r2://bucket/orch", "backend": "skypilot"}, env={}, default_file=False
+    )
     return RunContext(spec, store, RunLayout("dl"))
 
 
 def beat(ctx, worker, rows_per_s, *, up_h=1.0):
     now = time.time()
-    HeartbeatPublisher(ctx.store, ctx.layout, Heartbeat(
-        worker=str(worker), holder=f"{worker}.h", state="running", accelerator="NVIDIA L4", spot=True,
-        started_at=now - up_h * H, updated_at=now, chunk=None, rows_per_s=rows_per_s)).publish()  # fmt: skip
+    HeartbeatPublisher(
+        ctx.store,
+        ctx.layout,
+        Heartbeat(
+            worker=str(worker),
+            holder=f"{worker}.h",
+            state="running",
+            accelerator="NVIDIA L4",
+            spot=True,
+            started_at=now - up_h * H,
+            updated_at=now,
+            chunk=None,
+            rows_per_s=rows_per_s,
+        ),
+    ).publish()
 
 
 def launched_spot_choices(sky):
@@ -149,8 +172,17 @@ def test_watch_behind_schedule_launches_on_demand_through_the_launcher_and_logs_
     assert any("on-demand job" in e for e in events)
     logged = list(ctx.store.list(ctx.layout.decisions_prefix))
     assert len(logged) == 1
-    view = render_table(status_of(ctx.store, ctx.layout, launcher, now=time.time(), prices=load_gpu_table(),
-                                  gpus=ctx.spec.resources.gpus, workers_planned=2))  # fmt: skip
+    view = render_table(
+        status_of(
+            ctx.store,
+            ctx.layout,
+            launcher,
+            now=time.time(),
+            prices=load_gpu_table(),
+            gpus=ctx.spec.resources.gpus,
+            workers_planned=2,
+        )
+    )
     assert "deadline 6h" in view and "[behind]" in view and "behind the uniform line" in view
 
 
@@ -159,8 +191,9 @@ def test_watch_ahead_retires_on_demand_workers_and_never_relaunches_them(tmp_pat
     sky = ScriptedSky()
     launcher = SkyPilotLauncher(ctx.spec, sdk=sky)
     launch_workers(ctx, launcher, [0, 1], clock=lambda: time.time() - 2 * H)
-    extra = launch_workers(ctx, launcher, [2], use_spot=False, reason="deadline: behind",
-                           clock=lambda: time.time() - H)[2]  # fmt: skip
+    extra = launch_workers(
+        ctx, launcher, [2], use_spot=False, reason="deadline: behind", clock=lambda: time.time() - H
+    )[2]
     for c in range(3):  # 75% done at 2 h of 8 h: far ahead of the line
         answer_chunk(ctx.store, ctx.layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "a") for i in range(2)]])
     for w in (0, 1):

@@ -17,13 +17,31 @@ TABLE = load_gpu_table()
 
 
 def entries(n=10, rows=1000, max_tokens=256):
-    return [ManifestEntry(chunk=f"part_{i:05d}", key=f"chunks/part_{i:05d}.jsonl", rows=rows, bytes=rows * 300,
-                          est_prompt_tokens=rows * 60, max_output_tokens=rows * max_tokens) for i in range(n)]  # fmt: skip
+    return [
+        ManifestEntry(
+            chunk=f"part_{i:05d}",
+            key=f"chunks/part_{i:05d}.jsonl",
+            rows=rows,
+            bytes=rows * 300,
+            est_prompt_tokens=rows * 60,
+            max_output_tokens=rows * max_tokens,
+        )
+        for i in range(n)
+    ]
 
 
 def test_before_any_chunk_finishes_the_table_gives_the_speeds():
-    est = estimate(TABLE, ["L4", "A100"], 4, entries(), {}, set(), preemptions_per_hour=0.25,
-                   restart_overhead_s=600, checkpoint_interval_s=60)  # fmt: skip
+    est = estimate(
+        TABLE,
+        ["L4", "A100"],
+        4,
+        entries(),
+        {},
+        set(),
+        preemptions_per_hour=0.25,
+        restart_overhead_s=600,
+        checkpoint_interval_s=60,
+    )
     l4, a100 = est.candidates
     # 10,000 rows x 128 tokens (half of max_tokens) over 4 workers at 1,100 tok/s: 290.9 s + 600 s start-up.
     work_h = 10_000 * 128 / 4 / 1100 / 3600
@@ -36,8 +54,15 @@ def test_before_any_chunk_finishes_the_table_gives_the_speeds():
 
 
 def test_measured_speeds_replace_the_table_and_scale_the_gpus_not_seen():
-    stats = {f"part_0000{i}": (0.0, ChunkStats(rows=1000, errors=0, tokens_in=0, tokens_out=50_000, seconds=100.0,
-                                                worker="0", accelerator="NVIDIA L4")) for i in range(2)}  # fmt: skip
+    stats = {
+        f"part_0000{i}": (
+            0.0,
+            ChunkStats(
+                rows=1000, errors=0, tokens_in=0, tokens_out=50_000, seconds=100.0, worker="0", accelerator="NVIDIA L4"
+            ),
+        )
+        for i in range(2)
+    }
     done = set(stats)
     est = estimate(TABLE, ["L4", "A100"], 2, entries(), stats, done)
     tp = est.throughput
@@ -49,14 +74,15 @@ def test_measured_speeds_replace_the_table_and_scale_the_gpus_not_seen():
 
 def test_plan_estimate_on_the_command_line(tmp_path, capsys):
     store = open_store(str(tmp_path / "store"))
-    make_run(store, "e", [[chat_request(f"c{c}-{i}", "q", max_tokens=100) for i in range(10)] for c in range(4)],
-             model="m")  # fmt: skip
+    make_run(
+        store, "e", [[chat_request(f"c{c}-{i}", "q", max_tokens=100) for i in range(10)] for c in range(4)], model="m"
+    )
     argv = ["plan", "--run", "e", "--store", str(tmp_path / "store"), "--workers", "2", "--estimate"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "Estimate: 40 of 40 rows left, 50 output tokens/row (assumed: half of max_tokens), 2 workers" in out
     assert "L4 *" in out and "on demand" in out
-    assert main(argv + ["--json"]) == 0
+    assert main([*argv, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert {c["gpu"] for c in doc["estimate"]["candidates"]} >= {"L4", "A100"}
 

@@ -8,7 +8,6 @@ import os
 import random
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -48,8 +47,9 @@ def workdir(tmp_path, monkeypatch):
 
 
 def questions(path: Path, n: int) -> Path:
-    return write_jsonl(path, [{"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}?"}]}
-                              for i in range(n)])  # fmt: skip
+    return write_jsonl(
+        path, [{"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}?"}]} for i in range(n)]
+    )
 
 
 def collected_ids(path: Path) -> list[str]:
@@ -58,8 +58,26 @@ def collected_ids(path: Path) -> list[str]:
 
 def test_orch_run_on_the_local_backend_answers_everything(workdir, tiny_model, capsys):
     data = questions(workdir / "q.jsonl", 60)
-    code = main(["run", str(data), "--run", "e2e", "--model", tiny_model, "--num-chunks", "4", "--workers", "2",
-                 "--id-column", "id", "--out", str(workdir / "out.jsonl"), "--interval", "1"])  # fmt: skip
+    code = main(
+        [
+            "run",
+            str(data),
+            "--run",
+            "e2e",
+            "--model",
+            tiny_model,
+            "--num-chunks",
+            "4",
+            "--workers",
+            "2",
+            "--id-column",
+            "id",
+            "--out",
+            str(workdir / "out.jsonl"),
+            "--interval",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "run 'e2e' complete" in out and "wrote 60 of 60 rows" in out
@@ -67,8 +85,27 @@ def test_orch_run_on_the_local_backend_answers_everything(workdir, tiny_model, c
     # Logs are in files, one per worker process.
     assert len(list((workdir / ".orch" / "logs" / "e2e").glob("worker-*.log"))) >= 2
     # Running the same command again does nothing new and gives the same output.
-    assert main(["run", str(data), "--run", "e2e", "--model", tiny_model, "--num-chunks", "4", "--workers", "2",
-                 "--id-column", "id", "--out", str(workdir / "again.jsonl")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "run",
+                str(data),
+                "--run",
+                "e2e",
+                "--model",
+                tiny_model,
+                "--num-chunks",
+                "4",
+                "--workers",
+                "2",
+                "--id-column",
+                "id",
+                "--out",
+                str(workdir / "again.jsonl"),
+            ]
+        )
+        == 0
+    )
     assert collected_ids(workdir / "again.jsonl") == collected_ids(workdir / "out.jsonl")
 
 
@@ -123,9 +160,14 @@ def test_chaos_workers_killed_again_and_again_still_answer_every_row_once(workdi
         """Live jobs whose worker is part-way through a chunk (its heartbeat says so)."""
         beats = read_heartbeats(ctx.store, ctx.layout)
         record, _ = read_jobs(ctx.store, ctx.layout)
-        return [a.job_id for w, a in record.current_jobs().items()
-                if (beat := beats.get(str(w))) and beat["state"] == "running" and beat["chunk_rows_done"] > 0
-                and launcher.statuses([a.job_id])[a.job_id].state.is_live()]  # fmt: skip
+        return [
+            a.job_id
+            for w, a in record.current_jobs().items()
+            if (beat := beats.get(str(w)))
+            and beat["state"] == "running"
+            and beat["chunk_rows_done"] > 0
+            and launcher.statuses([a.job_id])[a.job_id].state.is_live()
+        ]
 
     def chaos():
         # Kills follow progress, not the clock: each one lands in a chunk some rows into it.

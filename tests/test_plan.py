@@ -16,8 +16,17 @@ from tests.support.datasets import write_lmsys_parquet
 
 
 def entries(sizes):
-    return [ManifestEntry(chunk=chunk_id(i, len(sizes)), key=f"chunks/{chunk_id(i, len(sizes))}.jsonl", rows=s,
-                          bytes=s, est_prompt_tokens=s, max_output_tokens=0) for i, s in enumerate(sizes)]  # fmt: skip
+    return [
+        ManifestEntry(
+            chunk=chunk_id(i, len(sizes)),
+            key=f"chunks/{chunk_id(i, len(sizes))}.jsonl",
+            rows=s,
+            bytes=s,
+            est_prompt_tokens=s,
+            max_output_tokens=0,
+        )
+        for i, s in enumerate(sizes)
+    ]
 
 
 def test_plan_assigns_every_chunk_exactly_once():

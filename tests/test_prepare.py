@@ -53,19 +53,33 @@ def test_prepare_lmsys_parquet_directory_first_user_turn(store_dir, tmp_path, ca
 
 
 def test_prepare_chat_all_turns_up_to_last_user_turn_with_system_prompt(store_dir, tmp_path):
-    conv = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]  # fmt: skip
+    conv = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "d"},
+    ]
     write_jsonl(tmp_path / "c.jsonl", [{"conversation": conv}])
-    assert prepare(store_dir, tmp_path / "c.jsonl", "--turns", "all", "--system-prompt", "Be brief.",
-                   "--rows-per-chunk", "10") == 0  # fmt: skip
+    assert (
+        prepare(
+            store_dir, tmp_path / "c.jsonl", "--turns", "all", "--system-prompt", "Be brief.", "--rows-per-chunk", "10"
+        )
+        == 0
+    )
     messages = chunk_lines(store_dir)[0]["body"]["messages"]
     assert [m["content"] for m in messages] == ["Be brief.", "a", "b", "c"]
 
 
 def test_prepare_openai_batch_keeps_per_request_parameters(store_dir, tmp_path):
-    rows = [{"custom_id": f"id-{i}", "method": "POST", "url": "/v1/chat/completions",
-             "body": {"messages": [{"role": "user", "content": f"q{i}"}], "temperature": 0.1 * i, "max_tokens": 5 + i}}
-            for i in range(5)]  # fmt: skip
+    rows = [
+        {
+            "custom_id": f"id-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": f"q{i}"}], "temperature": 0.1 * i, "max_tokens": 5 + i},
+        }
+        for i in range(5)
+    ]
     write_jsonl(tmp_path / "b.jsonl", rows)
     assert prepare(store_dir, tmp_path / "b.jsonl", "--format", "openai-batch", "--num-chunks", "2") == 0
     lines = chunk_lines(store_dir)
@@ -75,8 +89,18 @@ def test_prepare_openai_batch_keeps_per_request_parameters(store_dir, tmp_path):
 
 
 def test_prepare_completion_objects_like_the_fm_runner(store_dir, tmp_path):
-    row = {"best_of": 1, "echo": False, "engine": "gpt-j-6b", "logprobs": 1, "max_tokens": 2, "n": 1,
-           "prompt": "Passage: ...\\nAnswer:", "stop": ["\\n"], "temperature": 0.0, "top_p": 1}  # fmt: skip
+    row = {
+        "best_of": 1,
+        "echo": False,
+        "engine": "gpt-j-6b",
+        "logprobs": 1,
+        "max_tokens": 2,
+        "n": 1,
+        "prompt": "Passage: ...\\nAnswer:",
+        "stop": ["\\n"],
+        "temperature": 0.0,
+        "top_p": 1,
+    }
     write_jsonl(tmp_path / "fm.jsonl.gz", [row, row], gz=True)
     assert prepare(store_dir, tmp_path / "fm.jsonl.gz", "--format", "completion", "--num-chunks", "1") == 0
     lines = chunk_lines(store_dir)
@@ -88,15 +112,30 @@ def test_prepare_completion_objects_like_the_fm_runner(store_dir, tmp_path):
 
 def test_prepare_text_through_a_template(store_dir, tmp_path):
     write_jsonl(tmp_path / "t.jsonl", [{"text": "the sea", "lang": "French"}])
-    assert prepare(store_dir, tmp_path / "t.jsonl", "--format", "text", "--template", "Translate {text} into {lang}.",
-                   "--num-chunks", "1") == 0  # fmt: skip
-    assert chunk_lines(store_dir)[0]["body"]["messages"] == [{"role": "user", "content": "Translate the sea into French."}]
+    assert (
+        prepare(
+            store_dir,
+            tmp_path / "t.jsonl",
+            "--format",
+            "text",
+            "--template",
+            "Translate {text} into {lang}.",
+            "--num-chunks",
+            "1",
+        )
+        == 0
+    )
+    assert chunk_lines(store_dir)[0]["body"]["messages"] == [
+        {"role": "user", "content": "Translate the sea into French."}
+    ]
 
 
 def test_prepare_sets_bad_rows_aside_with_file_and_line(store_dir, tmp_path, capsys):
     good = {"conversation": [{"role": "user", "content": "hi"}]}
-    write_jsonl(tmp_path / "mixed.jsonl", [good, b"{broken", {"conversation": []}, good,
-                                           {"conversation": [{"role": "assistant", "content": "x"}]}])  # fmt: skip
+    write_jsonl(
+        tmp_path / "mixed.jsonl",
+        [good, b"{broken", {"conversation": []}, good, {"conversation": [{"role": "assistant", "content": "x"}]}],
+    )
     assert prepare(store_dir, tmp_path / "mixed.jsonl", "--num-chunks", "2") == 0
     assert sum(e.rows for e in manifest(store_dir)) == 2
     out = capsys.readouterr().out
@@ -130,10 +169,14 @@ def test_prepare_rerun_is_idempotent(store_dir, tmp_path, capsys):
     write_lmsys_parquet(tmp_path / "d", 100, files=2)
     assert prepare(store_dir, tmp_path / "d", "--num-chunks", "4") == 0
     store = open_store(store_dir)
-    before = {o.key: store.get(o.key).data for o in store.list("runs/r/") if "/chunks/" in o.key or o.key.endswith(".txt")}
+    before = {
+        o.key: store.get(o.key).data for o in store.list("runs/r/") if "/chunks/" in o.key or o.key.endswith(".txt")
+    }
     assert prepare(store_dir, tmp_path / "d", "--num-chunks", "4") == 0
     assert "already prepared" in capsys.readouterr().out
-    after = {o.key: store.get(o.key).data for o in store.list("runs/r/") if "/chunks/" in o.key or o.key.endswith(".txt")}
+    after = {
+        o.key: store.get(o.key).data for o in store.list("runs/r/") if "/chunks/" in o.key or o.key.endswith(".txt")
+    }
     assert after == before
     assert store.get(RunLayout("r").metadata).data.decode().count("\n") == 4
 
@@ -168,8 +211,23 @@ def test_prepare_from_s3_into_s3(seaweedfs_server, tmp_path, monkeypatch):
     client.upload_file(str(write_jsonl(tmp_path / "x.jsonl", [{"text": "t"}])), bucket, "datasets/other/x.jsonl")
     source = f"s3://{bucket}/datasets/lmsys?endpoint={seaweedfs_server.endpoint}"
     store_uri = seaweedfs_server.store_uri(bucket, "orch")
-    assert main(["prepare", source, "--run", "s3run", "--store", store_uri, "--num-chunks", "5",
-                 "--id-column", "conversation_id"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "prepare",
+                source,
+                "--run",
+                "s3run",
+                "--store",
+                store_uri,
+                "--num-chunks",
+                "5",
+                "--id-column",
+                "conversation_id",
+            ]
+        )
+        == 0
+    )
     entries = manifest(store_uri, "s3run")
     assert len(entries) == 5 and sum(e.rows for e in entries) == 300
     assert len({line["custom_id"] for line in chunk_lines(store_uri, "s3run")}) == 300

@@ -32,14 +32,19 @@ a2-highgpu-1g,A100,1.0,12.0,85.0,A100,4.0490,1.2900,europe-west4,europe-west4-a
 
 def test_prices_from_offerings_are_the_cheapest_gpu_hour_on_the_smallest_machines():
     base = load_gpu_table()
-    fresh = table_from_offerings(base, [
-        Offering("L4", "aws", "us-east-1", 1, 0.90, 0.30),
-        Offering("L4", "aws", "us-west-2", 1, 0.85, 0.35),
-        Offering("L4", "aws", "us-east-1", 4, 3.00, 1.00),  # cheaper per GPU, but a 4-GPU machine
-        Offering("a100-80gb", "aws", "us-east-1", 8, 40.96, 16.40),  # only 8-GPU machines
-        Offering("L4", "azure", "eastus", 1, 1.00, None),  # a cloud the table did not have, no spot price
-        Offering("T4", "aws", "us-east-1", 1, 0.50, 0.20),  # a GPU orch does not know
-    ], date="2026-11-22", source="test")  # fmt: skip
+    fresh = table_from_offerings(
+        base,
+        [
+            Offering("L4", "aws", "us-east-1", 1, 0.90, 0.30),
+            Offering("L4", "aws", "us-west-2", 1, 0.85, 0.35),
+            Offering("L4", "aws", "us-east-1", 4, 3.00, 1.00),  # cheaper per GPU, but a 4-GPU machine
+            Offering("a100-80gb", "aws", "us-east-1", 8, 40.96, 16.40),  # only 8-GPU machines
+            Offering("L4", "azure", "eastus", 1, 1.00, None),  # a cloud the table did not have, no spot price
+            Offering("T4", "aws", "us-east-1", 1, 0.50, 0.20),  # a GPU orch does not know
+        ],
+        date="2026-11-22",
+        source="test",
+    )
     l4 = fresh.gpus["L4"]
     assert (l4.prices["aws"].on_demand, l4.prices["aws"].spot) == (0.85, 0.30)  # regions mixed: cheapest of each
     assert (l4.prices["azure"].on_demand, l4.prices["azure"].spot) == (1.00, 1.00)
@@ -53,7 +58,9 @@ def test_prices_from_offerings_are_the_cheapest_gpu_hour_on_the_smallest_machine
 def homes(tmp_path):
     """A HOME for SkyPilot and an ORCH_HOME, with no proxy bypass and usage collection off."""
     env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "https_proxy", "http_proxy")}
-    env.update(HOME=str(tmp_path / "home"), ORCH_HOME=str(tmp_path / "orch-home"), SKYPILOT_DISABLE_USAGE_COLLECTION="1")
+    env.update(
+        HOME=str(tmp_path / "home"), ORCH_HOME=str(tmp_path / "orch-home"), SKYPILOT_DISABLE_USAGE_COLLECTION="1"
+    )
     (tmp_path / "home").mkdir()
     return env, tmp_path
 
@@ -81,7 +88,9 @@ def test_prices_refresh_builds_the_table_from_skypilots_catalog(homes):
     assert (table.gpus["L4"].prices["aws"].on_demand, table.gpus["L4"].prices["aws"].spot) == (0.8048, 0.29)
     assert (table.gpus["L4"].prices["gcp"].on_demand, table.gpus["L4"].prices["gcp"].spot) == (0.7068, 0.2828)
     assert table.gpus["A100"].prices["gcp"].on_demand == 3.6731
-    assert table.gpus["A100-80GB"].prices["aws"] .on_demand == 5.12 and table.gpus["A100-80GB"].prices["aws"].spot == 2.05
+    assert (
+        table.gpus["A100-80GB"].prices["aws"].on_demand == 5.12 and table.gpus["A100-80GB"].prices["aws"].spot == 2.05
+    )
     assert table.gpus["A100"].prices["azure"] == load_gpu_table().gpus["A100"].prices["azure"]  # not refreshed
 
     # From now on the refreshed table is the one in use.

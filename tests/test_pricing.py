@@ -34,11 +34,15 @@ def test_gpu_names_reported_by_machines_are_recognised():
 
 def test_price_table_override_is_validated(tmp_path):
     bad = tmp_path / "p.yaml"
-    bad.write_text("date: x\nsource: y\ngpus:\n  T4:\n    relative_speed: 0.5\n    memory_gb: 16\n    prices:\n      aws: {on_demand: 0.5, spt: 0.2}\n")
-    with pytest.raises(SpecError, match="gpus.T4.prices.aws"):
+    bad.write_text(
+        "date: x\nsource: y\ngpus:\n  T4:\n    relative_speed: 0.5\n    memory_gb: 16\n    prices:\n      aws: {on_demand: 0.5, spt: 0.2}\n"
+    )
+    with pytest.raises(SpecError, match=r"gpus\.T4\.prices\.aws"):
         load_gpu_table(bad)
     good = tmp_path / "g.yaml"
-    good.write_text("date: x\nsource: y\ngpus:\n  T4:\n    relative_speed: 0.5\n    memory_gb: 16\n    prices:\n      aws: {on_demand: 0.5, spot: 0.2}\n")
+    good.write_text(
+        "date: x\nsource: y\ngpus:\n  T4:\n    relative_speed: 0.5\n    memory_gb: 16\n    prices:\n      aws: {on_demand: 0.5, spot: 0.2}\n"
+    )
     assert load_gpu_table(good).price("T4", spot=True) == 0.2
     with pytest.raises(SpecError, match="unknown GPU type"):
         load_gpu_table(good).get("L4")

@@ -70,7 +70,9 @@ def test_every_chunk_gets_exactly_one_marker_in_every_run():
         for seed in range(3):
             entries = synthetic_manifest(config, random.Random(seed))
             gpus = [random.Random(seed).choice(config.gpus) for _ in range(6)]
-            fleet = Fleet(config, policy, entries, gpus, poisson_trace(gpus, 2.0, 1e6, random.Random(seed)), PRICES, seed)
+            fleet = Fleet(
+                config, policy, entries, gpus, poisson_trace(gpus, 2.0, 1e6, random.Random(seed)), PRICES, seed
+            )
             result = fleet.run()
             markers = [o.key for o in fleet.store.list(fleet.layout.done_prefix)]
             assert result.complete and len(markers) == len(set(markers)) == 40
@@ -88,8 +90,15 @@ def test_a_fast_gpu_rescues_a_slow_gpus_last_chunk():
     entries = synthetic_manifest(config, random.Random(0))
     result = Fleet(config, ORCH, entries, ["L4", "A100-80GB"], Trace(), PRICES, 0).run()
     assert result.rescues >= 1
-    without = Fleet(config, ORCH.__class__("no-rescue", ORCH.plan, True, None, True), entries, ["L4", "A100-80GB"],
-                    Trace(), PRICES, 0).run()  # fmt: skip
+    without = Fleet(
+        config,
+        ORCH.__class__("no-rescue", ORCH.plan, True, None, True),
+        entries,
+        ["L4", "A100-80GB"],
+        Trace(),
+        PRICES,
+        0,
+    ).run()
     assert result.makespan_s < without.makespan_s
 
 
@@ -115,8 +124,25 @@ def test_the_simulator_drives_the_production_protocol(monkeypatch):
 
 def test_simulate_command_compares_policies(tmp_path, capsys):
     png = tmp_path / "g.png"
-    assert main(["simulate", "--workers", "4", "--chunks", "20", "--rows-per-chunk", "500", "--seeds", "2",
-                 "--compare", "--plot", str(png)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "simulate",
+                "--workers",
+                "4",
+                "--chunks",
+                "20",
+                "--rows-per-chunk",
+                "500",
+                "--seeds",
+                "2",
+                "--compare",
+                "--plot",
+                str(png),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "orch" in out and "skypilot-example" in out and "makespan / lower bound" in out
     assert png.stat().st_size > 10_000
@@ -132,8 +158,15 @@ def test_the_deadline_policy_meets_a_deadline_spot_alone_misses_and_costs_less_t
     from orchestrator.simulate import deadline_study
 
     # Two 4-hour windows without spot capacity: spot alone runs late on this seed.
-    config = SimConfig(workers=8, chunks=40, rows_per_chunk=2000, preemptions_per_hour=1.0, outages=2,
-                       outage_s=3 * 3600, outage_window_s=1800)  # fmt: skip
+    config = SimConfig(
+        workers=8,
+        chunks=40,
+        rows_per_chunk=2000,
+        preemptions_per_hour=1.0,
+        outages=2,
+        outage_s=3 * 3600,
+        outage_window_s=1800,
+    )
     runs = {market: results[0] for market, results in deadline_study(config, 1, 2.0).items()}
     od = runs["on-demand only"]
     assert od.met_deadline and od.deadline_s == 2 * od.makespan_s
@@ -145,8 +178,24 @@ def test_the_deadline_policy_meets_a_deadline_spot_alone_misses_and_costs_less_t
 
 
 def test_simulate_command_runs_the_deadline_study(capsys):
-    code = main(["simulate", "--workers", "4", "--chunks", "12", "--rows-per-chunk", "500", "--seeds", "2",
-                 "--outages", "1", "--deadline-factor", "1.5", "--json"])  # fmt: skip
+    code = main(
+        [
+            "simulate",
+            "--workers",
+            "4",
+            "--chunks",
+            "12",
+            "--rows-per-chunk",
+            "500",
+            "--seeds",
+            "2",
+            "--outages",
+            "1",
+            "--deadline-factor",
+            "1.5",
+            "--json",
+        ]
+    )
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc["markets"]) == {"on-demand only", "spot only", "greedy", "deadline"}

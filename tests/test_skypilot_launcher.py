@@ -30,10 +30,19 @@ def sky_home(tmp_path_factory, monkeypatch):
 
 def make_ctx(tmp_path, chunks=2, **flags):
     store = open_store(tmp_path / "store")
-    make_run(store, "sky", [[chat_request(f"c{c}-{i}", "q") for i in range(2)] for c in range(chunks)], model="m",
-             workers=chunks)  # fmt: skip
-    spec = load_spec(None, {"run": "sky", "store": "r2://bucket/orch", "backend": "skypilot", "workers.retries": 2,
-                            **flags}, env={}, default_file=False)  # fmt: skip
+    make_run(
+        store,
+        "sky",
+        [[chat_request(f"c{c}-{i}", "q") for i in range(2)] for c in range(chunks)],
+        model="m",
+        workers=chunks,
+    )
+    spec = load_spec(
+        None,
+        {"run": "sky", "store": "r2://bucket/orch", "backend": "skypilot", "workers.retries": 2, **flags},
+        env={},
+        default_file=False,
+    )
     return RunContext(spec, store, RunLayout("sky"))
 
 
@@ -74,15 +83,40 @@ def test_launch_reports_workers_without_capacity_and_keeps_the_others(tmp_path):
 def test_statuses_map_skypilot_records(tmp_path):
     ctx = make_ctx(tmp_path)
     sky = ScriptedSky()
-    sky.script_job(7, [{"status": "RECOVERING", "recovery_count": 2, "cloud": "GCP", "region": "us-east4",
-                        "cluster_resources": "1x GCP([Spot]g2-standard-4, {'L4': 1})", "accelerators": {"L4": 1}}])  # fmt: skip
+    sky.script_job(
+        7,
+        [
+            {
+                "status": "RECOVERING",
+                "recovery_count": 2,
+                "cloud": "GCP",
+                "region": "us-east4",
+                "cluster_resources": "1x GCP([Spot]g2-standard-4, {'L4': 1})",
+                "accelerators": {"L4": 1},
+            }
+        ],
+    )
     status = SkyPilotLauncher(ctx.spec, sdk=sky).statuses(["7", "8"])
     assert (status["7"].state, status["7"].recovery_count, status["7"].accelerator, status["7"].spot) == (
-        JobState.RECOVERING, 2, "L4", True)
+        JobState.RECOVERING,
+        2,
+        "L4",
+        True,
+    )
     assert status["8"].state is JobState.UNKNOWN  # not in SkyPilot's queue
     # What SkyPilot reports for a job that never got a machine: placeholders and a coloured hint.
-    sky.script_job(9, [{"status": "FAILED_PRECHECKS", "cloud": "-", "region": "-", "cluster_resources": "-",
-                        "failure_reason": "[NoCloudAccessError] Cloud access is not set up. Run: \x1b[1msky check\x1b[0m"}])  # fmt: skip
+    sky.script_job(
+        9,
+        [
+            {
+                "status": "FAILED_PRECHECKS",
+                "cloud": "-",
+                "region": "-",
+                "cluster_resources": "-",
+                "failure_reason": "[NoCloudAccessError] Cloud access is not set up. Run: \x1b[1msky check\x1b[0m",
+            }
+        ],
+    )
     failed = SkyPilotLauncher(ctx.spec, sdk=sky).statuses(["9"])["9"]
     assert (failed.state, failed.cloud, failed.region, failed.spot) == (JobState.FAILED_PRECHECKS, None, None, None)
     assert failed.failure_reason == "[NoCloudAccessError] Cloud access is not set up. Run: sky check"

@@ -28,17 +28,31 @@ def sky_home(tmp_path_factory, monkeypatch):
 
 
 def request(worker=3, secrets=None, use_spot=None):
-    envs = {"ORCH_RUN": "lmsys", "ORCH_STORE": "r2://bucket/orch", "ORCH_WORKER": str(worker),
-            "ORCH_WORKER_LIST": f"workers/{worker}.txt"}  # fmt: skip
-    return LaunchRequest(worker=worker, name=f"orch-lmsys-w{worker}", envs=envs,
-                         secrets=secrets or {"HF_TOKEN": "x", "R2_ACCESS_KEY_ID": "y"}, use_spot=use_spot)  # fmt: skip
+    envs = {
+        "ORCH_RUN": "lmsys",
+        "ORCH_STORE": "r2://bucket/orch",
+        "ORCH_WORKER": str(worker),
+        "ORCH_WORKER_LIST": f"workers/{worker}.txt",
+    }
+    return LaunchRequest(
+        worker=worker,
+        name=f"orch-lmsys-w{worker}",
+        envs=envs,
+        secrets=secrets or {"HF_TOKEN": "x", "R2_ACCESS_KEY_ID": "y"},
+        use_spot=use_spot,
+    )
 
 
 SPECS = {
     "default": {},
-    "spot-a100-gcp": {"resources.gpus": ["A100", "A100-80GB"], "resources.on_demand": False,
-                      "resources.cloud": "gcp", "resources.region": "us-central1", "resources.disk_size": 512,
-                      "resources.job_recovery.strategy": "FAILOVER"},  # fmt: skip
+    "spot-a100-gcp": {
+        "resources.gpus": ["A100", "A100-80GB"],
+        "resources.on_demand": False,
+        "resources.cloud": "gcp",
+        "resources.region": "us-central1",
+        "resources.disk_size": 512,
+        "resources.job_recovery.strategy": "FAILOVER",
+    },
 }
 
 
@@ -78,12 +92,15 @@ def test_template_paths_are_relative_to_the_template_not_to_where_orch_runs(tmp_
     )
     template = load_template(tmp_path / "mine" / "task.yaml")
     assert template["workdir"] == str(tmp_path / "src")
-    assert template["file_mounts"] == {"/data": str(tmp_path / "mine" / "data"), "/abs": "/srv/x",
-                                       "/bucket": "s3://b/p", "/store": {"source": str(tmp_path / "mine" / "cache"),
-                                                                         "mode": "COPY"}}  # fmt: skip
+    assert template["file_mounts"] == {
+        "/data": str(tmp_path / "mine" / "data"),
+        "/abs": "/srv/x",
+        "/bucket": "s3://b/p",
+        "/store": {"source": str(tmp_path / "mine" / "cache"), "mode": "COPY"},
+    }
 
 
-def test_render_keeps_what_the_user_wrote_in_the_template(tmp_path):
+def test_render_keeps_what_the_user_wrote_in_the_template():
     template = load_template()
     template["resources"]["image_id"] = "docker:vllm/vllm-openai:latest"
     template["file_mounts"] = {"/data": "s3://my-bucket/data"}
@@ -110,8 +127,25 @@ def test_dry_run_writes_checked_tasks_and_never_a_secret(tmp_path, monkeypatch, 
     store = str(tmp_path / "store")
     assert main(["prepare", str(tmp_path / "d.jsonl"), "--run", "dr", "--store", store, "--num-chunks", "4"]) == 0
     out_dir = tmp_path / "tasks"
-    assert main(["launch", "--run", "dr", "--store", store, "--model", "m", "--workers", "4", "--dry-run",
-                 "--out", str(out_dir)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "launch",
+                "--run",
+                "dr",
+                "--store",
+                store,
+                "--model",
+                "m",
+                "--workers",
+                "4",
+                "--dry-run",
+                "--out",
+                str(out_dir),
+            ]
+        )
+        == 0
+    )
     files = sorted(out_dir.glob("*.yaml"))
     assert [f.name for f in files] == [f"worker-{i}.yaml" for i in range(4)]
     for f in files:

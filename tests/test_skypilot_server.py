@@ -44,8 +44,14 @@ def sky_env(tmp_path_factory):
     (catalog / "accelerators.csv").write_text(
         'AcceleratorName,Clouds\nL4,"AWS,GCP"\nA10G,AWS\nL40S,"AWS,GCP"\nA100,"AWS,GCP"\nA100-80GB,"AWS,GCP"\n'
     )
-    env = dict(os.environ, HOME=str(home), SKYPILOT_DISABLE_USAGE_COLLECTION="1", HF_TOKEN=CANARY,
-               AWS_ACCESS_KEY_ID=s3servers.ACCESS_KEY, AWS_SECRET_ACCESS_KEY=s3servers.SECRET_KEY)  # fmt: skip
+    env = dict(
+        os.environ,
+        HOME=str(home),
+        SKYPILOT_DISABLE_USAGE_COLLECTION="1",
+        HF_TOKEN=CANARY,
+        AWS_ACCESS_KEY_ID=s3servers.ACCESS_KEY,
+        AWS_SECRET_ACCESS_KEY=s3servers.SECRET_KEY,
+    )
     # The server listens on a fixed port: one left by another HOME would answer for the wrong state.
     subprocess.run([SKY, "api", "stop"], env=env, capture_output=True, timeout=120)
     yield env
@@ -59,8 +65,10 @@ def orch(env, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 def test_skypilot_backend_launches_watches_and_cancels_through_a_real_api_server(sky_env, seaweedfs_server, tmp_path):
     store_uri = seaweedfs_server.store_uri(seaweedfs_server.new_bucket(), "orch")
     run = ["--run", "sky", "--store", store_uri]
-    data = write_jsonl(tmp_path / "q.jsonl", [{"id": f"q{i}", "conversation": [{"role": "user", "content": f"Q{i}?"}]}
-                                              for i in range(10)])  # fmt: skip
+    data = write_jsonl(
+        tmp_path / "q.jsonl",
+        [{"id": f"q{i}", "conversation": [{"role": "user", "content": f"Q{i}?"}]} for i in range(10)],
+    )
     assert orch(sky_env, "prepare", str(data), *run, "--num-chunks", "2", "--id-column", "id").returncode == 0
 
     # 1. Launch: both workers submitted, SkyPilot's job ids recorded in the store.

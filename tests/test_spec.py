@@ -79,7 +79,7 @@ def test_spec_missing_file_flag_is_an_error(tmp_path):
 def test_spec_run_name_is_checked(tmp_path):
     spec = load_spec(None, {"run": "../escape"}, env={}, cwd=tmp_path)
     with pytest.raises(SpecError, match="invalid run name"):
-        spec.layout
+        _ = spec.layout
 
 
 def test_freeze_spec_records_then_accepts_same_spec(tmp_path):
@@ -131,7 +131,11 @@ def test_freeze_spec_chunking_is_compared_as_a_whole(tmp_path):
     freeze_spec(store, layout, load_spec(None, {"run": "r", "chunking.num_chunks": 10}, env={}, cwd=tmp_path))
     stored = read_stored_spec(store, layout)[0]
     rechunk = load_spec(
-        None, {"run": "r", "chunking.rows_per_chunk": 5, "chunking.num_chunks": None}, env={}, cwd=tmp_path, stored=stored
+        None,
+        {"run": "r", "chunking.rows_per_chunk": 5, "chunking.num_chunks": None},
+        env={},
+        cwd=tmp_path,
+        stored=stored,
     )
     with pytest.raises(SpecConflict, match="chunking"):
         freeze_spec(store, layout, rechunk)

@@ -13,7 +13,7 @@ from orchestrator.pricing import load_gpu_table
 from orchestrator.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.protocol.leases import acquire
 from orchestrator.protocol.records import Heartbeat
-from orchestrator.status import derive_status, gather, render_table, to_json
+from orchestrator.status import derive_status, gather, render_table
 from orchestrator.store import open_store
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
@@ -23,7 +23,7 @@ class Backend:
 
     name = "skypilot"
 
-    def statuses(self, job_ids):
+    def statuses(self, _job_ids):
         return {
             "11": JobStatus("11", JobState.RECOVERING, recovery_count=2, cloud="gcp", region="us-central1", spot=True),
             "12": JobStatus("12", JobState.RUNNING, spot=False),
@@ -34,17 +34,39 @@ def build(store_uri):
     store = open_store(store_uri)
     layout = make_run(store, "s", [[chat_request(f"c{c}-{i}", "q") for i in range(10)] for c in range(4)], model="m")
     write_plan(store, layout, plan_chunks(read_manifest(store, layout), 2))
-    answer_chunk(store, layout, "part_00000", [[Answer(i, f"c0-{i}", "x") for i in range(9)] + [Answer(9, "c0-9", error="e")]],
-                 worker="1", seconds=3600)  # fmt: skip
+    answer_chunk(
+        store,
+        layout,
+        "part_00000",
+        [[Answer(i, f"c0-{i}", "x") for i in range(9)] + [Answer(9, "c0-9", error="e")]],
+        worker="1",
+        seconds=3600,
+    )
     acquire(store, layout, "part_00001", worker="0", holder="0.live", ttl=600, now=time.time())
     now = time.time()
-    HeartbeatPublisher(store, layout, Heartbeat(worker="0", holder="0.live", state="running", started_at=now - 7200,
-                                                updated_at=now, accelerator="NVIDIA A100-SXM4-80GB", spot=True,
-                                                cloud="gcp", region="us-central1")).publish(  # fmt: skip
-        chunk="part_00001", chunk_rows=10, chunk_rows_done=4, rows_per_s=0.5, tokens_per_s=120.0, updated_at=now
+    HeartbeatPublisher(
+        store,
+        layout,
+        Heartbeat(
+            worker="0",
+            holder="0.live",
+            state="running",
+            started_at=now - 7200,
+            updated_at=now,
+            accelerator="NVIDIA A100-SXM4-80GB",
+            spot=True,
+            cloud="gcp",
+            region="us-central1",
+        ),
+    ).publish(chunk="part_00001", chunk_rows=10, chunk_rows_done=4, rows_per_s=0.5, tokens_per_s=120.0, updated_at=now)
+    update_jobs(
+        store,
+        layout,
+        lambda rec: [
+            rec.worker(w).attempts.append(JobAttempt(job_id=str(11 + w), backend="skypilot", launched_at=now))
+            for w in (0, 1)
+        ],
     )
-    update_jobs(store, layout, lambda rec: [rec.worker(w).attempts.append(
-        JobAttempt(job_id=str(11 + w), backend="skypilot", launched_at=now)) for w in (0, 1)])  # fmt: skip
     return store, layout
 
 
@@ -72,7 +94,9 @@ def test_status_of_a_complete_run_shows_the_runs_own_pace(tmp_path):
     for c in (1, 2, 3):
         answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "x") for i in range(10)]], seconds=100)
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
-    assert status.complete and status.overall["wall_s"] == 3600.0 and status.overall["rows_per_s"] == round(40 / 3600, 3)
+    assert (
+        status.complete and status.overall["wall_s"] == 3600.0 and status.overall["rows_per_s"] == round(40 / 3600, 3)
+    )
     assert "finished in 60m: 0.01 rows/s, 0 tok/s over the run" in render_table(status)
 
 
@@ -102,7 +126,7 @@ def test_status_survives_a_backend_that_cannot_be_asked(tmp_path):
     class Down:
         name = "skypilot"
 
-        def statuses(self, job_ids):
+        def statuses(self, _job_ids):
             raise ConnectionError("API server not reachable")
 
     status = derive_status(gather(store, layout, Down()), now=time.time(), prices=load_gpu_table())

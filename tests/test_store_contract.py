@@ -37,9 +37,8 @@ def test_store_put_then_get_returns_bytes_and_etag(store):
 def test_store_missing_key_is_not_found_everywhere(store):
     with pytest.raises(NotFound):
         store.get("nope/x")
-    with pytest.raises(NotFound):
-        with store.open("nope/x"):
-            pass
+    with pytest.raises(NotFound), store.open("nope/x"):
+        pass
     assert store.head("nope/x") is None
     store.delete("nope/x")  # deleting an absent key is fine
 

@@ -32,8 +32,12 @@ EXIT_STOPPED = 143
 @click.option("--run", envvar="ORCH_RUN", required=True, help="run name [ORCH_RUN]")
 @click.option("--store", envvar="ORCH_STORE", required=True, help="store URI [ORCH_STORE]")
 @click.option("--worker", envvar="ORCH_WORKER", required=True, help="worker id: its list in the plan [ORCH_WORKER]")
-@click.option("--replicas", envvar="ORCH_REPLICAS", default="1",
-              help="engine replicas on this machine, each on its own GPUs (data parallel); 'auto' = GPUs / tensor_parallel_size")  # fmt: skip
+@click.option(
+    "--replicas",
+    envvar="ORCH_REPLICAS",
+    default="1",
+    help="engine replicas on this machine, each on its own GPUs (data parallel); 'auto' = GPUs / tensor_parallel_size",
+)
 @click.option("--spot/--on-demand", "spot", envvar="ORCH_SPOT", default=None, help="what this machine is [ORCH_SPOT]")
 @click.option("--max-chunks", type=int, default=None, help="stop after this many chunks (tests, smoke runs)")
 @click.option("--checkpoint-interval", type=float, default=None, help="seconds between output flushes")
@@ -65,8 +69,10 @@ def _run_one(run, store_uri, worker, replica, spot, max_chunks, checkpoint_inter
     identity = WorkerIdentity.new(
         worker if replica is None else f"{worker}r{replica}",
         own=int(worker) if worker.isdigit() else None,
-        spot=spot, cloud=cloud.get("cloud"), region=cloud.get("region"),
-    )  # fmt: skip
+        spot=spot,
+        cloud=cloud.get("cloud"),
+        region=cloud.get("region"),
+    )
     runner = Worker(store, spec, identity, lambda: load_engine(spec.model, spec.workers), max_chunks=max_chunks)
     install_signal_handlers(runner)
     try:
@@ -138,12 +144,15 @@ def _run_replicas(count: int) -> int:
     for i in range(count):
         env = dict(os.environ)
         if per:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i * per:(i + 1) * per])
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i * per : (i + 1) * per])
         args = [a for a in sys.argv[1:]]
-        procs.append(subprocess.Popen([sys.executable, "-m", "worker", *args, "--replica", str(i)], env=env,
-                                      stdout=subprocess.PIPE, text=True))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "worker", *args, "--replica", str(i)], env=env, stdout=subprocess.PIPE, text=True
+            )
+        )
 
-    def forward(signum: int, frame: Any) -> None:
+    def forward(signum: int, _frame: Any) -> None:
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
@@ -162,13 +171,17 @@ def _run_replicas(count: int) -> int:
             except ValueError:
                 print(lines[-1])
     codes = [p.returncode for p in procs]
-    total = {k: sum(s.get(k, 0) for s in summaries) for k in
-             ("requests", "errors", "tokens_in", "tokens_out", "chunks_done", "chunks_lost")}  # fmt: skip
+    total = {
+        k: sum(s.get(k, 0) for s in summaries)
+        for k in ("requests", "errors", "tokens_in", "tokens_out", "chunks_done", "chunks_lost")
+    }
     wall = max((s.get("wall_s", 0.0) for s in summaries), default=0.0)
     total.update(
         status="SUCCESS" if all(c == 0 for c in codes) else "INTERRUPTED" if EXIT_STOPPED in codes else "FAILED",
-        replicas=count, tokens_per_s=round(total["tokens_out"] / wall, 2) if wall else 0.0, wall_s=wall,
-    )  # fmt: skip
+        replicas=count,
+        tokens_per_s=round(total["tokens_out"] / wall, 2) if wall else 0.0,
+        wall_s=wall,
+    )
     print(json.dumps(total), flush=True)
     return max(codes, key=lambda c: (c != 0, c))
 

@@ -39,10 +39,13 @@ class Choice:
     logprobs: list[TokenLogprob] | None = None
 
 
-def success_line(request: "EngineRequest", choices: list[Choice], prompt_tokens: int, model: str) -> dict[str, Any]:
+def success_line(request: EngineRequest, choices: list[Choice], prompt_tokens: int, model: str) -> dict[str, Any]:
     completion_tokens = sum(c.tokens for c in choices)
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-             "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
     request_id = _request_id()
     if request.kind == "chat":
         body: dict[str, Any] = {
@@ -79,8 +82,12 @@ def success_line(request: "EngineRequest", choices: list[Choice], prompt_tokens:
             ],
             "usage": usage,
         }
-    return {"id": "batch_req", "custom_id": request.custom_id,
-            "response": {"status_code": 200, "request_id": request_id, "body": body}, "error": None}  # fmt: skip
+    return {
+        "id": "batch_req",
+        "custom_id": request.custom_id,
+        "response": {"status_code": 200, "request_id": request_id, "body": body},
+        "error": None,
+    }
 
 
 def error_line(

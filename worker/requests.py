@@ -23,10 +23,21 @@ COMPLETION_URL = "/v1/completions"
 _IGNORED = {"model", "user", "metadata", "store", "stream", "stream_options", "service_tier", "parallel_tool_calls"}
 #: Fields we honour, per endpoint.
 _COMMON = {
-    "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
     # vLLM's extensions, accepted by its OpenAI server too.
-    "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
-}  # fmt: skip
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "min_tokens",
+    "ignore_eos",
+}
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
 _COMPLETION = _COMMON | {"prompt", "logprobs", "echo", "best_of"}
 
@@ -92,7 +103,9 @@ def parse_request(line: bytes | str, index: int, defaults: SamplingSpec) -> Engi
             return EngineRequest(index, custom_id, "chat", _messages(body), None, _params(body, defaults, chat=True))
         if url == COMPLETION_URL:
             _check_keys(body, _COMPLETION)
-            return EngineRequest(index, custom_id, "completion", None, _prompt(body), _params(body, defaults, chat=False))
+            return EngineRequest(
+                index, custom_id, "completion", None, _prompt(body), _params(body, defaults, chat=False)
+            )
         raise BadRequest("unsupported_url", f"url {url!r} is not {CHAT_URL} or {COMPLETION_URL}", "url")
     except BadRequest as e:
         return RowResult(index, custom_id, error_line(custom_id, e.code, str(e), param=e.param), 0, 0, True)
@@ -115,7 +128,9 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         content = m.get("content")
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise BadRequest("unsupported_content", f"messages[{i}]: only text content parts are supported", "messages")
+                raise BadRequest(
+                    "unsupported_content", f"messages[{i}]: only text content parts are supported", "messages"
+                )
             content = "".join(str(p.get("text", "")) for p in content)
         if not isinstance(content, str):
             raise BadRequest("invalid_messages", f"messages[{i}].content must be text", "messages")
@@ -133,7 +148,7 @@ def _prompt(body: dict[str, Any]) -> str:
 
 
 def _params(body: dict[str, Any], d: SamplingSpec, *, chat: bool) -> GenerationParams:
-    def get(name: str, kind: type, default: Any, check=lambda v: True, rule: str = "") -> Any:
+    def get(name: str, kind: type, default: Any, check=lambda _value: True, rule: str = "") -> Any:
         value = body.get(name)
         if value is None:
             return default
@@ -145,8 +160,13 @@ def _params(body: dict[str, Any], d: SamplingSpec, *, chat: bool) -> GenerationP
         return value
 
     n = get("n", int, d.n, lambda v: 1 <= v <= 128, "an integer from 1 to 128")
-    max_tokens = get("max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens",
-                     int, d.max_tokens, lambda v: v >= 1, "an integer >= 1")  # fmt: skip
+    max_tokens = get(
+        "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens",
+        int,
+        d.max_tokens,
+        lambda v: v >= 1,
+        "an integer >= 1",
+    )
     stop = body.get("stop", d.stop)
     if isinstance(stop, str):
         stop = [stop]
@@ -164,7 +184,9 @@ def _params(body: dict[str, Any], d: SamplingSpec, *, chat: bool) -> GenerationP
         echo = get("echo", bool, False)
         best_of = get("best_of", int, n, lambda v: v >= 1, "an integer >= 1")
         if best_of != n:
-            raise BadRequest("unsupported_parameter", "best_of different from n is not supported (vLLM dropped it)", "best_of")
+            raise BadRequest(
+                "unsupported_parameter", "best_of different from n is not supported (vLLM dropped it)", "best_of"
+            )
         if echo and logprobs is not None:
             raise BadRequest("unsupported_parameter", "echo with logprobs (prompt logprobs) is not supported", "echo")
     top_k = get("top_k", int, d.top_k if d.top_k is not None else 0, lambda v: v >= -1, "an integer >= -1")
@@ -177,8 +199,12 @@ def _params(body: dict[str, Any], d: SamplingSpec, *, chat: bool) -> GenerationP
         stop=tuple(stop or ()),
         seed=get("seed", int, d.seed),
         presence_penalty=get("presence_penalty", float, d.presence_penalty or 0.0, lambda v: -2 <= v <= 2, "-2 to 2"),
-        frequency_penalty=get("frequency_penalty", float, d.frequency_penalty or 0.0, lambda v: -2 <= v <= 2, "-2 to 2"),
-        repetition_penalty=get("repetition_penalty", float, d.repetition_penalty or 1.0, lambda v: v > 0, "a number > 0"),
+        frequency_penalty=get(
+            "frequency_penalty", float, d.frequency_penalty or 0.0, lambda v: -2 <= v <= 2, "-2 to 2"
+        ),
+        repetition_penalty=get(
+            "repetition_penalty", float, d.repetition_penalty or 1.0, lambda v: v > 0, "a number > 0"
+        ),
         min_p=get("min_p", float, 0.0, lambda v: 0 <= v <= 1, "a number from 0 to 1"),
         min_tokens=get("min_tokens", int, 0, lambda v: 0 <= v <= max_tokens, "0 to max_tokens"),
         ignore_eos=get("ignore_eos", bool, False),

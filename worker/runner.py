@@ -28,18 +28,19 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from orchestrator.protocol.checkpoints import ChunkJob
 from orchestrator.protocol.claims import ChunkClaimer, PlanIndex, RunView
 from orchestrator.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.protocol.layout import RunLayout
 from orchestrator.protocol.leases import LeaseKeeper, LeaseLost
+from orchestrator.protocol.parts import part_codec
 from orchestrator.protocol.records import Heartbeat, ManifestEntry, PlanRecord, parse_record, read_jsonl
 from orchestrator.spec import RunSpec, spec_hash
 from orchestrator.store import NotFound, Store
-from orchestrator.protocol.parts import part_codec
 from worker.engine.base import Engine, RowResult
 from worker.progress import ProgressReporter
 from worker.requests import EngineRequest, parse_request
@@ -69,7 +70,7 @@ class WorkerIdentity:
     region: str | None = None
 
     @staticmethod
-    def new(worker: str, own: int | None, **kw: Any) -> "WorkerIdentity":
+    def new(worker: str, own: int | None, **kw: Any) -> WorkerIdentity:
         return WorkerIdentity(worker=worker, own=own, holder=f"{worker}.{uuid.uuid4().hex[:10]}", **kw)
 
 
@@ -169,12 +170,19 @@ class Worker:
             store,
             self.layout,
             Heartbeat(
-                worker=identity.worker, holder=identity.holder, state="starting",
-                accelerator=identity.accelerator, spot=identity.spot, cloud=identity.cloud,
-                region=identity.region, host=socket.gethostname(), pid=os.getpid(),
-                started_at=self.totals.started_at, updated_at=self.totals.started_at,
+                worker=identity.worker,
+                holder=identity.holder,
+                state="starting",
+                accelerator=identity.accelerator,
+                spot=identity.spot,
+                cloud=identity.cloud,
+                region=identity.region,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                started_at=self.totals.started_at,
+                updated_at=self.totals.started_at,
             ),
-        )  # fmt: skip
+        )
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -184,10 +192,16 @@ class Worker:
         entries = {e.chunk: e for e in manifest}
         index = PlanIndex.build(self._plan(), {e.chunk: float(e.est_tokens) for e in manifest})
         claimer = ChunkClaimer(
-            store=self.store, layout=self.layout, view=RunView(self.store, self.layout, index),
-            worker=self.identity.worker, holder=self.identity.holder, ttl=self.settings.lease_ttl,
-            clock=self.clock, own=self.identity.own, rows_per_s=self.totals.rows_per_s,
-        )  # fmt: skip
+            store=self.store,
+            layout=self.layout,
+            view=RunView(self.store, self.layout, index),
+            worker=self.identity.worker,
+            holder=self.identity.holder,
+            ttl=self.settings.lease_ttl,
+            clock=self.clock,
+            own=self.identity.own,
+            rows_per_s=self.totals.rows_per_s,
+        )
         beat = threading.Thread(target=self._background, name="lease-and-heartbeat", daemon=True)
         beat.start()
         status = "SUCCESS"
@@ -240,8 +254,9 @@ class Worker:
             with contextlib.suppress(Exception):
                 active.keeper.release()
 
-    def _feed(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine,
-              active: _Active | None) -> Iterator[EngineRequest | None]:  # fmt: skip
+    def _feed(
+        self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine, active: _Active | None
+    ) -> Iterator[EngineRequest | None]:
         """The requests of our chunks, one chunk after another, pulled by the engine as it has room.
 
         The next chunk is claimed just in time: once the current one is handed over entirely and
@@ -286,8 +301,14 @@ class Worker:
                 self._keepers[entry.chunk] = keeper  # renewed in the background from here on
             try:
                 self._engine_loaded()  # the first time: once we know there is work
-                job = ChunkJob(self.store, self.layout, keeper, part_codec(self.settings.output_format, entry.chunk),
-                               self.clock, chunk_rows=entry.rows)  # fmt: skip
+                job = ChunkJob(
+                    self.store,
+                    self.layout,
+                    keeper,
+                    part_codec(self.settings.output_format, entry.chunk),
+                    self.clock,
+                    chunk_rows=entry.rows,
+                )
                 point = job.resume()
             except BaseException:
                 self._drop(entry.chunk)
@@ -339,8 +360,10 @@ class Worker:
                 if active.fed and active.outstanding == 0:
                     self._flush(active)
                     self._complete(active, engine)
-                elif (now - active.last_flush >= self.settings.checkpoint_interval
-                      or len(active.buffer) >= MAX_BUFFERED_ROWS):  # fmt: skip
+                elif (
+                    now - active.last_flush >= self.settings.checkpoint_interval
+                    or len(active.buffer) >= MAX_BUFFERED_ROWS
+                ):
                     self._flush(active)
                     active.last_flush = now
             except LeaseLost as lost:
@@ -363,9 +386,11 @@ class Worker:
 
     def _complete(self, active: _Active, engine: Engine) -> None:
         marker = active.job.complete(
-            worker=self.identity.worker, model=self.spec.model.name or "", spec_hash=self.spec_hash,
+            worker=self.identity.worker,
+            model=self.spec.model.name or "",
+            spec_hash=self.spec_hash,
             accelerator=self.identity.accelerator or engine.accelerator,
-        )  # fmt: skip
+        )
         self._drop(active.entry.chunk)
         if marker is not None:
             self.totals.chunks_done += 1
@@ -426,11 +451,18 @@ class Worker:
         with self._lock:
             t = self.totals
             fields = dict(
-                chunk=t.chunk, chunk_rows=t.chunk_rows, chunk_rows_done=t.chunk_rows_done,
-                chunks_done=t.chunks_done, rows_done=t.requests, errors=t.errors,
-                tokens_in=t.tokens_in, tokens_out=t.tokens_out, tokens_per_s=t.tokens_per_s(),
-                rows_per_s=t.rows_per_s() or 0.0, updated_at=self.clock(),
-            )  # fmt: skip
+                chunk=t.chunk,
+                chunk_rows=t.chunk_rows,
+                chunk_rows_done=t.chunk_rows_done,
+                chunks_done=t.chunks_done,
+                rows_done=t.requests,
+                errors=t.errors,
+                tokens_in=t.tokens_in,
+                tokens_out=t.tokens_out,
+                tokens_per_s=t.tokens_per_s(),
+                rows_per_s=t.rows_per_s() or 0.0,
+                updated_at=self.clock(),
+            )
             fields.update(updates)
             self._publisher.publish(**fields)
 
@@ -459,7 +491,7 @@ class Worker:
 def install_signal_handlers(worker: Worker) -> None:
     """SIGTERM (spot preemption notice, `orch cancel`) and SIGINT: flush finished rows, then stop."""
 
-    def handler(signum: int, frame: Any) -> None:
+    def handler(_signum: int, _frame: Any) -> None:
         worker.request_stop()
 
     signal.signal(signal.SIGTERM, handler)

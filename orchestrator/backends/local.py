@@ -17,9 +17,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, LaunchRequest
 
@@ -64,7 +64,7 @@ class LocalLauncher:
         launched: dict[int, str] = {}
         failures: dict[int, str] = {}
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(requests)))) as pool:
-            for request, outcome in zip(requests, pool.map(self._start_safely, requests)):
+            for request, outcome in zip(requests, pool.map(self._start_safely, requests), strict=True):
                 if isinstance(outcome, str):
                     launched[request.worker] = outcome
                 else:
@@ -102,8 +102,13 @@ class LocalLauncher:
         stamp = f"{int(self.clock() * 1000)}"
         log = self.log_dir / f"worker-{request.worker}-{stamp}.log"
         exit_file = self.log_dir / f"worker-{request.worker}-{stamp}.exit"
-        env = {"OMP_NUM_THREADS": str(self.threads_per_worker), **self.base_env, **request.envs,
-               **request.secrets, "ORCH_EXIT_FILE": str(exit_file)}  # fmt: skip
+        env = {
+            "OMP_NUM_THREADS": str(self.threads_per_worker),
+            **self.base_env,
+            **request.envs,
+            **request.secrets,
+            "ORCH_EXIT_FILE": str(exit_file),
+        }
         if request.use_spot is not None:
             env["ORCH_SPOT"] = "1" if request.use_spot else "0"
         # The shell outlives the worker to record its exit code, even when the worker is killed.
@@ -112,9 +117,14 @@ class LocalLauncher:
         script = f'trap "true" TERM INT; {shlex.quote(self.python)} -m worker; echo $? > "$ORCH_EXIT_FILE"'
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                ["/bin/sh", "-c", script], cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                ["/bin/sh", "-c", script],
+                cwd=self.cwd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         job_id = f"local-{proc.pid}-{_start_ticks(proc.pid)}-{stamp}"
         # Keep the Popen object so this process reaps the child if it is the one watching.
         _CHILDREN[proc.pid] = proc
@@ -138,7 +148,9 @@ class LocalLauncher:
             return JobStatus(job_id, JobState.RUNNING, accelerator=None, spot=None, started_at=started)
         exit_file = next(self.log_dir.glob(f"worker-*-{stamp}.exit"), None)
         if exit_file is None:
-            return JobStatus(job_id, JobState.FAILED, failure_reason="killed (no exit code recorded)", started_at=started)
+            return JobStatus(
+                job_id, JobState.FAILED, failure_reason="killed (no exit code recorded)", started_at=started
+            )
         try:
             code = int(exit_file.read_text().strip())
         except ValueError:
@@ -148,8 +160,14 @@ class LocalLauncher:
             return JobStatus(job_id, JobState.SUCCEEDED, exit_code=0, started_at=started, ended_at=ended)
         if code in _STOPPED_CODES:
             return JobStatus(job_id, JobState.CANCELLED, exit_code=code, started_at=started, ended_at=ended)
-        return JobStatus(job_id, JobState.FAILED, exit_code=code, failure_reason=f"worker exited with {code}",
-                         started_at=started, ended_at=ended)  # fmt: skip
+        return JobStatus(
+            job_id,
+            JobState.FAILED,
+            exit_code=code,
+            failure_reason=f"worker exited with {code}",
+            started_at=started,
+            ended_at=ended,
+        )
 
     def _live_pid(self, job_id: str) -> int | None:
         try:

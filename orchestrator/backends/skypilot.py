@@ -9,8 +9,9 @@ one seam the tests replace.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, LaunchRequest
 from orchestrator.backends.skypilot_render import load_task, load_template, render_worker_task, to_yaml
@@ -19,9 +20,19 @@ from orchestrator.spec import RunSpec
 
 #: What `status` shows of each job; queue_v2's default fields leave out cloud, region and reasons.
 QUEUE_FIELDS = [
-    "job_id", "job_name", "status", "recovery_count", "cloud", "region", "cluster_resources",
-    "accelerators", "failure_reason", "submitted_at", "start_at", "end_at",
-]  # fmt: skip
+    "job_id",
+    "job_name",
+    "status",
+    "recovery_count",
+    "cloud",
+    "region",
+    "cluster_resources",
+    "accelerators",
+    "failure_reason",
+    "submitted_at",
+    "start_at",
+    "end_at",
+]
 _STATES = {s.value: s for s in JobState} | {"SUBMITTED": JobState.PENDING}
 
 
@@ -51,7 +62,9 @@ class SkyPilotSDK:
 class SkyPilotLauncher:
     name = "skypilot"
 
-    def __init__(self, spec: RunSpec, *, sdk: Any = None, template: dict[str, Any] | None = None, max_parallel: int = 32):
+    def __init__(
+        self, spec: RunSpec, *, sdk: Any = None, template: dict[str, Any] | None = None, max_parallel: int = 32
+    ):
         self.spec = spec
         self.sdk = sdk or SkyPilotSDK()
         self.template = template if template is not None else load_template()
@@ -59,8 +72,17 @@ class SkyPilotLauncher:
 
     def launch(self, requests: Sequence[LaunchRequest]) -> dict[int, str]:
         # Render and check every task first: a bad template fails before anything is launched.
-        tasks = [(r, load_task(to_yaml(render_worker_task(self.template, self.spec, r)),
-                               secrets=sorted(r.secrets.items()), where=f"worker {r.worker}")) for r in requests]  # fmt: skip
+        tasks = [
+            (
+                r,
+                load_task(
+                    to_yaml(render_worker_task(self.template, self.spec, r)),
+                    secrets=sorted(r.secrets.items()),
+                    where=f"worker {r.worker}",
+                ),
+            )
+            for r in requests
+        ]
         launched: dict[int, str] = {}
         failures: dict[int, str] = {}
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_parallel, len(tasks)))) as pool:
@@ -82,12 +104,17 @@ class SkyPilotLauncher:
         try:
             records = self.sdk.queue([int(j) for j in job_ids])
         except Exception as e:
-            raise BackendError(f"cannot get job states from SkyPilot: {type(e).__name__}: {e}",
-                               hint="is the SkyPilot API server up (sky api info)?") from None  # fmt: skip
+            raise BackendError(
+                f"cannot get job states from SkyPilot: {type(e).__name__}: {e}",
+                hint="is the SkyPilot API server up (sky api info)?",
+            ) from None
         by_id = {str(_get(r, "job_id")): r for r in records}
-        return {j: _status(j, by_id[j]) if j in by_id else JobStatus(j, JobState.UNKNOWN,
-                                                                      failure_reason="not in SkyPilot's job queue")
-                for j in job_ids}  # fmt: skip
+        return {
+            j: _status(j, by_id[j])
+            if j in by_id
+            else JobStatus(j, JobState.UNKNOWN, failure_reason="not in SkyPilot's job queue")
+            for j in job_ids
+        }
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         if job_ids:
@@ -126,7 +153,9 @@ def _status(job_id: str, record: Any) -> JobStatus:
 
 def _reason(e: Exception, spec: RunSpec) -> str:
     if type(e).__name__ == "ResourcesUnavailableError":
-        kinds = " or ".join(k for k, ok in (("spot", spec.resources.spot), ("on-demand", spec.resources.on_demand)) if ok)
+        kinds = " or ".join(
+            k for k, ok in (("spot", spec.resources.spot), ("on-demand", spec.resources.on_demand)) if ok
+        )
         return f"no capacity for any of {', '.join(spec.resources.gpus)} ({kinds}): {str(e).splitlines()[0][:200]}"
     return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
 

@@ -8,7 +8,8 @@ the network is not reachable. A catalog edited by hand is read as it is, never o
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from orchestrator.pricing import Offering
 
@@ -32,8 +33,16 @@ def catalog_offerings(gpus: Sequence[str], clouds: Sequence[str]) -> tuple[list[
             count, price, spot = row.get("AcceleratorCount"), row.get("Price"), row.get("SpotPrice")
             if not (_known(count) and _known(price)):
                 continue
-            offerings.append(Offering(gpu=name, cloud=cloud, region=str(row.get("Region")), gpus=int(count),
-                                      on_demand=float(price), spot=float(spot) if _known(spot) else None))  # fmt: skip
+            offerings.append(
+                Offering(
+                    gpu=name,
+                    cloud=cloud,
+                    region=str(row.get("Region")),
+                    gpus=int(count),
+                    on_demand=float(price),
+                    spot=float(spot) if _known(spot) else None,
+                )
+            )
     return offerings, problems
 
 

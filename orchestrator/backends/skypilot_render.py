@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import yaml
 
@@ -121,15 +122,19 @@ def load_task(text: str, *, secrets: Iterable[tuple[str, str]] = (), where: str 
         if strategy:
             JOBS_RECOVERY_STRATEGY_REGISTRY.from_str(strategy)
     except Exception as e:  # SkyPilot's messages say which key is wrong
-        raise BackendError(f"SkyPilot refuses the task: {e}", where=where,
-                           hint="fix task_templates/worker.yaml (or the spec's resources)") from None  # fmt: skip
+        raise BackendError(
+            f"SkyPilot refuses the task: {e}",
+            where=where,
+            hint="fix task_templates/worker.yaml (or the spec's resources)",
+        ) from None
     if len(dag.tasks) != 1:
         raise BackendError("a worker task is one SkyPilot task", where=where)
     return dag.tasks[0]
 
 
-def write_dry_run(spec: RunSpec, requests: Sequence[LaunchRequest], out_dir: str | os.PathLike,
-                  template: dict[str, Any] | None = None) -> list[Path]:  # fmt: skip
+def write_dry_run(
+    spec: RunSpec, requests: Sequence[LaunchRequest], out_dir: str | os.PathLike, template: dict[str, Any] | None = None
+) -> list[Path]:
     """Render and check every worker's task, write worker-<i>.yaml, launch nothing."""
     template = template or load_template()
     out = Path(out_dir)

@@ -11,27 +11,41 @@ from orchestrator.cli import Invocation, common_options
 
 def print_report(report) -> None:
     r = report
-    click.echo(f"wrote {r.rows_written:,} of {r.rows_total:,} rows to {r.out} ({r.format}); "
-               f"{r.chunks_complete}/{r.chunks_total} chunks complete")  # fmt: skip
+    click.echo(
+        f"wrote {r.rows_written:,} of {r.rows_total:,} rows to {r.out} ({r.format}); "
+        f"{r.chunks_complete}/{r.chunks_total} chunks complete"
+    )
     if r.errors:
         click.echo(click.style(f"{r.errors:,} error row(s)", fg="yellow") + f", e.g. {', '.join(r.examples['errors'])}")
     if r.missing or r.missing_chunks:
-        click.echo(click.style(f"{r.missing:,} row(s) missing", fg="red")
-                   + (f" (chunks without a marker: {', '.join(r.missing_chunks[:10])}"
-                      f"{' ...' if len(r.missing_chunks) > 10 else ''})" if r.missing_chunks else ""))  # fmt: skip
+        click.echo(
+            click.style(f"{r.missing:,} row(s) missing", fg="red")
+            + (
+                f" (chunks without a marker: {', '.join(r.missing_chunks[:10])}"
+                f"{' ...' if len(r.missing_chunks) > 10 else ''})"
+                if r.missing_chunks
+                else ""
+            )
+        )
     if r.duplicates or r.mismatched:
         click.echo(click.style(f"{r.duplicates} duplicate and {r.mismatched} mismatched line(s) left out", fg="red"))
     if r.retry_out:
-        click.echo(f"{r.retry_rows:,} failed or missing request(s) written to {r.retry_out} "
-                   "(orch prepare it with --format openai-batch to retry)")  # fmt: skip
+        click.echo(
+            f"{r.retry_rows:,} failed or missing request(s) written to {r.retry_out} "
+            "(orch prepare it with --format openai-batch to retry)"
+        )
 
 
 @click.command("collect")
 @common_options
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="output file (.jsonl or .parquet)")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default=None, help="default: from --out")
-@click.option("--retry-out", type=click.Path(dir_okay=False), default=None,
-              help="write the failed and missing requests here, as a new openai-batch input")
+@click.option(
+    "--retry-out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="write the failed and missing requests here, as a new openai-batch input",
+)
 @click.option("--allow-partial", is_flag=True, help="exit 0 even when rows are missing")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 def collect_command(inv: Invocation, out, fmt, retry_out, allow_partial, as_json):

@@ -14,9 +14,11 @@ from orchestrator.cli import Invocation, common_options
 
 def backend_option(func):
     return click.option(
-        "--backend", type=click.Choice(["local", "skypilot"]), default=None,
+        "--backend",
+        type=click.Choice(["local", "skypilot"]),
+        default=None,
         help="where workers run (default: the spec's backend, local)",
-    )(func)  # fmt: skip
+    )(func)
 
 
 def _flags(inv: Invocation, **more: Any) -> Invocation:
@@ -60,7 +62,9 @@ def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_r
     if dry_run:
         from orchestrator.controller.launch import dry_run_requests
 
-        paths = dry_run_requests(ctx, [a.worker for a in plan.workers], Path(out_dir or f".orch/dry-run/{ctx.layout.run}"))
+        paths = dry_run_requests(
+            ctx, [a.worker for a in plan.workers], Path(out_dir or f".orch/dry-run/{ctx.layout.run}")
+        )
         for path in paths:
             click.echo(str(path))
         click.echo(f"{len(paths)} task file(s) written; nothing launched.")
@@ -82,14 +86,27 @@ def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_r
 @backend_option
 @click.option("--interval", type=float, default=10.0, show_default=True, help="seconds between checks")
 @click.option("--retries", type=int, default=None, help="relaunches per worker (default: the spec's workers.retries)")
-@click.option("--deadline", default=None, metavar="DURATION",
-              help="finish within this long of the first launch (8h, 90m, 1.5d): add on-demand workers when "
-                   "behind schedule, retire them when ahead")
+@click.option(
+    "--deadline",
+    default=None,
+    metavar="DURATION",
+    help="finish within this long of the first launch (8h, 90m, 1.5d): add on-demand workers when "
+    "behind schedule, retire them when ahead",
+)
 @click.option("--budget", type=float, default=None, metavar="USD", help="with --deadline: no launch past this cost")
-@click.option("--max-on-demand", type=int, default=None,
-              help="with --deadline: extra on-demand workers at most (default: as many as the plan's workers)")
-@click.option("--restart-overhead", type=float, default=None, metavar="SECONDS",
-              help="with --deadline: provision + setup + model load of a new machine (default 600)")
+@click.option(
+    "--max-on-demand",
+    type=int,
+    default=None,
+    help="with --deadline: extra on-demand workers at most (default: as many as the plan's workers)",
+)
+@click.option(
+    "--restart-overhead",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="with --deadline: provision + setup + model load of a new machine (default 600)",
+)
 def watch_command(inv, backend, interval, retries, deadline, budget, max_on_demand, restart_overhead):
     """Relaunch workers whose jobs end with work left, until every chunk has a marker.
 
@@ -110,11 +127,12 @@ def watch_command(inv, backend, interval, retries, deadline, budget, max_on_dema
         from orchestrator.estimate import RESTART_OVERHEAD_S
 
         settings = DeadlineSettings(
-            deadline_s=parse_duration(deadline), budget_usd=budget,
+            deadline_s=parse_duration(deadline),
+            budget_usd=budget,
             restart_overhead_s=RESTART_OVERHEAD_S if restart_overhead is None else restart_overhead,
             max_on_demand=max_on_demand if max_on_demand is not None else ctx.spec.workers.count,
             commit_margin_s=ctx.spec.workers.lease_ttl + interval,
-        )  # fmt: skip
+        )
     return _watch(ctx, backend_for(ctx.spec), interval, retries, deadline=settings)
 
 
@@ -137,8 +155,10 @@ def resume_command(inv, backend, follow, interval):
         click.echo("every chunk has a marker: nothing to resume (orch collect gives the output)")
         return 0
     launched = launch_workers(ctx, launcher, needed, reason="resume")
-    click.echo(f"{len(remaining)} chunk(s) left; launched {len(launched)} worker(s): "
-               f"{', '.join(str(w) for w in sorted(launched)) or 'none (all needed workers are live)'}")  # fmt: skip
+    click.echo(
+        f"{len(remaining)} chunk(s) left; launched {len(launched)} worker(s): "
+        f"{', '.join(str(w) for w in sorted(launched)) or 'none (all needed workers are live)'}"
+    )
     if follow:
         return _watch(ctx, launcher, interval)
     return 0
@@ -188,8 +208,10 @@ def _watch(ctx, launcher, interval: float, retries: int | None = None, deadline=
             recent = "\n".join(events[-8:])
             click.echo("\x1b[H\x1b[2J" + view + (f"\n\nevents:\n{recent}" if recent else ""))
         else:
-            click.echo(f"{time.strftime('%H:%M:%S')} chunks {report.chunks_done}/{report.chunks_total} done, "
-                       f"{report.live} worker(s) running")  # fmt: skip
+            click.echo(
+                f"{time.strftime('%H:%M:%S')} chunks {report.chunks_done}/{report.chunks_total} done, "
+                f"{report.live} worker(s) running"
+            )
 
     reconciler = Reconciler(ctx, launcher, retries=retries, on_event=event, deadline=deadline)
     report = watch(reconciler, interval=interval, on_tick=tick)
@@ -197,8 +219,10 @@ def _watch(ctx, launcher, interval: float, retries: int | None = None, deadline=
         click.echo(f"run {ctx.layout.run!r} complete: {report.chunks_total} chunks done")
         return 0
     if report.cancelled:
-        raise IncompleteRun(f"run {ctx.layout.run!r} was cancelled with {report.chunks_total - report.chunks_done} "
-                            "chunk(s) left", hint="orch resume --follow continues it")  # fmt: skip
+        raise IncompleteRun(
+            f"run {ctx.layout.run!r} was cancelled with {report.chunks_total - report.chunks_done} chunk(s) left",
+            hint="orch resume --follow continues it",
+        )
     details = "\n  ".join(f"worker {w}: {why}" for w, why in sorted(report.exhausted.items()))
     if report.decision is not None and report.decision.action == "budget":
         details = "\n  ".join(x for x in (details, report.decision.reason) if x)
@@ -213,7 +237,9 @@ def _require_model(ctx) -> None:
     from orchestrator.errors import SpecError
 
     if not ctx.spec.model.name:
-        raise SpecError("no model", hint="pass --model PATH_OR_HUB_ID, or set model.name in orch.yaml", where="model.name")
+        raise SpecError(
+            "no model", hint="pass --model PATH_OR_HUB_ID, or set model.name in orch.yaml", where="model.name"
+        )
 
 
 def register(cli: click.Group) -> None:

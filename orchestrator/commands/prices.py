@@ -1,4 +1,7 @@
-"""`orch prices`: the GPU price table estimates, status and the deadline policy use; `--refresh` rebuilds it from SkyPilot's catalog."""
+"""`orch prices`: the GPU price table that estimates, status and the deadline policy use.
+
+`--refresh` rebuilds it from SkyPilot's catalog.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +13,13 @@ import click
 @click.command("prices")
 @click.option("--refresh", is_flag=True, help="rebuild the table from SkyPilot's catalog (fetched when reachable)")
 @click.option("--clouds", default=None, help="clouds to refresh, comma-separated (default: those in the table)")
-@click.option("--prices", "prices_path", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="start from this table instead of the one in use")  # fmt: skip
+@click.option(
+    "--prices",
+    "prices_path",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="start from this table instead of the one in use",
+)
 def prices_command(refresh, clouds, prices_path):
     """Show the GPU prices in use (USD per GPU-hour, spot and on-demand, per cloud) and their date.
 
@@ -29,11 +37,16 @@ def prices_command(refresh, clouds, prices_path):
     from orchestrator.backends.skypilot_catalog import catalog_offerings
     from orchestrator.pricing import table_from_offerings, write_gpu_table
 
-    wanted = [c.strip().lower() for c in clouds.split(",") if c.strip()] if clouds else \
-        sorted({c for g in table.gpus.values() for c in g.prices})  # fmt: skip
+    wanted = (
+        [c.strip().lower() for c in clouds.split(",") if c.strip()]
+        if clouds
+        else sorted({c for g in table.gpus.values() for c in g.prices})
+    )
     offerings, problems = catalog_offerings(list(table.gpus), wanted)
     for cloud, why in problems.items():
-        click.echo(click.style("warning", fg="yellow") + f": {cloud}: SkyPilot's catalog cannot be read: {why}", err=True)
+        click.echo(
+            click.style("warning", fg="yellow") + f": {cloud}: SkyPilot's catalog cannot be read: {why}", err=True
+        )
     read = [c for c in wanted if c not in problems]
     if not read:
         raise BackendError(
@@ -41,8 +54,12 @@ def prices_command(refresh, clouds, prices_path):
             f"of {table.date}",
             hint="the catalog is fetched from GitHub on first use; try again where it is reachable",
         )
-    fresh = table_from_offerings(table, offerings, date=time.strftime("%Y-%m-%d"),
-                                 source=f"SkyPilot catalog ({', '.join(read)}), cheapest region")  # fmt: skip
+    fresh = table_from_offerings(
+        table,
+        offerings,
+        date=time.strftime("%Y-%m-%d"),
+        source=f"SkyPilot catalog ({', '.join(read)}), cheapest region",
+    )
     path = refreshed_table_path()
     write_gpu_table(fresh, path)
     click.echo(render_gpu_table(fresh, before=table))

@@ -41,8 +41,11 @@ def run_command(inv: Invocation, sources, workers, backend, out, retry_out, inte
     _require_model(ctx)
     # 1. prepare (a no-op when already prepared)
     report = prepare_run(ctx, list(sources), strict=strict, progress=lambda s: click.echo(s, err=True))
-    click.echo(f"{'prepared' if not report.already_prepared else 'already prepared'}: "
-               f"{report.chunks} chunks, {report.rows:,} rows" + (f", {report.errors} bad row(s) set aside" if report.errors else ""))  # fmt: skip
+    click.echo(
+        f"{'prepared' if not report.already_prepared else 'already prepared'}: "
+        f"{report.chunks} chunks, {report.rows:,} rows"
+        + (f", {report.errors} bad row(s) set aside" if report.errors else "")
+    )
     # 2. plan, 3. launch the workers the remaining chunks need
     ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo)
     needed, remaining = workers_needed(ctx)

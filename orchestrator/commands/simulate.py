@@ -20,8 +20,13 @@ from orchestrator.cli import Invocation, common_options
 @click.option("--on-demand", is_flag=True, help="on-demand machines: no preemptions, on-demand prices")
 @click.option("--preemptions-per-hour", type=float, default=0.25, show_default=True, help="per spot worker")
 @click.option("--trace", type=click.Path(dir_okay=False, exists=True), default=None, help="a preemption trace file")
-@click.option("--outages", type=int, default=0, show_default=True,
-              help="bursts with no spot capacity at all, on top of the Poisson preemptions")
+@click.option(
+    "--outages",
+    type=int,
+    default=0,
+    show_default=True,
+    help="bursts with no spot capacity at all, on top of the Poisson preemptions",
+)
 @click.option("--outage-hours", type=float, default=2.0, show_default=True, help="length of each burst")
 @click.option("--restart-overhead", type=float, default=600.0, show_default=True, help="seconds")
 @click.option("--checkpoint-interval", type=float, default=60.0, show_default=True, help="seconds")
@@ -30,27 +35,62 @@ from orchestrator.cli import Invocation, common_options
 @click.option("--seeds", type=int, default=5, show_default=True)
 @click.option("--policy", type=click.Choice(["orch", "skypilot-example"]), default="orch", show_default=True)
 @click.option("--compare", is_flag=True, help="both policies on the same seeds and traces")
-@click.option("--deadline-factor", type=float, default=None,
-              help="compare on-demand only, spot only, greedy and the deadline policy, with the deadline at this "
-                   "multiple of each seed's on-demand makespan")
+@click.option(
+    "--deadline-factor",
+    type=float,
+    default=None,
+    help="compare on-demand only, spot only, greedy and the deadline policy, with the deadline at this "
+    "multiple of each seed's on-demand makespan",
+)
 @click.option("--use-run", is_flag=True, help="simulate the manifest of --run instead of a synthetic one")
 @click.option("--prices", type=click.Path(dir_okay=False, exists=True), default=None)
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="write a Gantt chart (PNG)")
-def simulate_command(inv: Invocation, workers, chunks, rows_per_chunk, rows_spread, gpus, on_demand,
-                     preemptions_per_hour, outages, outage_hours, trace, restart_overhead, checkpoint_interval,
-                     lease_ttl, base_rows_per_s, seeds, policy, compare, deadline_factor, use_run, prices, as_json,
-                     plot_path):  # fmt: skip
+def simulate_command(
+    inv: Invocation,
+    workers,
+    chunks,
+    rows_per_chunk,
+    rows_spread,
+    gpus,
+    on_demand,
+    preemptions_per_hour,
+    outages,
+    outage_hours,
+    trace,
+    restart_overhead,
+    checkpoint_interval,
+    lease_ttl,
+    base_rows_per_s,
+    seeds,
+    policy,
+    compare,
+    deadline_factor,
+    use_run,
+    prices,
+    as_json,
+    plot_path,
+):
     """Simulate a run: how long, how much, what preemptions cost (driving orch's own protocol code)."""
     from orchestrator.simulate import POLICIES, SimConfig, simulate, summarise
 
     config = SimConfig(
-        workers=workers, chunks=chunks, rows_per_chunk=rows_per_chunk, rows_spread=rows_spread,
-        gpus=[g.strip() for g in gpus.split(",")] if gpus else SimConfig().gpus, spot=not on_demand,
-        preemptions_per_hour=0 if on_demand else preemptions_per_hour, trace=trace,
-        restart_overhead_s=restart_overhead, checkpoint_interval_s=checkpoint_interval, lease_ttl_s=lease_ttl,
-        base_rows_per_s=base_rows_per_s, prices=prices, outages=outages, outage_s=outage_hours * 3600,
-    )  # fmt: skip
+        workers=workers,
+        chunks=chunks,
+        rows_per_chunk=rows_per_chunk,
+        rows_spread=rows_spread,
+        gpus=[g.strip() for g in gpus.split(",")] if gpus else SimConfig().gpus,
+        spot=not on_demand,
+        preemptions_per_hour=0 if on_demand else preemptions_per_hour,
+        trace=trace,
+        restart_overhead_s=restart_overhead,
+        checkpoint_interval_s=checkpoint_interval,
+        lease_ttl_s=lease_ttl,
+        base_rows_per_s=base_rows_per_s,
+        prices=prices,
+        outages=outages,
+        outage_s=outage_hours * 3600,
+    )
     entries = None
     if use_run:
         from orchestrator.plan import read_manifest
@@ -60,14 +100,18 @@ def simulate_command(inv: Invocation, workers, chunks, rows_per_chunk, rows_spre
     if deadline_factor is not None:
         return _deadline_study(config, seeds, deadline_factor, entries, as_json)
     names = list(POLICIES) if compare else [policy]
-    results = {name: [simulate(config, POLICIES[name], seed, entries=entries) for seed in range(seeds)] for name in names}
+    results = {
+        name: [simulate(config, POLICIES[name], seed, entries=entries) for seed in range(seeds)] for name in names
+    }
     summaries = {name: summarise(rs) for name, rs in results.items()}
     if plot_path:
         from orchestrator.simulate.plot import plot_gantt
 
         plot_gantt([rs[0] for rs in results.values()], plot_path)
     if as_json:
-        click.echo(json.dumps({"config": config.model_dump(), "policies": {n: asdict(s) for n, s in summaries.items()}}))
+        click.echo(
+            json.dumps({"config": config.model_dump(), "policies": {n: asdict(s) for n, s in summaries.items()}})
+        )
         return 0
     click.echo(render(summaries, config, seeds))
     if plot_path:
@@ -81,32 +125,42 @@ def _deadline_study(config, seeds: int, factor: float, entries, as_json: bool) -
     from orchestrator.simulate import deadline_study
 
     if factor < 1:
-        raise click.BadParameter("a deadline shorter than the on-demand makespan cannot be met", param_hint="--deadline-factor")
+        raise click.BadParameter(
+            "a deadline shorter than the on-demand makespan cannot be met", param_hint="--deadline-factor"
+        )
     results = deadline_study(config, seeds, factor, entries=entries)
     od = results["on-demand only"]
     rows = {}
     for market, runs in results.items():
         rows[market] = {
-            "deadline_met": sum(bool(r.met_deadline) for r in runs), "runs": len(runs),
+            "deadline_met": sum(bool(r.met_deadline) for r in runs),
+            "runs": len(runs),
             "cost_usd": statistics.fmean(r.cost_usd for r in runs),
-            "cost_vs_on_demand": statistics.fmean(r.cost_usd / o.cost_usd for r, o in zip(runs, od)),
+            "cost_vs_on_demand": statistics.fmean(r.cost_usd / o.cost_usd for r, o in zip(runs, od, strict=True)),
             "makespan_vs_deadline": statistics.fmean(r.makespan_s / r.deadline_s for r in runs),
             "makespan_vs_deadline_max": max(r.makespan_s / r.deadline_s for r in runs),
             "on_demand_launched": statistics.fmean(r.on_demand_launched for r in runs),
-        }  # fmt: skip
+        }
     if as_json:
         click.echo(json.dumps({"config": config.model_dump(), "deadline_factor": factor, "markets": rows}))
         return 0
     trace = f"{config.preemptions_per_hour:g} preemptions/h" + (
-        f" + {config.outages} outage(s) of {config.outage_s / 3600:g} h" if config.outages else "")  # fmt: skip
-    click.echo(f"{config.workers} workers, {config.chunks} chunks x {config.rows_per_chunk} rows, {trace}, deadline "
-               f"{factor:g}x the on-demand makespan, {seeds} seed(s)")  # fmt: skip
-    click.echo(f"{'':<16}{'deadline met':>13}{'cost (USD)':>12}{'x on-demand':>12}{'makespan/deadline':>19}"
-               f"{'on-demand added':>17}")  # fmt: skip
+        f" + {config.outages} outage(s) of {config.outage_s / 3600:g} h" if config.outages else ""
+    )
+    click.echo(
+        f"{config.workers} workers, {config.chunks} chunks x {config.rows_per_chunk} rows, {trace}, deadline "
+        f"{factor:g}x the on-demand makespan, {seeds} seed(s)"
+    )
+    click.echo(
+        f"{'':<16}{'deadline met':>13}{'cost (USD)':>12}{'x on-demand':>12}{'makespan/deadline':>19}"
+        f"{'on-demand added':>17}"
+    )
     for market, r in rows.items():
-        click.echo(f"{market:<16}{r['deadline_met']:>8}/{r['runs']:<4}{r['cost_usd']:>12,.2f}{r['cost_vs_on_demand']:>12.2f}"
-                   f"{r['makespan_vs_deadline']:>11.2f} (max {r['makespan_vs_deadline_max']:.2f})"
-                   f"{r['on_demand_launched']:>11.1f}")  # fmt: skip
+        click.echo(
+            f"{market:<16}{r['deadline_met']:>8}/{r['runs']:<4}{r['cost_usd']:>12,.2f}{r['cost_vs_on_demand']:>12.2f}"
+            f"{r['makespan_vs_deadline']:>11.2f} (max {r['makespan_vs_deadline_max']:.2f})"
+            f"{r['on_demand_launched']:>11.1f}"
+        )
     return 0
 
 
@@ -125,11 +179,14 @@ def render(summaries, config, seeds: int) -> str:
     ]
     names = list(summaries)
     widths = [max(len(r[0]) for r in rows)] + [max(len(n), 22) for n in names]
-    head = (f"{config.workers} workers ({', '.join(config.gpus)}; {'spot' if config.spot else 'on-demand'}), "
-            f"{config.chunks} chunks x {config.rows_per_chunk} rows, {seeds} seed(s)")  # fmt: skip
-    lines = [head, "".ljust(widths[0]) + "  " + "  ".join(n.rjust(w) for n, w in zip(names, widths[1:]))]
+    head = (
+        f"{config.workers} workers ({', '.join(config.gpus)}; {'spot' if config.spot else 'on-demand'}), "
+        f"{config.chunks} chunks x {config.rows_per_chunk} rows, {seeds} seed(s)"
+    )
+    lines = [head, "".ljust(widths[0]) + "  " + "  ".join(n.rjust(w) for n, w in zip(names, widths[1:], strict=True))]
     for label, fmt in rows:
-        lines.append(label.ljust(widths[0]) + "  " + "  ".join(fmt(summaries[n]).rjust(w) for n, w in zip(names, widths[1:])))
+        cells = (fmt(summaries[n]).rjust(w) for n, w in zip(names, widths[1:], strict=True))
+        lines.append(label.ljust(widths[0]) + "  " + "  ".join(cells))
     return "\n".join(lines)
 
 

@@ -22,10 +22,16 @@ def current_status(ctx, prices_path: str | None = None, launcher=None):
         record, _ = read_jobs(ctx.store, ctx.layout)
         launcher = backend_for(ctx.spec, record.backend) if record.backend else None
     return status_of(
-        ctx.store, ctx.layout, launcher, now=time.time(), prices=load_gpu_table(prices_path),
-        heartbeat_interval=ctx.spec.workers.heartbeat_interval, default_spot=ctx.spec.resources.spot,
-        gpus=ctx.spec.resources.gpus, workers_planned=ctx.spec.workers.count,
-    )  # fmt: skip
+        ctx.store,
+        ctx.layout,
+        launcher,
+        now=time.time(),
+        prices=load_gpu_table(prices_path),
+        heartbeat_interval=ctx.spec.workers.heartbeat_interval,
+        default_spot=ctx.spec.resources.spot,
+        gpus=ctx.spec.resources.gpus,
+        workers_planned=ctx.spec.workers.count,
+    )
 
 
 @click.command("status")

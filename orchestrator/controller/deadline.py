@@ -33,8 +33,9 @@ is gone, then commit), never rules 2 and 3.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from orchestrator.errors import SpecError
 from orchestrator.estimate import RESTART_OVERHEAD_S
@@ -126,7 +127,7 @@ def decide(state: FleetState, settings: DeadlineSettings) -> Decision:
     line = min(max((state.elapsed_s - overhead) / max(settings.deadline_s - overhead, 1e-9), 0.0), 1.0)
     od_rate = sum(w.rate for w in state.on_demand)
     have = state.spot_rate + od_rate
-    need = W / (T - overhead) if T > overhead else math.inf
+    need = W / (T - overhead) if overhead < T else math.inf
     od_cap = od_rate + max(settings.max_on_demand - len(state.on_demand), 0) * state.new_worker_rate
     if od_cap > 0:
         od_time = max(W / od_cap, state.largest_chunk_rows / max(state.new_worker_rate, 1e-9)) * (1 + settings.margin)
@@ -134,25 +135,39 @@ def decide(state: FleetState, settings: DeadlineSettings) -> Decision:
     else:
         slack = -math.inf
     commit_at = overhead + settings.commit_margin_s
-    numbers = dict(elapsed_s=state.elapsed_s, progress=state.done_rows / total, line=line,
-                   need_rows_per_s=need if need != math.inf else -1.0, have_rows_per_s=have,
-                   slack_s=slack if slack != -math.inf else None)  # fmt: skip
+    numbers = dict(
+        elapsed_s=state.elapsed_s,
+        progress=state.done_rows / total,
+        line=line,
+        need_rows_per_s=need if need != math.inf else -1.0,
+        have_rows_per_s=have,
+        slack_s=slack if slack != -math.inf else None,
+    )
     if W <= 0:
         return Decision("hold", "complete", "every row is done", **numbers)
     if settings.budget_usd is not None and state.cost_so_far_usd >= settings.budget_usd:
         mode: Mode = "behind" if state.done_rows < line * total else "on-line"
-        return Decision("budget", mode, f"budget ${settings.budget_usd:,.2f} reached (${state.cost_so_far_usd:,.2f} "
-                        "spent): no new launches", **numbers)  # fmt: skip
+        return Decision(
+            "budget",
+            mode,
+            f"budget ${settings.budget_usd:,.2f} reached (${state.cost_so_far_usd:,.2f} spent): no new launches",
+            **numbers,
+        )
 
     if slack <= commit_at:
         # Commit: what on-demand runs (or is starting) must finish alone.
-        target = (need if T > overhead else W / max(T, 1.0)) * (1 + settings.margin)
-        why = (f"slack {max(slack, 0) / 60:.0f} min is within a restart and a takeover "
-               f"({commit_at / 60:.0f} min)")  # fmt: skip
+        target = (need if overhead < T else W / max(T, 1.0)) * (1 + settings.margin)
+        why = f"slack {max(slack, 0) / 60:.0f} min is within a restart and a takeover ({commit_at / 60:.0f} min)"
         return _launch(state, settings, "critical", target - od_rate, f"{why}: committing to on-demand", numbers)
     if not settings.greedy and state.done_rows < line * total:
-        return _launch(state, settings, "behind", need * (1 + settings.margin) - have,
-                       f"behind the uniform line ({state.done_rows / total:.1%} done, line {line:.1%})", numbers)  # fmt: skip
+        return _launch(
+            state,
+            settings,
+            "behind",
+            need * (1 + settings.margin) - have,
+            f"behind the uniform line ({state.done_rows / total:.1%} done, line {line:.1%})",
+            numbers,
+        )
     ahead = state.done_rows >= (line + settings.ahead_band) * total
     if not settings.greedy and ahead and slack > 2 * commit_at:
         keep, retire = have, []
@@ -161,31 +176,47 @@ def decide(state: FleetState, settings: DeadlineSettings) -> Decision:
                 keep -= w.rate
                 retire.append(w.worker)
         if retire:
-            return Decision("retire", "ahead", f"ahead of the line ({state.done_rows / total:.1%} done, line "
-                            f"{line:.1%}): spot capacity suffices", retire=retire, **numbers)  # fmt: skip
-    return Decision("hold", "ahead" if ahead else "on-line", f"{state.done_rows / total:.1%} done, line {line:.1%}", **numbers)
+            return Decision(
+                "retire",
+                "ahead",
+                f"ahead of the line ({state.done_rows / total:.1%} done, line {line:.1%}): spot capacity suffices",
+                retire=retire,
+                **numbers,
+            )
+    return Decision(
+        "hold", "ahead" if ahead else "on-line", f"{state.done_rows / total:.1%} done, line {line:.1%}", **numbers
+    )
 
 
-def _launch(state: FleetState, settings: DeadlineSettings, mode: Mode, deficit: float, why: str,
-            numbers: dict[str, Any]) -> Decision:  # fmt: skip
+def _launch(
+    state: FleetState, settings: DeadlineSettings, mode: Mode, deficit: float, why: str, numbers: dict[str, Any]
+) -> Decision:
     if deficit <= 0:
         return Decision("hold", mode, f"{why}; the on-demand workers starting cover it", **numbers)
     room = settings.max_on_demand - len(state.on_demand)
     count = min(math.ceil(deficit / max(state.new_worker_rate, 1e-9)), room)
     if count <= 0:
-        return Decision("hold", mode, f"{why}; already at the cap of {settings.max_on_demand} on-demand workers",
-                        **numbers)  # fmt: skip
+        return Decision(
+            "hold", mode, f"{why}; already at the cap of {settings.max_on_demand} on-demand workers", **numbers
+        )
     if state.open_chunks is not None and count > state.open_chunks:
         if state.open_chunks <= 0:
             return Decision("hold", mode, f"{why}; every unfinished chunk is being worked on", **numbers)
         count = state.open_chunks
     if settings.budget_usd is not None:
         hours = max(settings.deadline_s - state.elapsed_s, 0.0) / 3600
-        affordable = math.floor((settings.budget_usd - state.cost_so_far_usd) / max(state.new_worker_usd_h * hours, 1e-9))
+        affordable = math.floor(
+            (settings.budget_usd - state.cost_so_far_usd) / max(state.new_worker_usd_h * hours, 1e-9)
+        )
         if affordable < count:
             if affordable <= 0:
-                return Decision("budget", mode, f"{why}; budget ${settings.budget_usd:,.2f} reached "
-                                f"(${state.cost_so_far_usd:,.2f} spent): no new launches", **numbers)  # fmt: skip
+                return Decision(
+                    "budget",
+                    mode,
+                    f"{why}; budget ${settings.budget_usd:,.2f} reached "
+                    f"(${state.cost_so_far_usd:,.2f} spent): no new launches",
+                    **numbers,
+                )
             why += f"; the budget allows {affordable} of {count}"
             count = affordable
     return Decision("launch", mode, f"{why}: {count} on-demand worker(s)", launch=count, **numbers)

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from orchestrator.backends.base import JobState, JobStatus, Launcher
 from orchestrator.context import RunContext
-from orchestrator.controller.deadline import Decision, DeadlineSettings, FleetState, OnDemandWorker, decide
-from orchestrator.controller.jobs import JobsRecord, read_jobs, update_jobs
+from orchestrator.controller.deadline import DeadlineSettings, Decision, FleetState, OnDemandWorker, decide
+from orchestrator.controller.jobs import JobsRecord, update_jobs
 from orchestrator.controller.launch import launch_workers
 from orchestrator.estimate import throughput
 from orchestrator.pricing import GpuTable, load_gpu_table
@@ -32,9 +32,17 @@ Event = Callable[[str], None]
 
 
 class DeadlineControl:
-    def __init__(self, ctx: RunContext, launcher: Launcher, settings: DeadlineSettings, *,
-                 prices: GpuTable | None = None, clock: Callable[[], float] = time.time,
-                 env: Mapping[str, str] | None = None, on_event: Event = lambda m: None):  # fmt: skip
+    def __init__(
+        self,
+        ctx: RunContext,
+        launcher: Launcher,
+        settings: DeadlineSettings,
+        *,
+        prices: GpuTable | None = None,
+        clock: Callable[[], float] = time.time,
+        env: Mapping[str, str] | None = None,
+        on_event: Event = lambda _message: None,
+    ):
         self.ctx = ctx
         self.launcher = launcher
         self.settings = settings
@@ -49,16 +57,28 @@ class DeadlineControl:
         facts = gather(store, layout, None)
         facts.statuses = dict(statuses)
         now = self.clock()
-        status = derive_status(facts, now=now, prices=self.prices, heartbeat_interval=spec.workers.heartbeat_interval,
-                               default_spot=spec.resources.spot)  # fmt: skip
+        status = derive_status(
+            facts,
+            now=now,
+            prices=self.prices,
+            heartbeat_interval=spec.workers.heartbeat_interval,
+            default_spot=spec.resources.spot,
+        )
         record = facts.jobs
         state, jobs = self.fleet_state(status, record, statuses, facts, now)
         decision = decide(state, self.settings)
         if decision.launch:
             first = max([int(w) for w in record.workers] + [len(facts.plan.workers) - 1 if facts.plan else -1]) + 1
             workers = list(range(first, first + decision.launch))
-            launched = launch_workers(self.ctx, self.launcher, workers, reason=f"deadline: {decision.mode}",
-                                      use_spot=False, env=self.env, clock=self.clock)  # fmt: skip
+            launched = launch_workers(
+                self.ctx,
+                self.launcher,
+                workers,
+                reason=f"deadline: {decision.mode}",
+                use_spot=False,
+                env=self.env,
+                clock=self.clock,
+            )
             decision.launch = len(launched)
             for w, job in sorted(launched.items()):
                 self.on_event(f"worker {w}: on-demand job {job} ({decision.reason})")
@@ -69,8 +89,9 @@ class DeadlineControl:
         self._last_mode = decision.mode
         return decision
 
-    def fleet_state(self, status: RunStatus, record: JobsRecord, statuses: Mapping[str, JobStatus], facts,
-                    now: float) -> tuple[FleetState, dict[int, str]]:  # fmt: skip
+    def fleet_state(
+        self, status: RunStatus, record: JobsRecord, statuses: Mapping[str, JobStatus], facts, now: float
+    ) -> tuple[FleetState, dict[int, str]]:
         spec = self.ctx.spec
         tp = throughput(self.prices, spec.resources.gpus, facts.manifest, facts.stats)
         # A new on-demand worker: what any_of picks on demand, the cheapest per hour.
@@ -90,8 +111,10 @@ class DeadlineControl:
                 on_demand.append(OnDemandWorker(worker, measured or new_rate, job.state is JobState.RUNNING))
                 continue
             # Spot (or the spec's choice): counted when up, or starting on capacity found lately.
-            starting = job.state in (JobState.PENDING, JobState.STARTING) and \
-                now - attempt.launched_at <= 2 * self.settings.restart_overhead_s  # fmt: skip
+            starting = (
+                job.state in (JobState.PENDING, JobState.STARTING)
+                and now - attempt.launched_at <= 2 * self.settings.restart_overhead_s
+            )
             if job.state is JobState.RUNNING or starting:
                 gpu = self.prices.find(view.accelerator if view else None)
                 spot_rate += measured or (tp.tokens_per_s.get(gpu.name, 0.0) / per_row if gpu else new_rate)
@@ -99,13 +122,17 @@ class DeadlineControl:
         unfinished = [e for e in facts.manifest if e.chunk not in facts.done]
         in_hand = {w.chunk for w in status.workers if w.chunk}
         state = FleetState(
-            elapsed_s=now - started, total_rows=float(status.rows["total"]),
-            done_rows=float(status.rows["done"] + status.rows["in_progress"]), spot_rate=spot_rate,
-            on_demand=on_demand, new_worker_rate=new_rate,
-            new_worker_usd_h=self.prices.get(pick).on_demand_usd_h, cost_so_far_usd=status.cost["so_far_usd"],
+            elapsed_s=now - started,
+            total_rows=float(status.rows["total"]),
+            done_rows=float(status.rows["done"] + status.rows["in_progress"]),
+            spot_rate=spot_rate,
+            on_demand=on_demand,
+            new_worker_rate=new_rate,
+            new_worker_usd_h=self.prices.get(pick).on_demand_usd_h,
+            cost_so_far_usd=status.cost["so_far_usd"],
             largest_chunk_rows=float(max((e.rows for e in unfinished), default=0)),
             open_chunks=sum(1 for e in unfinished if e.chunk not in in_hand),
-        )  # fmt: skip
+        )
         return state, jobs
 
     def retire(self, jobs: Mapping[int, str], reason: str) -> None:
@@ -123,8 +150,11 @@ class DeadlineControl:
 
     def log(self, decision: Decision) -> None:
         now = self.clock()
-        doc = {"at": now, "deadline_s": self.settings.deadline_s, "budget_usd": self.settings.budget_usd,
-               **decision.to_dict()}  # fmt: skip
+        doc = {
+            "at": now,
+            "deadline_s": self.settings.deadline_s,
+            "budget_usd": self.settings.budget_usd,
+            **decision.to_dict(),
+        }
         self.ctx.store.put(self.ctx.layout.decision(now), json.dumps(doc).encode())
         self.on_event(f"deadline [{decision.mode}] {decision.action}: {decision.reason}")
-

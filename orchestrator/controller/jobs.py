@@ -6,7 +6,7 @@ launched; it is updated by compare-and-swap, so two controllers cannot lose each
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from pydantic import Field
 

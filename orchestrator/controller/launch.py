@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-from orchestrator.backends.base import JobStatus, LaunchFailed, Launcher, LaunchRequest
+from orchestrator.backends.base import JobStatus, Launcher, LaunchFailed, LaunchRequest
 from orchestrator.context import RunContext
 from orchestrator.controller.jobs import JobAttempt, JobsRecord, read_jobs, update_jobs
 
@@ -33,7 +33,7 @@ def worker_envs(ctx: RunContext, worker: int, env: Mapping[str, str]) -> dict[st
         "ORCH_RUN": ctx.layout.run,
         "ORCH_STORE": store,
         "ORCH_WORKER": str(worker),
-        "ORCH_WORKER_LIST": ctx.layout.worker_list(str(worker))[len(ctx.layout.root):],
+        "ORCH_WORKER_LIST": ctx.layout.worker_list(str(worker))[len(ctx.layout.root) :],
     }
     envs.update({k: env[k] for k in PASSTHROUGH_NAMES if env.get(k)})
     return envs
@@ -46,9 +46,10 @@ def worker_secrets(env: Mapping[str, str]) -> dict[str, str]:
 def live_workers(record: JobsRecord, statuses: Mapping[str, JobStatus]) -> set[int]:
     """Workers whose current job holds (or will soon hold) a machine."""
     return {
-        worker for worker, attempt in record.current_jobs().items()
+        worker
+        for worker, attempt in record.current_jobs().items()
         if attempt.job_id in statuses and statuses[attempt.job_id].state.is_live()
-    }  # fmt: skip
+    }
 
 
 def launch_workers(
@@ -117,7 +118,9 @@ def dry_run_requests(ctx: RunContext, workers: Iterable[int], out_dir, env: Mapp
 
     env = os.environ if env is None else env
     requests = [
-        LaunchRequest(worker=w, name=f"orch-{ctx.layout.run}-w{w}", envs=worker_envs(ctx, w, env), secrets=worker_secrets(env))
+        LaunchRequest(
+            worker=w, name=f"orch-{ctx.layout.run}-w{w}", envs=worker_envs(ctx, w, env), secrets=worker_secrets(env)
+        )
         for w in sorted(set(workers))
     ]
     return write_dry_run(ctx.spec, requests, out_dir)

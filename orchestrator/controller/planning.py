@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from orchestrator.context import RunContext
 from orchestrator.plan import plan_chunks, read_manifest, read_plan, write_plan
-from orchestrator.protocol.snapshot import list_done
 from orchestrator.protocol.records import PlanRecord
+from orchestrator.protocol.snapshot import list_done
 
 
-def ensure_plan(ctx: RunContext, workers: int, echo: Callable[[str], None] = lambda s: None) -> PlanRecord:
+def ensure_plan(ctx: RunContext, workers: int, echo: Callable[[str], None] = lambda _line: None) -> PlanRecord:
     """The run's plan, made (or remade) when there is none or it was made for another worker count."""
     plan = read_plan(ctx.store, ctx.layout)
     if plan is not None and len(plan.workers) == workers:

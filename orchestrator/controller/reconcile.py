@@ -16,20 +16,20 @@ reached, stops every launch.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
-from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, Launcher
+from orchestrator.backends.base import JobState, JobStatus, Launcher, LaunchFailed
 from orchestrator.context import RunContext
-from orchestrator.errors import BackendError
-from orchestrator.controller.jobs import JobsRecord, read_jobs, update_jobs
-from orchestrator.controller.deadline import Decision, DeadlineSettings
+from orchestrator.controller.deadline import DeadlineSettings, Decision
 from orchestrator.controller.deadline_control import DeadlineControl
+from orchestrator.controller.jobs import JobsRecord, read_jobs, update_jobs
 from orchestrator.controller.launch import launch_workers
+from orchestrator.errors import BackendError
 from orchestrator.pricing import GpuTable
-from orchestrator.protocol.snapshot import RunSnapshot, take_snapshot
 from orchestrator.protocol.leases import read_lease
 from orchestrator.protocol.records import ManifestEntry, read_jsonl
+from orchestrator.protocol.snapshot import RunSnapshot, take_snapshot
 
 Event = Callable[[str], None]
 
@@ -58,8 +58,13 @@ class TickReport:
     @property
     def stuck(self) -> bool:
         """Nothing runs, nothing was relaunched, no lease is about to free a chunk, and work is left."""
-        return (not self.complete and self.live == 0 and not self.relaunched and not self.pending_leases
-                and self.unreachable is None)  # fmt: skip
+        return (
+            not self.complete
+            and self.live == 0
+            and not self.relaunched
+            and not self.pending_leases
+            and self.unreachable is None
+        )
 
 
 class Reconciler:
@@ -71,8 +76,8 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         retries: int | None = None,
         env: Mapping[str, str] | None = None,
-        on_event: Event = lambda message: None,
-        deadline: "DeadlineSettings | None" = None,
+        on_event: Event = lambda _message: None,
+        deadline: DeadlineSettings | None = None,
         prices: GpuTable | None = None,
     ):
         self.ctx = ctx
@@ -81,10 +86,14 @@ class Reconciler:
         self.retries = ctx.spec.workers.retries if retries is None else retries
         self.env = env
         self.on_event = on_event
-        self.deadline = DeadlineControl(ctx, launcher, deadline, prices=prices, clock=clock, env=env,
-                                        on_event=on_event) if deadline is not None else None  # fmt: skip
-        self._chunks = [e.chunk for e in read_jsonl(
-            ManifestEntry, ctx.store.get(ctx.layout.manifest).data, ctx.layout.manifest)]  # fmt: skip
+        self.deadline = (
+            DeadlineControl(ctx, launcher, deadline, prices=prices, clock=clock, env=env, on_event=on_event)
+            if deadline is not None
+            else None
+        )
+        self._chunks = [
+            e.chunk for e in read_jsonl(ManifestEntry, ctx.store.get(ctx.layout.manifest).data, ctx.layout.manifest)
+        ]
 
     def tick(self) -> TickReport:
         snapshot = take_snapshot(self.ctx.store, self.ctx.layout)
@@ -123,7 +132,7 @@ class Reconciler:
             state = status.state if status else JobState.UNKNOWN
             if state.is_live() or attempt.retired:
                 continue
-            reason = self._relaunch_reason(state, record, claimable_left=len(claimable) - len(wanted))
+            reason = self._relaunch_reason(state, claimable_left=len(claimable) - len(wanted))
             if reason is None:
                 continue
             jobs = record.worker(worker)
@@ -157,7 +166,7 @@ class Reconciler:
             held += 1
         return claimable, held
 
-    def _relaunch_reason(self, state: JobState, record: JobsRecord, claimable_left: int) -> str | None:
+    def _relaunch_reason(self, state: JobState, claimable_left: int) -> str | None:
         if state is JobState.SUCCEEDED:
             # It found nothing to claim when it exited; relaunch only for chunks nobody holds now.
             return "relaunch: chunks left that nobody holds" if claimable_left > 0 else None
@@ -171,9 +180,14 @@ class Reconciler:
             workers = [w for w, r in wanted.items() if r == reason]
             try:
                 launched = launch_workers(
-                    self.ctx, self.launcher, workers, reason=reason, count_as_relaunch=True,
-                    env=self.env, clock=self.clock,
-                )  # fmt: skip
+                    self.ctx,
+                    self.launcher,
+                    workers,
+                    reason=reason,
+                    count_as_relaunch=True,
+                    env=self.env,
+                    clock=self.clock,
+                )
             except LaunchFailed as e:
                 launched = e.launched
                 for w, why in e.failures.items():
@@ -205,7 +219,7 @@ def watch(
     *,
     interval: float = 10.0,
     sleep: Callable[[float], None] = time.sleep,
-    on_tick: Callable[[TickReport], None] = lambda report: None,
+    on_tick: Callable[[TickReport], None] = lambda _report: None,
     max_ticks: int | None = None,
 ) -> TickReport:
     """Tick until the run is complete or stuck. Returns the last report."""

@@ -15,12 +15,12 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from orchestrator.context import RunContext
 from orchestrator.errors import InputError
-from orchestrator.spec import InputSpec
 from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
 from orchestrator.prepare.sources import (
     RawRow,
@@ -32,6 +32,7 @@ from orchestrator.prepare.sources import (
 )
 from orchestrator.protocol.layout import chunk_id
 from orchestrator.protocol.records import ManifestEntry, write_jsonl
+from orchestrator.spec import ChunkingSpec, InputSpec
 from orchestrator.store import NotFound
 
 Progress = Callable[[str], None]
@@ -58,7 +59,9 @@ class PrepareReport:
         return {**asdict(self), "rows_per_s": round(self.rows_per_s, 1)}
 
 
-def prepare_run(ctx: RunContext, sources: list[str], *, strict: bool = False, progress: Progress = lambda s: None) -> PrepareReport:
+def prepare_run(
+    ctx: RunContext, sources: list[str], *, strict: bool = False, progress: Progress = lambda _line: None
+) -> PrepareReport:
     started = time.monotonic()
     spec, store, layout = ctx.spec, ctx.store, ctx.layout
     files = resolve_sources(sources)
@@ -69,27 +72,15 @@ def prepare_run(ctx: RunContext, sources: list[str], *, strict: bool = False, pr
     }
     done = _existing_record(ctx)
     if done is not None:
-        if done.get("identity") == identity:
-            return PrepareReport(layout.run, done["chunks"], done["rows"], done["errors"], done.get("errors_key"),
-                                 True, time.monotonic() - started, done.get("first_errors", []))  # fmt: skip
-        raise InputError(
-            f"run {layout.run!r} was prepared from other inputs ({_describe(done['identity'])})",
-            where=layout.prepare_record,
-            hint="use a new --run name for different data",
-        )
+        return _already_prepared(ctx, done, identity, started)
     if spec.chunking.num_chunks is None and spec.chunking.rows_per_chunk is None:
         raise InputError("say how to chunk the data", hint="--num-chunks N or --rows-per-chunk K")
 
     total = sum(count_rows(f) for f in files)
     if total == 0:
         raise InputError("the input has no rows", where=", ".join(f.uri for f in files))
-    if spec.chunking.num_chunks is not None:
-        chunks_total = min(spec.chunking.num_chunks, total)
-        boundaries = [total * i // chunks_total for i in range(chunks_total + 1)]
-    else:
-        size = spec.chunking.rows_per_chunk or 1
-        chunks_total = -(-total // size)
-        boundaries = [min(i * size, total) for i in range(chunks_total + 1)]
+    boundaries = _chunk_boundaries(spec.chunking, total)
+    chunks_total = len(boundaries) - 1
     progress(f"{total:,} rows in {len(files)} file(s) -> {chunks_total} chunks")
 
     convert = make_converter(spec.input, spec.sampling, spec.model.name)
@@ -116,8 +107,12 @@ def prepare_run(ctx: RunContext, sources: list[str], *, strict: bool = False, pr
                     continue
                 first = seen.setdefault(request.custom_id, (file_index, raw.number))
                 if first != (file_index, raw.number):
-                    errors.add(source, raw.number, f"duplicate custom_id {request.custom_id!r} (first at "
-                               f"{files[first[0]].uri}:{first[1]})", raw.raw or _excerpt(raw.record))  # fmt: skip
+                    errors.add(
+                        source,
+                        raw.number,
+                        f"duplicate custom_id {request.custom_id!r} (first at {files[first[0]].uri}:{first[1]})",
+                        raw.raw or _excerpt(raw.record),
+                    )
                     continue
                 writer.add(request)
                 if time.monotonic() - last_note > 5:
@@ -134,11 +129,48 @@ def prepare_run(ctx: RunContext, sources: list[str], *, strict: bool = False, pr
     store.put(layout.manifest, write_jsonl(entries))
     store.put(layout.metadata, "".join(f"{e.key}\n" for e in entries).encode())
     rows = sum(e.rows for e in entries)
-    record = {"identity": identity, "chunks": len(entries), "rows": rows, "errors": errors.count,
-              "errors_key": errors_key, "first_errors": errors.first, "created_at": time.time()}  # fmt: skip
+    record = {
+        "identity": identity,
+        "chunks": len(entries),
+        "rows": rows,
+        "errors": errors.count,
+        "errors_key": errors_key,
+        "first_errors": errors.first,
+        "created_at": time.time(),
+    }
     store.put(layout.prepare_record, json.dumps(record, indent=1).encode())
-    return PrepareReport(layout.run, len(entries), rows, errors.count, errors_key, False, time.monotonic() - started,
-                         errors.first)  # fmt: skip
+    return PrepareReport(
+        layout.run, len(entries), rows, errors.count, errors_key, False, time.monotonic() - started, errors.first
+    )
+
+
+def _already_prepared(ctx: RunContext, done: dict[str, Any], identity: dict[str, Any], started: float) -> PrepareReport:
+    """The report of a prepare that already happened, if it was of the same input; refused otherwise."""
+    if done.get("identity") != identity:
+        raise InputError(
+            f"run {ctx.layout.run!r} was prepared from other inputs ({_describe(done['identity'])})",
+            where=ctx.layout.prepare_record,
+            hint="use a new --run name for different data",
+        )
+    return PrepareReport(
+        ctx.layout.run,
+        done["chunks"],
+        done["rows"],
+        done["errors"],
+        done.get("errors_key"),
+        True,
+        time.monotonic() - started,
+        done.get("first_errors", []),
+    )
+
+
+def _chunk_boundaries(chunking: ChunkingSpec, total: int) -> list[int]:
+    """Row positions where chunks start (and the total last): input positions, so bad rows never shift them."""
+    if chunking.num_chunks is not None:
+        count = min(chunking.num_chunks, total)
+        return [total * i // count for i in range(count + 1)]
+    size = chunking.rows_per_chunk or 1
+    return [min(i * size, total) for i in range(-(-total // size) + 1)]
 
 
 def _rows(source: SourceFile, spec_input: InputSpec, columns: list[str] | None) -> Iterator[RawRow]:
@@ -177,7 +209,7 @@ class _ChunkWriter:
     def _open(self) -> None:
         self.chunk = chunk_id(self.index, self.total)
         self.path = os.path.join(self.dir, f"{self.chunk}.jsonl")
-        self.file = open(self.path, "wb", buffering=1 << 20)
+        self.file = open(self.path, "wb", buffering=1 << 20)  # noqa: SIM115 - spans add() calls; closed by _seal/discard
         self.rows = self.bytes = self.prompt_tokens = self.output_tokens = 0
 
     def add(self, request: Request) -> None:
@@ -193,8 +225,14 @@ class _ChunkWriter:
         self.ctx.store.put_file(layout.chunk(self.chunk), self.path)
         os.unlink(self.path)
         self.entries.append(
-            ManifestEntry(chunk=self.chunk, key=layout.chunk_path(self.chunk), rows=self.rows, bytes=self.bytes,
-                          est_prompt_tokens=self.prompt_tokens, max_output_tokens=self.output_tokens)  # fmt: skip
+            ManifestEntry(
+                chunk=self.chunk,
+                key=layout.chunk_path(self.chunk),
+                rows=self.rows,
+                bytes=self.bytes,
+                est_prompt_tokens=self.prompt_tokens,
+                max_output_tokens=self.output_tokens,
+            )
         )
 
     def next_chunk(self) -> None:
@@ -230,12 +268,18 @@ class _ErrorWriter:
 
     def add(self, source: SourceFile, number: int, problem: str, raw: str) -> None:
         if self.strict:
-            raise InputError(problem, where=f"{source.uri}:{number}", hint="fix the row, or drop --strict to set bad rows aside")
+            raise InputError(
+                problem, where=f"{source.uri}:{number}", hint="fix the row, or drop --strict to set bad rows aside"
+            )
         self.count += 1
         if len(self.first) < self.SHOWN:
             self.first.append(f"{source.uri}:{number}: {problem}")
-        line = {"source": source.uri, "line" if source.kind != "parquet" else "row": number,
-                "error": problem, "excerpt": raw[:_EXCERPT]}  # fmt: skip
+        line = {
+            "source": source.uri,
+            "line" if source.kind != "parquet" else "row": number,
+            "error": problem,
+            "excerpt": raw[:_EXCERPT],
+        }
         self.file.write(json.dumps(line, ensure_ascii=False) + "\n")
 
     def upload(self, ctx: RunContext) -> str | None:

@@ -39,7 +39,7 @@ def make_converter(spec_input: InputSpec, sampling: SamplingSpec, model: str | N
     """The function turning (record, source name, row number) into a Request, for the spec's format."""
     fmt = spec_input.format
     if fmt == "openai-batch":
-        return lambda record, source, number: _openai_batch(record, sampling)
+        return lambda record, _source, _number: _openai_batch(record, sampling)
 
     def with_id(build):
         def convert(record: dict[str, Any], source: str, number: int) -> Request:
@@ -115,7 +115,11 @@ def _chat_messages(record: dict[str, Any], spec_input: InputSpec) -> list[dict[s
         raise BadRow(f"column {spec_input.conversation_column!r} is not a list of turns")
     turns = []
     for i, turn in enumerate(conversation):
-        if not isinstance(turn, dict) or not isinstance(turn.get("content"), str) or not isinstance(turn.get("role"), str):
+        if (
+            not isinstance(turn, dict)
+            or not isinstance(turn.get("content"), str)
+            or not isinstance(turn.get("role"), str)
+        ):
             raise BadRow(f"turn {i} has no role/content strings")
         turns.append({"role": turn["role"], "content": turn["content"]})
     users = [i for i, t in enumerate(turns) if t["role"] == "user"]
@@ -145,8 +149,10 @@ def _text_body(record: dict[str, Any], spec_input: InputSpec) -> tuple[str, dict
 
 def _prompt_tokens(body: dict[str, Any]) -> int:
     if "messages" in body:
-        chars = sum(len(m.get("content") or "") if isinstance(m, dict) and isinstance(m.get("content"), str) else 0
-                    for m in body["messages"])  # fmt: skip
+        chars = sum(
+            len(m.get("content") or "") if isinstance(m, dict) and isinstance(m.get("content"), str) else 0
+            for m in body["messages"]
+        )
         return chars // CHARS_PER_TOKEN + MESSAGE_OVERHEAD_TOKENS * len(body["messages"])
     prompt = body.get("prompt")
     return len(prompt if isinstance(prompt, str) else "".join(map(str, prompt or []))) // CHARS_PER_TOKEN + 1

@@ -13,9 +13,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
 from orchestrator.errors import InputError
@@ -166,7 +167,7 @@ def parquet_first_user_turns(source: SourceFile, conversation: str, id_column: s
         rows_with_user, first = np.unique(parents[user_at], return_index=True)
         contents = pc.struct_field(flat, "content").take(pa.array(user_at[first])).to_pylist()
         first_turn: list[list[dict[str, Any]]] = [[] for _ in range(batch.num_rows)]
-        for row, content in zip(rows_with_user.tolist(), contents):
+        for row, content in zip(rows_with_user.tolist(), contents, strict=True):
             first_turn[row] = [{"role": "user", "content": content}]
         ids = batch.column(id_column).to_pylist() if id_column else None
         for i in range(batch.num_rows):
@@ -233,8 +234,10 @@ def _resolve_remote(source: str) -> list[SourceFile]:
     prefix = key.rstrip("/") + "/" if key else ""
     found = sorted((o for o in store.list(prefix) if _kind(o.key)), key=lambda o: o.key)
     base = source.split("?", 1)[0].rstrip("/")
-    query = source[len(source.split("?", 1)[0]):]
-    return [_remote_file(f"{base}/{o.key[len(prefix):]}{query}", o.key, o.size, f"modified:{o.modified}") for o in found]
+    query = source[len(source.split("?", 1)[0]) :]
+    return [
+        _remote_file(f"{base}/{o.key[len(prefix) :]}{query}", o.key, o.size, f"modified:{o.modified}") for o in found
+    ]
 
 
 def _remote_file(uri: str, key: str, size: int, fingerprint: str) -> SourceFile:

@@ -15,8 +15,9 @@ Resuming (any worker, after any crash):
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Protocol
 
 from orchestrator.protocol.layout import RunLayout
 from orchestrator.protocol.leases import Clock, LeaseKeeper
@@ -76,9 +77,7 @@ def load_resume_point(store: Store, layout: RunLayout, chunk: str, codec: PartCo
             point.dropped.append(info.key)
             continue
         errors = sum(r.error for r in rows)
-        point.parts.append(
-            PartRef(key=info.key, rows=len(rows), errors=errors, bytes=len(data), sha256=_sha256(data))
-        )
+        point.parts.append(PartRef(key=info.key, rows=len(rows), errors=errors, bytes=len(data), sha256=_sha256(data)))
         point.done_rows |= indices
         point.errors += errors
         point.tokens_in += sum(r.tokens_in for r in rows)
@@ -122,8 +121,10 @@ class ChunkJob:
     def resume(self) -> ResumePoint:
         self.point = load_resume_point(self.store, self.layout, self.chunk, self.codec)
         # Never reuse a part name of ours from an earlier pass over this chunk.
-        self._seq = max((_part_seq(key, self.holder) for key in
-                         [*(p.key for p in self.point.parts), *self.point.dropped]), default=0)  # fmt: skip
+        self._seq = max(
+            (_part_seq(key, self.holder) for key in [*(p.key for p in self.point.parts), *self.point.dropped]),
+            default=0,
+        )
         return self.point
 
     def checkpoint(self, rows: Sequence[OutputRow]) -> PartRef | None:

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Iterator, Mapping
+from typing import Any
 
 from orchestrator.protocol.heartbeats import read_heartbeats
 from orchestrator.protocol.layout import RunLayout
@@ -41,7 +42,7 @@ class PlanIndex:
     work: Mapping[str, float]
 
     @classmethod
-    def build(cls, plan: PlanRecord, work: Mapping[str, float]) -> "PlanIndex":
+    def build(cls, plan: PlanRecord, work: Mapping[str, float]) -> PlanIndex:
         lists = {a.worker: tuple(a.chunks) for a in plan.workers}
         owner = {chunk: worker for worker, chunks in lists.items() for chunk in chunks}
         # Chunks outside the plan (a plan older than the manifest) belong to no one: anyone steals them.
@@ -84,7 +85,9 @@ class RunView:
         heapq.heapify(self._heap)
 
     def refresh(self) -> None:
-        start = None if self._last_finished is None else self.layout.stats_since(self._last_finished - self.skew_margin_s)
+        start = (
+            None if self._last_finished is None else self.layout.stats_since(self._last_finished - self.skew_margin_s)
+        )
         prefix_len = len(self.layout.stats_prefix)
         for info in self.store.list(self.layout.stats_prefix, start_after=start):
             # Only the chunk id is needed here: no decoding of the summary.
@@ -264,9 +267,15 @@ class ChunkClaimer:
 
     def _take(self, chunk: str, may_take: Callable[[Lease], bool] | None = None) -> HeldLease | None:
         held = acquire(
-            self.store, self.layout, chunk,
-            worker=self.worker, holder=self.holder, ttl=self.ttl, now=self.clock(), may_take=may_take,
-        )  # fmt: skip
+            self.store,
+            self.layout,
+            chunk,
+            worker=self.worker,
+            holder=self.holder,
+            ttl=self.ttl,
+            now=self.clock(),
+            may_take=may_take,
+        )
         self.view.mark_taken(chunk)
         return held
 
@@ -276,8 +285,11 @@ class ChunkClaimer:
             return None
         candidate = pick_rescue(
             read_heartbeats(self.store, self.layout),
-            our_worker=self.worker, our_rows_per_s=speed, now=now, policy=self.rescue,
-        )  # fmt: skip
+            our_worker=self.worker,
+            our_rows_per_s=speed,
+            now=now,
+            policy=self.rescue,
+        )
         if candidate is None or candidate.chunk in working_on:
             return None
         return self._take(candidate.chunk, may_take=lambda lease: lease.holder == candidate.holder)

@@ -63,7 +63,7 @@ def read_heartbeats(store: Store, layout: RunLayout) -> dict[str, dict[str, Any]
     newest: dict[str, dict[str, Any]] = {}
     prefix = layout.heartbeats_prefix
     for info in store.list(prefix):
-        worker, _, encoded = info.key[len(prefix):].partition("/")
+        worker, _, encoded = info.key[len(prefix) :].partition("/")
         summary = _decode(encoded)
         if summary is None:
             continue  # not ours: a stray object under heartbeats/, or another version's

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import quote, unquote
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -121,7 +122,7 @@ class RunLayout:
 
     def parse_stats(self, key: str) -> tuple[float, str, str]:
         """(finished_at, chunk, encoded summary) from a stats key. Raises ValueError for other keys."""
-        millis, chunk, encoded = key[len(self.stats_prefix):].split(".", 2)
+        millis, chunk, encoded = key[len(self.stats_prefix) :].split(".", 2)
         return int(millis) / 1000, chunk, encoded
 
     @property
@@ -147,7 +148,7 @@ class RunLayout:
     # Reading keys back.
     def chunk_of(self, key: str, prefix: str) -> str:
         """The chunk id in `<prefix><chunk>.json` or `<prefix><chunk>/...`."""
-        rest = key[len(prefix):]
+        rest = key[len(prefix) :]
         return rest.split("/", 1)[0].removesuffix(".json")
 
 
@@ -192,4 +193,4 @@ def decode_key_record(text: str, fields: Sequence[str]) -> dict[str, Any]:
     version, *values = text.split(_SEP)
     if version != _KEY_RECORD_VERSION or len(values) > len(fields):
         raise ValueError(f"not a {_KEY_RECORD_VERSION} key record of {len(fields)} fields: {text[:60]}")
-    return {f: (unquote(v) if v else None) for f, v in zip(fields, values)}
+    return {f: (unquote(v) if v else None) for f, v in zip(fields, values, strict=False)}

@@ -11,9 +11,10 @@ clock skew between machines (NTP keeps it under a second; the default TTL is 300
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from orchestrator.protocol.layout import RunLayout
 from orchestrator.protocol.records import Lease, parse_record
@@ -107,10 +108,8 @@ def release(store: Store, layout: RunLayout, held: HeldLease, *, now: float) -> 
     remove a lease another worker took over in the meantime.
     """
     freed = held.lease.model_copy(update={"released": True, "renewed_at": now, "expires_at": now})
-    try:
+    with contextlib.suppress(PreconditionFailed):  # not ours any more: nothing to give back
         store.compare_and_swap(layout.lease(held.chunk), freed.to_bytes(), held.etag)
-    except PreconditionFailed:
-        pass  # not ours any more: nothing to give back
 
 
 class LeaseKeeper:

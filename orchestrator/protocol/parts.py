@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any, Iterator, Protocol, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 from orchestrator.protocol.checkpoints import RowStat
 
@@ -117,4 +118,6 @@ def _json_or_none(value: Any) -> str | None:
 def _schema():  # built lazily: pyarrow is imported only when parquet is used
     import pyarrow as pa
 
-    return pa.schema([("id", pa.string()), ("custom_id", pa.string()), ("response", pa.string()), ("error", pa.string())])
+    return pa.schema(
+        [("id", pa.string()), ("custom_id", pa.string()), ("response", pa.string()), ("error", pa.string())]
+    )

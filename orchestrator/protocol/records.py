@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator, Literal, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -148,12 +149,17 @@ class DoneMarker(Record):
     tokens_out: int
     output_format: Literal["jsonl", "parquet"] = "jsonl"
 
-    def stats(self) -> "ChunkStats":
+    def stats(self) -> ChunkStats:
         """What `status` and the claimers read from the stats listing instead of this marker's body."""
         return ChunkStats(
-            rows=self.rows, errors=self.errors, tokens_in=self.tokens_in, tokens_out=self.tokens_out,
-            seconds=round(self.finished_at - self.started_at, 3), worker=self.worker, accelerator=self.accelerator,
-        )  # fmt: skip
+            rows=self.rows,
+            errors=self.errors,
+            tokens_in=self.tokens_in,
+            tokens_out=self.tokens_out,
+            seconds=round(self.finished_at - self.started_at, 3),
+            worker=self.worker,
+            accelerator=self.accelerator,
+        )
 
 
 class ChunkStats(KeyRecord):
@@ -204,7 +210,7 @@ class Heartbeat(Record):
     def uptime_s(self) -> float:
         return self.uptime_before_s + max(self.updated_at - self.started_at, 0.0)
 
-    def summary(self) -> "HeartbeatSummary":
+    def summary(self) -> HeartbeatSummary:
         # The fields were validated when this heartbeat was made: no second validation.
         return HeartbeatSummary.model_construct(**{f: getattr(self, f) for f in HeartbeatSummary.model_fields})
 

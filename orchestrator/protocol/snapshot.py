@@ -6,8 +6,8 @@ incremental view instead (claims.RunView).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from orchestrator.protocol.layout import RunLayout
 from orchestrator.store import Store

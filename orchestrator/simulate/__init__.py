@@ -9,18 +9,27 @@ from __future__ import annotations
 
 import random
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
+from orchestrator.controller.deadline import DeadlineSettings
 from orchestrator.pricing import GpuTable, load_gpu_table
 from orchestrator.protocol.layout import chunk_id
 from orchestrator.protocol.records import ManifestEntry
 from orchestrator.simulate.config import SimConfig
 from orchestrator.simulate.fleet import ORCH, POLICIES, SKYPILOT_EXAMPLE, Fleet, FleetResult, Policy
-from orchestrator.controller.deadline import DeadlineSettings
 from orchestrator.simulate.traces import Trace, bursty_trace, load_trace, poisson_trace
 
-__all__ = ["ORCH", "POLICIES", "SKYPILOT_EXAMPLE", "SimConfig", "Summary", "simulate", "summarise", "synthetic_manifest"]
+__all__ = [
+    "ORCH",
+    "POLICIES",
+    "SKYPILOT_EXAMPLE",
+    "SimConfig",
+    "Summary",
+    "simulate",
+    "summarise",
+    "synthetic_manifest",
+]
 
 
 def synthetic_manifest(config: SimConfig, rng: random.Random) -> list[ManifestEntry]:
@@ -30,8 +39,16 @@ def synthetic_manifest(config: SimConfig, rng: random.Random) -> list[ManifestEn
         factor = config.rows_spread ** rng.uniform(-0.5, 0.5) if config.rows_spread > 1 else 1.0
         rows = max(1, round(config.rows_per_chunk * factor))
         cid = chunk_id(i, config.chunks)
-        out.append(ManifestEntry(chunk=cid, key=f"chunks/{cid}.jsonl", rows=rows, bytes=rows * 300,
-                                 est_prompt_tokens=rows * 60, max_output_tokens=rows * 256))  # fmt: skip
+        out.append(
+            ManifestEntry(
+                chunk=cid,
+                key=f"chunks/{cid}.jsonl",
+                rows=rows,
+                bytes=rows * 300,
+                est_prompt_tokens=rows * 60,
+                max_output_tokens=rows * 256,
+            )
+        )
     return out
 
 
@@ -45,15 +62,29 @@ def scenario(config: SimConfig, seed: int, prices: GpuTable) -> tuple[list[str],
     if config.trace:
         trace = load_trace(config.trace, gpus)
     elif config.outages:
-        trace = bursty_trace(gpus, config.preemptions_per_hour, config.horizon_s, rng, outages=config.outages,
-                             outage_s=config.outage_s, within_s=config.outage_window_s)  # fmt: skip
+        trace = bursty_trace(
+            gpus,
+            config.preemptions_per_hour,
+            config.horizon_s,
+            rng,
+            outages=config.outages,
+            outage_s=config.outage_s,
+            within_s=config.outage_window_s,
+        )
     else:
         trace = poisson_trace(gpus, config.preemptions_per_hour, config.horizon_s, rng)
     return gpus, trace
 
 
-def simulate(config: SimConfig, policy: Policy, seed: int, *, entries: Sequence[ManifestEntry] | None = None,
-             prices: GpuTable | None = None, deadline: DeadlineSettings | None = None) -> FleetResult:  # fmt: skip
+def simulate(
+    config: SimConfig,
+    policy: Policy,
+    seed: int,
+    *,
+    entries: Sequence[ManifestEntry] | None = None,
+    prices: GpuTable | None = None,
+    deadline: DeadlineSettings | None = None,
+) -> FleetResult:
     """One run. With `deadline`, the deadline policy (controller/deadline.py) adds and retires
     on-demand workers every control interval, as `orch watch --deadline` does."""
     prices = prices or load_gpu_table(config.prices)
@@ -108,8 +139,14 @@ def summarise(results: Sequence[FleetResult]) -> Summary:
 MARKETS = ("on-demand only", "spot only", "greedy", "deadline")
 
 
-def deadline_study(config: SimConfig, seeds: int, factor: float, *, entries: Sequence[ManifestEntry] | None = None,
-                   prices: GpuTable | None = None) -> dict[str, list[FleetResult]]:  # fmt: skip
+def deadline_study(
+    config: SimConfig,
+    seeds: int,
+    factor: float,
+    *,
+    entries: Sequence[ManifestEntry] | None = None,
+    prices: GpuTable | None = None,
+) -> dict[str, list[FleetResult]]:
     """Per seed: the on-demand-only makespan M sets the deadline (factor x M); then spot only,
     greedy (spot until the slack is gone, then commit) and the deadline policy run against it,
     on the same GPUs and the same preemption trace."""
@@ -124,9 +161,13 @@ def deadline_study(config: SimConfig, seeds: int, factor: float, *, entries: Seq
         spot.deadline_s = deadline_s
         runs = {"on-demand only": od, "spot only": spot}
         for name, greedy in (("greedy", True), ("deadline", False)):
-            settings = DeadlineSettings(deadline_s=deadline_s, restart_overhead_s=config.restart_overhead_s,
-                                        max_on_demand=config.workers, greedy=greedy,
-                                        commit_margin_s=config.lease_ttl_s + config.control_interval_s)  # fmt: skip
+            settings = DeadlineSettings(
+                deadline_s=deadline_s,
+                restart_overhead_s=config.restart_overhead_s,
+                max_on_demand=config.workers,
+                greedy=greedy,
+                commit_margin_s=config.lease_ttl_s + config.control_interval_s,
+            )
             runs[name] = simulate(config, ORCH, seed, entries=entries, prices=prices, deadline=settings)
         for name, result in runs.items():
             out[name].append(result)

@@ -22,7 +22,11 @@ class SimConfig(BaseModel):
     )
     preemptions_per_hour: float = Field(0.25, ge=0, description="per spot worker: Poisson rate")
     trace: str | None = Field(None, description="a preemption trace file (replaces the Poisson model)")
-    outages: int = Field(0, ge=0, description="synthetic bursts with no spot capacity at all (replaces nothing: added to the Poisson model)")
+    outages: int = Field(
+        0,
+        ge=0,
+        description="synthetic bursts with no spot capacity at all (replaces nothing: added to the Poisson model)",
+    )
     outage_s: float = Field(7200.0, gt=0, description="length of each burst")
     outage_window_s: float = Field(6 * 3600.0, gt=0, description="bursts start uniformly within this window")
     restart_overhead_s: float = Field(RESTART_OVERHEAD_S, ge=0, description="provision + setup + model load")
@@ -33,7 +37,7 @@ class SimConfig(BaseModel):
     horizon_s: float = Field(30 * 86400.0, gt=0, description="stop a run that has not finished by then")
 
     @model_validator(mode="after")
-    def _gpus(self) -> "SimConfig":
+    def _gpus(self) -> SimConfig:
         if not self.gpus:
             raise ValueError("name at least one GPU type")
         return self

@@ -23,13 +23,14 @@ What is simulated when, and why that is exact:
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import json
 import math
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from orchestrator.controller.deadline import DeadlineSettings, Decision, FleetState, OnDemandWorker, decide
 from orchestrator.plan import contiguous_split, plan_chunks
@@ -68,11 +69,17 @@ def _static_plan(entries: Sequence[ManifestEntry], workers: int) -> PlanRecord:
     lists = contiguous_split([e.chunk for e in entries], workers)
     by_id = {e.chunk: e for e in entries}
     return PlanRecord(
-        workers=[WorkerAssignment(worker=w, chunks=c, rows=sum(by_id[x].rows for x in c),
-                                  est_tokens=sum(by_id[x].est_tokens for x in c)) for w, c in enumerate(lists)],
-        chunks=len(entries), rows=sum(e.rows for e in entries), est_tokens=sum(e.est_tokens for e in entries),
+        workers=[
+            WorkerAssignment(
+                worker=w, chunks=c, rows=sum(by_id[x].rows for x in c), est_tokens=sum(by_id[x].est_tokens for x in c)
+            )
+            for w, c in enumerate(lists)
+        ],
+        chunks=len(entries),
+        rows=sum(e.rows for e in entries),
+        est_tokens=sum(e.est_tokens for e in entries),
         created_at=0.0,
-    )  # fmt: skip
+    )
 
 
 #: orch: balanced plan, row-level checkpoints, stealing, lease takeover, rescue of slow chunks.
@@ -91,7 +98,7 @@ class UnitCodec:
     def encode(self, rows: Sequence[RowStat]) -> bytes:
         indices = sorted(r.index for r in rows)
         ranges, start = [], None
-        for prev, cur in zip([None, *indices], indices):
+        for prev, cur in zip([None, *indices], indices, strict=False):
             if start is None or cur != prev + 1:
                 if start is not None:
                     ranges.append([start, prev])
@@ -184,8 +191,17 @@ class FleetResult:
 
 
 class Fleet:
-    def __init__(self, config: SimConfig, policy: Policy, entries: Sequence[ManifestEntry], gpus: Sequence[str],
-                 trace: Trace, prices: GpuTable, seed: int, deadline: DeadlineSettings | None = None):  # fmt: skip
+    def __init__(
+        self,
+        config: SimConfig,
+        policy: Policy,
+        entries: Sequence[ManifestEntry],
+        gpus: Sequence[str],
+        trace: Trace,
+        prices: GpuTable,
+        seed: int,
+        deadline: DeadlineSettings | None = None,
+    ):
         self.config = config
         self.deadline = deadline
         self.prices = prices
@@ -210,8 +226,13 @@ class Fleet:
             for i, g in enumerate(gpus)
         ]
         plan = policy.plan(list(entries), len(gpus))
-        self.view = RunView(self.store, self.layout, PlanIndex.build(plan, {e.chunk: float(e.est_tokens) for e in entries}),
-                            skew_margin_s=0.0, rng=random.Random(seed))  # fmt: skip
+        self.view = RunView(
+            self.store,
+            self.layout,
+            PlanIndex.build(plan, {e.chunk: float(e.est_tokens) for e in entries}),
+            skew_margin_s=0.0,
+            rng=random.Random(seed),
+        )
         self.lower_bound_s = sum(e.rows for e in entries) / sum(speeds) + config.restart_overhead_s
         self.segments: list[Segment] = []
         self.markers = 0
@@ -233,8 +254,14 @@ class Fleet:
                     self._at(t, "preempt", w, epoch=-1)
         if self.deadline is not None:
             self._at(0.0, "control", self.workers[0], epoch=-1)
-        handlers = {"ready": self._ready, "finish": self._finish, "renew": self._renew,
-                    "checkpoint": self._checkpoint, "preempt": self._preempt, "control": self._control}  # fmt: skip
+        handlers = {
+            "ready": self._ready,
+            "finish": self._finish,
+            "renew": self._renew,
+            "checkpoint": self._checkpoint,
+            "preempt": self._preempt,
+            "control": self._control,
+        }
         while self._events and self.markers < len(self.entries):
             t, _, kind, index, epoch = heapq.heappop(self._events)
             if t > self.config.horizon_s:
@@ -256,14 +283,32 @@ class Fleet:
         w.provisioning_since = None
         holder = f"{w.index}.{w.restarts}"
         w.claimer = ChunkClaimer(
-            store=self.store, layout=self.layout, view=self.view, worker=str(w.index), holder=holder,
-            ttl=self.config.lease_ttl_s, clock=self.clock, own=w.index, steal=self.policy.steal,
-            rescue=self.policy.rescue, rows_per_s=lambda w=w: w.rate if w.chunks_done else None,
+            store=self.store,
+            layout=self.layout,
+            view=self.view,
+            worker=str(w.index),
+            holder=holder,
+            ttl=self.config.lease_ttl_s,
+            clock=self.clock,
+            own=w.index,
+            steal=self.policy.steal,
+            rescue=self.policy.rescue,
+            rows_per_s=lambda w=w: w.rate if w.chunks_done else None,
             on_end_game=self._start_end_game,
-        )  # fmt: skip
-        w.heartbeat = HeartbeatPublisher(self.store, self.layout, Heartbeat(
-            worker=str(w.index), holder=holder, state="running", accelerator=w.gpu, spot=w.spot,
-            started_at=self.clock.now, updated_at=self.clock.now))  # fmt: skip
+        )
+        w.heartbeat = HeartbeatPublisher(
+            self.store,
+            self.layout,
+            Heartbeat(
+                worker=str(w.index),
+                holder=holder,
+                state="running",
+                accelerator=w.gpu,
+                spot=w.spot,
+                started_at=self.clock.now,
+                updated_at=self.clock.now,
+            ),
+        )
         self._claim(w)
 
     def _claim(self, w: SimWorker) -> None:
@@ -341,12 +386,14 @@ class Fleet:
         s = w.session
         if s is not None:
             if self.policy.checkpoints:
-                boundary = s.start + math.floor((now - s.start) / self.config.checkpoint_interval_s) * self.config.checkpoint_interval_s
-                try:
-                    # As of the boundary (or the last renewal, if later): what had been flushed then.
+                boundary = (
+                    s.start
+                    + math.floor((now - s.start) / self.config.checkpoint_interval_s)
+                    * self.config.checkpoint_interval_s
+                )
+                # As of the boundary (or the last renewal, if later): what had been flushed then.
+                with contextlib.suppress(LeaseLost):
                     self._flush(w, self._units_done(w, boundary), max(boundary, s.keeper.held.lease.renewed_at))
-                except LeaseLost:
-                    pass
             self._close_session(w, now)
         w.up = False
         w.epoch += 1
@@ -367,17 +414,24 @@ class Fleet:
         gpus = [self.prices.get(g) for g in self.config.gpus]
         new_rate = sum(self.config.base_rows_per_s * g.relative_speed for g in gpus) / len(gpus) / self.rows_per_unit
         state = FleetState(
-            elapsed_s=now, total_rows=float(sum(self.units.values())), done_rows=float(self._units_done_now()),
+            elapsed_s=now,
+            total_rows=float(sum(self.units.values())),
+            done_rows=float(self._units_done_now()),
             # Spot workers up, or coming up on capacity already found (not those waiting for capacity).
-            spot_rate=sum(w.rate for w in self.workers if w.spot and w.exited_at is None and (
-                w.up or (w.provisioning_since is not None and w.provisioning_since <= now))),
-            on_demand=[OnDemandWorker(w.index, w.rate, w.up) for w in self.workers
-                       if w.extra and w.exited_at is None],
-            new_worker_rate=new_rate, new_worker_usd_h=sum(g.on_demand_usd_h for g in gpus) / len(gpus),
+            spot_rate=sum(
+                w.rate
+                for w in self.workers
+                if w.spot
+                and w.exited_at is None
+                and (w.up or (w.provisioning_since is not None and w.provisioning_since <= now))
+            ),
+            on_demand=[OnDemandWorker(w.index, w.rate, w.up) for w in self.workers if w.extra and w.exited_at is None],
+            new_worker_rate=new_rate,
+            new_worker_usd_h=sum(g.on_demand_usd_h for g in gpus) / len(gpus),
             cost_so_far_usd=self._cost_until(now),
             largest_chunk_rows=float(max((u for c, u in self.units.items() if c not in self._done), default=0)),
             open_chunks=len(self.units) - len(self._done) - sum(1 for w in self.workers if w.up and w.session),
-        )  # fmt: skip
+        )
         decision = decide(state, self.deadline)
         if decision.action != "hold":
             self.decisions.append(decision)
@@ -418,13 +472,18 @@ class Fleet:
         self._bill(w, now)
 
     def _units_done_now(self) -> int:
-        busy = sum(self.units[w.session.job.chunk] - len(w.session.remaining) + self._units_done(w, self.clock.now)
-                   for w in self.workers if w.session is not None)  # fmt: skip
+        busy = sum(
+            self.units[w.session.job.chunk] - len(w.session.remaining) + self._units_done(w, self.clock.now)
+            for w in self.workers
+            if w.session is not None
+        )
         return self.done_units + busy
 
     def _cost_until(self, now: float) -> float:
-        return sum((w.billed_s + (now - w.billed_since if w.billed_since is not None else 0.0)) / 3600 * w.price
-                   for w in self.workers)  # fmt: skip
+        return sum(
+            (w.billed_s + (now - w.billed_since if w.billed_since is not None else 0.0)) / 3600 * w.price
+            for w in self.workers
+        )
 
     # -- helpers ---------------------------------------------------------------------------------
     def _units_done(self, w: SimWorker, t: float) -> int:
@@ -435,7 +494,7 @@ class Fleet:
     def _flush(self, w: SimWorker, upto: int, at: float) -> None:
         s = w.session
         assert s is not None
-        rows = [RowStat(i, False, 0, 0) for i in s.remaining[s.flushed:upto]]
+        rows = [RowStat(i, False, 0, 0) for i in s.remaining[s.flushed : upto]]
         saved, self.clock.now = self.clock.now, at
         try:
             s.job.checkpoint(rows)
@@ -465,9 +524,15 @@ class Fleet:
         s = w.session
         assert w.heartbeat is not None
         done = (self.units[s.job.chunk] - len(s.remaining) + self._units_done(w, self.clock.now)) if s else 0
-        w.heartbeat.publish(state="running", chunk=s.job.chunk if s else None,
-                            chunk_rows=self.units[s.job.chunk] if s else 0, chunk_rows_done=done,
-                            rows_per_s=w.rate, chunks_done=w.chunks_done, updated_at=self.clock.now)  # fmt: skip
+        w.heartbeat.publish(
+            state="running",
+            chunk=s.job.chunk if s else None,
+            chunk_rows=self.units[s.job.chunk] if s else 0,
+            chunk_rows_done=done,
+            rows_per_s=w.rate,
+            chunks_done=w.chunks_done,
+            updated_at=self.clock.now,
+        )
 
     def _exit(self, w: SimWorker) -> None:
         w.exited_at = self.clock.now
@@ -494,8 +559,11 @@ class Fleet:
         for w in self.workers:
             if w.session is not None:
                 # Catch up to the last boundary (flushes that were due but unobserved), then flush live.
-                boundary = w.session.start + math.floor((self.clock.now - w.session.start)
-                                                        / self.config.checkpoint_interval_s) * self.config.checkpoint_interval_s  # fmt: skip
+                boundary = (
+                    w.session.start
+                    + math.floor((self.clock.now - w.session.start) / self.config.checkpoint_interval_s)
+                    * self.config.checkpoint_interval_s
+                )
                 self._flush(w, self._units_done(w, boundary), max(boundary, w.session.keeper.held.lease.renewed_at))
                 self._at(boundary + self.config.checkpoint_interval_s, "checkpoint", w)
 
@@ -507,15 +575,35 @@ class Fleet:
         hours = lambda kind: sum(s.end - s.start for s in self.segments if s.kind == kind) / 3600  # noqa: E731
         idle_tail = sum(max(end - w.exited_at, 0.0) for w in self.workers if w.exited_at is not None) / 3600
         return FleetResult(
-            policy=self.policy.name, seed=self.seed, complete=self.markers == len(self.entries),
-            makespan_s=end, lower_bound_s=self.lower_bound_s,
-            billed_gpu_h=sum(w.billed_s for w in self.workers) / 3600, lost_gpu_h=hours("lost"),
-            restart_gpu_h=hours("restart"), idle_tail_gpu_h=idle_tail,
+            policy=self.policy.name,
+            seed=self.seed,
+            complete=self.markers == len(self.entries),
+            makespan_s=end,
+            lower_bound_s=self.lower_bound_s,
+            billed_gpu_h=sum(w.billed_s for w in self.workers) / 3600,
+            lost_gpu_h=hours("lost"),
+            restart_gpu_h=hours("restart"),
+            idle_tail_gpu_h=idle_tail,
             cost_usd=sum(w.billed_s / 3600 * w.price for w in self.workers),
-            chunks=len(self.entries), markers=self.markers, preemptions=self.preemptions, rescues=self.rescues,
-            workers=[{"worker": w.index, "gpu": w.gpu, "spot": w.spot, "chunks_done": w.chunks_done,
-                      "restarts": w.restarts, "exited_at": w.exited_at, "billed_h": w.billed_s / 3600,
-                      "extra": w.extra} for w in self.workers],
-            segments=self.segments, deadline_s=self.deadline.deadline_s if self.deadline else None,
-            on_demand_launched=self.on_demand_launched, decisions=self.decisions,
-        )  # fmt: skip
+            chunks=len(self.entries),
+            markers=self.markers,
+            preemptions=self.preemptions,
+            rescues=self.rescues,
+            workers=[
+                {
+                    "worker": w.index,
+                    "gpu": w.gpu,
+                    "spot": w.spot,
+                    "chunks_done": w.chunks_done,
+                    "restarts": w.restarts,
+                    "exited_at": w.exited_at,
+                    "billed_h": w.billed_s / 3600,
+                    "extra": w.extra,
+                }
+                for w in self.workers
+            ],
+            segments=self.segments,
+            deadline_s=self.deadline.deadline_s if self.deadline else None,
+            on_demand_launched=self.on_demand_launched,
+            decisions=self.decisions,
+        )

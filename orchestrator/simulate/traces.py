@@ -82,8 +82,11 @@ def load_trace(path: str | Path, gpus: list[str]) -> Trace:
     except OSError as e:
         raise SpecError(f"cannot read the trace: {e}", where=str(path)) from None
     except (ValueError, ValidationError) as e:
-        raise SpecError(f"not a valid preemption trace: {e}", where=str(path),
-                        hint="see orchestrator/simulate/traces.py for the format") from None  # fmt: skip
+        raise SpecError(
+            f"not a valid preemption trace: {e}",
+            where=str(path),
+            hint="see orchestrator/simulate/traces.py for the format",
+        ) from None
     trace = Trace(preemptions={w: [] for w in range(len(gpus))}, outages=parsed.outages)
     for p in parsed.preemptions:
         for worker, gpu in enumerate(gpus):
@@ -98,8 +101,16 @@ def load_trace(path: str | Path, gpus: list[str]) -> Trace:
     return trace
 
 
-def bursty_trace(gpus: list[str], rate_per_hour: float, horizon_s: float, rng: random.Random, *,
-                 outages: int = 1, outage_s: float = 7200.0, within_s: float = 6 * 3600.0) -> Trace:  # fmt: skip
+def bursty_trace(
+    gpus: list[str],
+    rate_per_hour: float,
+    horizon_s: float,
+    rng: random.Random,
+    *,
+    outages: int = 1,
+    outage_s: float = 7200.0,
+    within_s: float = 6 * 3600.0,
+) -> Trace:
     """Poisson preemptions plus `outages` windows, starting within `within_s`, with no spot capacity
     at all for `outage_s`: every spot machine is taken away and none comes back until the end."""
     trace = poisson_trace(gpus, rate_per_hour, horizon_s, rng)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO, ContextManager, Iterator, Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, runtime_checkable
 
 from orchestrator.errors import OrchError
 
@@ -116,7 +118,7 @@ class Store(Protocol):
     def delete(self, key: str) -> None:
         """Remove the key; deleting an absent key is not an error."""
 
-    def open(self, key: str) -> ContextManager[BinaryIO]:
+    def open(self, key: str) -> contextlib.AbstractContextManager[BinaryIO]:
         """Stream the object's bytes (large chunk and output files). Raises NotFound."""
 
 

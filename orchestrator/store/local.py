@@ -17,8 +17,9 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from orchestrator.store.base import (
     LIST_PAGE_SIZE,
@@ -85,7 +86,7 @@ class LocalStore:
     def open(self, key: str) -> Iterator[BinaryIO]:
         self.requests.add("get")
         try:
-            f = open(self._path(key), "rb")
+            f = open(self._path(key), "rb")  # noqa: SIM115 - closed by the `with` below, after NotFound is told apart
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise NotFound(key) from None
         with f:

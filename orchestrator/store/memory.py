@@ -8,7 +8,8 @@ import io
 import itertools
 import threading
 import time
-from typing import BinaryIO, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 from orchestrator.store.base import (
     LIST_PAGE_SIZE,
@@ -40,8 +41,8 @@ class _SortedKeys:
         bisect.insort(block, key)
         self._firsts[i] = block[0]
         if len(block) > 2 * self.BLOCK:
-            self._blocks[i:i + 1] = [block[: self.BLOCK], block[self.BLOCK:]]
-            self._firsts[i:i + 1] = [block[0], block[self.BLOCK]]
+            self._blocks[i : i + 1] = [block[: self.BLOCK], block[self.BLOCK :]]
+            self._firsts[i : i + 1] = [block[0], block[self.BLOCK]]
 
     def remove(self, key: str) -> None:
         i = max(bisect.bisect_right(self._firsts, key) - 1, 0)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from typing import Any, BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import Any, BinaryIO
 from urllib.parse import parse_qs, urlparse
 
 from orchestrator.store.base import (
@@ -140,9 +141,7 @@ class S3Store:
     def _conditional_put(self, key: str, data: bytes, **condition: str) -> str:
         try:
             with self._errors(key):
-                resp = self.client.put_object(
-                    Bucket=self.bucket, Key=self._full(key), Body=data, **condition
-                )
+                resp = self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data, **condition)
             return resp["ETag"]
         except (PreconditionFailed, NotFound):
             # Our own earlier attempt may be what the condition now fails against.

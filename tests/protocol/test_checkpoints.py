@@ -39,7 +39,9 @@ def start(store, holder="h0", worker="0", now=0.0, chunk_rows=10):
     clock = lambda: now  # noqa: E731
     held = acquire(store, L, "c1", worker=worker, holder=holder, ttl=60, now=now)
     assert held is not None
-    job = ChunkJob(store, L, LeaseKeeper(store, L, held, ttl=60, clock=clock), JsonCodec(), clock, chunk_rows=chunk_rows)
+    job = ChunkJob(
+        store, L, LeaseKeeper(store, L, held, ttl=60, clock=clock), JsonCodec(), clock, chunk_rows=chunk_rows
+    )
     job.resume()
     return job
 
@@ -50,7 +52,7 @@ def finish(job):
 
 def test_chunk_job_writes_parts_then_one_marker_listing_them(store):
     job = start(store)
-    job.checkpoint(rows(range(0, 4)))
+    job.checkpoint(rows(range(4)))
     job.checkpoint(rows(range(4, 10), error_every=5))
     marker = finish(job)
     assert marker is not None and marker.rows == 10 and marker.errors == 1
@@ -64,7 +66,7 @@ def test_chunk_job_writes_parts_then_one_marker_listing_them(store):
 
 def test_chunk_job_resume_skips_flushed_rows(store):
     first = start(store, holder="h0")
-    first.checkpoint(rows(range(0, 6)))
+    first.checkpoint(rows(range(6)))
     # The first worker dies; a second one takes the expired lease and resumes.
     second = start(store, holder="h1", worker="1", now=1000.0)
     assert second.point.done_rows == set(range(6))
@@ -77,7 +79,7 @@ def test_chunk_job_resume_skips_flushed_rows(store):
 def test_chunk_job_resume_drops_overlapping_late_part(store):
     """A zombie flushed after losing its lease: its part overlaps the new holder's and is dropped."""
     zombie = start(store, holder="h0")
-    zombie.checkpoint(rows(range(0, 3)))
+    zombie.checkpoint(rows(range(3)))
     new = start(store, holder="h1", worker="1", now=1000.0)
     new.checkpoint(rows(range(3, 7)))
     # The zombie's next flush fails its renewal: nothing is written.
@@ -100,7 +102,7 @@ def test_chunk_job_resume_drops_overlapping_late_part(store):
 
 def test_chunk_job_never_reuses_its_own_part_names(store):
     job = start(store, holder="h0")
-    job.checkpoint(rows(range(0, 2)))
+    job.checkpoint(rows(range(2)))
     again = start(store, holder="h0", now=1.0)  # the same holder comes back to the chunk
     again.checkpoint(rows(range(2, 4)))
     assert len(list(store.list(L.outputs_prefix("c1")))) == 2
@@ -108,7 +110,7 @@ def test_chunk_job_never_reuses_its_own_part_names(store):
 
 def test_chunk_job_refuses_marker_for_missing_rows(store):
     job = start(store)
-    job.checkpoint(rows(range(0, 9)))
+    job.checkpoint(rows(range(9)))
     with pytest.raises(IncompleteChunk):
         finish(job)
     assert store.head(L.done("c1")) is None
@@ -116,7 +118,7 @@ def test_chunk_job_refuses_marker_for_missing_rows(store):
 
 def test_chunk_job_refuses_a_row_twice(store):
     job = start(store)
-    job.checkpoint(rows(range(0, 3)))
+    job.checkpoint(rows(range(3)))
     with pytest.raises(IncompleteChunk):
         job.checkpoint(rows(range(2, 4)))
 

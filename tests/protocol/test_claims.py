@@ -24,8 +24,11 @@ L = RunLayout("r")
 def plan(lists):
     return PlanRecord(
         workers=[WorkerAssignment(worker=i, chunks=c, rows=len(c), est_tokens=len(c)) for i, c in enumerate(lists)],
-        chunks=sum(len(c) for c in lists), rows=0, est_tokens=0, created_at=0,
-    )  # fmt: skip
+        chunks=sum(len(c) for c in lists),
+        rows=0,
+        est_tokens=0,
+        created_at=0,
+    )
 
 
 PLAN = plan([["a0", "a1", "a2"], ["b0", "b1", "b2", "b3", "b4"], ["c0", "c1"]])
@@ -41,8 +44,17 @@ def finish(store, chunk, t=1.0):
 
 def claimer(store, worker, own, now=100.0, view=None, **kw):
     view = view or RunView(store, L, INDEX, rng=random.Random(0))
-    return ChunkClaimer(store=store, layout=L, view=view, worker=str(worker), holder=f"h{worker}",
-                        ttl=60, clock=lambda: now, own=own, **kw)  # fmt: skip
+    return ChunkClaimer(
+        store=store,
+        layout=L,
+        view=view,
+        worker=str(worker),
+        holder=f"h{worker}",
+        ttl=60,
+        clock=lambda: now,
+        own=own,
+        **kw,
+    )
 
 
 def test_claim_takes_own_list_in_order():
@@ -151,8 +163,16 @@ def test_plan_index_gives_chunks_outside_the_plan_to_anyone():
 
 
 def heartbeat(worker, chunk, rows, done, rate, updated=100.0, state="running"):
-    return {"worker": worker, "holder": f"h{worker}", "state": state, "chunk": chunk,
-            "chunk_rows": rows, "chunk_rows_done": done, "rows_per_s": rate, "updated_at": updated}  # fmt: skip
+    return {
+        "worker": worker,
+        "holder": f"h{worker}",
+        "state": state,
+        "chunk": chunk,
+        "chunk_rows": rows,
+        "chunk_rows_done": done,
+        "rows_per_s": rate,
+        "updated_at": updated,
+    }
 
 
 def test_rescue_picks_the_slow_worker_we_beat_most():
@@ -180,9 +200,9 @@ def test_claim_rescues_a_live_chunk_from_a_much_slower_worker():
             if chunk != "b1":
                 finish(store, chunk)
     acquire(store, L, "b1", worker="1", holder="h1", ttl=600, now=100.0)
-    HeartbeatPublisher(store, L, Heartbeat(worker="1", holder="h1", state="running", started_at=0, updated_at=0)).publish(
-        chunk="b1", chunk_rows=5000, chunk_rows_done=500, rows_per_s=1.0, updated_at=100.0
-    )
+    HeartbeatPublisher(
+        store, L, Heartbeat(worker="1", holder="h1", state="running", started_at=0, updated_at=0)
+    ).publish(chunk="b1", chunk_rows=5000, chunk_rows_done=500, rows_per_s=1.0, updated_at=100.0)
     assert claimer(store, 0, own=0).next_chunk() is None  # no speed of our own yet: no rescue
     held = claimer(store, 0, own=0, rows_per_s=lambda: 5.0).next_chunk()
     assert held is not None and held.chunk == "b1" and held.lease.holder == "h0"
@@ -195,7 +215,9 @@ def test_heartbeats_listing_keeps_the_newest_per_worker():
     pub.publish(state="running", chunk="a1", updated_at=3)
     assert len(list(store.list(L.heartbeats_prefix))) == 1
     # A new process of the same worker removes the old process's key on its first publish.
-    pub2 = HeartbeatPublisher(store, L, Heartbeat(worker="7", holder="h7b", state="starting", started_at=4, updated_at=4))
+    pub2 = HeartbeatPublisher(
+        store, L, Heartbeat(worker="7", holder="h7b", state="starting", started_at=4, updated_at=4)
+    )
     pub2.publish(updated_at=5)
     beats = read_heartbeats(store, L)
     assert list(beats) == ["7"] and beats["7"]["holder"] == "h7b"
@@ -206,9 +228,13 @@ def test_heartbeats_listing_keeps_the_newest_per_worker():
 
 def test_heartbeat_carries_uptime_over_restarts():
     store = MemoryStore()
-    first = HeartbeatPublisher(store, L, Heartbeat(worker="3", holder="a", state="running", started_at=100, updated_at=100))
+    first = HeartbeatPublisher(
+        store, L, Heartbeat(worker="3", holder="a", state="running", started_at=100, updated_at=100)
+    )
     first.publish(updated_at=400)
-    second = HeartbeatPublisher(store, L, Heartbeat(worker="3", holder="b", state="starting", started_at=1000, updated_at=1000))
+    second = HeartbeatPublisher(
+        store, L, Heartbeat(worker="3", holder="b", state="starting", started_at=1000, updated_at=1000)
+    )
     beat = second.publish(updated_at=1100)
     assert beat.uptime_before_s == 300 and beat.uptime_s == 400
     assert read_heartbeats(store, L)["3"]["uptime_before_s"] == 300
@@ -219,7 +245,8 @@ def test_claim_a_restarted_worker_takes_back_its_interrupted_chunk_through_a_sha
     view = RunView(store, L, INDEX, rng=random.Random(0))
     first = claimer(store, 0, own=0, view=view)
     assert first.next_chunk().chunk == "a0"  # then the process is preempted
-    restarted = ChunkClaimer(store=store, layout=L, view=view, worker="0", holder="h0-new", ttl=60,
-                             clock=lambda: 101.0, own=0)  # fmt: skip
+    restarted = ChunkClaimer(
+        store=store, layout=L, view=view, worker="0", holder="h0-new", ttl=60, clock=lambda: 101.0, own=0
+    )
     held = restarted.next_chunk()
     assert held.chunk == "a0" and held.lease.holder == "h0-new"

@@ -20,11 +20,25 @@ def test_key_record_round_trips_awkward_values():
 
 def test_heartbeat_summary_fits_a_file_name_and_round_trips():
     hb = Heartbeat(
-        worker="123r1", holder="123r1.0123456789", state="running", chunk="part_000042", chunk_rows=100000,
-        chunk_rows_done=54321, chunks_done=99, rows_done=9999999, errors=12345, tokens_per_s=12345.678,
-        rows_per_s=3.14159, accelerator="NVIDIA A100-SXM4-80GB", spot=True, cloud="kubernetes-long-name",
-        region="europe-west4-a-long", started_at=1795346762.928, updated_at=1795350000.123, exit_code=None,
-    )  # fmt: skip
+        worker="123r1",
+        holder="123r1.0123456789",
+        state="running",
+        chunk="part_000042",
+        chunk_rows=100000,
+        chunk_rows_done=54321,
+        chunks_done=99,
+        rows_done=9999999,
+        errors=12345,
+        tokens_per_s=12345.678,
+        rows_per_s=3.14159,
+        accelerator="NVIDIA A100-SXM4-80GB",
+        spot=True,
+        cloud="kubernetes-long-name",
+        region="europe-west4-a-long",
+        started_at=1795346762.928,
+        updated_at=1795350000.123,
+        exit_code=None,
+    )
     key = L.heartbeat(hb.worker, hb.summary().key_values())
     component = key.rsplit("/", 1)[1]
     assert len(component.encode()) < 255

@@ -17,14 +17,26 @@ class Out:
 
 
 def ok_line(cid: str, text: str) -> dict[str, Any]:
-    body = {"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
-            "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}  # fmt: skip
-    return {"id": "x", "custom_id": cid, "response": {"status_code": 200, "request_id": "r", "body": body}, "error": None}
+    body = {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+    }
+    return {
+        "id": "x",
+        "custom_id": cid,
+        "response": {"status_code": 200, "request_id": "r", "body": body},
+        "error": None,
+    }
 
 
 def err_line(cid: str) -> dict[str, Any]:
-    return {"id": "x", "custom_id": cid, "response": {"status_code": 400, "request_id": "r", "body": None},
-            "error": {"code": "context_length_exceeded", "message": "too long"}}  # fmt: skip
+    return {
+        "id": "x",
+        "custom_id": cid,
+        "response": {"status_code": 400, "request_id": "r", "body": None},
+        "error": {"code": "context_length_exceeded", "message": "too long"},
+    }
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
@@ -33,7 +45,11 @@ def test_part_codec_round_trips_lines_and_row_stats(fmt):
     rows = [Out(5, ok_line("a", "héllo")), Out(9, err_line("b")), Out(0, ok_line("c", "x"))]
     data = codec.encode(rows)
     stats = codec.decode(data)
-    assert [(s.index, s.error, s.tokens_in, s.tokens_out) for s in stats] == [(5, False, 7, 3), (9, True, 0, 0), (0, False, 7, 3)]
+    assert [(s.index, s.error, s.tokens_in, s.tokens_out) for s in stats] == [
+        (5, False, 7, 3),
+        (9, True, 0, 0),
+        (0, False, 7, 3),
+    ]
     lines = list(iter_part_lines(data, fmt))
     assert [line["custom_id"] for line in lines] == ["a", "b", "c"]
     assert lines[0]["response"]["body"]["choices"][0]["message"]["content"] == "héllo"

@@ -4,22 +4,71 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-WORDS = (
-    "the model data answer question write explain summary code python error please help how what why when "
-    "list table number value train test cloud price batch token chunk worker spot instance region quick brown "
-    "fox jumps over lazy dog capital city country river mountain history science music story poem letter"
-).split()
+WORDS = [
+    "the",
+    "model",
+    "data",
+    "answer",
+    "question",
+    "write",
+    "explain",
+    "summary",
+    "code",
+    "python",
+    "error",
+    "please",
+    "help",
+    "how",
+    "what",
+    "why",
+    "when",
+    "list",
+    "table",
+    "number",
+    "value",
+    "train",
+    "test",
+    "cloud",
+    "price",
+    "batch",
+    "token",
+    "chunk",
+    "worker",
+    "spot",
+    "instance",
+    "region",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "capital",
+    "city",
+    "country",
+    "river",
+    "mountain",
+    "history",
+    "science",
+    "music",
+    "story",
+    "poem",
+    "letter",
+]
 
 
 def _sentence(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "?"
 
 
-def write_lmsys_parquet(directory: str | Path, rows: int, *, files: int = 6, seed: int = 0,
-                        turns: Sequence[int] = (1, 1, 1, 2, 2, 3)) -> list[Path]:  # fmt: skip
+def write_lmsys_parquet(
+    directory: str | Path, rows: int, *, files: int = 6, seed: int = 0, turns: Sequence[int] = (1, 1, 1, 2, 2, 3)
+) -> list[Path]:
     """`train-0000i-of-0000N.parquet` files with LMSys-Chat-1M's columns: conversation_id, model,
     conversation (list of {content, role}), turn, language, openai_moderation, redacted."""
     import pyarrow as pa
@@ -46,15 +95,17 @@ def write_lmsys_parquet(directory: str | Path, rows: int, *, files: int = 6, see
             conversations.append(conv)
             ids.append(f"{f:02d}{i:08x}")
             turn_counts.append(k)
-        table = pa.table({
-            "conversation_id": ids,
-            "model": ["vicuna-13b"] * n,
-            "conversation": conversations,
-            "turn": turn_counts,
-            "language": ["English"] * n,
-            "openai_moderation": [[{"flagged": False}]] * n,
-            "redacted": [False] * n,
-        })  # fmt: skip
+        table = pa.table(
+            {
+                "conversation_id": ids,
+                "model": ["vicuna-13b"] * n,
+                "conversation": conversations,
+                "turn": turn_counts,
+                "language": ["English"] * n,
+                "openai_moderation": [[{"flagged": False}]] * n,
+                "redacted": [False] * n,
+            }
+        )
         path = directory / f"train-{f:05d}-of-{files:05d}-{seed:04x}.parquet"
         pq.write_table(table, path)
         paths.append(path)

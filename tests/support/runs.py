@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from orchestrator.protocol.layout import RunLayout, chunk_id
 from orchestrator.protocol.records import ManifestEntry, PlanRecord, WorkerAssignment, write_jsonl
@@ -47,20 +48,34 @@ def make_run(
             (r.get("body", {}).get("max_tokens") or spec.sampling.max_tokens) if isinstance(r, dict) else 0
             for r in requests
         )
-        entries.append(ManifestEntry(chunk=cid, key=layout.chunk_path(cid), rows=len(requests), bytes=len(data),
-                                     est_prompt_tokens=len(data) // 4, max_output_tokens=max_tokens))  # fmt: skip
+        entries.append(
+            ManifestEntry(
+                chunk=cid,
+                key=layout.chunk_path(cid),
+                rows=len(requests),
+                bytes=len(data),
+                est_prompt_tokens=len(data) // 4,
+                max_output_tokens=max_tokens,
+            )
+        )
     store.put(layout.manifest, write_jsonl(entries))
     store.put(layout.metadata, "".join(f"{e.key}\n" for e in entries).encode())
     lists = lists or [[i for i in range(len(entries)) if i % workers == w] for w in range(workers)]
     plan = PlanRecord(
         workers=[
-            WorkerAssignment(worker=w, chunks=[entries[i].chunk for i in idx], rows=sum(entries[i].rows for i in idx),
-                             est_tokens=sum(entries[i].est_tokens for i in idx))  # fmt: skip
+            WorkerAssignment(
+                worker=w,
+                chunks=[entries[i].chunk for i in idx],
+                rows=sum(entries[i].rows for i in idx),
+                est_tokens=sum(entries[i].est_tokens for i in idx),
+            )
             for w, idx in enumerate(lists)
         ],
-        chunks=len(entries), rows=sum(e.rows for e in entries),
-        est_tokens=sum(e.est_tokens for e in entries), created_at=time.time(),
-    )  # fmt: skip
+        chunks=len(entries),
+        rows=sum(e.rows for e in entries),
+        est_tokens=sum(e.est_tokens for e in entries),
+        created_at=time.time(),
+    )
     store.put(layout.plan, plan.to_bytes())
     for a in plan.workers:
         store.put(layout.worker_list(str(a.worker)), "".join(f"{layout.chunk_path(c)}\n" for c in a.chunks).encode())
@@ -74,19 +89,39 @@ class Answer:
         self.index = index
         self.error = error is not None
         self.tokens_in, self.tokens_out = 3, 2
-        body = {"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}  # fmt: skip
+        body = {
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        }
         self.line = (
-            {"id": "x", "custom_id": custom_id, "response": {"status_code": 200, "request_id": "r", "body": body}, "error": None}
+            {
+                "id": "x",
+                "custom_id": custom_id,
+                "response": {"status_code": 200, "request_id": "r", "body": body},
+                "error": None,
+            }
             if error is None
-            else {"id": "x", "custom_id": custom_id, "response": {"status_code": 400, "request_id": "r", "body": None},
-                  "error": {"code": error, "message": error}}  # fmt: skip
+            else {
+                "id": "x",
+                "custom_id": custom_id,
+                "response": {"status_code": 400, "request_id": "r", "body": None},
+                "error": {"code": error, "message": error},
+            }
         )
 
 
-def answer_chunk(store: Store, layout: RunLayout, chunk: str, parts: Sequence[Sequence[Answer]], *,
-                 worker: str = "0", output_format: str = "jsonl", accelerator: str = "NVIDIA L4",
-                 seconds: float = 10.0) -> None:  # fmt: skip
+def answer_chunk(
+    store: Store,
+    layout: RunLayout,
+    chunk: str,
+    parts: Sequence[Sequence[Answer]],
+    *,
+    worker: str = "0",
+    output_format: str = "jsonl",
+    accelerator: str = "NVIDIA L4",
+    seconds: float = 10.0,
+) -> None:
     """Finish a chunk through the protocol's own objects: lease, checkpointed parts, done marker."""
     from orchestrator.protocol.checkpoints import ChunkJob
     from orchestrator.protocol.leases import LeaseKeeper, acquire

@@ -13,9 +13,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 ACCESS_KEY = "orch-test-key"
 SECRET_KEY = "orch-test-secret"
@@ -100,11 +100,23 @@ def seaweedfs() -> Iterator[S3Server]:
     env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, TMPDIR=str(workdir))
     log = workdir / "weed.log"
     cmd = [
-        _weed_binary(), "mini", f"-dir={workdir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-        f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}", f"-s3.port={s3}",
-        f"-admin.port={admin}", "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0",
-        "-s3.port.lance=0", "-master.telemetry=false", "-s3.autoCreateBucket=false",
-    ]  # fmt: skip
+        _weed_binary(),
+        "mini",
+        f"-dir={workdir / 'data'}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-master.port={master}",
+        f"-volume.port={volume}",
+        f"-filer.port={filer}",
+        f"-s3.port={s3}",
+        f"-admin.port={admin}",
+        "-admin.ui=false",
+        "-webdav=false",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-master.telemetry=false",
+        "-s3.autoCreateBucket=false",
+    ]
     (workdir / "data").mkdir()
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -34,7 +34,9 @@ def run(engine, *bodies, url="/v1/chat/completions"):
 
 
 def test_hf_engine_answers_like_the_chat_api(hf_engine):
-    out = run(hf_engine, {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 20})
+    out = run(
+        hf_engine, {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 20}
+    )
     body = out["r0"].line["response"]["body"]
     assert body["object"] == "chat.completion" and "Paris" in body["choices"][0]["message"]["content"]
     assert body["choices"][0]["finish_reason"] == "stop"
@@ -45,16 +47,24 @@ def test_hf_engine_per_request_parameters_in_one_window(hf_engine):
     out = run(
         hf_engine,
         {"messages": [{"role": "user", "content": "Count"}], "max_tokens": 3, "ignore_eos": True},
-        {"messages": [{"role": "user", "content": "Count"}], "max_tokens": 6, "ignore_eos": True, "n": 2,
-         "temperature": 0.9, "seed": 3},
-    )  # fmt: skip
+        {
+            "messages": [{"role": "user", "content": "Count"}],
+            "max_tokens": 6,
+            "ignore_eos": True,
+            "n": 2,
+            "temperature": 0.9,
+            "seed": 3,
+        },
+    )
     assert out["r0"].tokens_out == 3
     two = out["r1"].line["response"]["body"]
     assert len(two["choices"]) == 2 and two["usage"]["completion_tokens"] == 12
 
 
 def test_hf_engine_completion_logprobs(hf_engine):
-    out = run(hf_engine, {"prompt": "1, 2, 3,", "max_tokens": 4, "logprobs": 2, "ignore_eos": True}, url="/v1/completions")
+    out = run(
+        hf_engine, {"prompt": "1, 2, 3,", "max_tokens": 4, "logprobs": 2, "ignore_eos": True}, url="/v1/completions"
+    )
     choice = out["r0"].line["response"]["body"]["choices"][0]
     lp = choice["logprobs"]
     assert len(lp["tokens"]) == 4 and all(len(alts) <= 2 for alts in lp["top_logprobs"])

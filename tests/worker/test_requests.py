@@ -19,8 +19,12 @@ def parse(obj, index=0, defaults=DEFAULTS):
 
 
 def chat(**body):
-    return {"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"messages": [{"role": "user", "content": "hi"}], **body}}  # fmt: skip
+    return {
+        "custom_id": "c1",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"messages": [{"role": "user", "content": "hi"}], **body},
+    }
 
 
 def completion(**body):
@@ -40,8 +44,20 @@ def test_parse_request_applies_spec_defaults_where_the_row_sets_nothing():
 
 
 def test_parse_request_row_parameters_win_over_defaults():
-    r = parse(chat(max_tokens=7, temperature=1.0, top_p=0.5, top_k=20, n=3, stop="\n", seed=42,
-                   presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2))  # fmt: skip
+    r = parse(
+        chat(
+            max_tokens=7,
+            temperature=1.0,
+            top_p=0.5,
+            top_k=20,
+            n=3,
+            stop="\n",
+            seed=42,
+            presence_penalty=0.5,
+            frequency_penalty=-0.5,
+            repetition_penalty=1.2,
+        )
+    )
     p = r.params
     assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.n, p.stop, p.seed) == (7, 1.0, 0.5, 20, 3, ("\n",), 42)
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.5, 1.2)
@@ -60,7 +76,9 @@ def test_parse_request_completion_logprobs_echo_and_prompt_list():
 
 
 def test_parse_request_text_content_parts_are_joined():
-    r = parse(chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]))
+    r = parse(
+        chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    )
     assert r.messages == [{"role": "user", "content": "ab"}]
 
 

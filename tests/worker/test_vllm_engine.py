@@ -53,7 +53,7 @@ def test_vllm_engine_greedy_is_deterministic_and_stop_truncates(tiny_engine):
     text = first["choices"][0]["message"]["content"]
     again = body_of(run(tiny_engine, requests(msg("hello", max_tokens=24, ignore_eos=True)))["r0"])
     assert again["choices"][0]["message"]["content"] == text
-    stop = text[len(text) // 2: len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop.strip(), f"no usable stop string in {text!r}"
     stopped = body_of(run(tiny_engine, requests(msg("hello", max_tokens=24, stop=[stop])))["r0"])
     content = stopped["choices"][0]["message"]["content"]
@@ -73,7 +73,9 @@ def test_vllm_engine_n_samples_and_seed_reproduces(tiny_engine):
 
 
 def test_vllm_engine_chat_logprobs_shape(tiny_engine):
-    body = body_of(run(tiny_engine, requests(msg("x", max_tokens=5, ignore_eos=True, logprobs=True, top_logprobs=2)))["r0"])
+    body = body_of(
+        run(tiny_engine, requests(msg("x", max_tokens=5, ignore_eos=True, logprobs=True, top_logprobs=2)))["r0"]
+    )
     content = body["choices"][0]["logprobs"]["content"]
     assert len(content) == 5
     for token in content:

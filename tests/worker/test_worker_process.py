@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import signal
@@ -27,8 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def chunk_of(prefix: str, rows: int, max_tokens: int = 8) -> list[dict]:
-    return [chat_request(f"{prefix}-{i}", f"Tell me about item {i}", max_tokens=max_tokens, ignore_eos=True)
-            for i in range(rows)]  # fmt: skip
+    return [
+        chat_request(f"{prefix}-{i}", f"Tell me about item {i}", max_tokens=max_tokens, ignore_eos=True)
+        for i in range(rows)
+    ]
 
 
 class WorkerProcess:
@@ -113,8 +116,14 @@ def test_worker_killed_mid_chunk_resumes_losing_at_most_one_interval(store_uri, 
 
 def test_worker_sigterm_flushes_and_gives_the_lease_back(store_uri, tiny_model, tmp_path):
     store = open_store(store_uri)
-    layout = make_run(store, "term", [chunk_of("t", 2000, max_tokens=64)], model=tiny_model, workers=2,
-                      spec_flags={"workers.heartbeat_interval": 0.5})  # fmt: skip
+    layout = make_run(
+        store,
+        "term",
+        [chunk_of("t", 2000, max_tokens=64)],
+        model=tiny_model,
+        workers=2,
+        spec_flags={"workers.heartbeat_interval": 0.5},
+    )
     worker = WorkerProcess(store_uri, "term", "0", tmp_path, "--checkpoint-interval", "3600")
     # Wait until the worker reports finished rows (its heartbeat), none flushed yet (the interval is an hour).
     deadline = time.monotonic() + 180
@@ -157,8 +166,10 @@ def test_worker_takes_over_an_expired_lease_and_reuses_its_parts(store_uri, tiny
     layout = make_run(store, "expired", [chunk_of("e", 10), chunk_of("x", 10)], model=tiny_model, lists=[[0], [1]])
     # Worker 1 died holding chunk 1 after flushing its first three rows; its lease has expired.
     acquire(store, layout, "part_00001", worker="1", holder="1.dead", ttl=60, now=time.time() - 600)
-    dead_rows = [type("Row", (), {"index": i, "line": {"custom_id": f"x-{i}", "response": None, "error": None}})()
-                 for i in range(3)]  # fmt: skip
+    dead_rows = [
+        type("Row", (), {"index": i, "line": {"custom_id": f"x-{i}", "response": None, "error": None}})()
+        for i in range(3)
+    ]
     store.put(layout.output_part("part_00001", "1.dead", 1), part_codec("jsonl", "part_00001").encode(dead_rows))
     code, summary = WorkerProcess(store_uri, "expired", "0", tmp_path).finish()
     assert code == 0 and summary["chunks_done"] == 2
@@ -170,8 +181,9 @@ def test_worker_takes_over_an_expired_lease_and_reuses_its_parts(store_uri, tiny
 def test_worker_writes_parquet_parts_when_asked(tiny_model, tmp_path):
     store_uri = str(tmp_path / "store")
     store = open_store(store_uri)
-    layout = make_run(store, "pq", [chunk_of("p", 12)], model=tiny_model,
-                      spec_flags={"workers.output_format": "parquet"})  # fmt: skip
+    layout = make_run(
+        store, "pq", [chunk_of("p", 12)], model=tiny_model, spec_flags={"workers.output_format": "parquet"}
+    )
     code, _ = WorkerProcess(store_uri, "pq", "0", tmp_path).finish()
     assert code == 0
     marker = DoneMarker.model_validate_json(store.get(layout.done("part_00000")).data)
@@ -184,7 +196,7 @@ def test_worker_with_a_model_it_cannot_load_says_why_and_frees_the_chunk(tmp_pat
     store = open_store(store_uri)
     layout = make_run(store, "bad", [chunk_of("b", 3)], model=str(tmp_path / "no-such-model"))
     worker = WorkerProcess(store_uri, "bad", "0", tmp_path)
-    code, summary = worker.finish()
+    code, _ = worker.finish()
     assert code != 0
     assert "ERROR" in worker.stderr and "no-such-model" in worker.stderr
     assert "Traceback" not in worker.stderr
@@ -206,8 +218,9 @@ def test_worker_replicas_claim_chunks_independently(tiny_model, tmp_path):
 def test_worker_with_smollm2_gives_real_answers(smollm2_model, tmp_path):
     store_uri = str(tmp_path / "store")
     store = open_store(store_uri)
-    layout = make_run(store, "real", [[chat_request("france", "What is the capital of France?", max_tokens=24)]],
-                      model=smollm2_model)  # fmt: skip
+    layout = make_run(
+        store, "real", [[chat_request("france", "What is the capital of France?", max_tokens=24)]], model=smollm2_model
+    )
     code, _ = WorkerProcess(store_uri, "real", "0", tmp_path).finish()
     assert code == 0
     marker = DoneMarker.model_validate_json(store.get(layout.done("part_00000")).data)
@@ -226,8 +239,12 @@ def test_worker_flushes_when_its_buffer_is_full_whatever_the_interval(tiny_engin
     # One row finishes per engine step: row i asks for i + 1 tokens.
     rows = [chat_request(f"b-{i}", f"Item {i}", max_tokens=i + 1, ignore_eos=True) for i in range(30)]
     layout = make_run(store, "buffer", [rows], model=tiny_model)
-    spec = load_spec(None, {"run": "buffer", "store": store.uri, "model.name": tiny_model,
-                            "workers.checkpoint_interval": 3600}, env={}, default_file=False)  # fmt: skip
+    spec = load_spec(
+        None,
+        {"run": "buffer", "store": store.uri, "model.name": tiny_model, "workers.checkpoint_interval": 3600},
+        env={},
+        default_file=False,
+    )
     summary = runner.Worker(store, spec, runner.WorkerIdentity.new("0", 0), lambda: tiny_engine).run()
     assert summary["requests"] == 30
     marker = DoneMarker.model_validate_json(store.get(layout.done(chunk_id(0, 1))).data)
@@ -244,16 +261,18 @@ def test_worker_feeds_the_next_chunk_before_the_current_one_drains(tiny_engine, 
 
     store = open_store(str(tmp_path / "store"))
     # Chunk c's longest answer is 24 * (c + 1) tokens: each chunk outlasts the one before it.
-    chunks = [[chat_request(f"p{c}-{i}", f"Item {i}", max_tokens=2 * (i + 1) * (c + 1), ignore_eos=True)
-               for i in range(12)] for c in range(4)]  # fmt: skip
+    chunks = [
+        [chat_request(f"p{c}-{i}", f"Item {i}", max_tokens=2 * (i + 1) * (c + 1), ignore_eos=True) for i in range(12)]
+        for c in range(4)
+    ]
     layout = make_run(store, "pipe", chunks, model=tiny_model)
     spec = load_spec(None, {"run": "pipe", "store": store.uri, "model.name": tiny_model}, env={}, default_file=False)
     summary = runner.Worker(store, spec, runner.WorkerIdentity.new("0", 0), lambda: tiny_engine).run()
     assert summary["requests"] == 48 and summary["chunks_done"] == 4
     markers = [DoneMarker.model_validate_json(store.get(layout.done(chunk_id(c, 4))).data) for c in range(4)]
-    for earlier, later in zip(markers, markers[1:]):
+    for earlier, later in itertools.pairwise(markers):
         assert later.started_at < earlier.finished_at  # taken (and fed) before the earlier one finished
-    for first, third in zip(markers, markers[2:]):
+    for first, third in zip(markers, markers[2:], strict=False):
         assert third.started_at >= first.finished_at  # ...but only one chunk ahead
     seen = answered(store, layout)
     assert len(seen) == 48 and set(seen.values()) == {1}
@@ -282,10 +301,19 @@ def test_worker_looks_for_work_again_after_its_last_rows_drain(tiny_engine, tiny
     layout = make_run(store, "drain", [chunk_of("a", 6), chunk_of("b", 6)], model=tiny_model, lists=[[0], [1]])
     acquire(store, layout, "part_00001", worker="1", holder="1.dead", ttl=60, now=time.time())  # dies holding it
     skew = [0.0]
-    spec = load_spec(None, {"run": "drain", "store": store.uri, "model.name": tiny_model, "workers.lease_ttl": 60},
-                     env={}, default_file=False)  # fmt: skip
-    worker = runner.Worker(store, spec, runner.WorkerIdentity.new("0", 0), lambda: DrainTakesLong(tiny_engine, skew),
-                           clock=lambda: time.time() + skew[0])  # fmt: skip
+    spec = load_spec(
+        None,
+        {"run": "drain", "store": store.uri, "model.name": tiny_model, "workers.lease_ttl": 60},
+        env={},
+        default_file=False,
+    )
+    worker = runner.Worker(
+        store,
+        spec,
+        runner.WorkerIdentity.new("0", 0),
+        lambda: DrainTakesLong(tiny_engine, skew),
+        clock=lambda: time.time() + skew[0],
+    )
     summary = worker.run()
     assert summary["chunks_done"] == 2
     assert DoneMarker.model_validate_json(store.get(layout.done("part_00001")).data).holder.startswith("0.")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from worker.requests import EngineRequest
@@ -31,7 +32,7 @@ class Engine(Protocol):
     #: this many in its hands before it claims another chunk.
     capacity: int
 
-    def run(self, requests: Iterator["EngineRequest | None"]) -> Iterator[list[RowResult]]:
+    def run(self, requests: Iterator[EngineRequest | None]) -> Iterator[list[RowResult]]:
         """Pull requests as the engine has room (a bounded window, so a 100,000-row chunk never
         sits in memory), and yield after every engine step the rows that finished in it, possibly
         none, so the caller can checkpoint and check for stop requests between steps. Ends when
@@ -48,10 +49,10 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-def take_window(requests: Iterator["EngineRequest | None"], size: int) -> list["EngineRequest"] | None:
+def take_window(requests: Iterator[EngineRequest | None], size: int) -> list[EngineRequest] | None:
     """Up to `size` requests for an engine that works a window at a time: fewer when the worker
     has nothing more for now, None once the requests are exhausted."""
-    window: list["EngineRequest"] = []
+    window: list[EngineRequest] = []
     for request in requests:
         if request is None:
             return window

@@ -9,7 +9,8 @@ penalties (transformers has no equivalent).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from orchestrator.spec import ModelSpec
 from worker.engine.base import RowResult, take_window
@@ -29,8 +30,12 @@ class TransformersEngine:
         self.torch = torch
         self.model_name = spec.name
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = {"auto": torch.float32 if self.device == "cpu" else "auto", "float32": torch.float32,
-                 "bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.dtype, "auto")  # fmt: skip
+        dtype = {
+            "auto": torch.float32 if self.device == "cpu" else "auto",
+            "float32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "float16": torch.float16,
+        }.get(spec.dtype, "auto")
         self.tokenizer = AutoTokenizer.from_pretrained(spec.name)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
@@ -68,7 +73,7 @@ class TransformersEngine:
                 for start in range(0, len(members), self.batch_size):
                     if self._aborted:
                         return
-                    batch = [m for m in members[start:start + self.batch_size] if m[0].chunk not in self._dropped]
+                    batch = [m for m in members[start : start + self.batch_size] if m[0].chunk not in self._dropped]
                     if batch:
                         yield self._generate(params, batch)
 
@@ -84,8 +89,12 @@ class TransformersEngine:
     def _prepare(self, request: EngineRequest) -> list[int] | RowResult:
         p = request.params
         if p.presence_penalty or p.frequency_penalty:
-            return _error(request, "unsupported_parameter", "presence/frequency penalties need the vLLM engine",
-                          "presence_penalty" if p.presence_penalty else "frequency_penalty")  # fmt: skip
+            return _error(
+                request,
+                "unsupported_parameter",
+                "presence/frequency penalties need the vLLM engine",
+                "presence_penalty" if p.presence_penalty else "frequency_penalty",
+            )
         try:
             if request.kind == "chat":
                 text = self.tokenizer.apply_chat_template(
@@ -97,9 +106,13 @@ class TransformersEngine:
         except Exception as e:  # a template that fails on this conversation fails this row only
             return _error(request, "template_error", f"cannot apply the chat template: {e}")
         if len(ids) + p.max_tokens > self.max_model_len:
-            return _error(request, "context_length_exceeded",
-                          f"this model's maximum context length is {self.max_model_len} tokens; the request has "
-                          f"{len(ids)} prompt tokens and asks for {p.max_tokens} more", "max_tokens")  # fmt: skip
+            return _error(
+                request,
+                "context_length_exceeded",
+                f"this model's maximum context length is {self.max_model_len} tokens; the request has "
+                f"{len(ids)} prompt tokens and asks for {p.max_tokens} more",
+                "max_tokens",
+            )
         return list(ids)
 
     def _generate(self, p: GenerationParams, members: list[tuple[EngineRequest, list[int]]]) -> list[RowResult]:
@@ -108,11 +121,15 @@ class TransformersEngine:
         if p.seed is not None:
             torch.manual_seed(p.seed)
         kwargs: dict[str, Any] = dict(
-            max_new_tokens=p.max_tokens, min_new_tokens=p.min_tokens or None, num_return_sequences=p.n,
-            do_sample=p.temperature > 0, repetition_penalty=p.repetition_penalty,
-            pad_token_id=self.tokenizer.pad_token_id, return_dict_in_generate=True,
+            max_new_tokens=p.max_tokens,
+            min_new_tokens=p.min_tokens or None,
+            num_return_sequences=p.n,
+            do_sample=p.temperature > 0,
+            repetition_penalty=p.repetition_penalty,
+            pad_token_id=self.tokenizer.pad_token_id,
+            return_dict_in_generate=True,
             output_scores=p.logprobs is not None,
-        )  # fmt: skip
+        )
         if p.temperature > 0:
             kwargs.update(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k or None, min_p=p.min_p or None)
         if p.ignore_eos:
@@ -125,11 +142,22 @@ class TransformersEngine:
         logprobs = torch.stack(out.scores, dim=1).float().log_softmax(-1) if p.logprobs is not None else None
         results = []
         for i, (request, ids) in enumerate(members):
-            choices = [self._choice(p, new_tokens[i * p.n + j], logprobs[i * p.n + j] if logprobs is not None else None)
-                       for j in range(p.n)]  # fmt: skip
+            choices = [
+                self._choice(p, new_tokens[i * p.n + j], logprobs[i * p.n + j] if logprobs is not None else None)
+                for j in range(p.n)
+            ]
             line = success_line(request, choices, len(ids), self.model_name)
-            results.append(RowResult(request.index, request.custom_id, line, len(ids), sum(c.tokens for c in choices),
-                                     False, request.chunk))  # fmt: skip
+            results.append(
+                RowResult(
+                    request.index,
+                    request.custom_id,
+                    line,
+                    len(ids),
+                    sum(c.tokens for c in choices),
+                    False,
+                    request.chunk,
+                )
+            )
         return results
 
     def _choice(self, p: GenerationParams, tokens: Any, logprobs: Any) -> Choice:
@@ -152,14 +180,25 @@ class TransformersEngine:
             for step, token_id in enumerate(ids):
                 row = logprobs[step]
                 top = row.topk(p.logprobs) if p.logprobs else None
-                token_logprobs.append(TokenLogprob(
-                    token=self.tokenizer.decode([token_id]),
-                    logprob=float(row[token_id]),
-                    top=[(self.tokenizer.decode([int(t)]), float(v)) for v, t in zip(*top)] if top is not None else [],
-                ))  # fmt: skip
+                token_logprobs.append(
+                    TokenLogprob(
+                        token=self.tokenizer.decode([token_id]),
+                        logprob=float(row[token_id]),
+                        top=[(self.tokenizer.decode([int(t)]), float(v)) for v, t in zip(*top, strict=True)]
+                        if top is not None
+                        else [],
+                    )
+                )
         return Choice(text=text, finish_reason="stop" if ended else "length", tokens=len(ids), logprobs=token_logprobs)
 
 
 def _error(request: EngineRequest, code: str, message: str, param: str | None = None) -> RowResult:
-    return RowResult(request.index, request.custom_id, error_line(request.custom_id, code, message, param=param), 0, 0,
-                     True, request.chunk)  # fmt: skip
+    return RowResult(
+        request.index,
+        request.custom_id,
+        error_line(request.custom_id, code, message, param=param),
+        0,
+        0,
+        True,
+        request.chunk,
+    )

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from orchestrator.errors import OrchError
 from orchestrator.spec import ModelSpec
@@ -106,11 +107,12 @@ class VllmEngine:
         p = request.params
         if len(prompt_ids) + p.max_tokens > self.max_model_len:
             return _error(
-                request, "context_length_exceeded",
+                request,
+                "context_length_exceeded",
                 f"this model's maximum context length is {self.max_model_len} tokens; the request has "
                 f"{len(prompt_ids)} prompt tokens and asks for {p.max_tokens} more",
                 param="max_tokens" if len(prompt_ids) < self.max_model_len else "messages",
-            )  # fmt: skip
+            )
         try:
             params = _sampling_params(p)
             request_id = str(self._next_id)
@@ -143,13 +145,27 @@ class VllmEngine:
             for c in output.outputs
         ]
         line = success_line(request, choices, flight.prompt_tokens, self.model_name)
-        return RowResult(request.index, request.custom_id, line, flight.prompt_tokens, sum(c.tokens for c in choices),
-                         False, request.chunk)  # fmt: skip
+        return RowResult(
+            request.index,
+            request.custom_id,
+            line,
+            flight.prompt_tokens,
+            sum(c.tokens for c in choices),
+            False,
+            request.chunk,
+        )
 
 
 def _error(request: EngineRequest, code: str, message: str, param: str | None = None) -> RowResult:
-    return RowResult(request.index, request.custom_id, error_line(request.custom_id, code, message, param=param), 0, 0,
-                     True, request.chunk)  # fmt: skip
+    return RowResult(
+        request.index,
+        request.custom_id,
+        error_line(request.custom_id, code, message, param=param),
+        0,
+        0,
+        True,
+        request.chunk,
+    )
 
 
 def _sampling_params(p: GenerationParams) -> Any:
@@ -178,7 +194,7 @@ def _sampling_params(p: GenerationParams) -> Any:
 
 def _logprobs(completion: Any, top: int) -> list[TokenLogprob]:
     out = []
-    for token_id, alternatives in zip(completion.token_ids, completion.logprobs or ()):
+    for token_id, alternatives in zip(completion.token_ids, completion.logprobs or (), strict=False):
         chosen = alternatives.get(token_id)
         ranked = sorted(alternatives.items(), key=lambda item: item[1].rank or 0)
         out.append(
