@@ -12,9 +12,9 @@ import sys
 import time
 
 from bench.common import save, table
+from orchestrator.core.protocol.layout import chunk_id
+from orchestrator.core.records import ManifestEntry
 from orchestrator.plan import plan_chunks, skypilot_example_split
-from orchestrator.protocol.layout import chunk_id
-from orchestrator.protocol.records import ManifestEntry
 
 
 def main() -> None:

@@ -19,12 +19,20 @@ from bench.common import save, table
 
 
 def populate(store, layout, chunks: int, workers: int, done: int) -> None:
-    from orchestrator.controller.jobs import JobAttempt, JobsRecord, WorkerJobs
+    from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
+    from orchestrator.core.protocol.layout import chunk_id
+    from orchestrator.core.records import (
+        DoneMarker,
+        Heartbeat,
+        JobAttempt,
+        JobsRecord,
+        ManifestEntry,
+        PartRef,
+        WorkerJobs,
+        write_jsonl,
+    )
+    from orchestrator.core.spec import freeze_spec, load_spec
     from orchestrator.plan import plan_chunks, write_plan
-    from orchestrator.protocol.heartbeats import HeartbeatPublisher
-    from orchestrator.protocol.layout import chunk_id
-    from orchestrator.protocol.records import DoneMarker, Heartbeat, ManifestEntry, PartRef, write_jsonl
-    from orchestrator.spec import freeze_spec, load_spec
 
     spec = load_spec(None, {"run": layout.run, "store": store.uri, "model.name": "m"}, env={}, default_file=False)
     freeze_spec(store, layout, spec)
@@ -101,11 +109,11 @@ def populate(store, layout, chunks: int, workers: int, done: int) -> None:
 
 
 def main() -> None:
+    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.store import open_store
     from orchestrator.plan import read_manifest
     from orchestrator.pricing import load_gpu_table
-    from orchestrator.protocol.layout import RunLayout
     from orchestrator.status import derive_status, gather, render_table
-    from orchestrator.store import open_store
     from tests.support.s3servers import seaweedfs
 
     quick = "--quick" in sys.argv

@@ -76,7 +76,7 @@ def engine_variants(
     """Each prompt i is answered with exactly lengths[i] tokens (ignore_eos), in every variant."""
     from vllm import SamplingParams
 
-    from orchestrator.spec import ModelSpec
+    from orchestrator.core.spec import ModelSpec
     from worker.engine.vllm_engine import VllmEngine
 
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for n in lengths]
@@ -137,8 +137,8 @@ def best_of_rounds(variants: dict[str, Any], rounds: int, *, expected_tokens: in
 
 def bench_run(prompts: list[str], model: str, lengths: list[int], checkpoint_s: float, chunks: int = 4):
     """A prepared and planned run in a fresh local store: (store, spec). Row i asks for lengths[i] tokens."""
-    from orchestrator.spec import load_spec
-    from orchestrator.store import open_store
+    from orchestrator.core.spec import load_spec
+    from orchestrator.core.store import open_store
     from tests.support.runs import chat_request, make_run
 
     store = open_store(tempfile.mkdtemp(prefix="orch-bench-worker-"))
@@ -209,8 +209,8 @@ def worker_memory(rows: int) -> dict[str, Any]:
     """Peak RSS growth of the worker over one chunk of `rows` rows (prompts ~LMSys size)."""
     import multiprocessing
 
-    from orchestrator.spec import load_spec
-    from orchestrator.store import open_store
+    from orchestrator.core.spec import load_spec
+    from orchestrator.core.store import open_store
 
     # The run is written by a child process, so that none of its memory counts here.
     directory = tempfile.mkdtemp(prefix="orch-bench-memory-")
@@ -242,7 +242,7 @@ def worker_memory(rows: int) -> dict[str, Any]:
 
 
 def _write_memory_run(directory: str, rows: int) -> None:
-    from orchestrator.store import open_store
+    from orchestrator.core.store import open_store
     from tests.support.runs import chat_request, make_run
 
     requests = [chat_request(f"r{i}", p, max_tokens=256) for i, p in enumerate(conversations(rows, seed=1))]
@@ -251,7 +251,7 @@ def _write_memory_run(directory: str, rows: int) -> None:
 
 def main() -> None:
     quick = "--quick" in sys.argv
-    from orchestrator.spec import ModelSpec
+    from orchestrator.core.spec import ModelSpec
     from worker.engine.vllm_engine import _build_llm
     from worker.models import build_smollm2
 

@@ -23,12 +23,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import OrchError
+from orchestrator.core.errors import OrchError
+from orchestrator.core.lines import BatchOutputLine
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.parts import iter_part_lines
+from orchestrator.core.records import DoneMarker, ManifestEntry, parse_record
+from orchestrator.core.store import NotFound, Store
 from orchestrator.plan import read_manifest
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.parts import iter_part_lines, row_of
-from orchestrator.protocol.records import DoneMarker, ManifestEntry, parse_record
-from orchestrator.store import NotFound, Store
 
 EXAMPLES = 5
 
@@ -107,7 +108,7 @@ def _collect_chunk(
     report: CollectReport,
 ) -> None:
     marker = _marker(store, layout, entry.chunk)
-    answers: dict[int, dict[str, Any]] = {}
+    answers: dict[int, BatchOutputLine] = {}
     if marker is None:
         report.missing_chunks.append(entry.chunk)
     else:
@@ -121,12 +122,11 @@ def _collect_chunk(
                     hint="the store was changed outside orch; delete the marker and run the chunk again",
                 )
             for line in iter_part_lines(data, marker.output_format):
-                row = row_of(line["id"])
-                if row in answers:
+                if line.row in answers:
                     report.duplicates += 1
-                    report.note("duplicates", line.get("custom_id"))
+                    report.note("duplicates", line.custom_id)
                     continue
-                answers[row] = line
+                answers[line.row] = line
     for row, request_line, request in _input_rows(store, layout, entry):
         line = answers.pop(row, None)
         if line is None:
@@ -134,16 +134,16 @@ def _collect_chunk(
             report.note("missing", request.get("custom_id"))
             retry.add(request_line)
             continue
-        if line.get("custom_id") != request.get("custom_id"):
+        if line.custom_id != request.get("custom_id"):
             report.mismatched += 1
             report.note("missing", request.get("custom_id"))
             retry.add(request_line)
             continue
         writer.add(line)
         report.rows_written += 1
-        if line.get("error") is not None:
+        if line.failed:
             report.errors += 1
-            report.note("errors", line.get("custom_id"))
+            report.note("errors", line.custom_id)
             retry.add(request_line)
     if answers:  # lines for rows the chunk does not have
         report.mismatched += len(answers)
@@ -175,12 +175,12 @@ class _Writer:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         fd, self.tmp = tempfile.mkstemp(dir=self.out.parent, prefix=f".{self.out.name}.")
         self.file = os.fdopen(fd, "wb")
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[BatchOutputLine] = []
         self.parquet = None
 
-    def add(self, line: dict[str, Any]) -> None:
+    def add(self, line: BatchOutputLine) -> None:
         if self.fmt == "jsonl":
-            self.file.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
+            self.file.write(line.to_json() + b"\n")
         else:
             self.rows.append(line)
             if len(self.rows) >= 10_000:
@@ -265,23 +265,21 @@ def _parquet_schema():
     )
 
 
-def _flatten(lines: list[dict[str, Any]]) -> dict[str, list[Any]]:
+def _flatten(lines: list[BatchOutputLine]) -> dict[str, list[Any]]:
     """The columns people query first, next to the full response and error as JSON text."""
     cols: dict[str, list[Any]] = {name: [] for name in _parquet_schema().names}
     for line in lines:
-        response = line.get("response") or {}
-        body = response.get("body") or {}
-        choice = (body.get("choices") or [{}])[0]
-        error = line.get("error")
-        cols["custom_id"].append(line.get("custom_id"))
-        cols["status_code"].append(response.get("status_code"))
-        cols["text"].append(choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content"))
-        cols["finish_reason"].append(choice.get("finish_reason"))
-        cols["prompt_tokens"].append((body.get("usage") or {}).get("prompt_tokens"))
-        cols["completion_tokens"].append((body.get("usage") or {}).get("completion_tokens"))
-        cols["error_code"].append(error.get("code") if error else None)
-        cols["error_message"].append(error.get("message") if error else None)
-        cols["id"].append(line.get("id"))
-        cols["response"].append(json.dumps(response, ensure_ascii=False) if response else None)
-        cols["error"].append(json.dumps(error, ensure_ascii=False) if error else None)
+        body = line.response.body if line.response is not None else None
+        usage = line.usage() if body and "usage" in body else None
+        cols["custom_id"].append(line.custom_id)
+        cols["status_code"].append(line.response.status_code if line.response is not None else None)
+        cols["text"].append(line.text())
+        cols["finish_reason"].append(line.first_choice().get("finish_reason"))
+        cols["prompt_tokens"].append(usage.prompt_tokens if usage else None)
+        cols["completion_tokens"].append(usage.completion_tokens if usage else None)
+        cols["error_code"].append(line.error.code if line.error else None)
+        cols["error_message"].append(line.error.message if line.error else None)
+        cols["id"].append(line.id)
+        cols["response"].append(line.response.model_dump_json() if line.response is not None else None)
+        cols["error"].append(line.error.model_dump_json() if line.error else None)
     return cols

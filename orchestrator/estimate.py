@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from orchestrator.core.records import ChunkStats, ManifestEntry
 from orchestrator.pricing import GpuTable
-from orchestrator.protocol.records import ChunkStats, ManifestEntry
 
 #: Provision + setup + model load of a new machine (what a preemption or a new launch costs).
 RESTART_OVERHEAD_S = 600.0

@@ -12,10 +12,10 @@ import heapq
 import time
 from collections.abc import Sequence
 
-from orchestrator.errors import RunNotFound
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.records import ManifestEntry, PlanRecord, WorkerAssignment, read_jsonl
-from orchestrator.store import NotFound, Store
+from orchestrator.core.errors import RunNotFound
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment, read_jsonl, read_record
+from orchestrator.core.store import NotFound, Store
 
 
 def plan_chunks(entries: Sequence[ManifestEntry], workers: int) -> PlanRecord:
@@ -69,10 +69,8 @@ def read_manifest(store: Store, layout: RunLayout) -> list[ManifestEntry]:
 
 
 def read_plan(store: Store, layout: RunLayout) -> PlanRecord | None:
-    try:
-        return PlanRecord.model_validate_json(store.get(layout.plan).data)
-    except NotFound:
-        return None
+    found = read_record(store, layout.plan, PlanRecord)
+    return found[0] if found is not None else None
 
 
 def write_plan(store: Store, layout: RunLayout, plan: PlanRecord) -> None:

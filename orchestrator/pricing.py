@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator import orch_home
-from orchestrator.errors import SpecError
+from orchestrator.core.errors import SpecError
 
 DEFAULT_TABLE = Path(__file__).parent / "data" / "gpus.yaml"
 

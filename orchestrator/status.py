@@ -32,7 +32,6 @@ JSON shape (stable for scripts):
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -40,15 +39,26 @@ from typing import Any
 import click
 
 from orchestrator.backends.base import STATE_COLOURS, JobState, JobStatus, Launcher
-from orchestrator.controller.jobs import JobsRecord, read_jobs
+from orchestrator.core import worker_ids
+from orchestrator.core.protocol.checkpoints import read_chunk_stats
+from orchestrator.core.protocol.heartbeats import read_heartbeats
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.snapshot import list_done
+from orchestrator.core.records import (
+    ChunkStats,
+    DecisionRecord,
+    DoneMarker,
+    HeartbeatSummary,
+    JobsRecord,
+    ManifestEntry,
+    PlanRecord,
+    parse_record,
+    read_jobs,
+    read_record,
+)
+from orchestrator.core.store import Store
 from orchestrator.plan import read_manifest, read_plan
 from orchestrator.pricing import GpuTable
-from orchestrator.protocol.checkpoints import read_chunk_stats
-from orchestrator.protocol.heartbeats import read_heartbeats
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.records import ChunkStats, DoneMarker, ManifestEntry, PlanRecord, parse_record
-from orchestrator.protocol.snapshot import list_done
-from orchestrator.store import Store
 
 #: A heartbeat older than this many heartbeat intervals means the process is gone or stuck.
 STALE_HEARTBEATS = 6
@@ -62,21 +72,20 @@ class RunFacts:
     jobs: JobsRecord
     done: set[str]
     stats: dict[str, tuple[float, ChunkStats]]
-    heartbeats: dict[str, dict[str, Any]]
+    heartbeats: dict[str, HeartbeatSummary]
     statuses: dict[str, JobStatus] = field(default_factory=dict)
     backend_note: str | None = None
     #: The deadline policy's latest decision (`orch watch --deadline`), if any.
-    decision: dict[str, Any] | None = None
+    decision: DecisionRecord | None = None
 
 
-def latest_decision(store: Store, layout: RunLayout) -> dict[str, Any] | None:
+def latest_decision(store: Store, layout: RunLayout) -> DecisionRecord | None:
     """The deadline policy's last decision: one listing (and one GET when there is one)."""
     keys = [info.key for info in store.list(layout.decisions_prefix)]
     if not keys:
         return None
-    with contextlib.suppress(Exception):
-        return json.loads(store.get(max(keys)).data)
-    return None
+    found = read_record(store, max(keys), DecisionRecord)
+    return found[0] if found is not None else None
 
 
 def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) -> RunFacts:
@@ -173,50 +182,45 @@ def derive_status(
 
     own = {str(a.worker): a.chunks for a in (facts.plan.workers if facts.plan else [])}
     current = {str(w): a for w, a in facts.jobs.current_jobs().items()}
-    recoveries = {w: sum(1 for _ in wj.attempts) - 1 for w, wj in facts.jobs.workers.items()}
-    names = sorted(set(own) | set(current) | set(facts.heartbeats), key=_worker_order)
+    recoveries = {w: len(wj.attempts) - 1 for w, wj in facts.jobs.workers.items()}
+    names = sorted(set(own) | set(current) | set(facts.heartbeats), key=worker_ids.sort_key)
     workers, in_progress, rows_per_s, tokens_per_s, cost, hours = [], 0, 0.0, 0.0, 0.0, 0.0
     for name in names:
-        base = name.split("r", 1)[0] if name[0].isdigit() else name
+        base = worker_ids.job_worker(name)
         attempt = current.get(name) or current.get(base)
         status = facts.statuses.get(attempt.job_id) if attempt else None
         hb = facts.heartbeats.get(name)
-        age = now - float(hb["updated_at"]) if hb else None
-        alive = (
-            hb is not None
-            and hb.get("state") not in ("exited",)
-            and age is not None
-            and age <= STALE_HEARTBEATS * heartbeat_interval
+        age = now - hb.updated_at if hb else None
+        live = (
+            hb
+            if hb is not None and hb.state != "exited" and (age or 0) <= STALE_HEARTBEATS * heartbeat_interval
+            else None
         )
         view = WorkerView(
             worker=name,
             state=(status.state.value if status else JobState.UNKNOWN.value) if attempt else "NOT LAUNCHED",
             job_id=attempt.job_id if attempt else None,
             recovery_count=(status.recovery_count if status else 0) + max(recoveries.get(base, 0), 0),
-            accelerator=(hb or {}).get("accelerator") or (status.accelerator if status else None),
-            cloud=(hb or {}).get("cloud") or (status.cloud if status else None),
-            region=(hb or {}).get("region") or (status.region if status else None),
-            spot=(hb or {}).get("spot") if (hb or {}).get("spot") is not None else (status.spot if status else None),
-            chunk=hb.get("chunk") if alive and hb else None,
-            chunk_rows=int(hb.get("chunk_rows") or 0) if alive and hb else 0,
-            chunk_rows_done=int(hb.get("chunk_rows_done") or 0) if alive and hb else 0,
+            accelerator=(hb.accelerator if hb else None) or (status.accelerator if status else None),
+            cloud=(hb.cloud if hb else None) or (status.cloud if status else None),
+            region=(hb.region if hb else None) or (status.region if status else None),
+            spot=hb.spot if hb is not None and hb.spot is not None else (status.spot if status else None),
+            chunk=live.chunk if live else None,
+            chunk_rows=live.chunk_rows if live else 0,
+            chunk_rows_done=live.chunk_rows_done if live else 0,
             chunks_assigned=len(own.get(name, ())),
             chunks_done_of_own_list=sum(1 for c in own.get(name, ()) if c in done),
             chunks_finished=finished_by.get(name, 0),
-            rows_done=int((hb or {}).get("rows_done") or 0),
-            tokens_per_s=float(hb.get("tokens_per_s") or 0.0) if alive and hb else 0.0,
-            rows_per_s=float(hb.get("rows_per_s") or 0.0) if alive and hb else 0.0,
-            heartbeat_state=(hb or {}).get("state"),
+            rows_done=hb.rows_done if hb else 0,
+            tokens_per_s=live.tokens_per_s if live else 0.0,
+            rows_per_s=live.rows_per_s if live else 0.0,
+            heartbeat_state=hb.state if hb else None,
             heartbeat_age_s=round(age, 1) if age is not None else None,
-            uptime_s=round(
-                float(hb.get("uptime_before_s") or 0) + max(float(hb["updated_at"]) - float(hb["started_at"]), 0.0), 1
-            )
-            if hb
-            else 0.0,
+            uptime_s=round(hb.uptime_s, 1) if hb else 0.0,
         )
-        if alive and view.chunk:
+        if live and view.chunk:
             in_progress += view.chunk_rows_done
-            rows_per_s += float(hb.get("rows_per_s") or 0.0)
+            rows_per_s += live.rows_per_s
             tokens_per_s += view.tokens_per_s
         gpu = prices.find(view.accelerator)
         hours += view.uptime_s / 3600
@@ -240,7 +244,7 @@ def derive_status(
         cost={"so_far_usd": round(cost, 2), "worker_hours": round(hours, 3)},
         workers=workers,
         estimate=_estimate(facts, prices, gpus, workers_planned) if gpus else None,
-        deadline=facts.decision,
+        deadline=facts.decision.model_dump() if facts.decision is not None else None,
         overall=_overall([s for c, s in facts.stats.items() if c in done]),
     )
 
@@ -282,11 +286,6 @@ def _estimate(facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: i
         "on_demand_hours": f.on_demand_hours,
         "on_demand_usd": f.on_demand_usd,
     }
-
-
-def _worker_order(name: str) -> tuple[int, str]:
-    head = name.split("r", 1)[0]
-    return (int(head) if head.isdigit() else 1 << 30, name)
 
 
 def to_json(status: RunStatus) -> dict[str, Any]:

@@ -8,8 +8,8 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.collect import CorruptOutput, collect
-from orchestrator.protocol.records import DoneMarker
-from orchestrator.store import open_store
+from orchestrator.core.records import DoneMarker
+from orchestrator.core.store import open_store
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
 

@@ -8,19 +8,18 @@ import time
 import pytest
 
 from orchestrator.backends.skypilot import SkyPilotLauncher
-from orchestrator.context import RunContext
 from orchestrator.controller.deadline import DeadlineSettings, FleetState, OnDemandWorker, decide, parse_duration
-from orchestrator.controller.jobs import read_jobs
 from orchestrator.controller.launch import launch_workers
 from orchestrator.controller.reconcile import Reconciler
-from orchestrator.errors import SpecError
+from orchestrator.core.context import RunContext
+from orchestrator.core.errors import SpecError
+from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import Heartbeat, read_jobs
+from orchestrator.core.spec import load_spec
+from orchestrator.core.store import open_store
 from orchestrator.pricing import load_gpu_table
-from orchestrator.protocol.heartbeats import HeartbeatPublisher
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.records import Heartbeat
-from orchestrator.spec import load_spec
 from orchestrator.status import render_table, status_of
-from orchestrator.store import open_store
 from tests.support.fake_sky import ScriptedSky
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 

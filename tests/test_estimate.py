@@ -7,10 +7,10 @@ import json
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.core.records import ChunkStats, ManifestEntry
+from orchestrator.core.store import open_store
 from orchestrator.estimate import estimate
 from orchestrator.pricing import load_gpu_table
-from orchestrator.protocol.records import ChunkStats, ManifestEntry
-from orchestrator.store import open_store
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
 TABLE = load_gpu_table()

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends import backend_for
 from orchestrator.backends.base import JobState
 from orchestrator.cli import main
-from orchestrator.context import resolve_spec
-from orchestrator.controller import backend_for
-from orchestrator.controller.jobs import read_jobs
 from orchestrator.controller.launch import launch_workers
 from orchestrator.controller.planning import ensure_plan
 from orchestrator.controller.reconcile import Reconciler, watch
-from orchestrator.protocol.heartbeats import read_heartbeats
+from orchestrator.core.context import resolve_spec
+from orchestrator.core.protocol.heartbeats import read_heartbeats
+from orchestrator.core.records import read_jobs
 from tests.support.datasets import write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -120,7 +120,7 @@ def test_launch_never_duplicates_a_live_worker_and_cancel_stops_them(workdir, ti
     record, _ = read_jobs(ctx.store, ctx.layout)
     assert [len(w.attempts) for w in record.workers.values()] == [1, 1]
     assert main(["cancel", "--run", "c"]) == 0
-    launcher = backend_for(ctx.spec)
+    launcher = backend_for(ctx)
     states = launcher.statuses([a.job_id for a in read_jobs(ctx.store, ctx.layout)[0].current_jobs().values()])
     assert {s.state for s in states.values()} <= {JobState.CANCELLED, JobState.FAILED}
     # The loop does not bring back what orch cancel stopped...
@@ -150,7 +150,7 @@ def test_chaos_workers_killed_again_and_again_still_answer_every_row_once(workdi
     )
     assert main(["prepare", str(data), "--run", "chaos", "--num-chunks", "6", "--id-column", "id"]) == 0
     ctx = resolve_spec(None, {"run": "chaos", "model.name": tiny_model}, freeze=True)
-    launcher = backend_for(ctx.spec)
+    launcher = backend_for(ctx)
     ensure_plan(ctx, 3)
     launch_workers(ctx, launcher, [0, 1, 2])
     kills, stop = [], threading.Event()
@@ -164,8 +164,8 @@ def test_chaos_workers_killed_again_and_again_still_answer_every_row_once(workdi
             a.job_id
             for w, a in record.current_jobs().items()
             if (beat := beats.get(str(w)))
-            and beat["state"] == "running"
-            and beat["chunk_rows_done"] > 0
+            and beat.state == "running"
+            and beat.chunk_rows_done > 0
             and launcher.statuses([a.job_id])[a.job_id].state.is_live()
         ]
 

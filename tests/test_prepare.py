@@ -7,9 +7,9 @@ import json
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.records import ManifestEntry, read_jsonl
-from orchestrator.store import open_store
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import ManifestEntry, read_jsonl
+from orchestrator.core.store import open_store
 from tests.support.datasets import write_jsonl, write_lmsys_parquet
 
 

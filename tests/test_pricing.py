@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import SpecError
+from orchestrator.core.errors import SpecError
 from orchestrator.pricing import load_gpu_table
 
 

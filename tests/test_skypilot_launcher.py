@@ -6,17 +6,18 @@ import time
 
 import pytest
 
-from orchestrator.backends.base import JobState, LaunchFailed, LaunchRequest
+from orchestrator.backends.base import JobState, LaunchFailed
 from orchestrator.backends.skypilot import SkyPilotLauncher
-from orchestrator.context import RunContext
-from orchestrator.controller.jobs import read_jobs, update_jobs
 from orchestrator.controller.launch import launch_workers
 from orchestrator.controller.reconcile import Reconciler, watch
-from orchestrator.errors import BackendError
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.leases import acquire
-from orchestrator.spec import load_spec
-from orchestrator.store import open_store
+from orchestrator.core.context import RunContext
+from orchestrator.core.errors import BackendError
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.leases import acquire
+from orchestrator.core.records import read_jobs, update_jobs
+from orchestrator.core.spec import load_spec
+from orchestrator.core.store import open_store
+from tests.conftest import make_store_uri
 from tests.support.fake_sky import ScriptedSky
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
@@ -28,22 +29,29 @@ def sky_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf-secret-value")
 
 
-def make_ctx(tmp_path, chunks=2, **flags):
-    store = open_store(tmp_path / "store")
-    make_run(
-        store,
-        "sky",
-        [[chat_request(f"c{c}-{i}", "q") for i in range(2)] for c in range(chunks)],
-        model="m",
-        workers=chunks,
-    )
-    spec = load_spec(
-        None,
-        {"run": "sky", "store": "r2://bucket/orch", "backend": "skypilot", "workers.retries": 2, **flags},
-        env={},
-        default_file=False,
-    )
-    return RunContext(spec, store, RunLayout("sky"))
+@pytest.fixture
+def make_ctx(request, tmp_path):
+    """A run in a real S3 store (moto): what SkyPilot workers need, a store the cloud can reach."""
+    uri = make_store_uri("moto", request, tmp_path)
+
+    def make(chunks=2, **flags):
+        store = open_store(uri)
+        make_run(
+            store,
+            "sky",
+            [[chat_request(f"c{c}-{i}", "q") for i in range(2)] for c in range(chunks)],
+            model="m",
+            workers=chunks,
+        )
+        spec = load_spec(
+            None,
+            {"run": "sky", "store": uri, "backend": "skypilot", "workers.retries": 2, **flags},
+            env={},
+            default_file=False,
+        )
+        return RunContext(spec, store, RunLayout("sky"))
+
+    return make
 
 
 def finish(ctx, chunk):
@@ -51,8 +59,8 @@ def finish(ctx, chunk):
     answer_chunk(ctx.store, ctx.layout, chunk, [[Answer(i, f"c{index}-{i}", "a") for i in range(2)]])
 
 
-def test_launch_submits_all_workers_concurrently_with_secrets_in_memory(tmp_path):
-    ctx = make_ctx(tmp_path, chunks=16)
+def test_launch_submits_all_workers_concurrently_with_secrets_in_memory(make_ctx):
+    ctx = make_ctx(chunks=16)
     sky = ScriptedSky(latency=0.3)
     import sky as _warm_up  # noqa: F401  (importing SkyPilot takes seconds, once per process)
 
@@ -64,13 +72,13 @@ def test_launch_submits_all_workers_concurrently_with_secrets_in_memory(tmp_path
     task = sky.launched[0][1]
     assert task.secrets["HF_TOKEN"].get_secret_value() == "hf-secret-value"
     assert {"ORCH_RUN", "ORCH_STORE", "ORCH_WORKER", "ORCH_WORKER_LIST"} <= set(task.envs)
-    assert "hf-secret-value" not in (tmp_path / "store" / "runs" / "sky" / "jobs.json").read_text()
+    assert b"hf-secret-value" not in ctx.store.get(ctx.layout.jobs).data
     record, _ = read_jobs(ctx.store, ctx.layout)
     assert {w: a.job_id for w, a in record.current_jobs().items()} == launched
 
 
-def test_launch_reports_workers_without_capacity_and_keeps_the_others(tmp_path):
-    ctx = make_ctx(tmp_path, chunks=3)
+def test_launch_reports_workers_without_capacity_and_keeps_the_others(make_ctx):
+    ctx = make_ctx(chunks=3)
     sky = ScriptedSky(fail_workers=["1"])
     with pytest.raises(LaunchFailed) as failed:
         launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0, 1, 2])
@@ -80,8 +88,8 @@ def test_launch_reports_workers_without_capacity_and_keeps_the_others(tmp_path):
     assert sorted(read_jobs(ctx.store, ctx.layout)[0].current_jobs()) == [0, 2]  # the launched ones are recorded
 
 
-def test_statuses_map_skypilot_records(tmp_path):
-    ctx = make_ctx(tmp_path)
+def test_statuses_map_skypilot_records(make_ctx):
+    ctx = make_ctx()
     sky = ScriptedSky()
     sky.script_job(
         7,
@@ -129,8 +137,8 @@ def ticks(reconciler, n):
     return [reconciler.tick() for _ in range(n)]
 
 
-def test_loop_leaves_skypilots_own_recovery_alone(tmp_path):
-    ctx = make_ctx(tmp_path, chunks=1)
+def test_loop_leaves_skypilots_own_recovery_alone(make_ctx):
+    ctx = make_ctx(chunks=1)
     sky = ScriptedSky(script=["STARTING", "RUNNING", "RECOVERING", "RUNNING", "RUNNING"])
     launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0])
     loop = Reconciler(ctx, SkyPilotLauncher(ctx.spec, sdk=sky))
@@ -142,8 +150,8 @@ def test_loop_leaves_skypilots_own_recovery_alone(tmp_path):
     assert loop.tick().complete
 
 
-def test_loop_relaunches_after_no_resource_and_failures_until_the_budget_is_spent(tmp_path):
-    ctx = make_ctx(tmp_path, chunks=1)
+def test_loop_relaunches_after_no_resource_and_failures_until_the_budget_is_spent(make_ctx):
+    ctx = make_ctx(chunks=1)
     sky = ScriptedSky(script=["FAILED_NO_RESOURCE"])
     launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0])
     events = []
@@ -158,8 +166,8 @@ def test_loop_relaunches_after_no_resource_and_failures_until_the_budget_is_spen
     assert any("ended FAILED_NO_RESOURCE" in e for e in events)
 
 
-def test_loop_relaunches_jobs_cancelled_by_someone_else_but_not_by_orch_cancel(tmp_path):
-    ctx = make_ctx(tmp_path, chunks=1)
+def test_loop_relaunches_jobs_cancelled_by_someone_else_but_not_by_orch_cancel(make_ctx):
+    ctx = make_ctx(chunks=1)
     sky = ScriptedSky(script=["CANCELLED"])
     launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0])
     loop = Reconciler(ctx, SkyPilotLauncher(ctx.spec, sdk=sky))
@@ -170,8 +178,8 @@ def test_loop_relaunches_jobs_cancelled_by_someone_else_but_not_by_orch_cancel(t
     assert report.cancelled and not report.relaunched
 
 
-def test_loop_relaunches_a_succeeded_worker_only_for_chunks_nobody_holds(tmp_path):
-    ctx = make_ctx(tmp_path, chunks=2)
+def test_loop_relaunches_a_succeeded_worker_only_for_chunks_nobody_holds(make_ctx):
+    ctx = make_ctx(chunks=2)
     sky = ScriptedSky(script=["SUCCEEDED"])
     launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0, 1])
     finish(ctx, "part_00000")
@@ -186,8 +194,8 @@ def test_loop_relaunches_a_succeeded_worker_only_for_chunks_nobody_holds(tmp_pat
     assert len(report.relaunched) == 1
 
 
-def test_loop_does_nothing_while_skypilot_cannot_be_asked(tmp_path):
-    ctx = make_ctx(tmp_path, chunks=1)
+def test_loop_does_nothing_while_skypilot_cannot_be_asked(make_ctx):
+    ctx = make_ctx(chunks=1)
     sky = ScriptedSky(script=["FAILED"])
     launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0])
     sky.down = True
@@ -196,11 +204,10 @@ def test_loop_does_nothing_while_skypilot_cannot_be_asked(tmp_path):
     assert len(sky.launched) == 1
 
 
-def test_launch_request_names_and_envs_per_worker(tmp_path):
-    ctx = make_ctx(tmp_path, chunks=2)
+def test_launch_request_names_and_envs_per_worker(make_ctx):
+    ctx = make_ctx(chunks=2)
     sky = ScriptedSky()
     launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [1])
     _, task, name = sky.launched[0]
     assert name == "orch-sky-w1" and task.envs["ORCH_WORKER_LIST"] == "workers/1.txt"
-    assert task.envs["ORCH_STORE"] == "r2://bucket/orch"
-    assert isinstance(LaunchRequest, type)
+    assert task.envs["ORCH_STORE"] == ctx.spec.store  # the URI the cloud machines open, endpoint included

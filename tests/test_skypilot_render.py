@@ -11,8 +11,8 @@ import yaml
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.skypilot_render import load_task, load_template, render_worker_task, to_yaml
 from orchestrator.cli import main
-from orchestrator.errors import BackendError
-from orchestrator.spec import load_spec
+from orchestrator.core.errors import BackendError
+from orchestrator.core.spec import load_spec
 
 GOLDEN = Path(__file__).parent / "golden"
 ROOT = Path(__file__).resolve().parents[1]

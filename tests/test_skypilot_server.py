@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.store import open_store
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.store import open_store
 from tests.support import s3servers
 from tests.support.datasets import write_jsonl
 

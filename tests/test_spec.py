@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import SpecConflict, SpecError
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.spec import freeze_spec, load_spec, read_stored_spec, spec_hash
-from orchestrator.store import open_store
+from orchestrator.core.errors import SpecConflict, SpecError
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.spec import freeze_spec, load_spec, read_stored_spec, spec_hash
+from orchestrator.core.store import open_store
 
 
 def write(tmp_path, text: str, name: str = "orch.yaml"):

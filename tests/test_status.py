@@ -7,14 +7,13 @@ import time
 
 from orchestrator.backends.base import JobState, JobStatus
 from orchestrator.cli import main
-from orchestrator.controller.jobs import JobAttempt, update_jobs
+from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
+from orchestrator.core.protocol.leases import acquire
+from orchestrator.core.records import Heartbeat, JobAttempt, update_jobs
+from orchestrator.core.store import open_store
 from orchestrator.plan import plan_chunks, read_manifest, write_plan
 from orchestrator.pricing import load_gpu_table
-from orchestrator.protocol.heartbeats import HeartbeatPublisher
-from orchestrator.protocol.leases import acquire
-from orchestrator.protocol.records import Heartbeat
 from orchestrator.status import derive_status, gather, render_table
-from orchestrator.store import open_store
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
 

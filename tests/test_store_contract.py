@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from orchestrator.store import InvalidKey, NotFound, PreconditionFailed, StoreError, open_store
-from orchestrator.store.memory import MemoryStore
+from orchestrator.core.store import InvalidKey, NotFound, PreconditionFailed, StoreError, open_store
+from orchestrator.core.store.memory import MemoryStore
 from tests.conftest import make_store_uri
 
 BACKENDS = ["local", "memory", "seaweedfs", "moto"]
@@ -237,7 +237,7 @@ def test_r2_store_endpoint_comes_from_account_id(monkeypatch):
 
 
 def test_memory_store_key_blocks_stay_sorted_under_inserts_and_deletes(monkeypatch):
-    from orchestrator.store.memory import _SortedKeys
+    from orchestrator.core.store.memory import _SortedKeys
 
     monkeypatch.setattr(_SortedKeys, "BLOCK", 4)  # many small blocks: splits and empty blocks happen
     rng, keys, ref = random.Random(1), _SortedKeys(), set()

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from orchestrator.store import PreconditionFailed
-from orchestrator.store.s3 import S3Store
+from orchestrator.core.store import PreconditionFailed
+from orchestrator.core.store.s3 import S3Store
 from tests.support.flaky_proxy import FlakyProxy
 
 pytestmark = pytest.mark.slow

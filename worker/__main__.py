@@ -19,11 +19,11 @@ from typing import Any
 
 import click
 
-from orchestrator.cli import render_error
-from orchestrator.errors import OrchError, RunNotFound
-from orchestrator.protocol.layout import RunLayout, check_worker_id
-from orchestrator.spec import load_spec, read_stored_spec
-from orchestrator.store import open_store
+from orchestrator.core.errors import OrchError, RunNotFound, render_error
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.spec import load_spec, read_stored_spec
+from orchestrator.core.store import open_store
+from orchestrator.core.worker_ids import check_worker_id, planned_list, replica_id
 
 EXIT_STOPPED = 143
 
@@ -67,8 +67,8 @@ def _run_one(run, store_uri, worker, replica, spot, max_chunks, checkpoint_inter
     spec = _spec_from_run(store, run, checkpoint_interval, lease_ttl)
     cloud = _cluster_info()
     identity = WorkerIdentity.new(
-        worker if replica is None else f"{worker}r{replica}",
-        own=int(worker) if worker.isdigit() else None,
+        replica_id(worker, replica),
+        own=planned_list(worker),
         spot=spot,
         cloud=cloud.get("cloud"),
         region=cloud.get("region"),

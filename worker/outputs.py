@@ -9,7 +9,7 @@ An error line (one row failed alone: bad parameters, a prompt longer than the co
                   "body": {"error": {"message", "type", "param", "code"}}}}
 so `line["error"] is not None` tells an error row apart, and the response still reads like the
 HTTP answer the OpenAI API would have given. The `id` is set when the part is written
-(orchestrator.protocol.parts): it names the chunk and row.
+(orchestrator.core.protocol.parts): it names the chunk and row.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from orchestrator.core.lines import BatchError, BatchOutputLine, BatchResponse
 
 if TYPE_CHECKING:
     from worker.requests import EngineRequest
@@ -39,7 +41,7 @@ class Choice:
     logprobs: list[TokenLogprob] | None = None
 
 
-def success_line(request: EngineRequest, choices: list[Choice], prompt_tokens: int, model: str) -> dict[str, Any]:
+def success_line(request: EngineRequest, choices: list[Choice], prompt_tokens: int, model: str) -> BatchOutputLine:
     completion_tokens = sum(c.tokens for c in choices)
     usage = {
         "prompt_tokens": prompt_tokens,
@@ -82,29 +84,21 @@ def success_line(request: EngineRequest, choices: list[Choice], prompt_tokens: i
             ],
             "usage": usage,
         }
-    return {
-        "id": "batch_req",
-        "custom_id": request.custom_id,
-        "response": {"status_code": 200, "request_id": request_id, "body": body},
-        "error": None,
-    }
+    return BatchOutputLine(
+        custom_id=request.custom_id, response=BatchResponse(status_code=200, request_id=request_id, body=body)
+    )
 
 
 def error_line(
     custom_id: str | None, code: str, message: str, *, param: str | None = None, status: int = 400
-) -> dict[str, Any]:
-    request_id = _request_id()
+) -> BatchOutputLine:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return {
-        "id": "batch_req",
-        "custom_id": custom_id,
-        "response": {
-            "status_code": status,
-            "request_id": request_id,
-            "body": {"error": {"message": message, "type": kind, "param": param, "code": code}},
-        },
-        "error": {"code": code, "message": message},
-    }
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return BatchOutputLine(
+        custom_id=custom_id,
+        response=BatchResponse(status_code=status, request_id=_request_id(), body=body),
+        error=BatchError(code=code, message=message),
+    )
 
 
 def _chat_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from orchestrator.spec import SamplingSpec
+from orchestrator.core.spec import SamplingSpec
 from worker.engine.base import RowResult
 from worker.outputs import error_line
 

@@ -32,15 +32,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.protocol.checkpoints import ChunkJob
-from orchestrator.protocol.claims import ChunkClaimer, PlanIndex, RunView
-from orchestrator.protocol.heartbeats import HeartbeatPublisher
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.leases import LeaseKeeper, LeaseLost
-from orchestrator.protocol.parts import part_codec
-from orchestrator.protocol.records import Heartbeat, ManifestEntry, PlanRecord, parse_record, read_jsonl
-from orchestrator.spec import RunSpec, spec_hash
-from orchestrator.store import NotFound, Store
+from orchestrator.core.protocol.checkpoints import ChunkJob
+from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView
+from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
+from orchestrator.core.protocol.parts import part_codec
+from orchestrator.core.records import Heartbeat, ManifestEntry, PlanRecord, parse_record, read_jsonl
+from orchestrator.core.spec import RunSpec, spec_hash
+from orchestrator.core.store import NotFound, Store
 from worker.engine.base import Engine, RowResult
 from worker.progress import ProgressReporter
 from worker.requests import EngineRequest, parse_request
@@ -286,45 +286,34 @@ class Worker:
 
     def _open_next(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> _Active | None:
         """Step 1 and 2: take the next chunk's lease and resume it."""
-        while not self._shutdown_requested:
-            if self.max_chunks is not None and self._opened >= self.max_chunks:
-                return None
-            held = claimer.next_chunk(working_on=self._active.keys())
-            if held is None:
-                return None
-            entry = entries[held.chunk]
-            keeper = LeaseKeeper(self.store, self.layout, held, ttl=self.settings.lease_ttl, clock=self.clock)
-            if self.store.head(self.layout.done(entry.chunk)) is not None:
-                self.store.delete(self.layout.lease(entry.chunk))  # finished by someone else meanwhile
-                continue
-            with self._lock:
-                self._keepers[entry.chunk] = keeper  # renewed in the background from here on
-            try:
-                self._engine_loaded()  # the first time: once we know there is work
-                job = ChunkJob(
-                    self.store,
-                    self.layout,
-                    keeper,
-                    part_codec(self.settings.output_format, entry.chunk),
-                    self.clock,
-                    chunk_rows=entry.rows,
-                )
-                point = job.resume()
-            except BaseException:
-                self._drop(entry.chunk)
-                with contextlib.suppress(Exception):
-                    keeper.release()
-                raise
-            active = _Active(entry, job, keeper, last_flush=self.clock(), skip=point.done_rows)
-            with self._lock:
-                self._active[entry.chunk] = active
-                self.totals.chunk, self.totals.chunk_rows = entry.chunk, entry.rows
-                self.totals.chunk_rows_done = len(point.done_rows)
-            self._opened += 1
-            self._publish(state="running")
-            self.progress.start_chunk(entry.chunk, entry.rows, len(point.done_rows))
-            return active
-        return None
+        if self._shutdown_requested or (self.max_chunks is not None and self._opened >= self.max_chunks):
+            return None
+        held = claimer.next_chunk(working_on=self._active.keys())
+        if held is None:
+            return None
+        entry = entries[held.chunk]
+        keeper = LeaseKeeper(self.store, self.layout, held, ttl=self.settings.lease_ttl, clock=self.clock)
+        with self._lock:
+            self._keepers[entry.chunk] = keeper  # renewed in the background from here on
+        try:
+            self._engine_loaded()  # the first time: once we know there is work
+            codec = part_codec(self.settings.output_format, entry.chunk)
+            job = ChunkJob(self.store, self.layout, keeper, codec, self.clock, chunk_rows=entry.rows)
+            point = job.resume()
+        except BaseException:
+            self._drop(entry.chunk)
+            with contextlib.suppress(Exception):
+                keeper.release()
+            raise
+        active = _Active(entry, job, keeper, last_flush=self.clock(), skip=point.done_rows)
+        with self._lock:
+            self._active[entry.chunk] = active
+            self.totals.chunk, self.totals.chunk_rows = entry.chunk, entry.rows
+            self.totals.chunk_rows_done = len(point.done_rows)
+        self._opened += 1
+        self._publish(state="running")
+        self.progress.start_chunk(entry.chunk, entry.rows, len(point.done_rows))
+        return active
 
     def _route(self, finished: list[RowResult]) -> None:
         """Finished rows to the buffers of their chunks (rows of a chunk we lost are dropped)."""
@@ -471,7 +460,7 @@ class Worker:
         try:
             return read_jsonl(ManifestEntry, self.store.get(self.layout.manifest).data, self.layout.manifest)
         except NotFound:
-            from orchestrator.errors import RunNotFound
+            from orchestrator.core.errors import RunNotFound
 
             raise RunNotFound(
                 f"run {self.layout.run!r} has no manifest in {self.store.uri}", hint="run `orch prepare` first"
@@ -481,7 +470,7 @@ class Worker:
         try:
             return parse_record(PlanRecord, self.store.get(self.layout.plan).data, self.layout.plan)
         except NotFound:
-            from orchestrator.errors import RunNotFound
+            from orchestrator.core.errors import RunNotFound
 
             raise RunNotFound(
                 f"run {self.layout.run!r} has no plan in {self.store.uri}", hint="run `orch plan` first"

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from orchestrator.errors import BackendError
+from orchestrator.core.errors import BackendError
 
 
 class JobState(str, enum.Enum):

@@ -21,9 +21,16 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from orchestrator import orch_home
 from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, LaunchRequest
+from orchestrator.core.spec import RunSpec
 
 _STOPPED_CODES = {130, 143}
+
+
+def local_log_dir(spec: RunSpec) -> Path:
+    """Worker logs of the local backend: ORCH_HOME (default ./.orch) / logs / <run>."""
+    return orch_home() / "logs" / spec.layout.run
 
 
 def default_worker_python() -> str:

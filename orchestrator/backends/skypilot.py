@@ -15,8 +15,8 @@ from typing import Any
 
 from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, LaunchRequest
 from orchestrator.backends.skypilot_render import load_task, load_template, render_worker_task, to_yaml
-from orchestrator.errors import BackendError
-from orchestrator.spec import RunSpec
+from orchestrator.core.errors import BackendError
+from orchestrator.core.spec import RunSpec
 
 #: What `status` shows of each job; queue_v2's default fields leave out cloud, region and reasons.
 QUEUE_FIELDS = [

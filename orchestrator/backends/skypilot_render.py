@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 
 from orchestrator.backends.base import LaunchRequest
-from orchestrator.errors import BackendError
-from orchestrator.spec import RunSpec
+from orchestrator.core.errors import BackendError
+from orchestrator.core.spec import RunSpec
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "task_templates" / "worker.yaml"
 

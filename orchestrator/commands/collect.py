@@ -6,34 +6,7 @@ import json
 
 import click
 
-from orchestrator.cli import Invocation, common_options
-
-
-def print_report(report) -> None:
-    r = report
-    click.echo(
-        f"wrote {r.rows_written:,} of {r.rows_total:,} rows to {r.out} ({r.format}); "
-        f"{r.chunks_complete}/{r.chunks_total} chunks complete"
-    )
-    if r.errors:
-        click.echo(click.style(f"{r.errors:,} error row(s)", fg="yellow") + f", e.g. {', '.join(r.examples['errors'])}")
-    if r.missing or r.missing_chunks:
-        click.echo(
-            click.style(f"{r.missing:,} row(s) missing", fg="red")
-            + (
-                f" (chunks without a marker: {', '.join(r.missing_chunks[:10])}"
-                f"{' ...' if len(r.missing_chunks) > 10 else ''})"
-                if r.missing_chunks
-                else ""
-            )
-        )
-    if r.duplicates or r.mismatched:
-        click.echo(click.style(f"{r.duplicates} duplicate and {r.mismatched} mismatched line(s) left out", fg="red"))
-    if r.retry_out:
-        click.echo(
-            f"{r.retry_rows:,} failed or missing request(s) written to {r.retry_out} "
-            "(orch prepare it with --format openai-batch to retry)"
-        )
+from orchestrator.commands.shared import Invocation, common_options, print_collect_report
 
 
 @click.command("collect")
@@ -51,14 +24,14 @@ def print_report(report) -> None:
 def collect_command(inv: Invocation, out, fmt, retry_out, allow_partial, as_json):
     """Merge outputs into one file in input order; check every custom_id appears exactly once."""
     from orchestrator.collect import collect
-    from orchestrator.errors import IncompleteRun
+    from orchestrator.core.errors import IncompleteRun
 
     ctx = inv.context()
     report = collect(ctx.store, ctx.layout, out, fmt=fmt, retry_out=retry_out)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:
-        print_report(report)
+        print_collect_report(report)
     if not report.complete and not allow_partial:
         raise IncompleteRun(
             f"run {ctx.layout.run!r} is incomplete: {report.missing:,} row(s) missing",

@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import click
 
-from orchestrator.cli import Invocation, common_options
-
-
-def backend_option(func):
-    return click.option(
-        "--backend",
-        type=click.Choice(["local", "skypilot"]),
-        default=None,
-        help="where workers run (default: the spec's backend, local)",
-    )(func)
-
-
-def _flags(inv: Invocation, **more: Any) -> Invocation:
-    flags = dict(inv.flags)
-    flags.update({k: v for k, v in more.items() if v is not None})
-    return Invocation(inv.spec_file, flags)
+from orchestrator.commands.shared import backend_option, common_options, follow_run, require_model
 
 
 @click.command("launch")
@@ -40,14 +22,13 @@ def _flags(inv: Invocation, **more: Any) -> Invocation:
 @click.option("--interval", type=float, default=10.0, show_default=True, help="seconds between checks with --follow")
 def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_run, out_dir, follow, interval):
     """Launch one worker per planned list (never a second copy of a live worker)."""
-    from orchestrator.controller import backend_for
+    from orchestrator.backends import backend_for
     from orchestrator.controller.launch import launch_workers
     from orchestrator.controller.planning import ensure_plan
 
     if spot_only and on_demand_only:
         raise click.UsageError("--spot and --on-demand together mean both: leave both out for that")
-    inv = _flags(
-        inv,
+    inv = inv.with_flags(
         backend=("skypilot" if dry_run and backend is None else backend),
         **{
             "workers.count": workers,
@@ -57,7 +38,7 @@ def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_r
         },
     )
     ctx = inv.context(freeze=True)
-    _require_model(ctx)
+    require_model(ctx)
     plan = ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo)
     if dry_run:
         from orchestrator.controller.launch import dry_run_requests
@@ -69,7 +50,7 @@ def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_r
             click.echo(str(path))
         click.echo(f"{len(paths)} task file(s) written; nothing launched.")
         return 0
-    launcher = backend_for(ctx.spec)
+    launcher = backend_for(ctx)
     launched = launch_workers(ctx, launcher, [a.worker for a in plan.workers])
     skipped = len(plan.workers) - len(launched)
     for worker, job_id in sorted(launched.items()):
@@ -77,7 +58,7 @@ def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_r
     if skipped:
         click.echo(f"{skipped} worker(s) already running: not launched again.")
     if follow:
-        return _watch(ctx, launcher, interval)
+        return follow_run(ctx, launcher, interval)
     return 0
 
 
@@ -116,9 +97,9 @@ def watch_command(inv, backend, interval, retries, deadline, budget, max_on_dema
 
     Exits 0 when the run is complete, non-zero when the retry budget is spent with work left.
     """
-    from orchestrator.controller import backend_for
+    from orchestrator.backends import backend_for
 
-    ctx = _flags(inv, backend=backend).context()
+    ctx = inv.with_flags(backend=backend).context()
     settings = None
     if budget is not None and deadline is None:
         raise click.BadParameter("--budget goes with --deadline", param_hint="--budget")
@@ -133,7 +114,7 @@ def watch_command(inv, backend, interval, retries, deadline, budget, max_on_dema
             max_on_demand=max_on_demand if max_on_demand is not None else ctx.spec.workers.count,
             commit_margin_s=ctx.spec.workers.lease_ttl + interval,
         )
-    return _watch(ctx, backend_for(ctx.spec), interval, retries, deadline=settings)
+    return follow_run(ctx, backend_for(ctx), interval, retries, deadline=settings)
 
 
 @click.command("resume")
@@ -143,13 +124,13 @@ def watch_command(inv, backend, interval, retries, deadline, budget, max_on_dema
 @click.option("--interval", type=float, default=10.0, show_default=True)
 def resume_command(inv, backend, follow, interval):
     """Relaunch just the workers the remaining chunks need, from the markers in the store."""
-    from orchestrator.controller import backend_for
+    from orchestrator.backends import backend_for
     from orchestrator.controller.launch import launch_workers
     from orchestrator.controller.planning import workers_needed
 
-    ctx = _flags(inv, backend=backend).context()
-    _require_model(ctx)
-    launcher = backend_for(ctx.spec)
+    ctx = inv.with_flags(backend=backend).context()
+    require_model(ctx)
+    launcher = backend_for(ctx)
     needed, remaining = workers_needed(ctx)
     if not remaining:
         click.echo("every chunk has a marker: nothing to resume (orch collect gives the output)")
@@ -160,7 +141,7 @@ def resume_command(inv, backend, follow, interval):
         f"{', '.join(str(w) for w in sorted(launched)) or 'none (all needed workers are live)'}"
     )
     if follow:
-        return _watch(ctx, launcher, interval)
+        return follow_run(ctx, launcher, interval)
     return 0
 
 
@@ -169,77 +150,21 @@ def resume_command(inv, backend, follow, interval):
 @backend_option
 def cancel_command(inv, backend):
     """Stop every worker of the run (finished rows are flushed; `orch resume` continues later)."""
-    from orchestrator.controller import backend_for
-    from orchestrator.controller.jobs import update_jobs
+    from orchestrator.backends import backend_for
+    from orchestrator.core.records import update_jobs
 
-    ctx = _flags(inv, backend=backend).context()
+    ctx = inv.with_flags(backend=backend).context()
     record = update_jobs(ctx.store, ctx.layout, lambda rec: setattr(rec, "cancelled", True))
     job_ids = [a.job_id for a in record.current_jobs().values()]
     if not job_ids:
         click.echo("no workers were launched for this run")
         return 0
-    launcher = backend_for(ctx.spec, record.backend)
+    launcher = backend_for(ctx, record.backend)
     live = [j for j, s in launcher.statuses(job_ids).items() if s.state.is_live()]
     launcher.cancel(live)
     # The record says cancelled (written first): `orch watch` will not relaunch these jobs.
     click.echo(f"cancelled {len(live)} live job(s) of run {ctx.layout.run!r}")
     return 0
-
-
-def _watch(ctx, launcher, interval: float, retries: int | None = None, deadline=None) -> int:
-    """Reconcile until complete. On a terminal the run's status is redrawn in place each tick;
-    otherwise (logs, CI) one line per tick. Relaunch events are printed either way."""
-    from orchestrator.commands.status import current_status
-    from orchestrator.controller.reconcile import Reconciler, watch
-    from orchestrator.errors import IncompleteRun
-    from orchestrator.status import render_table
-
-    live_view = sys.stdout.isatty()
-    events: list[str] = []
-
-    def event(message: str) -> None:
-        events.append(f"{time.strftime('%H:%M:%S')} {message}")
-        if not live_view:
-            click.echo(events[-1])
-
-    def tick(report) -> None:
-        if live_view:
-            view = render_table(current_status(ctx, launcher=launcher))
-            recent = "\n".join(events[-8:])
-            click.echo("\x1b[H\x1b[2J" + view + (f"\n\nevents:\n{recent}" if recent else ""))
-        else:
-            click.echo(
-                f"{time.strftime('%H:%M:%S')} chunks {report.chunks_done}/{report.chunks_total} done, "
-                f"{report.live} worker(s) running"
-            )
-
-    reconciler = Reconciler(ctx, launcher, retries=retries, on_event=event, deadline=deadline)
-    report = watch(reconciler, interval=interval, on_tick=tick)
-    if report.complete:
-        click.echo(f"run {ctx.layout.run!r} complete: {report.chunks_total} chunks done")
-        return 0
-    if report.cancelled:
-        raise IncompleteRun(
-            f"run {ctx.layout.run!r} was cancelled with {report.chunks_total - report.chunks_done} chunk(s) left",
-            hint="orch resume --follow continues it",
-        )
-    details = "\n  ".join(f"worker {w}: {why}" for w, why in sorted(report.exhausted.items()))
-    if report.decision is not None and report.decision.action == "budget":
-        details = "\n  ".join(x for x in (details, report.decision.reason) if x)
-    raise IncompleteRun(
-        f"run {ctx.layout.run!r} stopped with {report.chunks_total - report.chunks_done} chunk(s) left"
-        + (f":\n  {details}" if details else ""),
-        hint="see the worker logs (orch status shows the jobs), fix the cause, then `orch resume --follow`",
-    )
-
-
-def _require_model(ctx) -> None:
-    from orchestrator.errors import SpecError
-
-    if not ctx.spec.model.name:
-        raise SpecError(
-            "no model", hint="pass --model PATH_OR_HUB_ID, or set model.name in orch.yaml", where="model.name"
-        )
 
 
 def register(cli: click.Group) -> None:

@@ -6,58 +6,7 @@ import json
 
 import click
 
-from orchestrator.cli import Invocation, common_options
-
-
-def input_options(func):
-    for option in reversed(
-        [
-            click.option(
-                "--format",
-                "fmt",
-                type=click.Choice(["openai-batch", "completion", "chat", "text"]),
-                default=None,
-                help="how rows become requests (default: the spec's, chat)",
-            ),
-            click.option("--num-chunks", type=int, default=None, help="split into this many chunks"),
-            click.option("--rows-per-chunk", type=int, default=None, help="...or into chunks of this many rows"),
-            click.option("--id-column", default=None, help="column with a stable id, used as custom_id"),
-            click.option(
-                "--turns",
-                type=click.Choice(["first", "all"]),
-                default=None,
-                help="chat: the first user turn, or everything up to the last user turn",
-            ),
-            click.option("--conversation-column", default=None, help="chat: the column of role/content turns"),
-            click.option("--text-column", default=None, help="text: the column to fill the template with"),
-            click.option("--template", default=None, help="text: a str.format template, e.g. 'Summarise: {text}'"),
-            click.option("--system-prompt", default=None, help="chat/text: a system message put first"),
-        ]
-    ):
-        func = option(func)
-    return func
-
-
-def input_flags(
-    fmt, num_chunks, rows_per_chunk, id_column, turns, conversation_column, text_column, template, system_prompt
-) -> dict:
-    flags = {
-        "input.format": fmt,
-        "input.id_column": id_column,
-        "input.turns": turns,
-        "input.conversation_column": conversation_column,
-        "input.text_column": text_column,
-        "input.template": template,
-        "input.system_prompt": system_prompt,
-    }
-    flags = {k: v for k, v in flags.items() if v is not None}
-    if num_chunks is not None and rows_per_chunk is not None:
-        raise click.UsageError("--num-chunks and --rows-per-chunk: choose one")
-    if num_chunks is not None:
-        flags.update({"chunking.num_chunks": num_chunks, "chunking.rows_per_chunk": None})
-    if rows_per_chunk is not None:
-        flags.update({"chunking.rows_per_chunk": rows_per_chunk, "chunking.num_chunks": None})
-    return flags
+from orchestrator.commands.shared import Invocation, common_options, input_flags, input_options
 
 
 @click.command("prepare")
@@ -141,10 +90,10 @@ def plan_command(inv: Invocation, workers, as_json, with_estimate):
 
 def run_estimate(ctx, manifest):
     """The estimate for this run as it stands: finished chunks' stats replace the table's speeds."""
+    from orchestrator.core.protocol.checkpoints import read_chunk_stats
+    from orchestrator.core.protocol.snapshot import list_done
     from orchestrator.estimate import estimate
     from orchestrator.pricing import load_gpu_table
-    from orchestrator.protocol.checkpoints import read_chunk_stats
-    from orchestrator.protocol.snapshot import list_done
 
     return estimate(
         load_gpu_table(),

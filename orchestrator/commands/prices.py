@@ -27,7 +27,7 @@ def prices_command(refresh, clouds, prices_path):
     The table in use: --prices FILE or ORCH_PRICES, else the one `orch prices --refresh` last
     wrote (ORCH_HOME/prices.yaml, ORCH_HOME default ./.orch), else orch's built-in dated table.
     """
-    from orchestrator.errors import BackendError
+    from orchestrator.core.errors import BackendError
     from orchestrator.pricing import load_gpu_table, refreshed_table_path, render_gpu_table
 
     table = load_gpu_table(prices_path)

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.cli import Invocation, common_options
-from orchestrator.commands.prepare import input_flags, input_options
+from orchestrator.commands.shared import (
+    Invocation,
+    common_options,
+    follow_run,
+    input_flags,
+    input_options,
+    print_collect_report,
+    require_model,
+)
 
 
 @click.command("run")
@@ -23,13 +30,11 @@ def run_command(inv: Invocation, sources, workers, backend, out, retry_out, inte
 
     Every step is idempotent: running the same command again picks up where it stopped.
     """
+    from orchestrator.backends import backend_for
     from orchestrator.collect import collect
-    from orchestrator.commands.collect import print_report
-    from orchestrator.commands.lifecycle import _require_model, _watch
-    from orchestrator.controller import backend_for
     from orchestrator.controller.launch import launch_workers
     from orchestrator.controller.planning import ensure_plan, workers_needed
-    from orchestrator.errors import IncompleteRun
+    from orchestrator.core.errors import IncompleteRun
     from orchestrator.prepare import prepare_run
 
     flags = {**inv.flags, **input_flags(**input_args)}
@@ -38,7 +43,7 @@ def run_command(inv: Invocation, sources, workers, backend, out, retry_out, inte
     if backend is not None:
         flags["backend"] = backend
     ctx = Invocation(inv.spec_file, flags).context(freeze=True)
-    _require_model(ctx)
+    require_model(ctx)
     # 1. prepare (a no-op when already prepared)
     report = prepare_run(ctx, list(sources), strict=strict, progress=lambda s: click.echo(s, err=True))
     click.echo(
@@ -49,15 +54,15 @@ def run_command(inv: Invocation, sources, workers, backend, out, retry_out, inte
     # 2. plan, 3. launch the workers the remaining chunks need
     ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo)
     needed, remaining = workers_needed(ctx)
-    launcher = backend_for(ctx.spec)
+    launcher = backend_for(ctx)
     if remaining:
         launched = launch_workers(ctx, launcher, needed)
         click.echo(f"launched {len(launched)} worker(s) on the {launcher.name} backend")
         # 4. watch until every chunk has a marker
-        _watch(ctx, launcher, interval)
+        follow_run(ctx, launcher, interval)
     # 5. collect
     result = collect(ctx.store, ctx.layout, out, retry_out=retry_out)
-    print_report(result)
+    print_collect_report(result)
     if not result.complete:
         raise IncompleteRun(f"run {ctx.layout.run!r}: {result.missing:,} row(s) missing", hint="orch resume --follow")
     return 0

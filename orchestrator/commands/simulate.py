@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import click
 
-from orchestrator.cli import Invocation, common_options
+from orchestrator.commands.shared import Invocation, common_options
 
 
 @click.command("simulate")

@@ -8,30 +8,7 @@ import time
 
 import click
 
-from orchestrator.cli import Invocation, common_options
-
-
-def current_status(ctx, prices_path: str | None = None, launcher=None):
-    """The run's status, asking the backend that launched its workers (if any did)."""
-    from orchestrator.controller import backend_for
-    from orchestrator.controller.jobs import read_jobs
-    from orchestrator.pricing import load_gpu_table
-    from orchestrator.status import status_of
-
-    if launcher is None:
-        record, _ = read_jobs(ctx.store, ctx.layout)
-        launcher = backend_for(ctx.spec, record.backend) if record.backend else None
-    return status_of(
-        ctx.store,
-        ctx.layout,
-        launcher,
-        now=time.time(),
-        prices=load_gpu_table(prices_path),
-        heartbeat_interval=ctx.spec.workers.heartbeat_interval,
-        default_spot=ctx.spec.resources.spot,
-        gpus=ctx.spec.resources.gpus,
-        workers_planned=ctx.spec.workers.count,
-    )
+from orchestrator.commands.shared import Invocation, common_options, current_status
 
 
 @click.command("status")

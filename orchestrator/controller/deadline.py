@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from orchestrator.errors import SpecError
+from orchestrator.core.errors import SpecError
 from orchestrator.estimate import RESTART_OVERHEAD_S
 
 Mode = Literal["complete", "critical", "behind", "on-line", "ahead"]

@@ -15,15 +15,14 @@ Each round:
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 
 from orchestrator.backends.base import JobState, JobStatus, Launcher
-from orchestrator.context import RunContext
 from orchestrator.controller.deadline import DeadlineSettings, Decision, FleetState, OnDemandWorker, decide
-from orchestrator.controller.jobs import JobsRecord, update_jobs
 from orchestrator.controller.launch import launch_workers
+from orchestrator.core.context import RunContext
+from orchestrator.core.records import DecisionRecord, JobsRecord, update_jobs
 from orchestrator.estimate import throughput
 from orchestrator.pricing import GpuTable, load_gpu_table
 from orchestrator.status import RunStatus, derive_status, gather
@@ -150,11 +149,8 @@ class DeadlineControl:
 
     def log(self, decision: Decision) -> None:
         now = self.clock()
-        doc = {
-            "at": now,
-            "deadline_s": self.settings.deadline_s,
-            "budget_usd": self.settings.budget_usd,
-            **decision.to_dict(),
-        }
-        self.ctx.store.put(self.ctx.layout.decision(now), json.dumps(doc).encode())
+        record = DecisionRecord(
+            at=now, deadline_s=self.settings.deadline_s, budget_usd=self.settings.budget_usd, **decision.to_dict()
+        )
+        self.ctx.store.put(self.ctx.layout.decision(now), record.to_bytes())
         self.on_event(f"deadline [{decision.mode}] {decision.action}: {decision.reason}")

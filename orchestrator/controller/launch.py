@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from orchestrator.backends.base import JobStatus, Launcher, LaunchFailed, LaunchRequest
-from orchestrator.context import RunContext
-from orchestrator.controller.jobs import JobAttempt, JobsRecord, read_jobs, update_jobs
+from orchestrator.core.context import RunContext
+from orchestrator.core.records import JobAttempt, JobsRecord, read_jobs, update_jobs
 
 #: Passed to workers as secrets when set here: never written to a file, a log or the store.
 SECRET_NAMES = (
@@ -25,10 +25,8 @@ PASSTHROUGH_NAMES = ("ORCH_S3_ENDPOINT_URL", "R2_ENDPOINT_URL", "AWS_DEFAULT_REG
 
 
 def worker_envs(ctx: RunContext, worker: int, env: Mapping[str, str]) -> dict[str, str]:
-    store = ctx.spec.store
-    if "://" not in store or store.startswith("file://"):
-        # A local store is shared with local workers only; give them a path that needs no cwd.
-        store = os.path.abspath(store.removeprefix("file://"))
+    # A store on this machine is shared with local workers only: its absolute path needs no cwd.
+    store = ctx.spec.store if ctx.store.shared else ctx.store.uri
     envs = {
         "ORCH_RUN": ctx.layout.run,
         "ORCH_STORE": store,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from orchestrator.context import RunContext
+from orchestrator.core.context import RunContext
+from orchestrator.core.protocol.snapshot import list_done
+from orchestrator.core.records import PlanRecord
 from orchestrator.plan import plan_chunks, read_manifest, read_plan, write_plan
-from orchestrator.protocol.records import PlanRecord
-from orchestrator.protocol.snapshot import list_done
 
 
 def ensure_plan(ctx: RunContext, workers: int, echo: Callable[[str], None] = lambda _line: None) -> PlanRecord:

@@ -20,16 +20,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.backends.base import JobState, JobStatus, Launcher, LaunchFailed
-from orchestrator.context import RunContext
 from orchestrator.controller.deadline import DeadlineSettings, Decision
 from orchestrator.controller.deadline_control import DeadlineControl
-from orchestrator.controller.jobs import JobsRecord, read_jobs, update_jobs
 from orchestrator.controller.launch import launch_workers
-from orchestrator.errors import BackendError
+from orchestrator.core.context import RunContext
+from orchestrator.core.errors import BackendError
+from orchestrator.core.protocol.leases import read_lease
+from orchestrator.core.protocol.snapshot import RunSnapshot, take_snapshot
+from orchestrator.core.records import JobsRecord, ManifestEntry, read_jobs, read_jsonl, update_jobs
 from orchestrator.pricing import GpuTable
-from orchestrator.protocol.leases import read_lease
-from orchestrator.protocol.records import ManifestEntry, read_jsonl
-from orchestrator.protocol.snapshot import RunSnapshot, take_snapshot
 
 Event = Callable[[str], None]
 

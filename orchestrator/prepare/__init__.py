@@ -19,8 +19,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.context import RunContext
-from orchestrator.errors import InputError
+from orchestrator.core.context import RunContext
+from orchestrator.core.errors import InputError
+from orchestrator.core.protocol.layout import chunk_id
+from orchestrator.core.records import ManifestEntry, PrepareError, PrepareRecord, read_record, write_jsonl
+from orchestrator.core.spec import ChunkingSpec, InputSpec
 from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
 from orchestrator.prepare.sources import (
     RawRow,
@@ -30,10 +33,6 @@ from orchestrator.prepare.sources import (
     parquet_first_user_turns,
     resolve_sources,
 )
-from orchestrator.protocol.layout import chunk_id
-from orchestrator.protocol.records import ManifestEntry, write_jsonl
-from orchestrator.spec import ChunkingSpec, InputSpec
-from orchestrator.store import NotFound
 
 Progress = Callable[[str], None]
 _EXCERPT = 200
@@ -129,38 +128,38 @@ def prepare_run(
     store.put(layout.manifest, write_jsonl(entries))
     store.put(layout.metadata, "".join(f"{e.key}\n" for e in entries).encode())
     rows = sum(e.rows for e in entries)
-    record = {
-        "identity": identity,
-        "chunks": len(entries),
-        "rows": rows,
-        "errors": errors.count,
-        "errors_key": errors_key,
-        "first_errors": errors.first,
-        "created_at": time.time(),
-    }
-    store.put(layout.prepare_record, json.dumps(record, indent=1).encode())
+    record = PrepareRecord(
+        identity=identity,
+        chunks=len(entries),
+        rows=rows,
+        errors=errors.count,
+        errors_key=errors_key,
+        first_errors=errors.first,
+        created_at=time.time(),
+    )
+    store.put(layout.prepare_record, record.to_bytes())
     return PrepareReport(
         layout.run, len(entries), rows, errors.count, errors_key, False, time.monotonic() - started, errors.first
     )
 
 
-def _already_prepared(ctx: RunContext, done: dict[str, Any], identity: dict[str, Any], started: float) -> PrepareReport:
+def _already_prepared(ctx: RunContext, done: PrepareRecord, identity: dict[str, Any], started: float) -> PrepareReport:
     """The report of a prepare that already happened, if it was of the same input; refused otherwise."""
-    if done.get("identity") != identity:
+    if done.identity != identity:
         raise InputError(
-            f"run {ctx.layout.run!r} was prepared from other inputs ({_describe(done['identity'])})",
+            f"run {ctx.layout.run!r} was prepared from other inputs ({_describe(done.identity)})",
             where=ctx.layout.prepare_record,
             hint="use a new --run name for different data",
         )
     return PrepareReport(
         ctx.layout.run,
-        done["chunks"],
-        done["rows"],
-        done["errors"],
-        done.get("errors_key"),
+        done.chunks,
+        done.rows,
+        done.errors,
+        done.errors_key,
         True,
         time.monotonic() - started,
-        done.get("first_errors", []),
+        done.first_errors,
     )
 
 
@@ -179,11 +178,9 @@ def _rows(source: SourceFile, spec_input: InputSpec, columns: list[str] | None) 
     return iter_rows(source, columns)
 
 
-def _existing_record(ctx: RunContext) -> dict[str, Any] | None:
-    try:
-        return json.loads(ctx.store.get(ctx.layout.prepare_record).data)
-    except NotFound:
-        return None
+def _existing_record(ctx: RunContext) -> PrepareRecord | None:
+    found = read_record(ctx.store, ctx.layout.prepare_record, PrepareRecord)
+    return found[0] if found is not None else None
 
 
 def _describe(identity: dict[str, Any]) -> str:
@@ -274,13 +271,9 @@ class _ErrorWriter:
         self.count += 1
         if len(self.first) < self.SHOWN:
             self.first.append(f"{source.uri}:{number}: {problem}")
-        line = {
-            "source": source.uri,
-            "line" if source.kind != "parquet" else "row": number,
-            "error": problem,
-            "excerpt": raw[:_EXCERPT],
-        }
-        self.file.write(json.dumps(line, ensure_ascii=False) + "\n")
+        at = {"row": number} if source.kind == "parquet" else {"line": number}
+        record = PrepareError(source=source.uri, error=problem, excerpt=raw[:_EXCERPT], **at)
+        self.file.write(record.model_dump_json(exclude_none=True) + "\n")
 
     def upload(self, ctx: RunContext) -> str | None:
         self.file.close()

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.spec import InputSpec, SamplingSpec
+from orchestrator.core.spec import InputSpec, SamplingSpec
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETION_URL = "/v1/completions"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
-from orchestrator.errors import InputError
+from orchestrator.core.errors import InputError
 
 SUFFIXES = (".jsonl.gz", ".jsonl", ".parquet")
 #: Parquet rows are read this many at a time: memory stays bounded whatever the file's size.
@@ -217,7 +217,7 @@ def _is_remote(source: str) -> bool:
 
 def _bucket_store(source: str):
     """A store at the bucket's root, with the endpoint settings of the URI (query or environment)."""
-    from orchestrator.store.s3 import from_uri
+    from orchestrator.core.store.s3 import from_uri
 
     parsed = urlparse(source)
     query = f"?{parsed.query}" if parsed.query else ""

@@ -33,17 +33,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.controller.deadline import DeadlineSettings, Decision, FleetState, OnDemandWorker, decide
+from orchestrator.core.protocol.checkpoints import ChunkJob, RowStat
+from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RescuePolicy, RunView
+from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
+from orchestrator.core.records import Heartbeat, ManifestEntry, PlanRecord, WorkerAssignment
+from orchestrator.core.store.memory import MemoryStore
 from orchestrator.plan import contiguous_split, plan_chunks
 from orchestrator.pricing import GpuTable
-from orchestrator.protocol.checkpoints import ChunkJob, RowStat
-from orchestrator.protocol.claims import ChunkClaimer, PlanIndex, RescuePolicy, RunView
-from orchestrator.protocol.heartbeats import HeartbeatPublisher
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.leases import LeaseKeeper, LeaseLost
-from orchestrator.protocol.records import Heartbeat, ManifestEntry, PlanRecord, WorkerAssignment
 from orchestrator.simulate.config import SimConfig
 from orchestrator.simulate.traces import Trace
-from orchestrator.store.memory import MemoryStore
 
 
 class SimClock:
@@ -313,15 +313,10 @@ class Fleet:
 
     def _claim(self, w: SimWorker) -> None:
         assert w.claimer is not None and w.heartbeat is not None
-        while True:
-            held = w.claimer.next_chunk()
-            if held is None:
-                self._exit(w)
-                return
-            if self.store.head(self.layout.done(held.chunk)) is not None:
-                self.store.delete(self.layout.lease(held.chunk))
-                continue
-            break
+        held = w.claimer.next_chunk()
+        if held is None:
+            self._exit(w)
+            return
         keeper = LeaseKeeper(self.store, self.layout, held, ttl=self.config.lease_ttl_s, clock=self.clock)
         job = ChunkJob(self.store, self.layout, keeper, UnitCodec(), self.clock, chunk_rows=self.units[held.chunk])
         point = job.resume()

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.errors import SpecError
+from orchestrator.core.errors import SpecError
 
 
 class _Strict(BaseModel):

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from orchestrator.protocol.checkpoints import ChunkJob, IncompleteChunk, RowStat, load_resume_point
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.leases import LeaseKeeper, LeaseLost, acquire
-from orchestrator.protocol.records import DoneMarker
-from orchestrator.store import open_store
-from orchestrator.store.memory import MemoryStore
+from orchestrator.core.protocol.checkpoints import ChunkJob, IncompleteChunk, RowStat, load_resume_point
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost, acquire
+from orchestrator.core.records import DoneMarker
+from orchestrator.core.store import open_store
+from orchestrator.core.store.memory import MemoryStore
 
 L = RunLayout("r")
 
@@ -20,7 +21,7 @@ class JsonCodec:
     ext = "jsonl"
 
     def encode(self, rows):
-        return b"".join(json.dumps(r._asdict()).encode() + b"\n" for r in rows)
+        return b"".join(json.dumps(dataclasses.asdict(r)).encode() + b"\n" for r in rows)
 
     def decode(self, data):
         return [RowStat(**json.loads(line)) for line in data.splitlines()]

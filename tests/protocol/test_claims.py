@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from orchestrator.protocol.claims import (
+from orchestrator.core.protocol.claims import (
     ChunkClaimer,
     PlanIndex,
     RescuePolicy,
@@ -12,11 +12,11 @@ from orchestrator.protocol.claims import (
     expired_lease_chunks,
     pick_rescue,
 )
-from orchestrator.protocol.heartbeats import HeartbeatPublisher, read_heartbeats
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.leases import acquire
-from orchestrator.protocol.records import Heartbeat, PlanRecord, WorkerAssignment
-from orchestrator.store.memory import MemoryStore
+from orchestrator.core.protocol.heartbeats import HeartbeatPublisher, read_heartbeats
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.leases import acquire
+from orchestrator.core.records import Heartbeat, HeartbeatSummary, PlanRecord, WorkerAssignment
+from orchestrator.core.store.memory import MemoryStore
 
 L = RunLayout("r")
 
@@ -94,8 +94,9 @@ def test_claim_learns_finished_chunks_incrementally():
         finish(store, chunk, t=5.0)
     store.requests.reset()
     assert c.next_chunk().chunk == "a2"  # list 0 has the most unfinished work now
-    # One listing of the stats written since the last look, then one create-if-absent.
-    assert store.requests.by_op == {"list": 1, "put_if_absent": 1}
+    # One listing of the stats written since the last look, one create-if-absent, and one look
+    # for the chunk's marker (a finisher deletes its lease after writing it).
+    assert store.requests.by_op == {"list": 1, "put_if_absent": 1, "head": 1}
 
 
 def test_claim_takes_over_an_expired_lease():
@@ -163,16 +164,16 @@ def test_plan_index_gives_chunks_outside_the_plan_to_anyone():
 
 
 def heartbeat(worker, chunk, rows, done, rate, updated=100.0, state="running"):
-    return {
-        "worker": worker,
-        "holder": f"h{worker}",
-        "state": state,
-        "chunk": chunk,
-        "chunk_rows": rows,
-        "chunk_rows_done": done,
-        "rows_per_s": rate,
-        "updated_at": updated,
-    }
+    return HeartbeatSummary(
+        holder=f"h{worker}",
+        state=state,
+        chunk=chunk,
+        chunk_rows=rows,
+        chunk_rows_done=done,
+        rows_per_s=rate,
+        started_at=0.0,
+        updated_at=updated,
+    )
 
 
 def test_rescue_picks_the_slow_worker_we_beat_most():
@@ -220,7 +221,7 @@ def test_heartbeats_listing_keeps_the_newest_per_worker():
     )
     pub2.publish(updated_at=5)
     beats = read_heartbeats(store, L)
-    assert list(beats) == ["7"] and beats["7"]["holder"] == "h7b"
+    assert list(beats) == ["7"] and beats["7"].holder == "h7b"
     store.requests.reset()
     read_heartbeats(store, L)
     assert store.requests.total == 1
@@ -237,7 +238,7 @@ def test_heartbeat_carries_uptime_over_restarts():
     )
     beat = second.publish(updated_at=1100)
     assert beat.uptime_before_s == 300 and beat.uptime_s == 400
-    assert read_heartbeats(store, L)["3"]["uptime_before_s"] == 300
+    assert read_heartbeats(store, L)["3"].uptime_before_s == 300
 
 
 def test_claim_a_restarted_worker_takes_back_its_interrupted_chunk_through_a_shared_view():

@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.leases import LeaseKeeper, LeaseLost, acquire, read_lease, release, renew
-from orchestrator.store import open_store
-from orchestrator.store.memory import MemoryStore
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost, acquire, read_lease, release, renew
+from orchestrator.core.store import open_store
+from orchestrator.core.store.memory import MemoryStore
 
 L = RunLayout("r")
 

@@ -3,40 +3,37 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
-from orchestrator.protocol.parts import iter_part_lines, part_codec, request_id, row_of
+from orchestrator.core.lines import BatchError, BatchOutputLine, BatchResponse, request_id, row_of
+from orchestrator.core.protocol.parts import iter_part_lines, part_codec
 
 
 @dataclass
 class Out:
     index: int
-    line: dict[str, Any]
+    line: BatchOutputLine
+    error: bool = False
+    tokens_in: int = 0
+    tokens_out: int = 0
 
 
-def ok_line(cid: str, text: str) -> dict[str, Any]:
+def ok_line(cid: str, text: str) -> BatchOutputLine:
     body = {
         "object": "chat.completion",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
         "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
     }
-    return {
-        "id": "x",
-        "custom_id": cid,
-        "response": {"status_code": 200, "request_id": "r", "body": body},
-        "error": None,
-    }
+    return BatchOutputLine(custom_id=cid, response=BatchResponse(status_code=200, request_id="r", body=body))
 
 
-def err_line(cid: str) -> dict[str, Any]:
-    return {
-        "id": "x",
-        "custom_id": cid,
-        "response": {"status_code": 400, "request_id": "r", "body": None},
-        "error": {"code": "context_length_exceeded", "message": "too long"},
-    }
+def err_line(cid: str) -> BatchOutputLine:
+    return BatchOutputLine(
+        custom_id=cid,
+        response=BatchResponse(status_code=400, request_id="r"),
+        error=BatchError(code="context_length_exceeded", message="too long"),
+    )
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
@@ -51,10 +48,10 @@ def test_part_codec_round_trips_lines_and_row_stats(fmt):
         (0, False, 7, 3),
     ]
     lines = list(iter_part_lines(data, fmt))
-    assert [line["custom_id"] for line in lines] == ["a", "b", "c"]
-    assert lines[0]["response"]["body"]["choices"][0]["message"]["content"] == "héllo"
-    assert lines[1]["error"]["code"] == "context_length_exceeded"
-    assert lines[0]["id"] == request_id("part_00007", 5)
+    assert [line.custom_id for line in lines] == ["a", "b", "c"]
+    assert lines[0].text() == "héllo"
+    assert lines[1].error is not None and lines[1].error.code == "context_length_exceeded"
+    assert lines[0].id == request_id("part_00007", 5)
 
 
 def test_request_id_names_chunk_and_row():

@@ -7,10 +7,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.protocol.layout import RunLayout, chunk_id
-from orchestrator.protocol.records import ManifestEntry, PlanRecord, WorkerAssignment, write_jsonl
-from orchestrator.spec import freeze_spec, load_spec
-from orchestrator.store import Store
+from orchestrator.core.lines import BatchError, BatchOutputLine, BatchResponse
+from orchestrator.core.protocol.layout import RunLayout, chunk_id
+from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment, write_jsonl
+from orchestrator.core.spec import freeze_spec, load_spec
+from orchestrator.core.store import Store
 
 
 def chat_request(custom_id: str, content: str, **params: Any) -> dict[str, Any]:
@@ -95,19 +96,13 @@ class Answer:
             "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
         }
         self.line = (
-            {
-                "id": "x",
-                "custom_id": custom_id,
-                "response": {"status_code": 200, "request_id": "r", "body": body},
-                "error": None,
-            }
+            BatchOutputLine(custom_id=custom_id, response=BatchResponse(status_code=200, request_id="r", body=body))
             if error is None
-            else {
-                "id": "x",
-                "custom_id": custom_id,
-                "response": {"status_code": 400, "request_id": "r", "body": None},
-                "error": {"code": error, "message": error},
-            }
+            else BatchOutputLine(
+                custom_id=custom_id,
+                response=BatchResponse(status_code=400, request_id="r"),
+                error=BatchError(code=error, message=error),
+            )
         )
 
 
@@ -123,9 +118,9 @@ def answer_chunk(
     seconds: float = 10.0,
 ) -> None:
     """Finish a chunk through the protocol's own objects: lease, checkpointed parts, done marker."""
-    from orchestrator.protocol.checkpoints import ChunkJob
-    from orchestrator.protocol.leases import LeaseKeeper, acquire
-    from orchestrator.protocol.parts import part_codec
+    from orchestrator.core.protocol.checkpoints import ChunkJob
+    from orchestrator.core.protocol.leases import LeaseKeeper, acquire
+    from orchestrator.core.protocol.parts import part_codec
 
     clock = [1_000.0]
     held = acquire(store, layout, chunk, worker=worker, holder=f"{worker}.test", ttl=600, now=clock[0])

@@ -30,7 +30,7 @@ def smollm2_model() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model):
-    from orchestrator.spec import ModelSpec
+    from orchestrator.core.spec import ModelSpec
     from worker.engine.vllm_engine import VllmEngine
 
     engine = VllmEngine(ModelSpec(name=tiny_model))

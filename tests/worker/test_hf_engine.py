@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from orchestrator.spec import ModelSpec, SamplingSpec
+from orchestrator.core.spec import ModelSpec, SamplingSpec
 from worker.requests import EngineRequest, parse_request
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ def test_hf_engine_answers_like_the_chat_api(hf_engine):
     out = run(
         hf_engine, {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 20}
     )
-    body = out["r0"].line["response"]["body"]
+    body = out["r0"].line.response.body
     assert body["object"] == "chat.completion" and "Paris" in body["choices"][0]["message"]["content"]
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"]["prompt_tokens"] == out["r0"].tokens_in > 0
@@ -57,7 +57,7 @@ def test_hf_engine_per_request_parameters_in_one_window(hf_engine):
         },
     )
     assert out["r0"].tokens_out == 3
-    two = out["r1"].line["response"]["body"]
+    two = out["r1"].line.response.body
     assert len(two["choices"]) == 2 and two["usage"]["completion_tokens"] == 12
 
 
@@ -65,7 +65,7 @@ def test_hf_engine_completion_logprobs(hf_engine):
     out = run(
         hf_engine, {"prompt": "1, 2, 3,", "max_tokens": 4, "logprobs": 2, "ignore_eos": True}, url="/v1/completions"
     )
-    choice = out["r0"].line["response"]["body"]["choices"][0]
+    choice = out["r0"].line.response.body["choices"][0]
     lp = choice["logprobs"]
     assert len(lp["tokens"]) == 4 and all(len(alts) <= 2 for alts in lp["top_logprobs"])
     assert all(x <= 0 for x in lp["token_logprobs"])
@@ -73,4 +73,4 @@ def test_hf_engine_completion_logprobs(hf_engine):
 
 def test_hf_engine_refuses_penalties_it_cannot_apply(hf_engine):
     out = run(hf_engine, {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 1.0})
-    assert out["r0"].error and out["r0"].line["error"]["code"] == "unsupported_parameter"
+    assert out["r0"].error and out["r0"].line.error.code == "unsupported_parameter"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from orchestrator.spec import SamplingSpec
+from orchestrator.core.spec import SamplingSpec
 from worker.engine.base import RowResult
 from worker.requests import EngineRequest, parse_request
 
@@ -33,7 +33,7 @@ def completion(**body):
 
 def error_of(result) -> tuple[str, str]:
     assert isinstance(result, RowResult) and result.error
-    return result.line["error"]["code"], result.line["error"]["message"]
+    return result.line.error.code, result.line.error.message
 
 
 def test_parse_request_applies_spec_defaults_where_the_row_sets_nothing():
@@ -107,8 +107,8 @@ def test_parse_request_bad_rows_become_error_rows_with_a_code(line, code):
 def test_parse_request_error_row_keeps_custom_id_and_batch_shape():
     result = parse(chat(temperature=9))
     assert result.custom_id == "c1" and result.index == 0
-    assert result.line["response"]["status_code"] == 400
-    assert result.line["response"]["body"]["error"]["param"] == "temperature"
+    assert result.line.response.status_code == 400
+    assert result.line.response.body["error"]["param"] == "temperature"
 
 
 def test_parse_request_ignores_fields_that_change_nothing():

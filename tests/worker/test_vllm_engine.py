@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from orchestrator.spec import SamplingSpec
+from orchestrator.core.spec import SamplingSpec
 from worker.engine.base import RowResult
 from worker.requests import EngineRequest, parse_request
 
@@ -34,7 +34,7 @@ def run(engine, reqs) -> dict[str, RowResult]:
 
 
 def body_of(row: RowResult) -> dict:
-    return row.line["response"]["body"]
+    return row.line.response.body
 
 
 def msg(text, **params):
@@ -104,7 +104,7 @@ def test_vllm_engine_one_bad_row_does_not_sink_the_others(tiny_engine):
     long = "word " * 2000  # far beyond the tiny model's 1,024-token context
     out = run(tiny_engine, requests(msg("fine", max_tokens=4), msg(long, max_tokens=4), msg("also fine", max_tokens=4)))
     assert not out["r0"].error and not out["r2"].error
-    assert out["r1"].error and out["r1"].line["error"]["code"] == "context_length_exceeded"
+    assert out["r1"].error and out["r1"].line.error.code == "context_length_exceeded"
     assert out["r1"].index == 1
 
 

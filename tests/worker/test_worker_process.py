@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.protocol.heartbeats import read_heartbeats
-from orchestrator.protocol.layout import RunLayout, chunk_id
-from orchestrator.protocol.leases import acquire, read_lease
-from orchestrator.protocol.parts import iter_part_lines, part_codec
-from orchestrator.protocol.records import DoneMarker
-from orchestrator.store import open_store
-from tests.support.runs import chat_request, make_run
+from orchestrator.core.protocol.heartbeats import read_heartbeats
+from orchestrator.core.protocol.layout import RunLayout, chunk_id
+from orchestrator.core.protocol.leases import acquire, read_lease
+from orchestrator.core.protocol.parts import iter_part_lines, part_codec
+from orchestrator.core.records import DoneMarker
+from orchestrator.core.store import open_store
+from tests.support.runs import Answer, chat_request, make_run
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +59,7 @@ def answered(store, layout: RunLayout) -> collections.Counter:
         marker = DoneMarker.model_validate_json(store.get(info.key).data)
         for part in marker.parts:
             for line in iter_part_lines(store.get(part.key).data, marker.output_format):
-                seen[line["custom_id"]] += 1
+                seen[line.custom_id] += 1
     return seen
 
 
@@ -127,7 +127,7 @@ def test_worker_sigterm_flushes_and_gives_the_lease_back(store_uri, tiny_model, 
     worker = WorkerProcess(store_uri, "term", "0", tmp_path, "--checkpoint-interval", "3600")
     # Wait until the worker reports finished rows (its heartbeat), none flushed yet (the interval is an hour).
     deadline = time.monotonic() + 180
-    while not (beat := read_heartbeats(store, layout).get("0")) or beat["rows_done"] == 0:
+    while not (beat := read_heartbeats(store, layout).get("0")) or beat.rows_done == 0:
         assert time.monotonic() < deadline and worker.proc.poll() is None, worker.stderr
         time.sleep(0.1)
     assert not list(store.list(layout.outputs_prefix("part_00000")))
@@ -137,7 +137,7 @@ def test_worker_sigterm_flushes_and_gives_the_lease_back(store_uri, tiny_model, 
     flushed = list(store.list(layout.outputs_prefix("part_00000")))
     assert len(flushed) == 1, "the finished rows were flushed on SIGTERM"
     codec = part_codec("jsonl", "part_00000")
-    assert len(codec.decode(store.get(flushed[0].key).data)) >= beat["rows_done"]
+    assert len(codec.decode(store.get(flushed[0].key).data)) >= beat.rows_done
     lease, _ = read_lease(store, layout, "part_00000")
     assert lease.released
     # Another worker takes the chunk at once (no TTL to wait out) and finishes only what is left.
@@ -166,10 +166,7 @@ def test_worker_takes_over_an_expired_lease_and_reuses_its_parts(store_uri, tiny
     layout = make_run(store, "expired", [chunk_of("e", 10), chunk_of("x", 10)], model=tiny_model, lists=[[0], [1]])
     # Worker 1 died holding chunk 1 after flushing its first three rows; its lease has expired.
     acquire(store, layout, "part_00001", worker="1", holder="1.dead", ttl=60, now=time.time() - 600)
-    dead_rows = [
-        type("Row", (), {"index": i, "line": {"custom_id": f"x-{i}", "response": None, "error": None}})()
-        for i in range(3)
-    ]
+    dead_rows = [Answer(i, f"x-{i}", "flushed before the worker died") for i in range(3)]
     store.put(layout.output_part("part_00001", "1.dead", 1), part_codec("jsonl", "part_00001").encode(dead_rows))
     code, summary = WorkerProcess(store_uri, "expired", "0", tmp_path).finish()
     assert code == 0 and summary["chunks_done"] == 2
@@ -225,13 +222,13 @@ def test_worker_with_smollm2_gives_real_answers(smollm2_model, tmp_path):
     assert code == 0
     marker = DoneMarker.model_validate_json(store.get(layout.done("part_00000")).data)
     line = next(iter_part_lines(store.get(marker.parts[0].key).data, "jsonl"))
-    assert "Paris" in line["response"]["body"]["choices"][0]["message"]["content"]
+    assert "Paris" in (line.text() or "")
     assert os.path.basename(smollm2_model) in marker.model
 
 
 def test_worker_flushes_when_its_buffer_is_full_whatever_the_interval(tiny_engine, tiny_model, tmp_path, monkeypatch):
     """A fast engine must not hold a whole chunk in memory until the next checkpoint."""
-    from orchestrator.spec import load_spec
+    from orchestrator.core.spec import load_spec
     from worker import runner
 
     monkeypatch.setattr(runner, "MAX_BUFFERED_ROWS", 8)
@@ -256,7 +253,7 @@ def test_worker_feeds_the_next_chunk_before_the_current_one_drains(tiny_engine, 
     """One engine run over all chunks: the next chunk's requests join while the last rows of the
     current one generate, so the batch never empties between chunks; but never more than two
     chunks are in hand, so a worker does not sit on leases it is not about to work on."""
-    from orchestrator.spec import load_spec
+    from orchestrator.core.spec import load_spec
     from worker import runner
 
     store = open_store(str(tmp_path / "store"))
@@ -294,7 +291,7 @@ class DrainTakesLong:
 
 def test_worker_looks_for_work_again_after_its_last_rows_drain(tiny_engine, tiny_model, tmp_path):
     """A lease that expires while the worker's last chunk drains is taken over before it exits."""
-    from orchestrator.spec import load_spec
+    from orchestrator.core.spec import load_spec
     from worker import runner
 
     store = open_store(str(tmp_path / "store"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.spec import ModelSpec, WorkersSpec
+from orchestrator.core.spec import ModelSpec, WorkersSpec
 from worker.engine.base import Engine, RowResult
 
 __all__ = ["Engine", "RowResult", "load_engine"]

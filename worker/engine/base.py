@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from orchestrator.core.lines import BatchOutputLine
 
 if TYPE_CHECKING:
     from worker.requests import EngineRequest
@@ -16,7 +18,7 @@ class RowResult:
 
     index: int
     custom_id: str | None
-    line: dict[str, Any]
+    line: BatchOutputLine
     tokens_in: int
     tokens_out: int
     error: bool

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from orchestrator.spec import ModelSpec
+from orchestrator.core.spec import ModelSpec
 from worker.engine.base import RowResult, take_window
 from worker.outputs import Choice, TokenLogprob, error_line, success_line
 from worker.requests import EngineRequest, GenerationParams

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.errors import OrchError
-from orchestrator.spec import ModelSpec
+from orchestrator.core.errors import OrchError
+from orchestrator.core.spec import ModelSpec
 from worker.engine.base import RowResult
 from worker.outputs import Choice, TokenLogprob, error_line, success_line
 from worker.requests import EngineRequest, GenerationParams

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.store.base import (
+from orchestrator.core.store.base import (
     Blob,
     InvalidKey,
     NotFound,
@@ -32,7 +32,7 @@ def open_store(uri: str | Path) -> Store:
     """A plain path or `file://` is a local directory; `s3://` and `r2://` go through boto3."""
     text = str(uri)
     if text.startswith(("s3://", "r2://")):
-        from orchestrator.store.s3 import from_uri
+        from orchestrator.core.store.s3 import from_uri
 
         return from_uri(text)
     if "://" in text and not text.startswith("file://"):
@@ -40,6 +40,6 @@ def open_store(uri: str | Path) -> Store:
             f"unsupported store URI {text!r}",
             hint="use a directory, file://PATH, s3://BUCKET/PREFIX or r2://BUCKET/PREFIX",
         )
-    from orchestrator.store.local import LocalStore
+    from orchestrator.core.store.local import LocalStore
 
     return LocalStore(text.removeprefix("file://"))

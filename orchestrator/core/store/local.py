@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from orchestrator.store.base import (
+from orchestrator.core.store.base import (
     LIST_PAGE_SIZE,
     Blob,
     InvalidKey,
@@ -37,6 +37,8 @@ _LOCK_STRIPES = 256
 
 
 class LocalStore:
+    shared = False
+
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).absolute()
         self.uri = str(self.root)

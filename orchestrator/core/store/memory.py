@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
-from orchestrator.store.base import (
+from orchestrator.core.store.base import (
     LIST_PAGE_SIZE,
     Blob,
     NotFound,
@@ -67,6 +67,8 @@ class MemoryStore:
 
     `clock` stamps modification times; the simulator passes its virtual clock.
     """
+
+    shared = False
 
     def __init__(self, clock: Callable[[], float] = time.time, name: str = "memory"):
         self.uri = f"memory://{name}"

@@ -6,9 +6,9 @@ import contextlib
 from functools import lru_cache
 from typing import Any
 
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.records import Heartbeat, HeartbeatSummary
-from orchestrator.store import Store, StoreError
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import Heartbeat, HeartbeatSummary
+from orchestrator.core.store import Store, StoreError
 
 
 class HeartbeatPublisher:
@@ -49,25 +49,25 @@ class HeartbeatPublisher:
 
 
 @lru_cache(maxsize=8192)
-def _decode(encoded: str) -> dict[str, Any] | None:
+def _decode(encoded: str) -> HeartbeatSummary | None:
     """A heartbeat key's summary. Keys change only when a worker publishes, and every idle worker
-    reads every heartbeat at the end of a run: most reads find keys decoded already."""
+    reads every heartbeat at the end of a run: most reads find keys decoded already (a summary is
+    never changed once decoded, so one object can be shared)."""
     try:
-        return HeartbeatSummary.from_key(encoded).model_dump()
+        return HeartbeatSummary.from_key(encoded)
     except ValueError:
         return None
 
 
-def read_heartbeats(store: Store, layout: RunLayout) -> dict[str, dict[str, Any]]:
+def read_heartbeats(store: Store, layout: RunLayout) -> dict[str, HeartbeatSummary]:
     """worker id -> its newest heartbeat summary, from listings alone (one request per 1,000 workers)."""
-    newest: dict[str, dict[str, Any]] = {}
+    newest: dict[str, HeartbeatSummary] = {}
     prefix = layout.heartbeats_prefix
     for info in store.list(prefix):
         worker, _, encoded = info.key[len(prefix) :].partition("/")
         summary = _decode(encoded)
         if summary is None:
             continue  # not ours: a stray object under heartbeats/, or another version's
-        summary = {**summary, "worker": worker}
-        if worker not in newest or summary.get("updated_at", 0) > newest[worker].get("updated_at", 0):
+        if worker not in newest or summary.updated_at > newest[worker].updated_at:
             newest[worker] = summary
     return newest

@@ -24,13 +24,12 @@ import heapq
 import random
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from orchestrator.protocol.heartbeats import read_heartbeats
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.leases import Clock, HeldLease, acquire
-from orchestrator.protocol.records import Lease, PlanRecord
-from orchestrator.store import Store
+from orchestrator.core.protocol.heartbeats import read_heartbeats
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.leases import Clock, HeldLease, acquire
+from orchestrator.core.records import HeartbeatSummary, Lease, PlanRecord
+from orchestrator.core.store import Store
 
 
 @dataclass(frozen=True)
@@ -95,9 +94,12 @@ class RunView:
             finished = int(millis) / 1000
             if self._last_finished is None or finished > self._last_finished:
                 self._last_finished = finished
-            if chunk not in self.done:
-                self.done.add(chunk)
-                self._drop(chunk)
+            self.mark_done(chunk)
+
+    def mark_done(self, chunk: str) -> None:
+        if chunk not in self.done:
+            self.done.add(chunk)
+            self._drop(chunk)
 
     def mark_taken(self, chunk: str) -> None:
         if chunk not in self.taken:
@@ -174,7 +176,7 @@ class RescueCandidate:
 
 
 def pick_rescue(
-    heartbeats: Mapping[str, Mapping[str, Any]],
+    heartbeats: Mapping[str, HeartbeatSummary],
     *,
     our_worker: str,
     our_rows_per_s: float,
@@ -184,11 +186,11 @@ def pick_rescue(
     """The live chunk whose holder we would beat by the widest margin, if any (step 3)."""
     best: RescueCandidate | None = None
     for worker, hb in heartbeats.items():
-        if worker == our_worker or hb.get("state") != "running" or not hb.get("chunk"):
+        if worker == our_worker or hb.state != "running" or not hb.chunk:
             continue
-        rate = float(hb.get("rows_per_s") or 0.0)
-        left = max(int(hb.get("chunk_rows") or 0) - int(hb.get("chunk_rows_done") or 0), 0)
-        age = now - float(hb.get("updated_at") or 0)
+        rate = hb.rows_per_s
+        left = max(hb.chunk_rows - hb.chunk_rows_done, 0)
+        age = now - hb.updated_at
         if rate <= 0 or left == 0 or age > policy.max_heartbeat_age_s:
             continue
         theirs = left / rate - age
@@ -196,7 +198,7 @@ def pick_rescue(
         if theirs < policy.min_remaining_s or ours > policy.max_time_ratio * theirs:
             continue
         if best is None or theirs - ours > best.their_remaining_s - best.our_remaining_s:
-            best = RescueCandidate(hb["chunk"], hb["holder"], worker, theirs, ours)
+            best = RescueCandidate(hb.chunk, hb.holder, worker, theirs, ours)
     return best
 
 
@@ -266,6 +268,11 @@ class ChunkClaimer:
         return self._rescue(now, working_on)
 
     def _take(self, chunk: str, may_take: Callable[[Lease], bool] | None = None) -> HeldLease | None:
+        """The chunk's lease, if we get it and the chunk is still to do.
+
+        A lease can be had on a finished chunk: its finisher wrote the marker and then deleted
+        the lease, or died between the two. The marker decides: a finished chunk's lease is
+        dropped and the chunk is not handed out."""
         held = acquire(
             self.store,
             self.layout,
@@ -277,6 +284,10 @@ class ChunkClaimer:
             may_take=may_take,
         )
         self.view.mark_taken(chunk)
+        if held is not None and self.store.head(self.layout.done(chunk)) is not None:
+            self.view.mark_done(chunk)
+            self.store.delete(self.layout.lease(chunk))
+            return None
         return held
 
     def _rescue(self, now: float, working_on: Collection[str]) -> HeldLease | None:

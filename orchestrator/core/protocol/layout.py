@@ -9,12 +9,11 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def check_run_name(name: str) -> str:
     if not _RUN_NAME.match(name or ""):
-        from orchestrator.errors import SpecError
+        from orchestrator.core.errors import SpecError
 
         raise SpecError(
             f"invalid run name {name!r}",
@@ -22,14 +21,6 @@ def check_run_name(name: str) -> str:
             where="run",
         )
     return name
-
-
-def check_worker_id(worker: str) -> str:
-    if not _WORKER_ID.match(worker or ""):
-        from orchestrator.errors import SpecError
-
-        raise SpecError(f"invalid worker id {worker!r}", hint="letters, digits, '.', '_' and '-'")
-    return worker
 
 
 def chunk_id(index: int, total: int) -> str:

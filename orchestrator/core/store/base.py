@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol, runtime_checkable
 
-from orchestrator.errors import OrchError
+from orchestrator.core.errors import OrchError
 
 #: How many keys one list request returns (S3's maximum; the local store pages the same way).
 LIST_PAGE_SIZE = 1000
@@ -88,6 +88,8 @@ class Store(Protocol):
 
     uri: str
     requests: RequestCounter
+    #: Reachable from other machines (S3, R2), not only from this one (a directory, memory).
+    shared: bool
 
     def get(self, key: str) -> Blob:
         """The object's bytes and ETag. Raises NotFound."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.store import Store
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.store import Store
 
 
 @dataclass(frozen=True)

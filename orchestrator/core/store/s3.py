@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 from urllib.parse import parse_qs, urlparse
 
-from orchestrator.store.base import (
+from orchestrator.core.store.base import (
     LIST_PAGE_SIZE,
     Blob,
     NotFound,
@@ -34,6 +34,8 @@ _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
 
 class S3Store:
     """Objects under `s3://bucket/prefix` (or `r2://bucket/prefix`)."""
+
+    shared = True
 
     def __init__(
         self,

@@ -27,9 +27,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from orchestrator.errors import SpecConflict, SpecError
-from orchestrator.protocol.layout import RunLayout, check_run_name
-from orchestrator.store import NotFound, PreconditionFailed, Store
+from orchestrator.core.errors import SpecConflict, SpecError
+from orchestrator.core.protocol.layout import RunLayout, check_run_name
+from orchestrator.core.records import SpecDocument, cas_update, read_record
+from orchestrator.core.store import Store
 
 DEFAULT_SPEC_FILE = "orch.yaml"
 DEFAULT_STORE = "./.orch"
@@ -349,12 +350,8 @@ def spec_hash(spec: RunSpec) -> str:
 
 def read_stored_spec(store: Store, layout: RunLayout) -> tuple[dict[str, Any], str] | None:
     """The spec frozen into the run (as a plain mapping) and its ETag, or None for a new run."""
-    try:
-        blob = store.get(layout.spec)
-    except NotFound:
-        return None
-    doc = yaml.safe_load(blob.data) or {}
-    return doc.get("spec", {}), blob.etag
+    found = read_record(store, layout.spec, SpecDocument)
+    return None if found is None else (found[0].spec, found[1])
 
 
 def freeze_spec(store: Store, layout: RunLayout, spec: RunSpec) -> RunSpec:
@@ -363,27 +360,21 @@ def freeze_spec(store: Store, layout: RunLayout, spec: RunSpec) -> RunSpec:
     1. New run: write spec.yaml create-if-absent.
     2. Existing run: every frozen field must be equal, or null on one side (then the set value
        wins and is recorded). Differences are refused, listed field by field.
-    3. Write back (compare-and-swap) when anything changed; retry if another command raced us.
+    3. Write back (compare-and-swap) when anything changed; re-checked if another command raced us.
     """
-    for _ in range(5):
-        stored = read_stored_spec(store, layout)
+    merged = spec
+
+    def change(stored: SpecDocument | None) -> SpecDocument | None:
+        nonlocal merged
         if stored is None:
-            try:
-                store.put_if_absent(layout.spec, _spec_document(spec))
-                return spec
-            except PreconditionFailed:
-                continue
-        old_data, etag = stored
-        old = RunSpec.model_validate(old_data)
+            merged = spec
+            return spec_document(spec)
+        old = RunSpec.model_validate(stored.spec)
         merged = _merge_frozen(old, spec)
-        if merged.model_dump(mode="json") == old.model_dump(mode="json"):
-            return merged
-        try:
-            store.compare_and_swap(layout.spec, _spec_document(merged), etag)
-            return merged
-        except PreconditionFailed:
-            continue
-    raise SpecConflict("the run's spec kept changing under us", where=layout.spec, hint="try again")
+        return None if merged.model_dump(mode="json") == stored.spec else spec_document(merged)
+
+    cas_update(store, layout.spec, SpecDocument, change)
+    return merged
 
 
 def _merge_frozen(old: RunSpec, new: RunSpec) -> RunSpec:
@@ -422,9 +413,8 @@ def _all_null(value: Any) -> bool:
     return value is None or (isinstance(value, dict) and all(v is None for v in value.values()))
 
 
-def _spec_document(spec: RunSpec) -> bytes:
-    doc = {"spec_hash": spec_hash(spec), "spec": spec.model_dump(mode="json")}
-    return yaml.safe_dump(doc, sort_keys=False).encode()
+def spec_document(spec: RunSpec) -> SpecDocument:
+    return SpecDocument(spec_hash=spec_hash(spec), spec=spec.model_dump(mode="json"))
 
 
 def _get(data: Mapping[str, Any], path: str) -> Any:

@@ -17,15 +17,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.leases import Clock, LeaseKeeper
-from orchestrator.protocol.records import ChunkStats, DoneMarker, PartRef
-from orchestrator.store import PreconditionFailed, Store
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.leases import Clock, LeaseKeeper
+from orchestrator.core.records import ChunkStats, DoneMarker, PartRef
+from orchestrator.core.store import PreconditionFailed, Store
 
 
-class RowStat(NamedTuple):
+@dataclass(frozen=True)
+class RowStat:
     """What the protocol needs to know of one output row (the engine's results carry more)."""
 
     index: int
@@ -35,18 +36,28 @@ class RowStat(NamedTuple):
 
 
 class OutputRow(Protocol):
-    index: int
-    error: bool
-    tokens_in: int
-    tokens_out: int
+    """What ChunkJob reads of a row it flushes: its place in the chunk, whether it failed, its tokens."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def error(self) -> bool: ...
+    @property
+    def tokens_in(self) -> int: ...
+    @property
+    def tokens_out(self) -> int: ...
 
 
-class PartCodec(Protocol):
+RowT = TypeVar("RowT", bound=OutputRow, contravariant=True)
+
+
+class PartCodec(Protocol[RowT]):
     """Turns output rows into a part's bytes and back into row stats (JSONL, Parquet, or the simulator's)."""
 
-    ext: str
+    @property
+    def ext(self) -> str: ...
 
-    def encode(self, rows: Sequence[OutputRow]) -> bytes: ...
+    def encode(self, rows: Sequence[RowT]) -> bytes: ...
 
     def decode(self, data: bytes) -> list[RowStat]: ...
 
@@ -65,7 +76,7 @@ class ResumePoint:
     tokens_out: int = 0
 
 
-def load_resume_point(store: Store, layout: RunLayout, chunk: str, codec: PartCodec) -> ResumePoint:
+def load_resume_point(store: Store, layout: RunLayout, chunk: str, codec: PartCodec[Any]) -> ResumePoint:
     """What is already flushed for the chunk (see the module docstring for the rules)."""
     point = ResumePoint()
     infos = sorted(store.list(layout.outputs_prefix(chunk)), key=lambda o: (o.modified, o.key))
@@ -85,7 +96,7 @@ def load_resume_point(store: Store, layout: RunLayout, chunk: str, codec: PartCo
     return point
 
 
-class ChunkJob:
+class ChunkJob(Generic[RowT]):
     """Checkpoints and completion of one chunk by one lease holder."""
 
     def __init__(
@@ -93,7 +104,7 @@ class ChunkJob:
         store: Store,
         layout: RunLayout,
         keeper: LeaseKeeper,
-        codec: PartCodec,
+        codec: PartCodec[RowT],
         clock: Clock,
         *,
         chunk_rows: int,
@@ -127,7 +138,7 @@ class ChunkJob:
         )
         return self.point
 
-    def checkpoint(self, rows: Sequence[OutputRow]) -> PartRef | None:
+    def checkpoint(self, rows: Sequence[RowT]) -> PartRef | None:
         """Flush finished rows as one part. Renews the lease first: raises LeaseLost if it is gone."""
         self.keeper.renew()
         if not rows:

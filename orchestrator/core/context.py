@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.spec import RunSpec, freeze_spec, load_spec, read_stored_spec
-from orchestrator.store import Store, open_store
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.spec import RunSpec, freeze_spec, load_spec, read_stored_spec
+from orchestrator.core.store import Store, open_store
 
 
 @dataclass

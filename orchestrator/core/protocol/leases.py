@@ -16,9 +16,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator.protocol.layout import RunLayout
-from orchestrator.protocol.records import Lease, parse_record
-from orchestrator.store import NotFound, PreconditionFailed, Store
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import Lease, cas_update, read_record
+from orchestrator.core.store import PreconditionFailed, Store
 
 Clock = Callable[[], float]
 
@@ -43,11 +43,7 @@ class HeldLease:
 
 
 def read_lease(store: Store, layout: RunLayout, chunk: str) -> tuple[Lease, str] | None:
-    try:
-        blob = store.get(layout.lease(chunk))
-    except NotFound:
-        return None
-    return parse_record(Lease, blob.data, layout.lease(chunk)), blob.etag
+    return read_record(store, layout.lease(chunk), Lease)
 
 
 def acquire(
@@ -63,32 +59,29 @@ def acquire(
 ) -> HeldLease | None:
     """Take the chunk's lease, or return None when someone else holds it.
 
-    1. No lease yet: create it (put-if-absent).
-    2. A lease exists: take it over by compare-and-swap when it is ours already, released,
-       expired, held by an earlier process of the same worker (that process is gone: a worker
-       id runs in one place at a time), or when `may_take` says so (a faster worker taking over
-       from a slow one at the end of a run).
+    1. No lease yet: create it (put-if-absent; tried first, since most claims are of chunks
+       nobody has touched).
+    2. A lease exists: take it over by compare-and-swap when it is released, expired, held by an
+       earlier process of the same worker (that process is gone: a worker id runs in one place at
+       a time), or when `may_take` says so (a faster worker taking over from a slow one at the end
+       of a run). A lease that is ours already is kept as it is.
+    3. Someone else changed it first: their lease is read again and judged by the same rules.
     """
     mine = Lease(chunk=chunk, worker=worker, holder=holder, acquired_at=now, renewed_at=now, expires_at=now + ttl)
-    key = layout.lease(chunk)
-    for _ in range(3):
-        try:
-            return HeldLease(mine, store.put_if_absent(key, mine.to_bytes()))
-        except PreconditionFailed:
-            pass
-        current = read_lease(store, layout, chunk)
+
+    def take(current: Lease | None) -> Lease | None:
         if current is None:
-            continue  # released by deletion between our two requests: try to create again
-        lease, etag = current
-        if lease.holder == holder:
-            return HeldLease(lease, etag)
-        if not (lease.is_free(now) or lease.worker == worker or (may_take is not None and may_take(lease))):
+            return mine
+        if current.holder == holder:
             return None
-        try:
-            return HeldLease(mine, store.compare_and_swap(key, mine.to_bytes(), etag))
-        except PreconditionFailed:
-            return None  # someone else changed it first: they win
-    return None
+        if current.is_free(now) or current.worker == worker or (may_take is not None and may_take(current)):
+            return mine
+        return None
+
+    lease, etag = cas_update(store, layout.lease(chunk), Lease, take, expect_new=True)
+    if lease is None or etag is None or lease.holder != holder:
+        return None
+    return HeldLease(lease, etag)
 
 
 def renew(store: Store, layout: RunLayout, held: HeldLease, *, ttl: float, now: float) -> HeldLease:

@@ -1,6 +1,16 @@
-"""The one exception family orch raises for users: each renders a ready message, an optional hint and an exit code."""
+"""The one exception family orch raises for users, and the one place that turns them into what users read.
+
+Each error carries a ready message, an optional hint and an exit code (see the README's table);
+`render_error` prints `ERROR <where>: <message>` and `hint: ...` on stderr for every program that
+talks to users: the `orch` CLI, the worker, the API server.
+"""
 
 from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import TextIO
 
 
 class OrchError(Exception):
@@ -55,3 +65,19 @@ class IncompleteRun(OrchError):
     """The run is not complete: chunks without markers, or rows missing from the outputs."""
 
     exit_code = 7
+
+
+def render_error(error: OrchError, stream: TextIO | None = None) -> None:
+    """The one way an error reaches a user: a red ERROR line and a yellow hint on a terminal, plain
+    text elsewhere; the traceback too with ORCH_DEBUG=1. Call it while handling the exception."""
+    stream = stream or sys.stderr
+    if os.environ.get("ORCH_DEBUG"):
+        traceback.print_exc(file=stream)
+    colour = stream.isatty() and not os.environ.get("NO_COLOR")
+
+    def paint(text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if colour else text
+
+    print(f"{paint('ERROR', '1;31')} {error}", file=stream)
+    if error.hint:
+        print(f"{paint('hint', '33')}: {error.hint}", file=stream)

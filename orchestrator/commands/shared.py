@@ -1,0 +1,234 @@
+"""What several commands share: the common options, the follow loop with its live view, reports.
+
+Command modules import from here, never from each other (an import-linter contract).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from orchestrator.backends.base import Launcher
+    from orchestrator.collect import CollectReport
+    from orchestrator.controller.deadline import DeadlineSettings
+    from orchestrator.core.context import RunContext
+    from orchestrator.status import RunStatus
+
+
+@dataclass
+class Invocation:
+    """What every command shares: the spec file and the flags that override the spec."""
+
+    spec_file: str | None
+    flags: dict[str, Any]
+
+    def context(self, freeze: bool = False) -> RunContext:
+        """The run's spec (stored < file < env < flags) and store; with `freeze`, the spec is
+        checked against the run's frozen fields and recorded."""
+        from orchestrator.core.context import resolve_spec
+
+        return resolve_spec(self.spec_file, self.flags, freeze=freeze)
+
+    def with_flags(self, **more: Any) -> Invocation:
+        """The same invocation with more flags (dotted spec paths); None values are left out."""
+        return Invocation(self.spec_file, {**self.flags, **{k: v for k, v in more.items() if v is not None}})
+
+
+def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--run, --store, --model and -f on every command, collected into an Invocation."""
+
+    @click.option("-f", "--file", "spec_file", type=click.Path(dir_okay=False), help="spec file (default: ./orch.yaml)")
+    @click.option("--run", "run", help="run name: the run's prefix in the store")
+    @click.option("--store", "store", help="store URI: a directory (default ./.orch), s3://B/P or r2://B/P")
+    @click.option("--model", "model", help="model: a local path or a hub id (overrides the spec)")
+    @functools.wraps(func)
+    def wrapper(spec_file: str | None, run: str | None, store: str | None, model: str | None, **kwargs: Any) -> Any:
+        flags = {k: v for k, v in {"run": run, "store": store, "model.name": model}.items() if v is not None}
+        return func(Invocation(spec_file, flags), **kwargs)
+
+    return wrapper
+
+
+def backend_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--backend",
+        type=click.Choice(["local", "skypilot"]),
+        default=None,
+        help="where workers run (default: the spec's backend, local)",
+    )(func)
+
+
+def input_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """How input rows become requests: the flags `orch prepare` and `orch run` share."""
+    for option in reversed(
+        [
+            click.option(
+                "--format",
+                "fmt",
+                type=click.Choice(["openai-batch", "completion", "chat", "text"]),
+                default=None,
+                help="how rows become requests (default: the spec's, chat)",
+            ),
+            click.option("--num-chunks", type=int, default=None, help="split into this many chunks"),
+            click.option("--rows-per-chunk", type=int, default=None, help="...or into chunks of this many rows"),
+            click.option("--id-column", default=None, help="column with a stable id, used as custom_id"),
+            click.option(
+                "--turns",
+                type=click.Choice(["first", "all"]),
+                default=None,
+                help="chat: the first user turn, or everything up to the last user turn",
+            ),
+            click.option("--conversation-column", default=None, help="chat: the column of role/content turns"),
+            click.option("--text-column", default=None, help="text: the column to fill the template with"),
+            click.option("--template", default=None, help="text: a str.format template, e.g. 'Summarise: {text}'"),
+            click.option("--system-prompt", default=None, help="chat/text: a system message put first"),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
+def input_flags(
+    fmt: str | None,
+    num_chunks: int | None,
+    rows_per_chunk: int | None,
+    id_column: str | None,
+    turns: str | None,
+    conversation_column: str | None,
+    text_column: str | None,
+    template: str | None,
+    system_prompt: str | None,
+) -> dict[str, Any]:
+    """The spec flags the input options give (dotted paths)."""
+    flags = {
+        "input.format": fmt,
+        "input.id_column": id_column,
+        "input.turns": turns,
+        "input.conversation_column": conversation_column,
+        "input.text_column": text_column,
+        "input.template": template,
+        "input.system_prompt": system_prompt,
+    }
+    flags = {k: v for k, v in flags.items() if v is not None}
+    if num_chunks is not None and rows_per_chunk is not None:
+        raise click.UsageError("--num-chunks and --rows-per-chunk: choose one")
+    if num_chunks is not None:
+        flags.update({"chunking.num_chunks": num_chunks, "chunking.rows_per_chunk": None})
+    if rows_per_chunk is not None:
+        flags.update({"chunking.rows_per_chunk": rows_per_chunk, "chunking.num_chunks": None})
+    return flags
+
+
+def require_model(ctx: RunContext) -> None:
+    from orchestrator.core.errors import SpecError
+
+    if not ctx.spec.model.name:
+        raise SpecError(
+            "no model", hint="pass --model PATH_OR_HUB_ID, or set model.name in orch.yaml", where="model.name"
+        )
+
+
+def current_status(ctx: RunContext, prices_path: str | None = None, launcher: Launcher | None = None) -> RunStatus:
+    """The run's status, asking the backend that launched its workers (if any did)."""
+    from orchestrator.backends import backend_for
+    from orchestrator.core.records import read_jobs
+    from orchestrator.pricing import load_gpu_table
+    from orchestrator.status import status_of
+
+    if launcher is None:
+        record, _ = read_jobs(ctx.store, ctx.layout)
+        launcher = backend_for(ctx, record.backend) if record.backend else None
+    return status_of(
+        ctx.store,
+        ctx.layout,
+        launcher,
+        now=time.time(),
+        prices=load_gpu_table(prices_path),
+        heartbeat_interval=ctx.spec.workers.heartbeat_interval,
+        default_spot=ctx.spec.resources.spot,
+        gpus=ctx.spec.resources.gpus,
+        workers_planned=ctx.spec.workers.count,
+    )
+
+
+def follow_run(
+    ctx: RunContext,
+    launcher: Launcher,
+    interval: float,
+    retries: int | None = None,
+    deadline: DeadlineSettings | None = None,
+) -> int:
+    """Reconcile until complete. On a terminal the run's status is redrawn in place each tick;
+    otherwise (logs, CI) one line per tick. Relaunch events are printed either way."""
+    import sys
+
+    from orchestrator.controller.reconcile import Reconciler, TickReport, watch
+    from orchestrator.core.errors import IncompleteRun
+    from orchestrator.status import render_table
+
+    live_view = sys.stdout.isatty()
+    events: list[str] = []
+
+    def event(message: str) -> None:
+        events.append(f"{time.strftime('%H:%M:%S')} {message}")
+        if not live_view:
+            click.echo(events[-1])
+
+    def tick(report: TickReport) -> None:
+        if live_view:
+            view = render_table(current_status(ctx, launcher=launcher))
+            recent = "\n".join(events[-8:])
+            click.echo("\x1b[H\x1b[2J" + view + (f"\n\nevents:\n{recent}" if recent else ""))
+        else:
+            click.echo(
+                f"{time.strftime('%H:%M:%S')} chunks {report.chunks_done}/{report.chunks_total} done, "
+                f"{report.live} worker(s) running"
+            )
+
+    reconciler = Reconciler(ctx, launcher, retries=retries, on_event=event, deadline=deadline)
+    report = watch(reconciler, interval=interval, on_tick=tick)
+    if report.complete:
+        click.echo(f"run {ctx.layout.run!r} complete: {report.chunks_total} chunks done")
+        return 0
+    if report.cancelled:
+        raise IncompleteRun(
+            f"run {ctx.layout.run!r} was cancelled with {report.chunks_total - report.chunks_done} chunk(s) left",
+            hint="orch resume --follow continues it",
+        )
+    details = "\n  ".join(f"worker {w}: {why}" for w, why in sorted(report.exhausted.items()))
+    if report.decision is not None and report.decision.action == "budget":
+        details = "\n  ".join(x for x in (details, report.decision.reason) if x)
+    raise IncompleteRun(
+        f"run {ctx.layout.run!r} stopped with {report.chunks_total - report.chunks_done} chunk(s) left"
+        + (f":\n  {details}" if details else ""),
+        hint="see the worker logs (orch status shows the jobs), fix the cause, then `orch resume --follow`",
+    )
+
+
+def print_collect_report(report: CollectReport) -> None:
+    r = report
+    click.echo(
+        f"wrote {r.rows_written:,} of {r.rows_total:,} rows to {r.out} ({r.format}); "
+        f"{r.chunks_complete}/{r.chunks_total} chunks complete"
+    )
+    if r.errors:
+        click.echo(click.style(f"{r.errors:,} error row(s)", fg="yellow") + f", e.g. {', '.join(r.examples['errors'])}")
+    if r.missing or r.missing_chunks:
+        shown = ", ".join(r.missing_chunks[:10]) + (" ..." if len(r.missing_chunks) > 10 else "")
+        click.echo(
+            click.style(f"{r.missing:,} row(s) missing", fg="red")
+            + (f" (chunks without a marker: {shown})" if r.missing_chunks else "")
+        )
+    if r.duplicates or r.mismatched:
+        click.echo(click.style(f"{r.duplicates} duplicate and {r.mismatched} mismatched line(s) left out", fg="red"))
+    if r.retry_out:
+        click.echo(
+            f"{r.retry_rows:,} failed or missing request(s) written to {r.retry_out} "
+            "(orch prepare it with --format openai-batch to retry)"
+        )

@@ -1,0 +1,89 @@
+"""The OpenAI Batch output line, as one model the worker writes and the part reader, collect and status read.
+
+    {"id": "batch_req_<chunk>-<row>", "custom_id": ..., "error": null,
+     "response": {"status_code": 200, "request_id": ..., "body": <chat.completion | text_completion | ...>}}
+
+A failed row carries `error: {code, message}` and a response that reads like the HTTP answer the
+OpenAI API would have given (`status_code` 400, or 500 for engine failures, and an error body).
+The `id` names the chunk and the row: resume and collect put a line in its input row's place
+without reading the chunk's input again. The body stays a mapping: its shape is the endpoint's
+(chat, completions, embeddings), checked against the official SDK's types in the tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class LineModel(BaseModel):
+    """Lines tolerate fields they do not know, so an older orch reads what a newer worker wrote."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class BatchError(LineModel):
+    """Why a row failed: an OpenAI-style error code (`invalid_parameter`, `context_length_exceeded`...)."""
+
+    code: str
+    message: str
+
+
+class BatchResponse(LineModel):
+    status_code: int
+    request_id: str
+    body: dict[str, Any] | None = None
+
+
+class Usage(LineModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class BatchOutputLine(LineModel):
+    id: str = "batch_req"
+    custom_id: str | None
+    response: BatchResponse | None = None
+    error: BatchError | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    @property
+    def row(self) -> int:
+        """The row of its chunk this line answers (from `batch_req_<chunk>-<row>`)."""
+        return row_of(self.id)
+
+    def usage(self) -> Usage:
+        body = self.response.body if self.response is not None else None
+        usage = body.get("usage") if body else None
+        return Usage.model_validate(usage) if isinstance(usage, dict) else Usage()
+
+    def first_choice(self) -> dict[str, Any]:
+        """The first choice of a completion body (empty for errors and other endpoints)."""
+        body = self.response.body if self.response is not None else None
+        choices = body.get("choices") if body else None
+        return choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+
+    def text(self) -> str | None:
+        """The first choice's text: a chat message's content, or a completion's text."""
+        choice = self.first_choice()
+        if "text" in choice:
+            return choice["text"]
+        message = choice.get("message")
+        return message.get("content") if isinstance(message, dict) else None
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+def request_id(chunk: str, index: int) -> str:
+    """The `id` of the output line answering row `index` of `chunk`."""
+    return f"batch_req_{chunk}-{index}"
+
+
+def row_of(line_id: str) -> int:
+    return int(line_id.rsplit("-", 1)[1])
