@@ -46,10 +46,12 @@ $(MODELS)/tiny-llama/.built: $(WVENV)/.installed worker/models.py
 system-deps:
 	scripts/system-deps
 
-# The gates: one formatter, the linter.
+# The gates: one formatter, the linter, the types (strict on the core), the import boundaries.
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 test: lint setup models system-deps
 	$(VENV)/bin/python -m pytest tests --ignore=tests/worker

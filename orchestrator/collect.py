@@ -121,14 +121,14 @@ def _collect_chunk(
                     where=layout.done(entry.chunk),
                     hint="the store was changed outside orch; delete the marker and run the chunk again",
                 )
-            for line in iter_part_lines(data, marker.output_format):
-                if line.row in answers:
+            for part_line in iter_part_lines(data, marker.output_format):
+                if part_line.row in answers:
                     report.duplicates += 1
-                    report.note("duplicates", line.custom_id)
+                    report.note("duplicates", part_line.custom_id)
                     continue
-                answers[line.row] = line
+                answers[part_line.row] = part_line
     for row, request_line, request in _input_rows(store, layout, entry):
-        line = answers.pop(row, None)
+        line = answers.pop(row) if row in answers else None
         if line is None:
             report.missing += 1
             report.note("missing", request.get("custom_id"))
@@ -176,7 +176,7 @@ class _Writer:
         fd, self.tmp = tempfile.mkstemp(dir=self.out.parent, prefix=f".{self.out.name}.")
         self.file = os.fdopen(fd, "wb")
         self.rows: list[BatchOutputLine] = []
-        self.parquet = None
+        self.parquet: Any = None  # a pyarrow ParquetWriter, opened at the first row group
 
     def add(self, line: BatchOutputLine) -> None:
         if self.fmt == "jsonl":
@@ -237,7 +237,7 @@ class _RetryWriter:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if self.file:
+        if self.file and self.path:
             self.file.close()
             if exc_type is None:
                 os.replace(self.tmp, self.path)

@@ -73,7 +73,9 @@ def throughput(
     entries: Sequence[ManifestEntry],
     stats: Mapping[str, tuple[float, ChunkStats]],
 ) -> Throughput:
-    tokens, seconds, chunks = {}, {}, {}
+    tokens: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    chunks: dict[str, int] = {}
     rows_done = tokens_done = 0
     for _, s in stats.values():
         rows_done += s.rows

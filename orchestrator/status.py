@@ -314,7 +314,7 @@ def render_table(status: RunStatus) -> str:
         )
     if status.deadline:
         d = status.deadline
-        colour = {"critical": "red", "behind": "yellow"}.get(d.get("mode"), "green")
+        colour = {"critical": "red", "behind": "yellow"}.get(str(d.get("mode")), "green")
         head.append(
             click.style(f"deadline {_duration(d['deadline_s'])}", bold=True)
             + click.style(f" [{d.get('mode')}]", fg=colour)

@@ -31,9 +31,6 @@ class JobState(str, enum.Enum):
     def is_terminal(self) -> bool:
         return self in _TERMINAL
 
-    def is_failure(self) -> bool:
-        return self in _FAILURES
-
     def is_live(self) -> bool:
         """Holds (or will soon hold) a machine: launching again would duplicate the worker."""
         return not self.is_terminal() and self is not JobState.UNKNOWN
@@ -48,7 +45,6 @@ _TERMINAL = {
     JobState.FAILED_NO_RESOURCE,
     JobState.FAILED_CONTROLLER,
 }
-_FAILURES = _TERMINAL - {JobState.SUCCEEDED, JobState.CANCELLED}
 
 #: How `orch status` colours each state.
 STATE_COLOURS = {

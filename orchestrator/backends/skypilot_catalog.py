@@ -31,7 +31,7 @@ def catalog_offerings(gpus: Sequence[str], clouds: Sequence[str]) -> tuple[list[
             if not isinstance(name, str) or name.upper() not in wanted or not _known(row.get("InstanceType")):
                 continue
             count, price, spot = row.get("AcceleratorCount"), row.get("Price"), row.get("SpotPrice")
-            if not (_known(count) and _known(price)):
+            if count is None or price is None or not (_known(count) and _known(price)):
                 continue
             offerings.append(
                 Offering(
@@ -40,7 +40,7 @@ def catalog_offerings(gpus: Sequence[str], clouds: Sequence[str]) -> tuple[list[
                     region=str(row.get("Region")),
                     gpus=int(count),
                     on_demand=float(price),
-                    spot=float(spot) if _known(spot) else None,
+                    spot=float(spot) if spot is not None and _known(spot) else None,
                 )
             )
     return offerings, problems

@@ -106,7 +106,7 @@ def input_flags(
     system_prompt: str | None,
 ) -> dict[str, Any]:
     """The spec flags the input options give (dotted paths)."""
-    flags = {
+    flags: dict[str, Any] = {
         "input.format": fmt,
         "input.id_column": id_column,
         "input.turns": turns,

@@ -137,8 +137,8 @@ def _deadline_study(config, seeds: int, factor: float, entries, as_json: bool) -
             "runs": len(runs),
             "cost_usd": statistics.fmean(r.cost_usd for r in runs),
             "cost_vs_on_demand": statistics.fmean(r.cost_usd / o.cost_usd for r, o in zip(runs, od, strict=True)),
-            "makespan_vs_deadline": statistics.fmean(r.makespan_s / r.deadline_s for r in runs),
-            "makespan_vs_deadline_max": max(r.makespan_s / r.deadline_s for r in runs),
+            "makespan_vs_deadline": statistics.fmean(r.makespan_vs_deadline for r in runs),
+            "makespan_vs_deadline_max": max(r.makespan_vs_deadline for r in runs),
             "on_demand_launched": statistics.fmean(r.on_demand_launched for r in runs),
         }
     if as_json:

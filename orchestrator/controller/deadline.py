@@ -135,7 +135,7 @@ def decide(state: FleetState, settings: DeadlineSettings) -> Decision:
     else:
         slack = -math.inf
     commit_at = overhead + settings.commit_margin_s
-    numbers = dict(
+    numbers: dict[str, Any] = dict(
         elapsed_s=state.elapsed_s,
         progress=state.done_rows / total,
         line=line,

@@ -71,10 +71,11 @@ class BatchOutputLine(LineModel):
     def text(self) -> str | None:
         """The first choice's text: a chat message's content, or a completion's text."""
         choice = self.first_choice()
-        if "text" in choice:
-            return choice["text"]
+        if isinstance(choice.get("text"), str):
+            return str(choice["text"])
         message = choice.get("message")
-        return message.get("content") if isinstance(message, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        return content if isinstance(content, str) else None
 
     def to_json(self) -> bytes:
         return self.model_dump_json().encode()

@@ -174,11 +174,11 @@ _ENV_NOT_SPEC = {"ORCH_DEBUG", "ORCH_WORKER_PYTHON", "ORCH_S3_ENDPOINT_URL", "OR
 
 # -- loading ------------------------------------------------------------------------------------
 def load_spec(
-    file: str | os.PathLike | None = None,
+    file: str | os.PathLike[str] | None = None,
     flags: Mapping[str, Any] | None = None,
     *,
     env: Mapping[str, str] | None = None,
-    cwd: str | os.PathLike | None = None,
+    cwd: str | os.PathLike[str] | None = None,
     stored: Mapping[str, Any] | None = None,
     default_file: bool = True,
 ) -> RunSpec:
@@ -211,11 +211,7 @@ def load_spec(
     return spec
 
 
-def spec_file_path(file: str | os.PathLike | None, cwd: str | os.PathLike | None = None) -> Path | None:
-    return _spec_path(file, cwd)
-
-
-def _spec_path(file: str | os.PathLike | None, cwd: str | os.PathLike | None) -> Path | None:
+def _spec_path(file: str | os.PathLike[str] | None, cwd: str | os.PathLike[str] | None) -> Path | None:
     if file is not None:
         path = Path(file)
         if not path.is_file():
@@ -323,7 +319,7 @@ def _line_of(node: Any, loc: list[str]) -> int | None:
     """The 1-based line of the YAML node at `loc`, or of its nearest existing parent."""
     if node is None:
         return None
-    line = node.start_mark.line + 1
+    line: int = node.start_mark.line + 1
     for part in loc:
         if not isinstance(node, yaml.MappingNode):
             break

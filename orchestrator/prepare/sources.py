@@ -171,8 +171,8 @@ def parquet_first_user_turns(source: SourceFile, conversation: str, id_column: s
             first_turn[row] = [{"role": "user", "content": content}]
         ids = batch.column(id_column).to_pylist() if id_column else None
         for i in range(batch.num_rows):
-            record = {conversation: first_turn[i]}
-            if ids is not None:
+            record: dict[str, Any] = {conversation: first_turn[i]}
+            if id_column is not None and ids is not None:
                 record[id_column] = ids[i]
             yield RawRow(number, record, "")
             number += 1
@@ -263,7 +263,7 @@ def _open_text_bytes(source: SourceFile) -> Iterator[BinaryIO]:
     with _open_bytes(source) as raw:
         if source.kind == "jsonl.gz":
             with gzip.open(raw) as f:
-                yield io.BufferedReader(f, 1 << 20)  # type: ignore[arg-type]
+                yield io.BufferedReader(f, 1 << 20)
         else:
             yield raw
 

@@ -24,6 +24,7 @@ What is simulated when, and why that is exact:
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import itertools
 import json
@@ -90,21 +91,23 @@ SKYPILOT_EXAMPLE = Policy("skypilot-example", _static_plan, steal=False, rescue=
 POLICIES = {p.name: p for p in (ORCH, SKYPILOT_EXAMPLE)}
 
 
+def _measured_rate(w: SimWorker) -> float | None:
+    """A worker's speed once it has finished a chunk (what the real worker knows of itself)."""
+    return w.rate if w.chunks_done else None
+
+
 class UnitCodec:
     """Parts of the simulator: row indices as ranges, so a resume reads them back like real parts."""
 
     ext = "sim"
 
     def encode(self, rows: Sequence[RowStat]) -> bytes:
-        indices = sorted(r.index for r in rows)
-        ranges, start = [], None
-        for prev, cur in zip([None, *indices], indices, strict=False):
-            if start is None or cur != prev + 1:
-                if start is not None:
-                    ranges.append([start, prev])
-                start = cur
-        if start is not None:
-            ranges.append([start, indices[-1]])
+        ranges: list[list[int]] = []
+        for index in sorted(r.index for r in rows):
+            if ranges and index == ranges[-1][1] + 1:
+                ranges[-1][1] = index
+            else:
+                ranges.append([index, index])
         return json.dumps(ranges).encode()
 
     def decode(self, data: bytes) -> list[RowStat]:
@@ -180,6 +183,12 @@ class FleetResult:
     @property
     def met_deadline(self) -> bool | None:
         return None if self.deadline_s is None else self.complete and self.makespan_s <= self.deadline_s
+
+    @property
+    def makespan_vs_deadline(self) -> float:
+        if self.deadline_s is None:
+            raise ValueError("this simulation had no deadline")
+        return self.makespan_s / self.deadline_s
 
     @property
     def ratio(self) -> float:
@@ -293,7 +302,7 @@ class Fleet:
             own=w.index,
             steal=self.policy.steal,
             rescue=self.policy.rescue,
-            rows_per_s=lambda w=w: w.rate if w.chunks_done else None,
+            rows_per_s=functools.partial(_measured_rate, w),
             on_end_game=self._start_end_game,
         )
         w.heartbeat = HeartbeatPublisher(
@@ -403,7 +412,7 @@ class Fleet:
         self._at(back + self.config.restart_overhead_s, "ready", w)
 
     # -- the deadline policy: the controller's decisions, every control interval --------------------
-    def _control(self, _: SimWorker) -> None:
+    def _control(self, _worker: SimWorker) -> None:
         assert self.deadline is not None
         now = self.clock.now
         gpus = [self.prices.get(g) for g in self.config.gpus]

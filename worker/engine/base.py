@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -27,14 +27,19 @@ class RowResult:
 
 
 class Engine(Protocol):
-    name: str
-    #: What it runs on: "cpu", or the GPU's name ("NVIDIA L4").
-    accelerator: str | None
-    #: How many requests it works on at once (vLLM's max_num_seqs): the worker keeps at least
-    #: this many in its hands before it claims another chunk.
-    capacity: int
+    @property
+    def name(self) -> str: ...
 
-    def run(self, requests: Iterator[EngineRequest | None]) -> Iterator[list[RowResult]]:
+    @property
+    def accelerator(self) -> str | None:
+        """What it runs on: "cpu", or the GPU's name ("NVIDIA L4")."""
+
+    @property
+    def capacity(self) -> int:
+        """How many requests it works on at once (vLLM's max_num_seqs): the worker keeps at least
+        this many in its hands before it claims another chunk."""
+
+    def run(self, requests: Iterator[EngineRequest | None]) -> Generator[list[RowResult], None, None]:
         """Pull requests as the engine has room (a bounded window, so a 100,000-row chunk never
         sits in memory), and yield after every engine step the rows that finished in it, possibly
         none, so the caller can checkpoint and check for stop requests between steps. Ends when

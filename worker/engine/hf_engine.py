@@ -9,7 +9,7 @@ penalties (transformers has no equivalent).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from orchestrator.core.spec import ModelSpec
@@ -42,7 +42,7 @@ class TransformersEngine:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(spec.name, dtype=dtype).to(self.device).eval()
         self.chat_template = spec.chat_template
-        self.max_model_len = spec.max_model_len or getattr(self.model.config, "max_position_embeddings", 2048)
+        self.max_model_len: int = spec.max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.batch_size = batch_size
         # Requests taken (and generated) a window at a time: the window is what it works on at once.
         self.capacity = max_in_flight or 4 * batch_size
@@ -50,7 +50,7 @@ class TransformersEngine:
         self._aborted = False
         self._dropped: set[str] = set()
 
-    def run(self, requests: Iterator[EngineRequest | None]) -> Iterator[list[RowResult]]:
+    def run(self, requests: Iterator[EngineRequest | None]) -> Generator[list[RowResult], None, None]:
         self._aborted = False
         while not self._aborted:
             window = take_window(requests, self.capacity)

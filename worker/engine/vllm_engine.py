@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +30,6 @@ CPU_DEFAULTS: dict[str, Any] = {
 }
 #: On a CPU, a context longer than this rarely pays: the KV cache above holds ~5k tokens of a 135M model.
 CPU_MAX_MODEL_LEN = 2048
-
-
-_END = object()
 
 
 @dataclass
@@ -63,13 +60,14 @@ class VllmEngine:
         self._next_id = 0
 
     # -- Engine ------------------------------------------------------------------------------
-    def run(self, requests: Iterator[EngineRequest | None]) -> Iterator[list[RowResult]]:
+    def run(self, requests: Iterator[EngineRequest | None]) -> Generator[list[RowResult], None, None]:
         pending_errors: list[RowResult] = []
         exhausted = False
         while True:
             while not exhausted and len(self._in_flight) < self.max_in_flight:
-                request = next(requests, _END)
-                if request is _END:
+                try:
+                    request = next(requests)
+                except StopIteration:
                     exhausted = True
                     break
                 if request is None:
@@ -229,7 +227,7 @@ def _build_llm(spec: ModelSpec) -> Any:
     if spec.max_model_len:
         kwargs["max_model_len"] = spec.max_model_len
     elif cpu:
-        kwargs["max_model_len"] = min(CPU_MAX_MODEL_LEN, _native_context(spec.name) or CPU_MAX_MODEL_LEN)
+        kwargs["max_model_len"] = min(CPU_MAX_MODEL_LEN, _native_context(spec.name or "") or CPU_MAX_MODEL_LEN)
     kwargs.update(spec.engine_args)
     try:
         return LLM(**kwargs)

@@ -118,7 +118,6 @@ class ChunkJob(Generic[RowT]):
         self.chunk_rows = chunk_rows
         self.started_at = clock()
         self.point = ResumePoint()
-        self.new_rows = 0
         self._seq = 0
 
     @property
@@ -157,7 +156,6 @@ class ChunkJob(Generic[RowT]):
         self.point.errors += errors
         self.point.tokens_in += sum(r.tokens_in for r in rows)
         self.point.tokens_out += sum(r.tokens_out for r in rows)
-        self.new_rows += len(rows)
         return ref
 
     def complete(self, *, worker: str, model: str, spec_hash: str, accelerator: str | None) -> DoneMarker | None:

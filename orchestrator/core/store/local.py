@@ -39,7 +39,7 @@ _LOCK_STRIPES = 256
 class LocalStore:
     shared = False
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root).absolute()
         self.uri = str(self.root)
         self.requests = RequestCounter()

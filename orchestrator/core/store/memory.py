@@ -93,9 +93,9 @@ class MemoryStore:
 
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
         with self._lock:
-            after = start_after is not None and start_after >= prefix
+            start = start_after if start_after is not None and start_after >= prefix else None
             snapshot = []
-            for key in self._keys.from_key(start_after if after else prefix, inclusive=not after):
+            for key in self._keys.from_key(start if start is not None else prefix, inclusive=start is None):
                 if not key.startswith(prefix):
                     break
                 snapshot.append((key, self._objects[key]))

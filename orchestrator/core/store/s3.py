@@ -119,7 +119,7 @@ class S3Store:
     def put(self, key: str, data: bytes) -> str:
         self.requests.add("put")
         with self._errors(key):
-            return self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data)["ETag"]
+            return str(self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data)["ETag"])
 
     def put_file(self, key: str, path: str) -> None:
         self.requests.add("put")
@@ -144,7 +144,7 @@ class S3Store:
         try:
             with self._errors(key):
                 resp = self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data, **condition)
-            return resp["ETag"]
+            return str(resp["ETag"])
         except (PreconditionFailed, NotFound):
             # Our own earlier attempt may be what the condition now fails against.
             try:
