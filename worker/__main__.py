@@ -63,8 +63,9 @@ def _run_one(run, store_uri, worker, replica, spot, max_chunks, checkpoint_inter
     from worker.engine import load_engine
     from worker.runner import Shutdown, Worker, WorkerIdentity, install_signal_handlers, summary_line
 
-    store = open_store(store_uri)
-    spec = _spec_from_run(store, run, checkpoint_interval, lease_ttl)
+    spec = _spec_from_run(open_store(store_uri, worker=True), run, checkpoint_interval, lease_ttl)
+    # The run's own store settings (and ORCH_STORE_SETTINGS__* in the environment) from here on.
+    store = open_store(store_uri, spec.store_settings, worker=True)
     cloud = _cluster_info()
     identity = WorkerIdentity.new(
         replica_id(worker, replica),

@@ -25,7 +25,7 @@ def resolve_spec(spec_file: str | None, flags: Mapping[str, Any], *, freeze: boo
     """
     first = load_spec(spec_file, flags)
     layout = first.layout
-    store = open_store(first.store)
+    store = open_store(first.store, first.store_settings)
     stored = read_stored_spec(store, layout)
     # The store we opened is where the run lives, whatever the stored copy says.
     spec = load_spec(spec_file, {**flags, "store": first.store}, stored=stored[0] if stored else None)

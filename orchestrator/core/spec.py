@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from orchestrator.core.errors import SpecConflict, SpecError
 from orchestrator.core.protocol.layout import RunLayout, check_run_name
 from orchestrator.core.records import SpecDocument, cas_update, read_record
-from orchestrator.core.store import Store
+from orchestrator.core.store import Store, StoreSettings
 
 DEFAULT_SPEC_FILE = "orch.yaml"
 DEFAULT_STORE = "./.orch"
@@ -137,6 +137,9 @@ class ResourcesSpec(StrictModel):
 class RunSpec(StrictModel):
     run: str | None = Field(None, description="the run's name: its prefix in the store")
     store: str = Field(DEFAULT_STORE, description="a directory, s3://BUCKET/PREFIX or r2://BUCKET/PREFIX")
+    store_settings: StoreSettings = Field(
+        default_factory=StoreSettings, description="timeouts, retries and outage budgets for talking to the store"
+    )
     backend: Literal["local", "skypilot"] = "local"
     model: ModelSpec = Field(default_factory=ModelSpec)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)

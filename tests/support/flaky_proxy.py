@@ -2,11 +2,13 @@
 
 It answers 503 SlowDown, or forwards a request and then drops the connection before the answer
 (the write happened, the client never hears of it): the failures a store must retry through.
+`SilentServer` is worse: it accepts connections and never answers at all.
 """
 
 from __future__ import annotations
 
 import http.client
+import socket
 import socketserver
 import threading
 from collections.abc import Callable
@@ -102,3 +104,36 @@ class FlakyProxy:
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class SilentServer:
+    """Accepts TCP connections and never answers: an endpoint that hangs every request."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.endpoint = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._held: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    def _accept(self) -> None:
+        self._sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                continue
+            self._held.append(conn)  # kept open, never read from or written to
+
+    def __enter__(self) -> SilentServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        for conn in self._held:
+            conn.close()
+        self._sock.close()

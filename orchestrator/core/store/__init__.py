@@ -12,7 +12,11 @@ from orchestrator.core.store.base import (
     PreconditionFailed,
     RequestCounter,
     Store,
+    StoreBusy,
     StoreError,
+    StoreFull,
+    StoreSettings,
+    StoreUnavailable,
 )
 
 __all__ = [
@@ -23,18 +27,26 @@ __all__ = [
     "PreconditionFailed",
     "RequestCounter",
     "Store",
+    "StoreBusy",
     "StoreError",
+    "StoreFull",
+    "StoreSettings",
+    "StoreUnavailable",
     "open_store",
 ]
 
 
-def open_store(uri: str | Path) -> Store:
-    """A plain path or `file://` is a local directory; `s3://` and `r2://` go through boto3."""
+def open_store(uri: str | Path, settings: StoreSettings | None = None, *, worker: bool = False) -> Store:
+    """A plain path or `file://` is a local directory; `s3://` and `r2://` go through boto3.
+
+    `settings` (the spec's store_settings) bound every wait; `worker` picks the workers' longer
+    per-request timeouts and retries instead of the interactive ones."""
     text = str(uri)
+    settings = settings or StoreSettings()
     if text.startswith(("s3://", "r2://")):
         from orchestrator.core.store.s3 import from_uri
 
-        return from_uri(text)
+        return from_uri(text, settings, worker=worker)
     if "://" in text and not text.startswith("file://"):
         raise StoreError(
             f"unsupported store URI {text!r}",
@@ -42,4 +54,4 @@ def open_store(uri: str | Path) -> Store:
         )
     from orchestrator.core.store.local import LocalStore
 
-    return LocalStore(text.removeprefix("file://"))
+    return LocalStore(text.removeprefix("file://"), lock_timeout=settings.lock_timeout)

@@ -3,19 +3,42 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.core.errors import OrchError
 
 #: How many keys one list request returns (S3's maximum; the local store pages the same way).
 LIST_PAGE_SIZE = 1000
 
+log = logging.getLogger("orch.store")
+_strays: set[str] = set()
+
 
 class StoreError(OrchError):
     """The store could not be reached or refused an operation (after retries)."""
+
+
+class StoreUnavailable(StoreError):
+    """The store did not answer (unreachable, timed out, 5xx, throttled) after the client's own retries.
+
+    A passing condition, not a refusal: workers and `orch watch` wait it out for their outage budget
+    (core/protocol/outage.py); interactive commands report it.
+    """
+
+
+class StoreFull(StoreUnavailable):
+    """The file system under a local store has no space left (ENOSPC, EDQUOT). Waited out like an
+    outage by workers and `orch watch` (someone frees space); one ERROR line for other commands."""
+
+
+class StoreBusy(StoreUnavailable):
+    """Another process held a local store's write lock for longer than `store_settings.lock_timeout`."""
 
 
 class NotFound(StoreError):
@@ -39,6 +62,31 @@ class PreconditionFailed(StoreError):
 
 class InvalidKey(StoreError):
     """A key that would escape the store root or that the backends cannot hold."""
+
+
+class StoreSettings(BaseModel):
+    """How orch talks to its store: the spec's `store_settings` section.
+
+    Interactive commands (status, collect, prepare, plan, launch) answer or fail within about 20 s
+    on an endpoint that accepts connections and never answers: attempts x read_timeout plus
+    botocore's backoff. Workers wait longer for each request, and ride out a store that stays
+    unreachable for `outage_budget` seconds.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    connect_timeout: float = Field(5.0, gt=0, description="seconds to open a connection to an S3/R2 endpoint")
+    read_timeout: float = Field(6.0, gt=0, description="seconds to wait for an answer (interactive commands)")
+    attempts: int = Field(2, ge=1, description="tries per request, botocore's standard retries (interactive commands)")
+    worker_read_timeout: float = Field(60.0, gt=0, description="seconds to wait for an answer (workers)")
+    worker_attempts: int = Field(5, ge=1, description="tries per request (workers)")
+    lock_timeout: float = Field(30.0, gt=0, description="local store: seconds to wait for another process's write lock")
+    outage_budget: float = Field(
+        600.0, ge=0, description="seconds a worker rides out an unreachable store before it exits 75 (relaunched)"
+    )
+    watch_outage_budget: float = Field(
+        3600.0, ge=0, description="seconds `orch watch` (and run, launch --follow) waits out an unreachable store"
+    )
 
 
 @dataclass(frozen=True)
@@ -134,3 +182,12 @@ def check_key(key: str) -> str:
     if len(key.encode()) > 1024:
         raise InvalidKey(f"store key longer than 1024 bytes: {key[:80]!r}...")
     return key
+
+
+def ignore_stray(key: str, why: str) -> None:
+    """Skip an object orch did not write where it lists its own (a README under stats/, a console
+    folder marker, a lease of garbage bytes), with one warning per key and process: one bad object
+    must never halt a fleet."""
+    if key not in _strays:
+        _strays.add(key)
+        log.warning("ignoring %s: %s", key, why)

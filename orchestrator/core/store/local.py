@@ -4,19 +4,27 @@
    `os.replace` for plain writes, `os.link` (fails if the name exists) for put-if-absent.
 2. Writes to a key hold an exclusive `flock` on one of a fixed set of lock files picked by the
    key's hash, so a compare-and-swap's check and replace cannot interleave with another write,
-   whether it comes from a thread or from another process.
+   whether it comes from a thread or from another process. A lock is waited for at most
+   `lock_timeout` seconds (a frozen holder must not stop every other process); its holder writes
+   who it is into the lock file, so the error can name it.
 3. The ETag is the MD5 of the bytes, like a single-part S3 upload (so, as on S3, writing back
    identical bytes gives the same ETag: writers of conditional objects make their bytes unique).
+4. A write that fails (a full disk) removes its temporary file; temporary files older than
+   TMP_MAX_AGE_S, left by processes killed mid-write, are swept when the store is opened.
+   A full file system is `StoreFull`, naming the directory: a condition to wait out, not a crash.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -29,24 +37,31 @@ from orchestrator.core.store.base import (
     ObjectInfo,
     PreconditionFailed,
     RequestCounter,
+    StoreBusy,
+    StoreFull,
     check_key,
 )
 
 _INTERNAL = (".orch-tmp", ".orch-locks")
 _LOCK_STRIPES = 256
+#: A temporary file this old belongs to no write in progress: its writer was killed.
+TMP_MAX_AGE_S = 3600.0
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class LocalStore:
     shared = False
 
-    def __init__(self, root: str | os.PathLike[str]):
+    def __init__(self, root: str | os.PathLike[str], *, lock_timeout: float = 30.0):
         self.root = Path(root).absolute()
         self.uri = str(self.root)
         self.requests = RequestCounter()
+        self.lock_timeout = lock_timeout
         self._tmp = self.root / ".orch-tmp"
         self._locks = self.root / ".orch-locks"
         for d in (self._tmp, self._locks):
             d.mkdir(parents=True, exist_ok=True)
+        self._sweep_tmp()
 
     # -- reads -------------------------------------------------------------------------------
     def get(self, key: str) -> Blob:
@@ -98,42 +113,41 @@ class LocalStore:
     def put(self, key: str, data: bytes) -> str:
         self.requests.add("put")
         path = self._path(key)
-        tmp = self._write_tmp(data)
-        with self._lock(key):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, path)
+        with self._tmp_file(key) as tmp:
+            _write_all(tmp, data)
+            with self._lock(key):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, path)
         return _etag(data)
 
     def put_file(self, key: str, path: str) -> None:
         self.requests.add("put")
         target = self._path(key)
-        fd, tmp = tempfile.mkstemp(dir=self._tmp)
-        with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
-            shutil.copyfileobj(src, out, 1 << 20)
-        with self._lock(key):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, target)
+        with self._tmp_file(key) as tmp:
+            with open(tmp, "wb") as out, open(path, "rb") as src:
+                shutil.copyfileobj(src, out, 1 << 20)
+            with self._lock(key):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, target)
 
     def put_if_absent(self, key: str, data: bytes) -> str:
         self.requests.add("put_if_absent")
         path = self._path(key)
-        tmp = self._write_tmp(data)
-        try:
+        with self._tmp_file(key) as tmp:
+            _write_all(tmp, data)
             with self._lock(key):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     os.link(tmp, path)
                 except FileExistsError:
                     raise PreconditionFailed(key) from None
-        finally:
-            os.unlink(tmp)
         return _etag(data)
 
     def compare_and_swap(self, key: str, data: bytes, etag: str) -> str:
         self.requests.add("compare_and_swap")
         path = self._path(key)
-        tmp = self._write_tmp(data)
-        try:
+        with self._tmp_file(key) as tmp:
+            _write_all(tmp, data)
             with self._lock(key):
                 try:
                     current = _etag(path.read_bytes())
@@ -142,9 +156,6 @@ class LocalStore:
                 if current != etag:
                     raise PreconditionFailed(key)
                 os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
         return _etag(data)
 
     def delete(self, key: str) -> None:
@@ -159,23 +170,92 @@ class LocalStore:
             raise InvalidKey(f"invalid store key {key!r}: {key.split('/', 1)[0]} is the store's own")
         return self.root / key
 
-    def _write_tmp(self, data: bytes) -> str:
-        fd, tmp = tempfile.mkstemp(dir=self._tmp)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return tmp
+    @contextlib.contextmanager
+    def _tmp_file(self, key: str) -> Iterator[str]:
+        """A temporary file for one write, removed whatever happens (renamed into place on
+        success); a full disk becomes StoreFull naming the key and the directory."""
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self._tmp)
+            os.close(fd)
+            yield tmp
+        except OSError as e:
+            if e.errno in _FULL:
+                raise StoreFull(
+                    f"no space left on the file system under {self.root} (writing {key})",
+                    hint=f"free space there (df -h {self.root}), or move the store; nothing written so far is lost",
+                ) from None
+            raise
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+    def _sweep_tmp(self) -> None:
+        """Remove temporary files that no write in progress can own (their writers were killed)."""
+        cutoff = time.time() - TMP_MAX_AGE_S
+        with contextlib.suppress(OSError), os.scandir(self._tmp) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.is_file() and entry.stat().st_mtime < cutoff:
+                        os.unlink(entry.path)
 
     @contextlib.contextmanager
     def _lock(self, key: str) -> Iterator[None]:
+        """The key's write lock, waited for at most `lock_timeout` seconds (StoreBusy then, naming
+        the holder its lock file names)."""
         stripe = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=2).digest(), "big")
         lock_path = self._locks / f"{stripe % _LOCK_STRIPES:03d}"
         # A separate open file description per call: flock then excludes other threads too.
         with open(lock_path, "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            deadline = time.monotonic() + self.lock_timeout
+            pause = 0.001
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise StoreBusy(
+                            f"waited {self.lock_timeout:g}s for the write lock of {key!r} ({lock_path}), "
+                            f"held by {_holder(lock_path)}",
+                            where=self.uri,
+                            hint="that process is frozen or stuck on a slow disk: resume or stop it "
+                            "(store_settings.lock_timeout sets the wait)",
+                        ) from None
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.05)
             try:
+                # Who holds it, for the error another process may have to show.
+                with contextlib.suppress(OSError):
+                    lock.truncate(0)
+                    lock.write(
+                        f"pid {os.getpid()} on {socket.gethostname()} since {time.time():.3f} for {key}".encode()
+                    )
+                    lock.flush()
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _write_all(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _holder(lock_path: Path) -> str:
+    """What the lock's holder wrote into it: `pid N on HOST since T for KEY`."""
+    try:
+        text = lock_path.read_text(errors="replace").strip()
+    except OSError:
+        text = ""
+    if not text.startswith("pid "):
+        return "an unknown process"
+    words = text.split(" ")
+    with contextlib.suppress(ValueError, IndexError):
+        since = float(words[5])
+        words[5] = time.strftime("%H:%M:%S", time.localtime(since)) + f" ({time.time() - since:.0f}s ago)"
+    return " ".join(words)
 
 
 def _etag(data: bytes) -> str:

@@ -2,10 +2,13 @@
 
 Conditional writes use the headers S3 defines: `If-None-Match: *` to create, `If-Match: <etag>`
 to swap. A lost race comes back as HTTP 412 (AWS may also answer 409 under contention); both
-become `PreconditionFailed`. Throttling, 5xx answers and dropped connections are retried by
-botocore's standard mode (exponential backoff with jitter). A conditional write that was retried
-may have succeeded on an attempt whose answer was lost; the retry then sees 412 for our own
-write, so on every 412 the store reads the object back and counts identical bytes as success.
+become `PreconditionFailed`. Throttling, 5xx answers, dropped connections and timeouts are retried
+by botocore's standard mode (exponential backoff with jitter), within the connect/read timeouts
+and attempts of `StoreSettings`; what still fails is `StoreUnavailable` (a passing condition that
+workers and `orch watch` wait out), any other refusal a plain `StoreError`. A conditional write
+that was retried may have succeeded on an attempt whose answer was lost; the retry then sees 412
+for our own write, so on every 412 the store reads the object back and counts identical bytes as
+success.
 """
 
 from __future__ import annotations
@@ -25,11 +28,23 @@ from orchestrator.core.store.base import (
     PreconditionFailed,
     RequestCounter,
     StoreError,
+    StoreSettings,
+    StoreUnavailable,
     check_key,
+    ignore_stray,
 )
 
 _PRECONDITION_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+#: Answers that say "not now" rather than "no": the store is there but cannot serve us yet.
+_PASSING_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "ServiceUnavailable",
+    "InternalError",
+}
 
 
 class S3Store:
@@ -47,7 +62,9 @@ class S3Store:
         access_key: str | None = None,
         secret_key: str | None = None,
         scheme: str = "s3",
-        max_attempts: int = 8,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 60.0,
+        max_attempts: int = 5,
         client: Any = None,
     ):
         self.bucket = bucket
@@ -60,9 +77,12 @@ class S3Store:
             from botocore.config import Config
 
             config = Config(
-                retries={"mode": "standard", "max_attempts": max_attempts},
-                connect_timeout=10,
-                read_timeout=60,
+                # Standard mode: exponential backoff with jitter on throttling, 5xx, dropped
+                # connections and timeouts. `total_max_attempts` counts the first try
+                # (botocore's `max_attempts` does not: 8 there was 9 tries of 60 s each).
+                retries={"mode": "standard", "total_max_attempts": max_attempts},
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
                 # MinIO, SeaweedFS and most endpoints other than AWS want path-style addressing.
                 s3={"addressing_style": "path" if endpoint_url else "auto"},
                 max_pool_connections=64,
@@ -105,6 +125,10 @@ class S3Store:
             for page in pages:
                 self.requests.add("list")
                 for obj in page.get("Contents", ()):
+                    if obj["Key"].endswith("/"):
+                        # A "folder" that S3 consoles create: no object orch could address.
+                        ignore_stray(obj["Key"], "an S3 console folder marker, not an object")
+                        continue
                     yield ObjectInfo(obj["Key"][strip:], obj["Size"], obj["LastModified"].timestamp())
 
     @contextlib.contextmanager
@@ -113,7 +137,7 @@ class S3Store:
         with self._errors(key):
             body = self.client.get_object(Bucket=self.bucket, Key=self._full(key))["Body"]
         with contextlib.closing(body):
-            yield io.BufferedReader(_StreamingRaw(body), 1 << 20)
+            yield io.BufferedReader(_StreamingRaw(body, f"{self.uri}/{key}"), 1 << 20)
 
     # -- writes ------------------------------------------------------------------------------
     def put(self, key: str, data: bytes) -> str:
@@ -163,7 +187,8 @@ class S3Store:
 
     @contextlib.contextmanager
     def _errors(self, key: str) -> Iterator[None]:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+        from botocore.exceptions import ConnectionError as BotoConnectionError
 
         try:
             yield
@@ -174,11 +199,17 @@ class S3Store:
                 raise PreconditionFailed(key) from None
             if code in _MISSING_CODES:
                 raise NotFound(key) from None
-            raise StoreError(
-                f"{self.uri}: {code or status} on {key!r}: {e.response.get('Error', {}).get('Message', e)}",
-                hint=_hint_for(code),
+            message = f"{self.uri}: {code or status} on {key!r}: {e.response.get('Error', {}).get('Message', e)}"
+            if code in _PASSING_CODES or status.startswith("5"):
+                raise StoreUnavailable(message, hint="the store is overloaded or failing; try again later") from e
+            raise StoreError(message, hint=_hint_for(code)) from e
+        except (BotoConnectionError, HTTPClientError) as e:
+            # Refused or dropped connections and timeouts, after botocore's retries.
+            raise StoreUnavailable(
+                f"{self.uri}: no answer for {key!r}: {e}",
+                hint="check the endpoint and the network (store_settings in the spec set the timeouts)",
             ) from e
-        except BotoCoreError as e:
+        except BotoCoreError as e:  # no credentials, a bad parameter: asking again will not help
             raise StoreError(
                 f"{self.uri}: cannot complete the request for {key!r}: {e}",
                 hint="check the endpoint, the network and the credentials",
@@ -188,14 +219,18 @@ class S3Store:
 class _StreamingRaw(io.RawIOBase):
     """Lets io.BufferedReader read a botocore StreamingBody line by line."""
 
-    def __init__(self, body: Any):
+    def __init__(self, body: Any, where: str):
         self._body = body
+        self._where = where
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        data = self._body.read(len(buffer))
+        try:
+            data = self._body.read(len(buffer))
+        except Exception as e:  # botocore and urllib3 errors alike: the connection broke mid-object
+            raise StoreUnavailable(f"{self._where}: the connection broke while reading: {e}") from e
         buffer[: len(data)] = data
         return len(data)
 
@@ -209,7 +244,7 @@ def _hint_for(code: str) -> str | None:
     }.get(code)
 
 
-def from_uri(uri: str) -> S3Store:
+def from_uri(uri: str, settings: StoreSettings | None = None, *, worker: bool = False) -> S3Store:
     """`s3://bucket/prefix[?endpoint=URL&region=R]` or `r2://bucket/prefix`.
 
     Endpoints: the `endpoint` query parameter first, then ORCH_S3_ENDPOINT_URL (s3) or
@@ -239,6 +274,7 @@ def from_uri(uri: str) -> S3Store:
         secret_key = os.environ.get("R2_SECRET_ACCESS_KEY")
     else:
         endpoint = endpoint or os.environ.get("ORCH_S3_ENDPOINT_URL")
+    settings = settings or StoreSettings()
     return S3Store(
         bucket,
         prefix,
@@ -247,4 +283,7 @@ def from_uri(uri: str) -> S3Store:
         access_key=access_key,
         secret_key=secret_key,
         scheme=parsed.scheme,
+        connect_timeout=settings.connect_timeout,
+        read_timeout=settings.worker_read_timeout if worker else settings.read_timeout,
+        max_attempts=settings.worker_attempts if worker else settings.attempts,
     )

@@ -1,0 +1,170 @@
+"""A store that misbehaves: an endpoint that never answers, a frozen lock holder, a full disk, writers killed mid-write."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core.store import StoreBusy, open_store
+from orchestrator.core.store.local import TMP_MAX_AGE_S, LocalStore
+from tests.support.flaky_proxy import SilentServer
+
+ROOT = Path(__file__).resolve().parents[1]
+ORCH = [sys.executable, "-m", "orchestrator"]
+
+
+def orch(*args: str, cwd: Path, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([*ORCH, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return done, time.monotonic() - started
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("ERROR")]
+
+
+@pytest.mark.slow
+def test_status_on_an_endpoint_that_never_answers_fails_within_20s(tmp_path):
+    with SilentServer() as silent:
+        store = f"s3://bucket/prefix?endpoint={silent.endpoint}"
+        done, took = orch("status", "--run", "r", "--store", store, cwd=tmp_path, timeout=60)
+        assert done.returncode != 0
+        assert took < 22, f"status took {took:.1f}s"
+        assert len(error_lines(done.stderr)) == 1 and "no answer" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+        # The spec's store_settings bound it further.
+        (tmp_path / "orch.yaml").write_text("store_settings:\n  read_timeout: 1\n  attempts: 1\n")
+        done, took = orch("status", "--run", "r", "--store", store, cwd=tmp_path, timeout=60)
+        assert done.returncode != 0 and took < 6, f"status took {took:.1f}s: {done.stderr}"
+        # ...and an unknown key there is refused with file, line and field.
+        (tmp_path / "orch.yaml").write_text("store_settings:\n  read_timeout: 1\n  retries: 1\n")
+        done, _ = orch("status", "--run", "r", "--store", store, cwd=tmp_path)
+        assert done.returncode == 2 and "orch.yaml:3" in done.stderr and "store_settings.retries" in done.stderr
+
+
+_HOLD_LOCK = """
+import os, signal, sys
+from orchestrator.core.store.local import LocalStore
+store = LocalStore(sys.argv[1])
+with store._lock(sys.argv[2]):
+    print("locked", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)  # frozen while holding the lock
+"""
+
+
+def test_local_store_lock_wait_is_bounded_and_names_the_frozen_holder(tmp_path):
+    root = tmp_path / "store"
+    key = "runs/r/leases/part_00000.json"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(root), key],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        store = LocalStore(root, lock_timeout=1.0)
+        started = time.monotonic()
+        with pytest.raises(StoreBusy) as caught:
+            store.put(key, b"x")
+        assert time.monotonic() - started < 3
+        message = str(caught.value)
+        assert key in message and f"pid {holder.pid}" in message, message
+        assert caught.value.hint and "lock_timeout" in caught.value.hint
+        # Keys in other lock stripes are not held up at all.
+        store.put("runs/r/leases/part_00001.json", b"y")
+        # Once the holder moves on, the write goes through.
+        holder.send_signal(signal.SIGCONT)
+        assert holder.wait(10) == 0
+        store.put(key, b"x")
+        assert store.get(key).data == b"x"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            holder.kill()
+        holder.wait()
+
+
+_KILLED_WRITER = """
+import sys
+from orchestrator.core.store.local import LocalStore
+LocalStore(sys.argv[1]).put_file("runs/r/chunks/part_00000.jsonl", sys.argv[2])  # blocks reading the FIFO
+"""
+
+
+def test_local_store_sweeps_temporary_files_left_by_killed_writers(tmp_path):
+    root = tmp_path / "store"
+    fifo = tmp_path / "feed"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(root), str(fifo)], env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    with open(fifo, "wb") as feed:
+        feed.write(b"x" * 4096)
+        feed.flush()
+        deadline = time.monotonic() + 30
+        while not list((root / ".orch-tmp").glob("*")):
+            assert time.monotonic() < deadline, "the writer never started its temporary file"
+            time.sleep(0.05)
+        writer.kill()  # mid-write: nothing can remove its temporary file now
+        writer.wait()
+    left = list((root / ".orch-tmp").iterdir())
+    assert len(left) == 1
+    LocalStore(root)
+    assert left[0].exists(), "a fresh temporary file may belong to a write in progress: kept"
+    old = time.time() - TMP_MAX_AGE_S - 60
+    os.utime(left[0], (old, old))  # an hour later
+    LocalStore(root)
+    assert not left[0].exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real file system of 256 KiB (tmpfs), so writes fail with ENOSPC as on a full disk."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_prepare_on_a_full_disk_says_what_is_full_and_leaves_no_temporary_files(small_disk, tmp_path):
+    data = tmp_path / "q.jsonl"
+    with open(data, "w") as f:
+        for i in range(3000):
+            f.write(json.dumps({"id": f"q{i}", "conversation": [{"role": "user", "content": f"Q{i}? " * 8}]}) + "\n")
+    store = small_disk / "store"
+    done, _ = orch(
+        "prepare",
+        str(data),
+        "--run",
+        "full",
+        "--store",
+        str(store),
+        "--num-chunks",
+        "4",
+        "--id-column",
+        "id",
+        cwd=tmp_path,
+    )
+    assert done.returncode != 0
+    errors = error_lines(done.stderr)
+    assert len(errors) == 1 and "no space left" in errors[0] and str(store) in errors[0], done.stderr
+    assert "hint: free space" in done.stderr and "Traceback" not in done.stderr
+    assert list((store / ".orch-tmp").iterdir()) == []
+    # What could be written is there and readable; a retry after freeing space needs nothing removed.
+    assert open_store(store).head("runs/full/spec.yaml") is not None
