@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import click
 
 from orchestrator import __version__
-from orchestrator.commands import collect, lifecycle, prepare, prices, run, simulate, status
+from orchestrator.commands import collect, lifecycle, prepare, prices, redo, run, simulate, status
 from orchestrator.core.errors import OrchError, render_error
 
 
@@ -27,7 +27,7 @@ def cli() -> None:
     """
 
 
-for _module in (collect, lifecycle, prepare, prices, run, simulate, status):
+for _module in (collect, lifecycle, prepare, prices, redo, run, simulate, status):
     _module.register(cli)
 
 

@@ -119,7 +119,8 @@ def _collect_chunk(
                 raise CorruptOutput(
                     f"{part.key} does not match the checksum in its done marker",
                     where=layout.done(entry.chunk),
-                    hint="the store was changed outside orch; delete the marker and run the chunk again",
+                    hint=f"the store was changed outside orch: `orch redo --run {layout.run} --chunk {entry.chunk}` "
+                    "runs the chunk again (then `orch resume --follow` if no worker is running)",
                 )
             for part_line in iter_part_lines(data, marker.output_format):
                 if part_line.row in answers:

@@ -2,15 +2,20 @@
 
 1. `gather` reads the manifest, the plan and the jobs record (3 GETs), and lists `done/`,
    `stats/` (each finished chunk's numbers are in its stats key), `heartbeats/` (each worker's
-   state is in its key) and `decisions/` (plus one GET of the latest, if any): one request per
-   1,000 objects. A done chunk without a stats entry (a
-   crash between the two writes) costs one GET of its marker. The backend is asked for the state of
-   each worker's current job.
+   state is in its key), `leases/` and `decisions/` (plus one GET of the latest, if any): one
+   request per 1,000 objects. Markers say what is done; stats are a cache of their numbers, used
+   only for chunks whose marker exists. A done chunk without a stats entry (a crash between the
+   two writes) costs one GET of its marker. A lease no live heartbeat accounts for is read, to name
+   a corrupt one. Once every chunk has a marker, every marker is read and the parts listed
+   (checkpoints.find_damage): a run is complete only when nothing is damaged. The backend is
+   asked for the state of each worker's current job.
 2. `derive_status` turns those facts into the view: plain data, no I/O.
 3. `render_table` and `to_json` show it.
 
 JSON shape (stable for scripts):
-    run, backend, complete (bool), backend_note (str|null),
+    run, backend, complete (bool: every chunk has a marker, and none is damaged), backend_note (str|null),
+    damaged: {chunk: what is wrong} (corrupt markers, parts that do not match them; `orch redo` each),
+    corrupt_leases: {key: what is wrong} (treated as expired once older than the lease TTL),
     chunks: {total, done},
     rows: {total, done (in finished chunks), in_progress (flushed or not, in chunks being worked on),
            errors (error rows in finished chunks)},
@@ -32,24 +37,27 @@ JSON shape (stable for scripts):
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import click
 
-from orchestrator.backends.base import STATE_COLOURS, JobState, JobStatus, Launcher
+from orchestrator.backends.base import STATE_COLOURS, JobState, JobStatus, Launcher, attempt_statuses
 from orchestrator.core import worker_ids
-from orchestrator.core.protocol.checkpoints import read_chunk_stats
+from orchestrator.core.protocol.checkpoints import find_damage, read_chunk_stats
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.snapshot import list_done
 from orchestrator.core.records import (
     ChunkStats,
+    CorruptRecord,
     DecisionRecord,
     DoneMarker,
     HeartbeatSummary,
     JobsRecord,
+    Lease,
     ManifestEntry,
     PlanRecord,
     parse_record,
@@ -77,6 +85,10 @@ class RunFacts:
     backend_note: str | None = None
     #: The deadline policy's latest decision (`orch watch --deadline`), if any.
     decision: DecisionRecord | None = None
+    #: chunk -> what is wrong with its marker or parts (checked once every chunk has a marker).
+    damaged: dict[str, str] = field(default_factory=dict)
+    #: lease key -> what is wrong with it.
+    corrupt_leases: dict[str, str] = field(default_factory=dict)
 
 
 def latest_decision(store: Store, layout: RunLayout) -> DecisionRecord | None:
@@ -98,6 +110,8 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
         with contextlib.suppress(Exception):  # a marker we cannot read is shown as done without numbers
             marker = parse_record(DoneMarker, store.get(layout.done(chunk)).data, layout.done(chunk))
             stats[chunk] = (marker.finished_at, marker.stats())
+    heartbeats = read_heartbeats(store, layout)
+    chunks = [e.chunk for e in manifest]
     facts = RunFacts(
         layout.run,
         manifest,
@@ -105,16 +119,36 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
         jobs,
         done,
         stats,
-        read_heartbeats(store, layout),
+        heartbeats,
         decision=latest_decision(store, layout),
+        damaged=find_damage(store, layout, chunks) if chunks and done.issuperset(chunks) else {},
+        corrupt_leases=_corrupt_leases(store, layout, done, heartbeats),
     )
-    current = [a.job_id for a in jobs.current_jobs().values()]
+    current = list(jobs.current_jobs().values())
     if launcher is not None and current:
         try:
-            facts.statuses = launcher.statuses(current)
+            facts.statuses = attempt_statuses(launcher, current, time.time())
         except Exception as e:  # the backend's own trouble must not hide what the store knows
             facts.backend_note = f"cannot ask the {getattr(launcher, 'name', 'backend')} backend: {e}"
     return facts
+
+
+def _corrupt_leases(
+    store: Store, layout: RunLayout, done: set[str], heartbeats: dict[str, HeartbeatSummary]
+) -> dict[str, str]:
+    """Leases of unfinished chunks that no heartbeat names, read to find those that do not parse."""
+    in_hand = {hb.chunk for hb in heartbeats.values() if hb.chunk}
+    out = {}
+    for info in store.list(layout.leases_prefix):
+        chunk = layout.chunk_of(info.key, layout.leases_prefix)
+        if chunk in done or chunk in in_hand:
+            continue
+        try:
+            read_record(store, info.key, Lease)
+        except CorruptRecord as e:
+            written = time.strftime("%H:%M:%S", time.localtime(info.modified))
+            out[info.key] = f"{e.message}; written {written}, treated as expired once older than the lease TTL"
+    return out
 
 
 @dataclass
@@ -160,6 +194,10 @@ class RunStatus:
     deadline: dict[str, Any] | None = None
     #: The finished chunks' pace: what a complete run shows instead of live throughput.
     overall: dict[str, float] | None = None
+    #: chunk -> what is wrong with its marker or parts: the run is not complete until redone.
+    damaged: dict[str, str] = field(default_factory=dict)
+    #: lease key -> what is wrong with it.
+    corrupt_leases: dict[str, str] = field(default_factory=dict)
 
 
 def derive_status(
@@ -177,8 +215,9 @@ def derive_status(
     rows_done = sum(rows_by_chunk[c] for c in done)
     errors = sum(s.errors for c, (_, s) in facts.stats.items() if c in done)
     finished_by: dict[str, int] = {}
-    for _, s in facts.stats.values():
-        finished_by[s.worker] = finished_by.get(s.worker, 0) + 1
+    for chunk, (_, s) in facts.stats.items():
+        if chunk in done:  # stats are a cache of the markers
+            finished_by[s.worker] = finished_by.get(s.worker, 0) + 1
 
     own = {str(a.worker): a.chunks for a in (facts.plan.workers if facts.plan else [])}
     current = {str(w): a for w, a in facts.jobs.current_jobs().items()}
@@ -235,7 +274,7 @@ def derive_status(
     return RunStatus(
         run=facts.run,
         backend=facts.jobs.backend,
-        complete=len(done) == len(rows_by_chunk),
+        complete=len(done) == len(rows_by_chunk) and not facts.damaged,
         backend_note=facts.backend_note,
         chunks={"total": len(rows_by_chunk), "done": len(done)},
         rows={"total": total_rows, "done": rows_done, "in_progress": in_progress, "errors": errors},
@@ -246,6 +285,8 @@ def derive_status(
         estimate=_estimate(facts, prices, gpus, workers_planned) if gpus else None,
         deadline=facts.decision.model_dump() if facts.decision is not None else None,
         overall=_overall([s for c, s in facts.stats.items() if c in done]),
+        damaged=dict(facts.damaged),
+        corrupt_leases=dict(facts.corrupt_leases),
     )
 
 

@@ -116,7 +116,7 @@ def test_status_reads_markers_with_list_calls_not_one_request_per_chunk(store_ur
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
     assert status.chunks["done"] == 3
     assert store.requests.by_op.get("get", 0) == 3  # manifest, plan, jobs
-    assert store.requests.by_op.get("list", 0) == 4  # done/, stats/, heartbeats/, decisions/
+    assert store.requests.by_op.get("list", 0) == 5  # done/, stats/, heartbeats/, leases/, decisions/
 
 
 def test_status_survives_a_backend_that_cannot_be_asked(tmp_path):

@@ -3,7 +3,10 @@
 Settings come from flags, else from the environment the launcher sets (ORCH_RUN, ORCH_STORE,
 ORCH_WORKER, ORCH_SPOT); the spec comes from the run itself, frozen there by `orch prepare/plan`.
 The last line on stdout is a JSON summary; progress goes to stderr.
-Exit codes: 0 no work left, 143 stopped by SIGTERM/SIGINT (finished rows flushed), 1 an error.
+Exit codes: 0 no work left (or another process of this worker id runs: status DUPLICATE), 143
+stopped by SIGTERM/SIGINT or `orch cancel` (finished rows flushed), 75 the store
+stayed unreachable past store_settings.outage_budget (start it again: no work is lost that was
+flushed), 1 an error.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def main(run, store, worker, replicas, spot, max_chunks, checkpoint_interval, le
 
 
 def _run_one(run, store_uri, worker, replica, spot, max_chunks, checkpoint_interval, lease_ttl) -> int:
+    from orchestrator.core.protocol.outage import OutageTooLong
     from worker.engine import load_engine
     from worker.runner import Shutdown, Worker, WorkerIdentity, install_signal_handlers, summary_line
 
@@ -79,9 +83,13 @@ def _run_one(run, store_uri, worker, replica, spot, max_chunks, checkpoint_inter
     try:
         summary = runner.run()
         code = 0
-    except Shutdown:
-        summary = runner.totals.summary(time.time() - runner.totals.started_at, "INTERRUPTED")
-        code = EXIT_STOPPED
+    except Shutdown as stop:
+        summary = runner.totals.summary(time.time() - runner.totals.started_at, stop.status)
+        code = 0 if stop.status == "DUPLICATE" else EXIT_STOPPED
+    except OutageTooLong as e:
+        render_error(e)
+        summary = runner.totals.summary(time.time() - runner.totals.started_at, "STORE_UNREACHABLE")
+        code = e.exit_code
     summary.update(worker=identity.worker, holder=identity.holder, accelerator=identity.accelerator)
     print(summary_line(summary), flush=True)
     return code

@@ -14,6 +14,14 @@ One `Worker` is one process with one engine. Per chunk:
 5. When every row of a chunk is flushed, write its done marker (create-if-absent).
 A background thread renews the leases and publishes the heartbeat; if a lease is lost, the loop
 drops that chunk (and aborts its requests in the engine) at the next engine step.
+
+A store that does not answer (core/protocol/outage.py) stops nothing that can go on without it:
+a chunk's input is copied to local disk when the chunk is opened, so the engine finishes every
+row in hand; finished rows stay in memory, flushed once the store answers again; no new chunk
+is claimed meanwhile. A lease that expires before it could be renewed is treated as lost (the
+chunk is dropped, and claiming decides later who continues it from its checkpoints). When the
+store stays unreachable for `store_settings.outage_budget` seconds the worker exits with
+EXIT_STORE_UNREACHABLE: started again, not counted as a failure.
 """
 
 from __future__ import annotations
@@ -25,22 +33,24 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView
-from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
+from orchestrator.core.protocol.heartbeats import HeartbeatPublisher, older_twin
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
+from orchestrator.core.protocol.leases import HeldLease, LeaseKeeper, LeaseLost
+from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE, Outage, OutageTooLong
 from orchestrator.core.protocol.parts import part_codec
 from orchestrator.core.records import Heartbeat, ManifestEntry, PlanRecord, parse_record, read_jsonl
 from orchestrator.core.spec import RunSpec, spec_hash
-from orchestrator.core.store import NotFound, Store
+from orchestrator.core.store import NotFound, Store, StoreUnavailable
 from worker.engine.base import Engine, RowResult
 from worker.progress import ProgressReporter
 from worker.requests import EngineRequest, parse_request
@@ -56,7 +66,13 @@ MAX_CHUNKS_IN_ENGINE = 2
 
 
 class Shutdown(Exception):
-    """SIGTERM/SIGINT arrived: finished rows were flushed and the lease given back."""
+    """A stop was asked for (SIGTERM/SIGINT, `orch cancel`, an older twin): finished rows were
+    flushed and the leases given back. `status` is the summary's: INTERRUPTED, or DUPLICATE for
+    the newer of two processes of one worker id (it exits 0: the older one does the work)."""
+
+    def __init__(self, status: str = "INTERRUPTED"):
+        super().__init__(status)
+        self.status = status
 
 
 @dataclass
@@ -127,6 +143,7 @@ class _Active:
     keeper: LeaseKeeper
     last_flush: float
     skip: set[int]  # rows flushed by an earlier pass
+    source: IO[bytes]  # the chunk's input lines, copied to local disk when the chunk was opened
     buffer: list[RowResult] = field(default_factory=list)
     side_errors: list[RowResult] = field(default_factory=list)
     outstanding: int = 0  # handed to the engine, not finished
@@ -163,6 +180,8 @@ class Worker:
         self._engine: Engine | None = None
         self._active: dict[str, _Active] = {}  # chunks in the engine, oldest first
         self._keepers: dict[str, LeaseKeeper] = {}  # the leases we hold, renewed in the background
+        self._unopened: list[HeldLease] = []  # leases taken whose chunk the store did not let us open yet
+        self.outage = Outage(spec.store_settings.outage_budget)
         self._opened = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -206,14 +225,21 @@ class Worker:
         beat.start()
         status = "SUCCESS"
         try:
-            first = self._open_next(claimer, entries)
+            first = self._open_next_waiting(claimer, entries)
             while first is not None:
-                self._pump(self._engine_loaded(), claimer, entries, first)  # loaded for the first chunk
+                engine = self._engine_loaded()  # loaded for the first chunk
+                self._pump(engine, claimer, entries, first)
+                self._settle(engine)  # what the store did not take while it was down
                 # One more look once the engine has drained: leases that expired meanwhile, a
                 # slow worker's chunk to rescue.
-                first = self._open_next(claimer, entries)
-        except Shutdown:
-            status = "INTERRUPTED"
+                first = self._open_next_waiting(claimer, entries)
+            if self._shutdown_requested:
+                raise Shutdown(self._stop_status)  # asked between two chunks: nothing in hand
+        except Shutdown as stop:
+            status = stop.status
+            raise
+        except OutageTooLong:
+            status = "STORE_UNREACHABLE"
             raise
         except BaseException:
             status = "FAILED"
@@ -225,7 +251,12 @@ class Worker:
         finally:
             self._stop.set()
             beat.join(timeout=5)
-            exit_code = {"SUCCESS": 0, "INTERRUPTED": 143}.get(status, 1)
+            exit_code = {
+                "SUCCESS": 0,
+                "DUPLICATE": 0,
+                "INTERRUPTED": 143,
+                "STORE_UNREACHABLE": EXIT_STORE_UNREACHABLE,
+            }.get(status, 1)
             with contextlib.suppress(Exception):
                 self._publish(state="exited", chunk=None, exit_code=exit_code)
             if self._engine is not None:
@@ -233,11 +264,16 @@ class Worker:
             self.progress.close()
         return self.totals.summary(self.clock() - started, status)
 
-    def request_stop(self) -> None:
-        """Called from the signal handler: the loop flushes and stops at the next engine step."""
+    def request_stop(self, why: str | None = None, status: str = "INTERRUPTED") -> None:
+        """Called from the signal handler (and the heartbeat thread): the loop flushes and stops
+        at the next engine step."""
+        if why and not self._shutdown_requested:
+            self.progress.note(why)
+        self._stop_status = status
         self._shutdown_requested = True
 
     _shutdown_requested = False
+    _stop_status = "INTERRUPTED"
 
     def _pump(self, engine: Engine, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], first: _Active) -> None:
         """Steps 3-5 of the module docstring, for every chunk we get, through one engine run."""
@@ -250,9 +286,45 @@ class Worker:
             self._after_step(engine)  # chunks whose last lines were bad (never reached the engine)
         finally:
             self.totals.busy_s += time.monotonic() - busy_from
-        for active in self._drop_all():  # only after an engine that stopped early: free the chunk
-            with contextlib.suppress(Exception):
-                active.keeper.release()
+
+    def _settle(self, engine: Engine) -> None:
+        """After the engine drained: flush and complete the chunks still in hand, which only a
+        store that did not answer leaves behind, waiting for it (within the outage budget).
+        A chunk with rows the engine never finished (it stopped early) is given back at once."""
+        while self._active:
+            for active in [a for a in self._active.values() if not (a.fed and a.outstanding == 0)]:
+                self._give_back(active)
+            if self._active:
+                self._after_step(engine)
+            if self._active and not self.outage.down:
+                for active in list(self._active.values()):  # not for want of a store: never left waiting
+                    self._give_back(active)
+            if self._active:
+                self._wait_for_store()
+
+    def _give_back(self, active: _Active) -> None:
+        self._drop(active.entry.chunk)
+        with contextlib.suppress(Exception):
+            active.keeper.release()
+
+    def _open_next_waiting(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> _Active | None:
+        """The next chunk, waiting through a store outage (within the budget) to get it."""
+        while True:
+            try:
+                return self._open_next(claimer, entries)
+            except StoreUnavailable as e:
+                self._store_down(e)
+                self._wait_for_store()
+
+    def _wait_for_store(self) -> None:
+        """Sleep until the next try at the store (waking for a stop request); raise when the budget is spent."""
+        self.outage.check_budget(f"worker {self.identity.worker}")
+        until = time.monotonic() + max(self.outage.pause_s(), 0.05)
+        while time.monotonic() < until and not self._shutdown_requested:
+            time.sleep(min(0.2, until - time.monotonic()) if until > time.monotonic() else 0)
+        if self._shutdown_requested:
+            raise Shutdown(self._stop_status)
+        self.outage.check_budget(f"worker {self.identity.worker}")
 
     def _feed(
         self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine, active: _Active | None
@@ -267,7 +339,7 @@ class Worker:
         """
         while active is not None:
             chunk = active.entry.chunk
-            for request in self._requests(active.entry, active.skip, active.side_errors):
+            for request in self._requests(active, active.skip, active.side_errors):
                 if chunk not in self._active:
                     break  # lease lost meanwhile: the chunk is someone else's
                 request.chunk = chunk
@@ -276,9 +348,13 @@ class Worker:
             active.fed = True
             while not self._shutdown_requested and not self._room_for_another(engine):
                 yield None
-            if self._shutdown_requested:
+            if self._shutdown_requested or (self.outage.down and not self.outage.ready()):
+                return  # the engine finishes what it has; run() waits for the store, then goes on
+            try:
+                active = self._open_next(claimer, entries)
+            except StoreUnavailable as e:
+                self._store_down(e)
                 return
-            active = self._open_next(claimer, entries)
 
     def _room_for_another(self, engine: Engine) -> bool:
         in_engine = [a.outstanding for a in self._active.values() if a.outstanding > 0]
@@ -288,11 +364,14 @@ class Worker:
         """Step 1 and 2: take the next chunk's lease and resume it."""
         if self._shutdown_requested or (self.max_chunks is not None and self._opened >= self.max_chunks):
             return None
-        held = claimer.next_chunk(working_on=self._active.keys())
+        held = self._unopened.pop(0) if self._unopened else claimer.next_chunk(working_on=self._active.keys())
+        self._store_ok()
         if held is None:
             return None
         entry = entries[held.chunk]
-        keeper = LeaseKeeper(self.store, self.layout, held, ttl=self.settings.lease_ttl, clock=self.clock)
+        keeper = self._keepers.get(entry.chunk) or LeaseKeeper(
+            self.store, self.layout, held, ttl=self.settings.lease_ttl, clock=self.clock
+        )
         with self._lock:
             self._keepers[entry.chunk] = keeper  # renewed in the background from here on
         try:
@@ -300,12 +379,19 @@ class Worker:
             codec = part_codec(self.settings.output_format, entry.chunk)
             job = ChunkJob(self.store, self.layout, keeper, codec, self.clock, chunk_rows=entry.rows)
             point = job.resume()
+            source = self._copy_input(entry)
+        except StoreUnavailable:
+            if keeper.lost is None:
+                self._unopened.insert(0, keeper.held)  # still ours: opened at the next try
+            else:
+                self._drop(entry.chunk)
+            raise
         except BaseException:
             self._drop(entry.chunk)
             with contextlib.suppress(Exception):
                 keeper.release()
             raise
-        active = _Active(entry, job, keeper, last_flush=self.clock(), skip=point.done_rows)
+        active = _Active(entry, job, keeper, last_flush=self.clock(), skip=point.done_rows, source=source)
         with self._lock:
             self._active[entry.chunk] = active
             self.totals.chunk, self.totals.chunk_rows = entry.chunk, entry.rows
@@ -332,13 +418,16 @@ class Worker:
         if self._shutdown_requested:
             engine.abort()
             for active in self._drop_all():
-                with contextlib.suppress(LeaseLost):
+                with contextlib.suppress(LeaseLost, StoreUnavailable):  # a store that is down keeps nothing
                     self._flush(active)
                     active.keeper.release()
-            raise Shutdown()
+            raise Shutdown(self._stop_status)
         now = self.clock()
+        self.outage.check_budget(f"worker {self.identity.worker}")
         for chunk, active in list(self._active.items()):
             try:
+                if active.keeper.lost is None and self.outage.down and active.keeper.expired():
+                    active.keeper.lose("it expired while the store was unreachable")
                 if active.keeper.lost is not None:
                     raise active.keeper.lost
                 if active.side_errors:
@@ -346,6 +435,8 @@ class Worker:
                     active.buffer.extend(active.side_errors)
                     self._count(active.side_errors)
                     active.side_errors = []
+                if not self.outage.ready():
+                    continue  # the store is down: rows wait in memory for its next try
                 if active.fed and active.outstanding == 0:
                     self._flush(active)
                     self._complete(active, engine)
@@ -355,12 +446,15 @@ class Worker:
                 ):
                     self._flush(active)
                     active.last_flush = now
+                self._store_ok()
+            except StoreUnavailable as e:
+                self._store_down(e)
             except LeaseLost as lost:
                 self._drop(chunk)
                 engine.abort(chunk)
                 self.totals.chunks_lost += 1
                 log.warning("worker %s: %s; dropping the chunk", self.identity.worker, lost)
-                self.progress.note(f"{chunk}: lease lost to {lost.by or 'another worker'}; chunk dropped")
+                self.progress.note(f"{chunk}: {lost}; chunk dropped")
 
     def _count(self, rows: list[RowResult]) -> None:
         if rows:
@@ -389,6 +483,8 @@ class Worker:
         with self._lock:
             self._keepers.pop(chunk, None)
             active = self._active.pop(chunk, None)
+            if active is not None:
+                active.source.close()
             if self.totals.chunk == chunk:
                 # The heartbeat shows the chunk still in hand, if any.
                 other = next(iter(self._active.values()), None)
@@ -400,18 +496,30 @@ class Worker:
     def _drop_all(self) -> list[_Active]:
         return [a for a in (self._drop(c) for c in list(self._active)) if a is not None]
 
-    def _requests(self, entry: ManifestEntry, skip: set[int], side_errors: list[RowResult]) -> Iterator[EngineRequest]:
+    def _copy_input(self, entry: ManifestEntry) -> IO[bytes]:
+        """The chunk's input on local disk (deleted when closed): feeding it needs no store."""
+        local = tempfile.TemporaryFile()  # noqa: SIM115 - handed to the chunk's _Active, closed by _drop
+        try:
+            with self.store.open(self.layout.chunk(entry.chunk)) as f:
+                while block := f.read(1 << 20):
+                    local.write(block)
+        except BaseException:
+            local.close()
+            raise
+        local.seek(0)
+        return local
+
+    def _requests(self, active: _Active, skip: set[int], side_errors: list[RowResult]) -> Iterator[EngineRequest]:
         """The chunk's lines as engine requests, streamed; bad lines go to `side_errors` instead."""
-        with self.store.open(self.layout.chunk(entry.chunk)) as f:
-            for index, line in enumerate(f):
-                if index in skip:
-                    continue
-                parsed = parse_request(line, index, self.spec.sampling)
-                if isinstance(parsed, EngineRequest):
-                    yield parsed
-                else:
-                    parsed.chunk = entry.chunk
-                    side_errors.append(parsed)
+        for index, line in enumerate(active.source):
+            if index in skip:
+                continue
+            parsed = parse_request(line, index, self.spec.sampling)
+            if isinstance(parsed, EngineRequest):
+                yield parsed
+            else:
+                parsed.chunk = active.entry.chunk
+                side_errors.append(parsed)
 
     # -- the engine, loaded once we know there is work -------------------------------------
     def _engine_loaded(self) -> Engine:
@@ -431,12 +539,60 @@ class Worker:
             with self._lock:
                 keepers = list(self._keepers.values())
             for keeper in keepers:
-                with contextlib.suppress(LeaseLost):
+                try:
                     keeper.renew_if_due()
+                except LeaseLost:
+                    pass  # the loop drops the chunk at its next step
+                except StoreUnavailable as e:
+                    self._store_down(e)
+                    if keeper.expired():
+                        keeper.lose("it expired while the store was unreachable")
             with contextlib.suppress(Exception):
                 self._publish()
+            with contextlib.suppress(StoreUnavailable):
+                self._watch_fleet()
+
+    def _watch_fleet(self) -> None:
+        """`orch cancel`, and a twin: either stops this process as SIGTERM does (two reads a beat)."""
+        if self._shutdown_requested:
+            return
+        if self.store.head(self.layout.cancel) is not None:
+            self.request_stop("orch cancel: stopping (finished rows are flushed, leases given back)")
+            return
+        twin = older_twin(self.store, self.layout, self._publisher.heartbeat)
+        if twin is not None:
+            self.request_stop(
+                f"worker {self.identity.worker} also runs as {twin.holder} (started "
+                f"{time.strftime('%H:%M:%S', time.localtime(twin.started_at))}): this newer process stops",
+                status="DUPLICATE",
+            )
+
+    # -- the store's availability ------------------------------------------------------------
+    def _store_down(self, error: StoreUnavailable) -> None:
+        if self.outage.failed(error):
+            with self._lock:
+                held = sum(len(a.buffer) for a in self._active.values())
+            message = (
+                f"store unreachable ({error}); finished rows stay in memory ({held} now) and are flushed when it "
+                f"answers; no new chunk meanwhile; giving up after {self.outage.budget_s:g}s"
+            )
+            self.progress.note(message)
+
+    def _store_ok(self) -> None:
+        lasted = self.outage.recovered()
+        if lasted is not None:
+            self.progress.note(f"store reachable again after {lasted:.0f}s; flushing what was kept")
 
     def _publish(self, **updates: Any) -> None:
+        """Publish the heartbeat; a store that does not answer only delays it."""
+        try:
+            self._publish_now(**updates)
+        except StoreUnavailable as e:
+            self._store_down(e)
+        else:
+            self._store_ok()
+
+    def _publish_now(self, **updates: Any) -> None:
         with self._lock:
             t = self.totals
             fields = dict(

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from orchestrator.core.errors import BackendError
+from orchestrator.core.records import Heartbeat, JobAttempt
+
+#: A launch reserved this long ago and still not recorded: its controller died before submitting.
+PENDING_TIMEOUT_S = 900.0
 
 
 class JobState(str, enum.Enum):
@@ -109,6 +113,11 @@ class Launcher(Protocol):
     def cancel(self, job_ids: Sequence[str]) -> None:
         """Stop the jobs; cancelling a finished job is not an error."""
 
+    def stop_strays(self, run: str, known: Sequence[str], beats: Sequence[Heartbeat]) -> list[str]:
+        """Stop what works for the run outside the jobs in `known` (launches the jobs record lost),
+        as far as this backend can find it; `beats` are the run's live heartbeats (host, pid).
+        Returns what was stopped, each described for the user."""
+
 
 class LaunchFailed(BackendError):
     """Some workers could not be submitted. Those that were are in `launched`, so none is lost track of."""
@@ -118,3 +127,23 @@ class LaunchFailed(BackendError):
         super().__init__(f"launch: {len(failures)} worker(s) not submitted:\n  {lines}", hint=hint)
         self.launched = launched
         self.failures = failures
+
+
+def attempt_statuses(launcher: Launcher, attempts: Iterable[JobAttempt], now: float) -> dict[str, JobStatus]:
+    """What the backend says of each attempt's job. Reservations (launches under way) are answered
+    here: PENDING while fresh, FAILED once a submission failed or its controller vanished."""
+    attempts = list(attempts)
+    submitted = [a.job_id for a in attempts if not a.pending]
+    out = launcher.statuses(submitted) if submitted else {}
+    for a in attempts:
+        if not a.pending:
+            continue
+        if a.ended_state is not None:
+            out[a.job_id] = JobStatus(a.job_id, JobState(a.ended_state), failure_reason=a.failure_reason)
+        elif now - a.launched_at < PENDING_TIMEOUT_S:
+            out[a.job_id] = JobStatus(a.job_id, JobState.PENDING, started_at=a.launched_at)
+        else:
+            out[a.job_id] = JobStatus(
+                a.job_id, JobState.FAILED, failure_reason="its launch was never recorded: the controller stopped"
+            )
+    return out

@@ -14,6 +14,7 @@ import contextlib
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,8 @@ from pathlib import Path
 
 from orchestrator import orch_home
 from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, LaunchRequest
+from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE
+from orchestrator.core.records import Heartbeat
 from orchestrator.core.spec import RunSpec
 
 _STOPPED_CODES = {130, 143}
@@ -86,17 +89,27 @@ class LocalLauncher:
     def cancel(self, job_ids: Sequence[str]) -> None:
         """SIGTERM to each job's process group (the worker flushes and gives its lease back), then
         SIGKILL to whatever is left after a grace period."""
-        groups = [pid for pid in (self._live_pid(j) for j in job_ids) if pid is not None]
-        for pid in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while groups and time.monotonic() < deadline:
-            groups = [pid for pid in groups if _alive(pid)]
-            time.sleep(0.2)
-        for pid in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+        _terminate([pid for pid in (self._live_pid(j) for j in job_ids) if pid is not None], group=True)
+
+    def stop_strays(self, run: str, known: Sequence[str], beats: Sequence[Heartbeat]) -> list[str]:  # noqa: ARG002 - the heartbeats are the run's already
+        """Worker processes on this machine that heartbeat for the run and belong to no known job:
+        their heartbeats name the pid, and the process's start time (from /proc) must match the
+        heartbeat's, so a reused pid is never signalled."""
+        ours = {pid for pid in (self._live_pid(j) for j in known) if pid is not None}
+        host = socket.gethostname()
+        strays: dict[int, str] = {}
+        for beat in beats:
+            pid = beat.pid
+            if beat.host != host or pid is None or pid == os.getpid() or not _alive(pid):
+                continue
+            if _session_leader(pid) in ours:
+                continue  # a known job's own worker: cancelled with its job
+            started = _started_at(pid)
+            if started is None or not started - 5 <= beat.started_at <= started + 600:
+                continue  # another process now has that pid
+            strays[pid] = f"worker {beat.worker} (pid {pid}, holder {beat.holder})"
+        _terminate(list(strays), group=False)
+        return [strays[pid] for pid in sorted(strays)]
 
     # -- internals ---------------------------------------------------------------------------
     def _start_safely(self, request: LaunchRequest) -> str | Exception:
@@ -167,11 +180,12 @@ class LocalLauncher:
             return JobStatus(job_id, JobState.SUCCEEDED, exit_code=0, started_at=started, ended_at=ended)
         if code in _STOPPED_CODES:
             return JobStatus(job_id, JobState.CANCELLED, exit_code=code, started_at=started, ended_at=ended)
+        why = "the store stayed unreachable past its outage budget" if code == EXIT_STORE_UNREACHABLE else None
         return JobStatus(
             job_id,
             JobState.FAILED,
             exit_code=code,
-            failure_reason=f"worker exited with {code}",
+            failure_reason=f"worker exited with {code}" + (f" ({why})" if why else ""),
             started_at=started,
             ended_at=ended,
         )
@@ -188,18 +202,57 @@ class LocalLauncher:
 _CHILDREN: dict[int, subprocess.Popen] = {}
 
 
+def _terminate(pids: list[int], *, group: bool, grace_s: float = 30.0) -> None:
+    """SIGTERM (the worker flushes and gives its leases back), SIGKILL after the grace period."""
+    kill = os.killpg if group else os.kill
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while pids and time.monotonic() < deadline:
+        for pid in pids:
+            if (child := _CHILDREN.get(pid)) is not None:
+                child.poll()  # reap our own children, or they stay "alive" as zombies
+        pids = [pid for pid in pids if _alive(pid)]
+        time.sleep(0.2)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name: field 3 (state) is index 0."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _session_leader(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[3]) if fields else None
+
+
+def _started_at(pid: int) -> float | None:
+    """When the process started, in seconds since the epoch (boot time + its start ticks)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    try:
+        boot = next(
+            float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+        )
+    except (OSError, StopIteration):
+        return None
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
 def _start_ticks(pid: int) -> str:
     """The process's start time in clock ticks since boot: with the PID, it names one process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "gone"
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = _stat_fields(pid)
+    return fields[19] if fields else "gone"
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")

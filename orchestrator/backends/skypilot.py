@@ -16,6 +16,7 @@ from typing import Any
 from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, LaunchRequest
 from orchestrator.backends.skypilot_render import load_task, load_template, render_worker_task, to_yaml
 from orchestrator.core.errors import BackendError
+from orchestrator.core.records import Heartbeat
 from orchestrator.core.spec import RunSpec
 
 #: What `status` shows of each job; queue_v2's default fields leave out cloud, region and reasons.
@@ -57,6 +58,14 @@ class SkyPilotSDK:
         import sky
 
         sky.get(sky.jobs.cancel(job_ids=list(job_ids)))
+
+    def unfinished_named(self, name_part: str) -> list[Any]:
+        """Managed jobs not finished yet whose name contains `name_part` (SkyPilot matches a substring)."""
+        import sky
+
+        request = sky.jobs.queue_v2(refresh=False, skip_finished=True, name_match=name_part, fields=QUEUE_FIELDS)
+        records, *_ = sky.get(request)
+        return list(records)
 
 
 class SkyPilotLauncher:
@@ -119,6 +128,23 @@ class SkyPilotLauncher:
     def cancel(self, job_ids: Sequence[str]) -> None:
         if job_ids:
             self.sdk.cancel([int(j) for j in job_ids])
+
+    def stop_strays(self, run: str, known: Sequence[str], beats: Sequence[Heartbeat]) -> list[str]:  # noqa: ARG002 - the job is the unit here
+        """Managed jobs named like this run's workers (`orch-<run>-w<i>`) that the jobs record does
+        not know (a launch whose controller died before recording it): cancelled. Processes inside
+        a known job are the job's business; `cancel.json` in the store stops any that remain."""
+        pattern = re.compile(rf"orch-{re.escape(run)}-w\d+")
+        try:
+            records = self.sdk.unfinished_named(f"orch-{run}-w")
+        except Exception as e:
+            raise BackendError(f"cannot list SkyPilot's jobs: {type(e).__name__}: {e}") from None
+        strays = {
+            str(_get(r, "job_id")): str(_get(r, "job_name"))
+            for r in records
+            if pattern.fullmatch(str(_get(r, "job_name") or "")) and str(_get(r, "job_id")) not in set(known)
+        }
+        self.cancel(sorted(strays))
+        return [f"job {job_id} ({name})" for job_id, name in sorted(strays.items())]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

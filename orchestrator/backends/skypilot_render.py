@@ -17,6 +17,7 @@ import yaml
 
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.core.errors import BackendError
+from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE
 from orchestrator.core.spec import RunSpec
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "task_templates" / "worker.yaml"
@@ -82,6 +83,8 @@ def render_worker_task(template: dict[str, Any], spec: RunSpec, request: LaunchR
     resources["job_recovery"] = {
         "strategy": r.job_recovery.strategy,
         "max_restarts_on_errors": r.job_recovery.max_restarts_on_errors,
+        # A worker that outwaited a store outage exits 75: started again without spending a restart.
+        "recover_on_exit_codes": [EXIT_STORE_UNREACHABLE],
     }
     task["resources"] = resources
     # Only names, and only of secrets we can fill: a null secret left unfilled fails the launch.

@@ -149,21 +149,39 @@ def resume_command(inv, backend, follow, interval):
 @common_options
 @backend_option
 def cancel_command(inv, backend):
-    """Stop every worker of the run (finished rows are flushed; `orch resume` continues later)."""
+    """Stop every worker of the run, tracked or not (finished rows are flushed; `orch resume` continues later).
+
+    \b
+    1. The jobs record says cancelled (`orch watch` relaunches nothing), and cancel.json in the
+       store tells every worker that heartbeats for the run to stop at its next beat, wherever
+       it runs and whoever launched it.
+    2. The recorded jobs are cancelled through the backend.
+    3. What the record does not know is stopped too: local worker processes found by the pid and
+       host in their heartbeats; SkyPilot jobs named like the run's workers.
+    """
+    import os
+    import socket
+    import time
+
     from orchestrator.backends import backend_for
-    from orchestrator.core.records import update_jobs
+    from orchestrator.core.protocol.heartbeats import live_heartbeats
+    from orchestrator.core.records import CancelRecord, update_jobs
 
     ctx = inv.with_flags(backend=backend).context()
     record = update_jobs(ctx.store, ctx.layout, lambda rec: setattr(rec, "cancelled", True))
-    job_ids = [a.job_id for a in record.current_jobs().values()]
-    if not job_ids:
-        click.echo("no workers were launched for this run")
-        return 0
+    ctx.store.put(
+        ctx.layout.cancel, CancelRecord(at=time.time(), by=f"{socket.gethostname()}:{os.getpid()}").to_bytes()
+    )
     launcher = backend_for(ctx, record.backend)
-    live = [j for j, s in launcher.statuses(job_ids).items() if s.state.is_live()]
+    job_ids = [a.job_id for a in record.current_jobs().values() if not a.pending]
+    live = [j for j, s in launcher.statuses(job_ids).items() if s.state.is_live()] if job_ids else []
     launcher.cancel(live)
-    # The record says cancelled (written first): `orch watch` will not relaunch these jobs.
+    beats = live_heartbeats(ctx.store, ctx.layout, now=time.time(), fresh_s=6 * ctx.spec.workers.heartbeat_interval)
+    strays = launcher.stop_strays(ctx.layout.run, job_ids, beats)
     click.echo(f"cancelled {len(live)} live job(s) of run {ctx.layout.run!r}")
+    for stray in strays:
+        click.echo(f"stopped {stray}: it worked for the run outside the recorded jobs")
+    click.echo("any other worker of the run stops at its next heartbeat (cancel.json in the store)")
     return 0
 
 

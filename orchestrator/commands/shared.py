@@ -196,6 +196,13 @@ def follow_run(
     if report.complete:
         click.echo(f"run {ctx.layout.run!r} complete: {report.chunks_total} chunks done")
         return 0
+    if report.damaged:
+        listed = "\n  ".join(f"{chunk}: {why}" for chunk, why in sorted(report.damaged.items()))
+        chunks = " ".join(f"--chunk {chunk}" for chunk in sorted(report.damaged))
+        raise IncompleteRun(
+            f"run {ctx.layout.run!r}: every chunk has a marker, but {len(report.damaged)} are damaged:\n  {listed}",
+            hint=f"orch redo --run {ctx.layout.run} {chunks}, then orch resume --follow",
+        )
     if report.cancelled:
         raise IncompleteRun(
             f"run {ctx.layout.run!r} was cancelled with {report.chunks_total - report.chunks_done} chunk(s) left",

@@ -1,12 +1,22 @@
-"""Launching workers: build each worker's settings and secrets, skip live ones, submit, record the jobs."""
+"""Launching workers: build each worker's settings and secrets, skip live ones, reserve, submit, record the jobs.
+
+One worker id has at most one live job, whichever controller asks (two `orch launch` at once, two
+`orch watch` relaunching the same dead worker): a launch is reserved in the run's jobs record by
+compare-and-swap before anything is submitted, and only for a worker whose current job is still
+the one this controller judged not live. The controller that loses the race launches nothing.
+Chosen over a controller lease on the run: it covers every path that launches (launch, resume,
+watch, the deadline policy) with no lease to renew or to wait out when a controller dies, and a
+second `orch watch` stays useful (either can go away).
+"""
 
 from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 
-from orchestrator.backends.base import JobStatus, Launcher, LaunchFailed, LaunchRequest
+from orchestrator.backends.base import JobStatus, Launcher, LaunchFailed, LaunchRequest, attempt_statuses
 from orchestrator.core.context import RunContext
 from orchestrator.core.records import JobAttempt, JobsRecord, read_jobs, update_jobs
 
@@ -42,7 +52,7 @@ def worker_secrets(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def live_workers(record: JobsRecord, statuses: Mapping[str, JobStatus]) -> set[int]:
-    """Workers whose current job holds (or will soon hold) a machine."""
+    """Workers whose current job holds (or will soon hold) a machine, reservations included."""
     return {
         worker
         for worker, attempt in record.current_jobs().items()
@@ -64,14 +74,23 @@ def launch_workers(
     """Launch the given workers, except those already live. Returns worker -> new job id.
 
     1. Ask the backend about the current job of every worker: a live one is never duplicated.
-    2. Submit the others all at once (the launcher submits concurrently).
-    3. Record every job that was submitted, even when some failed to submit, then report failures.
+    2. Reserve the others in the jobs record (compare-and-swap): a worker whose current job
+       changed since step 1 was just launched by another controller, and is left to it.
+    3. Submit the reserved ones all at once (the launcher submits concurrently).
+    4. Record every job that was submitted in place of its reservation; a submission that failed
+       is recorded as FAILED (the watch loop relaunches it within the retry budget).
     """
     env = os.environ if env is None else env
     record, _ = read_jobs(ctx.store, ctx.layout)
-    current = {w: a.job_id for w, a in record.current_jobs().items()}
-    statuses = launcher.statuses(list(current.values())) if current else {}
+    now = clock()
+    statuses = attempt_statuses(launcher, record.current_jobs().values(), now)
     live = live_workers(record, statuses)
+    judged = {w: (a.job_id if (a := record.worker(w).current) else None) for w in set(workers) if w not in live}
+    if not judged:
+        return {}
+    ctx.store.delete(ctx.layout.cancel)  # an earlier `orch cancel` would stop the new workers at once
+    token = f"pending-{uuid.uuid4().hex[:12]}"
+    reserved = _reserve(ctx, launcher.name, judged, token, now, reason, use_spot, count_as_relaunch)
     requests = [
         LaunchRequest(
             worker=w,
@@ -80,8 +99,7 @@ def launch_workers(
             secrets=worker_secrets(env),
             use_spot=use_spot,
         )
-        for w in sorted(set(workers))
-        if w not in live
+        for w in reserved
     ]
     if not requests:
         return {}
@@ -90,24 +108,55 @@ def launch_workers(
         launched = launcher.launch(requests)
     except LaunchFailed as e:
         launched, failure = e.launched, e
-    now = clock()
+    failures = failure.failures if failure is not None else {}
 
     def record_launches(rec: JobsRecord) -> None:
-        rec.backend = launcher.name
-        rec.cancelled = False
-        for w, job_id in launched.items():
-            jobs = rec.worker(w)
-            jobs.attempts.append(
-                JobAttempt(job_id=job_id, backend=launcher.name, launched_at=now, reason=reason, use_spot=use_spot)
-            )
-            if count_as_relaunch:
-                jobs.relaunches += 1
+        for w in reserved:
+            attempt = next((a for a in rec.worker(w).attempts if a.job_id == f"{token}-w{w}"), None)
+            if attempt is None:
+                continue
+            if w in launched:
+                attempt.job_id, attempt.pending = launched[w], False
+            else:
+                attempt.ended_state, attempt.ended_at = "FAILED", clock()
+                attempt.failure_reason = f"not submitted: {failures.get(w) or 'the backend did not say why'}"
 
-    if launched:
-        update_jobs(ctx.store, ctx.layout, record_launches)
+    update_jobs(ctx.store, ctx.layout, record_launches)
     if failure is not None:
         raise failure
     return launched
+
+
+def _reserve(
+    ctx: RunContext,
+    backend: str,
+    judged: Mapping[int, str | None],
+    token: str,
+    now: float,
+    reason: str,
+    use_spot: bool | None,
+    count_as_relaunch: bool,
+) -> list[int]:
+    """Step 2: a pending attempt for each worker whose current job is still the one judged; those workers."""
+    reserved: list[int] = []
+
+    def reserve(rec: JobsRecord) -> None:
+        reserved.clear()  # applied again when another controller wrote first
+        rec.backend = backend
+        rec.cancelled = False
+        for w, seen in sorted(judged.items()):
+            jobs = rec.worker(w)
+            if (jobs.current.job_id if jobs.current else None) != seen:
+                continue  # another controller launched it since we looked
+            attempt = JobAttempt(
+                job_id=f"{token}-w{w}", backend=backend, launched_at=now, reason=reason, use_spot=use_spot, pending=True
+            )
+            jobs.attempts.append(attempt)
+            jobs.relaunches += 1 if count_as_relaunch else 0
+            reserved.append(w)
+
+    update_jobs(ctx.store, ctx.layout, reserve)
+    return reserved
 
 
 def dry_run_requests(ctx: RunContext, workers: Iterable[int], out_dir, env: Mapping[str, str] | None = None):

@@ -2,15 +2,23 @@
 
 SkyPilot recovers a preempted managed job by itself (RECOVERING); this loop handles the rest.
 Each tick:
-1. Count markers (one listing). Every chunk done: the run is complete.
+1. Count markers (one listing). Every chunk has one: the run is complete, once every marker is
+   read and its parts match it (checkpoints.find_damage); damaged chunks stop the loop, named,
+   for `orch redo`.
 2. Ask the backend about each worker's current job; record jobs that ended.
 3. Relaunch a worker whose job ended with work left: FAILED*, CANCELLED by someone other than
-   `orch cancel`, gone from the backend, or SUCCEEDED while chunks nobody holds remain. Each
-   worker has a retry budget; relaunches go through the same launcher as every launch.
+   `orch cancel`, gone from the backend, or SUCCEEDED while chunks nobody holds remain (unless
+   another process of that worker id still heartbeats). Each worker has a retry budget; a worker
+   that exited because the store stayed unreachable past its outage budget (exit 75) is
+   relaunched without spending it. Relaunches go through the same launcher as every launch.
 4. When no worker is live, none may be relaunched, and chunks remain: give up (exit non-zero).
 With a deadline (`orch watch --deadline`), step 3 is preceded by the deadline policy's round
 (controller/deadline_control.py): on-demand workers added or retired, and a budget that, once
 reached, stops every launch.
+
+`watch` waits out a store that does not answer (or is full) as it waits out a backend that
+cannot be asked: it says so, tries again with backoff, and gives up only after
+`store_settings.watch_outage_budget` seconds.
 """
 
 from __future__ import annotations
@@ -19,15 +27,27 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from orchestrator.backends.base import JobState, JobStatus, Launcher, LaunchFailed
+from orchestrator.backends.base import JobState, JobStatus, Launcher, LaunchFailed, attempt_statuses
 from orchestrator.controller.deadline import DeadlineSettings, Decision
 from orchestrator.controller.deadline_control import DeadlineControl
 from orchestrator.controller.launch import launch_workers
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import BackendError
+from orchestrator.core.protocol.checkpoints import find_damage
+from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.leases import read_lease
+from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE, Outage
 from orchestrator.core.protocol.snapshot import RunSnapshot, take_snapshot
-from orchestrator.core.records import JobsRecord, ManifestEntry, read_jobs, read_jsonl, update_jobs
+from orchestrator.core.records import (
+    CorruptRecord,
+    JobAttempt,
+    JobsRecord,
+    ManifestEntry,
+    read_jobs,
+    read_jsonl,
+    update_jobs,
+)
+from orchestrator.core.store import StoreUnavailable
 from orchestrator.pricing import GpuTable
 
 Event = Callable[[str], None]
@@ -43,10 +63,12 @@ class TickReport:
     relaunched: dict[int, str] = field(default_factory=dict)
     exhausted: dict[int, str] = field(default_factory=dict)
     statuses: dict[str, JobStatus] = field(default_factory=dict)
+    #: chunk -> what is wrong with its marker or parts (checked once every chunk has a marker).
+    damaged: dict[str, str] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
-        return self.chunks_done >= self.chunks_total
+        return self.chunks_done >= self.chunks_total and not self.damaged
 
     cancelled: bool = False
     #: Set when the backend could not be asked this round (the loop waits and asks again).
@@ -90,18 +112,29 @@ class Reconciler:
             if deadline is not None
             else None
         )
-        self._chunks = [
-            e.chunk for e in read_jsonl(ManifestEntry, ctx.store.get(ctx.layout.manifest).data, ctx.layout.manifest)
-        ]
+        self._manifest: list[str] | None = None
+
+    @property
+    def _chunks(self) -> list[str]:
+        """The run's chunks, read at the first tick (a store that is down then is waited out too)."""
+        if self._manifest is None:
+            data = self.ctx.store.get(self.ctx.layout.manifest).data
+            self._manifest = [e.chunk for e in read_jsonl(ManifestEntry, data, self.ctx.layout.manifest)]
+        return self._manifest
 
     def tick(self) -> TickReport:
+        chunks = self._chunks
         snapshot = take_snapshot(self.ctx.store, self.ctx.layout)
-        report = TickReport(chunks_total=len(self._chunks), chunks_done=len(snapshot.done & set(self._chunks)))
+        report = TickReport(chunks_total=len(chunks), chunks_done=len(snapshot.done & set(chunks)))
+        if report.chunks_done >= report.chunks_total:
+            report.damaged = find_damage(self.ctx.store, self.ctx.layout, chunks)
+            if report.damaged:
+                return report  # a person decides: `orch redo` the damaged chunks
         record, _ = read_jobs(self.ctx.store, self.ctx.layout)
         report.cancelled = record.cancelled
         current = record.current_jobs()
         try:
-            report.statuses = self.launcher.statuses([a.job_id for a in current.values()]) if current else {}
+            report.statuses = attempt_statuses(self.launcher, current.values(), self.clock()) if current else {}
         except BackendError as e:
             # Not knowing is not "gone": relaunching now could duplicate live workers. Wait.
             report.unreachable = str(e)
@@ -121,28 +154,53 @@ class Reconciler:
             return report  # after `orch cancel`, nothing comes back until `orch resume`
         claimable, held = self._claimable(snapshot, check_leases=report.live == 0)
         report.pending_leases = held if report.live == 0 else 0
-        wanted: dict[int, str] = {}
         if self.deadline is not None:
             report.decision = self.deadline.round(report.statuses)
             if report.decision.action == "budget":
                 return report  # the budget stops every launch, relaunches included
+        wanted = self._wanted(current, record, report, claimable_left=len(claimable))
+        if wanted:
+            report.relaunched = self._relaunch(wanted)
+        return report
+
+    def _wanted(
+        self, current: Mapping[int, JobAttempt], record: JobsRecord, report: TickReport, *, claimable_left: int
+    ) -> dict[int, tuple[str, bool]]:
+        """Step 3: the workers to relaunch, each with (reason, counted against the retry budget)."""
+        wanted: dict[int, tuple[str, bool]] = {}
+        beating: set[str] | None = None
         for worker, attempt in sorted(current.items()):
             status = report.statuses.get(attempt.job_id)
             state = status.state if status else JobState.UNKNOWN
             if state.is_live() or attempt.retired:
                 continue
-            reason = self._relaunch_reason(state, claimable_left=len(claimable) - len(wanted))
+            if status is not None and status.exit_code == EXIT_STORE_UNREACHABLE:
+                # The store was down longer than the worker waited: start it again, for free.
+                wanted[worker] = ("relaunch after a store outage (not counted)", False)
+                continue
+            reason = self._relaunch_reason(state, claimable_left=claimable_left - len(wanted))
             if reason is None:
                 continue
-            jobs = record.worker(worker)
-            if jobs.relaunches >= self.retries:
+            if state is JobState.SUCCEEDED:
+                beating = self._beating() if beating is None else beating
+                if str(worker) in beating:
+                    continue  # another process of this worker id is at work (an untracked twin)
+            if record.worker(worker).relaunches >= self.retries:
                 detail = (status.failure_reason if status else None) or state.value
                 report.exhausted[worker] = f"{self.retries} relaunches spent; last job {attempt.job_id}: {detail}"
                 continue
-            wanted[worker] = reason
-        if wanted:
-            report.relaunched = self._relaunch(wanted)
-        return report
+            wanted[worker] = (reason, True)
+        return wanted
+
+    def _beating(self) -> set[str]:
+        """Worker ids with a heartbeat that is fresh and not an exit."""
+        fresh = 6 * self.ctx.spec.workers.heartbeat_interval
+        now = self.clock()
+        return {
+            w
+            for w, hb in read_heartbeats(self.ctx.store, self.ctx.layout).items()
+            if hb.state != "exited" and now - hb.updated_at < fresh
+        }
 
     def _claimable(self, snapshot: RunSnapshot, *, check_leases: bool) -> tuple[list[str], int]:
         """Unfinished chunks nobody holds, and how many are held. The listing's write times say
@@ -157,13 +215,18 @@ class Reconciler:
             if written is None or now - written > ttl:
                 claimable.append(chunk)
                 continue
-            if check_leases:
-                lease = read_lease(self.ctx.store, self.ctx.layout, chunk)
-                if lease is None or lease[0].is_free(now):
-                    claimable.append(chunk)
-                    continue
+            if check_leases and self._lease_free(chunk, now):
+                claimable.append(chunk)
+                continue
             held += 1
         return claimable, held
+
+    def _lease_free(self, chunk: str, now: float) -> bool:
+        try:
+            lease = read_lease(self.ctx.store, self.ctx.layout, chunk)
+        except CorruptRecord:
+            return False  # garbage, and younger than the TTL (older ones were free already): held
+        return lease is None or lease[0].is_free(now)
 
     def _relaunch_reason(self, state: JobState, claimable_left: int) -> str | None:
         if state is JobState.SUCCEEDED:
@@ -173,17 +236,18 @@ class Reconciler:
             return "relaunch after CANCELLED (not by orch cancel)"
         return f"relaunch after {state.value}"
 
-    def _relaunch(self, wanted: dict[int, str]) -> dict[int, str]:
+    def _relaunch(self, wanted: dict[int, tuple[str, bool]]) -> dict[int, str]:
+        """Relaunch workers, grouped by reason; (reason, counted against the retry budget)."""
         done: dict[int, str] = {}
-        for reason in sorted(set(wanted.values())):
-            workers = [w for w, r in wanted.items() if r == reason]
+        for reason, counted in sorted(set(wanted.values())):
+            workers = [w for w, why in wanted.items() if why == (reason, counted)]
             try:
                 launched = launch_workers(
                     self.ctx,
                     self.launcher,
                     workers,
                     reason=reason,
-                    count_as_relaunch=True,
+                    count_as_relaunch=counted,
                     env=self.env,
                     clock=self.clock,
                 )
@@ -221,12 +285,30 @@ def watch(
     on_tick: Callable[[TickReport], None] = lambda _report: None,
     max_ticks: int | None = None,
 ) -> TickReport:
-    """Tick until the run is complete or stuck. Returns the last report."""
+    """Tick until the run is complete, stuck or damaged. Returns the last report.
+
+    A store that does not answer is waited out (see the module docstring); OutageTooLong when it
+    stays down past the budget."""
+    outage = Outage(reconciler.ctx.spec.store_settings.watch_outage_budget)
     ticks = 0
     while True:
-        report = reconciler.tick()
-        on_tick(report)
+        try:
+            report = reconciler.tick()
+            on_tick(report)  # the live view reads the store too
+        except StoreUnavailable as e:
+            if outage.failed(e):
+                reconciler.on_event(
+                    f"store unreachable ({e}); nothing relaunched meanwhile; workers keep their finished rows; "
+                    f"waiting up to {outage.budget_s:g}s for it"
+                )
+            outage.check_budget("orch watch")
+            sleep(min(max(outage.pause_s(), 0.5), interval))
+            continue
+        lasted = outage.recovered()
+        if lasted is not None:
+            reconciler.on_event(f"store reachable again after {lasted:.0f}s")
         ticks += 1
-        if report.complete or report.stuck or report.cancelled or (max_ticks is not None and ticks >= max_ticks):
+        done = report.complete or report.stuck or report.cancelled or bool(report.damaged)
+        if done or (max_ticks is not None and ticks >= max_ticks):
             return report
         sleep(interval)

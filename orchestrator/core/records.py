@@ -9,6 +9,7 @@ there, by who writes it:
                          prepare-errors.jsonl   PrepareError, one line per input row set aside
                          plan.json              PlanRecord (and workers/<i>.txt: chunk paths, plain text)
     controller           jobs.json              JobsRecord: backend jobs per worker, every launch
+                         cancel.json            CancelRecord: `orch cancel` was run; workers stop
                          decisions/<ms>.json    DecisionRecord: the deadline policy's log
     workers              leases/<chunk>.json    Lease
                          outputs/<chunk>/<part> OpenAI Batch output lines (core/lines.py)
@@ -233,7 +234,12 @@ class PlanRecord(Record):
 
 # -- written by the controller ------------------------------------------------------------------
 class JobAttempt(Record):
-    """One backend job that ran (or runs) a worker."""
+    """One backend job that ran (or runs) a worker.
+
+    A launch is first recorded `pending` (its job_id a token of the controller that reserved it),
+    by compare-and-swap, then submitted, then its real job id recorded: two controllers that want
+    the same worker cannot both get past the first step.
+    """
 
     job_id: str
     backend: str
@@ -246,6 +252,8 @@ class JobAttempt(Record):
     failure_reason: str | None = None
     #: Cancelled by the deadline policy (ahead of schedule): never relaunched.
     retired: bool = False
+    #: Reserved, not submitted yet (or never: a submission that failed has ended_state FAILED).
+    pending: bool = False
 
 
 class WorkerJobs(Record):
@@ -294,6 +302,14 @@ def update_jobs(store: Store, layout: RunLayout, change: Callable[[JobsRecord], 
     return record
 
 
+class CancelRecord(Record):
+    """cancel.json, written by `orch cancel` and removed by the next launch: every worker that
+    sees it (at its next heartbeat) flushes, gives its leases back and stops, tracked or not."""
+
+    at: float
+    by: str = Field("", description="host and pid of the `orch cancel` that wrote it")
+
+
 class DecisionRecord(Record):
     """decisions/<ms>.json: one decision of the deadline policy (`orch watch --deadline`), with its numbers."""
 
@@ -337,6 +353,8 @@ class PartRef(Record):
     errors: int
     bytes: int
     sha256: str
+    #: The store's ETag when it was written: listings then show a changed part without reading it.
+    etag: str | None = None
 
 
 class DoneMarker(Record):

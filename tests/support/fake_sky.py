@@ -72,6 +72,16 @@ class ScriptedSky:
             records.append({"job_id": job_id, "recovery_count": 0, **step})
         return records
 
+    def unfinished_named(self, name_part: str) -> list[dict[str, Any]]:
+        if self.down:
+            raise ClusterNotUpError("jobs controller is not up")
+        finished = {"SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS", "FAILED_NO_RESOURCE"}
+        return [
+            {"job_id": job_id, "job_name": name, **self.scripts[job_id][0]}
+            for job_id, _task, name in self.launched
+            if name_part in name and self.scripts[job_id][0]["status"] not in finished
+        ]
+
     def cancel(self, job_ids: Sequence[int]) -> None:
         self.cancelled += list(job_ids)
         for job_id in job_ids:

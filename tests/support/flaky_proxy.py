@@ -11,6 +11,7 @@ import http.client
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlparse
@@ -33,6 +34,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         headers = dict(self.headers.items())
         action = self.proxy.policy(self.command, self.path, headers)
         self.proxy.log.append((self.command, self.path, action))
+        if self.proxy.delay_s:
+            time.sleep(self.proxy.delay_s)
         if action == "503":
             self._slow_down()
             return
@@ -88,9 +91,12 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
 
 class FlakyProxy:
-    def __init__(self, upstream: str, policy: Policy):
+    """`delay_s` holds every request that long first: a store far away (another region)."""
+
+    def __init__(self, upstream: str, policy: Policy, *, delay_s: float = 0.0):
         self.upstream = urlparse(upstream)
         self.policy = policy
+        self.delay_s = delay_s
         self.log: list[tuple[str, str, str]] = []
         handler = type("Handler", (_ProxyHandler,), {"proxy": self})
         self._server = _Server(("127.0.0.1", 0), handler)

@@ -92,48 +92,72 @@ def _wait_ready(server: S3Server, proc: subprocess.Popen | None, log: Path, time
     raise RuntimeError(f"{server.name} not ready after {timeout}s: {last}")
 
 
+class SeaweedFS:
+    """`weed mini` on fixed ports and one data directory: stopped and started again, it serves the
+    same objects on the same endpoint (a store outage, for real)."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.ports = _free_port_block(5)
+        self.server = S3Server("seaweedfs", f"http://127.0.0.1:{self.ports[3]}")
+        self.log = workdir / "weed.log"
+        self.proc: subprocess.Popen | None = None
+        (workdir / "data").mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> S3Server:
+        master, volume, filer, s3, admin = self.ports
+        env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, TMPDIR=str(self.workdir))
+        cmd = [
+            _weed_binary(),
+            "mini",
+            f"-dir={self.workdir / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={master}",
+            f"-volume.port={volume}",
+            f"-filer.port={filer}",
+            f"-s3.port={s3}",
+            f"-admin.port={admin}",
+            "-admin.ui=false",
+            "-webdav=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-master.telemetry=false",
+            "-s3.autoCreateBucket=false",
+        ]
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        _wait_ready(self.server, self.proc, self.log)
+        return self.server
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no goodbye to its clients."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        # SIGTERM sometimes hangs: give it 5 s, then kill the whole group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
 @contextlib.contextmanager
 def seaweedfs() -> Iterator[S3Server]:
     """`weed mini` with S3 on a free port; credentials enforced; killed at the end."""
     workdir = Path(tempfile.mkdtemp(prefix="orch-weed-"))
-    master, volume, filer, s3, admin = _free_port_block(5)
-    env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, TMPDIR=str(workdir))
-    log = workdir / "weed.log"
-    cmd = [
-        _weed_binary(),
-        "mini",
-        f"-dir={workdir / 'data'}",
-        "-ip=127.0.0.1",
-        "-ip.bind=127.0.0.1",
-        f"-master.port={master}",
-        f"-volume.port={volume}",
-        f"-filer.port={filer}",
-        f"-s3.port={s3}",
-        f"-admin.port={admin}",
-        "-admin.ui=false",
-        "-webdav=false",
-        "-s3.port.iceberg=0",
-        "-s3.port.lance=0",
-        "-master.telemetry=false",
-        "-s3.autoCreateBucket=false",
-    ]
-    (workdir / "data").mkdir()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = S3Server("seaweedfs", f"http://127.0.0.1:{s3}")
+    weed = SeaweedFS(workdir)
     try:
-        _wait_ready(server, proc, log)
-        yield server
+        yield weed.start()
     finally:
-        # SIGTERM sometimes hangs: give it 5 s, then kill the whole group.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        weed.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -8,21 +8,30 @@ Resuming (any worker, after any crash):
 1. List the chunk's parts, oldest first, and read the row indices each one holds.
 2. Keep a part only if none of its rows is already covered by a kept part. Overlaps can only come
    from a worker that lost its lease and flushed once more before noticing; dropping the whole
-   later part (its rows are simply done again) keeps every row exactly once.
+   later part (its rows are simply done again) keeps every row exactly once. A part that does
+   not decode (truncated, or an object orch did not write) is dropped the same way, named in a
+   warning.
 3. Work on the rows no kept part covers; the marker lists the kept parts plus the new ones.
+
+Redoing a chunk (`orch redo`, `redo_chunk`) is the reverse of completing it, under the chunk's
+lease so that no worker resumes from parts being removed: parts first, then stats, the marker
+last, then the lease is given back and any worker takes the chunk at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from orchestrator.core.errors import OrchError
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.protocol.leases import Clock, LeaseKeeper
-from orchestrator.core.records import ChunkStats, DoneMarker, PartRef
-from orchestrator.core.store import PreconditionFailed, Store
+from orchestrator.core.protocol.leases import Clock, LeaseKeeper, acquire, read_lease, release
+from orchestrator.core.records import ChunkStats, CorruptRecord, DoneMarker, PartRef, read_record
+from orchestrator.core.store import NotFound, ObjectInfo, PreconditionFailed, Store, StoreError, ignore_stray
 
 
 @dataclass(frozen=True)
@@ -81,14 +90,27 @@ def load_resume_point(store: Store, layout: RunLayout, chunk: str, codec: PartCo
     point = ResumePoint()
     infos = sorted(store.list(layout.outputs_prefix(chunk)), key=lambda o: (o.modified, o.key))
     for info in infos:
-        data = store.get(info.key).data
-        rows = codec.decode(data)
+        try:
+            blob = store.get(info.key)
+        except NotFound:
+            continue  # removed since the listing (`orch redo`)
+        data = blob.data
+        try:
+            rows = codec.decode(data)
+        except Exception as e:  # JSON, pydantic or Parquet errors alike: the part cannot be trusted
+            ignore_stray(
+                info.key, f"not a readable output part ({type(e).__name__}: {str(e)[:120]}); its rows run again"
+            )
+            point.dropped.append(info.key)
+            continue
         indices = {r.index for r in rows}
         if len(indices) != len(rows) or indices & point.done_rows:
             point.dropped.append(info.key)
             continue
         errors = sum(r.error for r in rows)
-        point.parts.append(PartRef(key=info.key, rows=len(rows), errors=errors, bytes=len(data), sha256=_sha256(data)))
+        point.parts.append(
+            PartRef(key=info.key, rows=len(rows), errors=errors, bytes=len(data), sha256=_sha256(data), etag=blob.etag)
+        )
         point.done_rows |= indices
         point.errors += errors
         point.tokens_in += sum(r.tokens_in for r in rows)
@@ -119,6 +141,7 @@ class ChunkJob(Generic[RowT]):
         self.started_at = clock()
         self.point = ResumePoint()
         self._seq = 0
+        self._marker: DoneMarker | None = None
 
     @property
     def holder(self) -> str:
@@ -148,9 +171,9 @@ class ChunkJob(Generic[RowT]):
         data = self.codec.encode(rows)
         self._seq += 1
         key = self.layout.output_part(self.chunk, self.holder, self._seq, self.codec.ext)
-        self.store.put(key, data)
+        etag = self.store.put(key, data)
         errors = sum(r.error for r in rows)
-        ref = PartRef(key=key, rows=len(rows), errors=errors, bytes=len(data), sha256=_sha256(data))
+        ref = PartRef(key=key, rows=len(rows), errors=errors, bytes=len(data), sha256=_sha256(data), etag=etag)
         self.point.parts.append(ref)
         self.point.done_rows |= indices
         self.point.errors += errors
@@ -164,11 +187,15 @@ class ChunkJob(Generic[RowT]):
         1. Every row of the chunk must be in a listed part.
         2. Renew the lease: if it is gone, someone else owns the chunk now; stop.
         3. Create the marker; then the stats entry `status` reads from listings; then drop the lease.
+        Safe to call again after a StoreUnavailable: the same marker is written, and our own
+        earlier marker counts as written. Steps after the marker are a cache and a tidy-up: when
+        the store fails them, the marker still stands (status reads it; the next taker of the
+        lease finds the marker and deletes the lease).
         """
         if len(self.point.done_rows) != self.chunk_rows or self.point.done_rows != set(range(self.chunk_rows)):
             raise IncompleteChunk(f"{self.chunk}: {len(self.point.done_rows)} of {self.chunk_rows} rows flushed")
         self.keeper.renew()
-        marker = DoneMarker(
+        marker = self._marker or DoneMarker(
             chunk=self.chunk,
             parts=self.point.parts,
             rows=self.chunk_rows,
@@ -184,26 +211,90 @@ class ChunkJob(Generic[RowT]):
             tokens_out=self.point.tokens_out,
             output_format="parquet" if self.codec.ext == "parquet" else "jsonl",
         )
+        self._marker = marker
+        data = marker.to_bytes()
         try:
-            self.store.put_if_absent(self.layout.done(self.chunk), marker.to_bytes())
+            self.store.put_if_absent(self.layout.done(self.chunk), data)
         except PreconditionFailed:
+            with contextlib.suppress(NotFound):
+                if self.store.get(self.layout.done(self.chunk)).data == data:
+                    return self._tidy_up(marker)  # our own, from an attempt whose answer was lost
             return None
-        self.store.put(self.layout.stats(self.chunk, marker.stats().key_values(), marker.finished_at), b"")
-        # The marker supersedes the lease; deleting it keeps lease listings short.
-        self.store.delete(self.layout.lease(self.chunk))
+        return self._tidy_up(marker)
+
+    def _tidy_up(self, marker: DoneMarker) -> DoneMarker:
+        with contextlib.suppress(StoreError):
+            self.store.put(self.layout.stats(self.chunk, marker.stats().key_values(), marker.finished_at), b"")
+            # The marker supersedes the lease; deleting it keeps lease listings short.
+            self.store.delete(self.layout.lease(self.chunk))
         return marker
 
 
 def read_chunk_stats(store: Store, layout: RunLayout) -> dict[str, tuple[float, ChunkStats]]:
-    """chunk -> (finished_at, its stats), from listings alone (one request per 1,000 chunks)."""
+    """chunk -> (finished_at, its stats), from listings alone (one request per 1,000 chunks).
+
+    A cache of the markers: callers count only chunks whose marker exists."""
     out: dict[str, tuple[float, ChunkStats]] = {}
     for info in store.list(layout.stats_prefix):
         try:
             finished, chunk, encoded = layout.parse_stats(info.key)
             out[chunk] = (finished, ChunkStats.from_key(encoded))
         except ValueError:
-            continue  # not a stats key of this version
+            ignore_stray(info.key, "not a stats entry of this orch version")
     return out
+
+
+class ChunkBusy(OrchError):
+    """`orch redo` of a chunk a worker is working on (it has no marker: nothing to redo yet)."""
+
+
+@dataclass
+class RedoReport:
+    chunk: str
+    had_marker: bool
+    parts_removed: int
+    stats_removed: int
+
+
+def redo_chunk(store: Store, layout: RunLayout, chunk: str, *, ttl: float, now: float, holder: str) -> RedoReport:
+    """Drop a chunk's marker, stats and parts so that the fleet runs it again (see the module docstring).
+
+    1. Take the chunk's lease (a live worker's lease on a chunk without a marker refuses: the
+       chunk is being done now). From here no worker can resume it.
+    2. Delete its parts, then its stats entries, then its marker (last: a redo that dies half-way
+       leaves a marker whose parts are missing, which status reports as damaged, never a chunk
+       resumed from the parts being removed).
+    3. Give the lease back: the chunk is free for any worker at once.
+    """
+    marker_key = layout.done(chunk)
+    had_marker = store.head(marker_key) is not None
+    held = acquire(
+        store, layout, chunk, worker="redo", holder=holder, ttl=ttl, now=now, may_take=lambda _lease: had_marker
+    )
+    if held is None:
+        try:
+            current = read_lease(store, layout, chunk)
+        except CorruptRecord:
+            current = None
+        who = f"{current[0].holder} (lease until {current[0].expires_at:.0f})" if current else "another process"
+        raise ChunkBusy(
+            f"{chunk} has no marker and is being worked on by {who}: nothing to redo",
+            where=layout.lease(chunk),
+            hint="wait for the chunk to finish, then redo it if it is damaged",
+        )
+    parts = [info.key for info in store.list(layout.outputs_prefix(chunk))]
+    for key in parts:
+        store.delete(key)
+    stats = []
+    for info in store.list(layout.stats_prefix):
+        with contextlib.suppress(ValueError):
+            if layout.parse_stats(info.key)[1] == chunk:
+                stats.append(info.key)
+    for key in stats:
+        store.delete(key)
+    store.delete(marker_key)
+    release(store, layout, held, now=now)
+    return RedoReport(chunk, had_marker, len(parts), len(stats))
 
 
 def _sha256(data: bytes) -> str:
@@ -217,3 +308,53 @@ def _part_seq(key: str, holder: str) -> int:
         return 0
     seq = name[len(holder) + 1 :].split(".", 1)[0]
     return int(seq) if seq.isdigit() else 0
+
+
+def find_damage(store: Store, layout: RunLayout, chunks: Iterable[str], *, threads: int = 16) -> dict[str, str]:
+    """Chunks whose marker is corrupt or whose parts no longer match it: chunk -> what is wrong.
+
+    What `status` and `orch watch` check before they call a run complete (collect checks every
+    byte again as it reads):
+    1. Read every marker (one GET each, `threads` at a time).
+    2. List the run's output parts once (one request per 1,000) for their sizes and, on S3, ETags.
+    3. A part that is missing, or whose size or ETag differs from what its marker recorded, is
+       damage. Where no ETag is known on both sides (a local store, markers of older orch), the
+       part is read and its SHA-256 compared.
+    """
+    chunks = list(chunks)
+
+    def marker(chunk: str) -> DoneMarker | str | None:
+        try:
+            found = read_record(store, layout.done(chunk), DoneMarker)
+        except CorruptRecord as e:
+            return f"its marker is corrupt ({e.message})"
+        return found[0] if found is not None else None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(chunks)))) as pool:
+        markers = dict(zip(chunks, pool.map(marker, chunks), strict=True))
+    listed = {info.key: info for info in store.list(f"{layout.root}outputs/")}
+    damage: dict[str, str] = {}
+    for chunk, found in markers.items():
+        if isinstance(found, str):
+            damage[chunk] = found
+            continue
+        for part in found.parts if found is not None else ():
+            problem = _part_problem(store, part, listed.get(part.key))
+            if problem:
+                damage[chunk] = f"{part.key} {problem}"
+                break
+    return damage
+
+
+def _part_problem(store: Store, part: PartRef, info: ObjectInfo | None) -> str | None:
+    if info is None:
+        return "is missing"
+    if info.size != part.bytes:
+        return f"has {info.size} bytes where its marker says {part.bytes}"
+    if info.etag is not None and part.etag is not None:
+        return None if info.etag.strip('"') == part.etag.strip('"') else "changed after its marker was written"
+    try:
+        data = store.get(part.key).data
+    except NotFound:
+        return "is missing"
+    return None if _sha256(data) == part.sha256 else "does not match the checksum in its marker"

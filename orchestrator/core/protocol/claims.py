@@ -4,7 +4,8 @@ Static plan, dynamic finish. Each worker starts on its planned list (what users 
 example expect). When the list runs out it steals:
 1. untouched chunks (nobody leased them yet) of the worker with the most unfinished work, last
    chunk first: the owner works front to back and would reach its tail last;
-2. chunks whose lease looks expired (not rewritten for a TTL: the holder died);
+2. chunks whose lease looks expired (not rewritten for a TTL: the holder died), and chunks the
+   view took for done whose marker is gone (`orch redo`: markers, not stats, say what is done);
 3. at the end of a run, the chunk of a live worker so much slower that finishing it here, from its
    last checkpoint, beats waiting (an A100 rescuing an L4's last chunk). The slow worker loses the
    lease at its next renewal and stops; it has nothing left to do and its machine is released.
@@ -29,7 +30,7 @@ from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import Clock, HeldLease, acquire
 from orchestrator.core.records import HeartbeatSummary, Lease, PlanRecord
-from orchestrator.core.store import Store
+from orchestrator.core.store import Store, StoreError, ignore_stray
 
 
 @dataclass(frozen=True)
@@ -87,14 +88,30 @@ class RunView:
         start = (
             None if self._last_finished is None else self.layout.stats_since(self._last_finished - self.skew_margin_s)
         )
-        prefix_len = len(self.layout.stats_prefix)
         for info in self.store.list(self.layout.stats_prefix, start_after=start):
             # Only the chunk id is needed here: no decoding of the summary.
-            millis, chunk, _ = info.key[prefix_len:].split(".", 2)
-            finished = int(millis) / 1000
+            try:
+                finished, chunk, _ = self.layout.parse_stats(info.key)
+            except ValueError:
+                ignore_stray(info.key, "not a stats entry of this run")
+                continue
             if self._last_finished is None or finished > self._last_finished:
                 self._last_finished = finished
             self.mark_done(chunk)
+
+    def recheck_done(self) -> list[str]:
+        """Chunks this view holds done that have no marker (one listing of done/), now open again.
+
+        Stats entries are a cache of the markers: a marker removed to redo its chunk (or one that
+        never was: a stray stats entry) must not keep the chunk from running forever."""
+        markers = {
+            self.layout.chunk_of(o.key, self.layout.done_prefix) for o in self.store.list(self.layout.done_prefix)
+        }
+        reopened = sorted(c for c in self.done - markers if c in self.index.owner)
+        for chunk in reopened:
+            self.done.discard(chunk)
+            self.taken.discard(chunk)
+        return reopened
 
     def mark_done(self, chunk: str) -> None:
         if chunk not in self.done:
@@ -135,6 +152,13 @@ class RunView:
             yield chunk
         for entry in skipped:
             heapq.heappush(self._heap, entry)
+
+    def put_back(self, chunk: str) -> None:
+        """Undo the pop of an untouched chunk that could not be tried (the store did not answer)."""
+        worker = self.index.owner.get(chunk)
+        tail = self._tail.get(worker, 0) if worker is not None else -1
+        if worker is not None and 0 <= tail < len(self.index.lists[worker]) and self.index.lists[worker][tail] == chunk:
+            self._tail[worker] += 1
 
     def _pop_tail(self, worker: int) -> str | None:
         chunks = self.index.lists[worker]
@@ -210,6 +234,9 @@ def expired_lease_chunks(store: Store, layout: RunLayout, view: RunView, *, now:
     stale = []
     for info in store.list(layout.leases_prefix):
         chunk = layout.chunk_of(info.key, layout.leases_prefix)
+        if chunk not in view.index.owner:
+            ignore_stray(info.key, "not the lease of a chunk of this run")
+            continue
         if chunk not in view.done and now - info.modified > ttl:
             stale.append((info.modified, chunk))
     return [chunk for _, chunk in sorted(stale)]
@@ -246,26 +273,47 @@ class ChunkClaimer:
         expired (a late renewal, clock skew), and `acquire` gives a holder back its own lease.
         """
         self.view.refresh()
-        own_list = self.view.index.lists.get(self.own, ()) if self.own is not None else ()
-        while self._own_next < len(own_list):
-            chunk = own_list[self._own_next]
-            self._own_next += 1
-            # Tried even when seen taken: the holder may be an earlier process of this worker (a
-            # restart after preemption), whose lease we take over at once. Anyone else keeps it.
-            if chunk not in self.view.done and chunk not in working_on and (held := self._take(chunk)) is not None:
-                return held
-        if not self.steal:
-            return None
-        for chunk in self.view.untouched(exclude=self.own):
-            if chunk not in working_on and (held := self._take(chunk)) is not None:
-                return held
+        held = self._from_own_list(working_on)
+        if held is not None or not self.steal:
+            return held
+        held = self._from_untouched(working_on)
+        if held is not None:
+            return held
         if self.on_end_game is not None:
             self.on_end_game()
+        for chunk in self.view.recheck_done():
+            if chunk not in working_on and (held := self._take(chunk)) is not None:
+                return held
         now = self.clock()
         for chunk in expired_lease_chunks(self.store, self.layout, self.view, now=now, ttl=self.ttl):
             if chunk not in working_on and (held := self._take(chunk)) is not None:
                 return held
         return self._rescue(now, working_on)
+
+    def _from_own_list(self, working_on: Collection[str]) -> HeldLease | None:
+        own_list = self.view.index.lists.get(self.own, ()) if self.own is not None else ()
+        while self._own_next < len(own_list):
+            chunk = own_list[self._own_next]
+            # Tried even when seen taken: the holder may be an earlier process of this worker (a
+            # restart after preemption), whose lease we take over at once. Anyone else keeps it.
+            held = self._take(chunk) if chunk not in self.view.done and chunk not in working_on else None
+            self._own_next += 1  # only once tried: a store that did not answer leaves it next in line
+            if held is not None:
+                return held
+        return None
+
+    def _from_untouched(self, working_on: Collection[str]) -> HeldLease | None:
+        for chunk in self.view.untouched(exclude=self.own):
+            if chunk in working_on:
+                continue
+            try:
+                held = self._take(chunk)
+            except StoreError:
+                self.view.put_back(chunk)  # not tried: still untouched
+                raise
+            if held is not None:
+                return held
+        return None
 
     def _take(self, chunk: str, may_take: Callable[[Lease], bool] | None = None) -> HeldLease | None:
         """The chunk's lease, if we get it and the chunk is still to do.

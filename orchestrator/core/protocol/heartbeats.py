@@ -8,7 +8,7 @@ from typing import Any
 
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import Heartbeat, HeartbeatSummary
-from orchestrator.core.store import Store, StoreError
+from orchestrator.core.store import Store, StoreError, ignore_stray
 
 
 class HeartbeatPublisher:
@@ -67,7 +67,41 @@ def read_heartbeats(store: Store, layout: RunLayout) -> dict[str, HeartbeatSumma
         worker, _, encoded = info.key[len(prefix) :].partition("/")
         summary = _decode(encoded)
         if summary is None:
-            continue  # not ours: a stray object under heartbeats/, or another version's
+            ignore_stray(info.key, "not a heartbeat of this orch version")
+            continue
         if worker not in newest or summary.updated_at > newest[worker].updated_at:
             newest[worker] = summary
     return newest
+
+
+def older_twin(store: Store, layout: RunLayout, me: Heartbeat) -> HeartbeatSummary | None:
+    """Another process of our worker id, started before us and still heartbeating, if any.
+
+    Twins (a launch the jobs record lost, a machine thought dead that was not) both do the
+    work of one id; the newer one exits. "Still heartbeating" means it published after we
+    started: the last heartbeat of a process killed before we were launched is no twin. One
+    listing of our own id's keys.
+    """
+    prefix = f"{layout.heartbeats_prefix}{me.worker}/"
+    for info in store.list(prefix):
+        other = _decode(info.key[len(prefix) :])
+        if other is None or other.holder == me.holder or other.state == "exited":
+            continue
+        alive_with_us = other.updated_at > me.started_at + 1.0
+        if alive_with_us and (other.started_at, other.holder) < (me.started_at, me.holder):
+            return other
+    return None
+
+
+def live_heartbeats(store: Store, layout: RunLayout, *, now: float, fresh_s: float) -> list[Heartbeat]:
+    """The full heartbeat (host and pid included) of every process that heartbeated within `fresh_s`
+    and has not exited: one listing, then one GET per such process."""
+    prefix = layout.heartbeats_prefix
+    bodies = []
+    for info in store.list(prefix):
+        summary = _decode(info.key[len(prefix) :].partition("/")[2])
+        if summary is None or summary.state == "exited" or now - summary.updated_at > fresh_s:
+            continue
+        with contextlib.suppress(StoreError, ValueError):
+            bodies.append(Heartbeat.from_bytes(store.get(info.key).data))
+    return bodies

@@ -129,6 +129,11 @@ class RunLayout:
         return f"{self.root}jobs.json"
 
     @property
+    def cancel(self) -> str:
+        """Present from `orch cancel` until the next launch: every worker of the run stops."""
+        return f"{self.root}cancel.json"
+
+    @property
     def decisions_prefix(self) -> str:
         return f"{self.root}decisions/"
 

@@ -7,6 +7,10 @@ garbage behind. Leases are about not doing work twice, and about knowing when to
 
 Expiry compares the writer's clock (expires_at) with the reader's: keep the TTL well above the
 clock skew between machines (NTP keeps it under a second; the default TTL is 300 s).
+
+A lease object that does not parse (garbage bytes) names no holder: it is treated as held until
+the object is older than the TTL (by the store's clock, from a HEAD), then taken over like an
+expired lease. It never stops the worker that meets it.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.records import Lease, cas_update, read_record
-from orchestrator.core.store import PreconditionFailed, Store
+from orchestrator.core.records import CorruptRecord, Lease, cas_update, read_record
+from orchestrator.core.store import NotFound, PreconditionFailed, Store, ignore_stray
 
 Clock = Callable[[], float]
 
@@ -26,8 +30,8 @@ Clock = Callable[[], float]
 class LeaseLost(Exception):
     """Our lease was taken over (it expired, or a faster worker took the chunk): stop the chunk."""
 
-    def __init__(self, chunk: str, by: str | None = None):
-        super().__init__(f"lease on {chunk} lost{f' to {by}' if by else ''}")
+    def __init__(self, chunk: str, by: str | None = None, why: str | None = None):
+        super().__init__(f"lease on {chunk} lost{f' to {by}' if by else ''}{f': {why}' if why else ''}")
         self.chunk = chunk
         self.by = by
 
@@ -78,10 +82,26 @@ def acquire(
             return mine
         return None
 
-    lease, etag = cas_update(store, layout.lease(chunk), Lease, take, expect_new=True)
+    try:
+        lease, etag = cas_update(store, layout.lease(chunk), Lease, take, expect_new=True)
+    except CorruptRecord as e:
+        return _take_corrupt(store, layout.lease(chunk), mine, str(e), ttl=ttl, now=now)
     if lease is None or etag is None or lease.holder != holder:
         return None
     return HeldLease(lease, etag)
+
+
+def _take_corrupt(store: Store, key: str, mine: Lease, problem: str, *, ttl: float, now: float) -> HeldLease | None:
+    """A lease object of garbage: ours by compare-and-swap once it is older than the TTL."""
+    info = store.head(key)
+    if info is not None and now - info.modified <= ttl:
+        ignore_stray(key, f"{problem}; treated as held until it is {ttl:g}s old")
+        return None
+    try:
+        etag = store.get(key).etag
+        return HeldLease(mine, store.compare_and_swap(key, mine.to_bytes(), etag))
+    except (PreconditionFailed, NotFound):
+        return None  # someone rewrote it meanwhile: judged again at the next claim
 
 
 def renew(store: Store, layout: RunLayout, held: HeldLease, *, ttl: float, now: float) -> HeldLease:
@@ -90,7 +110,10 @@ def renew(store: Store, layout: RunLayout, held: HeldLease, *, ttl: float, now: 
     try:
         return HeldLease(fresh, store.compare_and_swap(layout.lease(held.chunk), fresh.to_bytes(), held.etag))
     except PreconditionFailed:
-        current = read_lease(store, layout, held.chunk)
+        try:
+            current = read_lease(store, layout, held.chunk)
+        except CorruptRecord:
+            raise LeaseLost(held.chunk, by="an object that is not a lease") from None
         raise LeaseLost(held.chunk, by=current[0].holder if current else None) from None
 
 
@@ -145,6 +168,17 @@ class LeaseKeeper:
         """Renew when a third of the TTL has passed since the last renewal."""
         if self.clock() - self._held.lease.renewed_at >= self.ttl / 3:
             self.renew()
+
+    def expired(self) -> bool:
+        """Our lease ran out without a renewal (the store did not answer): others may take the chunk."""
+        return self._held.lease.expires_at <= self.clock()
+
+    def lose(self, why: str) -> None:
+        """Treat the lease as lost (it expired while the store was unreachable): the chunk is dropped,
+        and claiming decides later who continues it, from its checkpoints."""
+        with self._lock:
+            if self._lost is None:
+                self._lost = LeaseLost(self.chunk, why=why)
 
     def release(self) -> None:
         with self._lock:

@@ -17,6 +17,7 @@ from orchestrator.core.store.base import (
     StoreFull,
     StoreSettings,
     StoreUnavailable,
+    ignore_stray,
 )
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "StoreFull",
     "StoreSettings",
     "StoreUnavailable",
+    "ignore_stray",
     "open_store",
 ]
 

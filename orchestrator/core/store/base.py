@@ -104,6 +104,8 @@ class ObjectInfo:
     key: str
     size: int
     modified: float  # seconds since the epoch, by the store's clock
+    #: The ETag, where listings carry it (S3); None where finding it means reading the object.
+    etag: str | None = None
 
 
 @dataclass

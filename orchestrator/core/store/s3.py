@@ -129,7 +129,7 @@ class S3Store:
                         # A "folder" that S3 consoles create: no object orch could address.
                         ignore_stray(obj["Key"], "an S3 console folder marker, not an object")
                         continue
-                    yield ObjectInfo(obj["Key"][strip:], obj["Size"], obj["LastModified"].timestamp())
+                    yield ObjectInfo(obj["Key"][strip:], obj["Size"], obj["LastModified"].timestamp(), obj.get("ETag"))
 
     @contextlib.contextmanager
     def open(self, key: str) -> Iterator[BinaryIO]:

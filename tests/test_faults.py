@@ -1,0 +1,469 @@
+"""Availability under faults, end to end: real worker processes, `orch` CLI processes, a real S3 server.
+
+A store that goes away and comes back, a store that stays away too long, controllers racing each
+other, twin workers, untracked workers and `orch cancel`, damaged and stray objects, a full disk.
+Every test ends with the exactly-once check: `orch collect` gives each input row once, in order.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core.protocol.heartbeats import read_heartbeats
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import read_jobs
+from orchestrator.core.store import open_store
+from tests.support.flaky_proxy import FlakyProxy
+from tests.support.s3servers import SeaweedFS
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+ORCH = [sys.executable, "-m", "orchestrator"]
+WORKER_PYTHON = str(ROOT / ".venv-worker" / "bin" / "python")
+
+
+@pytest.fixture
+def tiny_model() -> str:
+    path = ROOT / ".cache" / "models" / "tiny-llama"
+    if not (path / ".built").exists():
+        pytest.fail("the tiny model is missing: run `make models` (make test does it)")
+    return str(path)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A project directory: small generations, quick heartbeats and checkpoints, logs under ./.orch."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "orch.yaml").write_text(
+        "sampling:\n  max_tokens: 48\n"
+        "workers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 60\n"
+        "store_settings:\n  worker_attempts: 2\n"
+    )
+    return work
+
+
+@pytest.fixture
+def weed(tmp_path: Path):
+    """A SeaweedFS of this test's own, to kill and start again on the same data and ports."""
+    server = SeaweedFS(tmp_path / "weed")
+    server.start()
+    yield server
+    server.stop()
+
+
+def env_with(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
+
+
+def orch(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*ORCH, *map(str, args)], cwd=cwd, env=env or env_with(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def orch_ok(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
+    done = orch(*args, cwd=cwd, env=env)
+    assert done.returncode == 0, f"orch {' '.join(map(str, args))}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+class Background:
+    """An `orch` command running in the background, its output going to a file we can poll."""
+
+    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None):
+        self.out = cwd / f"orch-{time.monotonic_ns()}.out"
+        with open(self.out, "wb") as out:
+            self.proc = subprocess.Popen(
+                [*ORCH, *map(str, args)], cwd=cwd, env=env or env_with(), stdout=out, stderr=subprocess.STDOUT
+            )
+
+    @property
+    def text(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"still running after {timeout}s:\n{self.text[-3000:]}") from None
+
+
+def poll(condition: Callable[[], object], what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def questions(path: Path, n: int) -> Path:
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}?"}]}) + "\n")
+    return path
+
+
+def collect_ids(workdir: Path, run: str, store: str) -> list[str]:
+    out = workdir / f"{run}.jsonl"
+    orch_ok("collect", "--run", run, "--store", store, "--out", out, cwd=workdir)
+    return [json.loads(line)["custom_id"] for line in out.read_text().splitlines()]
+
+
+def worker_logs(workdir: Path, run: str) -> dict[str, str]:
+    return {p.name: p.read_text(errors="replace") for p in sorted((workdir / ".orch" / "logs" / run).glob("*.log"))}
+
+
+def markers(store: str, run: str) -> int:
+    return len(list(open_store(store).list(RunLayout(run).done_prefix)))
+
+
+# -- 1. a store outage ----------------------------------------------------------------------------
+def test_workers_and_watch_ride_out_a_store_outage(weed, workdir, tiny_model):
+    """SeaweedFS is killed mid-run and started again on the same data: no process exits, nothing
+    is relaunched, and the run finishes with every row once."""
+    store = weed.server.store_uri(weed.server.new_bucket(), "outage")
+    (workdir / "orch.yaml").write_text((workdir / "orch.yaml").read_text().replace("max_tokens: 48", "max_tokens: 64"))
+    orch_ok(
+        "prepare",
+        questions(workdir / "q.jsonl", 3200),
+        "--run",
+        "o",
+        "--store",
+        store,
+        "--num-chunks",
+        "8",
+        "--id-column",
+        "id",
+        cwd=workdir,
+    )
+    orch_ok("launch", "--run", "o", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
+    watch = Background("watch", "--run", "o", "--store", store, "--interval", "1", cwd=workdir)
+    layout = RunLayout("o")
+    client = open_store(store)
+
+    def mid_run() -> bool:
+        beats = read_heartbeats(client, layout)
+        done = len(list(client.list(layout.done_prefix)))
+        return done >= 1 and any(b.state == "running" and b.chunk_rows_done > 0 for b in beats.values())
+
+    poll(mid_run, "a finished chunk and a worker mid-chunk")
+    before = markers(store, "o")
+    weed.kill()
+    poll(
+        lambda: sum("store unreachable" in log for log in worker_logs(workdir, "o").values()) == 2,
+        "both workers to notice the outage",
+        timeout=120,
+    )
+    poll(lambda: "store unreachable" in watch.text, "orch watch to notice the outage", timeout=120)
+    assert watch.proc.poll() is None, f"orch watch exited during the outage:\n{watch.text}"
+    weed.start()
+    assert watch.wait() == 0, watch.text
+    assert "store reachable again" in watch.text and "-> job" not in watch.text  # nothing relaunched
+    logs = worker_logs(workdir, "o")
+    assert len(logs) == 2 and all("store reachable again" in log for log in logs.values()), logs
+    assert not any("Traceback" in log for log in logs.values())
+    record, _ = read_jobs(open_store(store), layout)
+    assert [(len(w.attempts), w.relaunches) for w in record.workers.values()] == [(1, 0), (1, 0)]
+    assert markers(store, "o") == 8 > before
+    assert collect_ids(workdir, "o", store) == [f"q{i}" for i in range(3200)]
+
+
+def test_worker_out_of_outage_budget_exits_75_and_is_relaunched_for_free(weed, workdir, tiny_model):
+    """Workers give up after their budget with exit 75; `orch watch --retries 0` (which outwaits
+    the store) starts them again without spending a retry, and the run completes."""
+    store = weed.server.store_uri(weed.server.new_bucket(), "budget")
+    orch_ok(
+        "prepare",
+        questions(workdir / "q.jsonl", 160),
+        "--run",
+        "b",
+        "--store",
+        store,
+        "--num-chunks",
+        "4",
+        "--id-column",
+        "id",
+        cwd=workdir,
+    )
+    short = env_with(ORCH_STORE_SETTINGS__OUTAGE_BUDGET="3")
+    orch_ok("launch", "--run", "b", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir, env=short)
+    poll(lambda: len(read_heartbeats(open_store(store), RunLayout("b"))) == 2, "both workers up")
+    watch = Background(
+        "watch",
+        "--run",
+        "b",
+        "--store",
+        store,
+        "--interval",
+        "1",
+        "--retries",
+        "0",
+        cwd=workdir,
+        env=env_with(ORCH_STORE_SETTINGS__OUTAGE_BUDGET="600"),
+    )
+    weed.kill()
+    exits = workdir / ".orch" / "logs" / "b"
+    poll(lambda: len(list(exits.glob("*.exit"))) == 2, "both workers to give up", timeout=120)
+    assert sorted(p.read_text().strip() for p in exits.glob("*.exit")) == ["75", "75"]
+    assert all("has not answered for" in log for log in worker_logs(workdir, "b").values())
+    weed.start()
+    assert watch.wait() == 0, watch.text
+    assert watch.text.count("relaunch after a store outage (not counted)") == 2, watch.text
+    record, _ = read_jobs(open_store(store), RunLayout("b"))
+    assert [w.relaunches for w in record.workers.values()] == [0, 0]
+    assert collect_ids(workdir, "b", store) == [f"q{i}" for i in range(160)]
+
+
+# -- 2. one controller at a time, no twin workers ---------------------------------------------------
+def test_concurrent_launches_and_watches_start_one_process_per_worker(seaweedfs_server, workdir, tiny_model):
+    """Three `orch launch` at once, then two `orch watch` relaunching the same killed worker, over a
+    store 0.3 s away: each worker id gets exactly one process at a time."""
+    with FlakyProxy(seaweedfs_server.endpoint, lambda *_: "forward", delay_s=0.3) as far:
+        store = f"s3://{seaweedfs_server.new_bucket()}/race?endpoint={far.endpoint}"
+        orch_ok(
+            "prepare",
+            questions(workdir / "q.jsonl", 240),
+            "--run",
+            "c",
+            "--store",
+            store,
+            "--num-chunks",
+            "4",
+            "--id-column",
+            "id",
+            cwd=workdir,
+        )
+        orch_ok("plan", "--run", "c", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
+        launches = [
+            Background("launch", "--run", "c", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
+            for _ in range(3)
+        ]
+        assert [b.wait() for b in launches] == [0, 0, 0], [b.text for b in launches]
+        said = "".join(b.text for b in launches)
+        assert len(re.findall(r"worker \d: job", said)) == 2, said
+        assert len(worker_logs(workdir, "c")) == 2  # one log per worker process started
+        record, _ = read_jobs(open_store(store), RunLayout("c"))
+        assert [len(w.attempts) for w in record.workers.values()] == [1, 1]
+
+        # Worker 0 dies; two watches see it at the same moment.
+        job = record.workers["0"].attempts[-1].job_id
+        os.killpg(int(job.split("-")[1]), signal.SIGKILL)
+        watches = [
+            Background("watch", "--run", "c", "--store", store, "--interval", "0.5", cwd=workdir) for _ in range(2)
+        ]
+        assert [w.wait() for w in watches] == [0, 0], [w.text for w in watches]
+        relaunches = sum(w.text.count("worker 0: relaunch after FAILED") for w in watches)
+        assert relaunches == 1, [w.text for w in watches]
+        assert len(worker_logs(workdir, "c")) == 3
+        assert collect_ids(workdir, "c", store) == [f"q{i}" for i in range(240)]
+
+
+def start_worker(store: str, run: str, worker: str, workdir: Path) -> subprocess.Popen:
+    """A worker started by hand, as a lost launch would have left it: no job records it."""
+    log = open(workdir / f"hand-{worker}-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115 - the child keeps it
+    return subprocess.Popen(
+        [WORKER_PYTHON, "-m", "worker", "--run", run, "--store", store, "--worker", worker],
+        cwd=workdir,
+        env=env_with(),
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
+
+
+def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_server, workdir, tiny_model):
+    store = seaweedfs_server.store_uri(seaweedfs_server.new_bucket(), "twins")
+    layout = RunLayout("t")
+    orch_ok(
+        "prepare",
+        questions(workdir / "q.jsonl", 600),
+        "--run",
+        "t",
+        "--store",
+        store,
+        "--num-chunks",
+        "6",
+        "--id-column",
+        "id",
+        cwd=workdir,
+    )
+    orch_ok("plan", "--run", "t", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
+    first = start_worker(store, "t", "0", workdir)
+    poll(
+        lambda: (b := read_heartbeats(open_store(store), layout).get("0")) and b.state == "running",
+        "the first worker of id 0",
+    )
+    older = read_heartbeats(open_store(store), layout)["0"].holder
+    twin = start_worker(store, "t", "0", workdir)
+    out, _ = twin.communicate(timeout=180)
+    summary = json.loads(out.splitlines()[-1])
+    assert twin.returncode == 0 and summary["status"] == "DUPLICATE", out
+    assert first.poll() is None, "the older one keeps working"
+    twin_log = next(p for p in sorted(workdir.glob("hand-0-*.log"))[1:]).read_text()
+    assert older in twin_log and "this newer process stops" in twin_log
+
+    # A worker no job records, and one `orch launch` started: cancel stops all of them.
+    untracked = start_worker(store, "t", "1", workdir)
+    poll(lambda: len(read_heartbeats(open_store(store), layout)) == 2, "the untracked worker 1")
+    done = orch("cancel", "--run", "t", "--store", store, cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("outside the recorded jobs") == 2, done.stdout
+    assert first.wait(60) == 143 and untracked.wait(60) == 143
+    left = markers(store, "t")
+    assert all(b.state == "exited" for b in read_heartbeats(open_store(store), layout).values())
+    # Nothing works for the run after the cancel; resume finishes it, every row once.
+    assert markers(store, "t") == left
+    orch_ok("resume", "--run", "t", "--store", store, "--model", tiny_model, "--follow", "--interval", "1", cwd=workdir)
+    assert collect_ids(workdir, "t", store) == [f"q{i}" for i in range(600)]
+
+
+# -- 3 and 4. damaged chunks, stray objects, one source of truth for "done" -------------------------
+def test_damaged_and_stray_objects_are_named_redone_and_never_halt_the_fleet(seaweedfs_server, workdir, tiny_model):
+    server = seaweedfs_server
+    bucket = server.new_bucket()
+    store_uri = server.store_uri(bucket, "damage")
+    store = open_store(store_uri)
+    layout = RunLayout("d")
+    (workdir / "orch.yaml").write_text(
+        "sampling:\n  max_tokens: 16\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 6\n"
+    )
+    orch_ok(
+        "prepare",
+        questions(workdir / "q.jsonl", 120),
+        "--run",
+        "d",
+        "--store",
+        store_uri,
+        "--num-chunks",
+        "6",
+        "--id-column",
+        "id",
+        cwd=workdir,
+    )
+    orch_ok(
+        "launch",
+        "--run",
+        "d",
+        "--store",
+        store_uri,
+        "--model",
+        tiny_model,
+        "--workers",
+        "2",
+        "--follow",
+        "--interval",
+        "1",
+        cwd=workdir,
+    )
+    status = json.loads(orch_ok("status", "--run", "d", "--store", store_uri, "--json", cwd=workdir))
+    assert status["complete"] and status["damaged"] == {}
+
+    def part_of(chunk: str) -> str:
+        return next(o.key for o in store.list(layout.outputs_prefix(chunk)))
+
+    def stats_of(chunk: str) -> list[str]:
+        return [o.key for o in store.list(layout.stats_prefix) if layout.parse_stats(o.key)[1] == chunk]
+
+    # 0: garbage over its marker; 1: a part cut short (its marker says otherwise).
+    store.put(layout.done("part_00000"), b"\x00garbage")
+    cut = part_of("part_00001")
+    store.put(cut, store.get(cut).data[:-40])
+    status = json.loads(orch_ok("status", "--run", "d", "--store", store_uri, "--json", cwd=workdir))
+    assert not status["complete"] and set(status["damaged"]) == {"part_00000", "part_00001"}, status
+    table = orch_ok("status", "--run", "d", "--store", store_uri, cwd=workdir)
+    assert "COMPLETE" not in table and "orch redo" in table and "part_00001" in table
+    watch = orch("watch", "--run", "d", "--store", store_uri, "--interval", "1", cwd=workdir)
+    assert watch.returncode != 0 and "part_00000" in watch.stderr and "orch redo" in watch.stderr
+    collect = orch("collect", "--run", "d", "--store", store_uri, "--out", workdir / "x.jsonl", cwd=workdir)
+    assert collect.returncode != 0 and "orch redo --run d --chunk part_00001" in collect.stderr, collect.stderr
+    assert "Traceback" not in status and "Traceback" not in watch.stderr + collect.stderr
+
+    # The damaged chunks are redone by `orch redo`. Damage done by hand the old way is redone too:
+    # 2: its marker deleted, its stats left (workers used to skip it forever); 3: marker and stats
+    # deleted and a part cut short (workers used to crash-loop on it).
+    assert "runs again" in orch_ok(
+        "redo", "--run", "d", "--store", store_uri, "--chunk", "part_00000", "--chunk", "1", cwd=workdir
+    )
+    store.delete(layout.done("part_00002"))
+    store.delete(layout.done("part_00003"))
+    for key in stats_of("part_00003"):
+        store.delete(key)
+    cut = part_of("part_00003")
+    store.put(cut, store.get(cut).data[:-40])
+    # Stray objects where workers list: a README, an S3 console folder, a lease of garbage.
+    client = server.client()
+    client.put_object(Bucket=bucket, Key="damage/runs/d/stats/README", Body=b"what is in here")
+    client.put_object(Bucket=bucket, Key="damage/runs/d/stats/", Body=b"")
+    store.put(layout.lease("part_00004"), b"\xffnot a lease")
+    store.delete(layout.done("part_00004"))
+    status = json.loads(orch_ok("status", "--run", "d", "--store", store_uri, "--json", cwd=workdir))
+    assert layout.lease("part_00004") in status["corrupt_leases"]
+
+    resumed = orch(
+        "resume", "--run", "d", "--store", store_uri, "--model", tiny_model, "--follow", "--interval", "1", cwd=workdir
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    logs = "".join(worker_logs(workdir, "d").values())
+    assert "Traceback" not in logs and "JSONDecodeError" not in logs
+    assert "stats/README" in logs and "not a readable output part" in logs
+    status = json.loads(orch_ok("status", "--run", "d", "--store", store_uri, "--json", cwd=workdir))
+    assert status["complete"] and status["damaged"] == {} and status["corrupt_leases"] == {}
+    ids = collect_ids(workdir, "d", store_uri)
+    assert ids == [f"q{i}" for i in range(120)] and not [i for i, n in collections.Counter(ids).items() if n > 1]
+
+
+# -- issue 11, item 9: a full disk under the store ----------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A real file system of 4 MiB (tmpfs): writes fail with ENOSPC once it is full."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {done.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_watch_says_what_is_full_and_keeps_watching(small_disk, workdir, tiny_model):
+    store = str(small_disk / "store")
+    orch_ok(
+        "prepare",
+        questions(workdir / "q.jsonl", 160),
+        "--run",
+        "f",
+        "--store",
+        store,
+        "--num-chunks",
+        "4",
+        "--id-column",
+        "id",
+        cwd=workdir,
+    )
+    orch_ok("launch", "--run", "f", "--store", store, "--model", tiny_model, "--workers", "1", cwd=workdir)
+    poll(lambda: markers(store, "f") >= 1, "a first chunk")
+    filler = small_disk / "filler"
+    subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True, check=False)  # until full
+    watch = Background("watch", "--run", "f", "--store", store, "--interval", "1", cwd=workdir)
+    poll(lambda: "no space left" in watch.text, "orch watch to say the disk is full", timeout=120)
+    assert watch.proc.poll() is None and store in watch.text and "Traceback" not in watch.text
+    filler.unlink()
+    assert watch.wait() == 0, watch.text
+    assert "store reachable again" in watch.text
+    assert list((small_disk / "store" / ".orch-tmp").iterdir()) == []
+    assert collect_ids(workdir, "f", store) == [f"q{i}" for i in range(160)]
