@@ -12,6 +12,7 @@ import heapq
 import time
 from collections.abc import Sequence
 
+from orchestrator.console import Group, Text, table
 from orchestrator.core.errors import RunNotFound
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment, read_jsonl, read_record
@@ -85,24 +86,30 @@ def write_plan(store: Store, layout: RunLayout, plan: PlanRecord) -> None:
     store.put(layout.plan, plan.to_bytes())
 
 
-def render_plan(plan: PlanRecord) -> str:
+def render_plan(plan: PlanRecord) -> Group:
+    """One row per worker (chunks, rows, estimated tokens, share), then the balance."""
     total = max(plan.est_tokens, 1)
-    lines = [f"{'worker':>6}  {'chunks':>6}  {'rows':>10}  {'est. tokens':>13}  {'share':>6}"]
+    grid = table(
+        "worker", "chunks", "rows", "est. tokens", "share", right=("worker", "chunks", "rows", "est. tokens", "share")
+    )
     for a in plan.workers:
-        lines.append(
-            f"{a.worker:>6}  {len(a.chunks):>6}  {a.rows:>10,}  {a.est_tokens:>13,}  "
-            f"{100 * a.est_tokens / total:>5.1f}%"
+        grid.add_row(
+            str(a.worker), str(len(a.chunks)), f"{a.rows:,}", f"{a.est_tokens:,}", f"{100 * a.est_tokens / total:.1f}%"
         )
     loads = [a.est_tokens for a in plan.workers]
     mean = sum(loads) / len(loads)
-    lines.append(
-        f"{plan.chunks} chunks, {plan.rows:,} rows over {len(plan.workers)} workers; "
-        f"largest load {max(loads) / mean if mean else 1:.3f}x the mean"
-    )
+    lines = [
+        Text(
+            f"{plan.chunks} chunks, {plan.rows:,} rows over {len(plan.workers)} workers; "
+            f"largest load {max(loads) / mean if mean else 1:.3f}x the mean"
+        )
+    ]
     empty = sum(1 for a in plan.workers if not a.chunks)
     if empty:
         lines.append(
-            f"note: {empty} worker(s) have no chunk of their own (fewer chunks than workers); "
-            "they will take over other workers' chunks"
+            Text(
+                f"note: {empty} worker(s) have no chunk of their own (fewer chunks than workers); "
+                "they will take over other workers' chunks"
+            )
         )
-    return "\n".join(lines)
+    return Group(grid, *lines)
