@@ -111,8 +111,8 @@ def populate(store, layout, chunks: int, workers: int, done: int) -> None:
 def main() -> None:
     from orchestrator.console import to_text
     from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.records import read_manifest
     from orchestrator.core.store import open_store
-    from orchestrator.plan import read_manifest
     from orchestrator.pricing import load_gpu_table
     from orchestrator.status import derive_status, gather, status_view
     from tests.support.s3servers import seaweedfs

@@ -27,9 +27,8 @@ from orchestrator.core.errors import OrchError
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.parts import iter_part_lines
-from orchestrator.core.records import DoneMarker, ManifestEntry, parse_record
-from orchestrator.core.store import NotFound, Store
-from orchestrator.plan import read_manifest
+from orchestrator.core.records import ManifestEntry, read_manifest, read_marker
+from orchestrator.core.store import Store
 
 EXAMPLES = 5
 
@@ -107,7 +106,7 @@ def _collect_chunk(
     retry: _RetryWriter,
     report: CollectReport,
 ) -> None:
-    marker = _marker(store, layout, entry.chunk)
+    marker = read_marker(store, layout, entry.chunk)
     answers: dict[int, BatchOutputLine] = {}
     if marker is None:
         report.missing_chunks.append(entry.chunk)
@@ -147,13 +146,6 @@ def _collect_chunk(
             retry.add(request_line)
     if answers:  # lines for rows the chunk does not have
         report.mismatched += len(answers)
-
-
-def _marker(store: Store, layout: RunLayout, chunk: str) -> DoneMarker | None:
-    try:
-        return parse_record(DoneMarker, store.get(layout.done(chunk)).data, layout.done(chunk))
-    except NotFound:
-        return None
 
 
 def _input_rows(store: Store, layout: RunLayout, entry: ManifestEntry) -> Iterator[tuple[int, bytes, dict[str, Any]]]:

@@ -13,10 +13,9 @@ import time
 from collections.abc import Sequence
 
 from orchestrator.console import Group, Text, table
-from orchestrator.core.errors import RunNotFound
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment, read_jsonl, read_record
-from orchestrator.core.store import NotFound, Store
+from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment
+from orchestrator.core.store import Store
 
 
 def plan_chunks(entries: Sequence[ManifestEntry], workers: int) -> PlanRecord:
@@ -57,21 +56,6 @@ def skypilot_example_split(chunks: Sequence[str], workers: int) -> list[list[str
 def contiguous_split(chunks: Sequence[str], workers: int) -> list[list[str]]:
     """Static contiguous slices that keep every chunk (the example's idea without its bug)."""
     return [list(chunks[len(chunks) * i // workers : len(chunks) * (i + 1) // workers]) for i in range(workers)]
-
-
-def read_manifest(store: Store, layout: RunLayout) -> list[ManifestEntry]:
-    try:
-        return read_jsonl(ManifestEntry, store.get(layout.manifest).data, layout.manifest)
-    except NotFound:
-        raise RunNotFound(
-            f"run {layout.run!r} has no manifest in {getattr(store, 'uri', 'the store')}",
-            hint=f"prepare it first: orch prepare DATA --run {layout.run} --num-chunks N",
-        ) from None
-
-
-def read_plan(store: Store, layout: RunLayout) -> PlanRecord | None:
-    found = read_record(store, layout.plan, PlanRecord)
-    return found[0] if found is not None else None
 
 
 def write_plan(store: Store, layout: RunLayout, plan: PlanRecord) -> None:

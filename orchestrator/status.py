@@ -46,17 +46,17 @@ from orchestrator.core.protocol.snapshot import list_done
 from orchestrator.core.records import (
     ChunkStats,
     DecisionRecord,
-    DoneMarker,
     HeartbeatSummary,
     JobsRecord,
     ManifestEntry,
     PlanRecord,
-    parse_record,
     read_jobs,
+    read_manifest,
+    read_marker,
+    read_plan,
     read_record,
 )
 from orchestrator.core.store import Store
-from orchestrator.plan import read_manifest, read_plan
 from orchestrator.pricing import GpuTable
 
 #: A heartbeat older than this many heartbeat intervals means the process is gone or stuck.
@@ -109,8 +109,9 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
     stats = read_chunk_stats(store, layout)
     for chunk in done - set(stats):
         with contextlib.suppress(Exception):  # a marker we cannot read is shown as done without numbers
-            marker = parse_record(DoneMarker, store.get(layout.done(chunk)).data, layout.done(chunk))
-            stats[chunk] = (marker.finished_at, marker.stats())
+            marker = read_marker(store, layout, chunk)
+            if marker is not None:
+                stats[chunk] = (marker.finished_at, marker.stats())
     facts = RunFacts(
         layout.run,
         manifest,

@@ -10,9 +10,9 @@ from orchestrator.cli import main
 from orchestrator.console import to_text
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.leases import acquire
-from orchestrator.core.records import Heartbeat, JobAttempt, update_jobs
+from orchestrator.core.records import Heartbeat, JobAttempt, read_manifest, update_jobs
 from orchestrator.core.store import open_store
-from orchestrator.plan import plan_chunks, read_manifest, write_plan
+from orchestrator.plan import plan_chunks, write_plan
 from orchestrator.pricing import load_gpu_table
 from orchestrator.status import derive_status, gather, status_view
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run

@@ -58,7 +58,8 @@ def prepare_command(inv: Invocation, sources, strict, as_json, **input_args):
 def plan_command(inv: Invocation, workers, as_json, with_estimate):
     """Spread the run's chunks over workers, balanced by estimated work; write workers/<i>.txt."""
     from orchestrator.console import console
-    from orchestrator.plan import plan_chunks, read_manifest, render_plan, write_plan
+    from orchestrator.core.records import read_manifest
+    from orchestrator.plan import plan_chunks, render_plan, write_plan
 
     flags = dict(inv.flags)
     if workers is not None:

@@ -100,7 +100,7 @@ def simulate_command(
     )
     entries = None
     if use_run:
-        from orchestrator.plan import read_manifest
+        from orchestrator.core.records import read_manifest
 
         ctx = inv.context()
         entries = read_manifest(ctx.store, ctx.layout)

@@ -41,7 +41,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.core.errors import OrchError
+from orchestrator.core.errors import OrchError, RunNotFound
 from orchestrator.core.protocol.layout import RunLayout, ServeLayout, decode_key_record
 from orchestrator.core.store import NotFound, PreconditionFailed, Store
 
@@ -470,6 +470,29 @@ class HeartbeatSummary(KeyRecord):
     @property
     def uptime_s(self) -> float:
         return self.uptime_before_s + max(self.updated_at - self.started_at, 0.0)
+
+
+# -- reading a run's documents ------------------------------------------------------------------
+def read_manifest(store: Store, layout: RunLayout) -> list[ManifestEntry]:
+    """The run's chunks; RunNotFound when it was never prepared."""
+    try:
+        return read_jsonl(ManifestEntry, store.get(layout.manifest).data, layout.manifest)
+    except NotFound:
+        raise RunNotFound(
+            f"run {layout.run!r} has no manifest in {store.uri}",
+            hint=f"prepare it first: orch prepare DATA --run {layout.run} --num-chunks N",
+        ) from None
+
+
+def read_plan(store: Store, layout: RunLayout) -> PlanRecord | None:
+    found = read_record(store, layout.plan, PlanRecord)
+    return found[0] if found is not None else None
+
+
+def read_marker(store: Store, layout: RunLayout, chunk: str) -> DoneMarker | None:
+    """The chunk's done marker, or None while the chunk is not done."""
+    found = read_record(store, layout.done(chunk), DoneMarker)
+    return found[0] if found is not None else None
 
 
 # -- written by `orch serve` --------------------------------------------------------------------

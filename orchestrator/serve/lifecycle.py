@@ -47,10 +47,10 @@ from orchestrator.core.records import (
     cas_update,
     read_batch,
     read_file_record,
+    read_manifest,
     read_record,
 )
 from orchestrator.core.spec import ModelSpec, RunSpec, freeze_spec, read_stored_spec
-from orchestrator.plan import read_manifest
 from orchestrator.prepare import prepare_run
 from orchestrator.prepare.formats import URLS
 from orchestrator.serve.errors import APIError, not_found
