@@ -351,6 +351,18 @@ def test_serve_a_key_sees_only_its_own_files_and_batches(local_server, tmp_path)
         first.files.retrieve(source.id)
 
 
+def test_serve_files_list_pages_orders_and_filters(local_server, tmp_path):
+    client = local_server.client(OTHER_KEY)  # a key no other test uploads with: its list is this test's
+    uploaded = [upload(client, write_requests(tmp_path / f"f{i}.jsonl", [chat_line("q0", "hi")])) for i in range(3)]
+    newest_first = [f.id for f in client.files.list(limit=1)]  # three pages, through `after` cursors
+    assert newest_first == [f.id for f in reversed(uploaded)]
+    assert [f.id for f in client.files.list(order="asc", limit=2)] == [f.id for f in uploaded]
+    assert list(client.files.list(purpose="batch_output")) == []
+    client.files.delete(uploaded[1].id)
+    assert [f.id for f in client.files.list()] == [uploaded[2].id, uploaded[0].id]
+    assert [m.id for m in client.models.list()] == ["tiny"]
+
+
 def test_serve_refuses_to_start_without_keys_off_loopback(monkeypatch, capsys):
     monkeypatch.delenv("ORCH_API_KEYS", raising=False)
     code = main(["serve", "--host", "0.0.0.0", "--port", "1", "--model", f"tiny={TINY}", "--store", "unused"])
