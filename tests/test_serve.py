@@ -225,7 +225,7 @@ def test_serve_mixed_batch_splits_good_rows_into_output_and_bad_into_errors(kind
     assert batch.status == "completed", batch
     assert {b.status for b in seen} <= {"validating", "in_progress", "finalizing", "completed"}
     assert all(b.request_counts.total == 12 for b in seen if b.status == "in_progress")
-    assert batch.created_at <= batch.in_progress_at <= batch.finalizing_at <= batch.completed_at  # type: ignore[operator]
+    assert batch.created_at <= batch.in_progress_at <= batch.finalizing_at <= batch.completed_at
     assert batch.expires_at == batch.created_at + 24 * 3600
     assert batch.model == "tiny" and batch.errors is None
     assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (12, 8, 4)

@@ -254,14 +254,12 @@ class Batches:
                 return
         model, total, now = result.model, result.requests, int(self.clock())
 
-        def change(doc: BatchDocument | None) -> BatchDocument | None:
-            assert doc is not None
+        def change(doc: BatchDocument) -> None:
             doc.model, doc.request_counts = model, BatchCounts(total=total)
             if doc.status == "validating":  # not if cancelled meanwhile: the next round stops the workers
                 doc.status, doc.in_progress_at = "in_progress", now
-            return doc
 
-        cas_update(self.store, LAYOUT.batch(batch.id), BatchDocument, change)
+        self._update(batch.id, change)
         log.info("%s: %d requests for %s; %d worker(s) launched", batch.id, total, model, workers)
 
     def _start_run(self, batch: BatchDocument, served: ModelSpec, path: Path) -> int:
@@ -391,10 +389,10 @@ class Batches:
             if doc.status == "validating":
                 _set(doc, status="failed", failed_at=now, errors=errors)
 
-        self._update(batch.id, change)
-        self.store.delete(LAYOUT.active(batch.id))
-        first = errors[0].message if errors else "none listed"
-        log.info("%s: failed validation (%d problem(s), first: %s)", batch.id, len(errors), first)
+        if self._update(batch.id, change).status == "failed":  # not if cancelled meanwhile: that is next
+            self.store.delete(LAYOUT.active(batch.id))
+            first = errors[0].message if errors else "none listed"
+            log.info("%s: failed validation (%d problem(s), first: %s)", batch.id, len(errors), first)
 
     def _decide_end(
         self, batch: BatchDocument, ending: str, errors: list[BatchRequestError] | None = None
@@ -422,14 +420,21 @@ class Batches:
         new, _ = cas_update(self.store, LAYOUT.batch(batch.id), BatchDocument, change)
         return new if new is not None and new.status == status else None
 
-    def _update(self, batch_id: str, change: Callable[[BatchDocument], Any], *, unless_final: bool = False) -> None:
+    def _update(
+        self, batch_id: str, change: Callable[[BatchDocument], Any], *, unless_final: bool = False
+    ) -> BatchDocument:
+        """Change the batch document by compare-and-swap; returns it as stored then."""
+
         def apply(doc: BatchDocument | None) -> BatchDocument | None:
             if doc is None or (unless_final and doc.final):
                 return None
             change(doc)
             return doc
 
-        cas_update(self.store, LAYOUT.batch(batch_id), BatchDocument, apply)
+        doc, _ = cas_update(self.store, LAYOUT.batch(batch_id), BatchDocument, apply)
+        if doc is None:
+            raise OrchError(f"batch {batch_id} has no document", where=LAYOUT.batch(batch_id))
+        return doc
 
 
 class Driver:
