@@ -62,8 +62,15 @@ def read_manifest(store: Store, layout: RunLayout) -> list[ManifestEntry]:
     try:
         return read_jsonl(ManifestEntry, store.get(layout.manifest).data, layout.manifest)
     except NotFound:
+        where = getattr(store, "uri", "the store")
+        if not any(True for _ in store.list("runs/")):
+            raise RunNotFound(
+                f"the store {where} holds no runs at all (so no run {layout.run!r})",
+                hint="check --store (or ORCH_STORE, or `store:` in orch.yaml); "
+                f"or prepare the run first: orch prepare DATA --run {layout.run} --num-chunks N",
+            ) from None
         raise RunNotFound(
-            f"run {layout.run!r} has no manifest in {getattr(store, 'uri', 'the store')}",
+            f"run {layout.run!r} has no manifest in {where}",
             hint=f"prepare it first: orch prepare DATA --run {layout.run} --num-chunks N",
         ) from None
 
