@@ -30,9 +30,8 @@ from orchestrator.core.errors import OrchError
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.parts import iter_part_lines
-from orchestrator.core.records import DoneMarker, ManifestEntry, PrepareError, iter_jsonl, parse_record
+from orchestrator.core.records import ManifestEntry, PrepareError, iter_jsonl, read_manifest, read_marker
 from orchestrator.core.store import NotFound, Store
-from orchestrator.plan import read_manifest
 
 EXAMPLES = 5
 
@@ -162,7 +161,7 @@ def _collect_chunk(
     report: CollectReport,
     set_aside: _SetAside,
 ) -> None:
-    marker = _marker(store, layout, entry.chunk)
+    marker = read_marker(store, layout, entry.chunk)
     answers: dict[int, BatchOutputLine] = {}
     if marker is None:
         report.missing_chunks.append(entry.chunk)
@@ -247,13 +246,6 @@ class _SetAside:
         r.errors += 1
         r.set_aside += 1
         r.note("errors", row.custom_id or row.location)
-
-
-def _marker(store: Store, layout: RunLayout, chunk: str) -> DoneMarker | None:
-    try:
-        return parse_record(DoneMarker, store.get(layout.done(chunk)).data, layout.done(chunk))
-    except NotFound:
-        return None
 
 
 def _input_rows(store: Store, layout: RunLayout, entry: ManifestEntry) -> Iterator[tuple[int, bytes, dict[str, Any]]]:

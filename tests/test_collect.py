@@ -9,9 +9,8 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.collect import CorruptOutput, collect
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.records import DoneMarker
+from orchestrator.core.records import DoneMarker, read_manifest
 from orchestrator.core.store import open_store
-from orchestrator.plan import read_manifest
 from tests.support.datasets import write_jsonl
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 

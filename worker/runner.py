@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.core.errors import RunNotFound
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView
 from orchestrator.core.protocol.crashes import careful_groups
@@ -39,9 +40,9 @@ from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
 from orchestrator.core.protocol.parts import part_codec
-from orchestrator.core.records import Heartbeat, ManifestEntry, PlanRecord, parse_record, read_jsonl
+from orchestrator.core.records import Heartbeat, ManifestEntry, PlanRecord, read_manifest, read_plan
 from orchestrator.core.spec import RunSpec, spec_hash
-from orchestrator.core.store import NotFound, Store
+from orchestrator.core.store import Store
 from worker.engine.base import Engine, RowResult
 from worker.outputs import error_line
 from worker.progress import ProgressReporter
@@ -524,24 +525,13 @@ class Worker:
 
     # -- run records -------------------------------------------------------------------------
     def _manifest(self) -> list[ManifestEntry]:
-        try:
-            return read_jsonl(ManifestEntry, self.store.get(self.layout.manifest).data, self.layout.manifest)
-        except NotFound:
-            from orchestrator.core.errors import RunNotFound
-
-            raise RunNotFound(
-                f"run {self.layout.run!r} has no manifest in {self.store.uri}", hint="run `orch prepare` first"
-            ) from None
+        return read_manifest(self.store, self.layout)
 
     def _plan(self) -> PlanRecord:
-        try:
-            return parse_record(PlanRecord, self.store.get(self.layout.plan).data, self.layout.plan)
-        except NotFound:
-            from orchestrator.core.errors import RunNotFound
-
-            raise RunNotFound(
-                f"run {self.layout.run!r} has no plan in {self.store.uri}", hint="run `orch plan` first"
-            ) from None
+        plan = read_plan(self.store, self.layout)
+        if plan is None:
+            raise RunNotFound(f"run {self.layout.run!r} has no plan in {self.store.uri}", hint="run `orch plan` first")
+        return plan
 
 
 def crashed_row(request: EngineRequest) -> RowResult:

@@ -49,7 +49,9 @@ def prepare_command(inv: Invocation, sources, strict, as_json, **input_args):
 )
 def plan_command(inv: Invocation, workers, as_json, with_estimate):
     """Spread the run's chunks over workers, balanced by estimated work; write workers/<i>.txt."""
-    from orchestrator.plan import plan_chunks, read_manifest, render_plan, write_plan
+    from orchestrator.console import console
+    from orchestrator.core.records import read_manifest
+    from orchestrator.plan import plan_chunks, render_plan, write_plan
 
     flags = dict(inv.flags)
     if workers is not None:
@@ -72,11 +74,11 @@ def plan_command(inv: Invocation, workers, as_json, with_estimate):
             doc["estimate"] = est.to_dict()
         click.echo(json.dumps(doc))
     else:
-        click.echo(render_plan(plan))
+        console().print(render_plan(plan))
         if est is not None:
             from orchestrator.estimate import render_estimate
 
-            click.echo("\n" + render_estimate(est))
+            console().print("", render_estimate(est), sep="\n")
     return 0
 
 

@@ -180,25 +180,24 @@ def follow_run(
 ) -> int:
     """Reconcile until complete. On a terminal the run's status is redrawn in place each tick;
     otherwise (logs, CI) one line per tick. Relaunch events are printed either way."""
-    import sys
-
+    from orchestrator.console import Group, LiveView, Text, console
     from orchestrator.controller.reconcile import Reconciler, TickReport, watch
     from orchestrator.core.errors import IncompleteRun
-    from orchestrator.status import render_table
+    from orchestrator.status import status_view
 
-    live_view = sys.stdout.isatty()
+    out = console()
+    live = LiveView(out)
     events: list[str] = []
 
     def event(message: str) -> None:
         events.append(f"{time.strftime('%H:%M:%S')} {message}")
-        if not live_view:
+        if not live.active:
             click.echo(events[-1])
 
     def tick(report: TickReport) -> None:
-        if live_view:
-            view = render_table(current_status(ctx, launcher=launcher))
-            recent = "\n".join(events[-8:])
-            click.echo("\x1b[H\x1b[2J" + view + (f"\n\nevents:\n{recent}" if recent else ""))
+        if live.active:
+            recent = [Text(""), Text("events:", style="bold"), *map(Text, events[-8:])] if events else []
+            live.show(Group(status_view(current_status(ctx, launcher=launcher)), *recent))
         else:
             click.echo(
                 f"{time.strftime('%H:%M:%S')} chunks {report.chunks_done}/{report.chunks_total} done, "
@@ -207,7 +206,8 @@ def follow_run(
 
     reconciler = Reconciler(ctx, launcher, retries=retries, on_event=event, deadline=deadline)
     try:
-        report = watch(reconciler, interval=interval, on_tick=tick)
+        with live.running():
+            report = watch(reconciler, interval=interval, on_tick=tick)
     except KeyboardInterrupt:
         interrupted(ctx, launcher)
     if report.complete:

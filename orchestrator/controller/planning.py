@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.protocol.snapshot import list_done
-from orchestrator.core.records import PlanRecord
-from orchestrator.plan import plan_chunks, read_manifest, read_plan, write_plan
+from orchestrator.core.records import PlanRecord, read_manifest, read_plan
+from orchestrator.plan import plan_chunks, write_plan
 
 
 def ensure_plan(

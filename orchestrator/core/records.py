@@ -26,18 +26,19 @@ from __future__ import annotations
 import json
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.core.errors import OrchError
+from orchestrator.core.errors import OrchError, RunNotFound
 from orchestrator.core.protocol.layout import RunLayout, decode_key_record
 from orchestrator.core.store import NotFound, PreconditionFailed, Store
 
-#: How often `cas_update` re-reads and re-applies a change another writer raced.
-CAS_ATTEMPTS = 10
+#: How often `cas_update` re-reads and re-applies a change another writer raced (backing off up to 1 s).
+CAS_ATTEMPTS = 32
 
 
 class Record(BaseModel):
@@ -55,6 +56,18 @@ class Record(BaseModel):
 
 R = TypeVar("R", bound=Record)
 K = TypeVar("K", bound="KeyRecord")
+D = TypeVar("D", bound="Document")
+
+
+class Document(Record):
+    """A record updated in place by compare-and-swap (`cas_update`).
+
+    Every write stamps a fresh `write_id`, so no two writes have the same bytes: an S3 store whose
+    conditional write was retried reads the object back and counts identical bytes as its own earlier
+    success (store/s3.py); two writers making the same change must not both be told they won.
+    """
+
+    write_id: str = Field("", description="unique to each write (see the class docstring)")
 
 
 class KeyRecord(Record):
@@ -101,11 +114,11 @@ def read_record(store: Store, key: str, cls: type[R]) -> tuple[R, str] | None:
 def cas_update(
     store: Store,
     key: str,
-    cls: type[R],
-    change: Callable[[R | None], R | None],
+    cls: type[D],
+    change: Callable[[D | None], D | None],
     *,
     expect_new: bool = False,
-) -> tuple[R | None, str | None]:
+) -> tuple[D | None, str | None]:
     """Read the document, apply `change`, write the result back; returns what is stored then, and its ETag.
 
     1. Read the document (None when absent). With `expect_new` the first round skips the read
@@ -120,13 +133,14 @@ def cas_update(
         new = change(old.model_copy(deep=True) if old is not None else None)
         if new is None:
             return old, etag
+        new = new.model_copy(update={"write_id": uuid.uuid4().hex})
         data = new.to_bytes()
         try:
             etag = store.put_if_absent(key, data) if etag is None else store.compare_and_swap(key, data, etag)
             return new, etag
         except PreconditionFailed:
-            if attempt:
-                time.sleep(random.uniform(0, 0.02 * attempt))
+            # Full jitter, doubling: racing writers spread out instead of colliding again.
+            time.sleep(random.uniform(0, min(1.0, 0.005 * 2**attempt)))
     raise StoreContention(
         f"the document kept changing under us ({CAS_ATTEMPTS} attempts)",
         where=key,
@@ -162,7 +176,7 @@ def dumps(obj: Any) -> bytes:
 
 
 # -- written by prepare and plan ----------------------------------------------------------------
-class SpecDocument(Record):
+class SpecDocument(Document):
     """spec.yaml: the run's spec as first frozen, and a hash of the fields that decide its outputs."""
 
     spec_hash: str = Field(description="core.spec.spec_hash of `spec`: workers stamp it on their markers")
@@ -278,7 +292,7 @@ class WorkerJobs(Record):
         return self.attempts[-1] if self.attempts else None
 
 
-class JobsRecord(Record):
+class JobsRecord(Document):
     """jobs.json: which backend job runs each worker now, and every launch before it. Updated only
     through `update_jobs` (compare-and-swap), so two controllers never lose each other's launches."""
 
@@ -333,7 +347,7 @@ class DecisionRecord(Record):
 
 
 # -- written by workers -------------------------------------------------------------------------
-class Lease(Record):
+class Lease(Document):
     """Who works on a chunk, until when. `holder` is unique to one worker process."""
 
     chunk: str
@@ -479,3 +493,32 @@ class HeartbeatSummary(KeyRecord):
     @property
     def uptime_s(self) -> float:
         return self.uptime_before_s + max(self.updated_at - self.started_at, 0.0)
+
+
+# -- reading a run's documents ------------------------------------------------------------------
+def read_manifest(store: Store, layout: RunLayout) -> list[ManifestEntry]:
+    """The run's chunks; RunNotFound when it was never prepared."""
+    try:
+        return read_jsonl(ManifestEntry, store.get(layout.manifest).data, layout.manifest)
+    except NotFound:
+        if not any(True for _ in store.list("runs/")):
+            raise RunNotFound(
+                f"the store {store.uri} holds no runs at all (so no run {layout.run!r})",
+                hint="check --store (or ORCH_STORE, or `store:` in orch.yaml); "
+                f"or prepare the run first: orch prepare DATA --run {layout.run} --num-chunks N",
+            ) from None
+        raise RunNotFound(
+            f"run {layout.run!r} has no manifest in {store.uri}",
+            hint=f"prepare it first: orch prepare DATA --run {layout.run} --num-chunks N",
+        ) from None
+
+
+def read_plan(store: Store, layout: RunLayout) -> PlanRecord | None:
+    found = read_record(store, layout.plan, PlanRecord)
+    return found[0] if found is not None else None
+
+
+def read_marker(store: Store, layout: RunLayout, chunk: str) -> DoneMarker | None:
+    """The chunk's done marker, or None while the chunk is not done."""
+    found = read_record(store, layout.done(chunk), DoneMarker)
+    return found[0] if found is not None else None
