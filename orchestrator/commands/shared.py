@@ -247,8 +247,8 @@ def interrupted(ctx: RunContext, launcher: Launcher) -> NoReturn:
     lines.append(f"  re-run the same command (or `orch watch {flags}`) to re-attach and finish the run")
     click.echo("\n".join(lines), err=True)
     if live and launcher.name == "local":
-        click.echo(f"Ctrl-C again within {SECOND_INTERRUPT_S:g}s stops the local workers now.", err=True)
-        try:
+        try:  # entered before the prompt: a second Ctrl-C may come the moment it is shown
+            click.echo(f"Ctrl-C again within {SECOND_INTERRUPT_S:g}s stops the local workers now.", err=True)
             time.sleep(SECOND_INTERRUPT_S)
         except KeyboardInterrupt:
             stopped = stop_workers(ctx, launcher)
