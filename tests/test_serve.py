@@ -246,7 +246,9 @@ def test_serve_mixed_batch_splits_good_rows_into_output_and_bad_into_errors(kind
 
     # The batch is an orch run: status and collect work on it by its id.
     assert main(["status", "--run", batch.id, "--store", server.store_uri]) == 0
-    assert main(["collect", "--run", batch.id, "--store", server.store_uri, "--out", str(tmp_path / "all.jsonl")]) == 0
+    collect = ["collect", "--run", batch.id, "--store", server.store_uri, "--out", str(tmp_path / "all.jsonl")]
+    assert main(collect) == 9  # a third of the rows are errors: above the default --max-error-rate
+    assert main([*collect, "--max-error-rate", "1.0"]) == 0
     collected = [json.loads(line)["custom_id"] for line in (tmp_path / "all.jsonl").read_text().splitlines()]
     assert collected == [r["custom_id"] for r in requests]
 

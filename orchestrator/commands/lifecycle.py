@@ -37,9 +37,10 @@ def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_r
             "resources.on_demand": False if spot_only else None,
         },
     )
-    ctx = inv.context(freeze=True)
+    # A dry run reads and renders: the spec is checked, not recorded, and a plan is made in memory.
+    ctx = inv.context(freeze=not dry_run, check=dry_run)
     require_model(ctx)
-    plan = ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo)
+    plan = ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo, write=not dry_run)
     if dry_run:
         from orchestrator.controller.launch import dry_run_requests
 
@@ -157,7 +158,6 @@ def cancel_command(inv, backend):
     if live is None:
         click.echo("no workers were launched for this run")
         return 0
-    # The record says cancelled (written first): `orch watch` will not relaunch these jobs.
     click.echo(f"cancelled {len(live)} live job(s) of run {ctx.layout.run!r}")
     return 0
 
