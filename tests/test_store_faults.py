@@ -166,5 +166,5 @@ def test_prepare_on_a_full_disk_says_what_is_full_and_leaves_no_temporary_files(
     assert len(errors) == 1 and "no space left" in errors[0] and str(store) in errors[0], done.stderr
     assert "hint: free space" in done.stderr and "Traceback" not in done.stderr
     assert list((store / ".orch-tmp").iterdir()) == []
-    # What could be written is there and readable; a retry after freeing space needs nothing removed.
-    assert open_store(store).head("runs/full/spec.yaml") is not None
+    # The spec is recorded only once prepare succeeded: a retry after freeing space starts clean.
+    assert open_store(store).head("runs/full/spec.yaml") is None

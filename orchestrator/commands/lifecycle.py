@@ -37,9 +37,10 @@ def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_r
             "resources.on_demand": False if spot_only else None,
         },
     )
-    ctx = inv.context(freeze=True)
+    # A dry run reads and renders: the spec is checked, not recorded, and a plan is made in memory.
+    ctx = inv.context(freeze=not dry_run, check=dry_run)
     require_model(ctx)
-    plan = ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo)
+    plan = ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo, write=not dry_run)
     if dry_run:
         from orchestrator.controller.launch import dry_run_requests
 
@@ -159,25 +160,14 @@ def cancel_command(inv, backend):
     3. What the record does not know is stopped too: local worker processes found by the pid and
        host in their heartbeats; SkyPilot jobs named like the run's workers.
     """
-    import os
-    import socket
-    import time
-
-    from orchestrator.backends import backend_for
-    from orchestrator.core.protocol.heartbeats import live_heartbeats
-    from orchestrator.core.records import CancelRecord, update_jobs
+    from orchestrator.controller.launch import cancel_workers
 
     ctx = inv.with_flags(backend=backend).context()
-    record = update_jobs(ctx.store, ctx.layout, lambda rec: setattr(rec, "cancelled", True))
-    ctx.store.put(
-        ctx.layout.cancel, CancelRecord(at=time.time(), by=f"{socket.gethostname()}:{os.getpid()}").to_bytes()
-    )
-    launcher = backend_for(ctx, record.backend)
-    job_ids = [a.job_id for a in record.current_jobs().values() if not a.pending]
-    live = [j for j, s in launcher.statuses(job_ids).items() if s.state.is_live()] if job_ids else []
-    launcher.cancel(live)
-    beats = live_heartbeats(ctx.store, ctx.layout, now=time.time(), fresh_s=6 * ctx.spec.workers.heartbeat_interval)
-    strays = launcher.stop_strays(ctx.layout.run, job_ids, beats)
+    cancelled = cancel_workers(ctx)
+    if cancelled.recorded == 0 and not cancelled.strays:
+        click.echo("no workers were launched for this run; any that heartbeat for it stop at their next beat")
+        return 0
+    live, strays = cancelled.live, cancelled.strays
     click.echo(f"cancelled {len(live)} live job(s) of run {ctx.layout.run!r}")
     for stray in strays:
         click.echo(f"stopped {stray}: it worked for the run outside the recorded jobs")

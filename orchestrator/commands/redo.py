@@ -30,7 +30,7 @@ def redo_command(inv: Invocation, chunks):
     from orchestrator.core.protocol.checkpoints import redo_chunk
     from orchestrator.core.protocol.heartbeats import read_heartbeats
     from orchestrator.core.protocol.layout import chunk_id
-    from orchestrator.plan import read_manifest
+    from orchestrator.core.records import read_manifest
 
     ctx = inv.context()
     known = [e.chunk for e in read_manifest(ctx.store, ctx.layout)]

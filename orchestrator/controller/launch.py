@@ -12,13 +12,17 @@ second `orch watch` stays useful (either can go away).
 from __future__ import annotations
 
 import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
+from orchestrator.backends import backend_for
 from orchestrator.backends.base import JobStatus, Launcher, LaunchFailed, LaunchRequest, attempt_statuses
 from orchestrator.core.context import RunContext
-from orchestrator.core.records import JobAttempt, JobsRecord, read_jobs, update_jobs
+from orchestrator.core.protocol.heartbeats import live_heartbeats
+from orchestrator.core.records import CancelRecord, JobAttempt, JobsRecord, read_jobs, update_jobs
 
 #: Passed to workers as secrets when set here: never written to a file, a log or the store.
 SECRET_NAMES = (
@@ -157,6 +161,43 @@ def _reserve(
 
     update_jobs(ctx.store, ctx.layout, reserve)
     return reserved
+
+
+@dataclass
+class Cancelled:
+    """What `cancel_workers` stopped."""
+
+    #: Recorded jobs that were live and were cancelled.
+    live: list[str] = field(default_factory=list)
+    #: Workers of the run outside the recorded jobs (a lost launch, a twin), stopped too.
+    strays: list[str] = field(default_factory=list)
+    #: Jobs the record knew of, live or not: none means no worker was ever launched by orch.
+    recorded: int = 0
+
+
+def cancel_workers(ctx: RunContext) -> Cancelled:
+    """Stop every worker of the run, tracked or not: `orch cancel`, Ctrl-C twice, and `orch serve`
+    for a cancelled or expired batch.
+
+    1. Mark the run cancelled in its jobs record, first: the reconcile loop relaunches nothing after.
+    2. Write cancel.json: every worker that heartbeats for the run stops at its next beat, wherever
+       it runs and whoever launched it (the next launch removes it).
+    3. Ask the backend that launched them which recorded jobs are live, and cancel those (workers
+       flush their finished rows and give their leases back).
+    4. Stop what the record does not know: local worker processes found by the pid and host in
+       their heartbeats; SkyPilot jobs named like the run's workers.
+    """
+    record = update_jobs(ctx.store, ctx.layout, lambda rec: setattr(rec, "cancelled", True))
+    by = f"{socket.gethostname()}:{os.getpid()}"
+    ctx.store.put(ctx.layout.cancel, CancelRecord(at=time.time(), by=by).to_bytes())
+    job_ids = [a.job_id for a in record.current_jobs().values() if not a.pending]
+    launcher = backend_for(ctx, record.backend)
+    live = [j for j, s in launcher.statuses(job_ids).items() if s.state.is_live()] if job_ids else []
+    launcher.cancel(live)
+    fresh_s = 6 * ctx.spec.workers.heartbeat_interval
+    beats = live_heartbeats(ctx.store, ctx.layout, now=time.time(), fresh_s=fresh_s)
+    strays = launcher.stop_strays(ctx.layout.run, job_ids, beats)
+    return Cancelled(live=live, strays=strays, recorded=len(record.current_jobs()))
 
 
 def dry_run_requests(ctx: RunContext, workers: Iterable[int], out_dir, env: Mapping[str, str] | None = None):

@@ -38,15 +38,7 @@ from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.leases import read_lease
 from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE, Outage
 from orchestrator.core.protocol.snapshot import RunSnapshot, take_snapshot
-from orchestrator.core.records import (
-    CorruptRecord,
-    JobAttempt,
-    JobsRecord,
-    ManifestEntry,
-    read_jobs,
-    read_jsonl,
-    update_jobs,
-)
+from orchestrator.core.records import CorruptRecord, JobAttempt, JobsRecord, read_jobs, read_manifest, update_jobs
 from orchestrator.core.store import StoreUnavailable
 from orchestrator.pricing import GpuTable
 
@@ -118,8 +110,7 @@ class Reconciler:
     def _chunks(self) -> list[str]:
         """The run's chunks, read at the first tick (a store that is down then is waited out too)."""
         if self._manifest is None:
-            data = self.ctx.store.get(self.ctx.layout.manifest).data
-            self._manifest = [e.chunk for e in read_jsonl(ManifestEntry, data, self.ctx.layout.manifest)]
+            self._manifest = [e.chunk for e in read_manifest(self.ctx.store, self.ctx.layout)]
         return self._manifest
 
     def tick(self) -> TickReport:

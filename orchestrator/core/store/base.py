@@ -104,7 +104,7 @@ class ObjectInfo:
     key: str
     size: int
     modified: float  # seconds since the epoch, by the store's clock
-    #: The ETag, where listings carry it (S3); None where finding it means reading the object.
+    #: A digest of the content where the store gives one in listings (S3's ETag), else None.
     etag: str | None = None
 
 

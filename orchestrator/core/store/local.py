@@ -12,6 +12,9 @@
 4. A write that fails (a full disk) removes its temporary file; temporary files older than
    TMP_MAX_AGE_S, left by processes killed mid-write, are swept when the store is opened.
    A full file system is `StoreFull`, naming the directory: a condition to wait out, not a crash.
+Opening a store creates nothing: its directories appear with the first write, so reading a
+mistyped path (`orch status --store /typo`) leaves no trace. A directory orch may not read or
+write is a StoreError naming it, never a traceback.
 """
 
 from __future__ import annotations
@@ -19,15 +22,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Concatenate, ParamSpec, TypeVar
 
 from orchestrator.core.store.base import (
     LIST_PAGE_SIZE,
@@ -38,6 +42,7 @@ from orchestrator.core.store.base import (
     PreconditionFailed,
     RequestCounter,
     StoreBusy,
+    StoreError,
     StoreFull,
     check_key,
 )
@@ -47,6 +52,40 @@ _LOCK_STRIPES = 256
 #: A temporary file this old belongs to no write in progress: its writer was killed.
 TMP_MAX_AGE_S = 3600.0
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _guarded(
+    doing: str,
+) -> Callable[[Callable[Concatenate[LocalStore, P], T]], Callable[Concatenate[LocalStore, P], T]]:
+    """A store method whose permission errors become StoreErrors (see _permission)."""
+
+    def wrap(method: Callable[Concatenate[LocalStore, P], T]) -> Callable[Concatenate[LocalStore, P], T]:
+        def guarded(self: LocalStore, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            with _permission(self.root, doing):
+                return method(self, *args, **kwargs)
+
+        functools.update_wrapper(guarded, method)
+        return guarded
+
+    return wrap
+
+
+@contextlib.contextmanager
+def _permission(root: Path, doing: str) -> Iterator[None]:
+    """A directory orch may not use (permissions, a read-only file system) as a StoreError."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise StoreError(
+            f"cannot {doing} the store at {root}: {e.strerror}" + (f" ({e.filename})" if e.filename else ""),
+            hint="check --store (or ORCH_STORE, or `store:` in orch.yaml), and that the directory is yours to use",
+        ) from None
 
 
 class LocalStore:
@@ -59,11 +98,19 @@ class LocalStore:
         self.lock_timeout = lock_timeout
         self._tmp = self.root / ".orch-tmp"
         self._locks = self.root / ".orch-locks"
-        for d in (self._tmp, self._locks):
-            d.mkdir(parents=True, exist_ok=True)
-        self._sweep_tmp()
+        self._ready = False
+        self._sweep_tmp()  # creates nothing: only what an earlier writer left
+
+    def _own_dirs(self) -> None:
+        """The store's own directories, made at the first write."""
+        if not self._ready:
+            with _permission(self.root, "write to"):
+                for d in (self._tmp, self._locks):
+                    d.mkdir(parents=True, exist_ok=True)
+            self._ready = True
 
     # -- reads -------------------------------------------------------------------------------
+    @_guarded("read")
     def get(self, key: str) -> Blob:
         self.requests.add("get")
         try:
@@ -72,6 +119,7 @@ class LocalStore:
             raise NotFound(key) from None
         return Blob(data, _etag(data))
 
+    @_guarded("read")
     def head(self, key: str) -> ObjectInfo | None:
         self.requests.add("head")
         try:
@@ -110,6 +158,7 @@ class LocalStore:
             yield f
 
     # -- writes ------------------------------------------------------------------------------
+    @_guarded("write to")
     def put(self, key: str, data: bytes) -> str:
         self.requests.add("put")
         path = self._path(key)
@@ -120,6 +169,7 @@ class LocalStore:
                 os.replace(tmp, path)
         return _etag(data)
 
+    @_guarded("write to")
     def put_file(self, key: str, path: str) -> None:
         self.requests.add("put")
         target = self._path(key)
@@ -130,6 +180,7 @@ class LocalStore:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(tmp, target)
 
+    @_guarded("write to")
     def put_if_absent(self, key: str, data: bytes) -> str:
         self.requests.add("put_if_absent")
         path = self._path(key)
@@ -143,6 +194,7 @@ class LocalStore:
                     raise PreconditionFailed(key) from None
         return _etag(data)
 
+    @_guarded("write to")
     def compare_and_swap(self, key: str, data: bytes, etag: str) -> str:
         self.requests.add("compare_and_swap")
         path = self._path(key)
@@ -158,6 +210,7 @@ class LocalStore:
                 os.replace(tmp, path)
         return _etag(data)
 
+    @_guarded("write to")
     def delete(self, key: str) -> None:
         self.requests.add("delete")
         with self._lock(key), contextlib.suppress(FileNotFoundError):
@@ -176,6 +229,7 @@ class LocalStore:
         success); a full disk becomes StoreFull naming the key and the directory."""
         tmp = None
         try:
+            self._own_dirs()
             fd, tmp = tempfile.mkstemp(dir=self._tmp)
             os.close(fd)
             yield tmp
@@ -204,6 +258,7 @@ class LocalStore:
     def _lock(self, key: str) -> Iterator[None]:
         """The key's write lock, waited for at most `lock_timeout` seconds (StoreBusy then, naming
         the holder its lock file names)."""
+        self._own_dirs()
         stripe = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=2).digest(), "big")
         lock_path = self._locks / f"{stripe % _LOCK_STRIPES:03d}"
         # A separate open file description per call: flock then excludes other threads too.

@@ -111,7 +111,7 @@ class S3Store:
                 resp = self.client.head_object(Bucket=self.bucket, Key=self._full(key))
         except NotFound:
             return None
-        return ObjectInfo(key, resp["ContentLength"], resp["LastModified"].timestamp())
+        return ObjectInfo(key, resp["ContentLength"], resp["LastModified"].timestamp(), resp.get("ETag"))
 
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
         full_prefix = self._prefixed(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
