@@ -39,7 +39,7 @@ from orchestrator.core.protocol.leases import read_lease
 from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE, Outage
 from orchestrator.core.protocol.snapshot import RunSnapshot, take_snapshot
 from orchestrator.core.records import CorruptRecord, JobAttempt, JobsRecord, read_jobs, read_manifest, update_jobs
-from orchestrator.core.store import StoreUnavailable
+from orchestrator.core.store import StoreFull, StoreUnavailable
 from orchestrator.pricing import GpuTable
 
 Event = Callable[[str], None]
@@ -114,6 +114,7 @@ class Reconciler:
         return self._manifest
 
     def tick(self) -> TickReport:
+        self.ctx.store.check_space()  # a full disk is waited out like an outage (`watch`), and said
         chunks = self._chunks
         snapshot = take_snapshot(self.ctx.store, self.ctx.layout)
         report = TickReport(chunks_total=len(chunks), chunks_done=len(snapshot.done & set(chunks)))
@@ -288,8 +289,9 @@ def watch(
             on_tick(report)  # the live view reads the store too
         except StoreUnavailable as e:
             if outage.failed(e):
+                what = "store full" if isinstance(e, StoreFull) else "store unreachable"
                 reconciler.on_event(
-                    f"store unreachable ({e}); nothing relaunched meanwhile; workers keep their finished rows; "
+                    f"{what} ({e}); nothing relaunched meanwhile; workers keep their finished rows; "
                     f"waiting up to {outage.budget_s:g}s for it"
                 )
             outage.check_budget("orch watch")

@@ -173,6 +173,10 @@ class Store(Protocol):
     def open(self, key: str) -> contextlib.AbstractContextManager[BinaryIO]:
         """Stream the object's bytes (large chunk and output files). Raises NotFound."""
 
+    def check_space(self) -> None:
+        """Raise StoreFull when the store can take no more writes (a local file system out of space),
+        without writing anything; stores with no such limit (S3, memory) do nothing."""
+
 
 def check_key(key: str) -> str:
     """Reject keys that would escape the root or mean different things on different backends."""

@@ -52,6 +52,8 @@ _LOCK_STRIPES = 256
 #: A temporary file this old belongs to no write in progress: its writer was killed.
 TMP_MAX_AGE_S = 3600.0
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+#: Less free space than this under a local store is a full disk (`check_space`): no flush fits.
+MIN_FREE_BYTES = 64 * 1024
 
 
 P = ParamSpec("P")
@@ -156,6 +158,18 @@ class LocalStore:
             raise NotFound(key) from None
         with f:
             yield f
+
+    def check_space(self) -> None:
+        """StoreFull when the file system under the store is (nearly) full: from statvfs, writing nothing."""
+        at = next((p for p in (self.root, *self.root.parents) if p.exists()), self.root)
+        with contextlib.suppress(OSError):
+            st = os.statvfs(at)
+            free = st.f_bavail * st.f_frsize
+            if free < MIN_FREE_BYTES:
+                raise StoreFull(
+                    f"no space left on the file system under {self.root} ({free:,} bytes free): workers cannot flush",
+                    hint=f"free space there (df -h {at}), or move the store; nothing written so far is lost",
+                )
 
     # -- writes ------------------------------------------------------------------------------
     @_guarded("write to")
