@@ -272,20 +272,43 @@ def test_concurrent_launches_and_watches_start_one_process_per_worker(seaweedfs_
         assert collect_ids(workdir, "c", store) == [f"q{i}" for i in range(240)]
 
 
-def start_worker(store: str, run: str, worker: str, workdir: Path) -> subprocess.Popen:
-    """A worker started by hand, as a lost launch would have left it: no job records it."""
-    log = open(workdir / f"hand-{worker}-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115 - the child keeps it
-    return subprocess.Popen(
-        [WORKER_PYTHON, "-m", "worker", "--run", run, "--store", store, "--worker", worker],
-        cwd=workdir,
-        env=env_with(),
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-    )
+class HandWorker:
+    """A worker started by hand, as a lost launch would have left it: no job records it. One
+    thread, as the local launcher gives each of two workers (more only oversubscribes 2 cores)."""
+
+    def __init__(self, store: str, run: str, worker: str, workdir: Path):
+        stamp = time.monotonic_ns()
+        self.log, self.out = workdir / f"hand-{worker}-{stamp}.log", workdir / f"hand-{worker}-{stamp}.out"
+        with open(self.log, "wb") as err, open(self.out, "wb") as out:
+            self.proc = subprocess.Popen(
+                [WORKER_PYTHON, "-m", "worker", "--run", run, "--store", store, "--worker", worker],
+                cwd=workdir,
+                env=env_with(OMP_NUM_THREADS="1"),
+                stdout=out,
+                stderr=err,
+            )
+
+    def summary(self) -> dict:
+        return json.loads(self.out.read_text().splitlines()[-1])
 
 
-def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_server, workdir, tiny_model):
+@pytest.fixture
+def hand_workers():
+    """Starts HandWorkers; whatever still runs when the test ends is killed."""
+    started: list[HandWorker] = []
+
+    def start(store: str, run: str, worker: str, workdir: Path) -> HandWorker:
+        started.append(HandWorker(store, run, worker, workdir))
+        return started[-1]
+
+    yield start
+    for hand in started:
+        if hand.proc.poll() is None:
+            hand.proc.kill()
+            hand.proc.wait()
+
+
+def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_server, workdir, tiny_model, hand_workers):
     store = seaweedfs_server.store_uri(seaweedfs_server.new_bucket(), "twins")
     layout = RunLayout("t")
     orch_ok(
@@ -302,27 +325,26 @@ def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_serv
         cwd=workdir,
     )
     orch_ok("plan", "--run", "t", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
-    first = start_worker(store, "t", "0", workdir)
+    first = hand_workers(store, "t", "0", workdir)
     poll(
         lambda: (b := read_heartbeats(open_store(store), layout).get("0")) and b.state == "running",
         "the first worker of id 0",
+        timeout=300,
     )
     older = read_heartbeats(open_store(store), layout)["0"].holder
-    twin = start_worker(store, "t", "0", workdir)
-    out, _ = twin.communicate(timeout=180)
-    summary = json.loads(out.splitlines()[-1])
-    assert twin.returncode == 0 and summary["status"] == "DUPLICATE", out
-    assert first.poll() is None, "the older one keeps working"
-    twin_log = next(p for p in sorted(workdir.glob("hand-0-*.log"))[1:]).read_text()
+    twin = hand_workers(store, "t", "0", workdir)
+    assert twin.proc.wait(300) == 0 and twin.summary()["status"] == "DUPLICATE", twin.out.read_text()
+    assert first.proc.poll() is None, "the older one keeps working"
+    twin_log = twin.log.read_text()
     assert older in twin_log and "this newer process stops" in twin_log
 
-    # A worker no job records, and one `orch launch` started: cancel stops all of them.
-    untracked = start_worker(store, "t", "1", workdir)
-    poll(lambda: len(read_heartbeats(open_store(store), layout)) == 2, "the untracked worker 1")
+    # A second worker no job records either: `orch cancel` stops both.
+    untracked = hand_workers(store, "t", "1", workdir)
+    poll(lambda: len(read_heartbeats(open_store(store), layout)) == 2, "the untracked worker 1", timeout=300)
     done = orch("cancel", "--run", "t", "--store", store, cwd=workdir)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("outside the recorded jobs") == 2, done.stdout
-    assert first.wait(60) == 143 and untracked.wait(60) == 143
+    assert first.proc.wait(60) == 143 and untracked.proc.wait(60) == 143
     left = markers(store, "t")
     assert all(b.state == "exited" for b in read_heartbeats(open_store(store), layout).values())
     # Nothing works for the run after the cancel; resume finishes it, every row once.
