@@ -30,7 +30,15 @@ from orchestrator.core.errors import OrchError
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.parts import iter_part_lines
-from orchestrator.core.records import ManifestEntry, PrepareError, iter_jsonl, read_manifest, read_marker
+from orchestrator.core.records import (
+    CorruptRecord,
+    DoneMarker,
+    ManifestEntry,
+    PrepareError,
+    iter_jsonl,
+    read_manifest,
+    read_marker,
+)
 from orchestrator.core.store import NotFound, Store
 
 EXAMPLES = 5
@@ -152,6 +160,21 @@ def collect(
     return report
 
 
+def _redo(layout: RunLayout, chunk: str) -> str:
+    return (
+        f"`orch redo --run {layout.run} --chunk {chunk}` runs the chunk again "
+        "(then `orch resume --follow` if no worker is running)"
+    )
+
+
+def _marker(store: Store, layout: RunLayout, chunk: str) -> DoneMarker | None:
+    """The chunk's marker (None while not done); a corrupt one is damage `orch redo` repairs."""
+    try:
+        return read_marker(store, layout, chunk)
+    except CorruptRecord as e:
+        raise CorruptOutput(f"the done marker of {chunk} is corrupt: {e.message}", hint=_redo(layout, chunk)) from None
+
+
 def _collect_chunk(
     store: Store,
     layout: RunLayout,
@@ -161,7 +184,7 @@ def _collect_chunk(
     report: CollectReport,
     set_aside: _SetAside,
 ) -> None:
-    marker = read_marker(store, layout, entry.chunk)
+    marker = _marker(store, layout, entry.chunk)
     answers: dict[int, BatchOutputLine] = {}
     if marker is None:
         report.missing_chunks.append(entry.chunk)
@@ -173,8 +196,7 @@ def _collect_chunk(
                 raise CorruptOutput(
                     f"{part.key} does not match the checksum in its done marker",
                     where=layout.done(entry.chunk),
-                    hint=f"the store was changed outside orch: `orch redo --run {layout.run} --chunk {entry.chunk}` "
-                    "runs the chunk again (then `orch resume --follow` if no worker is running)",
+                    hint=f"the store was changed outside orch: {_redo(layout, entry.chunk)}",
                 )
             for part_line in iter_part_lines(data, marker.output_format):
                 if part_line.row in answers:

@@ -411,7 +411,7 @@ def test_damaged_and_stray_objects_are_named_redone_and_never_halt_the_fleet(sea
     watch = orch("watch", "--run", "d", "--store", store_uri, "--interval", "1", cwd=workdir)
     assert watch.returncode != 0 and "part_00000" in watch.stderr and "orch redo" in watch.stderr
     collect = orch("collect", "--run", "d", "--store", store_uri, "--out", workdir / "x.jsonl", cwd=workdir)
-    assert collect.returncode != 0 and "orch redo --run d --chunk part_00001" in collect.stderr, collect.stderr
+    assert collect.returncode != 0 and "orch redo --run d --chunk part_00000" in collect.stderr, collect.stderr
     assert "Traceback" not in status and "Traceback" not in watch.stderr + collect.stderr
 
     # The damaged chunks are redone by `orch redo`. Damage done by hand the old way is redone too:
