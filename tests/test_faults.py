@@ -309,11 +309,12 @@ def hand_workers():
 
 
 def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_server, workdir, tiny_model, hand_workers):
+    """Enough rows (4,800) that the first worker is still at work when its twin, then worker 1, start."""
     store = seaweedfs_server.store_uri(seaweedfs_server.new_bucket(), "twins")
     layout = RunLayout("t")
     orch_ok(
         "prepare",
-        questions(workdir / "q.jsonl", 600),
+        questions(workdir / "q.jsonl", 4800),
         "--run",
         "t",
         "--store",
@@ -350,7 +351,7 @@ def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_serv
     # Nothing works for the run after the cancel; resume finishes it, every row once.
     assert markers(store, "t") == left
     orch_ok("resume", "--run", "t", "--store", store, "--model", tiny_model, "--follow", "--interval", "1", cwd=workdir)
-    assert collect_ids(workdir, "t", store) == [f"q{i}" for i in range(600)]
+    assert collect_ids(workdir, "t", store) == [f"q{i}" for i in range(4800)]
 
 
 # -- 3 and 4. damaged chunks, stray objects, one source of truth for "done" -------------------------
