@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from orchestrator.backends.base import JobStatus, Launcher, LaunchFailed, LaunchRequest
 from orchestrator.core.context import RunContext
+from orchestrator.core.protocol.adapters import ship_adapters
 from orchestrator.core.records import JobAttempt, JobsRecord, read_jobs, update_jobs
 
 #: Passed to workers as secrets when set here: never written to a file, a log or the store.
@@ -63,11 +64,14 @@ def launch_workers(
 ) -> dict[int, str]:
     """Launch the given workers, except those already live. Returns worker -> new job id.
 
-    1. Ask the backend about the current job of every worker: a live one is never duplicated.
-    2. Submit the others all at once (the launcher submits concurrently).
-    3. Record every job that was submitted, even when some failed to submit, then report failures.
+    1. Ship the run's LoRA adapters given as local directories into the store (once): workers
+       anywhere load them from there.
+    2. Ask the backend about the current job of every worker: a live one is never duplicated.
+    3. Submit the others all at once (the launcher submits concurrently).
+    4. Record every job that was submitted, even when some failed to submit, then report failures.
     """
     env = os.environ if env is None else env
+    ship_adapters(ctx.store, ctx.layout, ctx.spec.model.lora)
     record, _ = read_jobs(ctx.store, ctx.layout)
     current = {w: a.job_id for w, a in record.current_jobs().items()}
     statuses = launcher.statuses(list(current.values())) if current else {}

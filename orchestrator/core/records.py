@@ -9,6 +9,8 @@ there, by who writes it:
                          prepare-errors.jsonl   PrepareError, one line per input row set aside
                          plan.json              PlanRecord (and workers/<i>.txt: chunk paths, plain text)
     controller           jobs.json              JobsRecord: backend jobs per worker, every launch
+                         adapters/<name>.json   AdapterManifest: a LoRA adapter shipped with the run
+                         adapters/<name>/<file> its files (core/protocol/adapters.py)
                          decisions/<ms>.json    DecisionRecord: the deadline policy's log
     workers              leases/<chunk>.json    Lease
                          outputs/<chunk>/<part> OpenAI Batch output lines (core/lines.py)
@@ -306,6 +308,21 @@ def update_jobs(store: Store, layout: RunLayout, change: Callable[[JobsRecord], 
     record, _ = cas_update(store, layout.jobs, JobsRecord, apply)
     assert record is not None  # apply always returns a record
     return record
+
+
+class AdapterFile(Record):
+    path: str = Field(description="relative to the adapter's directory, '/'-separated")
+    bytes: int
+    sha256: str
+
+
+class AdapterManifest(Record):
+    """adapters/<name>.json: a LoRA adapter copied from the launching machine into the run, written
+    after its files, so workers anywhere load exactly these bytes."""
+
+    name: str
+    source: str = Field(description="the directory it was copied from (spec model.lora)")
+    files: list[AdapterFile]
 
 
 class DecisionRecord(Record):
