@@ -39,6 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         return 130
+    except click.UsageError as e:  # a flag's value, a missing argument: the same ERROR line as the rest
+        command = e.ctx.command_path if e.ctx is not None else "orch"
+        render_error(OrchError(e.format_message(), hint=f"`{command} --help` lists what it takes"))
+        return e.exit_code
     except click.ClickException as e:
         e.show()
         return e.exit_code

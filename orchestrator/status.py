@@ -1,6 +1,6 @@
 """`orch status`: one view of a run, from a handful of requests: listings, never one request per chunk.
 
-1. `gather` reads the manifest, the plan and the jobs record (3 GETs), and lists `done/`,
+1. `gather` reads the manifest, the plan, the jobs and prepare records (4 GETs), and lists `done/`,
    `stats/` (each finished chunk's numbers are in its stats key), `heartbeats/` (each worker's
    state is in its key) and `decisions/` (plus one GET of the latest, if any): one request per
    1,000 objects. A done chunk without a stats entry (a
@@ -13,7 +13,8 @@ JSON shape (stable for scripts):
     run, backend, complete (bool), backend_note (str|null),
     chunks: {total, done},
     rows: {total, done (in finished chunks), in_progress (flushed or not, in chunks being worked on),
-           errors (error rows in finished chunks)},
+           errors (error rows in finished chunks), set_aside (input rows prepare set aside: not in
+           total; collect answers them with error lines)},
     throughput: {rows_per_s, tokens_per_s} (sum over running workers), eta_s (null when unknown),
     overall: {wall_s, rows_per_s, tokens_per_s} | null (the finished chunks' pace, from the first
              chunk's start to the last one's end),
@@ -50,6 +51,7 @@ from orchestrator.core.records import (
     JobsRecord,
     ManifestEntry,
     PlanRecord,
+    PrepareRecord,
     read_jobs,
     read_manifest,
     read_marker,
@@ -90,6 +92,8 @@ class RunFacts:
     backend_note: str | None = None
     #: The deadline policy's latest decision (`orch watch --deadline`), if any.
     decision: DecisionRecord | None = None
+    #: Input rows set aside at prepare (answered by collect with error lines).
+    set_aside: int = 0
 
 
 def latest_decision(store: Store, layout: RunLayout) -> DecisionRecord | None:
@@ -122,6 +126,8 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
         read_heartbeats(store, layout),
         decision=latest_decision(store, layout),
     )
+    prepared = read_record(store, layout.prepare_record, PrepareRecord)
+    facts.set_aside = prepared[0].errors if prepared is not None else 0
     current = [a.job_id for a in jobs.current_jobs().values()]
     if launcher is not None and current:
         try:
@@ -252,7 +258,13 @@ def derive_status(
         complete=len(done) == len(rows_by_chunk),
         backend_note=facts.backend_note,
         chunks={"total": len(rows_by_chunk), "done": len(done)},
-        rows={"total": total_rows, "done": rows_done, "in_progress": in_progress, "errors": errors},
+        rows={
+            "total": total_rows,
+            "done": rows_done,
+            "in_progress": in_progress,
+            "errors": errors,
+            "set_aside": facts.set_aside,
+        },
         throughput={"rows_per_s": round(rows_per_s, 3), "tokens_per_s": round(tokens_per_s, 1)},
         eta_s=round(eta, 1) if eta is not None else None,
         cost={"so_far_usd": round(cost, 2), "worker_hours": round(hours, 3)},
@@ -319,6 +331,7 @@ def status_view(status: RunStatus) -> Group:
         Text(
             f"chunks {c['done']}/{c['total']} ({pct:.0f}%)   rows {r['done']:,}/{r['total']:,} done"
             f" (+{r['in_progress']:,} in progress)   errors {r['errors']:,}"
+            + (f"   set aside at prepare {r['set_aside']:,}" if r.get("set_aside") else "")
         ),
         Text(_pace_line(status, eta)),
     ]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from orchestrator.commands.shared import backend_option, common_options, follow_run, require_model
+from orchestrator.commands.shared import backend_option, common_options, follow_run, require_model, stop_workers
 
 
 @click.command("launch")
@@ -37,9 +37,10 @@ def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_r
             "resources.on_demand": False if spot_only else None,
         },
     )
-    ctx = inv.context(freeze=True)
+    # A dry run reads and renders: the spec is checked, not recorded, and a plan is made in memory.
+    ctx = inv.context(freeze=not dry_run, check=dry_run)
     require_model(ctx)
-    plan = ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo)
+    plan = ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo, write=not dry_run)
     if dry_run:
         from orchestrator.controller.launch import dry_run_requests
 
@@ -151,19 +152,16 @@ def resume_command(inv, backend, follow, interval):
 def cancel_command(inv, backend):
     """Stop every worker of the run (finished rows are flushed; `orch resume` continues later)."""
     from orchestrator.backends import backend_for
-    from orchestrator.core.records import update_jobs
+    from orchestrator.core.records import read_jobs
 
     ctx = inv.with_flags(backend=backend).context()
-    record = update_jobs(ctx.store, ctx.layout, lambda rec: setattr(rec, "cancelled", True))
-    job_ids = [a.job_id for a in record.current_jobs().values()]
-    if not job_ids:
+    record, _ = read_jobs(ctx.store, ctx.layout)
+    if not record.current_jobs():
         click.echo("no workers were launched for this run")
         return 0
-    launcher = backend_for(ctx, record.backend)
-    live = [j for j, s in launcher.statuses(job_ids).items() if s.state.is_live()]
-    launcher.cancel(live)
     # The record says cancelled (written first): `orch watch` will not relaunch these jobs.
-    click.echo(f"cancelled {len(live)} live job(s) of run {ctx.layout.run!r}")
+    stopped = stop_workers(ctx, backend_for(ctx, record.backend))
+    click.echo(f"cancelled {stopped} live job(s) of run {ctx.layout.run!r}")
     return 0
 
 

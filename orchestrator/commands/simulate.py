@@ -18,9 +18,11 @@ if TYPE_CHECKING:
 
 @click.command("simulate")
 @common_options
-@click.option("--workers", type=int, default=16, show_default=True)
-@click.option("--chunks", type=int, default=200, show_default=True, help="synthetic manifest (or --use-run)")
-@click.option("--rows-per-chunk", type=int, default=5000, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option(
+    "--chunks", type=click.IntRange(min=1), default=200, show_default=True, help="synthetic manifest (or --use-run)"
+)
+@click.option("--rows-per-chunk", type=click.IntRange(min=1), default=5000, show_default=True)
 @click.option("--rows-spread", type=float, default=1.0, show_default=True, help="largest/smallest chunk")
 @click.option("--gpus", default=None, help="GPU candidates, drawn uniformly per worker (default: the spec's)")
 @click.option("--on-demand", is_flag=True, help="on-demand machines: no preemptions, on-demand prices")
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 @click.option("--checkpoint-interval", type=float, default=60.0, show_default=True, help="seconds")
 @click.option("--lease-ttl", type=float, default=300.0, show_default=True, help="seconds")
 @click.option("--base-rows-per-s", type=float, default=1.0, show_default=True, help="an L4's speed")
-@click.option("--seeds", type=int, default=5, show_default=True)
+@click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--policy", type=click.Choice(["orch", "skypilot-example"]), default="orch", show_default=True)
 @click.option("--compare", is_flag=True, help="both policies on the same seeds and traces")
 @click.option(

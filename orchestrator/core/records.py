@@ -201,6 +201,9 @@ class ManifestEntry(Record):
     bytes: int
     est_prompt_tokens: int = Field(description="prompt tokens estimated from characters")
     max_output_tokens: int = Field(description="sum over rows of max_tokens x n: an upper bound")
+    first: int | None = Field(
+        None, description="position in the whole input of the chunk's first row (rows set aside counted)"
+    )
 
     @property
     def est_tokens(self) -> int:
@@ -211,13 +214,21 @@ class ManifestEntry(Record):
 class PrepareRecord(Record):
     """prepare.json, written last by `orch prepare`: its presence means the run is prepared."""
 
-    identity: dict[str, Any] = Field(description="what was prepared: the sources, input mapping and chunking")
+    identity: dict[str, Any] = Field(
+        description="what was prepared: the sources (name, size, content digest), input mapping and chunking"
+    )
     chunks: int
     rows: int = Field(description="requests in the chunks")
     errors: int = Field(description="input rows set aside (prepare-errors.jsonl)")
     errors_key: str | None = None
     first_errors: list[str] = Field(default_factory=list, description="the first few, `file:line: problem`")
     created_at: float = 0.0
+    models: dict[str, int] = Field(
+        default_factory=dict, description="models the input lines named themselves, with how many lines named each"
+    )
+    not_utf8_rows: int = Field(0, description="rows kept with bytes that are not UTF-8 read as U+FFFD")
+    not_utf8_bytes: int = 0
+    first_not_utf8: list[str] = Field(default_factory=list, description="the first few such rows, `file:line`")
 
 
 class PrepareError(Record):
@@ -228,6 +239,14 @@ class PrepareError(Record):
     row: int | None = Field(None, description="0-based row of a Parquet file")
     error: str
     excerpt: str = Field("", description="the start of the row as read")
+    position: int | None = Field(None, description="0-based position in the whole input: where collect answers it")
+    custom_id: str | None = Field(None, description="the row's custom_id, when it has one")
+    text: str | None = Field(None, description="the whole row as read: what a retry file gets")
+
+    @property
+    def location(self) -> str:
+        """`file:line` (JSONL) or `file:row` (Parquet), as prepare reported it."""
+        return f"{self.source}:{self.line if self.line is not None else self.row}"
 
 
 class WorkerAssignment(Record):
@@ -355,6 +374,14 @@ class Lease(Document):
     renewed_at: float
     expires_at: float
     released: bool = False
+    #: Holders that died holding this chunk; from 1 on, holders work carefully (core/protocol/crashes.py).
+    crashes: int = 0
+    #: A careful holder's note: the rows it handed to the engine and that have not finished yet.
+    in_flight: list[int] | None = None
+    #: Rows in flight when a careful holder died: each runs alone from then on.
+    suspects: list[int] = Field(default_factory=list)
+    #: Rows in flight during two deaths: answered with a `worker_crashed` error row, never run again.
+    poison: list[int] = Field(default_factory=list)
 
     def is_free(self, now: float) -> bool:
         return self.released or self.expires_at <= now
@@ -444,6 +471,9 @@ class Heartbeat(Record):
     #: Seconds earlier processes of this worker id were up (carried over from their heartbeats):
     #: with this process's own, what the worker's machines have been billed for.
     uptime_before_s: float = 0.0
+    #: A process of this worker id loaded the model (carried over like the uptime): from then on
+    #: the run's model may have produced outputs, so it stays frozen (core/context.py).
+    loaded: bool = False
 
     @property
     def uptime_s(self) -> float:
@@ -475,6 +505,7 @@ class HeartbeatSummary(KeyRecord):
     updated_at: float
     exit_code: int | None = None
     uptime_before_s: float = 0.0
+    loaded: bool = False
 
     @property
     def uptime_s(self) -> float:
@@ -487,6 +518,12 @@ def read_manifest(store: Store, layout: RunLayout) -> list[ManifestEntry]:
     try:
         return read_jsonl(ManifestEntry, store.get(layout.manifest).data, layout.manifest)
     except NotFound:
+        if not any(True for _ in store.list("runs/")):
+            raise RunNotFound(
+                f"the store {store.uri} holds no runs at all (so no run {layout.run!r})",
+                hint="check --store (or ORCH_STORE, or `store:` in orch.yaml); "
+                f"or prepare the run first: orch prepare DATA --run {layout.run} --num-chunks N",
+            ) from None
         raise RunNotFound(
             f"run {layout.run!r} has no manifest in {store.uri}",
             hint=f"prepare it first: orch prepare DATA --run {layout.run} --num-chunks N",

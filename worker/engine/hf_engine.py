@@ -15,7 +15,7 @@ from typing import Any
 from orchestrator.core.spec import ModelSpec
 from worker.engine.base import RowResult, take_window
 from worker.outputs import Choice, TokenLogprob, error_line, success_line
-from worker.requests import EngineRequest, GenerationParams
+from worker.requests import EngineRequest, GenerationParams, for_template
 
 
 class TransformersEngine:
@@ -97,8 +97,12 @@ class TransformersEngine:
             )
         try:
             if request.kind == "chat":
+                template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
                 text = self.tokenizer.apply_chat_template(
-                    request.messages, add_generation_prompt=True, tokenize=False, chat_template=self.chat_template
+                    for_template(request.messages or [], template),
+                    add_generation_prompt=True,
+                    tokenize=False,
+                    chat_template=self.chat_template,
                 )
                 ids = self.tokenizer.encode(text, add_special_tokens=False)
             else:

@@ -84,8 +84,12 @@ class RunLayout:
     def lease(self, chunk: str) -> str:
         return f"{self.leases_prefix}{chunk}.json"
 
+    @property
+    def outputs_root(self) -> str:
+        return f"{self.root}outputs/"
+
     def outputs_prefix(self, chunk: str) -> str:
-        return f"{self.root}outputs/{chunk}/"
+        return f"{self.outputs_root}{chunk}/"
 
     def output_part(self, chunk: str, holder: str, seq: int, ext: str = "jsonl") -> str:
         return f"{self.outputs_prefix(chunk)}{holder}-{seq:05d}.{ext}"
