@@ -48,7 +48,7 @@ def test_adapters_changed_after_shipping_are_refused(store, tmp_path):
     source = adapter(tmp_path / "mine")
     ship_adapters(store, L, {"mine": source})
     (tmp_path / "mine" / "adapter_model.safetensors").write_bytes(b"retrained")
-    with pytest.raises(SpecConflict, match="'mine'.*changed since it was shipped"):
+    with pytest.raises(SpecConflict, match=r"'mine'.*changed since it was shipped"):
         ship_adapters(store, L, {"mine": source})
 
 
