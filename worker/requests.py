@@ -27,7 +27,17 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 GREEDY_BELOW = 1e-5
 
 #: OpenAI fields that do not change what is generated, in a batch.
-_IGNORED = {"model", "user", "metadata", "store", "stream", "stream_options", "service_tier"}
+_IGNORED = {
+    "model",
+    "user",
+    "metadata",
+    "store",
+    "stream",
+    "stream_options",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+}
 #: Fields we honour, per endpoint.
 _COMMON = {
     "max_tokens",

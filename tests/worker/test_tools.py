@@ -18,7 +18,6 @@ from worker.models import TOOLS_CHAT_TEMPLATE, WEATHER_TOOL
 
 pytestmark = pytest.mark.slow
 
-CITY = WEATHER_TOOL["function"]["parameters"]
 #: `strict: true` (OpenAI's flag) makes vLLM hold the arguments to the schema too; without it only
 #: the call's envelope is constrained, and random weights write endless arguments.
 TOOL = {**WEATHER_TOOL, "function": {**WEATHER_TOOL["function"], "strict": True}}
