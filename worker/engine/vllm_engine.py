@@ -140,7 +140,7 @@ class VllmEngine:
         self._in_flight[request_id] = _InFlight(request, len(prompt_ids), tools)
         return None
 
-    def _tokenize(self, request: EngineRequest, tools: ToolCallRequest | None) -> list[int]:
+    def _tokenize(self, request: EngineRequest, tools: ToolCallRequest | None = None) -> list[int]:
         if request.kind == "chat":
             template = self._chat_template or getattr(self.tokenizer, "chat_template", None)
             text = self.tokenizer.apply_chat_template(
