@@ -139,3 +139,26 @@ def test_freeze_spec_chunking_is_compared_as_a_whole(tmp_path):
     )
     with pytest.raises(SpecConflict, match="chunking"):
         freeze_spec(store, layout, rechunk)
+
+
+@pytest.mark.parametrize(
+    ("model", "field"),
+    [
+        ("{engine: transformers, runner: pooling}", "model.runner"),
+        ("{engine: transformers, lora: {fr: ./fr}}", "model.lora"),
+        ("{engine: transformers, tool_parser: hermes}", "model.tool_parser"),
+    ],
+)
+def test_spec_refuses_what_the_transformers_engine_cannot_run(tmp_path, model, field):
+    (tmp_path / "orch.yaml").write_text(f"model: {model}\n")
+    with pytest.raises(SpecError, match=f"{field} needs the vLLM engine"):
+        load_spec(None, {}, env={}, cwd=tmp_path)
+
+
+def test_spec_adapters_runner_and_tool_parser_are_frozen_with_the_run(tmp_path):
+    store, layout = open_store(tmp_path / "s"), RunLayout("r")
+    first = {"run": "r", "model.lora": {"fr": "./fr"}, "model.tool_parser": "hermes"}
+    freeze_spec(store, layout, load_spec(None, first, env={}, default_file=False))
+    for flags in ({"model.lora": {"fr": "./other"}}, {"model.runner": "pooling"}, {"model.tool_parser": "mistral"}):
+        with pytest.raises(SpecConflict):
+            freeze_spec(store, layout, load_spec(None, {**first, **flags}, env={}, default_file=False))

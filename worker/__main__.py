@@ -18,11 +18,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import click
 
 from orchestrator.core.errors import OrchError, RunNotFound, render_error
+from orchestrator.core.protocol.adapters import fetch_adapters
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.spec import load_spec, read_stored_spec
 from orchestrator.core.store import open_store
@@ -64,7 +66,6 @@ def main(run, store, worker, replicas, spot, max_chunks, checkpoint_interval, le
 
 def _run_one(run, store_uri, worker, replica, spot, max_chunks, checkpoint_interval, lease_ttl) -> int:
     from orchestrator.core.protocol.outage import OutageTooLong
-    from worker.engine import load_engine
     from worker.runner import Shutdown, Worker, WorkerIdentity, install_signal_handlers, summary_line
 
     spec = _spec_from_run(open_store(store_uri, worker=True), run, checkpoint_interval, lease_ttl)
@@ -78,7 +79,7 @@ def _run_one(run, store_uri, worker, replica, spot, max_chunks, checkpoint_inter
         cloud=cloud.get("cloud"),
         region=cloud.get("region"),
     )
-    runner = Worker(store, spec, identity, lambda: load_engine(spec.model, spec.workers), max_chunks=max_chunks)
+    runner = Worker(store, spec, identity, lambda: _load_engine(store, spec), max_chunks=max_chunks)
     install_signal_handlers(runner)
     try:
         summary = runner.run()
@@ -93,6 +94,17 @@ def _run_one(run, store_uri, worker, replica, spot, max_chunks, checkpoint_inter
     summary.update(worker=identity.worker, holder=identity.holder, accelerator=identity.accelerator)
     print(summary_line(summary), flush=True)
     return code
+
+
+def _load_engine(store, spec):
+    """The engine, with the run's shipped LoRA adapters fetched into the local cache first."""
+    from worker.engine import load_engine
+
+    model = spec.model
+    if model.lora:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orch" / "adapters"
+        model = model.model_copy(update={"lora": fetch_adapters(store, spec.layout, model.lora, cache)})
+    return load_engine(model, spec.workers)
 
 
 def _spec_from_run(store, run: str, checkpoint_interval, lease_ttl):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from orchestrator.backends import backend_for
 from orchestrator.backends.base import JobStatus, Launcher, LaunchFailed, LaunchRequest, attempt_statuses
 from orchestrator.core.context import RunContext
+from orchestrator.core.protocol.adapters import ship_adapters
 from orchestrator.core.protocol.heartbeats import live_heartbeats
 from orchestrator.core.records import CancelRecord, JobAttempt, JobsRecord, read_jobs, update_jobs
 
@@ -77,14 +78,17 @@ def launch_workers(
 ) -> dict[int, str]:
     """Launch the given workers, except those already live. Returns worker -> new job id.
 
-    1. Ask the backend about the current job of every worker: a live one is never duplicated.
-    2. Reserve the others in the jobs record (compare-and-swap): a worker whose current job
-       changed since step 1 was just launched by another controller, and is left to it.
-    3. Submit the reserved ones all at once (the launcher submits concurrently).
-    4. Record every job that was submitted in place of its reservation; a submission that failed
+    1. Ship the run's LoRA adapters given as local directories into the store (once): workers
+       anywhere load them from there.
+    2. Ask the backend about the current job of every worker: a live one is never duplicated.
+    3. Reserve the others in the jobs record (compare-and-swap): a worker whose current job
+       changed since step 2 was just launched by another controller, and is left to it.
+    4. Submit the reserved ones all at once (the launcher submits concurrently).
+    5. Record every job that was submitted in place of its reservation; a submission that failed
        is recorded as FAILED (the watch loop relaunches it within the retry budget).
     """
     env = os.environ if env is None else env
+    ship_adapters(ctx.store, ctx.layout, ctx.spec.model.lora)
     record, _ = read_jobs(ctx.store, ctx.layout)
     now = clock()
     statuses = attempt_statuses(launcher, record.current_jobs().values(), now)

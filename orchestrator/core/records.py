@@ -10,6 +10,8 @@ there, by who writes it:
                          plan.json              PlanRecord (and workers/<i>.txt: chunk paths, plain text)
     controller           jobs.json              JobsRecord: backend jobs per worker, every launch
                          cancel.json            CancelRecord: `orch cancel` was run; workers stop
+                         adapters/<name>.json   AdapterManifest: a LoRA adapter shipped with the run
+                         adapters/<name>/<file> its files (core/protocol/adapters.py)
                          decisions/<ms>.json    DecisionRecord: the deadline policy's log
     workers              leases/<chunk>.json    Lease
                          outputs/<chunk>/<part> OpenAI Batch output lines (core/lines.py)
@@ -349,6 +351,21 @@ class CancelRecord(Record):
 
     at: float
     by: str = Field("", description="host and pid of the `orch cancel` that wrote it")
+
+
+class AdapterFile(Record):
+    path: str = Field(description="relative to the adapter's directory, '/'-separated")
+    bytes: int
+    sha256: str
+
+
+class AdapterManifest(Record):
+    """adapters/<name>.json: a LoRA adapter copied from the launching machine into the run, written
+    after its files, so workers anywhere load exactly these bytes."""
+
+    name: str
+    source: str = Field(description="the directory it was copied from (spec model.lora)")
+    files: list[AdapterFile]
 
 
 class DecisionRecord(Record):

@@ -51,6 +51,39 @@ class ModelSpec(StrictModel):
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="extra keyword arguments for the engine (vllm.LLM)"
     )
+    runner: Literal["generate", "pooling"] = Field(
+        "generate",
+        description="generate: /v1/chat/completions and /v1/completions lines; pooling: /v1/embeddings lines "
+        "(vLLM's pooling runner). A run is one or the other",
+    )
+    tool_parser: str | None = Field(
+        None,
+        description="vLLM's tool parser for lines with `tools` (hermes, llama3_json, mistral, ...): "
+        "it reads the model's tool calls back into message.tool_calls",
+    )
+    lora: dict[str, str] = Field(
+        default_factory=dict,
+        description="LoRA adapters a line may name in body.model: {name: local directory or hub id}",
+    )
+    max_lora_rank: int = Field(16, ge=1, description="the largest rank among the adapters")
+    max_loras: int = Field(1, ge=1, description="adapters loaded at once")
+
+    @model_validator(mode="after")
+    def _engine_can_do_it(self) -> ModelSpec:
+        # Run-wide choices the transformers engine cannot honour are refused here, before any
+        # worker starts; per-row fields get error rows instead.
+        if self.engine == "transformers":
+            for name, wanted in (
+                ("runner", self.runner == "pooling"),
+                ("lora", self.lora),
+                ("tool_parser", self.tool_parser),
+            ):
+                if wanted:
+                    raise ValueError(f"model.{name} needs the vLLM engine (model.engine: vllm)")
+        for name in self.lora:
+            if not name or name == self.name:
+                raise ValueError(f"adapter name {name!r}: a non-empty name other than the model's")
+        return self
 
 
 class SamplingSpec(StrictModel):
@@ -189,6 +222,9 @@ FROZEN_FIELDS: tuple[str, ...] = (
     "model.dtype",
     "model.max_model_len",
     "model.chat_template",
+    "model.runner",
+    "model.tool_parser",
+    "model.lora",
     "sampling",
     "input",
     "chunking",

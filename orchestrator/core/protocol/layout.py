@@ -128,6 +128,14 @@ class RunLayout:
         return f"{self.heartbeats_prefix}{worker}/{encode_key_record(summary)}"
 
     # Written by the controller.
+    def adapter_manifest(self, name: str) -> str:
+        """A LoRA adapter shipped with the run: the list of its files (AdapterManifest), written last."""
+        return f"{self.root}adapters/{quote(name, safe='')}.json"
+
+    def adapter_file(self, name: str, path: str) -> str:
+        """One file of a shipped adapter, at its path relative to the adapter's directory."""
+        return f"{self.root}adapters/{quote(name, safe='')}/{path}"
+
     @property
     def jobs(self) -> str:
         return f"{self.root}jobs.json"
