@@ -2,9 +2,9 @@
 
 Never fixed small batches: requests are added to vLLM's scheduler as soon as it has room (a
 window of a few times `max_num_seqs` waiting), and every `step()` returns whatever finished, so
-the GPU stays saturated and the worker can checkpoint between steps. Each row is tokenised here
-(the chat template for chat requests, the raw prompt for completions) so that a template error or
-a prompt longer than the context becomes that row's error, not a failed batch.
+the GPU stays saturated and the worker can checkpoint between steps. Each row's prompt comes from
+worker.prompts (the one prompt path of both engines) as token ids, so that a template error or a
+prompt longer than the context becomes that row's error, not a failed batch.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 
 from orchestrator.core.errors import OrchError
 from orchestrator.core.spec import ModelSpec
-from worker.engine.base import RowResult
-from worker.outputs import Choice, TokenLogprob, error_line, success_line
+from worker.engine.base import RowResult, error_row
+from worker.outputs import Choice, TokenLogprob, success_line
+from worker.prompts import PromptBuilder
 from worker.requests import EngineRequest, GenerationParams
 
 log = logging.getLogger("orch.worker.vllm")
@@ -45,12 +46,12 @@ class VllmEngine:
         if not spec.name:
             raise ValueError("no model to load")
         self.model_name = spec.name
-        self._chat_template = _read_template(spec.chat_template)
         self.llm = llm if llm is not None else _build_llm(spec)
         engine = self.llm.llm_engine
         self._engine = engine
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = engine.model_config.max_model_len
+        self.prompts = PromptBuilder(self.tokenizer, spec.chat_template, self.max_model_len)
         self.capacity = engine.vllm_config.scheduler_config.max_num_seqs
         # Keep the scheduler's queue deeper than what it runs at once, so a finished sequence is
         # replaced in the very next step.
@@ -98,37 +99,18 @@ class VllmEngine:
 
     # -- one row ---------------------------------------------------------------------------------
     def _add(self, request: EngineRequest) -> RowResult | None:
+        prompt = self.prompts.build(request)
+        if isinstance(prompt, RowResult):
+            return prompt
         try:
-            prompt_ids = self._tokenize(request)
-        except Exception as e:  # a template that fails on this conversation fails this row only
-            return _error(request, "template_error", f"cannot apply the chat template: {e}")
-        p = request.params
-        if len(prompt_ids) + p.max_tokens > self.max_model_len:
-            return _error(
-                request,
-                "context_length_exceeded",
-                f"this model's maximum context length is {self.max_model_len} tokens; the request has "
-                f"{len(prompt_ids)} prompt tokens and asks for {p.max_tokens} more",
-                param="max_tokens" if len(prompt_ids) < self.max_model_len else "messages",
-            )
-        try:
-            params = _sampling_params(p)
+            params = _sampling_params(request.params)
             request_id = str(self._next_id)
             self._next_id += 1
-            self._engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+            self._engine.add_request(request_id, {"prompt_token_ids": prompt.token_ids}, params)
         except (ValueError, TypeError) as e:  # vLLM refused the parameters
-            return _error(request, "invalid_parameter", str(e))
-        self._in_flight[request_id] = _InFlight(request, len(prompt_ids))
+            return error_row(request, "invalid_parameter", str(e))
+        self._in_flight[request_id] = _InFlight(request, len(prompt.token_ids))
         return None
-
-    def _tokenize(self, request: EngineRequest) -> list[int]:
-        if request.kind == "chat":
-            text = self.tokenizer.apply_chat_template(
-                request.messages, add_generation_prompt=True, tokenize=False, chat_template=self._chat_template
-            )
-            # The template already wrote the special tokens it wants.
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
-        return list(self.tokenizer.encode(request.prompt))
 
     def _result(self, output: Any) -> RowResult:
         flight = self._in_flight.pop(output.request_id)
@@ -152,18 +134,6 @@ class VllmEngine:
             False,
             request.chunk,
         )
-
-
-def _error(request: EngineRequest, code: str, message: str, param: str | None = None) -> RowResult:
-    return RowResult(
-        request.index,
-        request.custom_id,
-        error_line(request.custom_id, code, message, param=param),
-        0,
-        0,
-        True,
-        request.chunk,
-    )
 
 
 def _sampling_params(p: GenerationParams) -> Any:
@@ -203,13 +173,6 @@ def _logprobs(completion: Any, top: int) -> list[TokenLogprob]:
             )
         )
     return out
-
-
-def _read_template(template: str | None) -> str | None:
-    if template and os.path.isfile(template):
-        with open(template) as f:
-            return f.read()
-    return template
 
 
 def _build_llm(spec: ModelSpec) -> Any:
