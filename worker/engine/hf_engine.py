@@ -90,6 +90,9 @@ class TransformersEngine:
         self.model = AutoModelForCausalLM.from_pretrained(
             spec.name, dtype=_dtype(spec.dtype, spec.name, self.device), device_map=self.device, **load_args
         ).eval()
+        # generate stops at any of the model's end tokens (an instruct model often has several).
+        stops = self.model.generation_config.eos_token_id
+        self.eos_ids = {self.tokenizer.eos_token_id, *(stops if isinstance(stops, list) else [stops])} - {None}
         self.max_model_len: int = spec.max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.prompts = PromptBuilder(self.tokenizer, spec.chat_template, self.max_model_len)
         self.limits = _limits(self.model, self.device, batch_args, batch_size)
@@ -214,12 +217,13 @@ class TransformersEngine:
         return results
 
     def _choice(self, p: GenerationParams, ids: list[int], logprobs: Any) -> Choice:
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        # `ids` stops at the row's own max_tokens; past an end of sequence, generate pads. A pad
+        # token before either is a token the model chose, and stays (it cut answers short before).
         ended = False
-        if not p.ignore_eos and eos in ids:
-            ids, ended = ids[: ids.index(eos)], True
-        elif pad != eos and pad in ids:
-            ids = ids[: ids.index(pad)]
+        if not p.ignore_eos:
+            end = next((at for at, token in enumerate(ids) if token in self.eos_ids), None)
+            if end is not None:
+                ids, ended = ids[:end], True
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         for stop in p.stop:
             at = text.find(stop)
