@@ -33,8 +33,11 @@ def save(name: str, result: dict[str, Any]) -> Path:
 
 
 def table(rows: list[list[Any]], header: list[str]) -> str:
-    cells = [header] + [
-        [f"{c:,.3f}" if isinstance(c, float) else f"{c:,}" if isinstance(c, int) else str(c) for c in r] for r in rows
-    ]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
+    """A benchmark's results as text: numbers right-aligned, thousands separated (orch's own table style)."""
+    from orchestrator.console import table as grid
+    from orchestrator.console import to_text
+
+    out = grid(*header, right=tuple(header[1:]))
+    for row in rows:
+        out.add_row(*(f"{c:,.3f}" if isinstance(c, float) else f"{c:,}" if isinstance(c, int) else str(c) for c in row))
+    return to_text(out)

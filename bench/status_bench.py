@@ -109,11 +109,12 @@ def populate(store, layout, chunks: int, workers: int, done: int) -> None:
 
 
 def main() -> None:
+    from orchestrator.console import to_text
     from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.records import read_manifest
     from orchestrator.core.store import open_store
-    from orchestrator.plan import read_manifest
     from orchestrator.pricing import load_gpu_table
-    from orchestrator.status import derive_status, gather, render_table
+    from orchestrator.status import derive_status, gather, status_view
     from tests.support.s3servers import seaweedfs
 
     quick = "--quick" in sys.argv
@@ -133,7 +134,7 @@ def main() -> None:
         store.requests.reset()
         started = time.monotonic()
         status = derive_status(gather(store, layout, None), now=time.time(), prices=prices)
-        render_table(status)
+        to_text(status_view(status))
         orch_s, orch_requests = time.monotonic() - started, dict(store.requests.by_op)
         assert status.chunks == {"total": chunks, "done": done}, status.chunks
         assert len(status.workers) == workers

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import click
 
 from orchestrator import __version__
-from orchestrator.commands import collect, lifecycle, prepare, prices, run, simulate, status
+from orchestrator.commands import collect, lifecycle, prepare, prices, run, serve, simulate, status
 from orchestrator.core.errors import OrchError, render_error
 
 
@@ -23,11 +23,12 @@ def cli() -> None:
 
     \b
     A run: prepare -> plan -> launch -> status/watch -> collect (or all at once: orch run).
+    The OpenAI Batch API over runs: orch serve.
     Tracebacks: set ORCH_DEBUG=1.
     """
 
 
-for _module in (collect, lifecycle, prepare, prices, run, simulate, status):
+for _module in (collect, lifecycle, prepare, prices, run, serve, simulate, status):
     _module.register(cli)
 
 
@@ -39,6 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         return 130
+    except click.UsageError as e:  # a flag's value, a missing argument: the same ERROR line as the rest
+        command = e.ctx.command_path if e.ctx is not None else "orch"
+        render_error(OrchError(e.format_message(), hint=f"`{command} --help` lists what it takes"))
+        return e.exit_code
     except click.ClickException as e:
         e.show()
         return e.exit_code

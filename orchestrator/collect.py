@@ -9,6 +9,9 @@ For every chunk, in manifest order:
    line's id names its row). Each row must be answered once, by a line with the row's custom_id.
 4. Write the lines in input order; rows that failed or are missing go to the report, and their
    original request lines to the retry file, ready for `orch prepare --format openai-batch`.
+5. Rows set aside at prepare are answered too, in their input place: an error line naming the
+   input's file:line and the problem (code `invalid_request`), and their input lines in the
+   retry file (as they were read: fixed, they prepare again in the run's input format).
 Memory stays bounded by one chunk. The output appears only when complete (temp file, rename).
 """
 
@@ -27,9 +30,8 @@ from orchestrator.core.errors import OrchError
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.parts import iter_part_lines
-from orchestrator.core.records import DoneMarker, ManifestEntry, parse_record
+from orchestrator.core.records import ManifestEntry, PrepareError, iter_jsonl, read_manifest, read_marker
 from orchestrator.core.store import NotFound, Store
-from orchestrator.plan import read_manifest
 
 EXAMPLES = 5
 
@@ -46,9 +48,13 @@ class CollectReport:
     format: str
     chunks_total: int = 0
     chunks_complete: int = 0
+    #: Every input row: the requests in the chunks and the rows set aside at prepare.
     rows_total: int = 0
     rows_written: int = 0
+    #: Error lines written: rows that failed, set-aside rows included.
     errors: int = 0
+    #: Rows set aside at prepare, answered with error lines.
+    set_aside: int = 0
     missing: int = 0
     duplicates: int = 0
     mismatched: int = 0
@@ -61,18 +67,61 @@ class CollectReport:
     def complete(self) -> bool:
         return self.missing == 0 and self.duplicates == 0 and self.mismatched == 0
 
+    @property
+    def error_rate(self) -> float:
+        """Error lines (set-aside rows included) over every input row."""
+        return self.errors / self.rows_total if self.rows_total else 0.0
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "complete": self.complete}
+        return {**asdict(self), "complete": self.complete, "error_rate": round(self.error_rate, 6)}
 
     def note(self, kind: str, custom_id: str | None) -> None:
         if len(self.examples[kind]) < EXAMPLES:
             self.examples[kind].append(str(custom_id))
 
 
+class OutputError(OrchError):
+    """The output cannot be written as asked: a format orch does not write, a directory that refuses it."""
+
+
+#: File name endings and the format each one means.
+OUTPUT_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
+
+
 def output_format(out: str | os.PathLike, fmt: str | None) -> str:
+    """The format to write: --format, else the file name's ending (anything else is refused, never
+    silently written as JSONL)."""
     if fmt:
         return fmt
-    return "parquet" if str(out).endswith(".parquet") else "jsonl"
+    for suffix, named in OUTPUT_SUFFIXES.items():
+        if str(out).endswith(suffix):
+            return named
+    raise OutputError(
+        f"{out}: orch writes {', '.join(OUTPUT_SUFFIXES)} files, not {Path(out).suffix or 'a name without an ending'}",
+        hint="name the output .jsonl or .parquet (or say --format jsonl|parquet)",
+    )
+
+
+def check_output(out: str | os.PathLike, fmt: str | None = None) -> str:
+    """Before any work: the output's format, and that its directory exists or can be made, and is
+    writable. Returns the format."""
+    fmt = output_format(out, fmt)
+    directory = Path(out).absolute().parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        # Tried for real: permission bits say nothing to root, nor about read-only file systems.
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=f".{Path(out).name}.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise _unwritable(out, e) from None
+    return fmt
+
+
+def _unwritable(out: str | os.PathLike, e: OSError) -> OutputError:
+    return OutputError(
+        f"cannot write {out}: {e.strerror or e}", hint="choose another --out, or make its directory writable"
+    )
 
 
 def collect(
@@ -83,7 +132,9 @@ def collect(
     fmt: str | None = None,
     retry_out: str | os.PathLike | None = None,
 ) -> CollectReport:
-    fmt = output_format(out, fmt)
+    fmt = check_output(out, fmt)
+    if retry_out:
+        check_output(retry_out, "jsonl")
     entries = read_manifest(store, layout)
     report = CollectReport(
         out=str(out),
@@ -93,8 +144,10 @@ def collect(
         retry_out=str(retry_out) if retry_out else None,
     )
     with _Writer(out, fmt) as writer, _RetryWriter(retry_out) as retry:
+        set_aside = _SetAside(store, layout, writer, retry, report)
         for entry in entries:
-            _collect_chunk(store, layout, entry, writer, retry, report)
+            _collect_chunk(store, layout, entry, writer, retry, report, set_aside)
+        set_aside.rest()
         report.retry_rows = retry.count
     return report
 
@@ -106,8 +159,9 @@ def _collect_chunk(
     writer: _Writer,
     retry: _RetryWriter,
     report: CollectReport,
+    set_aside: _SetAside,
 ) -> None:
-    marker = _marker(store, layout, entry.chunk)
+    marker = read_marker(store, layout, entry.chunk)
     answers: dict[int, BatchOutputLine] = {}
     if marker is None:
         report.missing_chunks.append(entry.chunk)
@@ -127,7 +181,10 @@ def _collect_chunk(
                     report.note("duplicates", part_line.custom_id)
                     continue
                 answers[part_line.row] = part_line
+    position = entry.first
     for row, request_line, request in _input_rows(store, layout, entry):
+        if position is not None:  # rows set aside before this one take their places first
+            position = set_aside.before(position) + 1
         line = answers.pop(row) if row in answers else None
         if line is None:
             report.missing += 1
@@ -149,11 +206,46 @@ def _collect_chunk(
         report.mismatched += len(answers)
 
 
-def _marker(store: Store, layout: RunLayout, chunk: str) -> DoneMarker | None:
-    try:
-        return parse_record(DoneMarker, store.get(layout.done(chunk)).data, layout.done(chunk))
-    except NotFound:
-        return None
+class _SetAside:
+    """Step 5: the rows set aside at prepare (prepare-errors.jsonl, in input order), each answered
+    with an error line at its input position, and its input line sent to the retry file."""
+
+    def __init__(self, store: Store, layout: RunLayout, writer: _Writer, retry: _RetryWriter, report: CollectReport):
+        self.writer, self.retry, self.report = writer, retry, report
+        try:
+            data = store.get(layout.prepare_errors).data
+        except NotFound:
+            data = b""
+        self.rows = iter_jsonl(PrepareError, data.splitlines(), layout.prepare_errors)
+        self.next = next(self.rows, None)
+
+    def before(self, position: int) -> int:
+        """Answer the set-aside rows before `position`, or at it (the next row then comes later);
+        returns the position of the next row of the chunks."""
+        while self.next is not None and self.next.position is not None and self.next.position <= position:
+            if self.next.position == position:
+                position += 1
+            self._answer(self.next)
+            self.next = next(self.rows, None)
+        return position
+
+    def rest(self) -> None:
+        """Those after the last chunk's rows (or recorded without positions)."""
+        while self.next is not None:
+            self._answer(self.next)
+            self.next = next(self.rows, None)
+
+    def _answer(self, row: PrepareError) -> None:
+        message = f"{row.location}: {row.error} (set aside at prepare)"
+        line_id = f"batch_req_prepare-{row.position if row.position is not None else 0}"
+        self.writer.add(BatchOutputLine.error_row(row.custom_id, "invalid_request", message, line_id=line_id))
+        self.retry.add(((row.text if row.text is not None else row.excerpt) + "\n").encode())
+        r = self.report
+        r.rows_total += 1
+        r.rows_written += 1
+        r.errors += 1
+        r.set_aside += 1
+        r.note("errors", row.custom_id or row.location)
 
 
 def _input_rows(store: Store, layout: RunLayout, entry: ManifestEntry) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
@@ -172,8 +264,10 @@ class _Writer:
     def __init__(self, out: str | os.PathLike, fmt: str):
         self.out = Path(out)
         self.fmt = fmt
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        fd, self.tmp = tempfile.mkstemp(dir=self.out.parent, prefix=f".{self.out.name}.")
+        try:
+            fd, self.tmp = tempfile.mkstemp(dir=self.out.parent, prefix=f".{self.out.name}.")
+        except OSError as e:
+            raise _unwritable(out, e) from None
         self.file = os.fdopen(fd, "wb")
         self.rows: list[BatchOutputLine] = []
         self.parquet: Any = None  # a pyarrow ParquetWriter, opened at the first row group
@@ -212,7 +306,10 @@ class _Writer:
                 self.parquet.close()
             self.file.close()
             if exc_type is None:
-                os.replace(self.tmp, self.out)
+                try:
+                    os.replace(self.tmp, self.out)
+                except OSError as e:  # a directory of that name, say
+                    raise _unwritable(self.out, e) from None
         finally:
             if os.path.exists(self.tmp):
                 os.unlink(self.tmp)
@@ -224,8 +321,10 @@ class _RetryWriter:
         self.count = 0
         self.file = None
         if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+            try:
+                fd, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+            except OSError as e:
+                raise _unwritable(self.path, e) from None
             self.file = os.fdopen(fd, "wb")
 
     def add(self, request_line: bytes) -> None:
@@ -240,7 +339,11 @@ class _RetryWriter:
         if self.file and self.path:
             self.file.close()
             if exc_type is None:
-                os.replace(self.tmp, self.path)
+                try:
+                    os.replace(self.tmp, self.path)
+                except OSError as e:
+                    os.unlink(self.tmp)
+                    raise _unwritable(self.path, e) from None
             elif os.path.exists(self.tmp):
                 os.unlink(self.tmp)
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from orchestrator.console import Group, Text, table
 from orchestrator.core.records import ChunkStats, ManifestEntry
 from orchestrator.pricing import GpuTable
 
@@ -94,13 +95,13 @@ def throughput(
         )
     else:
         per_speed = prices.reference_output_tokens_per_s
-    table = {g: measured.get(g, per_speed * prices.get(g).relative_speed) for g in gpus}
+    speeds = {g: measured.get(g, per_speed * prices.get(g).relative_speed) for g in gpus}
     if rows_done and tokens_done:
         per_row, per_row_measured = tokens_done / rows_done, True
     else:
         rows = sum(e.rows for e in entries)
         per_row, per_row_measured = (sum(e.max_output_tokens for e in entries) / 2 / rows if rows else 0.0), False
-    return Throughput(table, {g: chunks[g] for g in measured if g in table}, per_row, per_row_measured)
+    return Throughput(speeds, {g: chunks[g] for g in measured if g in speeds}, per_row, per_row_measured)
 
 
 def estimate(
@@ -158,7 +159,7 @@ def estimate(
     )
 
 
-def render_estimate(est: Estimate) -> str:
+def render_estimate(est: Estimate) -> Group:
     tp = est.throughput
     basis = (
         f"measured on {', '.join(f'{g} ({n} chunks)' for g, n in tp.measured.items())}, others scaled by relative speed"
@@ -167,28 +168,32 @@ def render_estimate(est: Estimate) -> str:
     )
     source = "measured" if tp.tokens_per_row_measured else "assumed: half of max_tokens"
     per_row = f"{tp.tokens_per_row:,.0f} output tokens/row ({source})"
-    lines = [
-        f"Estimate: {est.rows_left:,} of {est.rows_total:,} rows left, {per_row}, {est.workers} workers",
-        f"speed: {basis}",
-        f"{'GPU':<12}{'tok/s/worker':>13}{'spot time':>11}{'spot cost':>11}{'on-demand':>11}{'on-d. cost':>12}",
-    ]
+    numbers = ("tok/s/worker", "spot time", "spot cost", "on-demand", "on-d. cost")
+    grid = table("GPU", *numbers, right=numbers)
     for c in est.candidates:
-        mark = " *" if c.cheapest_per_hour else ""
-        lines.append(
-            f"{c.gpu + mark:<12}{c.tokens_per_s:>13,.0f}{_hours(c.spot_hours):>11}{c.spot_usd:>11,.2f}"
-            f"{_hours(c.on_demand_hours):>11}{c.on_demand_usd:>12,.2f}"
+        grid.add_row(
+            c.gpu + (" *" if c.cheapest_per_hour else ""),
+            f"{c.tokens_per_s:,.0f}",
+            _hours(c.spot_hours),
+            f"{c.spot_usd:,.2f}",
+            _hours(c.on_demand_hours),
+            f"{c.on_demand_usd:,.2f}",
         )
     f = est.fleet
-    lines.append(
-        f"fleet (*: any_of's pick, the cheapest per hour when capacity allows): {_hours(f.spot_hours)} for "
-        f"${f.spot_usd:,.2f} on spot, {_hours(f.on_demand_hours)} for ${f.on_demand_usd:,.2f} on demand"
+    return Group(
+        Text(f"Estimate: {est.rows_left:,} of {est.rows_total:,} rows left, {per_row}, {est.workers} workers"),
+        Text(f"speed: {basis}"),
+        grid,
+        Text(
+            f"fleet (*: any_of's pick, the cheapest per hour when capacity allows): {_hours(f.spot_hours)} for "
+            f"${f.spot_usd:,.2f} on spot, {_hours(f.on_demand_hours)} for ${f.on_demand_usd:,.2f} on demand"
+        ),
+        Text(
+            f"spot includes {est.preemptions_per_hour:g} preemptions per worker-hour, each a "
+            f"{est.restart_overhead_s / 60:.0f}-minute restart plus half a checkpoint interval; costs in USD "
+            f"at the prices of {est.price_table_date} (orch prices; --refresh from SkyPilot's catalog)"
+        ),
     )
-    lines.append(
-        f"spot includes {est.preemptions_per_hour:g} preemptions per worker-hour, each a "
-        f"{est.restart_overhead_s / 60:.0f}-minute restart plus half a checkpoint interval; costs in USD "
-        f"at the prices of {est.price_table_date} (orch prices; --refresh from SkyPilot's catalog)"
-    )
-    return "\n".join(lines)
 
 
 def _hours(h: float) -> str:

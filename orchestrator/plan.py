@@ -12,10 +12,10 @@ import heapq
 import time
 from collections.abc import Sequence
 
-from orchestrator.core.errors import RunNotFound
+from orchestrator.console import Group, Text, table
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment, read_jsonl, read_record
-from orchestrator.core.store import NotFound, Store
+from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment
+from orchestrator.core.store import Store
 
 
 def plan_chunks(entries: Sequence[ManifestEntry], workers: int) -> PlanRecord:
@@ -58,21 +58,6 @@ def contiguous_split(chunks: Sequence[str], workers: int) -> list[list[str]]:
     return [list(chunks[len(chunks) * i // workers : len(chunks) * (i + 1) // workers]) for i in range(workers)]
 
 
-def read_manifest(store: Store, layout: RunLayout) -> list[ManifestEntry]:
-    try:
-        return read_jsonl(ManifestEntry, store.get(layout.manifest).data, layout.manifest)
-    except NotFound:
-        raise RunNotFound(
-            f"run {layout.run!r} has no manifest in {getattr(store, 'uri', 'the store')}",
-            hint=f"prepare it first: orch prepare DATA --run {layout.run} --num-chunks N",
-        ) from None
-
-
-def read_plan(store: Store, layout: RunLayout) -> PlanRecord | None:
-    found = read_record(store, layout.plan, PlanRecord)
-    return found[0] if found is not None else None
-
-
 def write_plan(store: Store, layout: RunLayout, plan: PlanRecord) -> None:
     """workers/<i>.txt (chunk paths, the SkyPilot example's shape) for every worker, then plan.json.
     Lists of workers beyond the new count are removed."""
@@ -85,24 +70,30 @@ def write_plan(store: Store, layout: RunLayout, plan: PlanRecord) -> None:
     store.put(layout.plan, plan.to_bytes())
 
 
-def render_plan(plan: PlanRecord) -> str:
+def render_plan(plan: PlanRecord) -> Group:
+    """One row per worker (chunks, rows, estimated tokens, share), then the balance."""
     total = max(plan.est_tokens, 1)
-    lines = [f"{'worker':>6}  {'chunks':>6}  {'rows':>10}  {'est. tokens':>13}  {'share':>6}"]
+    grid = table(
+        "worker", "chunks", "rows", "est. tokens", "share", right=("worker", "chunks", "rows", "est. tokens", "share")
+    )
     for a in plan.workers:
-        lines.append(
-            f"{a.worker:>6}  {len(a.chunks):>6}  {a.rows:>10,}  {a.est_tokens:>13,}  "
-            f"{100 * a.est_tokens / total:>5.1f}%"
+        grid.add_row(
+            str(a.worker), str(len(a.chunks)), f"{a.rows:,}", f"{a.est_tokens:,}", f"{100 * a.est_tokens / total:.1f}%"
         )
     loads = [a.est_tokens for a in plan.workers]
     mean = sum(loads) / len(loads)
-    lines.append(
-        f"{plan.chunks} chunks, {plan.rows:,} rows over {len(plan.workers)} workers; "
-        f"largest load {max(loads) / mean if mean else 1:.3f}x the mean"
-    )
+    lines = [
+        Text(
+            f"{plan.chunks} chunks, {plan.rows:,} rows over {len(plan.workers)} workers; "
+            f"largest load {max(loads) / mean if mean else 1:.3f}x the mean"
+        )
+    ]
     empty = sum(1 for a in plan.workers if not a.chunks)
     if empty:
         lines.append(
-            f"note: {empty} worker(s) have no chunk of their own (fewer chunks than workers); "
-            "they will take over other workers' chunks"
+            Text(
+                f"note: {empty} worker(s) have no chunk of their own (fewer chunks than workers); "
+                "they will take over other workers' chunks"
+            )
         )
-    return "\n".join(lines)
+    return Group(grid, *lines)

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator import orch_home
+from orchestrator.console import Group, Text, table
 from orchestrator.core.errors import SpecError
 
 DEFAULT_TABLE = Path(__file__).parent / "data" / "gpus.yaml"
@@ -157,29 +158,26 @@ def table_from_offerings(base: GpuTable, offerings: Iterable[Offering], *, date:
     )
 
 
-def write_gpu_table(table: GpuTable, path: str | os.PathLike) -> None:
+def write_gpu_table(prices: GpuTable, path: str | os.PathLike) -> None:
     doc = {
-        "date": table.date,
-        "source": table.source,
-        "reference_output_tokens_per_s": table.reference_output_tokens_per_s,
-        "gpus": {name: g.model_dump(exclude={"name"}) for name, g in table.gpus.items()},
+        "date": prices.date,
+        "source": prices.source,
+        "reference_output_tokens_per_s": prices.reference_output_tokens_per_s,
+        "gpus": {name: g.model_dump(exclude={"name"}) for name, g in prices.gpus.items()},
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(yaml.safe_dump(doc, sort_keys=False))
     _load.cache_clear()
 
 
-def render_gpu_table(table: GpuTable, before: GpuTable | None = None) -> str:
-    """One line per GPU and cloud; with `before`, the earlier prices beside the ones that changed."""
-    lines = [
-        f"prices of {table.date} ({table.source}); USD per GPU-hour",
-        f"{'GPU':<11}{'cloud':<7}{'on-demand':>10}{'spot':>8}",
-    ]
-    for name, gpu in table.gpus.items():
+def render_gpu_table(prices: GpuTable, before: GpuTable | None = None) -> Group:
+    """One row per GPU and cloud; with `before`, the earlier prices beside the ones that changed."""
+    grid = table("GPU", "cloud", "on-demand", "spot", "", right=("on-demand", "spot"))
+    for name, gpu in prices.gpus.items():
         for cloud, p in sorted(gpu.prices.items()):
-            line = f"{name:<11}{cloud:<7}{p.on_demand:>10.3f}{p.spot:>8.3f}"
             old = before.gpus[name].prices.get(cloud) if before and name in before.gpus else None
+            change = ""
             if before is not None and old != p:
-                line += f"   (was {old.on_demand:.3f} / {old.spot:.3f})" if old else "   (new)"
-            lines.append(line)
-    return "\n".join(lines)
+                change = f"(was {old.on_demand:.3f} / {old.spot:.3f})" if old else "(new)"
+            grid.add_row(name, cloud, f"{p.on_demand:.3f}", f"{p.spot:.3f}", change)
+    return Group(Text(f"prices of {prices.date} ({prices.source}); USD per GPU-hour"), grid)

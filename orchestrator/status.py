@@ -1,19 +1,20 @@
 """`orch status`: one view of a run, from a handful of requests: listings, never one request per chunk.
 
-1. `gather` reads the manifest, the plan and the jobs record (3 GETs), and lists `done/`,
+1. `gather` reads the manifest, the plan, the jobs and prepare records (4 GETs), and lists `done/`,
    `stats/` (each finished chunk's numbers are in its stats key), `heartbeats/` (each worker's
    state is in its key) and `decisions/` (plus one GET of the latest, if any): one request per
    1,000 objects. A done chunk without a stats entry (a
    crash between the two writes) costs one GET of its marker. The backend is asked for the state of
    each worker's current job.
 2. `derive_status` turns those facts into the view: plain data, no I/O.
-3. `render_table` and `to_json` show it.
+3. `status_view` (a rich renderable) and `to_json` show it.
 
 JSON shape (stable for scripts):
     run, backend, complete (bool), backend_note (str|null),
     chunks: {total, done},
     rows: {total, done (in finished chunks), in_progress (flushed or not, in chunks being worked on),
-           errors (error rows in finished chunks)},
+           errors (error rows in finished chunks), set_aside (input rows prepare set aside: not in
+           total; collect answers them with error lines)},
     throughput: {rows_per_s, tokens_per_s} (sum over running workers), eta_s (null when unknown),
     overall: {wall_s, rows_per_s, tokens_per_s} | null (the finished chunks' pace, from the first
              chunk's start to the last one's end),
@@ -36,9 +37,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import click
-
 from orchestrator.backends.base import STATE_COLOURS, JobState, JobStatus, Launcher
+from orchestrator.console import Group, Text, table
 from orchestrator.core import worker_ids
 from orchestrator.core.protocol.checkpoints import read_chunk_stats
 from orchestrator.core.protocol.heartbeats import read_heartbeats
@@ -47,21 +47,36 @@ from orchestrator.core.protocol.snapshot import list_done
 from orchestrator.core.records import (
     ChunkStats,
     DecisionRecord,
-    DoneMarker,
     HeartbeatSummary,
     JobsRecord,
     ManifestEntry,
     PlanRecord,
-    parse_record,
+    PrepareRecord,
     read_jobs,
+    read_manifest,
+    read_marker,
+    read_plan,
     read_record,
 )
 from orchestrator.core.store import Store
-from orchestrator.plan import read_manifest, read_plan
 from orchestrator.pricing import GpuTable
 
 #: A heartbeat older than this many heartbeat intervals means the process is gone or stuck.
 STALE_HEARTBEATS = 6
+#: The columns of the workers table.
+WORKER_COLUMNS = (
+    "worker",
+    "state",
+    "accel",
+    "where",
+    "spot",
+    "chunk",
+    "progress",
+    "own done",
+    "finished",
+    "tok/s",
+    "beat",
+)
 
 
 @dataclass
@@ -77,6 +92,8 @@ class RunFacts:
     backend_note: str | None = None
     #: The deadline policy's latest decision (`orch watch --deadline`), if any.
     decision: DecisionRecord | None = None
+    #: Input rows set aside at prepare (answered by collect with error lines).
+    set_aside: int = 0
 
 
 def latest_decision(store: Store, layout: RunLayout) -> DecisionRecord | None:
@@ -96,8 +113,9 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
     stats = read_chunk_stats(store, layout)
     for chunk in done - set(stats):
         with contextlib.suppress(Exception):  # a marker we cannot read is shown as done without numbers
-            marker = parse_record(DoneMarker, store.get(layout.done(chunk)).data, layout.done(chunk))
-            stats[chunk] = (marker.finished_at, marker.stats())
+            marker = read_marker(store, layout, chunk)
+            if marker is not None:
+                stats[chunk] = (marker.finished_at, marker.stats())
     facts = RunFacts(
         layout.run,
         manifest,
@@ -108,6 +126,8 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
         read_heartbeats(store, layout),
         decision=latest_decision(store, layout),
     )
+    prepared = read_record(store, layout.prepare_record, PrepareRecord)
+    facts.set_aside = prepared[0].errors if prepared is not None else 0
     current = [a.job_id for a in jobs.current_jobs().values()]
     if launcher is not None and current:
         try:
@@ -238,7 +258,13 @@ def derive_status(
         complete=len(done) == len(rows_by_chunk),
         backend_note=facts.backend_note,
         chunks={"total": len(rows_by_chunk), "done": len(done)},
-        rows={"total": total_rows, "done": rows_done, "in_progress": in_progress, "errors": errors},
+        rows={
+            "total": total_rows,
+            "done": rows_done,
+            "in_progress": in_progress,
+            "errors": errors,
+            "set_aside": facts.set_aside,
+        },
         throughput={"rows_per_s": round(rows_per_s, 3), "tokens_per_s": round(tokens_per_s, 1)},
         eta_s=round(eta, 1) if eta is not None else None,
         cost={"so_far_usd": round(cost, 2), "worker_hours": round(hours, 3)},
@@ -292,65 +318,65 @@ def to_json(status: RunStatus) -> dict[str, Any]:
     return asdict(status)
 
 
-def render_table(status: RunStatus) -> str:
+def status_view(status: RunStatus) -> Group:
+    """The run at a glance: the head lines, then one row per worker (orchestrator.console prints it)."""
     c, r = status.chunks, status.rows
     pct = 100 * c["done"] / c["total"] if c["total"] else 100.0
     eta = _duration(status.eta_s) if status.eta_s is not None else "unknown"
-    head = [
-        click.style(f"run {status.run}", bold=True)
-        + f"  ({status.backend or 'not launched'})"
-        + (click.style("  COMPLETE", fg="green", bold=True) if status.complete else ""),
-        f"chunks {c['done']}/{c['total']} ({pct:.0f}%)   rows {r['done']:,}/{r['total']:,} done"
-        f" (+{r['in_progress']:,} in progress)   errors {r['errors']:,}",
-        _pace_line(status, eta),
+    title = Text.assemble((f"run {status.run}", "bold"), f"  ({status.backend or 'not launched'})")
+    if status.complete:
+        title.append("  COMPLETE", style="bold green")
+    head: list[Text] = [
+        title,
+        Text(
+            f"chunks {c['done']}/{c['total']} ({pct:.0f}%)   rows {r['done']:,}/{r['total']:,} done"
+            f" (+{r['in_progress']:,} in progress)   errors {r['errors']:,}"
+            + (f"   set aside at prepare {r['set_aside']:,}" if r.get("set_aside") else "")
+        ),
+        Text(_pace_line(status, eta)),
     ]
     if status.estimate and not status.complete:
         e = status.estimate
         head.append(
-            f"estimate left on {e['workers']} x {e['gpu']} ({'measured' if e['measured'] else 'table'} "
-            f"{e['tokens_per_s_per_worker']:,.0f} tok/s each): {_duration(e['spot_hours'] * 3600)} / "
-            f"${e['spot_usd']:,.2f} on spot, {_duration(e['on_demand_hours'] * 3600)} / "
-            f"${e['on_demand_usd']:,.2f} on demand"
+            Text(
+                f"estimate left on {e['workers']} x {e['gpu']} ({'measured' if e['measured'] else 'table'} "
+                f"{e['tokens_per_s_per_worker']:,.0f} tok/s each): {_duration(e['spot_hours'] * 3600)} / "
+                f"${e['spot_usd']:,.2f} on spot, {_duration(e['on_demand_hours'] * 3600)} / "
+                f"${e['on_demand_usd']:,.2f} on demand"
+            )
         )
     if status.deadline:
         d = status.deadline
         colour = {"critical": "red", "behind": "yellow"}.get(str(d.get("mode")), "green")
         head.append(
-            click.style(f"deadline {_duration(d['deadline_s'])}", bold=True)
-            + click.style(f" [{d.get('mode')}]", fg=colour)
-            + f" progress {d.get('progress', 0):.1%} vs line {d.get('line', 0):.1%}; last decision: "
-            f"{d.get('action')}: {d.get('reason')}"
-            + (f" (budget ${d['budget_usd']:,.2f})" if d.get("budget_usd") else "")
+            Text.assemble(
+                (f"deadline {_duration(d['deadline_s'])}", "bold"),
+                (f" [{d.get('mode')}]", colour),
+                f" progress {d.get('progress', 0):.1%} vs line {d.get('line', 0):.1%}; last decision: "
+                f"{d.get('action')}: {d.get('reason')}"
+                + (f" (budget ${d['budget_usd']:,.2f})" if d.get("budget_usd") else ""),
+            )
         )
     if status.backend_note:
-        head.append(click.style(f"warning: {status.backend_note}", fg="yellow"))
-    cols = ["worker", "state", "accel", "where", "spot", "chunk", "progress", "own done", "finished", "tok/s", "beat"]
-    rows = []
+        head.append(Text(f"warning: {status.backend_note}", style="yellow"))
+    workers = table(*WORKER_COLUMNS, right=("finished", "tok/s"))
     for w in status.workers:
         state = w.state + (f" (recovered {w.recovery_count}x)" if w.recovery_count else "")
         colour = STATE_COLOURS.get(JobState(w.state), "white") if w.state in JobState.__members__ else "white"
-        rows.append(
-            [
-                w.worker,
-                (state, colour),
-                w.accelerator or "-",
-                "/".join(x for x in (w.cloud, w.region) if x) or "-",
-                {True: "spot", False: "on-dem", None: "-"}[w.spot],
-                w.chunk or "-",
-                f"{w.chunk_rows_done}/{w.chunk_rows}" if w.chunk else "-",
-                f"{w.chunks_done_of_own_list}/{w.chunks_assigned}",
-                str(w.chunks_finished),
-                f"{w.tokens_per_s:,.0f}" if w.chunk else "-",
-                _duration(w.heartbeat_age_s) + " ago" if w.heartbeat_age_s is not None else "-",
-            ]
+        workers.add_row(
+            w.worker,
+            Text(state, style=colour),
+            w.accelerator or "-",
+            "/".join(x for x in (w.cloud, w.region) if x) or "-",
+            {True: "spot", False: "on-dem", None: "-"}[w.spot],
+            w.chunk or "-",
+            f"{w.chunk_rows_done}/{w.chunk_rows}" if w.chunk else "-",
+            f"{w.chunks_done_of_own_list}/{w.chunks_assigned}",
+            str(w.chunks_finished),
+            f"{w.tokens_per_s:,.0f}" if w.chunk else "-",
+            _duration(w.heartbeat_age_s) + " ago" if w.heartbeat_age_s is not None else "-",
         )
-    widths = [max(len(cols[i]), *(len(_text(row[i])) for row in rows)) for i in range(len(cols))] if rows else []
-    lines = [*head, ""]
-    if rows:
-        lines.append("  ".join(h.ljust(wd) for h, wd in zip(cols, widths, strict=True)))
-        for row in rows:
-            lines.append("  ".join(_cell(cell, wd) for cell, wd in zip(row, widths, strict=True)))
-    return "\n".join(lines)
+    return Group(*head, Text(""), *([workers] if status.workers else []))
 
 
 def _pace_line(status: RunStatus, eta: str) -> str:
@@ -363,16 +389,6 @@ def _pace_line(status: RunStatus, eta: str) -> str:
         )
     t = status.throughput
     return f"throughput {t['rows_per_s']:.2f} rows/s, {t['tokens_per_s']:,.0f} tok/s   ETA {eta}   {cost}"
-
-
-def _text(cell: Any) -> str:
-    return cell[0] if isinstance(cell, tuple) else str(cell)
-
-
-def _cell(cell: Any, width: int) -> str:
-    if isinstance(cell, tuple):
-        return click.style(cell[0].ljust(width), fg=cell[1])
-    return str(cell).ljust(width)
 
 
 def _duration(seconds: float | None) -> str:

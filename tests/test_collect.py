@@ -8,8 +8,10 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.collect import CorruptOutput, collect
-from orchestrator.core.records import DoneMarker
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import DoneMarker, read_manifest
 from orchestrator.core.store import open_store
+from tests.support.datasets import write_jsonl
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
 
@@ -71,10 +73,9 @@ def test_collect_reports_a_chunk_without_marker_as_missing(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "3 row(s) missing" in out and "part_00001" in out and "incomplete" in err
     assert [r["custom_id"] for r in read_lines(tmp_path / "r.jsonl")] == ["a3", "b0", "b1", "b2"]
-    assert (
-        main(["collect", "--run", "c", "--store", store_uri, "--out", str(tmp_path / "o.jsonl"), "--allow-partial"])
-        == 0
-    )
+    # One error row in seven is more than the default --max-error-rate: accepted here on purpose.
+    partial = ["--allow-partial", "--max-error-rate", "1"]
+    assert main(["collect", "--run", "c", "--store", store_uri, "--out", str(tmp_path / "o.jsonl"), *partial]) == 0
 
 
 def test_collect_never_writes_a_row_twice_and_ignores_unlisted_parts(tmp_path):
@@ -101,7 +102,8 @@ def test_collect_stops_on_a_part_that_does_not_match_its_marker(tmp_path):
 def test_collect_to_parquet_with_flattened_columns(tmp_path, capsys):
     store_uri = str(tmp_path / "s")
     build(store_uri)
-    assert main(["collect", "--run", "c", "--store", store_uri, "--out", str(tmp_path / "o.parquet"), "--json"]) == 0
+    out = ["--out", str(tmp_path / "o.parquet"), "--json", "--max-error-rate", "1"]
+    assert main(["collect", "--run", "c", "--store", store_uri, *out]) == 0
     assert json.loads(capsys.readouterr().out)["rows_written"] == 7
     import pyarrow.parquet as pq
 
@@ -119,3 +121,88 @@ def test_collect_reads_parquet_parts(tmp_path):
     )
     collect(store, layout, tmp_path / "o.jsonl")
     assert [line["custom_id"] for line in read_lines(tmp_path / "o.jsonl")] == ["p0", "p1"]
+
+
+def test_collect_answers_rows_set_aside_at_prepare_in_their_place(tmp_path, capsys, monkeypatch):
+    """Lines prepare set aside are in the output, as error lines naming file:line, in input order,
+    and in the retry file; they count in the totals and the error rate."""
+    monkeypatch.chdir(tmp_path)
+    store_uri = str(tmp_path / "s")
+    good = [chat_request(f"g{i}", f"question {i}") for i in range(6)]
+    lines = [
+        good[0],
+        {**good[1], "url": "/v1/embeddings"},  # an unknown url
+        good[2],
+        good[3],
+        {"custom_id": "nomsg", "method": "POST", "url": "/v1/chat/completions", "body": {}},  # no messages
+        good[4],
+        good[5],
+        b"{not json",
+    ]
+    write_jsonl(tmp_path / "in.jsonl", lines)
+    assert (
+        main(
+            [
+                "prepare",
+                str(tmp_path / "in.jsonl"),
+                "--run",
+                "c",
+                "--store",
+                store_uri,
+                "--format",
+                "openai-batch",
+                "--num-chunks",
+                "2",
+            ]
+        )
+        == 0
+    )
+    store = open_store(store_uri)
+    layout = RunLayout("c")
+    for entry in read_manifest(store, layout):
+        ids = [json.loads(line)["custom_id"] for line in store.get(layout.chunk(entry.chunk)).data.splitlines()]
+        answer_chunk(store, layout, entry.chunk, [[Answer(i, cid, f"answer {cid}") for i, cid in enumerate(ids)]])
+    out = ["--out", str(tmp_path / "o.jsonl"), "--retry-out", str(tmp_path / "r.jsonl")]
+    code = main(["collect", "--run", "c", "--store", store_uri, *out])
+    stdout, err = capsys.readouterr()
+    assert code == 9, err  # 3 errors of 8 rows: more than the default --max-error-rate
+    assert "wrote 8 of 8 rows" in stdout and "3 error row(s) (3 set aside at prepare)" in stdout
+    assert "3 of 8 rows are errors (37.5%" in err and "--max-error-rate 1.0" in err
+    written = read_lines(tmp_path / "o.jsonl")
+    assert [line["custom_id"] for line in written] == ["g0", "g1", "g2", "g3", "nomsg", "g4", "g5", None]
+    errors = {i: line["error"] for i, line in enumerate(written) if line["error"]}
+    assert set(errors) == {1, 4, 7} and all(e["code"] == "invalid_request" for e in errors.values())
+    assert errors[1]["message"].startswith(f"{tmp_path / 'in.jsonl'}:2: url '/v1/embeddings'")
+    assert "in.jsonl:5: a chat request needs body.messages" in errors[4]["message"]
+    assert "in.jsonl:8: not valid JSON" in errors[7]["message"]
+    # The retry file has the lines as they were read, ready to be fixed and prepared again.
+    assert (tmp_path / "r.jsonl").read_text().splitlines()[2] == "{not json"
+    assert [json.loads(x)["custom_id"] for x in (tmp_path / "r.jsonl").read_text().splitlines()[:2]] == ["g1", "nomsg"]
+    # The same output is accepted with a higher bar.
+    assert main(["collect", "--run", "c", "--store", store_uri, *out, "--max-error-rate", "0.5"]) == 0
+    capsys.readouterr()
+    # status counts them too.
+    assert main(["status", "--run", "c", "--store", store_uri, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"]["set_aside"] == 3
+    assert main(["status", "--run", "c", "--store", store_uri]) == 0
+    assert "set aside at prepare 3" in capsys.readouterr().out
+
+
+def test_collect_refuses_outputs_it_cannot_write_with_one_error_line(tmp_path, capsys):
+    """An unknown ending is refused (never JSONL under a .csv name); a directory that refuses the
+    file is an ERROR line with a hint, never a traceback; and nothing is written."""
+    store_uri = str(tmp_path / "s")
+    build(store_uri)
+    base = ["collect", "--run", "c", "--store", store_uri, "--max-error-rate", "1"]
+    assert main([*base, "--out", str(tmp_path / "x.csv")]) == 1
+    err = capsys.readouterr().err
+    assert "x.csv: orch writes .jsonl, .ndjson, .parquet files, not .csv" in err and "hint:" in err
+    assert not (tmp_path / "x.csv").exists()
+    (tmp_path / "a-file").write_text("")
+    for out in (tmp_path / "a-file" / "o.jsonl", "/sys/o.jsonl"):  # not a directory; refused even to root
+        assert main([*base, "--out", str(out)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"ERROR cannot write {out}:") and "Traceback" not in err and "hint:" in err
+    assert main([*base, "--out", str(tmp_path / "ok.jsonl"), "--retry-out", "/sys/retry.jsonl"]) == 1
+    assert "cannot write /sys/retry.jsonl" in capsys.readouterr().err and not (tmp_path / "ok.jsonl").exists()
+    assert main([*base, "--out", str(tmp_path / "x.csv"), "--format", "jsonl"]) == 0  # said explicitly: fine

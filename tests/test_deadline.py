@@ -8,6 +8,7 @@ import time
 import pytest
 
 from orchestrator.backends.skypilot import SkyPilotLauncher
+from orchestrator.console import to_text
 from orchestrator.controller.deadline import DeadlineSettings, FleetState, OnDemandWorker, decide, parse_duration
 from orchestrator.controller.launch import launch_workers
 from orchestrator.controller.reconcile import Reconciler
@@ -19,7 +20,7 @@ from orchestrator.core.records import Heartbeat, read_jobs
 from orchestrator.core.spec import load_spec
 from orchestrator.core.store import open_store
 from orchestrator.pricing import load_gpu_table
-from orchestrator.status import render_table, status_of
+from orchestrator.status import status_of, status_view
 from tests.support.fake_sky import ScriptedSky
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
@@ -171,15 +172,17 @@ def test_watch_behind_schedule_launches_on_demand_through_the_launcher_and_logs_
     assert any("on-demand job" in e for e in events)
     logged = list(ctx.store.list(ctx.layout.decisions_prefix))
     assert len(logged) == 1
-    view = render_table(
-        status_of(
-            ctx.store,
-            ctx.layout,
-            launcher,
-            now=time.time(),
-            prices=load_gpu_table(),
-            gpus=ctx.spec.resources.gpus,
-            workers_planned=2,
+    view = to_text(
+        status_view(
+            status_of(
+                ctx.store,
+                ctx.layout,
+                launcher,
+                now=time.time(),
+                prices=load_gpu_table(),
+                gpus=ctx.spec.resources.gpus,
+                workers_planned=2,
+            )
         )
     )
     assert "deadline 6h" in view and "[behind]" in view and "behind the uniform line" in view

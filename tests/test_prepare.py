@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -231,3 +232,100 @@ def test_prepare_from_s3_into_s3(seaweedfs_server, tmp_path, monkeypatch):
     entries = manifest(store_uri, "s3run")
     assert len(entries) == 5 and sum(e.rows for e in entries) == 300
     assert len({line["custom_id"] for line in chunk_lines(store_uri, "s3run")}) == 300
+
+
+def test_prepare_fails_when_no_row_survives_and_locks_nothing(store_dir, tmp_path, capsys):
+    """A template typo sets every row aside: prepare fails, says why and where, and the corrected
+    command then succeeds on the same run."""
+    write_jsonl(tmp_path / "t.jsonl", [{"text": f"row {i}"} for i in range(5)])
+    args = ["--format", "text", "--num-chunks", "2"]
+    assert prepare(store_dir, tmp_path / "t.jsonl", *args, "--template", "Summarise: {txt}") == 4
+    err = capsys.readouterr().err
+    assert "no row of the input became a request: all 5 row(s) were set aside" in err
+    assert "t.jsonl:1" in err and "'txt'" in err
+    layout = RunLayout("r")
+    store = open_store(store_dir)
+    assert store.head(layout.prepare_record) is None and store.head(layout.spec) is None
+    assert not list(store.list(f"{layout.root}chunks/"))
+    assert prepare(store_dir, tmp_path / "t.jsonl", *args, "--template", "Summarise: {text}") == 0
+    assert chunk_lines(store_dir)[0]["body"]["messages"][0]["content"] == "Summarise: row 0"
+
+
+def test_prepare_failed_on_a_missing_file_leaves_the_spec_free(store_dir, tmp_path):
+    assert prepare(store_dir, tmp_path / "typo.jsonl", "--format", "text", "--num-chunks", "1") == 4
+    write_jsonl(tmp_path / "c.jsonl", [{"conversation": [{"role": "user", "content": "hi"}]}])
+    # Another format and chunking this time: nothing was made with the first ones.
+    assert prepare(store_dir, tmp_path / "c.jsonl", "--format", "chat", "--rows-per-chunk", "5") == 0
+    assert len(chunk_lines(store_dir)) == 1
+
+
+def test_prepare_completion_id_column_is_not_left_in_the_body(store_dir, tmp_path):
+    write_jsonl(tmp_path / "c.jsonl", [{"id": "q1", "prompt": "Once upon", "max_tokens": 3}])
+    assert (
+        prepare(store_dir, tmp_path / "c.jsonl", "--format", "completion", "--id-column", "id", "--num-chunks", "1")
+        == 0
+    )
+    line = chunk_lines(store_dir)[0]
+    assert line["custom_id"] == "q1" and "id" not in line["body"]
+    assert line["body"] == {"prompt": "Once upon", "max_tokens": 3}
+
+
+def test_prepare_reports_lines_that_name_another_model(store_dir, tmp_path, capsys):
+    def request(i, model):
+        body = {"model": model, "messages": [{"role": "user", "content": f"q{i}"}]}
+        return {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+    write_jsonl(tmp_path / "b.jsonl", [request(i, "gpt-4o-mini" if i % 3 else "gpt-4o") for i in range(6)])
+    args = ["--format", "openai-batch", "--num-chunks", "1", "--model", "my/model"]
+    assert prepare(store_dir, tmp_path / "b.jsonl", *args) == 0
+    out = capsys.readouterr().out
+    assert "6 line(s) name another model: 'gpt-4o-mini' (4), 'gpt-4o' (2)" in out
+    assert "answered by the run's model, my/model" in out
+
+
+def test_prepare_counts_bytes_that_are_not_utf8_or_sets_the_row_aside_with_strict(store_dir, tmp_path, capsys):
+    good = json.dumps({"conversation": [{"role": "user", "content": "caf"}]}).encode()
+    latin1 = good.replace(b"caf", b"caf\xe9 cr\xe8me")  # Latin-1 bytes, not UTF-8
+    write_jsonl(tmp_path / "l.jsonl", [good, latin1, good])
+    assert prepare(store_dir, tmp_path / "l.jsonl", "--num-chunks", "1") == 0
+    out = capsys.readouterr().out
+    assert "1 row(s) have bytes that are not UTF-8 (2 bytes, read as U+FFFD" in out and "l.jsonl:2" in out
+    assert chunk_lines(store_dir)[1]["body"]["messages"][0]["content"] == "caf\ufffd cr\ufffdme"
+    assert (
+        main(
+            ["prepare", str(tmp_path / "l.jsonl"), "--run", "s", "--store", store_dir, "--num-chunks", "1", "--strict"]
+        )
+        == 4
+    )
+    err = capsys.readouterr().err
+    assert "l.jsonl:2" in err and "2 byte(s) of the line are not UTF-8" in err
+
+
+def test_prepare_rerun_finds_the_same_input_from_anywhere(store_dir, tmp_path, monkeypatch, capsys):
+    """The same data from another directory, by an absolute path, after `touch`, or copied
+    elsewhere: the same input. Changed data: refused, saying which file, its size, the first row."""
+    rows = [{"id": f"q{i}", "conversation": [{"role": "user", "content": f"question {i}"}]} for i in range(20)]
+    (tmp_path / "data").mkdir()
+    data = write_jsonl(tmp_path / "data" / "q.jsonl", rows)
+    monkeypatch.chdir(tmp_path / "data")
+    args = ["--num-chunks", "2", "--id-column", "id"]
+    assert prepare(store_dir, "q.jsonl", *args) == 0
+    assert prepare(store_dir, str(data), *args) == 0  # absolute path
+    os.utime(data, (1, 1))  # touch: another mtime, the same bytes
+    monkeypatch.chdir(tmp_path)
+    assert prepare(store_dir, "data/q.jsonl", *args) == 0
+    copy = tmp_path / "elsewhere" / "q.jsonl"
+    copy.parent.mkdir()
+    copy.write_bytes(data.read_bytes())
+    assert prepare(store_dir, copy, *args) == 0
+    assert capsys.readouterr().out.count("already prepared") == 3
+    rows[12]["conversation"][0]["content"] = "question 12?"  # one byte more
+    write_jsonl(copy, rows)
+    assert prepare(store_dir, copy, *args) == 4
+    err = capsys.readouterr().err
+    assert f"{copy}: {copy.stat().st_size:,} bytes, {data.stat().st_size:,} when prepared (as q.jsonl)" in err
+    assert f"first differing row: {copy}:13 (custom_id 'q12'" in err
+    rows[12]["conversation"][0]["content"] = "question 1?"  # same size, other content
+    write_jsonl(copy, rows)
+    assert prepare(store_dir, copy, *args) == 4
+    assert "same size" in capsys.readouterr().err

@@ -107,3 +107,8 @@ def test_prices_refresh_without_a_reachable_catalog_keeps_the_table(homes):
     assert "aws: SkyPilot's catalog cannot be read" in result.stderr
     assert f"prices stay as in the table of {load_gpu_table().date}" in result.stderr
     assert not (Path(env["ORCH_HOME"]) / "prices.yaml").exists()
+    # Said once, plainly: none of SkyPilot's spinner markup or its own log lines.
+    everything = result.stdout + result.stderr
+    assert "<sky-payload>" not in everything and "Please check your internet" not in everything
+    assert "cannot reach raw.githubusercontent.com (no network?)" in result.stderr
+    assert result.stderr.count("ERROR") == 1 and result.stdout == ""

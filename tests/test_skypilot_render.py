@@ -157,3 +157,23 @@ def test_dry_run_writes_checked_tasks_and_never_a_secret(tmp_path, monkeypatch, 
     everything = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert CANARY not in printed.out + printed.err
     assert not [p for p in everything if CANARY.encode() in p.read_bytes()]
+
+
+def test_dry_run_changes_nothing_in_the_run(tmp_path, monkeypatch, capsys):
+    """`orch launch --dry-run` reads and renders: the stored spec (backend, GPUs, spot), the plan and
+    the jobs stay as they were, so the next plain launch goes where it went before."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.jsonl").write_text('{"conversation": [{"role": "user", "content": "hi"}]}\n' * 8)
+    store = str(tmp_path / "store")
+    assert main(["prepare", str(tmp_path / "d.jsonl"), "--run", "dr", "--store", store, "--num-chunks", "4"]) == 0
+
+    def snapshot():
+        return {p: p.read_bytes() for p in Path(store).rglob("*") if p.is_file() and ".orch-" not in str(p)}
+
+    before = snapshot()
+    args = ["--gpus", "A100", "--spot", "--workers", "3", "--model", "m", "--out", str(tmp_path / "tasks")]
+    assert main(["launch", "--run", "dr", "--store", store, "--dry-run", *args]) == 0
+    assert "nothing launched" in capsys.readouterr().out
+    assert snapshot() == before
+    spec = yaml.safe_load((Path(store) / "runs/dr/spec.yaml").read_text())["spec"]
+    assert spec["backend"] == "local" and spec["resources"]["gpus"] != ["A100"] and spec["resources"]["on_demand"]

@@ -7,13 +7,14 @@ import time
 
 from orchestrator.backends.base import JobState, JobStatus
 from orchestrator.cli import main
+from orchestrator.console import to_text
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.leases import acquire
-from orchestrator.core.records import Heartbeat, JobAttempt, update_jobs
+from orchestrator.core.records import Heartbeat, JobAttempt, read_manifest, update_jobs
 from orchestrator.core.store import open_store
-from orchestrator.plan import plan_chunks, read_manifest, write_plan
+from orchestrator.plan import plan_chunks, write_plan
 from orchestrator.pricing import load_gpu_table
-from orchestrator.status import derive_status, gather, render_table
+from orchestrator.status import derive_status, gather, status_view
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
 
@@ -74,7 +75,7 @@ def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
     facts = gather(store, layout, Backend())
     status = derive_status(facts, now=time.time(), prices=load_gpu_table())
     assert status.chunks == {"total": 4, "done": 1}
-    assert status.rows == {"total": 40, "done": 10, "in_progress": 4, "errors": 1}
+    assert status.rows == {"total": 40, "done": 10, "in_progress": 4, "errors": 1, "set_aside": 0}
     assert status.throughput["rows_per_s"] == 0.5 and status.eta_s == (40 - 10 - 4) / 0.5
     w0 = status.workers[0]
     assert (w0.worker, w0.state, w0.recovery_count, w0.chunk, w0.spot) == ("0", "RECOVERING", 2, "part_00001", True)
@@ -82,10 +83,10 @@ def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
     assert status.workers[1].chunks_finished == 1
     # Two hours of an A100-80GB on GCP spot.
     assert abs(status.cost["so_far_usd"] - 2 * load_gpu_table().price("A100-80GB", True, "gcp")) < 0.05
-    assert "RECOVERING (recovered 2x)" in render_table(status)
+    assert "RECOVERING (recovered 2x)" in to_text(status_view(status))
     # The finished chunk: 10 rows in an hour (answer_chunk's clock), 2 tokens each.
     assert status.overall == {"wall_s": 3600.0, "rows_per_s": round(10 / 3600, 3), "tokens_per_s": 0.0}
-    assert "throughput 0.50 rows/s" in render_table(status)
+    assert "throughput 0.50 rows/s" in to_text(status_view(status))
 
 
 def test_status_of_a_complete_run_shows_the_runs_own_pace(tmp_path):
@@ -96,7 +97,7 @@ def test_status_of_a_complete_run_shows_the_runs_own_pace(tmp_path):
     assert (
         status.complete and status.overall["wall_s"] == 3600.0 and status.overall["rows_per_s"] == round(40 / 3600, 3)
     )
-    assert "finished in 60m: 0.01 rows/s, 0 tok/s over the run" in render_table(status)
+    assert "finished in 60m: 0.01 rows/s, 0 tok/s over the run" in to_text(status_view(status))
 
 
 def test_status_json_shape_is_stable(tmp_path, capsys):
@@ -115,7 +116,7 @@ def test_status_reads_markers_with_list_calls_not_one_request_per_chunk(store_ur
     store.requests.reset()
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
     assert status.chunks["done"] == 3
-    assert store.requests.by_op.get("get", 0) == 3  # manifest, plan, jobs
+    assert store.requests.by_op.get("get", 0) == 4  # manifest, plan, jobs, prepare record
     assert store.requests.by_op.get("list", 0) == 4  # done/, stats/, heartbeats/, decisions/
 
 

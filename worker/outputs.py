@@ -15,11 +15,10 @@ HTTP answer the OpenAI API would have given. The `id` is set when the part is wr
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.core.lines import BatchError, BatchOutputLine, BatchResponse
+from orchestrator.core.lines import BatchOutputLine, BatchResponse, new_request_id
 
 if TYPE_CHECKING:
     from worker.requests import EngineRequest
@@ -48,7 +47,7 @@ def success_line(request: EngineRequest, choices: list[Choice], prompt_tokens: i
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-    request_id = _request_id()
+    request_id = new_request_id()
     if request.kind == "chat":
         body: dict[str, Any] = {
             "id": f"chatcmpl-{request_id}",
@@ -92,13 +91,7 @@ def success_line(request: EngineRequest, choices: list[Choice], prompt_tokens: i
 def error_line(
     custom_id: str | None, code: str, message: str, *, param: str | None = None, status: int = 400
 ) -> BatchOutputLine:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return BatchOutputLine(
-        custom_id=custom_id,
-        response=BatchResponse(status_code=status, request_id=_request_id(), body=body),
-        error=BatchError(code=code, message=message),
-    )
+    return BatchOutputLine.error_row(custom_id, code, message, param=param, status=status)
 
 
 def _chat_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
@@ -126,7 +119,3 @@ def _completion_logprobs(tokens: list[TokenLogprob], start: int) -> dict[str, An
         "top_logprobs": [dict(t.top) for t in tokens],
         "text_offset": offsets,
     }
-
-
-def _request_id() -> str:
-    return uuid.uuid4().hex[:24]

@@ -1,4 +1,9 @@
-"""What the worker prints while it works: a progress bar on a terminal, periodic plain lines otherwise."""
+"""What the worker prints while it works: a tqdm bar on a terminal, periodic plain lines otherwise (logs).
+
+Progress goes to stderr; stdout is kept for the JSON summary line that schedulers parse. The numbers
+come from the worker's Totals: the chunk in hand (`chunk`, `chunk_rows`, `chunk_rows_done`),
+tokens/s and errors.
+"""
 
 from __future__ import annotations
 
@@ -6,24 +11,24 @@ import sys
 import time
 from typing import Any, TextIO
 
+PREFIX = "[orch worker]"
+
 
 class ProgressReporter:
-    """Progress on stderr; stdout is kept for the JSON summary line that schedulers parse.
-
-    The numbers come from the worker's Totals: the chunk in hand (`chunk`, `chunk_rows`,
-    `chunk_rows_done`), tokens/s and errors.
-    """
-
     def __init__(self, stream: TextIO = sys.stderr, *, every_s: float = 30.0, interactive: bool | None = None):
         self.stream = stream
         self.every_s = every_s
         self.interactive = stream.isatty() if interactive is None else interactive
         self._last = 0.0
         self._started: dict[str, float] = {}  # chunk -> when it was taken
+        self._bar: Any = None  # a tqdm bar over the chunk in hand (terminal only)
 
     def note(self, text: str) -> None:
-        self._clear_bar()
-        print(f"[orch worker] {text}", file=self.stream, flush=True)
+        line = f"{PREFIX} {text}"
+        if self._bar is not None:
+            self._bar.write(line, file=self.stream)  # above the bar, which is redrawn below
+        else:
+            print(line, file=self.stream, flush=True)
 
     def start_chunk(self, chunk: str, rows: int, already_done: int) -> None:
         self._started[chunk] = self._last = time.monotonic()
@@ -31,11 +36,12 @@ class ProgressReporter:
         self.note(f"{chunk}: {rows} rows{resumed}")
 
     def advance(self, totals: Any) -> None:
-        """Rows finished: redraw the bar, or print a line every `every_s` seconds."""
-        now = time.monotonic()
+        """Rows finished: move the bar, or print a line every `every_s` seconds."""
         if self.interactive:
             self._draw_bar(totals)
-        elif now - self._last >= self.every_s:
+            return
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
             self._last = now
             self.note(self._status(totals))
 
@@ -44,9 +50,12 @@ class ProgressReporter:
         self.note(f"{chunk}: done, {rows} rows ({errors} errors) in {took:.1f}s")
 
     def close(self) -> None:
-        self._clear_bar()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
-    def _status(self, totals: Any) -> str:
+    @staticmethod
+    def _status(totals: Any) -> str:
         done, rows = totals.chunk_rows_done, totals.chunk_rows
         pct = 100.0 * done / rows if rows else 100.0
         return (
@@ -55,14 +64,19 @@ class ProgressReporter:
         )
 
     def _draw_bar(self, totals: Any) -> None:
-        width = 30
-        rows = totals.chunk_rows
-        filled = int(width * totals.chunk_rows_done / rows) if rows else width
-        bar = "#" * filled + "-" * (width - filled)
-        self.stream.write(f"\r[{bar}] {self._status(totals)}\x1b[K")
-        self.stream.flush()
+        from tqdm import tqdm
 
-    def _clear_bar(self) -> None:
-        if self.interactive:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
+        if self._bar is None or self._bar.desc != totals.chunk:
+            self.close()
+            self._bar = tqdm(
+                total=totals.chunk_rows,
+                initial=totals.chunk_rows_done,
+                desc=totals.chunk,
+                unit="row",
+                file=self.stream,
+                dynamic_ncols=True,
+                leave=False,
+            )
+        self._bar.n = totals.chunk_rows_done
+        self._bar.set_postfix_str(f"{totals.tokens_per_s():.0f} tok/s, {totals.errors} errors", refresh=False)
+        self._bar.refresh()

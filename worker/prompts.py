@@ -2,7 +2,8 @@
 
 Both engines hand each request to one `PromptBuilder` and feed the engine the token ids it
 returns, so the same request becomes the same prompt whichever engine runs it. The steps, in order:
-1. render: a chat request's messages through the chat template (the spec's, else the model's);
+1. render: a chat request's messages through the chat template (the spec's, else the model's;
+   `developer` messages become `system` where the template knows no such role, as in vLLM's server);
    a completion request's prompt as it is;
 2. tokenise: the rendered chat text without adding special tokens (the template wrote the ones it
    wants), a completion prompt with the tokenizer's own;
@@ -19,7 +20,7 @@ from typing import Any
 
 from orchestrator.core.errors import SpecError
 from worker.engine.base import RowResult, error_row
-from worker.requests import EngineRequest
+from worker.requests import EngineRequest, for_template
 
 
 class ChatTemplateError(SpecError):
@@ -81,8 +82,12 @@ class PromptBuilder:
 
     def _tokenize(self, request: EngineRequest) -> list[int]:
         if request.kind == "chat":
+            template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
             text = self.tokenizer.apply_chat_template(
-                request.messages, add_generation_prompt=True, tokenize=False, chat_template=self.chat_template
+                for_template(request.messages or [], template),
+                add_generation_prompt=True,
+                tokenize=False,
+                chat_template=self.chat_template,
             )
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         return list(self.tokenizer.encode(request.prompt))

@@ -19,6 +19,11 @@ from worker.outputs import error_line
 CHAT_URL = "/v1/chat/completions"
 COMPLETION_URL = "/v1/completions"
 
+#: The range vLLM's OpenAI server accepts for `seed` (int64); a larger seed fails inside the engine step.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Below this temperature sampling is greedy (vLLM's own threshold).
+GREEDY_BELOW = 1e-5
+
 #: OpenAI fields that do not change what is generated, in a batch.
 _IGNORED = {"model", "user", "metadata", "store", "stream", "stream_options", "service_tier", "parallel_tool_calls"}
 #: Fields we honour, per endpoint.
@@ -111,6 +116,21 @@ def parse_request(line: bytes | str, index: int, defaults: SamplingSpec) -> Engi
         return RowResult(index, custom_id, error_line(custom_id, e.code, str(e), param=e.param), 0, 0, True)
 
 
+def for_template(messages: list[dict[str, Any]], template: str | None) -> list[dict[str, Any]]:
+    """The messages as a chat template sees them: like vLLM's server, a template that knows no
+    `developer` role gets those messages as `system`, merged into one system message first."""
+    if template and ("'developer'" in template or '"developer"' in template):
+        return messages
+    if not any(m["role"] == "developer" for m in messages):
+        return messages
+    mapped = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
+    systems = [m for m in mapped if m["role"] == "system"]
+    if len(systems) == 1 and mapped[0]["role"] == "system":
+        return mapped
+    merged = {"role": "system", "content": "\n\n".join(m["content"] for m in systems if m["content"])}
+    return [merged, *(m for m in mapped if m["role"] != "system")]
+
+
 def _check_keys(body: dict[str, Any], allowed: set[str]) -> None:
     for key in body:
         if key not in allowed and key not in _IGNORED:
@@ -190,14 +210,23 @@ def _params(body: dict[str, Any], d: SamplingSpec, *, chat: bool) -> GenerationP
         if echo and logprobs is not None:
             raise BadRequest("unsupported_parameter", "echo with logprobs (prompt logprobs) is not supported", "echo")
     top_k = get("top_k", int, d.top_k if d.top_k is not None else 0, lambda v: v >= -1, "an integer >= -1")
+    temperature = get("temperature", float, d.temperature, lambda v: 0 <= v <= 2, "a number from 0 to 2")
+    if n > 1 and temperature < GREEDY_BELOW:
+        # vLLM's server refuses this too: greedy decoding gives n identical copies.
+        raise BadRequest(
+            "invalid_parameter",
+            f"n must be 1 when using greedy sampling, got {n} (temperature is {temperature:g}; orch's default is 0, "
+            "set a temperature > 0 for n samples)",
+            "n",
+        )
     return GenerationParams(
         max_tokens=max_tokens,
-        temperature=get("temperature", float, d.temperature, lambda v: 0 <= v <= 2, "a number from 0 to 2"),
+        temperature=temperature,
         top_p=get("top_p", float, d.top_p, lambda v: 0 < v <= 1, "a number in (0, 1]"),
         top_k=max(top_k, 0),
         n=n,
         stop=tuple(stop or ()),
-        seed=get("seed", int, d.seed),
+        seed=get("seed", int, d.seed, lambda v: INT64_MIN <= v <= INT64_MAX, "an integer from -2**63 to 2**63-1"),
         presence_penalty=get("presence_penalty", float, d.presence_penalty or 0.0, lambda v: -2 <= v <= 2, "-2 to 2"),
         frequency_penalty=get(
             "frequency_penalty", float, d.frequency_penalty or 0.0, lambda v: -2 <= v <= 2, "-2 to 2"

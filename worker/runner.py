@@ -32,16 +32,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.core.errors import RunNotFound
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView
+from orchestrator.core.protocol.crashes import careful_groups
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
 from orchestrator.core.protocol.parts import part_codec
-from orchestrator.core.records import Heartbeat, ManifestEntry, PlanRecord, parse_record, read_jsonl
+from orchestrator.core.records import Heartbeat, ManifestEntry, PlanRecord, read_manifest, read_plan
 from orchestrator.core.spec import RunSpec, spec_hash
-from orchestrator.core.store import NotFound, Store
+from orchestrator.core.store import Store
 from worker.engine.base import Engine, RowResult
+from worker.outputs import error_line
 from worker.progress import ProgressReporter
 from worker.requests import EngineRequest, parse_request
 
@@ -137,6 +140,11 @@ class _Active:
     fed: bool = False  # every line read: handed to the engine or set aside as an error row
     rows_done: int = 0
 
+    @property
+    def careful(self) -> bool:
+        """A holder of this chunk died before us: work it carefully (core/protocol/crashes.py)."""
+        return self.keeper.held.lease.crashes > 0
+
 
 class Worker:
     def __init__(
@@ -221,10 +229,11 @@ class Worker:
             raise
         except BaseException:
             status = "FAILED"
-            # Whatever failed (the engine, the store), our chunks are free for others at once.
+            # Whatever failed (the engine, the store), our chunks are free for others at once; after
+            # an engine failure, as a dead holder's (a row of theirs may have caused it).
             for active in self._drop_all():
                 with contextlib.suppress(Exception):
-                    active.keeper.release()
+                    active.keeper.release(died=self._engine_failed)
             raise
         finally:
             self._stop.set()
@@ -248,7 +257,7 @@ class Worker:
         busy_from = time.monotonic()
         try:
             with contextlib.closing(engine.run(self._feed(claimer, entries, engine, first))) as steps:
-                for finished in steps:
+                while (finished := self._engine_step(steps)) is not None:
                     self._route(finished)
                     self._after_step(engine)
             self._after_step(engine)  # chunks whose last lines were bad (never reached the engine)
@@ -258,7 +267,32 @@ class Worker:
             with contextlib.suppress(Exception):
                 active.keeper.release()
 
+    def _engine_step(self, steps: Iterator[list[RowResult]]) -> list[RowResult] | None:
+        """The rows the engine's next step finished (None at the end). An exception from the engine
+        itself, not from our own feed, marks the worker as crashed: its chunks are then given up as
+        a dead holder's would be (core/protocol/crashes.py), since a row may have caused it."""
+        try:
+            return next(steps)
+        except StopIteration:
+            return None
+        except Exception as e:
+            if e is not self._feed_error:
+                self._engine_failed = True
+            raise
+
+    _engine_failed = False
+    _feed_error: BaseException | None = None
+
     def _feed(
+        self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine, active: _Active | None
+    ) -> Iterator[EngineRequest | None]:
+        try:
+            yield from self._feed_chunks(claimer, entries, engine, active)
+        except Exception as e:
+            self._feed_error = e  # ours (the store, a claim), not the engine's
+            raise
+
+    def _feed_chunks(
         self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine, active: _Active | None
     ) -> Iterator[EngineRequest | None]:
         """The requests of our chunks, one chunk after another, pulled by the engine as it has room.
@@ -271,12 +305,16 @@ class Worker:
         """
         while active is not None:
             chunk = active.entry.chunk
-            for request in self._requests(active.entry, active.skip, active.side_errors):
-                if chunk not in self._active:
-                    break  # lease lost meanwhile: the chunk is someone else's
-                request.chunk = chunk
-                active.outstanding += 1
-                yield request
+            requests = self._requests(active)
+            if active.careful:
+                yield from self._feed_carefully(active, requests)
+            else:
+                for request in requests:
+                    if chunk not in self._active:
+                        break  # lease lost meanwhile: the chunk is someone else's
+                    request.chunk = chunk
+                    active.outstanding += 1
+                    yield request
             active.fed = True
             while not self._shutdown_requested and not self._room_for_another(engine):
                 yield None
@@ -284,7 +322,32 @@ class Worker:
                 return
             active = self._open_next(claimer, entries)
 
+    def _feed_carefully(self, active: _Active, requests: Iterator[EngineRequest]) -> Iterator[EngineRequest | None]:
+        """A chunk that crashed before (core/protocol/crashes.py, step 2): a group at a time, alone
+        in the engine, each group noted in the lease before it is handed over. The rows of the
+        group before are flushed first: a later holder never runs a finished suspect again."""
+        chunk = active.entry.chunk
+        for group in careful_groups(requests, lambda r: r.index, set(active.keeper.held.lease.suspects)):
+            # Rows of other chunks in the engine would share this group's fate: let them finish first.
+            while not self._shutdown_requested and any(a.outstanding for a in self._active.values()):
+                yield None
+            if self._shutdown_requested or chunk not in self._active:
+                return
+            try:
+                if active.buffer:
+                    self._flush(active)
+                    active.last_flush = self.clock()
+                active.keeper.note_in_flight([r.index for r in group])
+            except LeaseLost:
+                return  # the next step drops the chunk
+            for request in group:
+                request.chunk = chunk
+                active.outstanding += 1
+                yield request
+
     def _room_for_another(self, engine: Engine) -> bool:
+        if any(a.careful and a.outstanding > 0 for a in self._active.values()):
+            return False  # a careful chunk is alone in the engine
         in_engine = [a.outstanding for a in self._active.values() if a.outstanding > 0]
         return len(in_engine) < self.chunks_in_engine and sum(in_engine) < engine.capacity
 
@@ -404,18 +467,23 @@ class Worker:
     def _drop_all(self) -> list[_Active]:
         return [a for a in (self._drop(c) for c in list(self._active)) if a is not None]
 
-    def _requests(self, entry: ManifestEntry, skip: set[int], side_errors: list[RowResult]) -> Iterator[EngineRequest]:
-        """The chunk's lines as engine requests, streamed; bad lines go to `side_errors` instead."""
+    def _requests(self, active: _Active) -> Iterator[EngineRequest]:
+        """The chunk's lines as engine requests, streamed; bad lines, and rows that killed two
+        holders (core/protocol/crashes.py), go to `side_errors` instead."""
+        entry, skip = active.entry, active.skip
+        poison = set(active.keeper.held.lease.poison)
         with self.store.open(self.layout.chunk(entry.chunk)) as f:
             for index, line in enumerate(f):
                 if index in skip:
                     continue
                 parsed = parse_request(line, index, self.spec.sampling)
+                if isinstance(parsed, EngineRequest) and index in poison:
+                    parsed = crashed_row(parsed)
                 if isinstance(parsed, EngineRequest):
                     yield parsed
                 else:
                     parsed.chunk = entry.chunk
-                    side_errors.append(parsed)
+                    active.side_errors.append(parsed)
 
     # -- the engine, loaded once we know there is work -------------------------------------
     def _engine_loaded(self) -> Engine:
@@ -428,7 +496,7 @@ class Worker:
             self.totals.load_cpu_s = time.process_time() - started_cpu
             if self.identity.accelerator is None:
                 self.identity.accelerator = self._engine.accelerator
-            self._publish(state="running", accelerator=self.identity.accelerator)
+            self._publish(state="running", accelerator=self.identity.accelerator, loaded=True)
         return self._engine
 
     # -- lease renewal and heartbeat, in the background --------------------------------------
@@ -464,24 +532,23 @@ class Worker:
 
     # -- run records -------------------------------------------------------------------------
     def _manifest(self) -> list[ManifestEntry]:
-        try:
-            return read_jsonl(ManifestEntry, self.store.get(self.layout.manifest).data, self.layout.manifest)
-        except NotFound:
-            from orchestrator.core.errors import RunNotFound
-
-            raise RunNotFound(
-                f"run {self.layout.run!r} has no manifest in {self.store.uri}", hint="run `orch prepare` first"
-            ) from None
+        return read_manifest(self.store, self.layout)
 
     def _plan(self) -> PlanRecord:
-        try:
-            return parse_record(PlanRecord, self.store.get(self.layout.plan).data, self.layout.plan)
-        except NotFound:
-            from orchestrator.core.errors import RunNotFound
+        plan = read_plan(self.store, self.layout)
+        if plan is None:
+            raise RunNotFound(f"run {self.layout.run!r} has no plan in {self.store.uri}", hint="run `orch plan` first")
+        return plan
 
-            raise RunNotFound(
-                f"run {self.layout.run!r} has no plan in {self.store.uri}", hint="run `orch plan` first"
-            ) from None
+
+def crashed_row(request: EngineRequest) -> RowResult:
+    """The answer to a row in flight during two deaths of its worker: an error row, never run again."""
+    message = (
+        "the worker process died twice while this row was being generated (the second time with this row "
+        "alone in the engine), so it is not run again; check its parameters and prompt, and the worker logs"
+    )
+    line = error_line(request.custom_id, "worker_crashed", message, status=500)
+    return RowResult(request.index, request.custom_id, line, 0, 0, True)
 
 
 def install_signal_handlers(worker: Worker) -> None:

@@ -7,6 +7,7 @@ the network is not reachable. A catalog edited by hand is read as it is, never o
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -47,13 +48,19 @@ def catalog_offerings(gpus: Sequence[str], clouds: Sequence[str]) -> tuple[list[
 
 
 def _vms(cloud: str) -> list[dict[str, Any]]:
+    from sky import sky_logging
     from sky.catalog import common
 
-    # pull_frequency_hours=0: fetch a newer catalog now if one is reachable.
-    frame = common.read_catalog(f"{cloud.lower()}/vms.csv", pull_frequency_hours=0)
-    columns = ["InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "SpotPrice", "Region"]
-    present = [c for c in columns if c in frame.columns]
-    return frame[present].to_dict("records")
+    # pull_frequency_hours=0: fetch a newer catalog now if one is reachable. Silenced: SkyPilot's
+    # progress spinner is meant for its API server's clients and prints as raw `<sky-payload>`
+    # markup here; what went wrong is raised, and said once by the caller.
+    # The frame is lazy: it is fetched at its first use, inside the silenced block too.
+    with sky_logging.silent():
+        logging.getLogger("sky").setLevel(logging.CRITICAL)  # its "check your connection" too (restored on exit)
+        frame = common.read_catalog(f"{cloud.lower()}/vms.csv", pull_frequency_hours=0)
+        columns = ["InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "SpotPrice", "Region"]
+        present = [c for c in columns if c in frame.columns]
+        return frame[present].to_dict("records")
 
 
 def _known(value: Any) -> bool:
@@ -65,5 +72,10 @@ def _known(value: Any) -> bool:
 
 
 def _first_line(e: Exception) -> str:
+    import requests
+
+    if isinstance(e, requests.ConnectionError):
+        host = getattr(getattr(e.request, "url", None), "split", lambda _sep: ["", "", "its host"])("/")[2]
+        return f"cannot reach {host} (no network?) and no copy is cached in ~/.sky/catalogs"
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__

@@ -6,7 +6,13 @@ import json
 
 import click
 
-from orchestrator.commands.shared import Invocation, common_options, print_collect_report
+from orchestrator.commands.shared import (
+    Invocation,
+    check_error_rate,
+    common_options,
+    max_error_rate_option,
+    print_collect_report,
+)
 
 
 @click.command("collect")
@@ -20,8 +26,9 @@ from orchestrator.commands.shared import Invocation, common_options, print_colle
     help="write the failed and missing requests here, as a new openai-batch input",
 )
 @click.option("--allow-partial", is_flag=True, help="exit 0 even when rows are missing")
+@max_error_rate_option
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-def collect_command(inv: Invocation, out, fmt, retry_out, allow_partial, as_json):
+def collect_command(inv: Invocation, out, fmt, retry_out, allow_partial, max_error_rate, as_json):
     """Merge outputs into one file in input order; check every custom_id appears exactly once."""
     from orchestrator.collect import collect
     from orchestrator.core.errors import IncompleteRun
@@ -37,6 +44,7 @@ def collect_command(inv: Invocation, out, fmt, retry_out, allow_partial, as_json
             f"run {ctx.layout.run!r} is incomplete: {report.missing:,} row(s) missing",
             hint="orch resume --follow finishes it; --allow-partial takes what is there",
         )
+    check_error_rate(report, max_error_rate)
     return 0
 
 

@@ -37,9 +37,10 @@ def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_r
             "resources.on_demand": False if spot_only else None,
         },
     )
-    ctx = inv.context(freeze=True)
+    # A dry run reads and renders: the spec is checked, not recorded, and a plan is made in memory.
+    ctx = inv.context(freeze=not dry_run, check=dry_run)
     require_model(ctx)
-    plan = ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo)
+    plan = ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo, write=not dry_run)
     if dry_run:
         from orchestrator.controller.launch import dry_run_requests
 
@@ -150,19 +151,13 @@ def resume_command(inv, backend, follow, interval):
 @backend_option
 def cancel_command(inv, backend):
     """Stop every worker of the run (finished rows are flushed; `orch resume` continues later)."""
-    from orchestrator.backends import backend_for
-    from orchestrator.core.records import update_jobs
+    from orchestrator.controller.launch import cancel_workers
 
     ctx = inv.with_flags(backend=backend).context()
-    record = update_jobs(ctx.store, ctx.layout, lambda rec: setattr(rec, "cancelled", True))
-    job_ids = [a.job_id for a in record.current_jobs().values()]
-    if not job_ids:
+    live = cancel_workers(ctx)
+    if live is None:
         click.echo("no workers were launched for this run")
         return 0
-    launcher = backend_for(ctx, record.backend)
-    live = [j for j, s in launcher.statuses(job_ids).items() if s.state.is_live()]
-    launcher.cancel(live)
-    # The record says cancelled (written first): `orch watch` will not relaunch these jobs.
     click.echo(f"cancelled {len(live)} live job(s) of run {ctx.layout.run!r}")
     return 0
 

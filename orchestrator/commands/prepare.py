@@ -6,7 +6,14 @@ import json
 
 import click
 
-from orchestrator.commands.shared import Invocation, common_options, input_flags, input_options
+from orchestrator.commands.shared import (
+    Invocation,
+    common_options,
+    input_flags,
+    input_options,
+    print_prepare_report,
+    say_spec_changes,
+)
 
 
 @click.command("prepare")
@@ -19,29 +26,14 @@ def prepare_command(inv: Invocation, sources, strict, as_json, **input_args):
     """Stream SOURCES (files, directories, s3://...) into chunks of OpenAI Batch requests."""
     from orchestrator.prepare import prepare_run
 
-    ctx = Invocation(inv.spec_file, {**inv.flags, **input_flags(**input_args)}).context(freeze=True)
+    # The spec is checked now, and recorded only once the prepare succeeded.
+    ctx = Invocation(inv.spec_file, {**inv.flags, **input_flags(**input_args)}).context(check=True)
     report = prepare_run(ctx, list(sources), strict=strict, progress=lambda s: click.echo(s, err=True))
+    say_spec_changes(ctx)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
         return 0
-    if report.already_prepared:
-        click.echo(
-            f"run {report.run!r} is already prepared: {report.chunks} chunks, {report.rows:,} rows (nothing to do)"
-        )
-    else:
-        click.echo(
-            f"prepared run {report.run!r}: {report.chunks} chunks, {report.rows:,} rows "
-            f"in {report.seconds:.1f}s ({report.rows_per_s:,.0f} rows/s)"
-        )
-    if report.errors:
-        click.echo(
-            click.style(f"{report.errors:,} bad row(s) set aside", fg="yellow")
-            + f" -> {ctx.store.uri}/{report.errors_key}"
-        )
-        for problem in report.first_errors:
-            click.echo(f"  {problem}")
-        if report.errors > len(report.first_errors):
-            click.echo(f"  ... and {report.errors - len(report.first_errors):,} more in the errors file")
+    print_prepare_report(ctx, report)
     return 0
 
 
@@ -57,7 +49,9 @@ def prepare_command(inv: Invocation, sources, strict, as_json, **input_args):
 )
 def plan_command(inv: Invocation, workers, as_json, with_estimate):
     """Spread the run's chunks over workers, balanced by estimated work; write workers/<i>.txt."""
-    from orchestrator.plan import plan_chunks, read_manifest, render_plan, write_plan
+    from orchestrator.console import console
+    from orchestrator.core.records import read_manifest
+    from orchestrator.plan import plan_chunks, render_plan, write_plan
 
     flags = dict(inv.flags)
     if workers is not None:
@@ -80,11 +74,11 @@ def plan_command(inv: Invocation, workers, as_json, with_estimate):
             doc["estimate"] = est.to_dict()
         click.echo(json.dumps(doc))
     else:
-        click.echo(render_plan(plan))
+        console().print(render_plan(plan))
         if est is not None:
             from orchestrator.estimate import render_estimate
 
-            click.echo("\n" + render_estimate(est))
+            console().print("", render_estimate(est), sep="\n")
     return 0
 
 

@@ -27,12 +27,13 @@ def prices_command(refresh, clouds, prices_path):
     The table in use: --prices FILE or ORCH_PRICES, else the one `orch prices --refresh` last
     wrote (ORCH_HOME/prices.yaml, ORCH_HOME default ./.orch), else orch's built-in dated table.
     """
+    from orchestrator.console import console
     from orchestrator.core.errors import BackendError
     from orchestrator.pricing import load_gpu_table, refreshed_table_path, render_gpu_table
 
     table = load_gpu_table(prices_path)
     if not refresh:
-        click.echo(render_gpu_table(table))
+        console().print(render_gpu_table(table))
         return 0
     from orchestrator.backends.skypilot_catalog import catalog_offerings
     from orchestrator.pricing import table_from_offerings, write_gpu_table
@@ -62,7 +63,7 @@ def prices_command(refresh, clouds, prices_path):
     )
     path = refreshed_table_path()
     write_gpu_table(fresh, path)
-    click.echo(render_gpu_table(fresh, before=table))
+    console().print(render_gpu_table(fresh, before=table))
     click.echo(f"wrote {path}: estimates, status and the deadline policy use it from now on")
     return 0
 

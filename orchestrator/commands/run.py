@@ -6,12 +6,16 @@ import click
 
 from orchestrator.commands.shared import (
     Invocation,
+    check_error_rate,
     common_options,
     follow_run,
     input_flags,
     input_options,
+    max_error_rate_option,
     print_collect_report,
+    print_prepare_report,
     require_model,
+    say_spec_changes,
 )
 
 
@@ -25,32 +29,38 @@ from orchestrator.commands.shared import (
 @click.option("--retry-out", type=click.Path(dir_okay=False), default=None, help="failed requests, for a retry run")
 @click.option("--interval", type=float, default=5.0, show_default=True, help="seconds between checks")
 @click.option("--strict", is_flag=True, help="stop at the first bad input row")
-def run_command(inv: Invocation, sources, workers, backend, out, retry_out, interval, strict, **input_args):
+@max_error_rate_option
+def run_command(
+    inv: Invocation, sources, workers, backend, out, retry_out, interval, strict, max_error_rate, **input_args
+):
     """Run SOURCES through the model end to end and write one complete output to --out.
 
     Every step is idempotent: running the same command again picks up where it stopped.
     """
     from orchestrator.backends import backend_for
-    from orchestrator.collect import collect
+    from orchestrator.collect import check_output, collect
     from orchestrator.controller.launch import launch_workers
     from orchestrator.controller.planning import ensure_plan, workers_needed
     from orchestrator.core.errors import IncompleteRun
     from orchestrator.prepare import prepare_run
 
+    # The output is checked before any work: a bad --out found after hours of it loses an evening.
+    check_output(out)
+    if retry_out:
+        check_output(retry_out, "jsonl")
     flags = {**inv.flags, **input_flags(**input_args)}
     if workers is not None:
         flags["workers.count"] = workers
     if backend is not None:
         flags["backend"] = backend
-    ctx = Invocation(inv.spec_file, flags).context(freeze=True)
+    # Checked now, recorded once the prepare succeeded: a failed first attempt locks nothing.
+    ctx = Invocation(inv.spec_file, flags).context(check=True)
     require_model(ctx)
     # 1. prepare (a no-op when already prepared)
     report = prepare_run(ctx, list(sources), strict=strict, progress=lambda s: click.echo(s, err=True))
-    click.echo(
-        f"{'prepared' if not report.already_prepared else 'already prepared'}: "
-        f"{report.chunks} chunks, {report.rows:,} rows"
-        + (f", {report.errors} bad row(s) set aside" if report.errors else "")
-    )
+    ctx.freeze()
+    say_spec_changes(ctx)
+    print_prepare_report(ctx, report)
     # 2. plan, 3. launch the workers the remaining chunks need
     ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo)
     needed, remaining = workers_needed(ctx)
@@ -65,6 +75,7 @@ def run_command(inv: Invocation, sources, workers, backend, out, retry_out, inte
     print_collect_report(result)
     if not result.complete:
         raise IncompleteRun(f"run {ctx.layout.run!r}: {result.missing:,} row(s) missing", hint="orch resume --follow")
+    check_error_rate(result, max_error_rate)
     return 0
 
 

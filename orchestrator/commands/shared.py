@@ -6,10 +6,11 @@ Command modules import from here, never from each other (an import-linter contra
 from __future__ import annotations
 
 import functools
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from orchestrator.collect import CollectReport
     from orchestrator.controller.deadline import DeadlineSettings
     from orchestrator.core.context import RunContext
+    from orchestrator.prepare import PrepareReport
     from orchestrator.status import RunStatus
 
 
@@ -28,16 +30,28 @@ class Invocation:
     spec_file: str | None
     flags: dict[str, Any]
 
-    def context(self, freeze: bool = False) -> RunContext:
+    def context(self, freeze: bool = False, check: bool = False) -> RunContext:
         """The run's spec (stored < file < env < flags) and store; with `freeze`, the spec is
-        checked against the run's frozen fields and recorded."""
+        checked against the run's frozen fields and recorded (`check`: checked only). A frozen
+        field that changes because nothing was produced with it yet is said on stderr."""
         from orchestrator.core.context import resolve_spec
 
-        return resolve_spec(self.spec_file, self.flags, freeze=freeze)
+        ctx = resolve_spec(self.spec_file, self.flags, freeze=freeze, check=check)
+        say_spec_changes(ctx)
+        return ctx
 
     def with_flags(self, **more: Any) -> Invocation:
         """The same invocation with more flags (dotted spec paths); None values are left out."""
         return Invocation(self.spec_file, {**self.flags, **{k: v for k, v in more.items() if v is not None}})
+
+
+def say_spec_changes(ctx: RunContext) -> None:
+    """Frozen fields the last freeze let change (nothing was produced with their old values)."""
+    for note in ctx.notes:
+        click.echo(
+            click.style("changed", fg="yellow") + f" {note} (nothing was produced with the old value yet)", err=True
+        )
+    ctx.notes.clear()
 
 
 def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -166,25 +180,24 @@ def follow_run(
 ) -> int:
     """Reconcile until complete. On a terminal the run's status is redrawn in place each tick;
     otherwise (logs, CI) one line per tick. Relaunch events are printed either way."""
-    import sys
-
+    from orchestrator.console import Group, LiveView, Text, console
     from orchestrator.controller.reconcile import Reconciler, TickReport, watch
     from orchestrator.core.errors import IncompleteRun
-    from orchestrator.status import render_table
+    from orchestrator.status import status_view
 
-    live_view = sys.stdout.isatty()
+    out = console()
+    live = LiveView(out)
     events: list[str] = []
 
     def event(message: str) -> None:
         events.append(f"{time.strftime('%H:%M:%S')} {message}")
-        if not live_view:
+        if not live.active:
             click.echo(events[-1])
 
     def tick(report: TickReport) -> None:
-        if live_view:
-            view = render_table(current_status(ctx, launcher=launcher))
-            recent = "\n".join(events[-8:])
-            click.echo("\x1b[H\x1b[2J" + view + (f"\n\nevents:\n{recent}" if recent else ""))
+        if live.active:
+            recent = [Text(""), Text("events:", style="bold"), *map(Text, events[-8:])] if events else []
+            live.show(Group(status_view(current_status(ctx, launcher=launcher)), *recent))
         else:
             click.echo(
                 f"{time.strftime('%H:%M:%S')} chunks {report.chunks_done}/{report.chunks_total} done, "
@@ -192,7 +205,11 @@ def follow_run(
             )
 
     reconciler = Reconciler(ctx, launcher, retries=retries, on_event=event, deadline=deadline)
-    report = watch(reconciler, interval=interval, on_tick=tick)
+    try:
+        with live.running():
+            report = watch(reconciler, interval=interval, on_tick=tick)
+    except KeyboardInterrupt:
+        interrupted(ctx, launcher)
     if report.complete:
         click.echo(f"run {ctx.layout.run!r} complete: {report.chunks_total} chunks done")
         return 0
@@ -211,6 +228,117 @@ def follow_run(
     )
 
 
+#: After a first Ctrl-C, how long a second one has to stop the local workers.
+SECOND_INTERRUPT_S = 5.0
+
+
+def interrupted(ctx: RunContext, launcher: Launcher) -> NoReturn:
+    """Ctrl-C while following a run: say what goes on without a controller and what to run next;
+    on the local backend, a second Ctrl-C within SECOND_INTERRUPT_S stops those workers. Exits 130."""
+    live = live_jobs(ctx, launcher)
+    flags = run_flags(ctx)
+    lines = [f"interrupted: the controller stops here; the run {ctx.layout.run!r} goes on without it"]
+    if live:
+        lines.append(
+            f"still running on the {launcher.name} backend: "
+            + ", ".join(f"worker {w} (job {job})" for w, job in sorted(live.items()))
+        )
+        lines.append(f"  orch cancel {flags}    stops them (each flushes its finished rows first)")
+    lines.append(f"  re-run the same command (or `orch watch {flags}`) to re-attach and finish the run")
+    click.echo("\n".join(lines), err=True)
+    if live and launcher.name == "local":
+        try:  # entered before the prompt: a second Ctrl-C may come the moment it is shown
+            click.echo(f"Ctrl-C again within {SECOND_INTERRUPT_S:g}s stops the local workers now.", err=True)
+            time.sleep(SECOND_INTERRUPT_S)
+        except KeyboardInterrupt:
+            from orchestrator.controller.launch import cancel_workers
+
+            stopped = len(cancel_workers(ctx) or [])
+            click.echo(f"stopped {stopped} local worker(s); `orch resume {flags} --follow` continues the run", err=True)
+    raise click.exceptions.Exit(130)
+
+
+def run_flags(ctx: RunContext) -> str:
+    """--run (and --store, when not the default) naming this run on a command line."""
+    from orchestrator.core.spec import DEFAULT_STORE
+
+    store = f" --store {shlex.quote(ctx.spec.store)}" if ctx.spec.store != DEFAULT_STORE else ""
+    return f"--run {shlex.quote(ctx.layout.run)}{store}"
+
+
+def live_jobs(ctx: RunContext, launcher: Launcher) -> dict[int, str]:
+    """worker -> job id of the run's workers whose jobs are live now."""
+    from orchestrator.core.records import read_jobs
+
+    current = {w: a.job_id for w, a in read_jobs(ctx.store, ctx.layout)[0].current_jobs().items()}
+    statuses = launcher.statuses(list(current.values())) if current else {}
+    return {w: job for w, job in current.items() if job in statuses and statuses[job].state.is_live()}
+
+
+def print_prepare_report(ctx: RunContext, report: PrepareReport) -> None:
+    """What prepare made, and every row it could not take as it was: set aside, not UTF-8, other models."""
+    r = report
+    if r.already_prepared:
+        click.echo(f"run {r.run!r} is already prepared: {r.chunks} chunks, {r.rows:,} rows (nothing to do)")
+    else:
+        click.echo(
+            f"prepared run {r.run!r}: {r.chunks} chunks, {r.rows:,} rows "
+            f"in {r.seconds:.1f}s ({r.rows_per_s:,.0f} rows/s)"
+        )
+    if r.errors:
+        click.echo(
+            click.style(f"{r.errors:,} bad row(s) set aside", fg="yellow")
+            + f" -> {ctx.store.uri}/{r.errors_key} (collect answers them with error lines; --retry-out lists them)"
+        )
+        for problem in r.first_errors:
+            click.echo(f"  {problem}")
+        if r.errors > len(r.first_errors):
+            click.echo(f"  ... and {r.errors - len(r.first_errors):,} more in the errors file")
+    if r.not_utf8_rows:
+        click.echo(
+            click.style(f"{r.not_utf8_rows:,} row(s) have bytes that are not UTF-8", fg="yellow")
+            + f" ({r.not_utf8_bytes:,} bytes, read as U+FFFD; --strict sets such rows aside): "
+            + ", ".join(r.first_not_utf8)
+            + (" ..." if r.not_utf8_rows > len(r.first_not_utf8) else "")
+        )
+    if r.models:
+        serving = ctx.spec.model.name or "the model given at launch"
+        named = ", ".join(f"{model!r} ({count:,})" for model, count in r.models.items())
+        others = sum(count for model, count in r.models.items() if model != ctx.spec.model.name)
+        if others:
+            click.echo(
+                click.style(f"{others:,} line(s) name another model", fg="yellow")
+                + f": {named}; every line is answered by the run's model, {serving} (body.model says so)"
+            )
+
+
+#: The share of error rows above which `orch run` and `orch collect` exit with TooManyErrors.
+DEFAULT_MAX_ERROR_RATE = 0.1
+
+
+def max_error_rate_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--max-error-rate",
+        type=click.FloatRange(0.0, 1.0),
+        default=DEFAULT_MAX_ERROR_RATE,
+        show_default=True,
+        help="exit 9 (the output is still written) when a larger share of rows are errors; 1.0 never does",
+    )(func)
+
+
+def check_error_rate(report: CollectReport, max_rate: float) -> None:
+    """TooManyErrors when more of the output's rows are errors than `max_rate` allows."""
+    from orchestrator.core.errors import TooManyErrors
+
+    if report.errors and report.error_rate > max_rate:
+        raise TooManyErrors(
+            f"{report.errors:,} of {report.rows_total:,} rows are errors ({report.error_rate:.1%}, more than "
+            f"--max-error-rate {max_rate:g}); the output was written to {report.out}",
+            hint="look at the error lines' messages (`error.message`); a row set aside at prepare names its "
+            "file:line. --max-error-rate 1.0 accepts any share",
+        )
+
+
 def print_collect_report(report: CollectReport) -> None:
     r = report
     click.echo(
@@ -218,7 +346,11 @@ def print_collect_report(report: CollectReport) -> None:
         f"{r.chunks_complete}/{r.chunks_total} chunks complete"
     )
     if r.errors:
-        click.echo(click.style(f"{r.errors:,} error row(s)", fg="yellow") + f", e.g. {', '.join(r.examples['errors'])}")
+        set_aside = f" ({r.set_aside:,} set aside at prepare)" if r.set_aside else ""
+        click.echo(
+            click.style(f"{r.errors:,} error row(s)", fg="yellow")
+            + f"{set_aside}, e.g. {', '.join(r.examples['errors'])}"
+        )
     if r.missing or r.missing_chunks:
         shown = ", ".join(r.missing_chunks[:10]) + (" ..." if len(r.missing_chunks) > 10 else "")
         click.echo(

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator.commands.shared import Invocation, common_options
 
+if TYPE_CHECKING:
+    from orchestrator.console import Group
+    from orchestrator.simulate import SimConfig, Summary
+
 
 @click.command("simulate")
 @common_options
-@click.option("--workers", type=int, default=16, show_default=True)
-@click.option("--chunks", type=int, default=200, show_default=True, help="synthetic manifest (or --use-run)")
-@click.option("--rows-per-chunk", type=int, default=5000, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option(
+    "--chunks", type=click.IntRange(min=1), default=200, show_default=True, help="synthetic manifest (or --use-run)"
+)
+@click.option("--rows-per-chunk", type=click.IntRange(min=1), default=5000, show_default=True)
 @click.option("--rows-spread", type=float, default=1.0, show_default=True, help="largest/smallest chunk")
 @click.option("--gpus", default=None, help="GPU candidates, drawn uniformly per worker (default: the spec's)")
 @click.option("--on-demand", is_flag=True, help="on-demand machines: no preemptions, on-demand prices")
@@ -32,7 +40,7 @@ from orchestrator.commands.shared import Invocation, common_options
 @click.option("--checkpoint-interval", type=float, default=60.0, show_default=True, help="seconds")
 @click.option("--lease-ttl", type=float, default=300.0, show_default=True, help="seconds")
 @click.option("--base-rows-per-s", type=float, default=1.0, show_default=True, help="an L4's speed")
-@click.option("--seeds", type=int, default=5, show_default=True)
+@click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--policy", type=click.Choice(["orch", "skypilot-example"]), default="orch", show_default=True)
 @click.option("--compare", is_flag=True, help="both policies on the same seeds and traces")
 @click.option(
@@ -72,6 +80,7 @@ def simulate_command(
     plot_path,
 ):
     """Simulate a run: how long, how much, what preemptions cost (driving orch's own protocol code)."""
+    from orchestrator.console import console
     from orchestrator.simulate import POLICIES, SimConfig, simulate, summarise
 
     config = SimConfig(
@@ -93,7 +102,7 @@ def simulate_command(
     )
     entries = None
     if use_run:
-        from orchestrator.plan import read_manifest
+        from orchestrator.core.records import read_manifest
 
         ctx = inv.context()
         entries = read_manifest(ctx.store, ctx.layout)
@@ -113,7 +122,7 @@ def simulate_command(
             json.dumps({"config": config.model_dump(), "policies": {n: asdict(s) for n, s in summaries.items()}})
         )
         return 0
-    click.echo(render(summaries, config, seeds))
+    console().print(render(summaries, config, seeds))
     if plot_path:
         click.echo(f"Gantt chart of seed 0: {plot_path}")
     return 0
@@ -144,28 +153,35 @@ def _deadline_study(config, seeds: int, factor: float, entries, as_json: bool) -
     if as_json:
         click.echo(json.dumps({"config": config.model_dump(), "deadline_factor": factor, "markets": rows}))
         return 0
+    from orchestrator.console import Group, Text, console, table
+
     trace = f"{config.preemptions_per_hour:g} preemptions/h" + (
         f" + {config.outages} outage(s) of {config.outage_s / 3600:g} h" if config.outages else ""
     )
-    click.echo(
+    numbers = ("deadline met", "cost (USD)", "x on-demand", "makespan/deadline", "on-demand added")
+    grid = table("", *numbers, right=numbers)
+    for market, r in rows.items():
+        grid.add_row(
+            market,
+            f"{r['deadline_met']}/{r['runs']}",
+            f"{r['cost_usd']:,.2f}",
+            f"{r['cost_vs_on_demand']:.2f}",
+            f"{r['makespan_vs_deadline']:.2f} (max {r['makespan_vs_deadline_max']:.2f})",
+            f"{r['on_demand_launched']:.1f}",
+        )
+    head = (
         f"{config.workers} workers, {config.chunks} chunks x {config.rows_per_chunk} rows, {trace}, deadline "
         f"{factor:g}x the on-demand makespan, {seeds} seed(s)"
     )
-    click.echo(
-        f"{'':<16}{'deadline met':>13}{'cost (USD)':>12}{'x on-demand':>12}{'makespan/deadline':>19}"
-        f"{'on-demand added':>17}"
-    )
-    for market, r in rows.items():
-        click.echo(
-            f"{market:<16}{r['deadline_met']:>8}/{r['runs']:<4}{r['cost_usd']:>12,.2f}{r['cost_vs_on_demand']:>12.2f}"
-            f"{r['makespan_vs_deadline']:>11.2f} (max {r['makespan_vs_deadline_max']:.2f})"
-            f"{r['on_demand_launched']:>11.1f}"
-        )
+    console().print(Group(Text(head), grid))
     return 0
 
 
-def render(summaries, config, seeds: int) -> str:
-    rows = [
+def render(summaries: dict[str, Summary], config: SimConfig, seeds: int) -> Group:
+    """One column per policy, one row per measure."""
+    from orchestrator.console import Group, Text, table
+
+    rows: list[tuple[str, Callable[[Summary], str]]] = [
         ("makespan (h, mean)", lambda s: f"{s.makespan_h:.2f}"),
         ("makespan (h, min-max)", lambda s: f"{s.makespan_h_min:.2f}-{s.makespan_h_max:.2f}"),
         ("lower bound (h)", lambda s: f"{s.lower_bound_h:.2f}"),
@@ -178,16 +194,14 @@ def render(summaries, config, seeds: int) -> str:
         ("runs complete", lambda s: f"{s.complete}/{s.runs}"),
     ]
     names = list(summaries)
-    widths = [max(len(r[0]) for r in rows)] + [max(len(n), 22) for n in names]
+    grid = table("", *names, right=tuple(names))
+    for label, fmt in rows:
+        grid.add_row(label, *(fmt(summaries[n]) for n in names))
     head = (
         f"{config.workers} workers ({', '.join(config.gpus)}; {'spot' if config.spot else 'on-demand'}), "
         f"{config.chunks} chunks x {config.rows_per_chunk} rows, {seeds} seed(s)"
     )
-    lines = [head, "".ljust(widths[0]) + "  " + "  ".join(n.rjust(w) for n, w in zip(names, widths[1:], strict=True))]
-    for label, fmt in rows:
-        cells = (fmt(summaries[n]).rjust(w) for n, w in zip(names, widths[1:], strict=True))
-        lines.append(label.ljust(widths[0]) + "  " + "  ".join(cells))
-    return "\n".join(lines)
+    return Group(Text(head), grid)
 
 
 def register(cli: click.Group) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-import sys
 import time
 
 import click
@@ -17,22 +17,26 @@ from orchestrator.commands.shared import Invocation, common_options, current_sta
 @click.option("--watch", is_flag=True, help="redraw every --interval seconds until the run completes")
 @click.option("--interval", type=float, default=5.0, show_default=True)
 @click.option("--prices", type=click.Path(dir_okay=False, exists=True), default=None, help="GPU price table (YAML)")
-def status_command(inv: Invocation, as_json, watch, interval, prices):
+def status_command(inv: Invocation, as_json: bool, watch: bool, interval: float, prices: str | None) -> int:
     """Show chunks, rows, throughput, ETA, cost and every worker's state."""
-    from orchestrator.status import render_table, to_json
+    from orchestrator.console import LiveView, console
+    from orchestrator.status import status_view, to_json
 
     ctx = inv.context()
-    while True:
-        status = current_status(ctx, prices)
-        if as_json:
-            click.echo(json.dumps(to_json(status)))
-        else:
-            if watch and sys.stdout.isatty():
-                click.echo("\x1b[H\x1b[2J", nl=False)  # home + clear: redraw in place
-            click.echo(render_table(status))
-        if not watch or status.complete:
-            return 0
-        time.sleep(interval)
+    out = console()
+    live = LiveView(out) if watch and not as_json else None
+    with live.running() if live else contextlib.nullcontext():
+        while True:
+            status = current_status(ctx, prices)
+            if as_json:
+                click.echo(json.dumps(to_json(status)))
+            elif live is not None and live.active:
+                live.show(status_view(status))
+            else:
+                out.print(status_view(status))
+            if not watch or status.complete:
+                return 0
+            time.sleep(interval)
 
 
 def register(cli: click.Group) -> None:

@@ -6,18 +6,22 @@ from collections.abc import Callable
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.protocol.snapshot import list_done
-from orchestrator.core.records import PlanRecord
-from orchestrator.plan import plan_chunks, read_manifest, read_plan, write_plan
+from orchestrator.core.records import PlanRecord, read_manifest, read_plan
+from orchestrator.plan import plan_chunks, write_plan
 
 
-def ensure_plan(ctx: RunContext, workers: int, echo: Callable[[str], None] = lambda _line: None) -> PlanRecord:
-    """The run's plan, made (or remade) when there is none or it was made for another worker count."""
+def ensure_plan(
+    ctx: RunContext, workers: int, echo: Callable[[str], None] = lambda _line: None, *, write: bool = True
+) -> PlanRecord:
+    """The run's plan, made (or remade) when there is none or it was made for another worker count.
+    With `write=False` (a dry run) a new plan is only made, not recorded."""
     plan = read_plan(ctx.store, ctx.layout)
     if plan is not None and len(plan.workers) == workers:
         return plan
     plan = plan_chunks(read_manifest(ctx.store, ctx.layout), workers)
-    write_plan(ctx.store, ctx.layout, plan)
-    echo(f"planned {plan.chunks} chunks over {workers} workers")
+    if write:
+        write_plan(ctx.store, ctx.layout, plan)
+    echo(f"planned {plan.chunks} chunks over {workers} workers" + ("" if write else " (not recorded: dry run)"))
     return plan
 
 

@@ -27,7 +27,7 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.errors import BackendError
 from orchestrator.core.protocol.leases import read_lease
 from orchestrator.core.protocol.snapshot import RunSnapshot, take_snapshot
-from orchestrator.core.records import JobsRecord, ManifestEntry, read_jobs, read_jsonl, update_jobs
+from orchestrator.core.records import JobsRecord, read_jobs, read_manifest, update_jobs
 from orchestrator.pricing import GpuTable
 
 Event = Callable[[str], None]
@@ -90,9 +90,7 @@ class Reconciler:
             if deadline is not None
             else None
         )
-        self._chunks = [
-            e.chunk for e in read_jsonl(ManifestEntry, ctx.store.get(ctx.layout.manifest).data, ctx.layout.manifest)
-        ]
+        self._chunks = [e.chunk for e in read_manifest(ctx.store, ctx.layout)]
 
     def tick(self) -> TickReport:
         snapshot = take_snapshot(self.ctx.store, self.ctx.layout)

@@ -67,6 +67,12 @@ class IncompleteRun(OrchError):
     exit_code = 7
 
 
+class TooManyErrors(OrchError):
+    """The output was written, but more of its rows are errors than `--max-error-rate` allows."""
+
+    exit_code = 9
+
+
 def render_error(error: OrchError, stream: TextIO | None = None) -> None:
     """The one way an error reaches a user: a red ERROR line and a yellow hint on a terminal, plain
     text elsewhere; the traceback too with ORCH_DEBUG=1. Call it while handling the exception."""

@@ -12,6 +12,7 @@ without reading the chunk's input again. The body stays a mapping: its shape is 
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -79,6 +80,31 @@ class BatchOutputLine(LineModel):
 
     def to_json(self) -> bytes:
         return self.model_dump_json().encode()
+
+    @classmethod
+    def error_row(
+        cls,
+        custom_id: str | None,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int = 400,
+        line_id: str = "batch_req",
+    ) -> BatchOutputLine:
+        """A failed row: `error` set, and a response that reads like the API's HTTP answer."""
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+        return cls(
+            id=line_id,
+            custom_id=custom_id,
+            response=BatchResponse(status_code=status, request_id=new_request_id(), body=body),
+            error=BatchError(code=code, message=message),
+        )
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex[:24]
 
 
 def request_id(chunk: str, index: int) -> str:

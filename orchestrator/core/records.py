@@ -16,6 +16,14 @@ there, by who writes it:
                          stats/<ms>.<chunk>.<…> ChunkStats, in the key name (listings only)
                          heartbeats/<w>/<…>     Heartbeat body, HeartbeatSummary in the key name
 
+`orch serve` keeps its own objects under `serve/` (layout.ServeLayout); each batch is also a run:
+
+    orch serve           files/<id>.json        StoredFile: an OpenAI file object and its owner
+                         files/<id>.content     the file's bytes
+                         batches/<id>.json      BatchDocument: an OpenAI batch object and its owner
+                         active/<id>            (empty) a batch the server still drives
+                         owners/<o>/<kind>/<…>  (empty) an owner's files and batches, newest first
+
 `read_record` is the one reader (a document that does not parse is a CorruptRecord naming its
 key, never a traceback), and `cas_update` the one read-change-write loop (create-if-absent, then
 compare-and-swap on the ETag, re-read and re-applied when another writer came first).
@@ -26,18 +34,19 @@ from __future__ import annotations
 import json
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.core.errors import OrchError
-from orchestrator.core.protocol.layout import RunLayout, decode_key_record
+from orchestrator.core.errors import OrchError, RunNotFound
+from orchestrator.core.protocol.layout import RunLayout, ServeLayout, decode_key_record
 from orchestrator.core.store import NotFound, PreconditionFailed, Store
 
-#: How often `cas_update` re-reads and re-applies a change another writer raced.
-CAS_ATTEMPTS = 10
+#: How often `cas_update` re-reads and re-applies a change another writer raced (backing off up to 1 s).
+CAS_ATTEMPTS = 32
 
 
 class Record(BaseModel):
@@ -55,6 +64,18 @@ class Record(BaseModel):
 
 R = TypeVar("R", bound=Record)
 K = TypeVar("K", bound="KeyRecord")
+D = TypeVar("D", bound="Document")
+
+
+class Document(Record):
+    """A record updated in place by compare-and-swap (`cas_update`).
+
+    Every write stamps a fresh `write_id`, so no two writes have the same bytes: an S3 store whose
+    conditional write was retried reads the object back and counts identical bytes as its own earlier
+    success (store/s3.py); two writers making the same change must not both be told they won.
+    """
+
+    write_id: str = Field("", description="unique to each write (see the class docstring)")
 
 
 class KeyRecord(Record):
@@ -101,11 +122,11 @@ def read_record(store: Store, key: str, cls: type[R]) -> tuple[R, str] | None:
 def cas_update(
     store: Store,
     key: str,
-    cls: type[R],
-    change: Callable[[R | None], R | None],
+    cls: type[D],
+    change: Callable[[D | None], D | None],
     *,
     expect_new: bool = False,
-) -> tuple[R | None, str | None]:
+) -> tuple[D | None, str | None]:
     """Read the document, apply `change`, write the result back; returns what is stored then, and its ETag.
 
     1. Read the document (None when absent). With `expect_new` the first round skips the read
@@ -120,13 +141,14 @@ def cas_update(
         new = change(old.model_copy(deep=True) if old is not None else None)
         if new is None:
             return old, etag
+        new = new.model_copy(update={"write_id": uuid.uuid4().hex})
         data = new.to_bytes()
         try:
             etag = store.put_if_absent(key, data) if etag is None else store.compare_and_swap(key, data, etag)
             return new, etag
         except PreconditionFailed:
-            if attempt:
-                time.sleep(random.uniform(0, 0.02 * attempt))
+            # Full jitter, doubling: racing writers spread out instead of colliding again.
+            time.sleep(random.uniform(0, min(1.0, 0.005 * 2**attempt)))
     raise StoreContention(
         f"the document kept changing under us ({CAS_ATTEMPTS} attempts)",
         where=key,
@@ -162,7 +184,7 @@ def dumps(obj: Any) -> bytes:
 
 
 # -- written by prepare and plan ----------------------------------------------------------------
-class SpecDocument(Record):
+class SpecDocument(Document):
     """spec.yaml: the run's spec as first frozen, and a hash of the fields that decide its outputs."""
 
     spec_hash: str = Field(description="core.spec.spec_hash of `spec`: workers stamp it on their markers")
@@ -185,6 +207,9 @@ class ManifestEntry(Record):
     bytes: int
     est_prompt_tokens: int = Field(description="prompt tokens estimated from characters")
     max_output_tokens: int = Field(description="sum over rows of max_tokens x n: an upper bound")
+    first: int | None = Field(
+        None, description="position in the whole input of the chunk's first row (rows set aside counted)"
+    )
 
     @property
     def est_tokens(self) -> int:
@@ -195,13 +220,21 @@ class ManifestEntry(Record):
 class PrepareRecord(Record):
     """prepare.json, written last by `orch prepare`: its presence means the run is prepared."""
 
-    identity: dict[str, Any] = Field(description="what was prepared: the sources, input mapping and chunking")
+    identity: dict[str, Any] = Field(
+        description="what was prepared: the sources (name, size, content digest), input mapping and chunking"
+    )
     chunks: int
     rows: int = Field(description="requests in the chunks")
     errors: int = Field(description="input rows set aside (prepare-errors.jsonl)")
     errors_key: str | None = None
     first_errors: list[str] = Field(default_factory=list, description="the first few, `file:line: problem`")
     created_at: float = 0.0
+    models: dict[str, int] = Field(
+        default_factory=dict, description="models the input lines named themselves, with how many lines named each"
+    )
+    not_utf8_rows: int = Field(0, description="rows kept with bytes that are not UTF-8 read as U+FFFD")
+    not_utf8_bytes: int = 0
+    first_not_utf8: list[str] = Field(default_factory=list, description="the first few such rows, `file:line`")
 
 
 class PrepareError(Record):
@@ -212,6 +245,14 @@ class PrepareError(Record):
     row: int | None = Field(None, description="0-based row of a Parquet file")
     error: str
     excerpt: str = Field("", description="the start of the row as read")
+    position: int | None = Field(None, description="0-based position in the whole input: where collect answers it")
+    custom_id: str | None = Field(None, description="the row's custom_id, when it has one")
+    text: str | None = Field(None, description="the whole row as read: what a retry file gets")
+
+    @property
+    def location(self) -> str:
+        """`file:line` (JSONL) or `file:row` (Parquet), as prepare reported it."""
+        return f"{self.source}:{self.line if self.line is not None else self.row}"
 
 
 class WorkerAssignment(Record):
@@ -259,7 +300,7 @@ class WorkerJobs(Record):
         return self.attempts[-1] if self.attempts else None
 
 
-class JobsRecord(Record):
+class JobsRecord(Document):
     """jobs.json: which backend job runs each worker now, and every launch before it. Updated only
     through `update_jobs` (compare-and-swap), so two controllers never lose each other's launches."""
 
@@ -314,7 +355,7 @@ class DecisionRecord(Record):
 
 
 # -- written by workers -------------------------------------------------------------------------
-class Lease(Record):
+class Lease(Document):
     """Who works on a chunk, until when. `holder` is unique to one worker process."""
 
     chunk: str
@@ -324,6 +365,14 @@ class Lease(Record):
     renewed_at: float
     expires_at: float
     released: bool = False
+    #: Holders that died holding this chunk; from 1 on, holders work carefully (core/protocol/crashes.py).
+    crashes: int = 0
+    #: A careful holder's note: the rows it handed to the engine and that have not finished yet.
+    in_flight: list[int] | None = None
+    #: Rows in flight when a careful holder died: each runs alone from then on.
+    suspects: list[int] = Field(default_factory=list)
+    #: Rows in flight during two deaths: answered with a `worker_crashed` error row, never run again.
+    poison: list[int] = Field(default_factory=list)
 
     def is_free(self, now: float) -> bool:
         return self.released or self.expires_at <= now
@@ -413,6 +462,9 @@ class Heartbeat(Record):
     #: Seconds earlier processes of this worker id were up (carried over from their heartbeats):
     #: with this process's own, what the worker's machines have been billed for.
     uptime_before_s: float = 0.0
+    #: A process of this worker id loaded the model (carried over like the uptime): from then on
+    #: the run's model may have produced outputs, so it stays frozen (core/context.py).
+    loaded: bool = False
 
     @property
     def uptime_s(self) -> float:
@@ -444,7 +496,130 @@ class HeartbeatSummary(KeyRecord):
     updated_at: float
     exit_code: int | None = None
     uptime_before_s: float = 0.0
+    loaded: bool = False
 
     @property
     def uptime_s(self) -> float:
         return self.uptime_before_s + max(self.updated_at - self.started_at, 0.0)
+
+
+# -- reading a run's documents ------------------------------------------------------------------
+def read_manifest(store: Store, layout: RunLayout) -> list[ManifestEntry]:
+    """The run's chunks; RunNotFound when it was never prepared."""
+    try:
+        return read_jsonl(ManifestEntry, store.get(layout.manifest).data, layout.manifest)
+    except NotFound:
+        if not any(True for _ in store.list("runs/")):
+            raise RunNotFound(
+                f"the store {store.uri} holds no runs at all (so no run {layout.run!r})",
+                hint="check --store (or ORCH_STORE, or `store:` in orch.yaml); "
+                f"or prepare the run first: orch prepare DATA --run {layout.run} --num-chunks N",
+            ) from None
+        raise RunNotFound(
+            f"run {layout.run!r} has no manifest in {store.uri}",
+            hint=f"prepare it first: orch prepare DATA --run {layout.run} --num-chunks N",
+        ) from None
+
+
+def read_plan(store: Store, layout: RunLayout) -> PlanRecord | None:
+    found = read_record(store, layout.plan, PlanRecord)
+    return found[0] if found is not None else None
+
+
+def read_marker(store: Store, layout: RunLayout, chunk: str) -> DoneMarker | None:
+    """The chunk's done marker, or None while the chunk is not done."""
+    found = read_record(store, layout.done(chunk), DoneMarker)
+    return found[0] if found is not None else None
+
+
+# -- written by `orch serve` --------------------------------------------------------------------
+FilePurpose = Literal["batch", "batch_output"]
+BatchStatus = Literal[
+    "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
+]
+#: States a batch never leaves.
+FINAL_BATCH_STATUSES: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
+
+
+class StoredFile(Record):
+    """files/<id>.json: an uploaded file (purpose `batch`) or a batch's output or error file
+    (`batch_output`), written once; its bytes are at files/<id>.content."""
+
+    id: str
+    owner: str = Field(description="the hash of the API key that owns it (serve/auth.py: owner_of), never the key")
+    filename: str
+    purpose: FilePurpose
+    bytes: int
+    created_at: int = Field(description="seconds since the epoch, as OpenAI gives it")
+    created_ms: int = Field(description="the same, in milliseconds: the owner's index key (ServeLayout.owned)")
+
+
+class BatchRequestError(Record):
+    """One problem found while validating a batch's input file, as OpenAI lists them in `errors.data`."""
+
+    code: str
+    message: str
+    line: int | None = Field(None, description="1-based line of the input file")
+    param: str | None = None
+
+
+class BatchCounts(Record):
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+
+class BatchTokens(Record):
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class BatchDocument(Document):
+    """batches/<id>.json: an OpenAI batch object, its owner, and where the server is in its lifecycle.
+
+    The run named by the batch id holds the work (prepared, planned and launched at validation).
+    Updated only through `cas_update`, by the API (create, cancel) and the server's driver (the rest).
+    """
+
+    id: str
+    owner: str = Field(description="the hash of the API key that created it, never the key")
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+    model: str | None = Field(None, description="the served model's name, known once validation read the file")
+    status: BatchStatus = "validating"
+    created_at: int
+    created_ms: int = Field(description="creation in milliseconds: the owner's index key (ServeLayout.owned)")
+    expires_at: int
+    in_progress_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    #: An end decided while the status still reads in_progress (expiry, workers out of relaunches):
+    #: the driver stops the workers and writes the files, then sets the status. Cancels and
+    #: completions have their own statuses (cancelling, finalizing) for the same step.
+    ending: Literal["expired", "failed"] | None = None
+    ending_at: int | None = None
+    errors: list[BatchRequestError] = Field(default_factory=list)
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    request_counts: BatchCounts = Field(default_factory=BatchCounts)
+    usage: BatchTokens = Field(default_factory=BatchTokens)
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL_BATCH_STATUSES
+
+
+def read_batch(store: Store, layout: ServeLayout, batch_id: str) -> BatchDocument | None:
+    found = read_record(store, layout.batch(batch_id), BatchDocument)
+    return found[0] if found is not None else None
+
+
+def read_file_record(store: Store, layout: ServeLayout, file_id: str) -> StoredFile | None:
+    found = read_record(store, layout.file(file_id), StoredFile)
+    return found[0] if found is not None else None

@@ -20,12 +20,12 @@ import copy
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.core.errors import SpecConflict, SpecError
 from orchestrator.core.protocol.layout import RunLayout, check_run_name
@@ -134,6 +134,32 @@ class ResourcesSpec(StrictModel):
         return self
 
 
+class ServeSpec(StrictModel):
+    """`orch serve`: the models it serves and the limits it enforces (OpenAI's, unless set here)."""
+
+    models: dict[str, ModelSpec] = Field(
+        default_factory=dict,
+        description="served name -> model; a bare string is a path or hub id, the `model` section gives the rest",
+    )
+    completion_windows: list[str] = Field(
+        default_factory=lambda: ["24h"],
+        description="the completion_window values a batch may ask for (8h, 90m, 30s...); OpenAI accepts 24h only",
+    )
+    max_file_bytes: int = Field(200 * 1024**2, ge=1, description="largest batch input file (OpenAI: 200 MB)")
+    max_requests: int = Field(50_000, ge=1, description="most request lines in one batch (OpenAI: 50,000)")
+    rows_per_chunk: int = Field(
+        500, ge=1, description="chunk size of a batch's run: a cancel or an expiry returns the finished chunks"
+    )
+    poll_interval: float = Field(5.0, gt=0, description="seconds between the server's rounds over its active batches")
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _bare_names(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: {"name": v} if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+
 class RunSpec(StrictModel):
     run: str | None = Field(None, description="the run's name: its prefix in the store")
     store: str = Field(DEFAULT_STORE, description="a directory, s3://BUCKET/PREFIX or r2://BUCKET/PREFIX")
@@ -144,6 +170,7 @@ class RunSpec(StrictModel):
     chunking: ChunkingSpec = Field(default_factory=ChunkingSpec)
     workers: WorkersSpec = Field(default_factory=WorkersSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    serve: ServeSpec = Field(default_factory=ServeSpec)
 
     @property
     def layout(self) -> RunLayout:
@@ -350,13 +377,25 @@ def read_stored_spec(store: Store, layout: RunLayout) -> tuple[dict[str, Any], s
     return None if found is None else (found[0].spec, found[1])
 
 
-def freeze_spec(store: Store, layout: RunLayout, spec: RunSpec) -> RunSpec:
+def freeze_spec(
+    store: Store,
+    layout: RunLayout,
+    spec: RunSpec,
+    *,
+    unlocked: Callable[[], Collection[str]] | None = None,
+    notes: list[str] | None = None,
+    write: bool = True,
+) -> RunSpec:
     """Record the spec in the run, or check it against what is recorded. Returns the merged spec.
 
     1. New run: write spec.yaml create-if-absent.
     2. Existing run: every frozen field must be equal, or null on one side (then the set value
-       wins and is recorded). Differences are refused, listed field by field.
+       wins and is recorded). Differences are refused, listed field by field, except in the groups
+       `unlocked()` names (frozen fields nothing was produced with yet: context.unlocked_fields;
+       asked only when a field differs), where the new value wins and a line saying so goes to
+       `notes`.
     3. Write back (compare-and-swap) when anything changed; re-checked if another command raced us.
+    With `write=False`, only steps 1-2's checks: nothing is recorded.
     """
     merged = spec
 
@@ -364,24 +403,37 @@ def freeze_spec(store: Store, layout: RunLayout, spec: RunSpec) -> RunSpec:
         nonlocal merged
         if stored is None:
             merged = spec
-            return spec_document(spec)
+            return spec_document(spec) if write else None
         old = RunSpec.model_validate(stored.spec)
-        merged = _merge_frozen(old, spec)
-        return None if merged.model_dump(mode="json") == stored.spec else spec_document(merged)
+        changed: list[str] = []
+        merged = _merge_frozen(old, spec, unlocked, changed)
+        if notes is not None:
+            notes[:] = changed
+        if not write or merged.model_dump(mode="json") == stored.spec:
+            return None
+        return spec_document(merged)
 
     cas_update(store, layout.spec, SpecDocument, change)
     return merged
 
 
-def _merge_frozen(old: RunSpec, new: RunSpec) -> RunSpec:
+def _merge_frozen(
+    old: RunSpec, new: RunSpec, unlocked: Callable[[], Collection[str]] | None, changed: list[str]
+) -> RunSpec:
     old_data, new_data = old.model_dump(mode="json"), new.model_dump(mode="json")
     diffs: list[str] = []
+    groups: Collection[str] | None = None
     for path in FROZEN_FIELDS:
         for leaf, before, after in _leaf_diffs(path, _get(old_data, path), _get(new_data, path)):
             if before is None:
                 continue  # filled for the first time
             if after is None:
                 _set(new_data, leaf, before)
+                continue
+            if groups is None:
+                groups = unlocked() if unlocked is not None else ()
+            if any(leaf == group or leaf.startswith(group + ".") for group in groups):
+                changed.append(f"{leaf}: {json.dumps(before)} -> {json.dumps(after)}")
                 continue
             diffs.append(f"{leaf}: {json.dumps(before)} (frozen) != {json.dumps(after)} (now)")
     if diffs:

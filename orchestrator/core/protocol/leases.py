@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from orchestrator.core.protocol.crashes import inherit
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import Lease, cas_update, read_record
 from orchestrator.core.store import PreconditionFailed, Store
@@ -64,7 +65,9 @@ def acquire(
     2. A lease exists: take it over by compare-and-swap when it is released, expired, held by an
        earlier process of the same worker (that process is gone: a worker id runs in one place at
        a time), or when `may_take` says so (a faster worker taking over from a slow one at the end
-       of a run). A lease that is ours already is kept as it is.
+       of a run). A lease that is ours already is kept as it is. Taking over the lease of a holder
+       that died (expired, or our own earlier process, never released) counts a crash of the
+       chunk (crashes.inherit).
     3. Someone else changed it first: their lease is read again and judged by the same rules.
     """
     mine = Lease(chunk=chunk, worker=worker, holder=holder, acquired_at=now, renewed_at=now, expires_at=now + ttl)
@@ -74,8 +77,12 @@ def acquire(
             return mine
         if current.holder == holder:
             return None
-        if current.is_free(now) or current.worker == worker or (may_take is not None and may_take(current)):
-            return mine
+        if current.released:
+            return inherit(current, mine, died=False)
+        if current.is_free(now) or current.worker == worker:
+            return inherit(current, mine, died=True)
+        if may_take is not None and may_take(current):
+            return inherit(current, mine, died=False)
         return None
 
     lease, etag = cas_update(store, layout.lease(chunk), Lease, take, expect_new=True)
@@ -84,9 +91,17 @@ def acquire(
     return HeldLease(lease, etag)
 
 
-def renew(store: Store, layout: RunLayout, held: HeldLease, *, ttl: float, now: float) -> HeldLease:
-    """Extend the lease. Raises LeaseLost if it changed since we last wrote it."""
-    fresh = held.lease.model_copy(update={"renewed_at": now, "expires_at": now + ttl})
+def renew(
+    store: Store,
+    layout: RunLayout,
+    held: HeldLease,
+    *,
+    ttl: float,
+    now: float,
+    changes: Mapping[str, object] | None = None,
+) -> HeldLease:
+    """Extend the lease (with `changes` to its other fields). Raises LeaseLost if it changed since we last wrote it."""
+    fresh = held.lease.model_copy(update={**(changes or {}), "renewed_at": now, "expires_at": now + ttl})
     try:
         return HeldLease(fresh, store.compare_and_swap(layout.lease(held.chunk), fresh.to_bytes(), held.etag))
     except PreconditionFailed:
@@ -94,13 +109,15 @@ def renew(store: Store, layout: RunLayout, held: HeldLease, *, ttl: float, now: 
         raise LeaseLost(held.chunk, by=current[0].holder if current else None) from None
 
 
-def release(store: Store, layout: RunLayout, held: HeldLease, *, now: float) -> None:
+def release(store: Store, layout: RunLayout, held: HeldLease, *, now: float, died: bool = False) -> None:
     """Give the chunk back (shutdown before finishing it): mark the lease released, if it is still ours.
+    With `died` (the engine failed under us), it is only expired: free at once, and the next holder
+    counts a crash of the chunk, as if we had died holding it (crashes.py).
 
     A compare-and-swap, not a delete: R2 has no conditional delete, and an unconditional one could
     remove a lease another worker took over in the meantime.
     """
-    freed = held.lease.model_copy(update={"released": True, "renewed_at": now, "expires_at": now})
+    freed = held.lease.model_copy(update={"released": not died, "renewed_at": now, "expires_at": now})
     with contextlib.suppress(PreconditionFailed):  # not ours any more: nothing to give back
         store.compare_and_swap(layout.lease(held.chunk), freed.to_bytes(), held.etag)
 
@@ -132,11 +149,19 @@ class LeaseKeeper:
 
     def renew(self) -> None:
         """Renew now. Raises LeaseLost (and remembers it) if the lease is no longer ours."""
+        self._renew(None)
+
+    def note_in_flight(self, rows: list[int]) -> None:
+        """A careful holder's note (core/protocol/crashes.py): these rows go to the engine now.
+        Written with a renewal, before the rows are handed over. Raises LeaseLost."""
+        self._renew({"in_flight": rows})
+
+    def _renew(self, changes: Mapping[str, object] | None) -> None:
         with self._lock:
             if self._lost is not None:
                 raise self._lost
             try:
-                self._held = renew(self.store, self.layout, self._held, ttl=self.ttl, now=self.clock())
+                self._held = renew(self.store, self.layout, self._held, ttl=self.ttl, now=self.clock(), changes=changes)
             except LeaseLost as e:
                 self._lost = e
                 raise
@@ -146,7 +171,8 @@ class LeaseKeeper:
         if self.clock() - self._held.lease.renewed_at >= self.ttl / 3:
             self.renew()
 
-    def release(self) -> None:
+    def release(self, *, died: bool = False) -> None:
+        """Give the chunk back (see `release`; `died`: the engine failed under us)."""
         with self._lock:
             if self._lost is None:
-                release(self.store, self.layout, self._held, now=self.clock())
+                release(self.store, self.layout, self._held, now=self.clock(), died=died)

@@ -56,6 +56,8 @@ class ObjectInfo:
     key: str
     size: int
     modified: float  # seconds since the epoch, by the store's clock
+    #: A digest of the content where the store gives one in listings (S3's ETag), else None.
+    etag: str | None = None
 
 
 @dataclass

@@ -7,19 +7,24 @@
    whether it comes from a thread or from another process.
 3. The ETag is the MD5 of the bytes, like a single-part S3 upload (so, as on S3, writing back
    identical bytes gives the same ETag: writers of conditional objects make their bytes unique).
+Opening a store creates nothing: its directories appear with the first write, so reading a
+mistyped path (`orch status --store /typo`) leaves no trace. A directory orch may not read or
+write is a StoreError naming it, never a traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Concatenate, ParamSpec, TypeVar
 
 from orchestrator.core.store.base import (
     LIST_PAGE_SIZE,
@@ -29,11 +34,46 @@ from orchestrator.core.store.base import (
     ObjectInfo,
     PreconditionFailed,
     RequestCounter,
+    StoreError,
     check_key,
 )
 
 _INTERNAL = (".orch-tmp", ".orch-locks")
 _LOCK_STRIPES = 256
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _guarded(
+    doing: str,
+) -> Callable[[Callable[Concatenate[LocalStore, P], T]], Callable[Concatenate[LocalStore, P], T]]:
+    """A store method whose permission errors become StoreErrors (see _permission)."""
+
+    def wrap(method: Callable[Concatenate[LocalStore, P], T]) -> Callable[Concatenate[LocalStore, P], T]:
+        def guarded(self: LocalStore, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            with _permission(self.root, doing):
+                return method(self, *args, **kwargs)
+
+        functools.update_wrapper(guarded, method)
+        return guarded
+
+    return wrap
+
+
+@contextlib.contextmanager
+def _permission(root: Path, doing: str) -> Iterator[None]:
+    """A directory orch may not use (permissions, a read-only file system) as a StoreError."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise StoreError(
+            f"cannot {doing} the store at {root}: {e.strerror}" + (f" ({e.filename})" if e.filename else ""),
+            hint="check --store (or ORCH_STORE, or `store:` in orch.yaml), and that the directory is yours to use",
+        ) from None
 
 
 class LocalStore:
@@ -45,10 +85,18 @@ class LocalStore:
         self.requests = RequestCounter()
         self._tmp = self.root / ".orch-tmp"
         self._locks = self.root / ".orch-locks"
-        for d in (self._tmp, self._locks):
-            d.mkdir(parents=True, exist_ok=True)
+        self._ready = False
+
+    def _own_dirs(self) -> None:
+        """The store's own directories, made at the first write."""
+        if not self._ready:
+            with _permission(self.root, "write to"):
+                for d in (self._tmp, self._locks):
+                    d.mkdir(parents=True, exist_ok=True)
+            self._ready = True
 
     # -- reads -------------------------------------------------------------------------------
+    @_guarded("read")
     def get(self, key: str) -> Blob:
         self.requests.add("get")
         try:
@@ -57,6 +105,7 @@ class LocalStore:
             raise NotFound(key) from None
         return Blob(data, _etag(data))
 
+    @_guarded("read")
     def head(self, key: str) -> ObjectInfo | None:
         self.requests.add("head")
         try:
@@ -95,6 +144,7 @@ class LocalStore:
             yield f
 
     # -- writes ------------------------------------------------------------------------------
+    @_guarded("write to")
     def put(self, key: str, data: bytes) -> str:
         self.requests.add("put")
         path = self._path(key)
@@ -104,9 +154,11 @@ class LocalStore:
             os.replace(tmp, path)
         return _etag(data)
 
+    @_guarded("write to")
     def put_file(self, key: str, path: str) -> None:
         self.requests.add("put")
         target = self._path(key)
+        self._own_dirs()
         fd, tmp = tempfile.mkstemp(dir=self._tmp)
         with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
             shutil.copyfileobj(src, out, 1 << 20)
@@ -114,6 +166,7 @@ class LocalStore:
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, target)
 
+    @_guarded("write to")
     def put_if_absent(self, key: str, data: bytes) -> str:
         self.requests.add("put_if_absent")
         path = self._path(key)
@@ -129,6 +182,7 @@ class LocalStore:
             os.unlink(tmp)
         return _etag(data)
 
+    @_guarded("write to")
     def compare_and_swap(self, key: str, data: bytes, etag: str) -> str:
         self.requests.add("compare_and_swap")
         path = self._path(key)
@@ -147,6 +201,7 @@ class LocalStore:
                 os.unlink(tmp)
         return _etag(data)
 
+    @_guarded("write to")
     def delete(self, key: str) -> None:
         self.requests.add("delete")
         with self._lock(key), contextlib.suppress(FileNotFoundError):
@@ -160,6 +215,7 @@ class LocalStore:
         return self.root / key
 
     def _write_tmp(self, data: bytes) -> str:
+        self._own_dirs()
         fd, tmp = tempfile.mkstemp(dir=self._tmp)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -167,6 +223,7 @@ class LocalStore:
 
     @contextlib.contextmanager
     def _lock(self, key: str) -> Iterator[None]:
+        self._own_dirs()
         stripe = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=2).digest(), "big")
         lock_path = self._locks / f"{stripe % _LOCK_STRIPES:03d}"
         # A separate open file description per call: flock then excludes other threads too.

@@ -91,7 +91,7 @@ class S3Store:
                 resp = self.client.head_object(Bucket=self.bucket, Key=self._full(key))
         except NotFound:
             return None
-        return ObjectInfo(key, resp["ContentLength"], resp["LastModified"].timestamp())
+        return ObjectInfo(key, resp["ContentLength"], resp["LastModified"].timestamp(), resp.get("ETag"))
 
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
         full_prefix = self._prefixed(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
@@ -105,7 +105,7 @@ class S3Store:
             for page in pages:
                 self.requests.add("list")
                 for obj in page.get("Contents", ()):
-                    yield ObjectInfo(obj["Key"][strip:], obj["Size"], obj["LastModified"].timestamp())
+                    yield ObjectInfo(obj["Key"][strip:], obj["Size"], obj["LastModified"].timestamp(), obj.get("ETag"))
 
     @contextlib.contextmanager
     def open(self, key: str) -> Iterator[BinaryIO]:
