@@ -10,13 +10,16 @@ and engine (transformers; vLLM too where it is installed), in one run:
       before issue 16);
   (c) orch end to end: `orch prepare` -> `orch plan` -> `python -m worker` -> `orch collect` on
       a local store, every custom_id checked exactly once; its throughput over the worker's time
-      without the model load (the worker's summary reports load_s).
+      without the model load (the worker's summary reports load_s);
+  (d) with --candidates, transformers only: the library's own continuous batching (`generate_batch`),
+      tuned (a KV cache sized to the workload, every prefill in one step): the candidate the
+      engine was measured against (docs/BENCHMARKS.md).
 Each measurement runs in its own process, so that it has the device to itself; model loads are
 timed apart. Prompts are LMSys-length chat turns; every answer is exactly --max-tokens long
 (ignore_eos). Variants run in rounds, in a rotated order each round; each keeps its best time.
 
     python -m bench.gpu_bench [--quick] [--shapes S,...] [--engines transformers,vllm]
-                              [--prompts N] [--max-tokens T] [--rounds R] [--old-batches]
+                              [--prompts N] [--max-tokens T] [--rounds R] [--old-batches] [--candidates]
 
 On a GPU the defaults are issue 16's: SmolLM2-135M and Llama 1B shapes with 512 prompts, Llama 8B
 with 256, 64 tokens each, bfloat16. On a CPU the same script is a smoke run (float32): the tiny
@@ -114,7 +117,7 @@ def request_lines(count: int, max_tokens: int) -> list[str]:
 
 
 # -- (a) and (b): one call over all prompts, in a child process -------------------------------------
-def ceiling(engine: str, model: str, data: str, old_batches: bool) -> dict[str, Any]:
+def ceiling(engine: str, model: str, data: str, old_batches: bool, candidates: bool) -> dict[str, Any]:
     """The child's work: load the engine, build the worker's prompts, time one call over all of them."""
     from orchestrator.core.spec import ModelSpec, SamplingSpec
     from worker.requests import EngineRequest, parse_request
@@ -136,12 +139,16 @@ def ceiling(engine: str, model: str, data: str, old_batches: bool) -> dict[str, 
     ids = [loaded.prompts.build(r).token_ids for r in requests]
     run = _vllm_call(loaded, max_tokens) if engine == "vllm" else _generate_call(loaded, max_tokens)
     run(ids[:4])  # warm-up: first-call allocations and kernels
-    variants = {"a": [ids]}
+    variants: dict[str, tuple[Any, list[list[list[int]]]]] = {"a": (run, [ids])}
     if old_batches and engine == "transformers":
-        variants["b"] = [ids[s : s + OLD_BATCH] for s in range(0, len(ids), OLD_BATCH)]
-    for name, batches in variants.items():
+        variants["b"] = (run, [ids[s : s + OLD_BATCH] for s in range(0, len(ids), OLD_BATCH)])
+    if candidates and engine == "transformers":
+        continuous = _continuous_call(loaded, max_tokens, ids)
+        continuous(ids[:4])  # its warm-up: the cache and the manager
+        variants["d"] = (continuous, [ids])
+    for name, (call, batches) in variants.items():
         started, started_cpu = time.perf_counter(), time.process_time()
-        tokens = sum(run(batch) for batch in batches)
+        tokens = sum(call(batch) for batch in batches)
         result[name] = {
             "seconds": time.perf_counter() - started,
             "cpu_s": time.process_time() - started_cpu,
@@ -173,6 +180,39 @@ def _generate_call(engine: Any, max_tokens: int) -> Any:
     return run
 
 
+def _continuous_call(engine: Any, max_tokens: int, workload: list[list[int]]) -> Any:
+    """transformers' own continuous batching (`generate_batch`), tuned to the workload: a KV cache of
+    exactly the blocks every prompt needs at once (its default sizes itself from free memory: 21 GB
+    on this CPU), and a step budget that takes every prompt's prefill in one step."""
+    import math
+
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    page = 256
+    blocks = sum(math.ceil((len(ids) + max_tokens) / page) for ids in workload)
+    config = ContinuousBatchingConfig(
+        page_size=page,
+        num_blocks=blocks + 8,
+        max_batch_tokens=max(8192, sum(len(ids) for ids in workload)),
+        max_requests_per_batch=len(workload),
+    )
+    generation = GenerationConfig(
+        max_new_tokens=max_tokens,
+        do_sample=False,
+        eos_token_id=None,  # ignore_eos: every answer max_tokens long
+        pad_token_id=engine.tokenizer.pad_token_id,
+    )
+
+    def run(batch: list[list[int]]) -> int:
+        outs = engine.model.generate_batch(
+            batch, generation_config=generation, continuous_batching_config=config, progress_bar=False
+        )
+        return sum(len(o.generated_tokens) for o in outs.values())
+
+    return run
+
+
 def _vllm_call(engine: Any, max_tokens: int) -> Any:
     from vllm import SamplingParams
 
@@ -185,9 +225,9 @@ def _vllm_call(engine: Any, max_tokens: int) -> Any:
     return run
 
 
-def run_ceiling(engine: str, model: Path, data: Path, old_batches: bool) -> dict[str, Any]:
+def run_ceiling(engine: str, model: Path, data: Path, old_batches: bool, candidates: bool) -> dict[str, Any]:
     command = [sys.executable, "-m", "bench.gpu_bench", "--child", engine, str(model), str(data)]
-    out, _ = _run(command + (["--old-batches"] if old_batches else []))
+    out, _ = _run(command + (["--old-batches"] if old_batches else []) + (["--candidates"] if candidates else []))
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -268,11 +308,13 @@ def _run(command: list[str], cwd: Path | None = None) -> tuple[str, float]:
 
 
 # -- the benchmark ----------------------------------------------------------------------------------
-def measure(engine: str, model: Path, data: Path, tokens: int, rounds: int, old_batches: bool) -> dict[str, Any]:
+def measure(
+    engine: str, model: Path, data: Path, tokens: int, rounds: int, old_batches: bool, candidates: bool
+) -> dict[str, Any]:
     """(a), (b) and (c) for one model and engine, in rounds of rotated order; each keeps its best time."""
     runs: dict[str, list[dict[str, Any]]] = {"a": [], "c": []}
     jobs = {
-        "a": lambda: run_ceiling(engine, model, data, old_batches),
+        "a": lambda: run_ceiling(engine, model, data, old_batches, candidates),
         "c": lambda: orch_end_to_end(engine, model, data, tokens),
     }
     order = list(jobs)
@@ -280,7 +322,7 @@ def measure(engine: str, model: Path, data: Path, tokens: int, rounds: int, old_
         for name in order[r % 2 :] + order[: r % 2]:
             result = jobs[name]()
             if name == "a":
-                for variant in ("a", "b"):
+                for variant in ("a", "b", "d"):
                     if variant in result:
                         runs.setdefault(variant, []).append({**result[variant], "load_s": result["load_s"]})
                         _report(engine, variant, r, runs[variant][-1])
@@ -313,6 +355,7 @@ LABELS = {
     "a": "(a) one call over all prompts",
     "b": f"(b) padded batches of {OLD_BATCH}, one after another",
     "c": "(c) orch worker, end to end",
+    "d": "(d) transformers' continuous batching, tuned",
 }
 
 
@@ -320,7 +363,7 @@ def main(argv: list[str]) -> int:
     args = _parse(argv)
     if args.child:
         engine, model, data = args.child
-        print(json.dumps(ceiling(engine, model, data, args.old_batches)))
+        print(json.dumps(ceiling(engine, model, data, args.old_batches, args.candidates)))
         return 0
     if args.build:
         path, seconds = build_model(args.build, _device())
@@ -355,7 +398,7 @@ def main(argv: list[str]) -> int:
             "engines": {},
         }
         for engine in engines:
-            best = measure(engine, model, data, tokens, rounds, args.old_batches and engine == "transformers")
+            best = measure(engine, model, data, tokens, rounds, args.old_batches, args.candidates)
             for name, result in best.items():
                 result["x_ceiling"] = result["tokens_per_s"] / best["a"]["tokens_per_s"]
                 # On a shared CPU, wall time swings with the neighbours; CPU time much less.
@@ -427,6 +470,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "--rounds", type=int, help="repeat each variant, keep the best (default: 2 on a CPU, 1 on a GPU)"
     )
     parser.add_argument("--old-batches", action="store_true", help=f"also (b): padded batches of {OLD_BATCH}")
+    parser.add_argument(
+        "--candidates", action="store_true", help="also (d): transformers' continuous batching (generate_batch), tuned"
+    )
     parser.add_argument("--child", nargs=3, metavar=("ENGINE", "MODEL", "DATA"), help=argparse.SUPPRESS)
     parser.add_argument("--build", metavar="SHAPE", help=argparse.SUPPRESS)
     return parser.parse_args(argv)

@@ -87,9 +87,12 @@ class TransformersEngine:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(
-            spec.name, dtype=_dtype(spec.dtype, spec.name, self.device), device_map=self.device, **load_args
-        ).eval()
+        # Loaded, then moved: a `device_map` needs accelerate, which a machine with only PyTorch and
+        # transformers lacks (the spec's engine_args may still give one, accelerate installed).
+        model = AutoModelForCausalLM.from_pretrained(
+            spec.name, dtype=_dtype(spec.dtype, spec.name, self.device), **load_args
+        )
+        self.model = (model if "device_map" in load_args else model.to(self.device)).eval()
         # generate stops at any of the model's end tokens (an instruct model often has several).
         stops = self.model.generation_config.eos_token_id
         self.eos_ids = {self.tokenizer.eos_token_id, *(stops if isinstance(stops, list) else [stops])} - {None}
