@@ -1,9 +1,10 @@
 """The transformers engine: for machines without vLLM. Same interface, same output lines, the device kept full.
 
 transformers' own continuous batching (`generate_batch`, `init_continuous_batching`) was measured
-against this (docs/BENCHMARKS.md): on this CPU it ran at about 0.13x of large length-sorted
-batches, on an H100 at 0.48-0.70x of one `generate` call, and it honours temperature, top-k and
-top-p per request but not seed, n, min_tokens, repetition penalty or top logprobs. So:
+against this (docs/BENCHMARKS.md): tuned, it ran at 0.47x of one `generate` call on a CPU; with
+defaults, at 0.48-0.70x on an H100, where static batches of 256 ran at 0.84-0.86x. It honours
+temperature, top-k and top-p per request but not seed, n, min_tokens, repetition penalty or top
+logprobs. So:
 1. Requests are pulled into a pool of up to `capacity` prompts, refilled after every batch.
 2. The next batch is built around the oldest request in the pool: the requests that generate
    alike (same parameters; max_tokens and stop strings aside), the closest to it in length, as
