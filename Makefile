@@ -15,7 +15,7 @@ MODELS := .cache/models
 export HF_HUB_OFFLINE := 1
 export SKYPILOT_DISABLE_USAGE_COLLECTION := 1
 
-.PHONY: setup system-deps lint test demo bench models clean
+.PHONY: setup system-deps lint test demo bench bench-gpu models clean
 
 setup: $(VENV)/.installed $(WVENV)/.installed
 
@@ -67,6 +67,13 @@ demo: setup models
 
 bench: setup models
 	$(VENV)/bin/python -m bench
+
+# The engines at GPU speed (docs/BENCHMARKS.md): random-weight models of real shapes, built on the
+# machine. Needs no setup, no hub, no internet: a GPU machine with PyTorch and transformers and
+# orch's wheels on PYTHONPATH runs it as it is. On a CPU it is a smoke run (QUICK=1: smaller still).
+BENCH_PYTHON ?= $(if $(wildcard $(WVENV)/bin/python),$(WVENV)/bin/python,python3)
+bench-gpu:
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(BENCH_PYTHON) -m bench.gpu_bench $(if $(QUICK),--quick)
 
 clean:
 	rm -rf $(VENV) $(WVENV) .cache .orch .pytest_cache

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONTROLLER = ROOT / ".venv" / "bin" / "python"
 WORKER = ROOT / ".venv-worker" / "bin" / "python"
 
-#: name -> the Python that runs it (the worker benchmark needs vLLM; the rest the controller's).
+#: name -> the Python that runs it (the worker's benchmarks need its engines; the rest the controller's).
 BENCHMARKS = {
     "prepare_bench": CONTROLLER,
     "plan_bench": CONTROLLER,
@@ -23,6 +23,8 @@ BENCHMARKS = {
     "launch_bench": CONTROLLER,
     "simulate_bench": CONTROLLER,
     "worker_bench": WORKER,
+    # On a CPU, a smoke run of `make bench-gpu` and the transformers engine's CPU target.
+    "gpu_bench": WORKER,
 }
 
 

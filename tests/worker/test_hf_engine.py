@@ -74,3 +74,32 @@ def test_hf_engine_completion_logprobs(hf_engine):
 def test_hf_engine_refuses_penalties_it_cannot_apply(hf_engine):
     out = run(hf_engine, {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 1.0})
     assert out["r0"].error and out["r0"].line.error.code == "unsupported_parameter"
+
+
+#: A GPU machine with only PyTorch and transformers (docs/BENCHMARKS.md): these are not installed there.
+ABSENT_ON_A_BARE_GPU_MACHINE = ("vllm", "accelerate", "boto3", "botocore")
+WITHOUT_THEM = """
+import json, sys
+for name in {absent!r}:
+    sys.modules[name] = None  # as if not installed: import fails, find_spec answers None
+from orchestrator.core.spec import ModelSpec, SamplingSpec
+from worker.engine.hf_engine import TransformersEngine
+from worker.requests import parse_request
+
+engine = TransformersEngine(ModelSpec(name={model!r}, engine="transformers"))
+line = json.dumps({{"custom_id": "r0", "url": "/v1/chat/completions", "body": {{"messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 3,
+                   "ignore_eos": True}}}})
+rows = [row for step in engine.run(iter([parse_request(line, 0, SamplingSpec())])) for row in step]
+print(json.dumps([row.tokens_out for row in rows]))
+"""
+
+
+def test_hf_engine_runs_with_only_torch_and_transformers(tiny_model):
+    import os
+    import subprocess
+    import sys
+
+    code = WITHOUT_THEM.format(absent=ABSENT_ON_A_BARE_GPU_MACHINE, model=tiny_model)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [3]

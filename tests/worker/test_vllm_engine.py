@@ -146,11 +146,3 @@ def test_vllm_engine_a_request_vllm_refuses_is_that_rows_error(tiny_engine):
     error = out["r1"].line
     assert error.error.code == "invalid_request" and "n must be 1 when using greedy sampling" in error.error.message
     assert error.response.status_code == 400 and error.response.body["error"]["type"] == "invalid_request_error"
-
-
-def test_vllm_engine_developer_messages_reach_the_template_as_system(tiny_engine):
-    developer, system = requests(
-        {"messages": [{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "hi"}]},
-        {"messages": [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "hi"}]},
-    )
-    assert tiny_engine._tokenize(developer) == tiny_engine._tokenize(system)

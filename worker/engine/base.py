@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from orchestrator.core.lines import BatchOutputLine
+from worker.outputs import error_line
 
 if TYPE_CHECKING:
     from worker.requests import EngineRequest
@@ -24,6 +25,13 @@ class RowResult:
     error: bool
     #: The chunk the request came from (set by the engine from EngineRequest.chunk).
     chunk: str | None = None
+
+
+def error_row(request: EngineRequest, code: str, message: str, param: str | None = None) -> RowResult:
+    """The request's answer when it fails alone (a template error, a prompt too long, a parameter
+    the engine cannot honour): an error line, counted as an error, in the request's chunk."""
+    line = error_line(request.custom_id, code, message, param=param)
+    return RowResult(request.index, request.custom_id, line, 0, 0, True, request.chunk)
 
 
 class Engine(Protocol):

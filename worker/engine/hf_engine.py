@@ -1,97 +1,158 @@
-"""The transformers engine: for machines without vLLM. Same interface, same output lines; correct first.
+"""The transformers engine: for machines without vLLM. Same interface, same output lines, the device kept full.
 
-Requests are taken a window at a time and generated in padded batches of requests that share
-their sampling parameters (and seed), so per-request parameters are honoured exactly.
-Differences from vLLM, each an error row rather than a different answer: presence/frequency
-penalties (transformers has no equivalent), constrained decoding (`response_format` json_object /
+transformers' own continuous batching (`generate_batch`, `init_continuous_batching`) was measured
+against this (docs/BENCHMARKS.md): tuned, it ran at 0.47x of one `generate` call on a CPU; with
+defaults, at 0.48-0.70x on an H100, where static batches of 256 ran at 0.84-0.86x. It honours
+temperature, top-k and top-p per request but not seed, n, min_tokens, repetition penalty or top
+logprobs. So:
+1. Requests are pulled into a pool of up to `capacity` prompts, refilled after every batch.
+2. The next batch is built around the oldest request in the pool: the requests that generate
+   alike (same parameters; max_tokens and stop strings aside), the closest to it in length, as
+   many as `max_batch_size` sequences and `max_batch_tokens` padded tokens allow. Sorted by length,
+   the batch is little padding; anchored on the oldest, no request waits behind newer ones.
+3. One `model.generate` call runs the batch; each row stops at its own max_tokens.
+Per-request parameters are honoured exactly: a sampled request with a seed is generated alone,
+so its answer depends on the request only, never on what shared its batch. Differences from
+vLLM, each an error row rather than a different answer: presence/frequency penalties
+(transformers has no equivalent), constrained decoding (`response_format` json_object /
 json_schema, `structured_outputs`) and `tools`, which need vLLM's grammar backends and tool
 parsers. `logit_bias` is honoured (transformers' sequence bias over single tokens).
+
+Limits come from the spec (`model.engine_args`: max_batch_size, max_batch_tokens; every other key
+goes to `from_pretrained`); by default they fill about half the device memory left after the weights.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import contextlib
+import os
 from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, StoppingCriteria
+
+from orchestrator.core.errors import SpecError
 from orchestrator.core.spec import ModelSpec
-from worker.engine.base import RowResult, take_window
-from worker.outputs import Choice, TokenLogprob, error_line, success_line
-from worker.requests import EngineRequest, GenerationParams, for_template
+from worker.engine.base import RowResult, error_row
+from worker.outputs import Choice, TokenLogprob, success_line
+from worker.prompts import PromptBuilder
+from worker.requests import EngineRequest, GenerationParams
+
+#: engine_args this engine reads itself; the others are keyword arguments of `from_pretrained`.
+BATCH_ARGS = ("max_batch_size", "max_batch_tokens")
+#: Sequences per batch when the spec sets none: past this, a bigger batch gains little on a GPU
+#: and much on neither side of a CPU's cache.
+DEFAULT_BATCH_SIZE = {"cuda": 1024, "cpu": 256}
+#: Share of the memory left after the weights that one batch may take (its KV cache, activations,
+#: logits); the rest absorbs what the estimate misses.
+MEMORY_SHARE = 0.5
+#: A CPU's memory is shared with everything else on the machine: at most this much per batch.
+CPU_MEMORY_CAP = 4 * 2**30
+_END: Any = object()
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """How large one `generate` call may be."""
+
+    #: Sequences (a request with n=4 counts 4).
+    max_batch_size: int
+    #: Sequences x (the longest prompt + the largest max_tokens): the padded tokens of the call.
+    max_batch_tokens: int
+    #: Sequences x steps for requests that want logprobs: every step's scores are kept.
+    max_logprob_steps: int
+
+
+@dataclass(eq=False)
+class _Ready:
+    """A request in the pool, its prompt built."""
+
+    request: EngineRequest
+    ids: list[int]
+    key: tuple[Any, ...]
+
+    @property
+    def length(self) -> int:
+        return len(self.ids) + self.request.params.max_tokens
 
 
 class TransformersEngine:
     name = "transformers"
 
-    def __init__(self, spec: ModelSpec, *, max_in_flight: int | None = None, batch_size: int = 16):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    def __init__(self, spec: ModelSpec, *, max_in_flight: int | None = None, batch_size: int | None = None):
         if not spec.name:
             raise ValueError("no model to load")
-        self.torch = torch
         self.model_name = spec.name
+        batch_args, load_args = _split_engine_args(spec.engine_args)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = {
-            "auto": torch.float32 if self.device == "cpu" else "auto",
-            "float32": torch.float32,
-            "bfloat16": torch.bfloat16,
-            "float16": torch.float16,
-        }.get(spec.dtype, "auto")
         self.tokenizer = AutoTokenizer.from_pretrained(spec.name)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(spec.name, dtype=dtype).to(self.device).eval()
-        self.chat_template = spec.chat_template
+        # Loaded, then moved: a `device_map` needs accelerate, which a machine with only PyTorch and
+        # transformers lacks (the spec's engine_args may still give one, accelerate installed).
+        model = AutoModelForCausalLM.from_pretrained(
+            spec.name, dtype=_dtype(spec.dtype, spec.name, self.device), **load_args
+        )
+        self.model = (model if "device_map" in load_args else model.to(self.device)).eval()
+        # generate stops at any of the model's end tokens (an instruct model often has several).
+        stops = self.model.generation_config.eos_token_id
+        self.eos_ids = {self.tokenizer.eos_token_id, *(stops if isinstance(stops, list) else [stops])} - {None}
         self.max_model_len: int = spec.max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
-        self.batch_size = batch_size
-        # Requests taken (and generated) a window at a time: the window is what it works on at once.
-        self.capacity = max_in_flight or 4 * batch_size
+        self.prompts = PromptBuilder(self.tokenizer, spec.chat_template, self.max_model_len)
+        self.limits = _limits(self.model, self.device, batch_args, batch_size)
+        # The pool: two batches' worth, so that the next batch has requests of similar lengths to pick from.
+        self.capacity = max_in_flight or 2 * self.limits.max_batch_size
         self.accelerator = torch.cuda.get_device_name(0) if self.device == "cuda" else "cpu"
+        self._pool: list[_Ready] = []
         self._aborted = False
-        self._dropped: set[str] = set()
+        self._alone = 0  # a distinct key for each request generated alone
 
+    # -- Engine ------------------------------------------------------------------------------
     def run(self, requests: Iterator[EngineRequest | None]) -> Generator[list[RowResult], None, None]:
         self._aborted = False
+        exhausted = False
         while not self._aborted:
-            window = take_window(requests, self.capacity)
-            if window is None:
-                return
-            # Chunks given up while this window generates; the worker may take one back later,
-            # and then its rows come in a later window.
-            self._dropped = set()
-            groups: dict[GenerationParams, list[tuple[EngineRequest, list[int]]]] = defaultdict(list)
             errors: list[RowResult] = []
-            for request in window:
-                prepared = self._prepare(request)
-                if isinstance(prepared, RowResult):
-                    errors.append(prepared)
+            # Step 1: refill the pool until it is full, the worker has nothing more for now, or the end.
+            while not exhausted and len(self._pool) < self.capacity:
+                request = next(requests, _END)
+                if request is _END:
+                    exhausted = True
+                elif request is None:
+                    break
                 else:
-                    groups[request.params].append((request, prepared))
-            if errors:
-                yield errors
-            for params, members in groups.items():
-                for start in range(0, len(members), self.batch_size):
-                    if self._aborted:
-                        return
-                    batch = [m for m in members[start : start + self.batch_size] if m[0].chunk not in self._dropped]
-                    if batch:
-                        yield self._generate(params, batch)
+                    failed = self._admit(request)
+                    if failed is not None:
+                        errors.append(failed)
+            if not self._pool:
+                if errors or not exhausted:
+                    yield errors  # the worker sends None only while rows are unfinished: these
+                if exhausted:
+                    return
+                continue
+            # Steps 2 and 3.
+            batch = pick_batch(self._pool, self.limits)
+            taken = {id(r) for r in batch}
+            self._pool = [r for r in self._pool if id(r) not in taken]
+            yield errors + self._generate(batch)
 
     def abort(self, chunk: str | None = None) -> None:
         if chunk is None:
             self._aborted = True
-        else:
-            self._dropped.add(chunk)  # its rows still queued in this window are skipped
+        self._pool = [r for r in self._pool if chunk is not None and r.request.chunk != chunk]
 
     def close(self) -> None:
         self.abort()
 
-    def _prepare(self, request: EngineRequest) -> list[int] | RowResult:
+    # -- one request ---------------------------------------------------------------------------
+    def _admit(self, request: EngineRequest) -> RowResult | None:
+        """Into the pool, or the row's error."""
         p = request.params
         if p.presence_penalty or p.frequency_penalty:
-            return _error(
+            return error_row(
                 request,
                 "unsupported_parameter",
                 "presence/frequency penalties need the vLLM engine",
@@ -99,7 +160,7 @@ class TransformersEngine:
             )
         if p.constraint is not None or request.tools is not None:
             param = "tools" if request.tools is not None else p.constraint.source if p.constraint else None
-            return _error(
+            return error_row(
                 request,
                 "unsupported_parameter",
                 f"{param} needs the vLLM engine (model.engine: vllm): transformers cannot constrain or parse output",
@@ -107,38 +168,26 @@ class TransformersEngine:
             )
         vocab = self.model.config.vocab_size
         if any(not 0 <= token < vocab for token, _ in p.logit_bias):
-            return _error(request, "invalid_parameter", f"logit_bias: token ids are 0 to {vocab - 1}", "logit_bias")
-        try:
-            if request.kind == "chat":
-                template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
-                text = self.tokenizer.apply_chat_template(
-                    for_template(request.messages or [], template),
-                    add_generation_prompt=True,
-                    tokenize=False,
-                    chat_template=self.chat_template,
-                )
-                ids = self.tokenizer.encode(text, add_special_tokens=False)
-            else:
-                ids = self.tokenizer.encode(request.prompt)
-        except Exception as e:  # a template that fails on this conversation fails this row only
-            return _error(request, "template_error", f"cannot apply the chat template: {e}")
-        if len(ids) + p.max_tokens > self.max_model_len:
-            return _error(
-                request,
-                "context_length_exceeded",
-                f"this model's maximum context length is {self.max_model_len} tokens; the request has "
-                f"{len(ids)} prompt tokens and asks for {p.max_tokens} more",
-                "max_tokens",
-            )
-        return list(ids)
+            return error_row(request, "invalid_parameter", f"logit_bias: token ids are 0 to {vocab - 1}", "logit_bias")
+        prompt = self.prompts.build(request)
+        if isinstance(prompt, RowResult):
+            return prompt
+        key = batch_key(p)
+        if key is None:  # a seeded sample: alone, so that the seed alone decides it
+            self._alone += 1
+            key = ("alone", self._alone)
+        self._pool.append(_Ready(request, prompt.token_ids, key))
+        return None
 
-    def _generate(self, p: GenerationParams, members: list[tuple[EngineRequest, list[int]]]) -> list[RowResult]:
-        torch = self.torch
-        batch = self.tokenizer.pad({"input_ids": [ids for _, ids in members]}, return_tensors="pt").to(self.device)
-        if p.seed is not None:
+    # -- one batch -------------------------------------------------------------------------------
+    def _generate(self, batch: list[_Ready]) -> list[RowResult]:
+        p = batch[0].request.params  # the batch shares all but max_tokens and stop (batch_key)
+        inputs = self.tokenizer.pad({"input_ids": [r.ids for r in batch]}, return_tensors="pt").to(self.device)
+        limits = [r.request.params.max_tokens for r in batch]
+        if p.seed is not None and p.temperature > 0:
             torch.manual_seed(p.seed)
         kwargs: dict[str, Any] = dict(
-            max_new_tokens=p.max_tokens,
+            max_new_tokens=max(limits),
             min_new_tokens=p.min_tokens or None,
             num_return_sequences=p.n,
             do_sample=p.temperature > 0,
@@ -154,24 +203,32 @@ class TransformersEngine:
         if p.ignore_eos:
             kwargs["eos_token_id"] = None
             kwargs["suppress_tokens"] = [self.tokenizer.eos_token_id]
+        prompt_len = inputs["input_ids"].shape[1]
+        if min(limits) < max(limits):  # each row stops at its own max_tokens, not the batch's largest
+            kwargs["stopping_criteria"] = [_RowLimits(prompt_len, torch.tensor(limits, device=self.device), p.n)]
         with torch.inference_mode():
-            out = self.model.generate(**batch, **kwargs)
-        prompt_len = batch["input_ids"].shape[1]
-        new_tokens = out.sequences[:, prompt_len:]
+            out = self.model.generate(**inputs, **kwargs)
+        new_tokens = out.sequences[:, prompt_len:].tolist()
         logprobs = torch.stack(out.scores, dim=1).float().log_softmax(-1) if p.logprobs is not None else None
         results = []
-        for i, (request, ids) in enumerate(members):
+        for i, ready in enumerate(batch):
+            request = ready.request
+            limit = request.params.max_tokens
             choices = [
-                self._choice(p, new_tokens[i * p.n + j], logprobs[i * p.n + j] if logprobs is not None else None)
+                self._choice(
+                    request.params,
+                    new_tokens[i * p.n + j][:limit],
+                    logprobs[i * p.n + j] if logprobs is not None else None,
+                )
                 for j in range(p.n)
             ]
-            line = success_line(request, choices, len(ids), self.model_name)
+            line = success_line(request, choices, len(ready.ids), self.model_name)
             results.append(
                 RowResult(
                     request.index,
                     request.custom_id,
                     line,
-                    len(ids),
+                    len(ready.ids),
                     sum(c.tokens for c in choices),
                     False,
                     request.chunk,
@@ -179,14 +236,14 @@ class TransformersEngine:
             )
         return results
 
-    def _choice(self, p: GenerationParams, tokens: Any, logprobs: Any) -> Choice:
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        ids = tokens.tolist()
+    def _choice(self, p: GenerationParams, ids: list[int], logprobs: Any) -> Choice:
+        # `ids` stops at the row's own max_tokens; past an end of sequence, generate pads. A pad
+        # token before either is a token the model chose, and stays (it cut answers short before).
         ended = False
-        if not p.ignore_eos and eos in ids:
-            ids, ended = ids[: ids.index(eos)], True
-        elif pad != eos and pad in ids:
-            ids = ids[: ids.index(pad)]
+        if not p.ignore_eos:
+            end = next((at for at, token in enumerate(ids) if token in self.eos_ids), None)
+            if end is not None:
+                ids, ended = ids[:end], True
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         for stop in p.stop:
             at = text.find(stop)
@@ -211,13 +268,121 @@ class TransformersEngine:
         return Choice(text=text, finish_reason="stop" if ended else "length", tokens=len(ids), logprobs=token_logprobs)
 
 
-def _error(request: EngineRequest, code: str, message: str, param: str | None = None) -> RowResult:
-    return RowResult(
-        request.index,
-        request.custom_id,
-        error_line(request.custom_id, code, message, param=param),
-        0,
-        0,
-        True,
-        request.chunk,
+def batch_key(p: GenerationParams) -> tuple[Any, ...] | None:
+    """What requests must share to be generated in one call; None for a request generated alone.
+
+    max_tokens is not in it (each row stops at its own), nor are stop strings and echo (applied to
+    the text afterwards), nor the sampling settings of a greedy request (unused)."""
+    sampled = p.temperature > 0
+    if sampled and p.seed is not None:
+        return None
+    sampling = (p.temperature, p.top_p, p.top_k, p.min_p) if sampled else ()
+    return (p.n, p.min_tokens, p.repetition_penalty, p.ignore_eos, p.logprobs is not None, p.logit_bias, *sampling)
+
+
+def pick_batch(pool: list[_Ready], limits: BatchLimits) -> list[_Ready]:
+    """Step 2 of the module docstring. `pool` is in arrival order; the batch comes sorted by length.
+
+    From the oldest request, the batch grows one request at a time, to the shorter or the longer
+    side in length order, whichever adds less padding, while it stays within the limits."""
+    oldest = pool[0]
+    alike = sorted((r for r in pool if r.key == oldest.key), key=lambda r: r.length)
+    n, logprobs = oldest.request.params.n, oldest.request.params.logprobs is not None
+    lo = next(i for i, r in enumerate(alike) if r is oldest)
+    hi = lo + 1  # the batch is alike[lo:hi]
+    longest, most_new, useful = len(oldest.ids), oldest.request.params.max_tokens, oldest.length
+
+    def fits(sequences: int, padded: int, steps: int) -> bool:
+        return (
+            sequences <= limits.max_batch_size
+            and sequences * padded <= limits.max_batch_tokens
+            and (not logprobs or sequences * steps <= limits.max_logprob_steps)
+        )
+
+    while True:
+        best: tuple[int, int, int, int] | None = None  # (padding, index, longest, most_new)
+        sequences = (hi - lo + 1) * n
+        for other in (lo - 1, hi):
+            if not 0 <= other < len(alike):
+                continue
+            candidate = alike[other]
+            grown = max(longest, len(candidate.ids)), max(most_new, candidate.request.params.max_tokens)
+            if not fits(sequences, sum(grown), grown[1]):
+                continue
+            padding = (hi - lo + 1) * sum(grown) - useful - candidate.length
+            if best is None or padding < best[0]:
+                best = (padding, other, *grown)
+        if best is None:
+            return alike[lo:hi]
+        _, other, longest, most_new = best
+        useful += alike[other].length
+        lo, hi = min(lo, other), max(hi, other + 1)
+
+
+class _RowLimits(StoppingCriteria):
+    """Each row stops after its own number of new tokens."""
+
+    def __init__(self, prompt_len: int, limits: torch.Tensor, n: int):
+        self.prompt_len = prompt_len
+        self.limits = limits.repeat_interleave(n)  # generate lays a request's n sequences side by side
+
+    def __call__(self, input_ids: torch.Tensor, _scores: Any, **_kwargs: Any) -> torch.Tensor:
+        return (input_ids.shape[1] - self.prompt_len) >= self.limits
+
+
+def _split_engine_args(engine_args: dict[str, Any]) -> tuple[dict[str, int], dict[str, Any]]:
+    batch, load = {}, {}
+    for key, value in engine_args.items():
+        if key in BATCH_ARGS:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecError(f"model.engine_args.{key}: expected a positive integer, got {value!r}")
+            batch[key] = value
+        else:
+            load[key] = value
+    return batch, load
+
+
+def _dtype(dtype: str, model: str, device: str) -> torch.dtype:
+    """The spec's dtype; "auto" is float32 on a CPU (bfloat16 is slower there) and, on a GPU, the
+    checkpoint's half precision, or bfloat16 for a float32 checkpoint (as vLLM does)."""
+    named = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype in named:
+        return named[dtype]
+    if device == "cpu":
+        return torch.float32
+    stored = getattr(AutoConfig.from_pretrained(model), "dtype", None)
+    if stored in (torch.bfloat16, torch.float16, "bfloat16", "float16"):
+        return named[str(stored).removeprefix("torch.")]
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def _limits(model: Any, device: str, args: dict[str, int], batch_size: int | None) -> BatchLimits:
+    """The spec's limits, and for those it leaves out what fits in MEMORY_SHARE of the memory left."""
+    config = model.config.get_text_config()
+    elem = next(model.parameters()).element_size()
+    layers = config.num_hidden_layers
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    # A token's KV cache in every layer, and the activations one layer holds for it at prefill.
+    per_token = elem * (2 * layers * kv_heads * head_dim + 4 * config.hidden_size + 3 * config.intermediate_size)
+    budget = int(_free_memory(device) * MEMORY_SHARE)
+    # Logprobs keep every step's scores over the vocabulary (float32, then their log-softmax).
+    per_step = 8 * config.vocab_size
+    return BatchLimits(
+        max_batch_size=args.get("max_batch_size") or batch_size or DEFAULT_BATCH_SIZE[device],
+        max_batch_tokens=args.get("max_batch_tokens") or max(budget // per_token, 1),
+        max_logprob_steps=max(budget // per_step, 1),
     )
+
+
+def _free_memory(device: str) -> int:
+    if device == "cuda":
+        free, _total = torch.cuda.mem_get_info()
+        return int(free)
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    return min(available, CPU_MEMORY_CAP)

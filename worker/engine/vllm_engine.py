@@ -2,9 +2,9 @@
 
 Never fixed small batches: requests are added to vLLM's scheduler as soon as it has room (a
 window of a few times `max_num_seqs` waiting), and every `step()` returns whatever finished, so
-the GPU stays saturated and the worker can checkpoint between steps. Each row is tokenised here
-(the chat template for chat requests, the raw prompt for completions) so that a template error or
-a prompt longer than the context becomes that row's error, not a failed batch.
+the GPU stays saturated and the worker can checkpoint between steps. Each row's prompt comes from
+worker.prompts (the one prompt path of both engines) as token ids, so that a template error or a
+prompt longer than the context becomes that row's error, not a failed batch.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from typing import Any
 
 from orchestrator.core.errors import OrchError
 from orchestrator.core.spec import ModelSpec
-from worker.engine.base import RowResult
-from worker.outputs import Choice, TokenLogprob, error_line, success_line
-from worker.requests import EngineRequest, GenerationParams, for_template
+from worker.engine.base import RowResult, error_row
+from worker.outputs import Choice, TokenLogprob, success_line
+from worker.prompts import PromptBuilder
+from worker.requests import EngineRequest, GenerationParams
 from worker.tools import ToolCallRequest, ToolError, VllmTools
 
 log = logging.getLogger("orch.worker.vllm")
@@ -50,12 +51,12 @@ class VllmEngine:
         if not spec.name:
             raise ValueError("no model to load")
         self.model_name = spec.name
-        self._chat_template = _read_template(spec.chat_template)
         self.llm = llm if llm is not None else _build_llm(spec)
         engine = self.llm.llm_engine
         self._engine = engine
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = engine.model_config.max_model_len
+        self.prompts = PromptBuilder(self.tokenizer, spec.chat_template, self.max_model_len)
         self.capacity = engine.vllm_config.scheduler_config.max_num_seqs
         # Keep the scheduler's queue deeper than what it runs at once, so a finished sequence is
         # replaced in the very next step.
@@ -111,48 +112,25 @@ class VllmEngine:
                 constraint = p.constraint.vllm_kwargs() if p.constraint else None
                 tools = self._tools.prepare(request.messages or [], request.tools, constraint)
             except ToolError as e:
-                return _error(request, "invalid_parameter", str(e), param=e.param)
+                return error_row(request, "invalid_parameter", str(e), param=e.param)
             except ValueError as e:  # vLLM's request model refused the row (pydantic's errors are ValueErrors)
-                return _error(request, "invalid_request", f"vLLM refused the tools: {e}", param="tools")
-        try:
-            prompt_ids = self._tokenize(request, tools)
-        except Exception as e:  # a template that fails on this conversation fails this row only
-            return _error(request, "template_error", f"cannot apply the chat template: {e}")
-        if len(prompt_ids) + p.max_tokens > self.max_model_len:
-            return _error(
-                request,
-                "context_length_exceeded",
-                f"this model's maximum context length is {self.max_model_len} tokens; the request has "
-                f"{len(prompt_ids)} prompt tokens and asks for {p.max_tokens} more",
-                param="max_tokens" if len(prompt_ids) < self.max_model_len else "messages",
-            )
+                return error_row(request, "invalid_request", f"vLLM refused the tools: {e}", param="tools")
+        prompt = self.prompts.build(request, tools.template_tools if tools else None)
+        if isinstance(prompt, RowResult):
+            return prompt
         try:
             params = _sampling_params(p, tools.structured_outputs if tools else None)
             request_id = str(self._next_id)
             self._next_id += 1
-            self._engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+            self._engine.add_request(request_id, {"prompt_token_ids": prompt.token_ids}, params)
         except Exception as e:
             refusal = _refusal(e)
             if refusal is None:
                 raise  # not about this request: the engine itself is in trouble
             param = refusal[1] or (p.constraint.source if p.constraint else None)
-            return _error(request, "invalid_request", refusal[0], param=param)
-        self._in_flight[request_id] = _InFlight(request, len(prompt_ids), tools)
+            return error_row(request, "invalid_request", refusal[0], param=param)
+        self._in_flight[request_id] = _InFlight(request, len(prompt.token_ids), tools)
         return None
-
-    def _tokenize(self, request: EngineRequest, tools: ToolCallRequest | None = None) -> list[int]:
-        if request.kind == "chat":
-            template = self._chat_template or getattr(self.tokenizer, "chat_template", None)
-            text = self.tokenizer.apply_chat_template(
-                for_template(request.messages or [], template),
-                add_generation_prompt=True,
-                tokenize=False,
-                chat_template=self._chat_template,
-                tools=tools.template_tools if tools else None,
-            )
-            # The template already wrote the special tokens it wants.
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
-        return list(self.tokenizer.encode(request.prompt))
 
     def _result(self, output: Any) -> RowResult:
         flight = self._in_flight.pop(output.request_id)
@@ -188,18 +166,6 @@ class VllmEngine:
         named = not isinstance(tools.vllm_request.tool_choice, str)
         if choice.tool_calls and choice.finish_reason == "stop" and not named:
             choice.finish_reason = "tool_calls"
-
-
-def _error(request: EngineRequest, code: str, message: str, param: str | None = None) -> RowResult:
-    return RowResult(
-        request.index,
-        request.custom_id,
-        error_line(request.custom_id, code, message, param=param),
-        0,
-        0,
-        True,
-        request.chunk,
-    )
 
 
 def _refusal(e: Exception) -> tuple[str, str | None] | None:
@@ -259,13 +225,6 @@ def _logprobs(completion: Any, top: int) -> list[TokenLogprob]:
             )
         )
     return out
-
-
-def _read_template(template: str | None) -> str | None:
-    if template and os.path.isfile(template):
-        with open(template) as f:
-            return f.read()
-    return template
 
 
 def _build_llm(spec: ModelSpec) -> Any:

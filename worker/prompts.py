@@ -1,0 +1,95 @@
+"""Prompt preparation for every engine: the chat template (text or file), tokenisation, the context check.
+
+Both engines hand each request to one `PromptBuilder` and feed the engine the token ids it
+returns, so the same request becomes the same prompt whichever engine runs it. The steps, in order:
+1. render: a chat request's messages through the chat template (the spec's, else the model's;
+   `developer` messages become `system` where the template knows no such role, as in vLLM's server);
+   a completion request's prompt as it is;
+2. tokenise: the rendered chat text without adding special tokens (the template wrote the ones it
+   wants), a completion prompt with the tokenizer's own;
+3. check: prompt plus `max_tokens` must fit the context; otherwise the row gets its error line.
+A failure in any step is that row's error, never the batch's. What a later request needs (tools
+for the template, images beside the text) joins `render` and `Prompt`, not a second path.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.core.errors import SpecError
+from worker.engine.base import RowResult, error_row
+from worker.requests import EngineRequest, for_template
+
+
+class ChatTemplateError(SpecError):
+    """The spec's `model.chat_template` names a file that cannot be read, or is neither a file nor a template."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What an engine generates from: the prompt's token ids."""
+
+    token_ids: list[int]
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """The spec's `model.chat_template`: the path of a file holding the template, or the template itself."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        try:
+            with open(value, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ChatTemplateError(f"model.chat_template: cannot read {value!r}: {e}") from None
+    if "{{" in value or "{%" in value:
+        return value
+    # Neither a file nor Jinja: most likely a path that does not exist here. Used as the template
+    # it would replace every prompt with this string.
+    raise ChatTemplateError(
+        f"model.chat_template: {value!r} is neither a file on this machine nor a Jinja template",
+        hint="give the template's text, or the path of a file that holds it (relative to the worker's directory)",
+    )
+
+
+class PromptBuilder:
+    """Turns requests into prompts for one model: one tokenizer, one chat template, one context length."""
+
+    def __init__(self, tokenizer: Any, chat_template: str | None, max_model_len: int):
+        self.tokenizer = tokenizer
+        self.chat_template = read_chat_template(chat_template)
+        self.max_model_len = max_model_len
+
+    def build(self, request: EngineRequest, tools: list[dict[str, Any]] | None = None) -> Prompt | RowResult:
+        """The request's prompt, or its error row (the template failed, or it does not fit the context).
+        `tools`: the tool definitions as the chat template takes them (worker/tools.py)."""
+        try:
+            ids = self._tokenize(request, tools)
+        except Exception as e:  # a template that fails on this conversation fails this row only
+            return error_row(request, "template_error", f"cannot apply the chat template: {e}")
+        max_tokens = request.params.max_tokens
+        if len(ids) + max_tokens > self.max_model_len:
+            too_long = "messages" if request.kind == "chat" else "prompt"
+            return error_row(
+                request,
+                "context_length_exceeded",
+                f"this model's maximum context length is {self.max_model_len} tokens; the request has "
+                f"{len(ids)} prompt tokens and asks for {max_tokens} more",
+                param="max_tokens" if len(ids) < self.max_model_len else too_long,
+            )
+        return Prompt(ids)
+
+    def _tokenize(self, request: EngineRequest, tools: list[dict[str, Any]] | None) -> list[int]:
+        if request.kind == "chat":
+            template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
+            text = self.tokenizer.apply_chat_template(
+                for_template(request.messages or [], template),
+                add_generation_prompt=True,
+                tokenize=False,
+                chat_template=self.chat_template,
+                tools=tools,
+            )
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(self.tokenizer.encode(request.prompt))
