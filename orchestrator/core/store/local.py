@@ -38,7 +38,10 @@ from orchestrator.core.store.base import (
     check_key,
 )
 
-_INTERNAL = (".orch-tmp", ".orch-locks")
+#: The local backend's worker logs, beside the runs (orchestrator/backends/local.py): files of this
+#: machine, not store keys.
+LOGS_DIR = "logs"
+_INTERNAL = (".orch-tmp", ".orch-locks", LOGS_DIR)
 _LOCK_STRIPES = 256
 
 
