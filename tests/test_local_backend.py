@@ -23,7 +23,9 @@ from orchestrator.controller.reconcile import Reconciler, watch
 from orchestrator.core.context import resolve_spec
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.records import read_jobs
+from orchestrator.status import _duration
 from tests.support.datasets import write_jsonl
+from tests.support.runs import chat_request
 
 pytestmark = pytest.mark.slow
 
@@ -323,3 +325,83 @@ def test_launch_with_a_model_no_worker_could_load_can_be_corrected(workdir, tiny
     assert main(["collect", "--run", "m", "--out", str(workdir / "m.jsonl")]) == 0
     assert main(["launch", "--run", "m", "--model", str(workdir / "another-model")]) == 3
     assert 'model.name: "' in capsys.readouterr().err
+
+
+def worker_summaries(workdir: Path, run: str, count: int) -> list[dict]:
+    """The JSON summary line each worker prints last, from its log (waits for the workers to exit)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        logs = sorted((workdir / ".orch" / "logs" / run).glob("worker-*.log"))
+        lasts = [log.read_text().rstrip().rpartition("\n")[2] for log in logs]
+        found = [json.loads(line) for line in lasts if line.startswith('{"status"')]
+        if len(found) >= count:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"no summary line in the logs of run {run!r}")
+
+
+def test_status_live_rates_and_eta_agree_with_the_workers_own_summary(workdir, tiny_model, capsys):
+    """`orch status` on a local run under way shows tokens/s, rows/s and an ETA (not 0 and
+    unknown), and once complete the run's pace from launch to the last chunk (engine start-up
+    included); the figures agree with the worker's own JSON summary line."""
+    # Answers of different lengths, so rows finish one after another, not in bursts.
+    rows = [chat_request(f"r{i}", f"Item {i}", max_tokens=16 + (i * 37) % 64, ignore_eos=True) for i in range(80)]
+    data = write_jsonl(workdir / "b.jsonl", rows)
+    assert main(["prepare", str(data), "--run", "pace", "--format", "openai-batch", "--num-chunks", "4"]) == 0
+    assert main(["launch", "--run", "pace", "--model", tiny_model, "--workers", "1"]) == 0
+    capsys.readouterr()
+    samples, deadline = [], time.monotonic() + 300
+    while True:
+        assert main(["status", "--run", "pace", "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        if doc["complete"]:
+            break
+        if doc["workers"][0]["chunk"] is not None and doc["rows"]["in_progress"] + doc["rows"]["done"] > 0:
+            samples.append((time.monotonic(), doc))
+        assert time.monotonic() < deadline, doc
+        time.sleep(0.5)
+    ended = time.monotonic()
+    (summary,) = worker_summaries(workdir, "pace", 1)
+    assert summary["requests"] == 80 and summary["busy_s"] > 0
+    assert len(samples) >= 3, samples
+    generating = summary["tokens_out"] / summary["busy_s"]  # the worker's pace while its engine worked
+    for _, doc in samples:
+        assert doc["throughput"]["tokens_per_s"] > 0 and doc["throughput"]["rows_per_s"] > 0, doc
+        assert doc["eta_s"] is not None, doc
+    at, mid = samples[len(samples) // 2]
+    assert 0.5 < mid["throughput"]["tokens_per_s"] / generating < 2, (mid["throughput"], summary)
+    assert 0.33 < mid["eta_s"] / (ended - at) < 3, (mid["eta_s"], ended - at)
+    assert main(["status", "--run", "pace", "--json"]) == 0
+    overall = json.loads(capsys.readouterr().out)["overall"]
+    # From launch to the last chunk: the worker's whole life (model load included), not its chunks alone.
+    assert 0.75 < overall["wall_s"] / summary["wall_s"] < 1.33, (overall, summary)
+    assert 0.75 < overall["tokens_per_s"] / summary["tokens_per_s"] < 1.33, (overall, summary)
+    assert abs(overall["rows_per_s"] * overall["wall_s"] - 80) < 2
+    assert main(["status", "--run", "pace"]) == 0
+    assert f"finished in {_duration(overall['wall_s'])}: {overall['rows_per_s']:,.2f} rows/s" in capsys.readouterr().out
+    print("live", mid["throughput"], mid["eta_s"], ended - at, "overall", overall, "worker", summary)
+
+
+def test_status_names_a_failed_workers_last_error_line_and_its_log(workdir, tmp_path_factory, monkeypatch, capsys):
+    """A worker that fails shows in `orch status`, run from any directory, with the last error line
+    of its log and where that log is: beside the run, in the store's logs/ folder."""
+    data = questions(workdir / "q.jsonl", 4)
+    broken = workdir / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    assert main(["prepare", str(data), "--run", "bad", "--num-chunks", "1", "--id-column", "id"]) == 0
+    assert main(["launch", "--run", "bad", "--model", str(broken), "--workers", "1"]) == 0
+    assert main(["watch", "--run", "bad", "--interval", "0.5", "--retries", "0"]) == 7
+    capsys.readouterr()
+    (log,) = (workdir / ".orch" / "logs" / "bad").glob("worker-0-*.log")
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    assert main(["status", "--run", "bad", "--store", str(workdir / ".orch")]) == 0
+    out = capsys.readouterr().out
+    failed = out[out.index("worker 0 failed: ") :].splitlines()
+    reason, where = failed[0].removeprefix("worker 0 failed: "), failed[1].strip()
+    assert reason.startswith("worker exited with 1: ") and "broken-model" in reason, out
+    assert reason.removeprefix("worker exited with 1: ") in log.read_text().splitlines()[-3:], reason
+    assert where == f"log: {log}"
+    assert main(["status", "--run", "bad", "--store", str(workdir / ".orch"), "--json"]) == 0
+    (worker,) = json.loads(capsys.readouterr().out)["workers"]
+    assert worker["failure_reason"] == reason and worker["log"] == str(log)

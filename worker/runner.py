@@ -103,7 +103,8 @@ class Totals:
     tokens_out: int = 0
     chunks_done: int = 0
     chunks_lost: int = 0
-    busy_s: float = 0.0
+    busy_s: float = 0.0  # engine time in pumps that ended; `busy()` adds the one under way
+    busy_since: float | None = None  # time.monotonic() when the pump under way began
     load_s: float = 0.0  # loading the engine (imports and weights): part of wall_s, not of the work
     load_cpu_s: float = 0.0  # the same in CPU seconds: what a shared machine's benchmarks can compare
     started_at: float = field(default_factory=time.time)
@@ -119,11 +120,19 @@ class Totals:
         self.tokens_out += sum(r.tokens_out for r in rows)
         self.chunk_rows_done += sum(1 for r in rows if r.chunk == self.chunk)
 
+    def busy(self) -> float:
+        """Seconds the engine has been working so far, the pump under way included: rates read
+        while a run goes (heartbeats, progress lines) must not wait for the engine to drain."""
+        since = self.busy_since
+        return self.busy_s + (time.monotonic() - since if since is not None else 0.0)
+
     def rows_per_s(self) -> float | None:
-        return self.requests / self.busy_s if self.busy_s > 1 and self.requests else None
+        busy = self.busy()
+        return self.requests / busy if busy > 1 and self.requests else None
 
     def tokens_per_s(self) -> float:
-        return (self.tokens_out / self.busy_s) if self.busy_s > 0 else 0.0
+        busy = self.busy()
+        return (self.tokens_out / busy) if busy > 0 else 0.0
 
     def summary(self, wall_s: float, status: str) -> dict[str, Any]:
         return {
@@ -133,6 +142,7 @@ class Totals:
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
             "tokens_per_s": round(self.tokens_out / wall_s, 2) if wall_s > 0 else 0.0,
+            "busy_s": round(self.busy(), 3),
             "chunks_done": self.chunks_done,
             "chunks_lost": self.chunks_lost,
             "wall_s": round(wall_s, 3),
@@ -290,7 +300,7 @@ class Worker:
 
     def _pump(self, engine: Engine, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], first: _Active) -> None:
         """Steps 3-5 of the module docstring, for every chunk we get, through one engine run."""
-        busy_from = time.monotonic()
+        self.totals.busy_since = time.monotonic()
         try:
             with contextlib.closing(engine.run(self._feed(claimer, entries, engine, first))) as steps:
                 while (finished := self._engine_step(steps)) is not None:
@@ -298,7 +308,8 @@ class Worker:
                     self._after_step(engine)
             self._after_step(engine)  # chunks whose last lines were bad (never reached the engine)
         finally:
-            self.totals.busy_s += time.monotonic() - busy_from
+            with self._lock:
+                self.totals.busy_s, self.totals.busy_since = self.totals.busy(), None
 
     def _settle(self, engine: Engine) -> None:
         """After the engine drained: flush and complete the chunks still in hand, which only a

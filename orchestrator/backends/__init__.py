@@ -17,7 +17,7 @@ def backend_for(ctx: RunContext, backend: str | None = None) -> Launcher:
     if name == "local":
         from orchestrator.backends.local import LocalLauncher, local_log_dir
 
-        return LocalLauncher(local_log_dir(spec), workers=spec.workers.count)
+        return LocalLauncher(local_log_dir(spec, ctx.store), workers=spec.workers.count)
     if name == "skypilot":
         if not ctx.store.shared:
             raise SpecError(

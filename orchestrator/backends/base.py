@@ -96,6 +96,8 @@ class JobStatus:
     exit_code: int | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    #: Where the job's log is: a file (local), or the command that shows it (SkyPilot).
+    log: str | None = None
 
 
 class Launcher(Protocol):

@@ -1,5 +1,9 @@
 """The local backend: each worker is a process on this machine, logs in files. The default and the test bed.
 
+Logs (and exit files) live beside the run when the store is a directory (`<store>/logs/<run>/`), so
+any command finds them from any directory; with an S3/R2 store, in ORCH_HOME/logs/<run>/ here.
+A failed job's reason quotes its log's last error line.
+
 A job is a small shell that runs the worker with the worker environment's Python and then writes
 the worker's exit code to a file. A controller restarted later (not the parent any more) still
 tells a clean exit, a crash and a kill apart:
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import signal
 import socket
@@ -27,13 +32,37 @@ from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, Launch
 from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE
 from orchestrator.core.records import Heartbeat
 from orchestrator.core.spec import RunSpec
+from orchestrator.core.store import Store
+from orchestrator.core.store.local import LOGS_DIR, LocalStore
 
 _STOPPED_CODES = {130, 143}
+#: How much of a log's end is searched for its last error line.
+_LOG_TAIL_BYTES = 64 * 1024
+#: The last line of a Python traceback: the exception, e.g. `OSError: ...` or `vllm.x.SomeError: ...`.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 
 
-def local_log_dir(spec: RunSpec) -> Path:
-    """Worker logs of the local backend: ORCH_HOME (default ./.orch) / logs / <run>."""
-    return orch_home() / "logs" / spec.layout.run
+def local_log_dir(spec: RunSpec, store: Store) -> Path:
+    """Where the local backend keeps a run's worker logs: `<store>/logs/<run>` for a directory
+    store, else ORCH_HOME (default ./.orch) / logs / <run>; always an absolute path."""
+    base = store.root / LOGS_DIR if isinstance(store, LocalStore) else orch_home() / "logs"
+    return (base / spec.layout.run).absolute()
+
+
+def last_error_line(log: Path) -> str | None:
+    """The line of a worker's log that says why it stopped: the last `ERROR` line (orch's own
+    errors and logged failures), or the exception line that ends a traceback; None if neither."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES, 0))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    for line in reversed(re.split(r"[\r\n]+", text)):  # tqdm redraws with \r
+        line = line.strip()
+        if line.startswith("ERROR ") or _EXCEPTION_LINE.match(line):
+            return line[:300]
+    return None
 
 
 def default_worker_python() -> str:
@@ -154,6 +183,22 @@ class LocalLauncher:
         _, _, _, stamp = job_id.split("-", 3)
         return next(self.log_dir.glob(f"worker-*-{stamp}.log"), self.log_dir / "missing.log")
 
+    def _failed(
+        self, job_id: str, why: str, started: float, *, code: int | None = None, ended: float | None = None
+    ) -> JobStatus:
+        """A FAILED job, its reason followed by its log's last error line."""
+        log = self.log_path(job_id)
+        error = last_error_line(log)
+        return JobStatus(
+            job_id,
+            JobState.FAILED,
+            failure_reason=f"{why}: {error}" if error else why,
+            exit_code=code,
+            started_at=started,
+            ended_at=ended,
+            log=str(log),
+        )
+
     def _status(self, job_id: str) -> JobStatus:
         try:
             _, pid_text, ticks, stamp = job_id.split("-", 3)
@@ -161,34 +206,31 @@ class LocalLauncher:
         except ValueError:
             return JobStatus(job_id, JobState.UNKNOWN, failure_reason="not a local job id")
         started = int(stamp) / 1000
+        log = str(self.log_path(job_id))
         child = _CHILDREN.get(pid)
         if child is not None:
             child.poll()  # reap, so a finished child does not linger as a zombie
         if _start_ticks(pid) == ticks and _alive(pid):
-            return JobStatus(job_id, JobState.RUNNING, accelerator=None, spot=None, started_at=started)
+            return JobStatus(job_id, JobState.RUNNING, accelerator=None, spot=None, started_at=started, log=log)
         exit_file = next(self.log_dir.glob(f"worker-*-{stamp}.exit"), None)
         if exit_file is None:
-            return JobStatus(
-                job_id, JobState.FAILED, failure_reason="killed (no exit code recorded)", started_at=started
-            )
+            return self._failed(job_id, "killed (no exit code recorded)", started)
         try:
             code = int(exit_file.read_text().strip())
         except ValueError:
             code = -1
         ended = exit_file.stat().st_mtime
         if code == 0:
-            return JobStatus(job_id, JobState.SUCCEEDED, exit_code=0, started_at=started, ended_at=ended)
+            return JobStatus(job_id, JobState.SUCCEEDED, exit_code=0, started_at=started, ended_at=ended, log=log)
         if code in _STOPPED_CODES:
-            return JobStatus(job_id, JobState.CANCELLED, exit_code=code, started_at=started, ended_at=ended)
-        why = "the store stayed unreachable past its outage budget" if code == EXIT_STORE_UNREACHABLE else None
-        return JobStatus(
-            job_id,
-            JobState.FAILED,
-            exit_code=code,
-            failure_reason=f"worker exited with {code}" + (f" ({why})" if why else ""),
-            started_at=started,
-            ended_at=ended,
-        )
+            return JobStatus(job_id, JobState.CANCELLED, exit_code=code, started_at=started, ended_at=ended, log=log)
+        if code == EXIT_STORE_UNREACHABLE:
+            why = f"worker exited with {code} (the store stayed unreachable past its outage budget)"
+        elif 128 < code < 160:  # the shell reports a worker killed by signal N as 128 + N
+            why = f"worker killed by signal {code - 128}"
+        else:
+            why = f"worker exited with {code}"
+        return self._failed(job_id, why, started, code=code, ended=ended)
 
     def _live_pid(self, job_id: str) -> int | None:
         try:

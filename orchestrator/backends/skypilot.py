@@ -174,6 +174,7 @@ def _status(job_id: str, record: Any) -> JobStatus:
         failure_reason=_ANSI.sub("", reason) if reason else None,  # SkyPilot colours its hints
         started_at=_get(record, "start_at"),
         ended_at=_get(record, "end_at"),
+        log=f"sky jobs logs {job_id}",
     )
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import collections
+import io
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -273,6 +275,27 @@ def test_worker_feeds_the_next_chunk_before_the_current_one_drains(tiny_engine, 
         assert third.started_at >= first.finished_at  # ...but only one chunk ahead
     seen = answered(store, layout)
     assert len(seen) == 48 and set(seen.values()) == {1}
+
+
+def test_worker_progress_lines_give_the_pace_while_the_engine_works(tiny_engine, tiny_model, tmp_path):
+    """Progress lines in a log (not a terminal) give tokens/s while the engine works, not 0.0 until
+    it drains: the pace the summary line ends with (tokens out over the engine's busy time)."""
+    from orchestrator.core.spec import load_spec
+    from worker import runner
+    from worker.progress import ProgressReporter
+
+    store = open_store(str(tmp_path / "store"))
+    rows = [chat_request(f"g-{i}", f"Item {i}", max_tokens=8 + 2 * i, ignore_eos=True) for i in range(24)]
+    make_run(store, "pace", [rows], model=tiny_model)
+    spec = load_spec(None, {"run": "pace", "store": store.uri, "model.name": tiny_model}, env={}, default_file=False)
+    lines = io.StringIO()
+    progress = ProgressReporter(lines, every_s=0, interactive=False)
+    summary = runner.Worker(
+        store, spec, runner.WorkerIdentity.new("0", 0), lambda: tiny_engine, progress=progress
+    ).run()
+    rates = [float(r) for r in re.findall(r"rows \(\d+%\), ([\d.]+) tok/s", lines.getvalue())]
+    assert len(rates) >= 3 and all(r > 0 for r in rates), lines.getvalue()
+    assert 0.5 < rates[-1] / (summary["tokens_out"] / summary["busy_s"]) < 2, (rates, summary)
 
 
 class DrainTakesLong:

@@ -47,7 +47,10 @@ from orchestrator.core.store.base import (
     check_key,
 )
 
-_INTERNAL = (".orch-tmp", ".orch-locks")
+#: The local backend's worker logs, beside the runs (orchestrator/backends/local.py): files of this
+#: machine, not store keys.
+LOGS_DIR = "logs"
+_INTERNAL = (".orch-tmp", ".orch-locks", LOGS_DIR)
 _LOCK_STRIPES = 256
 #: A temporary file this old belongs to no write in progress: its writer was killed.
 TMP_MAX_AGE_S = 3600.0
