@@ -36,3 +36,21 @@ def tiny_engine(tiny_model):
     engine = VllmEngine(ModelSpec(name=tiny_model))
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_embed_model() -> str:
+    from worker.models import build_tiny_embed
+
+    return str(build_tiny_embed(MODELS / "tiny-embed"))
+
+
+@pytest.fixture(scope="session")
+def embed_engine(tiny_embed_model):
+    """The tiny Llama on vLLM's pooling runner (last-token pooling, Matryoshka 32/64/128)."""
+    from orchestrator.core.spec import ModelSpec
+    from worker.engine import load_engine
+
+    engine = load_engine(ModelSpec(name=tiny_embed_model, runner="pooling"))
+    yield engine
+    engine.close()

@@ -87,7 +87,7 @@ def test_parse_request_text_content_parts_are_joined():
     [
         (b"{oops", "invalid_json"),
         ({"method": "POST", "url": "/v1/chat/completions", "body": {}}, "missing_custom_id"),
-        ({"custom_id": "x", "url": "/v1/embeddings", "body": {"input": "a"}}, "unsupported_url"),
+        ({"custom_id": "x", "url": "/v1/moderations", "body": {"input": "a"}}, "unsupported_url"),
         (chat(tools=[{"type": "function"}]), "unsupported_parameter"),
         (chat(messages=[]), "invalid_messages"),
         (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "unsupported_content"),

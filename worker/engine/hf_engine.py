@@ -87,6 +87,8 @@ class TransformersEngine:
         self.abort()
 
     def _prepare(self, request: EngineRequest) -> list[int] | RowResult:
+        if request.kind == "embedding":
+            return _error(request, "unsupported_url", "/v1/embeddings needs the vLLM engine with model.runner: pooling")
         p = request.params
         if p.presence_penalty or p.frequency_penalty:
             return _error(

@@ -17,9 +17,11 @@ from typing import Any
 
 from orchestrator.core.errors import OrchError
 from orchestrator.core.spec import ModelSpec
+from worker.adapters import AdapterChooser
+from worker.adapters import engine_args as adapter_args
 from worker.engine.base import RowResult
 from worker.outputs import Choice, TokenLogprob, error_line, success_line
-from worker.requests import EngineRequest, GenerationParams, for_template
+from worker.requests import BadRequest, EngineRequest, GenerationParams, for_template
 
 log = logging.getLogger("orch.worker.vllm")
 
@@ -61,6 +63,7 @@ class VllmEngine:
         self.accelerator = _accelerator()
         self._in_flight: dict[str, _InFlight] = {}
         self._next_id = 0
+        self._adapters = AdapterChooser(spec)
 
     # -- Engine ------------------------------------------------------------------------------
     def run(self, requests: Iterator[EngineRequest | None]) -> Generator[list[RowResult], None, None]:
@@ -85,7 +88,9 @@ class VllmEngine:
                 if exhausted:
                     return
                 continue
-            finished = [self._result(o) for o in self._engine.step() if o.finished and o.request_id in self._in_flight]
+            outputs = [o for o in self._engine.step() if o.finished and o.request_id in self._in_flight]
+            # A row may span several engine requests (an embeddings line with a list of inputs).
+            finished = [row for row in map(self._result, outputs) if row is not None]
             yield finished + pending_errors
             pending_errors = []
 
@@ -101,6 +106,16 @@ class VllmEngine:
 
     # -- one row ---------------------------------------------------------------------------------
     def _add(self, request: EngineRequest) -> RowResult | None:
+        if request.kind == "embedding":
+            return _error(
+                request,
+                "unsupported_url",
+                "this run generates text: /v1/embeddings needs a run with model.runner: pooling",
+            )
+        try:
+            lora = self._adapters.for_model(request.model)
+        except BadRequest as e:
+            return _error(request, e.code, str(e), param=e.param)
         try:
             prompt_ids = self._tokenize(request)
         except Exception as e:  # a template that fails on this conversation fails this row only
@@ -118,7 +133,7 @@ class VllmEngine:
             params = _sampling_params(p)
             request_id = str(self._next_id)
             self._next_id += 1
-            self._engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+            self._engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params, lora_request=lora)
         except Exception as e:
             refusal = _refusal(e)
             if refusal is None:
@@ -140,7 +155,7 @@ class VllmEngine:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         return list(self.tokenizer.encode(request.prompt))
 
-    def _result(self, output: Any) -> RowResult:
+    def _result(self, output: Any) -> RowResult | None:
         flight = self._in_flight.pop(output.request_id)
         request = flight.request
         choices = [
@@ -152,7 +167,9 @@ class VllmEngine:
             )
             for c in output.outputs
         ]
-        line = success_line(request, choices, flight.prompt_tokens, self.model_name)
+        # Like the API, the answer names the model the line asked for: the adapter, when one answered.
+        model = request.model if self._adapters.for_model(request.model) is not None else self.model_name
+        line = success_line(request, choices, flight.prompt_tokens, model or self.model_name)
         return RowResult(
             request.index,
             request.custom_id,
@@ -247,6 +264,7 @@ def _build_llm(spec: ModelSpec) -> Any:
     if cpu and dtype == "auto":
         dtype = "float32"  # 2.5x faster than bfloat16 on this kind of CPU (FACTS.md)
     kwargs.update(model=spec.name, dtype=dtype, tensor_parallel_size=spec.tensor_parallel_size, seed=0)
+    kwargs.update(runner=spec.runner, **adapter_args(spec))
     if spec.max_model_len:
         kwargs["max_model_len"] = spec.max_model_len
     elif cpu:
