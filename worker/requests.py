@@ -162,13 +162,11 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest("invalid_messages", f"messages[{i}] needs a role", "messages")
         content = m.get("content")
-        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise BadRequest(
-                    "unsupported_content", f"messages[{i}]: only text content parts are supported", "messages"
-                )
-            content = "".join(str(p.get("text", "")) for p in content)
-        if not isinstance(content, str):
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, {"type": "image_url", ...}]
+            from worker.images import content_parts  # it imports this module
+
+            content = content_parts(content, i)
+        if not isinstance(content, (str, list)):
             raise BadRequest("invalid_messages", f"messages[{i}].content must be text", "messages")
         out.append({"role": m["role"], "content": content})
     return out

@@ -89,6 +89,8 @@ class TransformersEngine:
     def _prepare(self, request: EngineRequest) -> list[int] | RowResult:
         if request.kind == "embedding":
             return _error(request, "unsupported_url", "/v1/embeddings needs the vLLM engine with model.runner: pooling")
+        if any(isinstance(m["content"], list) for m in request.messages or []):
+            return _error(request, "unsupported_content", "images need the vLLM engine", "messages")
         p = request.params
         if p.presence_penalty or p.frequency_penalty:
             return _error(

@@ -20,6 +20,7 @@ from orchestrator.core.spec import ModelSpec
 from worker.adapters import AdapterChooser
 from worker.adapters import engine_args as adapter_args
 from worker.engine.base import RowResult
+from worker.images import image_urls, load_images
 from worker.outputs import Choice, TokenLogprob, error_line, success_line
 from worker.requests import BadRequest, EngineRequest, GenerationParams, for_template
 
@@ -129,11 +130,18 @@ class VllmEngine:
                 f"{len(prompt_ids)} prompt tokens and asks for {p.max_tokens} more",
                 param="max_tokens" if len(prompt_ids) < self.max_model_len else "messages",
             )
+        prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
+        urls = image_urls(request.messages or [])
+        if urls:
+            try:
+                prompt["multi_modal_data"] = {"image": load_images(urls)}
+            except BadRequest as e:
+                return _error(request, e.code, str(e), param=e.param)
         try:
             params = _sampling_params(p)
             request_id = str(self._next_id)
             self._next_id += 1
-            self._engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params, lora_request=lora)
+            self._engine.add_request(request_id, prompt, params, lora_request=lora)
         except Exception as e:
             refusal = _refusal(e)
             if refusal is None:
@@ -264,7 +272,7 @@ def _build_llm(spec: ModelSpec) -> Any:
     if cpu and dtype == "auto":
         dtype = "float32"  # 2.5x faster than bfloat16 on this kind of CPU (FACTS.md)
     kwargs.update(model=spec.name, dtype=dtype, tensor_parallel_size=spec.tensor_parallel_size, seed=0)
-    kwargs.update(runner=spec.runner, **adapter_args(spec))
+    kwargs.update(runner=spec.runner, **adapter_args(spec, cpu=cpu))
     if spec.max_model_len:
         kwargs["max_model_len"] = spec.max_model_len
     elif cpu:
@@ -292,7 +300,8 @@ def _native_context(model: str) -> int | None:
     try:
         from transformers import AutoConfig
 
-        return getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+        # A vision-language model keeps it in its text model's config.
+        return getattr(AutoConfig.from_pretrained(model).get_text_config(), "max_position_embeddings", None)
     except Exception:  # unknown architecture: let vLLM derive it
         return None
 
