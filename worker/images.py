@@ -1,4 +1,4 @@
-"""Images in chat messages: `image_url` parts parsed, fetched (data:, http(s):://, s3://) and decoded for the engine.
+"""Images in chat messages: `image_url` parts parsed, fetched (data:, http(s)://, s3://) and decoded for the engine.
 
 A message whose content has `image_url` parts keeps its parts, as a vision-language model's chat
 template expects them (`{"type": "image"}` where the image goes, `{"type": "text", ...}`), and

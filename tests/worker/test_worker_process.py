@@ -35,11 +35,13 @@ def chunk_of(prefix: str, rows: int, max_tokens: int = 8) -> list[dict]:
 
 
 class WorkerProcess:
-    def __init__(self, store_uri: str, run: str, worker: str, tmp_path: Path, *args: str):
+    def __init__(self, store_uri: str, run: str, worker: str, tmp_path: Path, *args: str, env: dict | None = None):
         self.stderr_path = tmp_path / f"worker-{worker}-{time.monotonic_ns()}.err"
         cmd = [sys.executable, "-m", "worker", "--run", run, "--store", store_uri, "--worker", worker, *args]
         with open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+            self.proc = subprocess.Popen(
+                cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **(env or {})}
+            )
 
     def finish(self, timeout: float = 300) -> tuple[int, dict]:
         out, _ = self.proc.communicate(timeout=timeout)
