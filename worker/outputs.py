@@ -15,7 +15,7 @@ HTTP answer the OpenAI API would have given. The `id` is set when the part is wr
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.lines import BatchOutputLine, BatchResponse, new_request_id
@@ -35,9 +35,12 @@ class TokenLogprob:
 @dataclass
 class Choice:
     text: str
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "tool_calls"
     tokens: int
     logprobs: list[TokenLogprob] | None = None
+    #: Calls parsed out of the text (chat with tools): OpenAI's `message.tool_calls`; `text` is then
+    #: what the parser left as content.
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 def success_line(request: EngineRequest, choices: list[Choice], prompt_tokens: int, model: str) -> BatchOutputLine:
@@ -57,7 +60,7 @@ def success_line(request: EngineRequest, choices: list[Choice], prompt_tokens: i
             "choices": [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": c.text},
+                    "message": _message(c),
                     "logprobs": _chat_logprobs(c.logprobs) if c.logprobs is not None else None,
                     "finish_reason": c.finish_reason,
                 }
@@ -92,6 +95,13 @@ def error_line(
     custom_id: str | None, code: str, message: str, *, param: str | None = None, status: int = 400
 ) -> BatchOutputLine:
     return BatchOutputLine.error_row(custom_id, code, message, param=param, status=status)
+
+
+def _message(choice: Choice) -> dict[str, Any]:
+    if not choice.tool_calls:
+        return {"role": "assistant", "content": choice.text}
+    # As OpenAI answers a call: no content unless the model wrote some beside it.
+    return {"role": "assistant", "content": choice.text or None, "tool_calls": choice.tool_calls}
 
 
 def _chat_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:

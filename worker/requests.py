@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from orchestrator.core.spec import SamplingSpec
 from worker.engine.base import RowResult
 from worker.outputs import error_line
+from worker.structured import Constraint, StructuredError, constraint, logit_bias
+from worker.tools import ToolError, ToolUse, tool_use
 
 if TYPE_CHECKING:
     from worker.embeddings import EmbeddingInput
@@ -29,7 +31,17 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 GREEDY_BELOW = 1e-5
 
 #: OpenAI fields that do not change what is generated, in a batch.
-_IGNORED = {"model", "user", "metadata", "store", "stream", "stream_options", "service_tier", "parallel_tool_calls"}
+_IGNORED = {
+    "model",
+    "user",
+    "metadata",
+    "store",
+    "stream",
+    "stream_options",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+}
 #: Fields we honour, per endpoint.
 _COMMON = {
     "max_tokens",
@@ -46,8 +58,21 @@ _COMMON = {
     "repetition_penalty",
     "min_tokens",
     "ignore_eos",
+    # Constrained decoding (worker/structured.py); vLLM's server takes both on both endpoints.
+    "response_format",
+    "structured_outputs",
+    "logit_bias",
 }
-_CHAT = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+_CHAT = _COMMON | {
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    # Tool calling (worker/tools.py).
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+}
 _COMPLETION = _COMMON | {"prompt", "logprobs", "echo", "best_of"}
 
 
@@ -71,6 +96,10 @@ class GenerationParams:
     #: Top alternatives per generated token: None = no logprobs; 0 = the chosen token's only.
     logprobs: int | None
     echo: bool
+    #: A JSON schema, regex, choice or grammar the output must follow (vLLM only).
+    constraint: Constraint | None = None
+    #: (token id, bias) pairs added to the logits.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -82,6 +111,7 @@ class EngineRequest:
     prompt: str | None
     params: GenerationParams  # for embeddings: the spec's defaults, unused
     chunk: str | None = None  # set by the worker: where the row's answer goes
+    tools: ToolUse | None = None
     #: `body.model`: the engine answers it with the run's model or one of its LoRA adapters.
     model: str | None = None
     embedding: EmbeddingInput | None = None
@@ -114,7 +144,8 @@ def parse_request(line: bytes | str, index: int, defaults: SamplingSpec) -> Engi
         if url == CHAT_URL:
             _check_keys(body, _CHAT)
             params = _params(body, defaults, chat=True)
-            return EngineRequest(index, custom_id, "chat", _messages(body), None, params, model=model)
+            messages = _messages(body)
+            return EngineRequest(index, custom_id, "chat", messages, None, params, tools=_tools(body), model=model)
         if url == COMPLETION_URL:
             _check_keys(body, _COMPLETION)
             params = _params(body, defaults, chat=False)
@@ -153,6 +184,20 @@ def _check_keys(body: dict[str, Any], allowed: set[str]) -> None:
             raise BadRequest("unsupported_parameter", f"parameter {key!r} is not supported in a batch here", key)
 
 
+def _constraints(body: dict[str, Any]) -> tuple[Constraint | None, tuple[tuple[int, float], ...]]:
+    try:
+        return constraint(body), logit_bias(body.get("logit_bias"))
+    except StructuredError as e:
+        raise BadRequest("invalid_parameter", str(e), e.param) from None
+
+
+def _tools(body: dict[str, Any]) -> ToolUse | None:
+    try:
+        return tool_use(body)
+    except ToolError as e:
+        raise BadRequest("invalid_parameter", str(e), e.param) from None
+
+
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -166,9 +211,14 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             from worker.images import content_parts  # it imports this module
 
             content = content_parts(content, i)
+        # An assistant turn that called tools may have no content; the calls and the tool answers'
+        # ids go to the chat template as they are.
+        kept = {k: m[k] for k in ("tool_calls", "tool_call_id", "name") if m.get(k) is not None}
+        if content is None and "tool_calls" in kept:
+            content = ""
         if not isinstance(content, (str, list)):
             raise BadRequest("invalid_messages", f"messages[{i}].content must be text", "messages")
-        out.append({"role": m["role"], "content": content})
+        out.append({"role": m["role"], "content": content, **kept})
     return out
 
 
@@ -233,6 +283,7 @@ def _params(body: dict[str, Any], d: SamplingSpec, *, chat: bool) -> GenerationP
             "set a temperature > 0 for n samples)",
             "n",
         )
+    constrained, bias = _constraints(body)
     return GenerationParams(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -253,4 +304,6 @@ def _params(body: dict[str, Any], d: SamplingSpec, *, chat: bool) -> GenerationP
         ignore_eos=get("ignore_eos", bool, False),
         logprobs=logprobs,
         echo=echo,
+        constraint=constrained,
+        logit_bias=bias,
     )

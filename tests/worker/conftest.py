@@ -14,6 +14,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+COMPACT_JSON = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     from worker.models import build_tiny
@@ -33,7 +36,9 @@ def tiny_engine(tiny_model):
     from orchestrator.core.spec import ModelSpec
     from worker.engine.vllm_engine import VllmEngine
 
-    engine = VllmEngine(ModelSpec(name=tiny_model))
+    # Compact JSON under a JSON constraint (vLLM sets this per engine, not per request): random
+    # weights would otherwise pad structured output with whitespace up to max_tokens.
+    engine = VllmEngine(ModelSpec(name=tiny_model, engine_args=COMPACT_JSON))
     yield engine
     engine.close()
 

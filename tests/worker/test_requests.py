@@ -90,7 +90,8 @@ def test_parse_request_text_content_parts_are_joined():
         ({"custom_id": "x", "url": "/v1/moderations", "body": {"input": "a"}}, "unsupported_url"),
         (chat(tools=[{"type": "function"}]), "unsupported_parameter"),
         (chat(messages=[]), "invalid_messages"),
-        (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "unsupported_content"),
+        (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "invalid_image"),  # no url
+        (chat(messages=[{"role": "user", "content": [{"type": "input_audio"}]}]), "unsupported_content"),
         (chat(n=True), "invalid_parameter"),
         (chat(temperature="hot"), "invalid_parameter"),
         (chat(top_logprobs=2), "invalid_parameter"),

@@ -3,7 +3,9 @@
 Requests are taken a window at a time and generated in padded batches of requests that share
 their sampling parameters (and seed), so per-request parameters are honoured exactly.
 Differences from vLLM, each an error row rather than a different answer: presence/frequency
-penalties (transformers has no equivalent).
+penalties (transformers has no equivalent), constrained decoding (`response_format` json_object /
+json_schema, `structured_outputs`) and `tools`, which need vLLM's grammar backends and tool
+parsers. `logit_bias` is honoured (transformers' sequence bias over single tokens).
 """
 
 from __future__ import annotations
@@ -99,6 +101,17 @@ class TransformersEngine:
                 "presence/frequency penalties need the vLLM engine",
                 "presence_penalty" if p.presence_penalty else "frequency_penalty",
             )
+        if p.constraint is not None or request.tools is not None:
+            param = "tools" if request.tools is not None else p.constraint.source if p.constraint else None
+            return _error(
+                request,
+                "unsupported_parameter",
+                f"{param} needs the vLLM engine (model.engine: vllm): transformers cannot constrain or parse output",
+                param,
+            )
+        vocab = self.model.config.vocab_size
+        if any(not 0 <= token < vocab for token, _ in p.logit_bias):
+            return _error(request, "invalid_parameter", f"logit_bias: token ids are 0 to {vocab - 1}", "logit_bias")
         try:
             if request.kind == "chat":
                 template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
@@ -140,6 +153,8 @@ class TransformersEngine:
         )
         if p.temperature > 0:
             kwargs.update(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k or None, min_p=p.min_p or None)
+        if p.logit_bias:
+            kwargs["sequence_bias"] = {(token,): bias for token, bias in p.logit_bias}
         if p.ignore_eos:
             kwargs["eos_token_id"] = None
             kwargs["suppress_tokens"] = [self.tokenizer.eos_token_id]

@@ -23,6 +23,7 @@ from worker.engine.base import RowResult
 from worker.images import image_urls, load_images
 from worker.outputs import Choice, TokenLogprob, error_line, success_line
 from worker.requests import BadRequest, EngineRequest, GenerationParams, for_template
+from worker.tools import ToolCallRequest, ToolError, VllmTools
 
 log = logging.getLogger("orch.worker.vllm")
 
@@ -42,6 +43,7 @@ CPU_MAX_MODEL_LEN = 2048
 class _InFlight:
     request: EngineRequest
     prompt_tokens: int
+    tools: ToolCallRequest | None = None
 
 
 class VllmEngine:
@@ -62,6 +64,7 @@ class VllmEngine:
         # replaced in the very next step.
         self.max_in_flight = max_in_flight or max(4 * self.capacity, 256)
         self.accelerator = _accelerator()
+        self._tools = VllmTools(spec.tool_parser, self.tokenizer, engine.model_config)
         self._in_flight: dict[str, _InFlight] = {}
         self._next_id = 0
         self._adapters = AdapterChooser(spec)
@@ -117,11 +120,20 @@ class VllmEngine:
             lora = self._adapters.for_model(request.model)
         except BadRequest as e:
             return _error(request, e.code, str(e), param=e.param)
+        p = request.params
+        tools = None
+        if request.tools is not None:
+            try:
+                constraint = p.constraint.vllm_kwargs() if p.constraint else None
+                tools = self._tools.prepare(request.messages or [], request.tools, constraint)
+            except ToolError as e:
+                return _error(request, "invalid_parameter", str(e), param=e.param)
+            except ValueError as e:  # vLLM's request model refused the row (pydantic's errors are ValueErrors)
+                return _error(request, "invalid_request", f"vLLM refused the tools: {e}", param="tools")
         try:
-            prompt_ids = self._tokenize(request)
+            prompt_ids = self._tokenize(request, tools)
         except Exception as e:  # a template that fails on this conversation fails this row only
             return _error(request, "template_error", f"cannot apply the chat template: {e}")
-        p = request.params
         if len(prompt_ids) + p.max_tokens > self.max_model_len:
             return _error(
                 request,
@@ -138,7 +150,7 @@ class VllmEngine:
             except BadRequest as e:
                 return _error(request, e.code, str(e), param=e.param)
         try:
-            params = _sampling_params(p)
+            params = _sampling_params(p, tools.structured_outputs if tools else None)
             request_id = str(self._next_id)
             self._next_id += 1
             self._engine.add_request(request_id, prompt, params, lora_request=lora)
@@ -146,11 +158,12 @@ class VllmEngine:
             refusal = _refusal(e)
             if refusal is None:
                 raise  # not about this request: the engine itself is in trouble
-            return _error(request, "invalid_request", refusal[0], param=refusal[1])
-        self._in_flight[request_id] = _InFlight(request, len(prompt_ids))
+            param = refusal[1] or (p.constraint.source if p.constraint else None)
+            return _error(request, "invalid_request", refusal[0], param=param)
+        self._in_flight[request_id] = _InFlight(request, len(prompt_ids), tools)
         return None
 
-    def _tokenize(self, request: EngineRequest) -> list[int]:
+    def _tokenize(self, request: EngineRequest, tools: ToolCallRequest | None) -> list[int]:
         if request.kind == "chat":
             template = self._chat_template or getattr(self.tokenizer, "chat_template", None)
             text = self.tokenizer.apply_chat_template(
@@ -158,6 +171,7 @@ class VllmEngine:
                 add_generation_prompt=True,
                 tokenize=False,
                 chat_template=self._chat_template,
+                tools=tools.template_tools if tools else None,
             )
             # The template already wrote the special tokens it wants.
             return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -175,6 +189,9 @@ class VllmEngine:
             )
             for c in output.outputs
         ]
+        if flight.tools is not None:
+            for choice in choices:
+                self._with_tool_calls(choice, flight.tools)
         # Like the API, the answer names the model the line asked for: the adapter, when one answered.
         model = request.model if self._adapters.for_model(request.model) is not None else self.model_name
         line = success_line(request, choices, flight.prompt_tokens, model or self.model_name)
@@ -187,6 +204,15 @@ class VllmEngine:
             False,
             request.chunk,
         )
+
+    def _with_tool_calls(self, choice: Choice, tools: ToolCallRequest) -> None:
+        content, choice.tool_calls = self._tools.parse(tools, choice.text)
+        choice.text = content or ""
+        # As vLLM's server (and OpenAI): "tool_calls" when the model chose to call (auto) or had to
+        # (required); a named tool_choice ends with "stop".
+        named = not isinstance(tools.vllm_request.tool_choice, str)
+        if choice.tool_calls and choice.finish_reason == "stop" and not named:
+            choice.finish_reason = "tool_calls"
 
 
 def _error(request: EngineRequest, code: str, message: str, param: str | None = None) -> RowResult:
@@ -214,9 +240,14 @@ def _refusal(e: Exception) -> tuple[str, str | None] | None:
     return None
 
 
-def _sampling_params(p: GenerationParams) -> Any:
+def _sampling_params(p: GenerationParams, tool_constraint: Any = None) -> Any:
+    """vLLM's parameters for a row; a tool_choice's constraint (from the tool parser) wins over the row's own."""
     from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+    structured = tool_constraint
+    if structured is None and p.constraint is not None:
+        structured = StructuredOutputsParams(**p.constraint.vllm_kwargs())
 
     return SamplingParams(
         n=p.n,
@@ -233,6 +264,8 @@ def _sampling_params(p: GenerationParams) -> Any:
         min_tokens=p.min_tokens,
         ignore_eos=p.ignore_eos,
         logprobs=p.logprobs,
+        structured_outputs=structured,
+        logit_bias=dict(p.logit_bias) or None,
         # Only the finished output: no per-step copies of partial text.
         output_kind=RequestOutputKind.FINAL_ONLY,
     )

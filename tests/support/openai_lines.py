@@ -1,0 +1,44 @@
+"""Output lines checked against the official `openai` SDK's types: what OpenAI's own clients will parse."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The SDK type of each success body, by its `object` field.
+BODY_TYPES = {
+    "chat.completion": ("openai.types.chat", "ChatCompletion"),
+    "text_completion": ("openai.types", "Completion"),
+    "list": ("openai.types", "CreateEmbeddingResponse"),
+}
+
+
+def check_line(line: dict[str, Any]) -> Any:
+    """The line's body as the SDK's object (a success) or `BatchError` (an error row); raises
+    pydantic's ValidationError when the SDK would not read it."""
+    import importlib
+
+    from openai.types import BatchError
+
+    assert set(line) >= {"id", "custom_id", "response", "error"}, line
+    if line["error"] is not None:
+        error = BatchError.model_validate(line["error"])
+        assert error.code and error.message, line
+        return error
+    body = line["response"]["body"]
+    module, name = BODY_TYPES[body["object"]]
+    sdk_type = getattr(importlib.import_module(module), name)
+    parsed = sdk_type.model_validate(body)
+    # The SDK's models allow extra keys: a misspelt field would pass unseen, so none may be extra.
+    assert not _extras(parsed), (name, _extras(parsed))
+    return parsed
+
+
+def _extras(model: Any) -> list[str]:
+    from pydantic import BaseModel
+
+    found = list((model.model_extra or {}).keys()) if isinstance(model, BaseModel) else []
+    if isinstance(model, BaseModel):
+        for value in model.__dict__.values():
+            for item in value if isinstance(value, list) else [value]:
+                found += _extras(item)
+    return found

@@ -1,0 +1,139 @@
+"""Structured output and logit_bias on the real vLLM engine (the tiny random model): the output
+follows the constraint because vLLM's grammar backend forces it, whatever the weights say."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from orchestrator.core.spec import SamplingSpec
+from tests.support.openai_lines import check_line
+from worker.requests import EngineRequest, parse_request
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "label": {"type": "string", "enum": ["positive", "negative", "neutral"]},
+        "urgent": {"type": "boolean"},
+    },
+    "required": ["label", "urgent"],
+    "additionalProperties": False,
+}
+PROMPTS = ["Great product!", "It broke after a day.", "Delivery was on time.", "1 2 3"]
+
+
+def answer(engine, *bodies, url="/v1/chat/completions"):
+    """Each body's output line (checked against the openai SDK's types), in order: the engine's
+    answer, or the error row parsing gave."""
+    reqs, rows = [], {}
+    for i, body in enumerate(bodies):
+        parsed = parse_request(json.dumps({"custom_id": f"r{i}", "url": url, "body": body}), i, SamplingSpec())
+        if isinstance(parsed, EngineRequest):
+            reqs.append(parsed)
+        else:
+            rows[parsed.custom_id] = parsed
+    rows |= {row.custom_id: row for step in engine.run(iter(reqs)) for row in step}
+    lines = [rows[f"r{i}"].line.model_dump(mode="json") for i in range(len(bodies))]
+    for line in lines:
+        check_line(line)
+    return lines
+
+
+def chat(text, **params):
+    return {"messages": [{"role": "user", "content": text}], "max_tokens": 64, **params}
+
+
+def content(line):
+    return line["response"]["body"]["choices"][0]["message"]["content"]
+
+
+def test_structured_json_schema_output_conforms(tiny_engine):
+    response_format = {"type": "json_schema", "json_schema": {"name": "triage", "schema": SCHEMA, "strict": True}}
+    lines = answer(tiny_engine, *(chat(p, response_format=response_format) for p in PROMPTS))
+    for line in lines:
+        assert line["error"] is None, line
+        jsonschema.validate(json.loads(content(line)), SCHEMA)
+
+
+def test_structured_json_object_is_json(tiny_engine):
+    # Random weights write endless strings; a bias towards `"` and `}` lets them end, and only the
+    # grammar keeps the biased output a JSON object.
+    bias = {str(tiny_engine.tokenizer.encode(c, add_special_tokens=False)[0]): 30 for c in '"}'}
+    constrained, free = answer(
+        tiny_engine,
+        chat("JSON", logit_bias=bias, response_format={"type": "json_object"}),
+        chat("JSON", logit_bias=bias, max_tokens=8),
+    )
+    assert isinstance(json.loads(content(constrained)), dict)
+    with pytest.raises(ValueError):
+        json.loads(content(free))
+
+
+def test_structured_text_format_changes_nothing(tiny_engine):
+    plain, text = answer(
+        tiny_engine, chat("hello", max_tokens=16), chat("hello", max_tokens=16, response_format={"type": "text"})
+    )
+    assert content(text) == content(plain)
+
+
+def test_structured_outputs_choice_regex_grammar_on_both_endpoints(tiny_engine):
+    choice, regex, grammar = answer(
+        tiny_engine,
+        chat("Sentiment?", structured_outputs={"choice": ["positive", "negative"]}),
+        chat("A date", structured_outputs={"regex": r"20[0-9]{2}-[01][0-9]-[0-3][0-9]"}),
+        chat("Yes or no", structured_outputs={"grammar": 'root ::= "yes" | "no"'}),
+    )
+    assert content(choice) in ("positive", "negative")
+    assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", content(regex))
+    assert content(grammar) in ("yes", "no")
+    (completion,) = answer(
+        tiny_engine,
+        {"prompt": "Label:", "max_tokens": 8, "structured_outputs": {"choice": ["spam", "ham"]}},
+        url="/v1/completions",
+    )
+    assert completion["response"]["body"]["choices"][0]["text"] in ("spam", "ham")
+
+
+def test_structured_schema_vllm_cannot_compile_is_an_error_row(tiny_engine):
+    bad = {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}},
+    }
+    broken, fine = answer(
+        tiny_engine, chat("x", response_format=bad), chat("x", structured_outputs={"regex": "[unclosed"})
+    )
+    for line, field in ((broken, "response_format"), (fine, "structured_outputs")):
+        assert line["error"] is not None
+        assert line["response"]["body"]["error"]["param"] == field
+    assert "nonsense" in broken["error"]["message"]
+
+
+def test_structured_malformed_fields_are_error_rows_naming_them(tiny_engine):
+    lines = answer(
+        tiny_engine,
+        chat("x", response_format={"type": "xml"}),
+        chat("x", structured_outputs={"regex": "a", "choice": ["b"]}),
+        chat("x", structured_outputs={"bogus": 1}),
+        chat("x", structured_outputs={"regex": "a", "disable_any_whitespace": True}),
+        chat("x", logit_bias={"not-a-token": 5}),
+        chat("x", logit_bias={"5": 1000}),
+        chat("x", logit_bias={"99999": 5}),
+    )
+    params = [line["response"]["body"]["error"]["param"] for line in lines]
+    assert params == ["response_format"] + ["structured_outputs"] * 3 + ["logit_bias"] * 3
+
+
+def test_logit_bias_forces_a_token(tiny_engine):
+    token = tiny_engine.tokenizer.encode("Paris", add_special_tokens=False)[0]
+    forced, plain = answer(
+        tiny_engine,
+        chat("x", max_tokens=4, ignore_eos=True, logit_bias={str(token): 100}),
+        chat("x", max_tokens=4, ignore_eos=True),
+    )
+    assert content(forced) == tiny_engine.tokenizer.decode([token]) * 4
+    assert content(forced) != content(plain)
