@@ -22,7 +22,7 @@ setup: $(VENV)/.installed $(WVENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	test -x $(UV) || $(VENV)/bin/pip install -q uv
-	$(UV) pip install -q --python $(VENV)/bin/python -e '.[controller,plot,test,lint]'
+	$(UV) pip install -q --python $(VENV)/bin/python -e '.[controller,serve,plot,test,lint]'
 	touch $@
 
 $(WVENV)/.installed: pyproject.toml scripts/worker-overrides.txt $(VENV)/.installed

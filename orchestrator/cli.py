@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import click
 
 from orchestrator import __version__
-from orchestrator.commands import collect, lifecycle, prepare, prices, run, simulate, status
+from orchestrator.commands import collect, lifecycle, prepare, prices, run, serve, simulate, status
 from orchestrator.core.errors import OrchError, render_error
 
 
@@ -23,11 +23,12 @@ def cli() -> None:
 
     \b
     A run: prepare -> plan -> launch -> status/watch -> collect (or all at once: orch run).
+    The OpenAI Batch API over runs: orch serve.
     Tracebacks: set ORCH_DEBUG=1.
     """
 
 
-for _module in (collect, lifecycle, prepare, prices, run, simulate, status):
+for _module in (collect, lifecycle, prepare, prices, run, serve, simulate, status):
     _module.register(cli)
 
 

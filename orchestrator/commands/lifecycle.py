@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from orchestrator.commands.shared import backend_option, common_options, follow_run, require_model, stop_workers
+from orchestrator.commands.shared import backend_option, common_options, follow_run, require_model
 
 
 @click.command("launch")
@@ -151,17 +151,14 @@ def resume_command(inv, backend, follow, interval):
 @backend_option
 def cancel_command(inv, backend):
     """Stop every worker of the run (finished rows are flushed; `orch resume` continues later)."""
-    from orchestrator.backends import backend_for
-    from orchestrator.core.records import read_jobs
+    from orchestrator.controller.launch import cancel_workers
 
     ctx = inv.with_flags(backend=backend).context()
-    record, _ = read_jobs(ctx.store, ctx.layout)
-    if not record.current_jobs():
+    live = cancel_workers(ctx)
+    if live is None:
         click.echo("no workers were launched for this run")
         return 0
-    # The record says cancelled (written first): `orch watch` will not relaunch these jobs.
-    stopped = stop_workers(ctx, backend_for(ctx, record.backend))
-    click.echo(f"cancelled {stopped} live job(s) of run {ctx.layout.run!r}")
+    click.echo(f"cancelled {len(live)} live job(s) of run {ctx.layout.run!r}")
     return 0
 
 

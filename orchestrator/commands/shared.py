@@ -251,7 +251,9 @@ def interrupted(ctx: RunContext, launcher: Launcher) -> NoReturn:
             click.echo(f"Ctrl-C again within {SECOND_INTERRUPT_S:g}s stops the local workers now.", err=True)
             time.sleep(SECOND_INTERRUPT_S)
         except KeyboardInterrupt:
-            stopped = stop_workers(ctx, launcher)
+            from orchestrator.controller.launch import cancel_workers
+
+            stopped = len(cancel_workers(ctx) or [])
             click.echo(f"stopped {stopped} local worker(s); `orch resume {flags} --follow` continues the run", err=True)
     raise click.exceptions.Exit(130)
 
@@ -271,17 +273,6 @@ def live_jobs(ctx: RunContext, launcher: Launcher) -> dict[int, str]:
     current = {w: a.job_id for w, a in read_jobs(ctx.store, ctx.layout)[0].current_jobs().items()}
     statuses = launcher.statuses(list(current.values())) if current else {}
     return {w: job for w, job in current.items() if job in statuses and statuses[job].state.is_live()}
-
-
-def stop_workers(ctx: RunContext, launcher: Launcher) -> int:
-    """`orch cancel`: mark the run cancelled (so no controller relaunches them), then stop every
-    live worker (each flushes its finished rows first). Returns how many were live."""
-    from orchestrator.core.records import update_jobs
-
-    update_jobs(ctx.store, ctx.layout, lambda rec: setattr(rec, "cancelled", True))
-    live = list(live_jobs(ctx, launcher).values())
-    launcher.cancel(live)
-    return len(live)
 
 
 def print_prepare_report(ctx: RunContext, report: PrepareReport) -> None:

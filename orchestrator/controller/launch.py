@@ -6,6 +6,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 
+from orchestrator.backends import backend_for
 from orchestrator.backends.base import JobStatus, Launcher, LaunchFailed, LaunchRequest
 from orchestrator.core.context import RunContext
 from orchestrator.core.protocol.adapters import ship_adapters
@@ -112,6 +113,24 @@ def launch_workers(
     if failure is not None:
         raise failure
     return launched
+
+
+def cancel_workers(ctx: RunContext) -> list[str] | None:
+    """Stop every worker of the run: `orch cancel`, and `orch serve` for a cancelled or expired batch.
+
+    1. Mark the run cancelled in its jobs record, first: the reconcile loop relaunches nothing after.
+    2. Ask the backend that launched them which current jobs are live, and cancel those (workers
+       flush their finished rows and give their leases back).
+    Returns the live jobs cancelled; None when no worker was ever launched.
+    """
+    record = update_jobs(ctx.store, ctx.layout, lambda rec: setattr(rec, "cancelled", True))
+    job_ids = [a.job_id for a in record.current_jobs().values()]
+    if not job_ids:
+        return None
+    launcher = backend_for(ctx, record.backend)
+    live = [j for j, s in launcher.statuses(job_ids).items() if s.state.is_live()]
+    launcher.cancel(live)
+    return live
 
 
 def dry_run_requests(ctx: RunContext, workers: Iterable[int], out_dir, env: Mapping[str, str] | None = None):

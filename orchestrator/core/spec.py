@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.core.errors import SpecConflict, SpecError
 from orchestrator.core.protocol.layout import RunLayout, check_run_name
@@ -167,6 +167,32 @@ class ResourcesSpec(StrictModel):
         return self
 
 
+class ServeSpec(StrictModel):
+    """`orch serve`: the models it serves and the limits it enforces (OpenAI's, unless set here)."""
+
+    models: dict[str, ModelSpec] = Field(
+        default_factory=dict,
+        description="served name -> model; a bare string is a path or hub id, the `model` section gives the rest",
+    )
+    completion_windows: list[str] = Field(
+        default_factory=lambda: ["24h"],
+        description="the completion_window values a batch may ask for (8h, 90m, 30s...); OpenAI accepts 24h only",
+    )
+    max_file_bytes: int = Field(200 * 1024**2, ge=1, description="largest batch input file (OpenAI: 200 MB)")
+    max_requests: int = Field(50_000, ge=1, description="most request lines in one batch (OpenAI: 50,000)")
+    rows_per_chunk: int = Field(
+        500, ge=1, description="chunk size of a batch's run: a cancel or an expiry returns the finished chunks"
+    )
+    poll_interval: float = Field(5.0, gt=0, description="seconds between the server's rounds over its active batches")
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _bare_names(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: {"name": v} if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+
 class RunSpec(StrictModel):
     run: str | None = Field(None, description="the run's name: its prefix in the store")
     store: str = Field(DEFAULT_STORE, description="a directory, s3://BUCKET/PREFIX or r2://BUCKET/PREFIX")
@@ -177,6 +203,7 @@ class RunSpec(StrictModel):
     chunking: ChunkingSpec = Field(default_factory=ChunkingSpec)
     workers: WorkersSpec = Field(default_factory=WorkersSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    serve: ServeSpec = Field(default_factory=ServeSpec)
 
     @property
     def layout(self) -> RunLayout:

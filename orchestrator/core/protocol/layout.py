@@ -155,6 +155,55 @@ class RunLayout:
         return rest.split("/", 1)[0].removesuffix(".json")
 
 
+#: Index keys sort newest first: this minus the creation time in milliseconds, zero-padded.
+_NEWEST_FIRST = 10**13
+
+
+@dataclass(frozen=True)
+class ServeLayout:
+    """Keys of `orch serve`'s own objects, all under `serve/`. A batch is also a run: its run's keys
+    are those of `RunLayout(<batch id>)`.
+
+    Ownership: every file and batch document names its owner (a hash of the API key that made it,
+    never the key), and `owners/<owner>/<kind>/` lists each owner's objects, newest first, so a
+    listing reads only that owner's documents.
+    """
+
+    root: str = "serve/"
+
+    def file(self, file_id: str) -> str:
+        """A file's document (its OpenAI file object and owner)."""
+        return f"{self.root}files/{file_id}.json"
+
+    def file_content(self, file_id: str) -> str:
+        """A file's bytes, as uploaded (or as the server wrote a batch's output)."""
+        return f"{self.root}files/{file_id}.content"
+
+    def batch(self, batch_id: str) -> str:
+        return f"{self.root}batches/{batch_id}.json"
+
+    @property
+    def active_prefix(self) -> str:
+        """One empty object per batch not yet in a final state: what the server drives after a restart."""
+        return f"{self.root}active/"
+
+    def active(self, batch_id: str) -> str:
+        return f"{self.active_prefix}{batch_id}"
+
+    def owned_prefix(self, owner: str, kind: str) -> str:
+        """`kind` is `files` or `batches`."""
+        return f"{self.root}owners/{owner}/{kind}/"
+
+    def owned(self, owner: str, kind: str, created_ms: int, object_id: str) -> str:
+        """An owner's index entry for one object: flat, newest first, so `start_after` pages through it."""
+        return f"{self.owned_prefix(owner, kind)}{_NEWEST_FIRST - created_ms:013d}.{object_id}"
+
+    @staticmethod
+    def id_of(key: str) -> str:
+        """The object id at the end of an index or active key."""
+        return key.rsplit("/", 1)[-1].split(".", 1)[-1]
+
+
 #: Separates the values of a key record. `quote(..., safe="")` always escapes it, so it never
 #: appears inside a value, and it is on S3's list of characters safe in keys.
 _SEP = "!"

@@ -1,0 +1,70 @@
+"""`orch serve`: the OpenAI Batch API over this store, every batch an orch run on the configured backend."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import click
+
+from orchestrator.commands.shared import backend_option
+
+
+@click.command("serve")
+@click.option("-f", "--file", "spec_file", type=click.Path(dir_okay=False), help="spec file (default: ./orch.yaml)")
+@click.option("--store", "store", help="store URI: a directory (default ./.orch), s3://B/P or r2://B/P")
+@backend_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    metavar="NAME=PATH_OR_HUB_ID",
+    help="serve this model under NAME (repeatable; next to serve.models in the spec)",
+)
+@click.option(
+    "--api-keys-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="API keys, one per line (with ORCH_API_KEYS=K1,K2); without keys, loopback only",
+)
+def serve_command(spec_file, store, backend, host, port, models, api_keys_file):
+    """Serve OpenAI's Batch API: code written for OpenAI's Files and Batches endpoints runs
+    unchanged against this server, changing only base_url (and the key).
+
+    Each batch is an orch run named by the batch id: prepared, planned and launched on the
+    backend, kept going as `orch watch` does, and its output and error files written from the done
+    markers. Everything lives in the store: stop or kill the server, start it again, and every
+    batch carries on (`orch status --run BATCH_ID` shows one).
+    """
+    from orchestrator.core.spec import load_spec
+    from orchestrator.serve.app import serve
+    from orchestrator.serve.settings import load_settings
+
+    flags = {k: v for k, v in {"store": store, "backend": backend}.items() if v is not None}
+    spec = load_spec(spec_file, flags)
+    # Read once, then out of the environment: the workers started from here never inherit the keys.
+    api_keys = os.environ.pop("ORCH_API_KEYS", None)
+    settings = load_settings(spec, models, host=host, api_keys=api_keys, api_keys_file=api_keys_file)
+    _log_to_stderr()
+    keys = f"{len(settings.keys.owners)} API key(s)" if not settings.keys.open else "no API keys (open, loopback only)"
+    click.echo(
+        f"orch serve: {', '.join(sorted(settings.models))} on the {spec.backend} backend, store {spec.store}, {keys}",
+        err=True,
+    )
+    serve(settings, host, port)
+    return 0
+
+
+def _log_to_stderr() -> None:
+    """The server's events (a batch validated, launched, finished...), timestamped, next to uvicorn's lines."""
+    logger = logging.getLogger("orch.serve")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s orch.serve %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(serve_command)

@@ -1,0 +1,263 @@
+"""The HTTP API: OpenAI's Files and Batches endpoints (and the served models), with OpenAI's shapes and codes.
+
+    POST   /v1/files                  multipart: file, purpose=batch
+    GET    /v1/files                  after, limit, order, purpose
+    GET    /v1/files/{id}             DELETE /v1/files/{id}     GET /v1/files/{id}/content
+    POST   /v1/batches                input_file_id, endpoint, completion_window, metadata
+    GET    /v1/batches                after, limit (newest first)
+    GET    /v1/batches/{id}           POST /v1/batches/{id}/cancel
+    GET    /v1/models                 the names a batch's `model` may take
+
+Every route needs `Authorization: Bearer KEY` (unless the server runs without keys) and sees only
+the key's own files and batches. The routes only read and write the store; the driver thread does
+the batches' work. Errors take OpenAI's shape, so the official SDK raises its usual exceptions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, File, Form, Header, Query, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException
+
+from orchestrator.core.errors import OrchError
+from orchestrator.core.records import StoredFile
+from orchestrator.core.store import Store, StoreError
+from orchestrator.serve.errors import APIError, not_found
+from orchestrator.serve.files import (
+    delete_file,
+    file_object,
+    iter_content,
+    list_files,
+    owned_file,
+    save_file,
+)
+from orchestrator.serve.lifecycle import Batches, Driver, batch_object
+from orchestrator.serve.settings import ServeSettings
+
+log = logging.getLogger("orch.serve")
+
+#: OpenAI's limit on one uploaded file.
+MAX_UPLOAD_BYTES = 512 * 1024**2
+
+
+class CreateBatch(BaseModel):
+    """The body of POST /v1/batches. Unknown fields are refused, as OpenAI refuses them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+
+
+def create_app(settings: ServeSettings) -> FastAPI:
+    """The app, its routes, and the driver thread that runs while it serves."""
+    batches = Batches(settings)
+    driver = Driver(batches, settings.poll_interval)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        driver.start()
+        yield
+        driver.stop()
+
+    app = FastAPI(title="orch serve", summary="The OpenAI Batch API over orch runs", lifespan=lifespan)
+    app.state.settings, app.state.batches, app.state.driver = settings, batches, driver
+    _error_handlers(app)
+    app.include_router(router)
+    return app
+
+
+def _owner(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+    """The owner the request's key stands for (401 without a known key)."""
+    settings: ServeSettings = request.app.state.settings
+    return settings.keys.owner(authorization)
+
+
+def _store(request: Request) -> Store:
+    settings: ServeSettings = request.app.state.settings
+    return settings.store
+
+
+def _batches(request: Request) -> Batches:
+    batches: Batches = request.app.state.batches
+    return batches
+
+
+def _driver(request: Request) -> Driver:
+    driver: Driver = request.app.state.driver
+    return driver
+
+
+Owner = Annotated[str, Depends(_owner)]
+StoreDep = Annotated[Store, Depends(_store)]
+BatchesDep = Annotated[Batches, Depends(_batches)]
+DriverDep = Annotated[Driver, Depends(_driver)]
+router = APIRouter(prefix="/v1")
+
+
+# -- files ----------------------------------------------------------------------------------------
+@router.post("/files")
+def upload_file(
+    file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()], who: Owner, store: StoreDep
+) -> dict[str, Any]:
+    if purpose != "batch":
+        raise APIError(400, f"Invalid value for 'purpose': {purpose!r}. This server accepts 'batch'.", param="purpose")
+    with tempfile.NamedTemporaryFile(prefix="orch-upload-") as tmp:
+        shutil.copyfileobj(file.file, tmp)
+        tmp.flush()
+        size = os.path.getsize(tmp.name)
+        if size > MAX_UPLOAD_BYTES:
+            raise APIError(400, f"File is too large: {size:,} bytes, at most {MAX_UPLOAD_BYTES:,}.", param="file")
+        record = save_file(store, owner=who, filename=file.filename or "upload.jsonl", purpose="batch", path=tmp.name)
+    log.info("%s: uploaded (%d bytes)", record.id, record.bytes)
+    return file_object(record)
+
+
+@router.get("/files")
+def get_files(
+    who: Owner,
+    store: StoreDep,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    order: Literal["asc", "desc"] = "desc",
+    purpose: str | None = None,
+) -> dict[str, Any]:
+    mark = _file(store, who, after) if after is not None else None
+    page, more = list_files(store, who, after=mark, limit=limit, newest_first=order == "desc", purpose=purpose)
+    return _page([file_object(f) for f in page], more)
+
+
+@router.get("/files/{file_id}")
+def get_file(file_id: str, who: Owner, store: StoreDep) -> dict[str, Any]:
+    return file_object(_file(store, who, file_id))
+
+
+@router.get("/files/{file_id}/content")
+def get_file_content(file_id: str, who: Owner, store: StoreDep) -> StreamingResponse:
+    return StreamingResponse(iter_content(store, _file(store, who, file_id)), media_type="application/octet-stream")
+
+
+@router.delete("/files/{file_id}")
+def remove_file(file_id: str, who: Owner, store: StoreDep) -> dict[str, Any]:
+    record = _file(store, who, file_id)
+    delete_file(store, record)
+    return {"id": record.id, "object": "file", "deleted": True}
+
+
+def _file(store: Store, who: str, file_id: str) -> StoredFile:
+    record = owned_file(store, who, file_id)
+    if record is None:
+        raise not_found("File", file_id)
+    return record
+
+
+# -- batches --------------------------------------------------------------------------------------
+@router.post("/batches")
+def create_batch(body: CreateBatch, who: Owner, batches: BatchesDep, driver: DriverDep) -> dict[str, Any]:
+    batch = batches.create(
+        who,
+        input_file_id=body.input_file_id,
+        endpoint=body.endpoint,
+        completion_window=body.completion_window,
+        metadata=body.metadata,
+    )
+    driver.wake()
+    return batch_object(batch)
+
+
+@router.get("/batches")
+def get_batches(
+    who: Owner, batches: BatchesDep, after: str | None = None, limit: Annotated[int, Query(ge=1, le=100)] = 20
+) -> dict[str, Any]:
+    page, more = batches.page(who, after=after, limit=limit)
+    return _page([batch_object(b) for b in page], more)
+
+
+@router.get("/batches/{batch_id}")
+def get_batch(batch_id: str, who: Owner, batches: BatchesDep) -> dict[str, Any]:
+    return batch_object(batches.get(who, batch_id))
+
+
+@router.post("/batches/{batch_id}/cancel")
+def cancel_batch(batch_id: str, who: Owner, batches: BatchesDep, driver: DriverDep) -> dict[str, Any]:
+    batch = batches.cancel(who, batch_id)
+    driver.wake()
+    return batch_object(batch)
+
+
+# -- models ---------------------------------------------------------------------------------------
+@router.get("/models")
+def get_models(_who: Owner, request: Request) -> dict[str, Any]:
+    settings: ServeSettings = request.app.state.settings
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "orch"} for name in sorted(settings.models)]
+    return {"object": "list", "data": data}
+
+
+def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's shape: refusals as they are, bad parameters as 400 (OpenAI's status, not
+    FastAPI's 422), unknown routes as OpenAI words them, the store's failures as 500s the SDK retries."""
+
+    @app.exception_handler(APIError)
+    async def api_error(_request: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_parameters(_request: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0]
+        where = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        param = ".".join(where) or None
+        if first.get("type") == "extra_forbidden":
+            message = f"Unrecognized request argument supplied: {param}"
+        elif first.get("type") == "missing":
+            message = f"Missing required parameter: '{param}'."
+        else:
+            message = f"Invalid value for '{param}': {first.get('msg')}."
+        return JSONResponse(APIError(400, message, param=param).body(), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        message = f"Invalid URL ({request.method} {request.url.path})" if e.status_code == 404 else str(e.detail)
+        return JSONResponse(APIError(e.status_code, message).body(), status_code=e.status_code)
+
+    @app.exception_handler(OrchError)
+    async def orch_error(_request: Request, e: OrchError) -> JSONResponse:
+        # The store unreachable or a document that does not parse: the server's problem, not the request's.
+        kind = "store" if isinstance(e, StoreError) else "server"
+        log.warning("%s error: %s", kind, e)
+        body = APIError(500, f"The server could not complete the request: {e}", type="server_error").body()
+        return JSONResponse(body, status_code=500)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, e: Exception) -> JSONResponse:
+        log.error("unexpected error", exc_info=e)
+        body = APIError(500, "The server had an error while processing your request.", type="server_error").body()
+        return JSONResponse(body, status_code=500)
+
+
+def serve(settings: ServeSettings, host: str, port: int) -> None:
+    """Run the API with uvicorn until stopped (Ctrl-C, SIGTERM); the batches' workers run on."""
+    import uvicorn
+
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")

@@ -1,0 +1,561 @@
+"""A batch's life: created by the API, then driven by the server's loop through OpenAI's statuses, as an orch run.
+
+    validating ─► failed                      the input file has problems (errors.data); nothing launched
+        │ prepare, plan, launch: the run named by the batch id, on the configured backend
+        ▼
+    in_progress ─► finalizing ─► completed    every chunk has its marker
+        │     ├───────────────► expired       past expires_at: workers cancelled, finished rows returned
+        │     └───────────────► failed        workers out of relaunches: finished rows returned
+        ▼ POST /cancel (from validating or in_progress)
+    cancelling ─► cancelled                   workers cancelled, finished rows returned
+
+Each round of the driver reads the active batches from the store and takes the step each status
+calls for; an in_progress step is one tick of the reconcile loop behind `orch watch`. Every step
+may be taken again (prepare, plan and launch skip what is done; files are written under ids and
+times fixed by the batch), so a server killed at any point and started again carries on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from orchestrator.backends import backend_for
+from orchestrator.collect import collect
+from orchestrator.controller.launch import cancel_workers, launch_workers
+from orchestrator.controller.planning import ensure_plan
+from orchestrator.controller.reconcile import Reconciler
+from orchestrator.core.context import RunContext
+from orchestrator.core.errors import InputError, OrchError, SpecError
+from orchestrator.core.lines import BatchError, BatchOutputLine
+from orchestrator.core.protocol.checkpoints import read_chunk_stats
+from orchestrator.core.protocol.layout import RunLayout, ServeLayout
+from orchestrator.core.records import (
+    BatchCounts,
+    BatchDocument,
+    BatchRequestError,
+    BatchTokens,
+    PrepareRecord,
+    cas_update,
+    read_batch,
+    read_file_record,
+    read_manifest,
+    read_record,
+)
+from orchestrator.core.spec import ModelSpec, RunSpec, freeze_spec, read_stored_spec
+from orchestrator.prepare import prepare_run
+from orchestrator.prepare.formats import URLS
+from orchestrator.serve.errors import APIError, not_found
+from orchestrator.serve.files import owned_file, save_file, valid_id
+from orchestrator.serve.settings import ServeSettings
+from orchestrator.serve.validate import too_large, validate_input
+
+LAYOUT = ServeLayout()
+log = logging.getLogger("orch.serve")
+
+#: The endpoints a batch may name: those orch's workers answer.
+ENDPOINTS = URLS
+#: The error line for a request never run, by how its batch ended (OpenAI's codes for the first two).
+UNANSWERED = {
+    "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
+    "cancelled": ("batch_cancelled", "This request was not executed because the batch was cancelled."),
+    "failed": ("batch_failed", "This request was not executed: the batch's workers failed (see the batch's errors)."),
+}
+_METADATA_KEYS, _METADATA_KEY_CHARS, _METADATA_VALUE_CHARS = 16, 64, 512
+
+
+class Batches:
+    """The batches of one store: what the API asks (create, get, list, cancel), and each step of the driver."""
+
+    def __init__(self, settings: ServeSettings, clock: Callable[[], float] = time.time):
+        self.settings = settings
+        self.store = settings.store
+        self.clock = clock
+
+    # -- the API's side ---------------------------------------------------------------------------
+    def create(
+        self,
+        owner: str,
+        *,
+        input_file_id: str,
+        endpoint: str,
+        completion_window: str,
+        metadata: dict[str, str] | None,
+    ) -> BatchDocument:
+        """Check the request (400s, as OpenAI answers them), then record the batch as `validating`:
+        its document, then its active entry (the driver takes it from there), then its owner's index."""
+        if endpoint not in ENDPOINTS:
+            raise APIError(
+                400,
+                f"Invalid value for 'endpoint': {endpoint!r}. Supported values are: {_quoted(ENDPOINTS)}.",
+                param="endpoint",
+                code="invalid_value",
+            )
+        window = self.settings.windows.get(completion_window)
+        if window is None:
+            raise APIError(
+                400,
+                f"Invalid value for 'completion_window': {completion_window!r}. "
+                f"Supported values are: {_quoted(self.settings.windows)}.",
+                param="completion_window",
+                code="invalid_value",
+            )
+        _check_metadata(metadata)
+        source = owned_file(self.store, owner, input_file_id)
+        if source is None:
+            raise not_found("File", input_file_id)
+        if source.purpose != "batch":
+            raise APIError(400, "The input file must be a file uploaded with purpose 'batch'.", param="input_file_id")
+        now_ms = int(self.clock() * 1000)
+        batch = BatchDocument(
+            id=f"batch_{uuid.uuid4().hex[:24]}",
+            owner=owner,
+            endpoint=endpoint,
+            input_file_id=input_file_id,
+            completion_window=completion_window,
+            metadata=metadata,
+            created_at=now_ms // 1000,
+            created_ms=now_ms,
+            expires_at=int(now_ms / 1000 + window),
+        )
+        created, _ = cas_update(self.store, LAYOUT.batch(batch.id), BatchDocument, lambda _: batch, expect_new=True)
+        self.store.put(LAYOUT.active(batch.id), b"")
+        self.store.put(LAYOUT.owned(owner, "batches", now_ms, batch.id), b"")
+        log.info("%s: created (%s, window %s)", batch.id, endpoint, completion_window)
+        assert created is not None  # the change always returns the batch
+        return created
+
+    def get(self, owner: str, batch_id: str) -> BatchDocument:
+        """The batch, if `owner` owns it: another owner's batch answers 404, as an unknown id does."""
+        batch = read_batch(self.store, LAYOUT, batch_id) if valid_id(batch_id) else None
+        if batch is None or batch.owner != owner:
+            raise not_found("Batch", batch_id)
+        return batch
+
+    def page(self, owner: str, *, after: str | None, limit: int) -> tuple[list[BatchDocument], bool]:
+        """A page of the owner's batches, newest first, from the owner's index (flat: `start_after` pages it)."""
+        start = None
+        if after is not None:
+            mark = self.get(owner, after)
+            start = LAYOUT.owned(owner, "batches", mark.created_ms, mark.id)
+        page: list[BatchDocument] = []
+        for info in self.store.list(LAYOUT.owned_prefix(owner, "batches"), start_after=start):
+            batch = read_batch(self.store, LAYOUT, LAYOUT.id_of(info.key))
+            if batch is None:
+                continue
+            if len(page) == limit:
+                return page, True
+            page.append(batch)
+        return page, False
+
+    def cancel(self, owner: str, batch_id: str) -> BatchDocument:
+        """validating or in_progress -> cancelling (the driver stops the workers and writes the files)."""
+        self.get(owner, batch_id)
+        now = int(self.clock())
+
+        def change(batch: BatchDocument | None) -> BatchDocument | None:
+            assert batch is not None  # read just above; batches are never deleted
+            if batch.status in ("cancelling", "cancelled"):
+                return None
+            if batch.status not in ("validating", "in_progress") or batch.ending is not None:
+                status = batch.ending or batch.status
+                raise APIError(409, f"Cannot cancel a batch with status '{status}'.", code="batch_not_cancellable")
+            batch.status, batch.cancelling_at = "cancelling", now
+            return batch
+
+        batch, _ = cas_update(self.store, LAYOUT.batch(batch_id), BatchDocument, change)
+        assert batch is not None
+        log.info("%s: cancel requested", batch_id)
+        return batch
+
+    # -- the driver's side --------------------------------------------------------------------------
+    def active_ids(self) -> list[str]:
+        return [LAYOUT.id_of(info.key) for info in self.store.list(LAYOUT.active_prefix)]
+
+    def step(self, batch_id: str) -> None:
+        """The next step of one active batch, from what the store says now."""
+        batch = read_batch(self.store, LAYOUT, batch_id)
+        if batch is None or batch.final:
+            self.store.delete(LAYOUT.active(batch_id))
+            return
+        if batch.status == "cancelling":
+            self._end(batch, "cancelled")
+        elif batch.status == "finalizing":
+            self._end(batch, "completed")
+        elif batch.ending is not None:
+            self._end(batch, batch.ending)
+        elif self.clock() >= batch.expires_at:
+            ending = self._decide_end(batch, "expired")
+            if ending is not None:
+                log.info("%s: the completion window (%s) is over", batch_id, batch.completion_window)
+                self._end(ending, "expired")
+        elif batch.status == "validating":
+            self._validate(batch)
+        else:
+            self._progress(batch)
+
+    def run_context(self, batch_id: str, served: ModelSpec | None = None) -> RunContext | None:
+        """The batch's run: from the spec frozen into it, or (given the model) a new run's spec frozen
+        now from the server's own (backend, workers, sampling...), the model, and openai-batch input."""
+        layout = RunLayout(batch_id)
+        stored = read_stored_spec(self.store, layout)
+        if stored is not None:
+            spec = RunSpec.model_validate({**stored[0], "store": self.settings.spec.store})
+            return RunContext(spec, self.store, layout)
+        if served is None:
+            return None
+        data = self.settings.spec.model_dump(mode="json", exclude={"serve"})
+        data.update(
+            run=batch_id,
+            model=served.model_dump(mode="json"),
+            input={"format": "openai-batch"},
+            chunking={"rows_per_chunk": self.settings.spec.serve.rows_per_chunk},
+        )
+        spec = freeze_spec(self.store, layout, RunSpec.model_validate(data))
+        return RunContext(spec, self.store, layout)
+
+    def _validate(self, batch: BatchDocument) -> None:
+        """1. Check the input file (its size first, then every line). 2. Problems: failed, nothing run.
+        3. Otherwise prepare, plan and launch the run, then in_progress."""
+        limits = self.settings.spec.serve
+        record = read_file_record(self.store, LAYOUT, batch.input_file_id)
+        if record is None:
+            message = f"The input file {batch.input_file_id} was deleted before the batch could read it."
+            self._fail(batch, [BatchRequestError(code="invalid_request", message=message, param="input_file_id")])
+            return
+        oversize = too_large(record.bytes, limits.max_file_bytes)
+        if oversize is not None:
+            self._fail(batch, [oversize])
+            return
+        with tempfile.TemporaryDirectory(prefix="orch-serve-") as tmp:
+            path = Path(tmp) / "input.jsonl"
+            with self.store.open(LAYOUT.file_content(record.id)) as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            with open(path, "rb") as f:
+                result = validate_input(
+                    f, endpoint=batch.endpoint, models=self.settings.models, max_requests=limits.max_requests
+                )
+            if result.errors or result.model is None:
+                self._fail(batch, result.errors)
+                return
+            try:
+                workers = self._start_run(batch, self.settings.models[result.model], path)
+            except (InputError, SpecError) as e:
+                # Retrying will not help: the request is one this server cannot run.
+                self._fail(batch, [BatchRequestError(code="invalid_request", message=str(e))])
+                return
+        model, total, now = result.model, result.requests, int(self.clock())
+
+        def change(doc: BatchDocument) -> None:
+            doc.model, doc.request_counts = model, BatchCounts(total=total)
+            if doc.status == "validating":  # not if cancelled meanwhile: the next round stops the workers
+                doc.status, doc.in_progress_at = "in_progress", now
+
+        self._update(batch.id, change)
+        log.info("%s: %d requests for %s; %d worker(s) launched", batch.id, total, model, workers)
+
+    def _start_run(self, batch: BatchDocument, served: ModelSpec, path: Path) -> int:
+        """Prepare (once), plan and launch the batch's run; returns the workers launched now."""
+        ctx = self.run_context(batch.id, served)
+        assert ctx is not None  # made from the served model when new
+        if read_record(self.store, ctx.layout.prepare_record, PrepareRecord) is None:
+            prepare_run(ctx, [str(path)])
+        chunks = len(read_manifest(self.store, ctx.layout))
+        plan = ensure_plan(ctx, max(1, min(ctx.spec.workers.count, chunks)))
+        launched = launch_workers(ctx, backend_for(ctx), [a.worker for a in plan.workers])
+        return len(launched)
+
+    def _progress(self, batch: BatchDocument) -> None:
+        """One reconcile tick; then the end when every chunk is done (or nothing can run), else fresh counts."""
+        ctx = self.run_context(batch.id)
+        if ctx is None:
+            raise OrchError(f"batch {batch.id} is in progress but has no run", where=RunLayout(batch.id).spec)
+        report = Reconciler(ctx, backend_for(ctx), on_event=lambda m: log.info("%s: %s", batch.id, m)).tick()
+        if report.complete:
+            ending = self._advance(batch, "finalizing")
+            if ending is not None:
+                self._end(ending, "completed")
+        elif report.cancelled:  # `orch cancel` on the batch's run: the batch is cancelled too
+            ending = self._advance(batch, "cancelling")
+            if ending is not None:
+                self._end(ending, "cancelled")
+        elif report.stuck:
+            why = "; ".join(f"worker {w}: {reason}" for w, reason in sorted(report.exhausted.items()))
+            error = BatchRequestError(code="workers_failed", message=f"No worker can run the batch: {why}")
+            ending = self._decide_end(batch, "failed", [error])
+            if ending is not None:
+                self._end(ending, "failed")
+        else:
+            counts, usage = self._live_counts(ctx, batch.request_counts.total)
+            if (counts, usage) != (batch.request_counts, batch.usage):
+                self._update(batch.id, lambda doc: _set(doc, request_counts=counts, usage=usage))
+
+    def _live_counts(self, ctx: RunContext, total: int) -> tuple[BatchCounts, BatchTokens]:
+        """Counts from the finished chunks' stats (listings only) and the rows set aside at prepare."""
+        stats = [s for _, s in read_chunk_stats(self.store, ctx.layout).values()]
+        prepared = read_record(self.store, ctx.layout.prepare_record, PrepareRecord)
+        set_aside = prepared[0].errors if prepared is not None else 0
+        errors = sum(s.errors for s in stats)
+        counts = BatchCounts(total=total, completed=sum(s.rows for s in stats) - errors, failed=errors + set_aside)
+        usage = BatchTokens(
+            input_tokens=sum(s.tokens_in for s in stats), output_tokens=sum(s.tokens_out for s in stats)
+        )
+        return counts, usage
+
+    def _end(self, batch: BatchDocument, outcome: str) -> None:
+        """1. Stop the workers (unless every chunk is done). 2. Write the output and error files from the
+        markers. 3. The final status, its time, the files and the counts. 4. No longer active."""
+        ctx = self.run_context(batch.id)
+        files: dict[str, Any] = {}
+        if ctx is not None and read_record(self.store, ctx.layout.prepare_record, PrepareRecord) is not None:
+            if outcome != "completed":
+                cancel_workers(ctx)
+            files = self._write_files(batch, ctx, outcome)
+        now = int(self.clock())
+
+        def change(doc: BatchDocument) -> None:
+            _set(doc, status=outcome, ending=None, **{f"{outcome}_at": now}, **files)
+
+        self._update(batch.id, change, unless_final=True)
+        self.store.delete(LAYOUT.active(batch.id))
+        log.info("%s: %s", batch.id, outcome)
+
+    def _write_files(self, batch: BatchDocument, ctx: RunContext, outcome: str) -> dict[str, Any]:
+        """Collect the run (markers only, input order), then split it as OpenAI does: successful lines to
+        the output file, failed ones to the error file, with a line for each request never run."""
+        ended = {"completed": batch.finalizing_at, "cancelled": batch.cancelling_at}.get(outcome, batch.ending_at)
+        created_ms = int(ended if ended is not None else self.clock()) * 1000
+        counts, usage = BatchCounts(total=batch.request_counts.total), BatchTokens()
+        with tempfile.TemporaryDirectory(prefix="orch-serve-") as tmp:
+            merged, retry = Path(tmp) / "merged.jsonl", Path(tmp) / "retry.jsonl"
+            good, bad = Path(tmp) / "output.jsonl", Path(tmp) / "errors.jsonl"
+            collect(self.store, ctx.layout, merged, retry_out=retry)
+            answered: set[str] = set()
+            with open(merged, "rb") as lines, open(good, "wb") as good_out, open(bad, "wb") as bad_out:
+                for raw in lines:
+                    line = BatchOutputLine.model_validate_json(raw)
+                    answered.add(str(line.custom_id))
+                    body = line.response.body if line.response is not None else None
+                    if body is not None and "model" in body and batch.model:
+                        body["model"] = batch.model  # the name the client asked for, not the weights' path
+                    used = line.usage()
+                    usage.input_tokens += used.prompt_tokens
+                    usage.output_tokens += used.completion_tokens
+                    if line.failed:
+                        counts.failed += 1
+                        bad_out.write(line.to_json() + b"\n")
+                    else:
+                        counts.completed += 1
+                        good_out.write(line.to_json() + b"\n")
+                if outcome in UNANSWERED:
+                    counts.failed += _unanswered(batch.id, outcome, retry, answered, bad_out)
+            return {
+                "output_file_id": self._save(batch, good, "output", counts.completed, created_ms),
+                "error_file_id": self._save(batch, bad, "errors", counts.failed, created_ms),
+                "request_counts": counts,
+                "usage": usage,
+            }
+
+    def _save(self, batch: BatchDocument, path: Path, kind: str, lines: int, created_ms: int) -> str | None:
+        """A batch's output or error file (none when it would be empty, as OpenAI does), under an id
+        fixed by the batch: writing it again after a restart rewrites the same file."""
+        if lines == 0:
+            return None
+        file_id = f"file-{batch.id.removeprefix('batch_')}-{kind}"
+        save_file(
+            self.store,
+            owner=batch.owner,
+            filename=f"{batch.id}_{kind}.jsonl",
+            purpose="batch_output",
+            path=path,
+            file_id=file_id,
+            created_ms=created_ms,
+        )
+        return file_id
+
+    def _fail(self, batch: BatchDocument, errors: list[BatchRequestError]) -> None:
+        """Validation failed: the batch is failed with its problems, and nothing was launched."""
+        now = int(self.clock())
+
+        def change(doc: BatchDocument) -> None:
+            if doc.status == "validating":
+                _set(doc, status="failed", failed_at=now, errors=errors)
+
+        if self._update(batch.id, change).status == "failed":  # not if cancelled meanwhile: that is next
+            self.store.delete(LAYOUT.active(batch.id))
+            first = errors[0].message if errors else "none listed"
+            log.info("%s: failed validation (%d problem(s), first: %s)", batch.id, len(errors), first)
+
+    def _decide_end(
+        self, batch: BatchDocument, ending: str, errors: list[BatchRequestError] | None = None
+    ) -> BatchDocument | None:
+        """Record an end while the status still reads in_progress; None when the batch moved meanwhile."""
+        now = int(self.clock())
+
+        def change(doc: BatchDocument | None) -> BatchDocument | None:
+            if doc is None or doc.status not in ("validating", "in_progress") or doc.ending is not None:
+                return None
+            return _set(doc, ending=ending, ending_at=now, errors=errors or doc.errors)
+
+        new, _ = cas_update(self.store, LAYOUT.batch(batch.id), BatchDocument, change)
+        return new if new is not None and new.ending == ending else None
+
+    def _advance(self, batch: BatchDocument, status: str) -> BatchDocument | None:
+        """in_progress -> finalizing or cancelling; None when the batch moved meanwhile."""
+        now = int(self.clock())
+
+        def change(doc: BatchDocument | None) -> BatchDocument | None:
+            if doc is None or doc.status != "in_progress" or doc.ending is not None:
+                return None
+            return _set(doc, status=status, **{f"{status}_at": now})
+
+        new, _ = cas_update(self.store, LAYOUT.batch(batch.id), BatchDocument, change)
+        return new if new is not None and new.status == status else None
+
+    def _update(
+        self, batch_id: str, change: Callable[[BatchDocument], Any], *, unless_final: bool = False
+    ) -> BatchDocument:
+        """Change the batch document by compare-and-swap; returns it as stored then."""
+
+        def apply(doc: BatchDocument | None) -> BatchDocument | None:
+            if doc is None or (unless_final and doc.final):
+                return None
+            change(doc)
+            return doc
+
+        doc, _ = cas_update(self.store, LAYOUT.batch(batch_id), BatchDocument, apply)
+        if doc is None:
+            raise OrchError(f"batch {batch_id} has no document", where=LAYOUT.batch(batch_id))
+        return doc
+
+
+class Driver:
+    """The server's loop: a round over the active batches every poll interval, or sooner when woken."""
+
+    def __init__(self, batches: Batches, interval: float):
+        self.batches = batches
+        self.interval = interval
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="orch-serve-driver", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.round()
+            self._wake.wait(self.interval)
+            self._wake.clear()
+
+    def round(self) -> None:
+        """Each active batch's next step. A failing step is logged and tried again next round: a store
+        or backend that is unreachable now may answer then."""
+        try:
+            active = self.batches.active_ids()
+        except OrchError as e:
+            log.warning("cannot list the active batches: %s (trying again)", e)
+            return
+        for batch_id in active:
+            if self._stop.is_set():
+                return
+            try:
+                self.batches.step(batch_id)
+            except OrchError as e:
+                log.warning("%s: %s%s (trying again)", batch_id, e, f"; hint: {e.hint}" if e.hint else "")
+            except Exception:
+                log.exception("%s: unexpected error (trying again)", batch_id)
+
+
+def batch_object(batch: BatchDocument) -> dict[str, Any]:
+    """The OpenAI batch object."""
+    usage = batch.usage
+    return {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "model": batch.model,
+        "errors": {"object": "list", "data": [e.model_dump() for e in batch.errors]} if batch.errors else None,
+        "input_file_id": batch.input_file_id,
+        "completion_window": batch.completion_window,
+        "status": batch.status,
+        "output_file_id": batch.output_file_id,
+        "error_file_id": batch.error_file_id,
+        "created_at": batch.created_at,
+        "in_progress_at": batch.in_progress_at,
+        "expires_at": batch.expires_at,
+        "finalizing_at": batch.finalizing_at,
+        "completed_at": batch.completed_at,
+        "failed_at": batch.failed_at,
+        "expired_at": batch.expired_at,
+        "cancelling_at": batch.cancelling_at,
+        "cancelled_at": batch.cancelled_at,
+        "request_counts": batch.request_counts.model_dump(),
+        "metadata": batch.metadata,
+        "usage": {
+            "input_tokens": usage.input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": usage.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.input_tokens + usage.output_tokens,
+        },
+    }
+
+
+def _unanswered(batch_id: str, outcome: str, retry: Path, answered: set[str], out: Any) -> int:
+    """An error line for each request of the retry file (failed or missing) that no line answered."""
+    code, message = UNANSWERED[outcome]
+    count = 0
+    with open(retry, "rb") as requests:
+        for n, raw in enumerate(requests):
+            custom_id = json.loads(raw).get("custom_id")
+            if custom_id in answered:
+                continue
+            line = BatchOutputLine(
+                id=f"batch_req_{batch_id}-{n}", custom_id=custom_id, error=BatchError(code=code, message=message)
+            )
+            out.write(line.to_json() + b"\n")
+            count += 1
+    return count
+
+
+def _set(doc: BatchDocument, **fields: Any) -> BatchDocument:
+    for name, value in fields.items():
+        setattr(doc, name, value)
+    return doc
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    if metadata is None:
+        return
+    if len(metadata) > _METADATA_KEYS or any(
+        len(k) > _METADATA_KEY_CHARS or len(v) > _METADATA_VALUE_CHARS for k, v in metadata.items()
+    ):
+        raise APIError(
+            400,
+            f"Invalid 'metadata': at most {_METADATA_KEYS} pairs, keys up to {_METADATA_KEY_CHARS} characters, "
+            f"values up to {_METADATA_VALUE_CHARS}.",
+            param="metadata",
+        )
+
+
+def _quoted(values: Any) -> str:
+    return ", ".join(repr(v) for v in values)

@@ -1,0 +1,83 @@
+"""What `orch serve` runs with, resolved once at start: the spec, the store, the served models, keys, limits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.backends import backend_for
+from orchestrator.controller.deadline import parse_duration
+from orchestrator.core.context import RunContext
+from orchestrator.core.errors import SpecError
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.spec import ModelSpec, RunSpec
+from orchestrator.core.store import Store, open_store
+from orchestrator.serve.auth import Keys, check_exposure, load_owners
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    #: The server's spec: every batch's run starts from it (backend, workers, sampling defaults...).
+    spec: RunSpec
+    store: Store
+    #: Served name -> the model a batch naming it runs.
+    models: dict[str, ModelSpec]
+    keys: Keys
+    #: The completion_window values accepted -> seconds.
+    windows: dict[str, float]
+
+    @property
+    def poll_interval(self) -> float:
+        return self.spec.serve.poll_interval
+
+
+def load_settings(
+    spec: RunSpec,
+    model_flags: Sequence[str],
+    *,
+    host: str,
+    api_keys: str | None,
+    api_keys_file: str | None,
+) -> ServeSettings:
+    """1. The served models: `serve.models`, then `--model NAME=PATH` (a flag wins over the spec).
+    2. The completion windows, each a duration.
+    3. The keys (hashed here; the keys themselves go no further), and no open server off loopback.
+    4. The store, and the backend checked against it now rather than at the first batch.
+    """
+    models = served_models(spec, model_flags)
+    windows = {w: parse_duration(w, where="serve.completion_windows") for w in spec.serve.completion_windows}
+    owners = load_owners(api_keys, api_keys_file)
+    check_exposure(host, owners)
+    store = open_store(spec.store)
+    probe = RunLayout("orch-serve")
+    backend_for(RunContext(spec.model_copy(update={"run": probe.run}), store, probe))
+    return ServeSettings(spec=spec, store=store, models=models, keys=Keys(owners), windows=windows)
+
+
+def served_models(spec: RunSpec, model_flags: Sequence[str]) -> dict[str, ModelSpec]:
+    """Each served model is the spec's `model` section with its own fields on top."""
+    entries = {name: entry.model_dump(exclude_unset=True) for name, entry in spec.serve.models.items()}
+    for flag in model_flags:
+        name, sep, target = flag.partition("=")
+        if not sep or not name.strip() or not target.strip():
+            raise SpecError(f"--model {flag!r} is not NAME=PATH_OR_HUB_ID", hint="e.g. --model tiny=.cache/models/tiny")
+        entries[name.strip()] = {"name": target.strip()}
+    if not entries:
+        raise SpecError(
+            "orch serve serves no model",
+            hint="--model NAME=PATH_OR_HUB_ID (repeatable), or a serve.models section in the spec",
+            where="serve.models",
+        )
+    base = spec.model.model_dump()
+    models = {}
+    for name, fields in entries.items():
+        model = ModelSpec.model_validate({**base, **fields})
+        if not model.name:
+            raise SpecError(f"served model {name!r} names no path or hub id", where=f"serve.models.{name}.name")
+        # A local directory is found from wherever the workers start.
+        local = Path(model.name)
+        if local.exists():
+            model.name = str(local.resolve())
+        models[name] = model
+    return models

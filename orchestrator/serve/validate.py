@@ -1,0 +1,148 @@
+"""A batch's input file checked as OpenAI checks it: every problem listed with its line, nothing run if any.
+
+Unlike `orch prepare`, which sets bad rows aside and runs the rest, the Batch API fails the whole
+batch (status `failed`, `errors.data`) when any line is wrong, so a client never pays for half a
+file it got wrong. The codes and messages are OpenAI's where OpenAI has them:
+
+    invalid_json_line            a line that is not JSON
+    missing_required_parameter   no custom_id, method, url, body or body.model
+    duplicate_custom_id          a custom_id seen on an earlier line
+    invalid_url                  a url other than the batch's endpoint
+    model_not_found              a model this server does not serve (the message lists those it does)
+    model_mismatch               a model other than the first line's: one model per batch
+    invalid_request              anything else a request line cannot be (a body without messages...)
+    empty_file, too_many_tasks,  the file as a whole: no request, more requests or bytes than the
+    file_too_large               server's limits (serve.max_requests, serve.max_file_bytes)
+
+After the first 1,000 problems only the count grows: the batch object stays small.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from orchestrator.core.records import BatchRequestError
+from orchestrator.core.spec import InputSpec, SamplingSpec
+from orchestrator.prepare.formats import BadRow, make_converter
+
+MAX_LISTED = 1000
+
+_DUPLICATE = (
+    "The custom_id for this request is a duplicate of another request. "
+    "The custom_id parameter must be unique for each request in a batch."
+)
+
+
+@dataclass
+class Validation:
+    errors: list[BatchRequestError] = field(default_factory=list)
+    #: Problems found, listed or not.
+    problems: int = 0
+    requests: int = 0
+    model: str | None = None
+
+    def add(self, code: str, message: str, line: int | None = None, param: str | None = None) -> None:
+        self.problems += 1
+        if len(self.errors) < MAX_LISTED:
+            self.errors.append(BatchRequestError(code=code, message=message, line=line, param=param))
+
+
+def too_large(size: int, max_bytes: int) -> BatchRequestError | None:
+    """The size check, made before the file is read at all."""
+    if size <= max_bytes:
+        return None
+    return BatchRequestError(
+        code="file_too_large",
+        message=f"The batch input file is {size:,} bytes, larger than the {max_bytes:,} bytes this server "
+        "accepts in one batch. Please try again with a smaller batch.",
+    )
+
+
+def validate_input(stream: BinaryIO, *, endpoint: str, models: Collection[str], max_requests: int) -> Validation:
+    """Read the file line by line (blank lines are skipped, as `prepare` does) and list its problems."""
+    result = Validation()
+    # The converter `orch prepare` runs on this file: a line it would set aside fails validation here.
+    convert = make_converter(InputSpec(format="openai-batch"), SamplingSpec(), None)
+    seen: set[str] = set()
+    for number, raw in enumerate(stream, 1):
+        if not raw.strip():
+            continue
+        result.requests += 1
+        try:
+            request = json.loads(raw)
+        except ValueError:
+            result.add("invalid_json_line", "This line is not parseable as valid JSON.", number)
+            continue
+        if not isinstance(request, dict):
+            result.add("invalid_request", "Each line must be a JSON object (a request).", number)
+            continue
+        before = result.problems
+        _check_request(request, number, endpoint, models, seen, result)
+        if result.problems == before:
+            try:
+                convert(request, "input", number)
+            except BadRow as e:
+                result.add("invalid_request", f"This request is not valid: {e}.", number)
+    if result.requests == 0:
+        result.add("empty_file", "The batch input file is empty: it holds no request line.")
+    elif result.requests > max_requests:
+        result.add(
+            "too_many_tasks",
+            f"The batch input file holds {result.requests:,} requests, more than the {max_requests:,} this "
+            "server accepts in one batch. Please split it into smaller batches.",
+        )
+    return result
+
+
+def _check_request(
+    request: dict[str, Any],
+    number: int,
+    endpoint: str,
+    models: Collection[str],
+    seen: set[str],
+    result: Validation,
+) -> None:
+    """The problems of one request line, each added with its line number."""
+    for name, kind in (("custom_id", str), ("method", str), ("url", str), ("body", dict)):
+        if name not in request:
+            result.add("missing_required_parameter", f"Missing required parameter: '{name}'.", number, name)
+        elif not isinstance(request[name], kind):
+            expected = "a JSON object" if kind is dict else "a string"
+            result.add("invalid_request", f"The '{name}' parameter must be {expected}.", number, name)
+    custom_id, method, url, body = (request.get(k) for k in ("custom_id", "method", "url", "body"))
+    if isinstance(custom_id, str):
+        if custom_id in seen:
+            result.add("duplicate_custom_id", _DUPLICATE, number, "custom_id")
+        seen.add(custom_id)
+    if isinstance(method, str) and method != "POST":
+        result.add("invalid_request", f"The method must be POST, not {method!r}.", number, "method")
+    if isinstance(url, str) and url != endpoint:
+        result.add("invalid_url", "The URL provided for this request does not match the batch endpoint.", number, "url")
+    if isinstance(body, dict):
+        _check_model(body.get("model"), number, models, result)
+
+
+def _check_model(model: Any, number: int, models: Collection[str], result: Validation) -> None:
+    """A served model, the same on every line (the first valid one sets the batch's)."""
+    if model is None:
+        result.add("missing_required_parameter", "Missing required parameter: 'body.model'.", number, "body.model")
+    elif not isinstance(model, str) or model not in models:
+        served = ", ".join(sorted(models))
+        result.add(
+            "model_not_found",
+            f"The model {model!r} does not exist or is not served here. This server serves: {served}.",
+            number,
+            "body.model",
+        )
+    elif result.model is None:
+        result.model = model
+    elif model != result.model:
+        result.add(
+            "model_mismatch",
+            f"The model {model!r} differs from the batch's model {result.model!r}: a batch uses one model.",
+            number,
+            "body.model",
+        )

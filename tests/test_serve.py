@@ -1,0 +1,446 @@
+"""`orch serve` through a client nobody here wrote: the official openai SDK against the real server.
+
+The server runs as `python -m orchestrator serve` (uvicorn on 127.0.0.1, a free port), its batches on
+real local workers with the tiny model, its state in real stores (a directory and SeaweedFS). The
+tests talk to it only through `openai.OpenAI(base_url=..., api_key=...)`, and parse every object it
+returns with the SDK's own types (`Batch`, `FileObject`, `ChatCompletion`). What they read from the
+store directly is what must (not) be there: no run for a batch that failed validation, no key in
+clear, one launch per worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai.types import Batch, FileObject
+from openai.types.chat import ChatCompletion
+
+from orchestrator.cli import main
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import read_jobs
+from orchestrator.core.store import open_store
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / ".cache" / "models" / "tiny-llama"
+KEY, OTHER_KEY = "sk-orch-test-first-key", "sk-orch-test-second-key"
+CHAT = "/v1/chat/completions"
+FINAL = {"completed", "failed", "expired", "cancelled"}
+#: Completion windows short enough for a test (OpenAI accepts only 24h; this server's spec adds these):
+#: the expiry test picks one from how long this machine takes to start a worker right now.
+SHORT_WINDOWS = {f"{s}s": s for s in (45, 60, 90, 120, 180, 240, 360)}
+#: Small limits, so that exceeding them is cheap.
+MAX_REQUESTS, MAX_FILE_BYTES = 400, 100_000
+
+SPEC = f"""\
+sampling: {{max_tokens: 8}}
+workers: {{count: 1, heartbeat_interval: 1, checkpoint_interval: 1, lease_ttl: 20, max_in_flight: 2}}
+serve:
+  models: {{tiny: {TINY}}}
+  rows_per_chunk: 4
+  poll_interval: 0.5
+  completion_windows: ["24h", {", ".join(f'"{w}"' for w in SHORT_WINDOWS)}]
+  max_requests: {MAX_REQUESTS}
+  max_file_bytes: {MAX_FILE_BYTES}
+"""
+
+
+# -- the server ---------------------------------------------------------------------------------
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    port: int
+    store_uri: str
+    workdir: Path
+
+    def client(self, key: str = KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, timeout=60)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_server(workdir: Path, store_uri: str) -> Server:
+    """`orch serve` in its own process, with two keys; returns once it accepts connections."""
+    if not (TINY / ".built").exists():
+        pytest.fail("the tiny model is missing: run `make models` (make test does it)")
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "orch.yaml").write_text(SPEC)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ORCH_API_KEYS": f"{KEY},{OTHER_KEY}", "ORCH_HOME": ".orch"}
+    log = open(workdir / "server.log", "ab")  # noqa: SIM115 - the server process writes it until stopped
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "serve", "--store", store_uri, "--port", str(port)],
+        cwd=workdir,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"orch serve exited with {proc.returncode}:\n{(workdir / 'server.log').read_text()[-3000:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return Server(proc, port, store_uri, workdir)
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail("orch serve did not accept connections within 60 s")
+
+
+@contextlib.contextmanager
+def running_server(workdir: Path, store_uri: str) -> Iterator[Server]:
+    server = start_server(workdir, store_uri)
+    try:
+        yield server
+    finally:
+        server.stop()
+        stop_workers(store_uri)
+
+
+def stop_workers(store_uri: str) -> None:
+    """Whatever workers the batches left running (a test that failed halfway), stopped with `orch cancel`."""
+    store = open_store(store_uri)
+    for run in {info.key.split("/")[1] for info in store.list("runs/")}:
+        main(["cancel", "--run", run, "--store", store_uri])
+
+
+@pytest.fixture(scope="module")
+def local_server(tmp_path_factory) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("serve-local")
+    with running_server(workdir, str(workdir / "store")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def seaweedfs_server_for_serve(tmp_path_factory, seaweedfs_server, seaweedfs_bucket) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("serve-seaweedfs")
+    with running_server(workdir, seaweedfs_server.store_uri(seaweedfs_bucket, "serve")) as server:
+        yield server
+
+
+# -- the client's side, every object parsed with the SDK's own types --------------------------------
+def upload(client: openai.OpenAI, path: Path) -> FileObject:
+    with open(path, "rb") as f:
+        raw = client.files.with_raw_response.create(file=f, purpose="batch")
+    return FileObject.model_validate(json.loads(raw.text))
+
+
+def create(client: openai.OpenAI, file_id: str, window: str = "24h", **kwargs: Any) -> Batch:
+    raw = client.batches.with_raw_response.create(
+        input_file_id=file_id, endpoint=kwargs.pop("endpoint", CHAT), completion_window=window, **kwargs
+    )
+    return Batch.model_validate(json.loads(raw.text))
+
+
+def retrieve(client: openai.OpenAI, batch_id: str) -> Batch:
+    return Batch.model_validate(json.loads(client.batches.with_raw_response.retrieve(batch_id).text))
+
+
+def wait_for(client: openai.OpenAI, batch_id: str, done: Any, timeout: float = 300) -> tuple[Batch, list[Batch]]:
+    """Poll until `done(batch)`; returns the batch then and every batch object seen on the way."""
+    seen: list[Batch] = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        batch = retrieve(client, batch_id)
+        seen.append(batch)
+        if done(batch):
+            return batch, seen
+        time.sleep(0.5)
+    pytest.fail(f"batch {batch_id} still {seen[-1].status} after {timeout:.0f} s: {seen[-1]}")
+
+
+def final(batch: Batch) -> bool:
+    return batch.status in FINAL
+
+
+def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    meta = FileObject.model_validate(json.loads(client.files.with_raw_response.retrieve(file_id).text))
+    assert meta.purpose == "batch_output"
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def chat_line(custom_id: str, content: str, model: str = "tiny", url: str = CHAT, **params: Any) -> dict[str, Any]:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], **params}
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+
+
+def write_requests(path: Path, requests: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    return path
+
+
+def mixed_requests(n: int) -> list[dict[str, Any]]:
+    """Every third asks for more tokens than the tiny model's context holds: an error row, not a failed batch."""
+    return [chat_line(f"q{i}", f"Question {i}?", **({"max_tokens": 5000} if i % 3 == 2 else {})) for i in range(n)]
+
+
+def check_split(output: list[dict[str, Any]], errors: list[dict[str, Any]], ids: list[str]) -> None:
+    """Every custom_id exactly once across the two files; successes are chat completions of `tiny`."""
+    answered = [line["custom_id"] for line in output + errors]
+    assert sorted(answered) == sorted(ids)
+    for line in output:
+        assert line["error"] is None and line["response"]["status_code"] == 200
+        completion = ChatCompletion.model_validate(line["response"]["body"])
+        assert completion.model == "tiny"
+    for line in errors:
+        assert line["error"]["code"]
+
+
+# -- the tests ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["local", "seaweedfs"])
+def test_serve_mixed_batch_splits_good_rows_into_output_and_bad_into_errors(kind, request, tmp_path):
+    server: Server = request.getfixturevalue("local_server" if kind == "local" else "seaweedfs_server_for_serve")
+    client = server.client()
+    requests = mixed_requests(12)
+    source = upload(client, write_requests(tmp_path / "mixed.jsonl", requests))
+    assert source.purpose == "batch" and source.filename == "mixed.jsonl"
+    created = create(client, source.id, metadata={"job": "mixed"})
+    assert (created.status, created.metadata, created.endpoint) == ("validating", {"job": "mixed"}, CHAT)
+
+    batch, seen = wait_for(client, created.id, final)
+
+    assert batch.status == "completed", batch
+    assert {b.status for b in seen} <= {"validating", "in_progress", "finalizing", "completed"}
+    assert all(b.request_counts.total == 12 for b in seen if b.status == "in_progress")
+    assert batch.created_at <= batch.in_progress_at <= batch.finalizing_at <= batch.completed_at
+    assert batch.expires_at == batch.created_at + 24 * 3600
+    assert batch.model == "tiny" and batch.errors is None
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (12, 8, 4)
+    output, errors = lines_of(client, batch.output_file_id), lines_of(client, batch.error_file_id)
+    check_split(output, errors, [r["custom_id"] for r in requests])
+    assert {line["custom_id"] for line in errors} == {f"q{i}" for i in (2, 5, 8, 11)}
+    assert {line["error"]["code"] for line in errors} == {"context_length_exceeded"}
+    assert batch.usage is not None
+    assert batch.usage.output_tokens == sum(line["response"]["body"]["usage"]["completion_tokens"] for line in output)
+    assert batch.usage.total_tokens == batch.usage.input_tokens + batch.usage.output_tokens > 0
+    with pytest.raises(openai.ConflictError, match="completed"):
+        client.batches.cancel(batch.id)
+    # Listed for its key, through the SDK's own pagination (`after` cursors, one batch a page).
+    assert created.id in [b.id for b in client.batches.list(limit=1)]
+    listed = json.loads(client.files.with_raw_response.list().text)["data"]
+    assert {source.id, batch.output_file_id, batch.error_file_id} <= {FileObject.model_validate(f).id for f in listed}
+
+    # The batch is an orch run: status and collect work on it by its id.
+    assert main(["status", "--run", batch.id, "--store", server.store_uri]) == 0
+    collect = ["collect", "--run", batch.id, "--store", server.store_uri, "--out", str(tmp_path / "all.jsonl")]
+    assert main(collect) == 9  # a third of the rows are errors: above the default --max-error-rate
+    assert main([*collect, "--max-error-rate", "1.0"]) == 0
+    collected = [json.loads(line)["custom_id"] for line in (tmp_path / "all.jsonl").read_text().splitlines()]
+    assert collected == [r["custom_id"] for r in requests]
+
+
+VALIDATION_CASES = {
+    "not-jsonl": (["custom_id,content", "q0,hello"], CHAT, {("invalid_json_line", 1), ("invalid_json_line", 2)}),
+    "no-custom-id": (
+        [
+            json.dumps(chat_line("q0", "hi")),
+            json.dumps({k: v for k, v in chat_line("q1", "hi").items() if k != "custom_id"}),
+        ],
+        CHAT,
+        {("missing_required_parameter", 2)},
+    ),
+    "duplicate-custom-id": (
+        [json.dumps(chat_line("q0", "a")), json.dumps(chat_line("q1", "b")), json.dumps(chat_line("q0", "c"))],
+        CHAT,
+        {("duplicate_custom_id", 3)},
+    ),
+    "endpoint-mismatch": (
+        [json.dumps(chat_line("q0", "a")), json.dumps(chat_line("q1", "b"))],
+        "/v1/completions",
+        {("invalid_url", 1), ("invalid_url", 2)},
+    ),
+    "unknown-model": (
+        [json.dumps(chat_line("q0", "a")), json.dumps(chat_line("q1", "b", model="gpt-4o-mini"))],
+        CHAT,
+        {("model_not_found", 2)},
+    ),
+    "too-many-lines": (
+        [json.dumps(chat_line(f"q{i}", "a")) for i in range(MAX_REQUESTS + 1)],
+        CHAT,
+        {("too_many_tasks", None)},
+    ),
+    "too-large": ([json.dumps(chat_line("q0", "x" * MAX_FILE_BYTES))], CHAT, {("file_too_large", None)}),
+}
+
+
+@pytest.mark.parametrize("case", list(VALIDATION_CASES))
+def test_serve_validation_fails_the_batch_with_openai_errors_and_launches_nothing(case, local_server, tmp_path):
+    lines, endpoint, expected = VALIDATION_CASES[case]
+    client = local_server.client()
+    path = tmp_path / "input.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    created = create(client, upload(client, path).id, endpoint=endpoint)
+
+    batch, _ = wait_for(client, created.id, final, timeout=60)
+
+    assert batch.status == "failed" and batch.failed_at is not None
+    assert batch.errors is not None and batch.errors.object == "list" and batch.errors.data
+    assert {(e.code, e.line) for e in batch.errors.data} == expected
+    assert all(e.message for e in batch.errors.data)
+    if case == "unknown-model":
+        assert "tiny" in (batch.errors.data[0].message or "")  # the served names
+    assert batch.output_file_id is None and batch.error_file_id is None
+    # Nothing was prepared or launched: the batch has no run at all.
+    assert list(open_store(local_server.store_uri).list(RunLayout(batch.id).root)) == []
+
+
+def test_serve_create_refuses_bad_requests_as_openai_does(local_server, tmp_path):
+    client = local_server.client()
+    source = upload(client, write_requests(tmp_path / "ok.jsonl", [chat_line("q0", "hi")]))
+    with pytest.raises(openai.BadRequestError, match="endpoint"):
+        create(client, source.id, endpoint="/v1/embeddings")
+    with pytest.raises(openai.BadRequestError, match="completion_window"):
+        create(client, source.id, window="1h")
+    with pytest.raises(openai.NotFoundError):
+        create(client, "file-doesnotexist")
+    with pytest.raises(openai.BadRequestError, match="purpose"), open(tmp_path / "ok.jsonl", "rb") as f:
+        client.files.create(file=f, purpose="fine-tune")
+
+
+def test_serve_a_key_sees_only_its_own_files_and_batches(local_server, tmp_path):
+    first, second = local_server.client(KEY), local_server.client(OTHER_KEY)
+    # A batch that fails validation (an unknown model) costs no worker.
+    source = upload(first, write_requests(tmp_path / "mine.jsonl", [chat_line("q0", "hi", model="nope")]))
+    batch, _ = wait_for(first, create(first, source.id).id, final, timeout=60)
+
+    for call in (
+        lambda: second.batches.retrieve(batch.id),
+        lambda: second.batches.cancel(batch.id),
+        lambda: second.files.retrieve(source.id),
+        lambda: second.files.content(source.id),
+        lambda: second.files.delete(source.id),
+        lambda: second.batches.create(input_file_id=source.id, endpoint=CHAT, completion_window="24h"),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert batch.id not in [b.id for b in second.batches.list()]
+    assert source.id not in [f.id for f in second.files.list()]
+    assert retrieve(first, batch.id).id == batch.id
+    with pytest.raises(openai.AuthenticationError):
+        local_server.client("sk-not-a-key").batches.list()
+    # The store knows the keys only by their hashes.
+    store = open_store(local_server.store_uri)
+    for info in store.list("serve/"):
+        data = store.get(info.key).data
+        assert KEY.encode() not in data and OTHER_KEY.encode() not in data and KEY not in info.key
+    # Deleting is the owner's: then the file is gone for it too.
+    deleted = first.files.delete(source.id)
+    assert deleted.deleted and deleted.id == source.id
+    with pytest.raises(openai.NotFoundError):
+        first.files.retrieve(source.id)
+
+
+def test_serve_files_list_pages_orders_and_filters(local_server, tmp_path):
+    client = local_server.client(OTHER_KEY)  # a key no other test uploads with: its list is this test's
+    uploaded = [upload(client, write_requests(tmp_path / f"f{i}.jsonl", [chat_line("q0", "hi")])) for i in range(3)]
+    newest_first = [f.id for f in client.files.list(limit=1)]  # three pages, through `after` cursors
+    assert newest_first == [f.id for f in reversed(uploaded)]
+    assert [f.id for f in client.files.list(order="asc", limit=2)] == [f.id for f in uploaded]
+    assert list(client.files.list(purpose="batch_output")) == []
+    client.files.delete(uploaded[1].id)
+    assert [f.id for f in client.files.list()] == [uploaded[2].id, uploaded[0].id]
+    assert [m.id for m in client.models.list()] == ["tiny"]
+
+
+def test_serve_refuses_to_start_without_keys_off_loopback(monkeypatch, capsys):
+    monkeypatch.delenv("ORCH_API_KEYS", raising=False)
+    code = main(["serve", "--host", "0.0.0.0", "--port", "1", "--model", f"tiny={TINY}", "--store", "unused"])
+    assert code == 2
+    assert "refusing to serve on 0.0.0.0" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_bad_configuration_saying_where(tmp_path, capsys):
+    spec = tmp_path / "orch.yaml"
+    spec.write_text(f"serve:\n  models: {{tiny: {TINY}}}\n  max_request: 10\n")
+    assert main(["serve", "-f", str(spec), "--store", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}:3" in err and "serve.max_request: unknown field" in err
+    assert main(["serve", "--model", "tiny", "--store", str(tmp_path / "store")]) == 2
+    assert "is not NAME=PATH_OR_HUB_ID" in capsys.readouterr().err
+
+
+def test_serve_killed_mid_batch_and_restarted_completes_every_row_exactly_once(tmp_path):
+    store_uri = str(tmp_path / "store")
+    requests = mixed_requests(16)
+    server = start_server(tmp_path / "first", store_uri)
+    try:
+        client = server.client()
+        created = create(client, upload(client, write_requests(tmp_path / "in.jsonl", requests)).id)
+        running, _ = wait_for(client, created.id, lambda b: b.status != "validating")
+        assert running.status == "in_progress"
+    finally:
+        server.stop(signal.SIGKILL)  # mid-batch: its workers run on, and of the server only the store is left
+
+    with running_server(tmp_path / "second", store_uri) as again:
+        client = again.client()
+        batch, _ = wait_for(client, created.id, final)
+        assert batch.status == "completed", batch
+        assert (batch.request_counts.completed, batch.request_counts.failed) == (11, 5)
+        output, errors = lines_of(client, batch.output_file_id), lines_of(client, batch.error_file_id)
+        check_split(output, errors, [r["custom_id"] for r in requests])
+    # The restarted server took over the live worker instead of launching a second one.
+    jobs, _ = read_jobs(open_store(store_uri), RunLayout(batch.id))
+    assert [len(w.attempts) for w in jobs.workers.values()] == [1]
+
+
+def test_serve_cancel_and_expiry_return_the_finished_rows(local_server, tmp_path):
+    """The first chunk is quick, the rest would take many minutes. One batch is cancelled once its
+    first chunk is done; the next one reaches the end of its completion window. That window is
+    chosen from the time the first batch took to finish its first chunk (a worker's start-up, which
+    a loaded machine stretches to a minute or more), so the second's first chunk is done by then."""
+    client = local_server.client()
+    quick = [chat_line(f"quick{i}", "Hi", max_tokens=4) for i in range(4)]
+    slow = [chat_line(f"slow{i}", "Hi", max_tokens=1000, ignore_eos=True) for i in range(120)]
+    source = upload(client, write_requests(tmp_path / "in.jsonl", quick + slow)).id
+    started = time.time()
+    cancelled = create(client, source)
+    wait_for(client, cancelled.id, lambda b: b.request_counts is not None and b.request_counts.completed >= 4)
+    first_chunk_s = time.time() - started
+    cancelling = Batch.model_validate(json.loads(client.batches.with_raw_response.cancel(cancelled.id).text))
+    assert cancelling.status == "cancelling" and cancelling.cancelling_at is not None
+    ended, _ = wait_for(client, cancelled.id, final, timeout=120)
+    assert ended.status == "cancelled" and ended.cancelled_at is not None
+    assert client.batches.cancel(cancelled.id).status == "cancelled"  # again: nothing changes
+
+    # The worker of the batch cancelled is gone: the next starts on a machine no busier than the first did.
+    window = next((w for w, s in SHORT_WINDOWS.items() if s >= 1.5 * first_chunk_s + 15), "360s")
+    expiring = create(client, source, window=window)
+    assert expiring.expires_at == expiring.created_at + SHORT_WINDOWS[window]
+    expired, _ = wait_for(client, expiring.id, final, timeout=SHORT_WINDOWS[window] + 120)
+    assert expired.status == "expired" and expired.expired_at is not None
+    assert expired.expired_at >= expired.expires_at
+
+    ids = [r["custom_id"] for r in quick + slow]
+    for batch, code in ((ended, "batch_cancelled"), (expired, "batch_expired")):
+        output, errors = lines_of(client, batch.output_file_id), lines_of(client, batch.error_file_id)
+        check_split(output, errors, ids)
+        done = {line["custom_id"] for line in output}
+        assert {r["custom_id"] for r in quick} <= done, f"the rows finished before the end are returned ({window})"
+        assert len(done) < len(ids)
+        assert {line["error"]["code"] for line in errors} == {code}
+        assert batch.request_counts is not None
+        assert (batch.request_counts.completed, batch.request_counts.failed) == (len(done), len(ids) - len(done))
