@@ -88,7 +88,8 @@ def test_parse_request_text_content_parts_are_joined():
         (b"{oops", "invalid_json"),
         ({"method": "POST", "url": "/v1/chat/completions", "body": {}}, "missing_custom_id"),
         ({"custom_id": "x", "url": "/v1/moderations", "body": {"input": "a"}}, "unsupported_url"),
-        (chat(tools=[{"type": "function"}]), "unsupported_parameter"),
+        (chat(functions=[{"name": "f"}]), "unsupported_parameter"),
+        (chat(tools=[{"type": "function"}]), "invalid_parameter"),
         (chat(messages=[]), "invalid_messages"),
         (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "invalid_image"),  # no url
         (chat(messages=[{"role": "user", "content": [{"type": "input_audio"}]}]), "unsupported_content"),
