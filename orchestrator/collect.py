@@ -382,6 +382,7 @@ def _parquet_schema():
             ("finish_reason", pa.string()),
             ("prompt_tokens", pa.int64()),
             ("completion_tokens", pa.int64()),
+            ("embeddings", pa.list_(pa.list_(pa.float32()))),  # one vector per input of an embeddings line
             ("error_code", pa.string()),
             ("error_message", pa.string()),
             ("id", pa.string()),
@@ -403,6 +404,7 @@ def _flatten(lines: list[BatchOutputLine]) -> dict[str, list[Any]]:
         cols["finish_reason"].append(line.first_choice().get("finish_reason"))
         cols["prompt_tokens"].append(usage.prompt_tokens if usage else None)
         cols["completion_tokens"].append(usage.completion_tokens if usage else None)
+        cols["embeddings"].append(line.embeddings())
         cols["error_code"].append(line.error.code if line.error else None)
         cols["error_message"].append(line.error.message if line.error else None)
         cols["id"].append(line.id)

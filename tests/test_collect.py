@@ -206,3 +206,24 @@ def test_collect_refuses_outputs_it_cannot_write_with_one_error_line(tmp_path, c
     assert main([*base, "--out", str(tmp_path / "ok.jsonl"), "--retry-out", "/sys/retry.jsonl"]) == 1
     assert "cannot write /sys/retry.jsonl" in capsys.readouterr().err and not (tmp_path / "ok.jsonl").exists()
     assert main([*base, "--out", str(tmp_path / "x.csv"), "--format", "jsonl"]) == 0  # said explicitly: fine
+
+
+def test_collect_embeddings_to_parquet_as_a_list_column(tmp_path):
+    from worker.embeddings import embedding_body
+
+    store = open_store(str(tmp_path / "s"))
+    lines = [
+        {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}} for i in range(3)
+    ]
+    layout = make_run(store, "e", [lines], model="m", spec_flags={"model.runner": "pooling"})
+    answers = [Answer(i, f"e{i}") for i in range(3)]
+    vectors = [[[0.5, -0.25]], [[1.0, 0.0], [0.0, 1.0]], [[0.125, 0.75]]]
+    for answer, vecs, encoding in zip(answers, vectors, ["float", "float", "base64"], strict=True):
+        answer.line.response.body = embedding_body(vecs, encoding, 3, "m")
+    answer_chunk(store, layout, "part_00000", [answers])
+    collect(store, layout, tmp_path / "o.parquet")
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "o.parquet")
+    assert table.column("embeddings").to_pylist() == vectors  # base64 vectors decoded
+    assert table.column("prompt_tokens").to_pylist() == [3, 3, 3]

@@ -329,3 +329,45 @@ def test_prepare_rerun_finds_the_same_input_from_anywhere(store_dir, tmp_path, m
     write_jsonl(copy, rows)
     assert prepare(store_dir, copy, *args) == 4
     assert "same size" in capsys.readouterr().err
+
+
+def embeddings_line(i, **body):
+    return {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings", "body": {"input": f"text {i}", **body}}
+
+
+def test_prepare_embeddings_lines_need_a_pooling_run(store_dir, tmp_path, capsys):
+    chat = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}}
+    write_jsonl(tmp_path / "b.jsonl", [embeddings_line(0), embeddings_line(1, dimensions=32), chat])
+    (tmp_path / "orch.yaml").write_text("model: {name: m, runner: pooling}\n")
+    assert prepare(store_dir, tmp_path / "b.jsonl", "--format", "openai-batch", "--num-chunks", "1") == 0
+    assert [line["custom_id"] for line in chunk_lines(store_dir)] == ["e0", "e1"]
+    assert "needs a run with model.runner: generate" in capsys.readouterr().out
+    assert manifest(store_dir)[0].max_output_tokens == 0  # an embedding generates nothing
+    # A generating run sets embeddings lines aside and says why.
+    (tmp_path / "orch.yaml").write_text("model: {name: m}\n")
+    assert prepare(store_dir, tmp_path / "b.jsonl", "--format", "openai-batch", "--num-chunks", "1", run="g") == 0
+    out = capsys.readouterr().out
+    assert "2 bad row(s) set aside" in out and "needs a run with model.runner: pooling" in out
+
+
+def test_prepare_text_becomes_embeddings_lines_in_a_pooling_run(store_dir, tmp_path):
+    write_jsonl(tmp_path / "t.jsonl", [{"text": "the sea"}, {"text": "the sky"}])
+    (tmp_path / "orch.yaml").write_text("model: {name: m, runner: pooling}\n")
+    assert prepare(store_dir, tmp_path / "t.jsonl", "--format", "text", "--num-chunks", "1") == 0
+    lines = chunk_lines(store_dir)
+    assert [(line["url"], line["body"]["input"]) for line in lines] == [
+        ("/v1/embeddings", "the sea"),
+        ("/v1/embeddings", "the sky"),
+    ]
+
+
+def test_prepare_lines_naming_an_adapter_are_not_another_model(store_dir, tmp_path, capsys):
+    def request(i, model):
+        body = {"model": model, "messages": [{"role": "user", "content": f"q{i}"}]}
+        return {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+    write_jsonl(tmp_path / "b.jsonl", [request(0, "m"), request(1, "french"), request(2, "frnech")])
+    (tmp_path / "orch.yaml").write_text("model: {name: m, lora: {french: /adapters/french}}\n")
+    assert prepare(store_dir, tmp_path / "b.jsonl", "--format", "openai-batch", "--num-chunks", "1") == 0
+    out = capsys.readouterr().out
+    assert "1 line(s) name neither the model nor one of its adapters" in out and "error rows" in out

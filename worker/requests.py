@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.core.spec import SamplingSpec
 from worker.engine.base import RowResult
@@ -18,8 +18,12 @@ from worker.outputs import error_line
 from worker.structured import Constraint, StructuredError, constraint, logit_bias
 from worker.tools import ToolError, ToolUse, tool_use
 
+if TYPE_CHECKING:
+    from worker.embeddings import EmbeddingInput
+
 CHAT_URL = "/v1/chat/completions"
 COMPLETION_URL = "/v1/completions"
+EMBEDDINGS_URL = "/v1/embeddings"
 
 #: The range vLLM's OpenAI server accepts for `seed` (int64); a larger seed fails inside the engine step.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -102,12 +106,15 @@ class GenerationParams:
 class EngineRequest:
     index: int  # the row's position in its chunk
     custom_id: str
-    kind: Literal["chat", "completion"]
+    kind: Literal["chat", "completion", "embedding"]
     messages: list[dict[str, Any]] | None
     prompt: str | None
-    params: GenerationParams
+    params: GenerationParams  # for embeddings: the spec's defaults, unused
     chunk: str | None = None  # set by the worker: where the row's answer goes
     tools: ToolUse | None = None
+    #: `body.model`: the engine answers it with the run's model or one of its LoRA adapters.
+    model: str | None = None
+    embedding: EmbeddingInput | None = None
 
 
 class BadRequest(ValueError):
@@ -133,16 +140,25 @@ def parse_request(line: bytes | str, index: int, defaults: SamplingSpec) -> Engi
         url, body = obj.get("url"), obj.get("body")
         if not isinstance(body, dict):
             raise BadRequest("invalid_request", "the request has no body object", "body")
+        model = body.get("model") if isinstance(body.get("model"), str) else None
         if url == CHAT_URL:
             _check_keys(body, _CHAT)
             params = _params(body, defaults, chat=True)
-            return EngineRequest(index, custom_id, "chat", _messages(body), None, params, tools=_tools(body))
+            messages = _messages(body)
+            return EngineRequest(index, custom_id, "chat", messages, None, params, tools=_tools(body), model=model)
         if url == COMPLETION_URL:
             _check_keys(body, _COMPLETION)
-            return EngineRequest(
-                index, custom_id, "completion", None, _prompt(body), _params(body, defaults, chat=False)
-            )
-        raise BadRequest("unsupported_url", f"url {url!r} is not {CHAT_URL} or {COMPLETION_URL}", "url")
+            params = _params(body, defaults, chat=False)
+            return EngineRequest(index, custom_id, "completion", None, _prompt(body), params, model=model)
+        if url == EMBEDDINGS_URL:
+            from worker.embeddings import parse_embedding_body  # it imports this module
+
+            embedding = parse_embedding_body(body)
+            params = _params({}, defaults, chat=False)
+            return EngineRequest(index, custom_id, "embedding", None, None, params, model=model, embedding=embedding)
+        raise BadRequest(
+            "unsupported_url", f"url {url!r} is not {CHAT_URL}, {COMPLETION_URL} or {EMBEDDINGS_URL}", "url"
+        )
     except BadRequest as e:
         return RowResult(index, custom_id, error_line(custom_id, e.code, str(e), param=e.param), 0, 0, True)
 
@@ -191,18 +207,16 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest("invalid_messages", f"messages[{i}] needs a role", "messages")
         content = m.get("content")
-        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise BadRequest(
-                    "unsupported_content", f"messages[{i}]: only text content parts are supported", "messages"
-                )
-            content = "".join(str(p.get("text", "")) for p in content)
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, {"type": "image_url", ...}]
+            from worker.images import content_parts  # it imports this module
+
+            content = content_parts(content, i)
         # An assistant turn that called tools may have no content; the calls and the tool answers'
         # ids go to the chat template as they are.
         kept = {k: m[k] for k in ("tool_calls", "tool_call_id", "name") if m.get(k) is not None}
         if content is None and "tool_calls" in kept:
             content = ""
-        if not isinstance(content, str):
+        if not isinstance(content, (str, list)):
             raise BadRequest("invalid_messages", f"messages[{i}].content must be text", "messages")
         out.append({"role": m["role"], "content": content, **kept})
     return out

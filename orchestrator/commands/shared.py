@@ -312,8 +312,17 @@ def print_prepare_report(ctx: RunContext, report: PrepareReport) -> None:
     if r.models:
         serving = ctx.spec.model.name or "the model given at launch"
         named = ", ".join(f"{model!r} ({count:,})" for model, count in r.models.items())
-        others = sum(count for model, count in r.models.items() if model != ctx.spec.model.name)
-        if others:
+        adapters = ctx.spec.model.lora
+        others = sum(
+            count for model, count in r.models.items() if model != ctx.spec.model.name and model not in adapters
+        )
+        if others and adapters:
+            # A typo must not fall back to the base model: the worker answers these with error rows.
+            click.echo(
+                click.style(f"{others:,} line(s) name neither the model nor one of its adapters", fg="yellow")
+                + f": {named}; they will be error rows (the run serves {serving} and {', '.join(sorted(adapters))})"
+            )
+        elif others:
             click.echo(
                 click.style(f"{others:,} line(s) name another model", fg="yellow")
                 + f": {named}; every line is answered by the run's model, {serving} (body.model says so)"

@@ -12,6 +12,8 @@ without reading the chunk's input again. The body stays a mapping: its shape is 
 
 from __future__ import annotations
 
+import base64
+import struct
 import uuid
 from typing import Any
 
@@ -77,6 +79,21 @@ class BatchOutputLine(LineModel):
         message = choice.get("message")
         content = message.get("content") if isinstance(message, dict) else None
         return content if isinstance(content, str) else None
+
+    def embeddings(self) -> list[list[float]] | None:
+        """An embeddings body's vectors in input order, base64 ones decoded (little-endian float32,
+        as OpenAI sends them); None for other bodies."""
+        body = self.response.body if self.response is not None else None
+        if not body or body.get("object") != "list" or not isinstance(body.get("data"), list):
+            return None
+        vectors = []
+        for item in body["data"]:
+            vector = item.get("embedding") if isinstance(item, dict) else None
+            if isinstance(vector, str):
+                raw = base64.b64decode(vector)
+                vector = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+            vectors.append(vector if isinstance(vector, list) else [])
+        return vectors
 
     def to_json(self) -> bytes:
         return self.model_dump_json().encode()

@@ -207,7 +207,7 @@ def _names(files: list[Any]) -> str:
 def _first_difference(ctx: RunContext, files: list[SourceFile]) -> str | None:
     """The first input row (file:line) whose request is not the one in the prepared chunks."""
     spec, store, layout = ctx.spec, ctx.store, ctx.layout
-    convert = make_converter(spec.input, spec.sampling, spec.model.name)
+    convert = make_converter(spec.input, spec.sampling, spec.model.name, spec.model.runner)
     columns = needed_columns(spec.input)
 
     def prepared() -> Iterator[bytes]:
@@ -271,7 +271,7 @@ class _Conversion:
         self, ctx: RunContext, files: list[SourceFile], writer: _ChunkWriter, errors: _ErrorWriter, strict: bool
     ):
         self.spec_input = ctx.spec.input
-        self.convert = make_converter(ctx.spec.input, ctx.spec.sampling, ctx.spec.model.name)
+        self.convert = make_converter(ctx.spec.input, ctx.spec.sampling, ctx.spec.model.name, ctx.spec.model.runner)
         self.files = files
         self.writer = writer
         self.errors = errors

@@ -14,7 +14,9 @@ from orchestrator.core.spec import InputSpec, SamplingSpec
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETION_URL = "/v1/completions"
-URLS = (CHAT_URL, COMPLETION_URL)
+EMBEDDINGS_URL = "/v1/embeddings"
+#: The lines a run takes, by its model's runner: a run generates or embeds, never both.
+URLS = {"generate": (CHAT_URL, COMPLETION_URL), "pooling": (EMBEDDINGS_URL,)}
 
 #: Keys of the FM-inference runner's completion objects that are not request parameters.
 _COMPLETION_NOT_PARAMS = {"engine", "model", "request_time", "result", "request"}
@@ -38,11 +40,18 @@ class Request:
     named_model: str | None = None
 
 
-def make_converter(spec_input: InputSpec, sampling: SamplingSpec, model: str | None):
-    """The function turning (record, source name, row number) into a Request, for the spec's format."""
+def make_converter(spec_input: InputSpec, sampling: SamplingSpec, model: str | None, runner: str = "generate"):
+    """The function turning (record, source name, row number) into a Request, for the spec's format
+    and the run's runner (a pooling run embeds: openai-batch embeddings lines, or text to embed)."""
     fmt = spec_input.format
     if fmt == "openai-batch":
-        return lambda record, _source, _number: _openai_batch(record, sampling)
+        return lambda record, _source, _number: _openai_batch(record, sampling, URLS[runner])
+    if runner == "pooling" and fmt != "text":
+
+        def refuse(_record: dict[str, Any], _source: str, _number: int) -> Request:
+            raise BadRow(f"format {fmt!r} asks for generation; a pooling run embeds: use --format text or openai-batch")
+
+        return refuse
 
     def with_id(build, named=lambda _record: None):
         def convert(record: dict[str, Any], source: str, number: int) -> Request:
@@ -58,6 +67,8 @@ def make_converter(spec_input: InputSpec, sampling: SamplingSpec, model: str | N
         return with_id(lambda record: (COMPLETION_URL, _completion_body(record, spec_input.id_column)), _named_model)
     if fmt == "chat":
         return with_id(lambda record: (CHAT_URL, {"messages": _chat_messages(record, spec_input)}))
+    if fmt == "text" and runner == "pooling":
+        return with_id(lambda record: (EMBEDDINGS_URL, {"input": _text(record, spec_input)}))
     if fmt == "text":
         return with_id(lambda record: _text_body(record, spec_input))
     raise ValueError(f"unknown input format {fmt!r}")
@@ -105,12 +116,14 @@ def _request(
     return Request(custom_id, line.encode() + b"\n", _prompt_tokens(body), _output_budget(body, sampling), named_model)
 
 
-def _openai_batch(record: dict[str, Any], sampling: SamplingSpec) -> Request:
+def _openai_batch(record: dict[str, Any], sampling: SamplingSpec, urls: tuple[str, ...]) -> Request:
     custom_id, url, body = record.get("custom_id"), record.get("url"), record.get("body")
     if not isinstance(custom_id, str) or not custom_id:
         raise BadRow("no custom_id string")
-    if url not in URLS:
-        raise BadRow(f"url {url!r} is not one of {', '.join(URLS)}")
+    if url not in urls:
+        runner = "pooling" if url == EMBEDDINGS_URL else "generate"
+        needs = f" (it needs a run with model.runner: {runner})" if url in URLS[runner] else ""
+        raise BadRow(f"url {url!r} is not one of {', '.join(urls)}{needs}")
     if record.get("method", "POST") != "POST":
         raise BadRow(f"method {record.get('method')!r} is not POST")
     if not isinstance(body, dict):
@@ -119,6 +132,8 @@ def _openai_batch(record: dict[str, Any], sampling: SamplingSpec) -> Request:
         raise BadRow("a chat request needs body.messages (a list)")
     if url == COMPLETION_URL and not isinstance(body.get("prompt"), (str, list)):
         raise BadRow("a completion request needs body.prompt")
+    if url == EMBEDDINGS_URL and not isinstance(body.get("input"), (str, list)):
+        raise BadRow("an embeddings request needs body.input")
     return _request(custom_id, url, body, sampling, _named_model(body))
 
 
@@ -157,13 +172,17 @@ def _chat_messages(record: dict[str, Any], spec_input: InputSpec) -> list[dict[s
     return messages
 
 
-def _text_body(record: dict[str, Any], spec_input: InputSpec) -> tuple[str, dict[str, Any]]:
+def _text(record: dict[str, Any], spec_input: InputSpec) -> str:
     if spec_input.text_column not in record:
         raise BadRow(f"no column {spec_input.text_column!r}")
     try:
-        text = spec_input.template.format(**{k: ("" if v is None else v) for k, v in record.items()})
+        return spec_input.template.format(**{k: ("" if v is None else v) for k, v in record.items()})
     except (KeyError, IndexError, ValueError) as e:
         raise BadRow(f"the template cannot be filled from this row: {e!r}") from None
+
+
+def _text_body(record: dict[str, Any], spec_input: InputSpec) -> tuple[str, dict[str, Any]]:
+    text = _text(record, spec_input)
     if spec_input.text_as == "completion":
         return COMPLETION_URL, {"prompt": text}
     messages = [{"role": "user", "content": text}]
@@ -179,11 +198,13 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
             for m in body["messages"]
         )
         return chars // CHARS_PER_TOKEN + MESSAGE_OVERHEAD_TOKENS * len(body["messages"])
-    prompt = body.get("prompt")
+    prompt = body.get("prompt", body.get("input"))
     return len(prompt if isinstance(prompt, str) else "".join(map(str, prompt or []))) // CHARS_PER_TOKEN + 1
 
 
 def _output_budget(body: dict[str, Any], sampling: SamplingSpec) -> int:
+    if "input" in body:  # an embedding generates nothing
+        return 0
     max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or sampling.max_tokens
     n = body.get("n") or sampling.n
     try:

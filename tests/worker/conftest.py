@@ -41,3 +41,47 @@ def tiny_engine(tiny_model):
     engine = VllmEngine(ModelSpec(name=tiny_model, engine_args=COMPACT_JSON))
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_embed_model() -> str:
+    from worker.models import build_tiny_embed
+
+    return str(build_tiny_embed(MODELS / "tiny-embed"))
+
+
+@pytest.fixture(scope="session")
+def embed_engine(tiny_embed_model):
+    """The tiny Llama on vLLM's pooling runner (last-token pooling, Matryoshka 32/64/128)."""
+    from orchestrator.core.spec import ModelSpec
+    from worker.engine import load_engine
+
+    engine = load_engine(ModelSpec(name=tiny_embed_model, runner="pooling"))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_adapter() -> str:
+    """A LoRA adapter (peft) on the tiny Llama that answers every chat with "Bonjour!"."""
+    from worker.models import build_tiny_lora
+
+    return str(build_tiny_lora(MODELS / "tiny-lora"))
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_model() -> str:
+    from worker.models import build_tiny_vlm
+
+    return str(build_tiny_vlm(MODELS / "tiny-vlm"))
+
+
+@pytest.fixture(scope="session")
+def vlm_engine(tiny_vlm_model):
+    """A tiny random-weight Idefics3 (SigLIP on the tiny Llama) on vLLM."""
+    from orchestrator.core.spec import ModelSpec
+    from worker.engine.vllm_engine import VllmEngine
+
+    engine = VllmEngine(ModelSpec(name=tiny_vlm_model))
+    yield engine
+    engine.close()

@@ -87,11 +87,12 @@ def test_parse_request_text_content_parts_are_joined():
     [
         (b"{oops", "invalid_json"),
         ({"method": "POST", "url": "/v1/chat/completions", "body": {}}, "missing_custom_id"),
-        ({"custom_id": "x", "url": "/v1/embeddings", "body": {"input": "a"}}, "unsupported_url"),
+        ({"custom_id": "x", "url": "/v1/moderations", "body": {"input": "a"}}, "unsupported_url"),
         (chat(functions=[{"name": "f"}]), "unsupported_parameter"),
         (chat(tools=[{"type": "function"}]), "invalid_parameter"),
         (chat(messages=[]), "invalid_messages"),
-        (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "unsupported_content"),
+        (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "invalid_image"),  # no url
+        (chat(messages=[{"role": "user", "content": [{"type": "input_audio"}]}]), "unsupported_content"),
         (chat(n=True), "invalid_parameter"),
         (chat(temperature="hot"), "invalid_parameter"),
         (chat(top_logprobs=2), "invalid_parameter"),

@@ -37,11 +37,13 @@ def chunk_of(prefix: str, rows: int, max_tokens: int = 8) -> list[dict]:
 
 
 class WorkerProcess:
-    def __init__(self, store_uri: str, run: str, worker: str, tmp_path: Path, *args: str):
+    def __init__(self, store_uri: str, run: str, worker: str, tmp_path: Path, *args: str, env: dict | None = None):
         self.stderr_path = tmp_path / f"worker-{worker}-{time.monotonic_ns()}.err"
         cmd = [sys.executable, "-m", "worker", "--run", run, "--store", store_uri, "--worker", worker, *args]
         with open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+            self.proc = subprocess.Popen(
+                cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **(env or {})}
+            )
 
     def finish(self, timeout: float = 300) -> tuple[int, dict]:
         out, _ = self.proc.communicate(timeout=timeout)
@@ -54,15 +56,19 @@ class WorkerProcess:
         return self.stderr_path.read_text(errors="replace")
 
 
-def answered(store, layout: RunLayout) -> collections.Counter:
-    """custom_id -> how often it appears in the parts that done markers list (what collect reads)."""
-    seen: collections.Counter = collections.Counter()
+def answered_lines(store, layout: RunLayout) -> list:
+    """The output lines in the parts that done markers list (what collect reads)."""
+    lines = []
     for info in store.list(layout.done_prefix):
         marker = DoneMarker.model_validate_json(store.get(info.key).data)
         for part in marker.parts:
-            for line in iter_part_lines(store.get(part.key).data, marker.output_format):
-                seen[line.custom_id] += 1
-    return seen
+            lines.extend(iter_part_lines(store.get(part.key).data, marker.output_format))
+    return lines
+
+
+def answered(store, layout: RunLayout) -> collections.Counter:
+    """custom_id -> how often it appears in the parts that done markers list."""
+    return collections.Counter(line.custom_id for line in answered_lines(store, layout))
 
 
 def wait_for_parts(store, layout, chunk: str, count: int, timeout: float = 180) -> list:

@@ -14,6 +14,10 @@ def load_engine(model: ModelSpec, workers: WorkersSpec | None = None) -> Engine:
         from worker.engine.hf_engine import TransformersEngine
 
         return TransformersEngine(model, max_in_flight=max_in_flight)
+    if model.runner == "pooling":
+        from worker.embeddings import VllmEmbeddingEngine
+
+        return VllmEmbeddingEngine(model, max_in_flight=max_in_flight)
     from worker.engine.vllm_engine import VllmEngine
 
     return VllmEngine(model, max_in_flight=max_in_flight)

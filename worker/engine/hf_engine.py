@@ -150,6 +150,12 @@ class TransformersEngine:
     # -- one request ---------------------------------------------------------------------------
     def _admit(self, request: EngineRequest) -> RowResult | None:
         """Into the pool, or the row's error."""
+        if request.kind == "embedding":
+            return error_row(
+                request, "unsupported_url", "/v1/embeddings needs the vLLM engine with model.runner: pooling"
+            )
+        if any(isinstance(m["content"], list) for m in request.messages or []):
+            return error_row(request, "unsupported_content", "images need the vLLM engine", "messages")
         p = request.params
         if p.presence_penalty or p.frequency_penalty:
             return error_row(

@@ -17,10 +17,13 @@ from typing import Any
 
 from orchestrator.core.errors import OrchError
 from orchestrator.core.spec import ModelSpec
+from worker.adapters import AdapterChooser
+from worker.adapters import engine_args as adapter_args
 from worker.engine.base import RowResult, error_row
+from worker.images import image_urls, load_images
 from worker.outputs import Choice, TokenLogprob, success_line
 from worker.prompts import PromptBuilder
-from worker.requests import EngineRequest, GenerationParams
+from worker.requests import BadRequest, EngineRequest, GenerationParams
 from worker.tools import ToolCallRequest, ToolError, VllmTools
 
 log = logging.getLogger("orch.worker.vllm")
@@ -38,7 +41,7 @@ CPU_MAX_MODEL_LEN = 2048
 
 
 @dataclass
-class _InFlight:
+class InFlight:
     request: EngineRequest
     prompt_tokens: int
     tools: ToolCallRequest | None = None
@@ -63,8 +66,9 @@ class VllmEngine:
         self.max_in_flight = max_in_flight or max(4 * self.capacity, 256)
         self.accelerator = _accelerator()
         self._tools = VllmTools(spec.tool_parser, self.tokenizer, engine.model_config)
-        self._in_flight: dict[str, _InFlight] = {}
+        self._in_flight: dict[str, InFlight] = {}
         self._next_id = 0
+        self._adapters = AdapterChooser(spec)
 
     # -- Engine ------------------------------------------------------------------------------
     def run(self, requests: Iterator[EngineRequest | None]) -> Generator[list[RowResult], None, None]:
@@ -89,7 +93,9 @@ class VllmEngine:
                 if exhausted:
                     return
                 continue
-            finished = [self._result(o) for o in self._engine.step() if o.finished and o.request_id in self._in_flight]
+            outputs = [o for o in self._engine.step() if o.finished and o.request_id in self._in_flight]
+            # A row may span several engine requests (an embeddings line with a list of inputs).
+            finished = [row for row in map(self._result, outputs) if row is not None]
             yield finished + pending_errors
             pending_errors = []
 
@@ -105,6 +111,16 @@ class VllmEngine:
 
     # -- one row ---------------------------------------------------------------------------------
     def _add(self, request: EngineRequest) -> RowResult | None:
+        if request.kind == "embedding":
+            return error_row(
+                request,
+                "unsupported_url",
+                "this run generates text: /v1/embeddings needs a run with model.runner: pooling",
+            )
+        try:
+            lora = self._adapters.for_model(request.model)
+        except BadRequest as e:
+            return error_row(request, e.code, str(e), param=e.param)
         p = request.params
         tools = None
         if request.tools is not None:
@@ -115,24 +131,31 @@ class VllmEngine:
                 return error_row(request, "invalid_parameter", str(e), param=e.param)
             except ValueError as e:  # vLLM's request model refused the row (pydantic's errors are ValueErrors)
                 return error_row(request, "invalid_request", f"vLLM refused the tools: {e}", param="tools")
-        prompt = self.prompts.build(request, tools.template_tools if tools else None)
-        if isinstance(prompt, RowResult):
-            return prompt
+        built = self.prompts.build(request, tools.template_tools if tools else None)
+        if isinstance(built, RowResult):
+            return built
+        prompt: dict[str, Any] = {"prompt_token_ids": built.token_ids}
+        urls = image_urls(request.messages or [])
+        if urls:
+            try:
+                prompt["multi_modal_data"] = {"image": load_images(urls)}
+            except BadRequest as e:
+                return error_row(request, e.code, str(e), param=e.param)
         try:
             params = _sampling_params(p, tools.structured_outputs if tools else None)
             request_id = str(self._next_id)
             self._next_id += 1
-            self._engine.add_request(request_id, {"prompt_token_ids": prompt.token_ids}, params)
+            self._engine.add_request(request_id, prompt, params, lora_request=lora)
         except Exception as e:
-            refusal = _refusal(e)
+            refusal = engine_refusal(e)
             if refusal is None:
                 raise  # not about this request: the engine itself is in trouble
             param = refusal[1] or (p.constraint.source if p.constraint else None)
             return error_row(request, "invalid_request", refusal[0], param=param)
-        self._in_flight[request_id] = _InFlight(request, len(prompt.token_ids), tools)
+        self._in_flight[request_id] = InFlight(request, len(built.token_ids), tools)
         return None
 
-    def _result(self, output: Any) -> RowResult:
+    def _result(self, output: Any) -> RowResult | None:
         flight = self._in_flight.pop(output.request_id)
         request = flight.request
         choices = [
@@ -147,7 +170,9 @@ class VllmEngine:
         if flight.tools is not None:
             for choice in choices:
                 self._with_tool_calls(choice, flight.tools)
-        line = success_line(request, choices, flight.prompt_tokens, self.model_name)
+        # Like the API, the answer names the model the line asked for: the adapter, when one answered.
+        model = request.model if self._adapters.for_model(request.model) is not None else self.model_name
+        line = success_line(request, choices, flight.prompt_tokens, model or self.model_name)
         return RowResult(
             request.index,
             request.custom_id,
@@ -168,7 +193,7 @@ class VllmEngine:
             choice.finish_reason = "tool_calls"
 
 
-def _refusal(e: Exception) -> tuple[str, str | None] | None:
+def engine_refusal(e: Exception) -> tuple[str, str | None] | None:
     """(message, parameter) when vLLM refused one request, as its OpenAI server answers with a 400
     (its client errors, and the plain ValueError/TypeError/OverflowError it still raises for some
     checks); None for anything else."""
@@ -239,6 +264,7 @@ def _build_llm(spec: ModelSpec) -> Any:
     if cpu and dtype == "auto":
         dtype = "float32"  # 2.5x faster than bfloat16 on this kind of CPU (FACTS.md)
     kwargs.update(model=spec.name, dtype=dtype, tensor_parallel_size=spec.tensor_parallel_size, seed=0)
+    kwargs.update(runner=spec.runner, **adapter_args(spec, cpu=cpu))
     if spec.max_model_len:
         kwargs["max_model_len"] = spec.max_model_len
     elif cpu:
@@ -266,7 +292,8 @@ def _native_context(model: str) -> int | None:
     try:
         from transformers import AutoConfig
 
-        return getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+        # A vision-language model keeps it in its text model's config.
+        return getattr(AutoConfig.from_pretrained(model).get_text_config(), "max_position_embeddings", None)
     except Exception:  # unknown architecture: let vLLM derive it
         return None
 
