@@ -338,6 +338,8 @@ def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_serv
     assert first.proc.poll() is None, "the older one keeps working"
     twin_log = twin.log.read_text()
     assert older in twin_log and "this newer process stops" in twin_log
+    # It saw the twin before building an engine (which takes a minute here), and claimed nothing.
+    assert "loading" not in twin_log and twin.summary()["chunks_done"] == 0, twin_log
 
     # A second worker no job records either: `orch cancel` stops both.
     untracked = hand_workers(store, "t", "1", workdir)

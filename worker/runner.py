@@ -50,7 +50,7 @@ from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import HeldLease, LeaseKeeper, LeaseLost
 from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE, Outage, OutageTooLong
 from orchestrator.core.protocol.parts import part_codec
-from orchestrator.core.records import Heartbeat, ManifestEntry, PlanRecord, read_manifest, read_plan
+from orchestrator.core.records import Heartbeat, HeartbeatSummary, ManifestEntry, PlanRecord, read_manifest, read_plan
 from orchestrator.core.spec import RunSpec, spec_hash
 from orchestrator.core.store import Store, StoreUnavailable
 from worker.engine.base import Engine, RowResult
@@ -243,6 +243,16 @@ class Worker:
             own=self.identity.own,
             rows_per_s=self.totals.rows_per_s,
         )
+        twin = self._older_twin_before_loading()
+        if twin is not None:
+            # Nothing claimed, nothing loaded, nothing published: our first heartbeat would delete
+            # the twin's key (the publisher takes other holders' keys for a dead predecessor's),
+            # and the controller would read the id as exited and launch it again.
+            self._note_twin(twin)
+            self.progress.close()
+            raise Shutdown("DUPLICATE")
+        if self._shutdown_requested:
+            raise Shutdown(self._stop_status)  # SIGTERM while we waited on a twin: nothing in hand
         beat = threading.Thread(target=self._background, name="lease-and-heartbeat", daemon=True)
         beat.start()
         status = "SUCCESS"
@@ -296,6 +306,27 @@ class Worker:
         self._shutdown_requested = True
 
     _shutdown_requested = False
+
+    def abandon_loading(self) -> dict[str, Any]:
+        """Stopped while the engine is built: the chunks claimed go back at once (not at their
+        lease's expiry) and the heartbeat says exited. Returns the summary line's numbers."""
+        self._stop.set()
+        for active in self._drop_all():
+            with contextlib.suppress(Exception):
+                active.keeper.release()
+        with self._lock:
+            keepers, self._keepers = list(self._keepers.values()), {}
+        for keeper in keepers:
+            with contextlib.suppress(Exception):
+                keeper.release()
+        with contextlib.suppress(Exception):
+            self._publish(state="exited", chunk=None, exit_code=143)
+        summary = self.totals.summary(self.clock() - self.totals.started_at, "INTERRUPTED")
+        summary.update(worker=self.identity.worker, holder=self.identity.holder, accelerator=self.identity.accelerator)
+        return summary
+
+    #: The engine is being built: a stop then interrupts the build (see install_signal_handlers).
+    loading = False
     _stop_status = "INTERRUPTED"
 
     def _pump(self, engine: Engine, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], first: _Active) -> None:
@@ -610,7 +641,11 @@ class Worker:
             self._publish(state="loading")
             self.progress.note(f"loading {self.spec.model.engine} engine for {self.spec.model.name}")
             started, started_cpu = time.monotonic(), time.process_time()
-            self._engine = self.engine_factory()
+            self.loading = True
+            try:
+                self._engine = self.engine_factory()
+            finally:
+                self.loading = False
             self.totals.load_s = time.monotonic() - started
             self.totals.load_cpu_s = time.process_time() - started_cpu
             if self.identity.accelerator is None:
@@ -618,9 +653,42 @@ class Worker:
             self._publish(state="running", accelerator=self.identity.accelerator, loaded=True)
         return self._engine
 
+    def _older_twin_before_loading(self) -> HeartbeatSummary | None:
+        """An older process of our id that is alive, found before we load an engine (a minute or
+        more under load, during which the twin would claim and run rows for nothing).
+
+        A fresh heartbeat alone does not prove it: a worker killed a moment ago and relaunched left
+        one too. So while some older process of our id beat within two of its intervals, we wait
+        for it to beat again after our start (the twin rule of older_twin); when its beats stop
+        coming, it is dead and we go on. A twin whose beat was late past that is still caught by
+        the check each beat (_watch_fleet) once we run."""
+        me = self._publisher.heartbeat
+        overdue_s = 2 * self._beat_interval + 1.0
+        while not self._shutdown_requested:
+            try:
+                twin = older_twin(self.store, self.layout, me)
+                if twin is not None:
+                    return twin
+                if older_twin(self.store, self.layout, me, beat_since=self.clock() - overdue_s) is None:
+                    return None
+            except StoreUnavailable:
+                return None  # the loop waits the outage out; the check each beat still applies
+            time.sleep(min(0.5, self._beat_interval / 2))
+        return None
+
+    def _note_twin(self, twin: HeartbeatSummary) -> None:
+        self.progress.note(
+            f"worker {self.identity.worker} also runs as {twin.holder} (started "
+            f"{time.strftime('%H:%M:%S', time.localtime(twin.started_at))}): this newer process stops"
+        )
+
     # -- lease renewal and heartbeat, in the background --------------------------------------
+    @property
+    def _beat_interval(self) -> float:
+        return min(self.settings.heartbeat_interval, self.settings.lease_ttl / 3)
+
     def _background(self) -> None:
-        interval = min(self.settings.heartbeat_interval, self.settings.lease_ttl / 3)
+        interval = self._beat_interval
         while not self._stop.wait(interval):
             with self._lock:
                 keepers = list(self._keepers.values())
@@ -647,11 +715,8 @@ class Worker:
             return
         twin = older_twin(self.store, self.layout, self._publisher.heartbeat)
         if twin is not None:
-            self.request_stop(
-                f"worker {self.identity.worker} also runs as {twin.holder} (started "
-                f"{time.strftime('%H:%M:%S', time.localtime(twin.started_at))}): this newer process stops",
-                status="DUPLICATE",
-            )
+            self._note_twin(twin)
+            self.request_stop(status="DUPLICATE")
 
     # -- the store's availability ------------------------------------------------------------
     def _store_down(self, error: StoreUnavailable) -> None:
@@ -723,6 +788,14 @@ def install_signal_handlers(worker: Worker) -> None:
 
     def handler(_signum: int, _frame: Any) -> None:
         worker.request_stop()
+        if worker.loading:
+            # A stop is otherwise seen at the next engine step, and building the engine takes a
+            # minute or more on a busy machine: past the grace `orch cancel` gives before SIGKILL.
+            # Nothing is in the engine yet, so the build is abandoned. Not by raising here: an
+            # exception thrown into vLLM's native start-up aborts the process (SIGABRT, measured).
+            summary = worker.abandon_loading()
+            print(summary_line(summary), flush=True)
+            os._exit(143)
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)

@@ -77,20 +77,24 @@ def read_heartbeats(store: Store, layout: RunLayout) -> dict[str, HeartbeatSumma
     return newest
 
 
-def older_twin(store: Store, layout: RunLayout, me: Heartbeat) -> HeartbeatSummary | None:
+def older_twin(
+    store: Store, layout: RunLayout, me: Heartbeat, *, beat_since: float | None = None
+) -> HeartbeatSummary | None:
     """Another process of our worker id, started before us and still heartbeating, if any.
 
     Twins (a launch the jobs record lost, a machine thought dead that was not) both do the
     work of one id; the newer one exits. "Still heartbeating" means it published after we
     started: the last heartbeat of a process killed before we were launched is no twin. One
-    listing of our own id's keys.
+    listing of our own id's keys. `beat_since` asks a weaker question, "published since then":
+    a process that may still be alive, which the worker waits on before loading its engine.
     """
+    since = me.started_at + 1.0 if beat_since is None else beat_since
     prefix = f"{layout.heartbeats_prefix}{me.worker}/"
     for info in store.list(prefix):
         other = _decode(info.key[len(prefix) :])
         if other is None or other.holder == me.holder or other.state == "exited":
             continue
-        alive_with_us = other.updated_at > me.started_at + 1.0
+        alive_with_us = other.updated_at > since
         if alive_with_us and (other.started_at, other.holder) < (me.started_at, me.holder):
             return other
     return None
