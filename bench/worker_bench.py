@@ -1,7 +1,7 @@
 """The worker against the engine's ceiling and against the SkyPilot example's loop, side by side.
 
 Same prompts, same engine (one `vllm.LLM`, loaded once: start-up excluded from every variant),
-in one process. Two workloads of 2 chunks x max_num_seqs conversations:
+in one process. Three workloads of 2 chunks x max_num_seqs conversations:
 - fixed output lengths (ignore_eos), the issue's figure:
   (a) the ceiling: one `LLM.chat` call over all conversations;
   (b) the SkyPilot example's loop: `LLM.chat` on batches of about 2,000 characters, one batch at a
@@ -12,6 +12,8 @@ in one process. Two workloads of 2 chunks x max_num_seqs conversations:
 - varied output lengths (each chunk ends in a tail of long answers): (a), (c), and
   (d) the same worker with one chunk in the engine at a time: what claiming the next chunk
       while the last rows of the current one generate is worth.
+- structured output (response_format json_schema, SCHEMA) at fixed lengths: (a), with the same
+  StructuredOutputsParams in every SamplingParams, and (c). Target: (c)/(a) at least 0.95.
 The machine is shared and drifts: the variants run in rounds, in a rotated order each round,
 and each keeps its best time.
 
@@ -40,8 +42,19 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.common import ROOT, save, table
+from tests.worker.conftest import COMPACT_JSON
 
 BATCH_CHAR_COUNT = 2000  # the SkyPilot example's batch size
+#: The structured row's schema. ignore_eos cannot fix lengths under a constraint (once the JSON closes,
+#: only EOS is allowed), so the answer is a string no answer can finish: the bench's 16 tokens of SmolLM2's
+#: vocabulary (at most 81 characters each) never reach 2,000 characters, and every answer is cut at
+#: exactly max_tokens, as ignore_eos cuts the plain rows, with the grammar applied at every step.
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "minLength": 2000}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
 
 
 def conversations(count: int, seed: int = 0) -> list[str]:
@@ -76,16 +89,25 @@ def engine_variants(
     chunks: int,
     names: list[str],
     rounds: int,
+    schema: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Each prompt i is answered with exactly lengths[i] tokens (ignore_eos), in every variant."""
+    """Each prompt i is answered with exactly lengths[i] tokens in every variant: ignore_eos, or
+    under `schema` (response_format json_schema) one that cannot close within lengths[i]."""
     from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
 
     from orchestrator.core.spec import ModelSpec
     from worker.engine.vllm_engine import VllmEngine
 
-    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for n in lengths]
+    if schema is None:
+        fields: dict[str, Any] = {"ignore_eos": True}
+        params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for n in lengths]
+    else:
+        fields = {"response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}}
+        constraint = StructuredOutputsParams(json=schema)
+        params = [SamplingParams(max_tokens=n, temperature=0.0, structured_outputs=constraint) for n in lengths]
     messages = [[{"role": "user", "content": p}] for p in prompts]
-    llm.chat(messages[:8], params[:8], use_tqdm=False)  # warm-up: first-call allocations
+    llm.chat(messages[:8], params[:8], use_tqdm=False)  # warm-up: first-call allocations, the grammar's compilation
 
     def ceiling() -> int:
         return sum(len(c.token_ids) for o in llm.chat(messages, params, use_tqdm=False) for c in o.outputs)
@@ -99,9 +121,10 @@ def engine_variants(
         return tokens
 
     def orch_worker(chunks_in_engine: int | None = None) -> int:
-        store, spec = bench_run(prompts, model, lengths, checkpoint_s, chunks=chunks)
+        store, spec = bench_run(prompts, model, lengths, checkpoint_s, chunks=chunks, fields=fields)
         options = {} if chunks_in_engine is None else {"chunks_in_engine": chunks_in_engine}
-        summary = run_worker(store, spec, lambda: VllmEngine(ModelSpec(name=model), llm=llm), **options)
+        engine_spec = ModelSpec(name=model, engine_args=COMPACT_JSON)
+        summary = run_worker(store, spec, lambda: VllmEngine(engine_spec, llm=llm), **options)
         assert summary["requests"] == len(prompts) and summary["errors"] == 0, summary
         return summary["tokens_out"]
 
@@ -139,8 +162,16 @@ def best_of_rounds(variants: dict[str, Any], rounds: int, *, expected_tokens: in
     }
 
 
-def bench_run(prompts: list[str], model: str, lengths: list[int], checkpoint_s: float, chunks: int = 4):
-    """A prepared and planned run in a fresh local store: (store, spec). Row i asks for lengths[i] tokens."""
+def bench_run(
+    prompts: list[str],
+    model: str,
+    lengths: list[int],
+    checkpoint_s: float,
+    chunks: int = 4,
+    fields: dict[str, Any] | None = None,
+):
+    """A prepared and planned run in a fresh local store: (store, spec). Row i asks for lengths[i]
+    tokens, greedy, with the body `fields` (ignore_eos by default)."""
     from orchestrator.core.spec import load_spec
     from orchestrator.core.store import open_store
     from tests.support.runs import chat_request, make_run
@@ -149,7 +180,7 @@ def bench_run(prompts: list[str], model: str, lengths: list[int], checkpoint_s: 
     per = -(-len(prompts) // chunks)
     rows = [
         [
-            chat_request(f"r{i}", p, max_tokens=lengths[i], ignore_eos=True, temperature=0.0)
+            chat_request(f"r{i}", p, max_tokens=lengths[i], temperature=0.0, **(fields or {"ignore_eos": True}))
             for i, p in enumerate(prompts[c * per : (c + 1) * per], start=c * per)
         ]
         for c in range(chunks)
@@ -302,6 +333,7 @@ def embeddings_row(model: str, count: int, rounds: int) -> dict[str, Any]:
 
 
 def main() -> None:
+    """Usage: python -m bench.worker_bench [--quick] [--embeddings | fixed|varied|structured|memory ...]."""
     quick = "--quick" in sys.argv
     if "--embeddings" in sys.argv:
         from worker.models import build_smollm2
@@ -310,12 +342,14 @@ def main() -> None:
         print(f"embeddings: SmolLM2-135M on vLLM's pooling runner ({os.cpu_count()} CPUs)")
         save("worker_bench_embeddings", embeddings_row(model, 256 if quick else 1024, 1 if quick else 3))
         return
+    selected = [a for a in sys.argv[1:] if not a.startswith("-")]
     from orchestrator.core.spec import ModelSpec
     from worker.engine.vllm_engine import _build_llm
     from worker.models import build_smollm2
 
     model = str(build_smollm2(ROOT / ".cache" / "models" / "smollm2-135m-instruct"))
-    llm = _build_llm(ModelSpec(name=model))
+    # The tests' engine setting for compact JSON, on both sides: one engine serves every variant.
+    llm = _build_llm(ModelSpec(name=model, engine_args=COMPACT_JSON))
     # Chunks as large as the engine's batch: real chunks are larger still (thousands of rows),
     # which only makes the boundaries between them rarer.
     max_seqs = llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
@@ -325,12 +359,14 @@ def main() -> None:
     # Varied: 1/4 to 4x max_tokens, so each chunk ends in a tail of long answers.
     rng = random.Random(7)
     workloads = {
-        "fixed": ([max_tokens] * count, ["(a)", "(b)", "(c)"], 1 if quick else 3),
+        "fixed": ([max_tokens] * count, ["(a)", "(b)", "(c)"], 1 if quick else 3, None),
         "varied": (
             [rng.randint(max_tokens // 4, 4 * max_tokens) for _ in prompts],
             ["(a)", "(c)", "(d)"],
             1 if quick else 2,
+            None,
         ),
+        "structured": ([max_tokens] * count, ["(a)", "(c)"], 1 if quick else 3, SCHEMA),
     }
     results: dict[str, Any] = {
         "model": "SmolLM2-135M-Instruct",
@@ -340,13 +376,15 @@ def main() -> None:
         "checkpoint_interval_s": 5.0,
         "target_c_over_a": 0.95,
     }
-    for name, (lengths, variants, rounds) in workloads.items():
+    for name, (lengths, variants, rounds, schema) in workloads.items():
+        if selected and name not in selected:
+            continue
         print(
             f"{name} lengths: SmolLM2-135M-Instruct on vLLM ({os.cpu_count()} CPUs, max_num_seqs {max_seqs}), "
             f"{count} conversations x {min(lengths)}-{max(lengths)} tokens, {chunks} chunks, best of {rounds}"
         )
         res = engine_variants(
-            llm, model, prompts, lengths, checkpoint_s=5.0, chunks=chunks, names=variants, rounds=rounds
+            llm, model, prompts, lengths, checkpoint_s=5.0, chunks=chunks, names=variants, rounds=rounds, schema=schema
         )
         ceiling = next(iter(res.values()))["tokens_per_s"]
         print(
@@ -365,13 +403,17 @@ def main() -> None:
                 k: {kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in v.items()} for k, v in res.items()
             },
         }
-    fixed = results["fixed"]["variants"]
-    c, b = fixed["(c) orch worker, end to end"], fixed["(b) SkyPilot example, 2,000-char batches"]
-    results["c_over_a"] = results["fixed"]["c_over_a"]
-    results["c_over_b"] = round(c["tokens_per_s"] / b["tokens_per_s"], 3)
-    print(f"fixed lengths: (c)/(a) = {results['c_over_a']} (target >= 0.95); (c)/(b) = {results['c_over_b']}")
-    print("worker memory beyond the engine:")
-    results["memory"] = worker_memory(20_000 if quick else 100_000)
+    if "fixed" in results:
+        fixed = results["fixed"]["variants"]
+        c, b = fixed["(c) orch worker, end to end"], fixed["(b) SkyPilot example, 2,000-char batches"]
+        results["c_over_a"] = results["fixed"]["c_over_a"]
+        results["c_over_b"] = round(c["tokens_per_s"] / b["tokens_per_s"], 3)
+        print(f"fixed lengths: (c)/(a) = {results['c_over_a']} (target >= 0.95); (c)/(b) = {results['c_over_b']}")
+    if "structured" in results:
+        print(f"structured output: (c)/(a) = {results['structured']['c_over_a']} (target >= 0.95)")
+    if not selected or "memory" in selected:
+        print("worker memory beyond the engine:")
+        results["memory"] = worker_memory(20_000 if quick else 100_000)
     save("worker_bench", results)
 
 

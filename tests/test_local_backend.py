@@ -239,7 +239,10 @@ def test_ctrl_c_on_orch_run_says_what_still_runs_and_a_second_one_stops_it(workd
     and it says so, with the commands that follow; re-running the command re-attaches and finishes.
     Two SIGINTs stop the local workers, which flush first; `orch resume --follow` finishes that run."""
     data = questions(workdir / "q.jsonl", 300)
-    (workdir / "orch.yaml").write_text("sampling:\n  max_tokens: 200\nworkers:\n  heartbeat_interval: 1\n")
+    # Eight sequences at a time: the tiny model would otherwise finish before the first Ctrl-C on an idle machine.
+    (workdir / "orch.yaml").write_text(
+        "sampling:\n  max_tokens: 200\nworkers:\n  heartbeat_interval: 1\nmodel:\n  engine_args: {max_num_seqs: 8}\n"
+    )
     common = ["--model", tiny_model, "--num-chunks", "4", "--workers", "2", "--id-column", "id", "--interval", "1"]
     once = ["run", str(data), "--run", "once", "--out", "once.jsonl", *common]
     proc = orch_process(workdir, *once)
@@ -347,6 +350,9 @@ def test_status_live_rates_and_eta_agree_with_the_workers_own_summary(workdir, t
     # Answers of different lengths, so rows finish one after another, not in bursts.
     rows = [chat_request(f"r{i}", f"Item {i}", max_tokens=16 + (i * 37) % 64, ignore_eos=True) for i in range(80)]
     data = write_jsonl(workdir / "b.jsonl", rows)
+    # Two sequences at a time, so that the run lasts long enough to sample on an idle machine too.
+    with open(workdir / "orch.yaml", "a") as spec:
+        spec.write("model:\n  engine_args: {max_num_seqs: 2}\n")
     assert main(["prepare", str(data), "--run", "pace", "--format", "openai-batch", "--num-chunks", "4"]) == 0
     assert main(["launch", "--run", "pace", "--model", tiny_model, "--workers", "1"]) == 0
     capsys.readouterr()

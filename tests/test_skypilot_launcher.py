@@ -85,7 +85,10 @@ def test_launch_reports_workers_without_capacity_and_keeps_the_others(make_ctx):
     assert sorted(failed.value.launched) == [0, 2]
     assert "no capacity for any of L4, L40S, A10G, A100, A100-80GB (spot or on-demand)" in failed.value.failures[1]
     assert "widen --gpus" in failed.value.hint
-    assert sorted(read_jobs(ctx.store, ctx.layout)[0].current_jobs()) == [0, 2]  # the launched ones are recorded
+    # The launched ones are recorded; the one that was not, as FAILED with why (watch relaunches it).
+    jobs = read_jobs(ctx.store, ctx.layout)[0].current_jobs()
+    assert sorted(w for w, a in jobs.items() if a.ended_state is None) == [0, 2]
+    assert jobs[1].ended_state == "FAILED" and "no capacity" in (jobs[1].failure_reason or "")
 
 
 def test_statuses_map_skypilot_records(make_ctx):

@@ -61,8 +61,9 @@ from orchestrator.serve.validate import too_large, validate_input
 LAYOUT = ServeLayout()
 log = logging.getLogger("orch.serve")
 
-#: The endpoints a batch may name: those orch's workers answer.
-ENDPOINTS = URLS
+#: The endpoints a batch may name: those orch's generating workers answer (served models are
+#: generate models; embeddings batches are not served yet).
+ENDPOINTS = URLS["generate"]
 #: The error line for a request never run, by how its batch ended (OpenAI's codes for the first two).
 UNANSWERED = {
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
