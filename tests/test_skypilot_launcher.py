@@ -68,7 +68,7 @@ def test_launch_submits_all_workers_concurrently_with_secrets_in_memory(make_ctx
     launched = launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), range(16))
     elapsed = time.monotonic() - started
     assert sorted(launched) == list(range(16)) and sky.max_concurrent > 8
-    assert elapsed < 2 * 0.3 + 1.0  # not 16 x 0.3 s
+    assert elapsed < 3.5  # one after another would take at least 16 x 0.3 = 4.8 s (2.7 s seen on a busy machine)
     task = sky.launched[0][1]
     assert task.secrets["HF_TOKEN"].get_secret_value() == "hf-secret-value"
     assert {"ORCH_RUN", "ORCH_STORE", "ORCH_WORKER", "ORCH_WORKER_LIST"} <= set(task.envs)
