@@ -109,6 +109,14 @@ def poll(condition: Callable[[], object], what: str, timeout: float = 180) -> No
         time.sleep(0.2)
 
 
+def prepare_questions(workdir: Path, run: str, store: str, *, rows: int, chunks: int) -> None:
+    """`orch prepare` of `rows` questions into `chunks` chunks of run `run`."""
+    data = questions(workdir / "q.jsonl", rows)
+    orch_ok(
+        "prepare", data, "--run", run, "--store", store, "--num-chunks", str(chunks), "--id-column", "id", cwd=workdir
+    )
+
+
 def questions(path: Path, n: int) -> Path:
     with open(path, "w") as f:
         for i in range(n):
@@ -136,19 +144,7 @@ def test_workers_and_watch_ride_out_a_store_outage(weed, workdir, tiny_model):
     is relaunched, and the run finishes with every row once."""
     store = weed.server.store_uri(weed.server.new_bucket(), "outage")
     (workdir / "orch.yaml").write_text((workdir / "orch.yaml").read_text().replace("max_tokens: 48", "max_tokens: 64"))
-    orch_ok(
-        "prepare",
-        questions(workdir / "q.jsonl", 3200),
-        "--run",
-        "o",
-        "--store",
-        store,
-        "--num-chunks",
-        "8",
-        "--id-column",
-        "id",
-        cwd=workdir,
-    )
+    prepare_questions(workdir, "o", store, rows=3200, chunks=8)
     orch_ok("launch", "--run", "o", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
     watch = Background("watch", "--run", "o", "--store", store, "--interval", "1", cwd=workdir)
     layout = RunLayout("o")
@@ -185,19 +181,7 @@ def test_worker_out_of_outage_budget_exits_75_and_is_relaunched_for_free(weed, w
     """Workers give up after their budget with exit 75; `orch watch --retries 0` (which outwaits
     the store) starts them again without spending a retry, and the run completes."""
     store = weed.server.store_uri(weed.server.new_bucket(), "budget")
-    orch_ok(
-        "prepare",
-        questions(workdir / "q.jsonl", 160),
-        "--run",
-        "b",
-        "--store",
-        store,
-        "--num-chunks",
-        "4",
-        "--id-column",
-        "id",
-        cwd=workdir,
-    )
+    prepare_questions(workdir, "b", store, rows=160, chunks=4)
     short = env_with(ORCH_STORE_SETTINGS__OUTAGE_BUDGET="3")
     orch_ok("launch", "--run", "b", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir, env=short)
     poll(lambda: len(read_heartbeats(open_store(store), RunLayout("b"))) == 2, "both workers up")
@@ -234,19 +218,7 @@ def test_concurrent_launches_and_watches_start_one_process_per_worker(seaweedfs_
     store 0.3 s away: each worker id gets exactly one process at a time."""
     with FlakyProxy(seaweedfs_server.endpoint, lambda *_: "forward", delay_s=0.3) as far:
         store = f"s3://{seaweedfs_server.new_bucket()}/race?endpoint={far.endpoint}"
-        orch_ok(
-            "prepare",
-            questions(workdir / "q.jsonl", 240),
-            "--run",
-            "c",
-            "--store",
-            store,
-            "--num-chunks",
-            "4",
-            "--id-column",
-            "id",
-            cwd=workdir,
-        )
+        prepare_questions(workdir, "c", store, rows=240, chunks=4)
         orch_ok("plan", "--run", "c", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
         launches = [
             Background("launch", "--run", "c", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
@@ -312,19 +284,7 @@ def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_serv
     """Enough rows (4,800) that the first worker is still at work when its twin, then worker 1, start."""
     store = seaweedfs_server.store_uri(seaweedfs_server.new_bucket(), "twins")
     layout = RunLayout("t")
-    orch_ok(
-        "prepare",
-        questions(workdir / "q.jsonl", 4800),
-        "--run",
-        "t",
-        "--store",
-        store,
-        "--num-chunks",
-        "6",
-        "--id-column",
-        "id",
-        cwd=workdir,
-    )
+    prepare_questions(workdir, "t", store, rows=4800, chunks=6)
     orch_ok("plan", "--run", "t", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
     first = hand_workers(store, "t", "0", workdir)
     poll(
@@ -366,19 +326,7 @@ def test_damaged_and_stray_objects_are_named_redone_and_never_halt_the_fleet(sea
     (workdir / "orch.yaml").write_text(
         "sampling:\n  max_tokens: 16\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 6\n"
     )
-    orch_ok(
-        "prepare",
-        questions(workdir / "q.jsonl", 120),
-        "--run",
-        "d",
-        "--store",
-        store_uri,
-        "--num-chunks",
-        "6",
-        "--id-column",
-        "id",
-        cwd=workdir,
-    )
+    prepare_questions(workdir, "d", store_uri, rows=120, chunks=6)
     orch_ok(
         "launch",
         "--run",
@@ -468,19 +416,7 @@ def small_disk(tmp_path: Path):
 
 def test_watch_says_what_is_full_and_keeps_watching(small_disk, workdir, tiny_model):
     store = str(small_disk / "store")
-    orch_ok(
-        "prepare",
-        questions(workdir / "q.jsonl", 160),
-        "--run",
-        "f",
-        "--store",
-        store,
-        "--num-chunks",
-        "4",
-        "--id-column",
-        "id",
-        cwd=workdir,
-    )
+    prepare_questions(workdir, "f", store, rows=160, chunks=4)
     orch_ok("launch", "--run", "f", "--store", store, "--model", tiny_model, "--workers", "1", cwd=workdir)
     poll(lambda: markers(store, "f") >= 1, "a first chunk")
     filler = small_disk / "filler"

@@ -64,7 +64,7 @@ def build_tiny(out: str | Path, *, seed: int = 0) -> Path:
         return out
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -89,20 +89,7 @@ def build_tiny(out: str | Path, *, seed: int = 0) -> Path:
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=1024,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-        torch_dtype="float32",
-    )
+    config = _tiny_llama_config(tokenizer, torch_dtype="float32")
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(tmp)
@@ -178,7 +165,6 @@ def build_tiny_vlm(out: str | Path, *, seed: int = 0) -> Path:
         Idefics3ForConditionalGeneration,
         Idefics3Processor,
         Idefics3VisionConfig,
-        LlamaConfig,
     )
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
@@ -197,19 +183,7 @@ def build_tiny_vlm(out: str | Path, *, seed: int = 0) -> Path:
     )
     tokenizer = processor.tokenizer
     tokenizer.chat_template = VLM_CHAT_TEMPLATE
-    text = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=1024,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    text = _tiny_llama_config(tokenizer)
     vision = Idefics3VisionConfig(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8
     )
@@ -315,6 +289,26 @@ def build_tiny_tool_caller(out: str | Path) -> Path:
     """A LoRA adapter on the tiny Llama that answers every chat with a call of `get_weather` in the
     Hermes format (TOOLS_CHAT_TEMPLATE): a model that calls tools of its own accord (tool_choice auto)."""
     return build_tiny_lora(out, WEATHER_CALL, chat_template=TOOLS_CHAT_TEMPLATE, tools=[WEATHER_TOOL])
+
+
+def _tiny_llama_config(tokenizer: Any, **extra: Any) -> Any:
+    """The tiny Llama shape the test models share (the text model of the VLM too), sized to `tokenizer`."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        **extra,
+    )
 
 
 def _finish(tmp: Path, out: Path) -> None:
