@@ -126,9 +126,15 @@ class Totals:
         since = self.busy_since
         return self.busy_s + (time.monotonic() - since if since is not None else 0.0)
 
-    def rows_per_s(self) -> float | None:
+    def rows_per_s(self, *, min_busy_s: float = 0.0) -> float | None:
+        """Rows answered per engine second; None until a row is answered and the engine has
+        worked longer than `min_busy_s` (what a decision needs before it trusts the figure)."""
         busy = self.busy()
-        return self.requests / busy if busy > 1 and self.requests else None
+        return self.requests / busy if busy > min_busy_s and busy > 0 and self.requests else None
+
+    def measured_rows_per_s(self) -> float | None:
+        """The pace a rescue decision may trust: one engine second at least behind it."""
+        return self.rows_per_s(min_busy_s=1.0)
 
     def tokens_per_s(self) -> float:
         busy = self.busy()
@@ -241,7 +247,7 @@ class Worker:
             ttl=self.settings.lease_ttl,
             clock=self.clock,
             own=self.identity.own,
-            rows_per_s=self.totals.rows_per_s,
+            rows_per_s=self.totals.measured_rows_per_s,
         )
         twin = self._older_twin_before_loading()
         if twin is not None:

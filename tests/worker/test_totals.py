@@ -1,0 +1,30 @@
+"""The worker's live rates: what the heartbeat publishes and `orch status` sums."""
+
+from __future__ import annotations
+
+import time
+
+from worker.runner import Totals
+
+
+def _answered(totals: Totals, rows: int, tokens: int, busy_s: float) -> None:
+    totals.requests += rows
+    totals.tokens_out += tokens
+    totals.busy_s += busy_s
+
+
+def test_both_rates_are_published_as_soon_as_a_row_is_answered():
+    """A fast GPU answers its first rows within the engine's first second: the heartbeat then
+    carries a row rate beside its token rate (status derives the ETA from it), not 0 rows/s."""
+    totals = Totals()
+    assert totals.rows_per_s() is None and totals.tokens_per_s() == 0.0
+    _answered(totals, rows=3, tokens=96, busy_s=0.25)
+    assert totals.rows_per_s() == 12.0 and totals.tokens_per_s() == 384.0
+
+
+def test_a_rescue_trusts_the_row_rate_only_after_an_engine_second():
+    totals = Totals()
+    _answered(totals, rows=3, tokens=96, busy_s=0.25)
+    assert totals.measured_rows_per_s() is None
+    totals.busy_since = time.monotonic() - 1.0  # a pump under way counts
+    assert 0 < totals.measured_rows_per_s() < 3 / 1.25
