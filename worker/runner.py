@@ -12,8 +12,11 @@ One `Worker` is one process with one engine. Per chunk:
    as a part (renewing its lease first); on SIGTERM/SIGINT flush what is finished, give the
    leases back and stop.
 5. When every row of a chunk is flushed, write its done marker (create-if-absent).
-A background thread renews the leases and publishes the heartbeat; if a lease is lost, the loop
-drops that chunk (and aborts its requests in the engine) at the next engine step.
+A background thread renews the leases and publishes the heartbeat (at once after a flush or a new
+chunk, as the loop asks; the loop itself never waits on a heartbeat's store request, so a slow
+store costs heartbeats, not engine time); if a lease is lost, the loop drops that chunk (and
+aborts its requests in the engine) at the next engine step. The loop's own store requests are
+the checkpoints and markers of steps 1-5: each renews the lease first, which fences its rows.
 
 A store that does not answer (core/protocol/outage.py) stops nothing that can go on without it:
 a chunk's input is copied to local disk when the chunk is opened, so the engine finishes every
@@ -212,7 +215,15 @@ class Worker:
         self.outage = Outage(spec.store_settings.outage_budget)
         self._opened = 0
         self._stop = threading.Event()
+        #: Wakes the background thread between two beats: a flush's progress, or the stop.
+        self._beat_soon = threading.Event()
+        #: Guards the totals and the chunks in hand; never held across a store request, so the
+        #: engine loop never waits on the network for the heartbeat thread.
         self._lock = threading.Lock()
+        #: One heartbeat PUT at a time, each with the newest figures.
+        self._publishing = threading.Lock()
+        #: What the engine loop has to say (a state, a chunk), for the heartbeat thread to publish.
+        self._pending: dict[str, Any] = {}
         self._publisher = HeartbeatPublisher(
             store,
             self.layout,
@@ -288,7 +299,7 @@ class Worker:
                     active.keeper.release(died=self._engine_failed)
             raise
         finally:
-            self._stop.set()
+            self._stop_background()
             beat.join(timeout=5)
             exit_code = {
                 "SUCCESS": 0,
@@ -316,7 +327,7 @@ class Worker:
     def abandon_loading(self) -> dict[str, Any]:
         """Stopped while the engine is built: the chunks claimed go back at once (not at their
         lease's expiry) and the heartbeat says exited. Returns the summary line's numbers."""
-        self._stop.set()
+        self._stop_background()
         for active in self._drop_all():
             with contextlib.suppress(Exception):
                 active.keeper.release()
@@ -512,7 +523,7 @@ class Worker:
             self.totals.chunk, self.totals.chunk_rows = entry.chunk, entry.rows
             self.totals.chunk_rows_done = len(point.done_rows)
         self._opened += 1
-        self._publish(state="running")
+        self._publish_soon(state="running")
         self.progress.start_chunk(entry.chunk, entry.rows, len(point.done_rows))
         return active
 
@@ -580,7 +591,7 @@ class Worker:
     def _flush(self, active: _Active) -> None:
         active.job.checkpoint(active.buffer)  # renews the lease first: LeaseLost if it is gone
         active.buffer = []
-        self._publish()
+        self._publish_soon()  # the progress, by the heartbeat thread: the engine goes on
 
     def _complete(self, active: _Active, engine: Engine) -> None:
         marker = active.job.complete(
@@ -644,7 +655,7 @@ class Worker:
     # -- the engine, loaded once we know there is work -------------------------------------
     def _engine_loaded(self) -> Engine:
         if self._engine is None:
-            self._publish(state="loading")
+            self._publish_soon(state="loading")
             self.progress.note(f"loading {self.spec.model.engine} engine for {self.spec.model.name}")
             started, started_cpu = time.monotonic(), time.process_time()
             self.loading = True
@@ -656,7 +667,7 @@ class Worker:
             self.totals.load_cpu_s = time.process_time() - started_cpu
             if self.identity.accelerator is None:
                 self.identity.accelerator = self._engine.accelerator
-            self._publish(state="running", accelerator=self.identity.accelerator, loaded=True)
+            self._publish_soon(state="running", accelerator=self.identity.accelerator, loaded=True)
         return self._engine
 
     def _older_twin_before_loading(self) -> HeartbeatSummary | None:
@@ -693,9 +704,25 @@ class Worker:
     def _beat_interval(self) -> float:
         return min(self.settings.heartbeat_interval, self.settings.lease_ttl / 3)
 
+    def _stop_background(self) -> None:
+        self._stop.set()
+        self._beat_soon.set()
+
     def _background(self) -> None:
+        """Every beat: renew the leases due, publish the heartbeat, look for a cancel or a twin.
+        Between beats, a flush's progress is published at once (status counts flushed rows)."""
         interval = self._beat_interval
-        while not self._stop.wait(interval):
+        next_beat = time.monotonic() + interval
+        while True:
+            self._beat_soon.wait(max(0.0, next_beat - time.monotonic()))
+            self._beat_soon.clear()
+            if self._stop.is_set():
+                return
+            if time.monotonic() < next_beat:
+                with contextlib.suppress(Exception):
+                    self._publish()
+                continue
+            next_beat = time.monotonic() + interval
             with self._lock:
                 keepers = list(self._keepers.values())
             for keeper in keepers:
@@ -740,6 +767,13 @@ class Worker:
         if lasted is not None:
             self.progress.note(f"store reachable again after {lasted:.0f}s; flushing what was kept")
 
+    def _publish_soon(self, **updates: Any) -> None:
+        """Publish the heartbeat now, from the heartbeat thread: the engine loop never waits on
+        the store for a heartbeat (its own store requests are the checkpoints that fence its rows)."""
+        with self._lock:
+            self._pending.update(updates)
+        self._beat_soon.set()
+
     def _publish(self, **updates: Any) -> None:
         """Publish the heartbeat; a store that does not answer only delays it."""
         try:
@@ -750,21 +784,24 @@ class Worker:
             self._store_ok()
 
     def _publish_now(self, **updates: Any) -> None:
-        with self._lock:
-            t = self.totals
-            fields = dict(
-                chunk=t.chunk,
-                chunk_rows=t.chunk_rows,
-                chunk_rows_done=t.chunk_rows_done,
-                chunks_done=t.chunks_done,
-                rows_done=t.requests,
-                errors=t.errors,
-                tokens_in=t.tokens_in,
-                tokens_out=t.tokens_out,
-                tokens_per_s=t.tokens_per_s(),
-                rows_per_s=t.rows_per_s() or 0.0,
-                updated_at=self.clock(),
-            )
+        with self._publishing:  # the figures read and their PUT, one publisher at a time
+            with self._lock:
+                t = self.totals
+                fields = dict(
+                    chunk=t.chunk,
+                    chunk_rows=t.chunk_rows,
+                    chunk_rows_done=t.chunk_rows_done,
+                    chunks_done=t.chunks_done,
+                    rows_done=t.requests,
+                    errors=t.errors,
+                    tokens_in=t.tokens_in,
+                    tokens_out=t.tokens_out,
+                    tokens_per_s=t.tokens_per_s(),
+                    rows_per_s=t.rows_per_s() or 0.0,
+                    updated_at=self.clock(),
+                )
+                fields.update(self._pending)
+                self._pending = {}
             fields.update(updates)
             self._publisher.publish(**fields)
 

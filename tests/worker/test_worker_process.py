@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -302,6 +303,57 @@ def test_worker_progress_lines_give_the_pace_while_the_engine_works(tiny_engine,
     rates = [float(r) for r in re.findall(r"rows \(\d+%\), ([\d.]+) tok/s", lines.getvalue())]
     assert len(rates) >= 3 and all(r > 0 for r in rates), lines.getvalue()
     assert 0.5 < rates[-1] / (summary["tokens_out"] / summary["busy_s"]) < 2, (rates, summary)
+
+
+class HeartbeatsHang:
+    """A real store whose heartbeat PUTs from the worker's background thread hang until released:
+    a store far away, or one that stalls, as seen by the thread that publishes heartbeats."""
+
+    def __init__(self, store, heartbeats_prefix: str):
+        self.store, self.prefix = store, heartbeats_prefix
+        self.release, self.hanging = threading.Event(), threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def put(self, key: str, data: bytes) -> str:
+        if key.startswith(self.prefix) and threading.current_thread().name == "lease-and-heartbeat":
+            self.hanging.set()
+            self.release.wait(timeout=600)  # the test releases it when it ends
+        return self.store.put(key, data)
+
+
+def test_the_engine_loop_never_waits_on_a_heartbeat_put(tiny_engine, tiny_model, tmp_path):
+    """While the heartbeat thread waits on the store, the engine keeps answering rows and the
+    worker keeps flushing them: a slow store costs heartbeats, never GPU time. (The heartbeat once
+    held the lock the engine loop counts rows under, so a store 0.3 s away stalled the loop for
+    most of each beat.)"""
+    from orchestrator.core.spec import load_spec
+    from worker import runner
+
+    store = HeartbeatsHang(open_store(str(tmp_path / "store")), RunLayout("hang").heartbeats_prefix)
+    chunks = [chunk_of(f"h{c}", 16, max_tokens=48) for c in range(3)]
+    layout = make_run(store.store, "hang", chunks, model=tiny_model)
+    settings = {"workers.heartbeat_interval": 0.2, "workers.checkpoint_interval": 0.2}
+    spec = load_spec(
+        None, {"run": "hang", "store": store.uri, "model.name": tiny_model, **settings}, env={}, default_file=False
+    )
+    worker = runner.Worker(store, spec, runner.WorkerIdentity.new("0", 0), lambda: tiny_engine)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(worker.run()), daemon=True)
+    thread.start()
+    try:
+        assert store.hanging.wait(timeout=120), "the worker published no heartbeat in the background"
+        deadline = time.monotonic() + 60  # a few seconds' work
+        while len(list(store.list(layout.done_prefix))) < 3:  # every chunk finished, the PUT still hanging
+            assert time.monotonic() < deadline, "the engine loop stalled behind the heartbeat's PUT"
+            time.sleep(0.1)
+    finally:
+        store.release.set()
+        thread.join(timeout=60)
+    assert result["requests"] == 48 and result["chunks_done"] == 3
+    seen = answered(store.store, layout)
+    assert len(seen) == 48 and set(seen.values()) == {1}
 
 
 class DrainTakesLong:
