@@ -24,6 +24,7 @@ from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_jobs
 from orchestrator.core.store import open_store
+from tests.support.disks import small_tmpfs
 from tests.support.flaky_proxy import FlakyProxy
 from tests.support.s3servers import SeaweedFS
 
@@ -403,15 +404,8 @@ def test_damaged_and_stray_objects_are_named_redone_and_never_halt_the_fleet(sea
 @pytest.fixture
 def small_disk(tmp_path: Path):
     """A real file system of 4 MiB (tmpfs): writes fail with ENOSPC once it is full."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {done.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with small_tmpfs(tmp_path, "4m") as mount:
+        yield mount
 
 
 def test_watch_says_what_is_full_and_keeps_watching(small_disk, workdir, tiny_model):

@@ -15,6 +15,7 @@ import pytest
 
 from orchestrator.core.store import StoreBusy, open_store
 from orchestrator.core.store.local import TMP_MAX_AGE_S, LocalStore
+from tests.support.disks import small_tmpfs
 from tests.support.flaky_proxy import SilentServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,17 +130,8 @@ def test_local_store_sweeps_temporary_files_left_by_killed_writers(tmp_path):
 @pytest.fixture
 def small_disk(tmp_path):
     """A real file system of 256 KiB (tmpfs), so writes fail with ENOSPC as on a full disk."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {done.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path, "256k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_prepare_on_a_full_disk_says_what_is_full_and_leaves_no_temporary_files(small_disk, tmp_path):

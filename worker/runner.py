@@ -133,7 +133,7 @@ class Totals:
         """Rows answered per engine second; None until a row is answered and the engine has
         worked longer than `min_busy_s` (what a decision needs before it trusts the figure)."""
         busy = self.busy()
-        return self.requests / busy if busy > min_busy_s and busy > 0 and self.requests else None
+        return self.requests / busy if busy > min_busy_s and self.requests else None
 
     def measured_rows_per_s(self) -> float | None:
         """The pace a rescue decision may trust: one engine second at least behind it."""
