@@ -175,6 +175,7 @@ class _Active:
     outstanding: int = 0  # handed to the engine, not finished
     fed: bool = False  # every line read: handed to the engine or set aside as an error row
     rows_done: int = 0
+    dropped: bool = False  # no longer ours (lease lost, completed, given back); its source is closed
 
     @property
     def careful(self) -> bool:
@@ -440,9 +441,7 @@ class Worker:
             if active.careful:
                 yield from self._feed_carefully(active, requests)
             else:
-                for request in requests:
-                    if chunk not in self._active:
-                        break  # lease lost meanwhile: the chunk is someone else's
+                for request in requests:  # ends early when the chunk is dropped (_requests)
                     request.chunk = chunk
                     active.outstanding += 1
                     yield request
@@ -476,6 +475,8 @@ class Worker:
             except LeaseLost:
                 return  # the next step drops the chunk
             for request in group:
+                if active.dropped:
+                    return  # lost while the group was handed over: the rest is someone else's
                 request.chunk = chunk
                 active.outstanding += 1
                 yield request
@@ -610,6 +611,7 @@ class Worker:
             self._keepers.pop(chunk, None)
             active = self._active.pop(chunk, None)
             if active is not None:
+                active.dropped = True  # the feed may be suspended in its lines: see _requests
                 active.source.close()
             if self.totals.chunk == chunk:
                 # The heartbeat shows the chunk still in hand, if any.
@@ -637,9 +639,14 @@ class Worker:
 
     def _requests(self, active: _Active) -> Iterator[EngineRequest]:
         """The chunk's lines as engine requests, streamed; bad lines, and rows that killed two
-        holders (core/protocol/crashes.py), go to `side_errors` instead."""
+        holders (core/protocol/crashes.py), go to `side_errors` instead.
+
+        The chunk can be dropped while this generator is suspended at its `yield` (a lease lost
+        at the engine step in between): it then stops before reading the closed source again."""
         entry, skip = active.entry, active.skip
         poison = set(active.keeper.held.lease.poison)
+        if active.dropped:
+            return
         for index, line in enumerate(active.source):
             if index in skip:
                 continue
@@ -648,6 +655,8 @@ class Worker:
                 parsed = crashed_row(parsed)
             if isinstance(parsed, EngineRequest):
                 yield parsed
+                if active.dropped:
+                    return
             else:
                 parsed.chunk = entry.chunk
                 active.side_errors.append(parsed)

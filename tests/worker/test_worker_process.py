@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout, chunk_id
-from orchestrator.core.protocol.leases import acquire, read_lease
+from orchestrator.core.protocol.leases import acquire, read_lease, release
 from orchestrator.core.protocol.parts import iter_part_lines, part_codec
 from orchestrator.core.records import DoneMarker
 from orchestrator.core.store import open_store
@@ -182,6 +182,48 @@ def test_worker_takes_over_an_expired_lease_and_reuses_its_parts(store_uri, tiny
     assert summary["requests"] == 10 + 7  # the dead worker's three flushed rows were kept
     marker = DoneMarker.model_validate_json(store.get(layout.done("part_00001")).data)
     assert marker.holder.startswith("0.") and len(marker.parts) == 2
+
+
+def test_worker_that_loses_a_lease_mid_chunk_drops_it_and_goes_on(tiny_model, tmp_path):
+    """SIGSTOP past the lease's TTL mid-chunk, a peer takes the lease over, SIGCONT: the worker drops
+    that chunk (no traceback), keeps its engine, finishes its other chunk and exits 0."""
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    ttl = 2.0
+    layout = make_run(
+        store,
+        "lost",
+        [chunk_of("l", 800, max_tokens=64), chunk_of("o", 20)],
+        model=tiny_model,
+        lists=[[0, 1], []],
+        spec_flags={"workers.lease_ttl": ttl, "workers.heartbeat_interval": 0.5},
+    )
+    worker = WorkerProcess(store_uri, "lost", "0", tmp_path, "--checkpoint-interval", "1")
+    deadline = time.monotonic() + 300
+    while not (beat := read_heartbeats(store, layout).get("0")) or beat.chunk != "part_00000" or beat.rows_done == 0:
+        assert time.monotonic() < deadline and worker.proc.poll() is None, worker.stderr
+        time.sleep(0.05)
+    worker.proc.send_signal(signal.SIGSTOP)
+    try:
+        # A peer takes the lease as soon as it has expired (the frozen worker cannot renew it).
+        while (peer := acquire(store, layout, "part_00000", worker="1", holder="1.peer", ttl=600, now=time.time())) is None:
+            time.sleep(0.1)
+    finally:
+        worker.proc.send_signal(signal.SIGCONT)
+    code, summary = worker.finish()
+    assert "Traceback" not in worker.stderr, worker.stderr
+    assert code == 0 and summary["status"] == "SUCCESS", worker.stderr
+    assert summary["chunks_lost"] == 1 and summary["chunks_done"] == 1  # it went on with its other chunk
+    assert "part_00000" in worker.stderr and "chunk dropped" in worker.stderr
+    assert store.head(layout.done("part_00001")) is not None
+    assert store.head(layout.done("part_00000")) is None  # the peer's now
+
+    # The peer gives the chunk back; the next worker finishes it from the flushed parts.
+    release(store, layout, peer, now=time.time())
+    code, _ = WorkerProcess(store_uri, "lost", "1", tmp_path).finish()
+    assert code == 0
+    seen = answered(store, layout)
+    assert len(seen) == 820 and set(seen.values()) == {1}
 
 
 def test_worker_writes_parquet_parts_when_asked(tiny_model, tmp_path):
