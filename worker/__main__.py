@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,8 +28,7 @@ from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.spec import load_spec, read_stored_spec
 from orchestrator.core.store import open_store
 from orchestrator.core.worker_ids import check_worker_id, planned_list, replica_id
-
-EXIT_STOPPED = 143
+from worker.replicas import EXIT_STOPPED, run_replicas
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,7 +54,7 @@ def main(run, store, worker, replicas, spot, max_chunks, checkpoint_interval, le
         check_worker_id(str(worker))
         count = _replica_count(replicas, store, run)
         if count > 1 and replica is None:
-            sys.exit(_run_replicas(count))
+            sys.exit(run_replicas(count, _gpu_ids(), sys.argv[1:]))
         code = _run_one(run, store, str(worker), replica, spot, max_chunks, checkpoint_interval, lease_ttl)
     except OrchError as e:
         render_error(e)
@@ -154,57 +152,6 @@ def _replica_count(replicas: str, store_uri: str, run: str) -> int:
     stored = read_stored_spec(open_store(store_uri), RunLayout(run))
     tp = ((stored[0] if stored else {}).get("model") or {}).get("tensor_parallel_size") or 1
     return max(1, len(_gpu_ids()) // tp)
-
-
-def _run_replicas(count: int) -> int:
-    """Data parallel inside one machine: one process per replica, each on a disjoint GPU set,
-    each claiming chunks on its own (worker id `<worker>r<i>`). SIGTERM is passed on to all."""
-    gpus = _gpu_ids()
-    per = len(gpus) // count if gpus else 0
-    procs = []
-    for i in range(count):
-        env = dict(os.environ)
-        if per:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i * per : (i + 1) * per])
-        args = [a for a in sys.argv[1:]]
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "worker", *args, "--replica", str(i)], env=env, stdout=subprocess.PIPE, text=True
-            )
-        )
-
-    def forward(signum: int, _frame: Any) -> None:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    summaries = []
-    for p in procs:
-        out, _ = p.communicate()
-        lines = [line for line in out.splitlines() if line.strip()]
-        for line in lines[:-1]:
-            print(line)
-        if lines:
-            try:
-                summaries.append(json.loads(lines[-1]))
-            except ValueError:
-                print(lines[-1])
-    codes = [p.returncode for p in procs]
-    total = {
-        k: sum(s.get(k, 0) for s in summaries)
-        for k in ("requests", "errors", "tokens_in", "tokens_out", "chunks_done", "chunks_lost")
-    }
-    wall = max((s.get("wall_s", 0.0) for s in summaries), default=0.0)
-    total.update(
-        status="SUCCESS" if all(c == 0 for c in codes) else "INTERRUPTED" if EXIT_STOPPED in codes else "FAILED",
-        replicas=count,
-        tokens_per_s=round(total["tokens_out"] / wall, 2) if wall else 0.0,
-        wall_s=wall,
-    )
-    print(json.dumps(total), flush=True)
-    return max(codes, key=lambda c: (c != 0, c))
 
 
 if __name__ == "__main__":

@@ -393,8 +393,9 @@ class Worker:
         """Sleep until the next try at the store (waking for a stop request); raise when the budget is spent."""
         self.outage.check_budget(f"worker {self.identity.worker}")
         until = time.monotonic() + max(self.outage.pause_s(), 0.05)
-        while time.monotonic() < until and not self._shutdown_requested:
-            time.sleep(min(0.2, until - time.monotonic()) if until > time.monotonic() else 0)
+        # One clock read a turn: two could straddle `until` and ask time.sleep for a negative pause.
+        while (left := until - time.monotonic()) > 0 and not self._shutdown_requested:
+            time.sleep(min(0.2, left))
         if self._shutdown_requested:
             raise Shutdown(self._stop_status)
         self.outage.check_budget(f"worker {self.identity.worker}")
