@@ -91,6 +91,26 @@ def test_launch_reports_workers_without_capacity_and_keeps_the_others(make_ctx):
     assert jobs[1].ended_state == "FAILED" and "no capacity" in (jobs[1].failure_reason or "")
 
 
+def test_launch_a_task_skypilots_loader_refuses_ends_its_reservations_at_once(make_ctx):
+    """A template SkyPilot's own loader rejects: nothing is submitted, the reserved attempts are
+    recorded FAILED with the loader's message (not left pending for 15 minutes), and a corrected
+    launch goes ahead at once instead of saying "already running"."""
+    from orchestrator.backends.skypilot_render import load_template
+
+    ctx = make_ctx(chunks=2)
+    sky = ScriptedSky()
+    bad = {**load_template(), "resourcez": {"cpus": 4}}  # a misspelled key
+    with pytest.raises(BackendError, match="resourcez"):
+        launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky, template=bad), [0, 1])
+    assert sky.launched == []
+    jobs = read_jobs(ctx.store, ctx.layout)[0].current_jobs()
+    assert sorted(jobs) == [0, 1]
+    assert all(a.ended_state == "FAILED" for a in jobs.values()), jobs
+    assert all("resourcez" in (a.failure_reason or "") for a in jobs.values())
+    launched = launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0, 1])
+    assert sorted(launched) == [0, 1] and len(sky.launched) == 2
+
+
 def test_statuses_map_skypilot_records(make_ctx):
     ctx = make_ctx()
     sky = ScriptedSky()

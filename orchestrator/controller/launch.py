@@ -111,12 +111,18 @@ def launch_workers(
     ]
     if not requests:
         return {}
-    failure: LaunchFailed | None = None
+    failure: BaseException | None = None
     try:
         launched = launcher.launch(requests)
     except LaunchFailed as e:
         launched, failure = e.launched, e
-    failures = failure.failures if failure is not None else {}
+    except BaseException as e:
+        # Refused before anything was submitted (a task SkyPilot's loader rejects, Ctrl-C): the
+        # reservations must end now, or they would block these workers as "launching" until
+        # PENDING_TIMEOUT_S.
+        launched, failure = {}, e
+    failures = failure.failures if isinstance(failure, LaunchFailed) else {}
+    refused = f"{type(failure).__name__}: {failure}" if failure is not None and not failures else None
 
     def record_launches(rec: JobsRecord) -> None:
         for w in reserved:
@@ -127,7 +133,8 @@ def launch_workers(
                 attempt.job_id, attempt.pending = launched[w], False
             else:
                 attempt.ended_state, attempt.ended_at = "FAILED", clock()
-                attempt.failure_reason = f"not submitted: {failures.get(w) or 'the backend did not say why'}"
+                why = failures.get(w) or refused or "the backend did not say why"
+                attempt.failure_reason = f"not submitted: {why}"
 
     update_jobs(ctx.store, ctx.layout, record_launches)
     if failure is not None:
