@@ -206,7 +206,9 @@ def test_worker_that_loses_a_lease_mid_chunk_drops_it_and_goes_on(tiny_model, tm
     worker.proc.send_signal(signal.SIGSTOP)
     try:
         # A peer takes the lease as soon as it has expired (the frozen worker cannot renew it).
-        while (peer := acquire(store, layout, "part_00000", worker="1", holder="1.peer", ttl=600, now=time.time())) is None:
+        while (
+            peer := acquire(store, layout, "part_00000", worker="1", holder="1.peer", ttl=600, now=time.time())
+        ) is None:
             time.sleep(0.1)
     finally:
         worker.proc.send_signal(signal.SIGCONT)
