@@ -42,6 +42,17 @@ def test_a_store_orch_may_not_write_is_one_error_line(project, capsys):
     one_error(capsys.readouterr().err)
 
 
+def test_a_store_path_that_is_a_file_is_named_as_one(project, capsys):
+    data = write_jsonl(project / "d.jsonl", [{"text": "a"}])
+    under = data / "sub"
+    args = ["prepare", str(data), "--run", "r", "--format", "text", "--num-chunks", "1", "--store", str(under)]
+    assert main(args) == 1
+    assert f"the store {under} lies under {data}, which is a file" in one_error(capsys.readouterr().err)
+    assert main(["status", "--run", "r", "--store", str(data)]) == 1
+    assert f"the store {data} is a file" in one_error(capsys.readouterr().err)
+    assert data.read_text().strip() == '{"text": "a"}'  # the data file untouched
+
+
 @pytest.mark.parametrize("flag", ["--seeds", "--workers", "--chunks", "--rows-per-chunk"])
 @pytest.mark.usefixtures("project")
 def test_simulate_refuses_zero_with_one_error_line(capsys, flag):

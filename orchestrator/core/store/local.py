@@ -93,12 +93,26 @@ def _permission(root: Path, doing: str) -> Iterator[None]:
         ) from None
 
 
+def _check_not_a_file(root: Path) -> None:
+    """A store is a directory (made at the first write): a path that is a file, or lies under one,
+    is named at once rather than read as an empty store or failing at the first write."""
+    existing = next((p for p in (root, *root.parents) if p.exists()), None)
+    if existing is None or existing.is_dir():
+        return
+    where = "is a file" if existing == root else f"lies under {existing}, which is a file"
+    raise StoreError(
+        f"the store {root} {where}",
+        hint="--store (or ORCH_STORE, or `store:` in orch.yaml) names a directory; it is created if missing",
+    )
+
+
 class LocalStore:
     shared = False
 
     def __init__(self, root: str | os.PathLike[str], *, lock_timeout: float = 30.0):
         self.root = Path(root).absolute()
         self.uri = str(self.root)
+        _check_not_a_file(self.root)
         self.requests = RequestCounter()
         self.lock_timeout = lock_timeout
         self._tmp = self.root / ".orch-tmp"
