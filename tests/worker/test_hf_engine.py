@@ -71,6 +71,23 @@ def test_hf_engine_completion_logprobs(hf_engine):
     assert all(x <= 0 for x in lp["token_logprobs"])
 
 
+def test_hf_engine_stop_string_keeps_the_tokens_it_generated(hf_engine):
+    """A stop string cuts the text, not the record of generation: the tokens counted and their
+    logprobs are the ones generated, up to the token that completed the stop string (as vLLM)."""
+    ask = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 20}
+    ask.update(logprobs=True, top_logprobs=1)
+    out = run(hf_engine, ask, {**ask, "stop": ["Paris"]})
+    free, stopped = (out[r].line.response.body for r in ("r0", "r1"))
+    generated = [t["token"] for t in free["choices"][0]["logprobs"]["content"]]
+    kept = [t["token"] for t in stopped["choices"][0]["logprobs"]["content"]]
+    text = stopped["choices"][0]["message"]["content"]
+    assert "Paris" in free["choices"][0]["message"]["content"] and "Paris" not in text
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    assert kept == generated[: len(kept)] and "Paris" in kept[-1]  # the stop string's own token is counted
+    assert stopped["usage"]["completion_tokens"] == len(kept)
+    assert "".join(kept).startswith(text)
+
+
 def test_hf_engine_refuses_penalties_it_cannot_apply(hf_engine):
     out = run(hf_engine, {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 1.0})
     assert out["r0"].error and out["r0"].line.error.code == "unsupported_parameter"

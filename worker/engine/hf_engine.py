@@ -251,11 +251,14 @@ class TransformersEngine:
             if end is not None:
                 ids, ended = ids[:end], True
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        for stop in p.stop:
-            at = text.find(stop)
-            if at >= 0:
-                text, ended = text[:at], True
-                ids = self.tokenizer.encode(text, add_special_tokens=False)
+        stopped = self._stop_string_at(ids, p.stop) if p.stop else None
+        if stopped is not None:
+            # The tokens generated up to the one that completed the stop string, as vLLM counts
+            # them; re-encoding the cut text would give other tokens, and logprobs of tokens
+            # never generated.
+            kept, at = stopped
+            ids, ended = ids[:kept], True
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)[:at]
         token_logprobs = None
         if logprobs is not None:
             token_logprobs = []
@@ -272,6 +275,30 @@ class TransformersEngine:
                     )
                 )
         return Choice(text=text, finish_reason="stop" if ended else "length", tokens=len(ids), logprobs=token_logprobs)
+
+
+    def _stop_string_at(self, ids: list[int], stops: list[str]) -> tuple[int, int] | None:
+        """(tokens, at): the fewest leading tokens whose text holds one of `stops`, and where the
+        first stop string in that text begins. Generation stops on the token that completes a stop
+        string, so it is found by bisection over prefixes (a longer prefix keeps what a shorter
+        one holds)."""
+
+        def first(count: int) -> int | None:
+            text = self.tokenizer.decode(ids[:count], skip_special_tokens=True)
+            found = [at for at in (text.find(s) for s in stops) if at >= 0]
+            return min(found) if found else None
+
+        lo, hi = 1, len(ids)
+        if first(hi) is None:
+            return None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if first(mid) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        at = first(lo)
+        return (lo, at) if at is not None else None
 
 
 def batch_key(p: GenerationParams) -> tuple[Any, ...] | None:
