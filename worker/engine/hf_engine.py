@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -276,8 +276,7 @@ class TransformersEngine:
                 )
         return Choice(text=text, finish_reason="stop" if ended else "length", tokens=len(ids), logprobs=token_logprobs)
 
-
-    def _stop_string_at(self, ids: list[int], stops: list[str]) -> tuple[int, int] | None:
+    def _stop_string_at(self, ids: list[int], stops: Sequence[str]) -> tuple[int, int] | None:
         """(tokens, at): the fewest leading tokens whose text holds one of `stops`, and where the
         first stop string in that text begins. Generation stops on the token that completes a stop
         string, so it is found by bisection over prefixes (a longer prefix keeps what a shorter
