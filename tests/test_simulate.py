@@ -233,3 +233,24 @@ def test_the_simulators_work_per_chunk_grows_at_most_logarithmically_with_the_fl
 
     small, big = listed_per_chunk(10, 500), listed_per_chunk(80, 4000)
     assert big < 20 and big / small < 5, (small, big)
+
+
+def test_simulate_command_says_up_front_how_long_a_large_run_takes_and_the_faster_settings(monkeypatch, capsys):
+    from orchestrator.commands import simulate as command
+
+    monkeypatch.setattr(command, "LONG_RUN_S", 0.0)
+    args = ["simulate", "--workers", "3", "--chunks", "6", "--rows-per-chunk", "1000", "--seeds", "2", "--json"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "3 workers x 6 chunks, 2 seed(s): about" in captured.err
+    assert "--seeds 1: about" in captured.err and "--seeds 1 --rows-per-chunk 500: about" in captured.err
+    assert json.loads(captured.out)["policies"]["orch"]["complete"] == 2  # stdout stays JSON
+
+
+def test_the_estimate_grows_with_chunks_renewals_and_workers():
+    from orchestrator.simulate import estimate_seconds
+
+    issue = SimConfig(workers=1000, chunks=100_000, rows_per_chunk=500)
+    assert 20 < estimate_seconds(issue, 1) < 60  # the benchmark's size, measured at 27-45 s
+    default_rows = issue.model_copy(update={"rows_per_chunk": 5000})
+    assert estimate_seconds(default_rows, 5) > 5 * estimate_seconds(issue, 1)
