@@ -81,6 +81,7 @@ class RunView:
         self.taken: set[str] = set()
         self._last_finished: float | None = None
         self._rechecked_at: float | None = None
+        self._listed: set[str] = set()
         self._reopened: list[str] = []
         # Untouched chunks of each list are those before its tail pointer that are neither done nor taken.
         self._tail = {worker: len(chunks) for worker, chunks in index.lists.items()}
@@ -92,7 +93,14 @@ class RunView:
         start = (
             None if self._last_finished is None else self.layout.stats_since(self._last_finished - self.skew_margin_s)
         )
+        # The margin makes every listing repeat the newest keys of the one before (a thousand
+        # workers finishing in the same millisecond repeat a thousand): read only the new ones.
+        # Those of a chunk a recheck reopened since are not taken for done again: the marker decides.
+        seen, self._listed = self._listed, set()
         for info in self.store.list(self.layout.stats_prefix, start_after=start):
+            self._listed.add(info.key)
+            if info.key in seen:
+                continue
             # Only the chunk id is needed here: no decoding of the summary.
             try:
                 finished, chunk, _ = self.layout.parse_stats(info.key)
