@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 
 import pytest
 
@@ -11,9 +12,12 @@ from orchestrator.cli import main
 from orchestrator.core.protocol import claims as claims_module
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.claims import ChunkClaimer
+from orchestrator.core.store.base import ObjectInfo
+from orchestrator.core.store.memory import MemoryStore
 from orchestrator.plan import plan_chunks
 from orchestrator.pricing import load_gpu_table
 from orchestrator.simulate import ORCH, SKYPILOT_EXAMPLE, SimConfig, simulate, synthetic_manifest
+from orchestrator.simulate import fleet as fleet_module
 from orchestrator.simulate.fleet import Fleet
 from orchestrator.simulate.traces import Trace, poisson_trace
 
@@ -200,3 +204,53 @@ def test_simulate_command_runs_the_deadline_study(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert set(doc["markets"]) == {"on-demand only", "spot only", "greedy", "deadline"}
     assert doc["markets"]["on-demand only"]["cost_vs_on_demand"] == 1.0
+
+
+class _CountingStore(MemoryStore):
+    """The simulator's store, counting the keys its listings hand out (the claimers' work per chunk)."""
+
+    listed = 0
+
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        for info in super().list(prefix, start_after):
+            _CountingStore.listed += 1
+            yield info
+
+
+def test_the_simulators_work_per_chunk_grows_at_most_logarithmically_with_the_fleet(monkeypatch):
+    """Keys listed per chunk, at 8x the workers and 8x the chunks: independent of the machine's speed.
+
+    Each end-game claim listing every done marker made this workers x chunks (1e8 keys at 1,000 x
+    100,000): 12 keys per chunk here at 10 workers, 106 at 80. Now 3 and 10 (the rest that grows:
+    each exiting worker reads every lease and heartbeat once)."""
+    monkeypatch.setattr(fleet_module, "MemoryStore", _CountingStore)
+
+    def listed_per_chunk(workers: int, chunks: int) -> float:
+        _CountingStore.listed = 0
+        config = SimConfig(workers=workers, chunks=chunks, rows_per_chunk=500, rows_spread=4.0)
+        assert simulate(config, ORCH, seed=0).complete
+        return _CountingStore.listed / chunks
+
+    small, big = listed_per_chunk(10, 500), listed_per_chunk(80, 4000)
+    assert big < 20 and big / small < 5, (small, big)
+
+
+def test_simulate_command_says_up_front_how_long_a_large_run_takes_and_the_faster_settings(monkeypatch, capsys):
+    from orchestrator.commands import simulate as command
+
+    monkeypatch.setattr(command, "LONG_RUN_S", 0.0)
+    args = ["simulate", "--workers", "3", "--chunks", "6", "--rows-per-chunk", "1000", "--seeds", "2", "--json"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "3 workers x 6 chunks, 2 seed(s): about" in captured.err
+    assert "--seeds 1: about" in captured.err and "--seeds 1 --rows-per-chunk 500: about" in captured.err
+    assert json.loads(captured.out)["policies"]["orch"]["complete"] == 2  # stdout stays JSON
+
+
+def test_the_estimate_grows_with_chunks_renewals_and_workers():
+    from orchestrator.simulate import estimate_seconds
+
+    issue = SimConfig(workers=1000, chunks=100_000, rows_per_chunk=500)
+    assert 20 < estimate_seconds(issue, 1) < 60  # the benchmark's size, measured at 27-45 s
+    default_rows = issue.model_copy(update={"rows_per_chunk": 5000})
+    assert estimate_seconds(default_rows, 5) > 5 * estimate_seconds(issue, 1)

@@ -81,7 +81,7 @@ def simulate_command(
 ):
     """Simulate a run: how long, how much, what preemptions cost (driving orch's own protocol code)."""
     from orchestrator.console import console
-    from orchestrator.simulate import POLICIES, SimConfig, simulate, summarise
+    from orchestrator.simulate import MARKETS, POLICIES, SimConfig, simulate, summarise
 
     config = SimConfig(
         workers=workers,
@@ -106,9 +106,16 @@ def simulate_command(
 
         ctx = inv.context()
         entries = read_manifest(ctx.store, ctx.layout)
+    names = list(POLICIES) if compare else [policy]
+    runs = seeds * (len(MARKETS) if deadline_factor is not None else len(names))
+    sized = config
+    if entries:
+        sized = config.model_copy(
+            update={"chunks": len(entries), "rows_per_chunk": sum(e.rows for e in entries) // len(entries)}
+        )
+    _warn_if_long(sized, seeds, runs)
     if deadline_factor is not None:
         return _deadline_study(config, seeds, deadline_factor, entries, as_json)
-    names = list(POLICIES) if compare else [policy]
     results = {
         name: [simulate(config, POLICIES[name], seed, entries=entries) for seed in range(seeds)] for name in names
     }
@@ -126,6 +133,34 @@ def simulate_command(
     if plot_path:
         click.echo(f"Gantt chart of seed 0: {plot_path}")
     return 0
+
+
+#: Runs expected to take longer than this are announced, with the faster settings.
+LONG_RUN_S = 60.0
+
+
+def _warn_if_long(config: SimConfig, seeds: int, runs: int) -> None:
+    """Say up front how long a large simulation takes (on stderr: --json output stays clean)."""
+    from orchestrator.simulate import estimate_seconds
+
+    total = estimate_seconds(config, runs)
+    if total <= LONG_RUN_S:
+        return
+    per_seed = total / seeds
+    lines = [f"{config.workers:,} workers x {config.chunks:,} chunks, {seeds} seed(s): about {_duration(total)}."]
+    if seeds > 1:
+        lines.append(f"  --seeds 1: about {_duration(per_seed)} (one seed's figures, no spread over seeds)")
+    if config.rows_per_chunk > 500:
+        small = config.model_copy(update={"rows_per_chunk": 500})
+        lines.append(
+            f"  --seeds 1 --rows-per-chunk 500: about {_duration(estimate_seconds(small, runs // seeds))} "
+            "(a smaller workload: each chunk's lease renewals are most of the time)"
+        )
+    click.echo("\n".join(lines), err=True)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _deadline_study(config, seeds: int, factor: float, entries, as_json: bool) -> int:

@@ -137,6 +137,8 @@ def cas_update(
     2. `change` returns the new document, or None to write nothing (the current one stands).
     3. Write it: create-if-absent for a new document, compare-and-swap on the ETag otherwise.
     4. Another writer came first (412): back off a little, then from 1 again, with its write seen.
+       Except after the first round of `expect_new`: the document was there already (a claim of
+       a chunk someone holds), a wrong guess rather than a collision, so it is read at once.
     """
     for attempt in range(CAS_ATTEMPTS):
         current = None if expect_new and attempt == 0 else read_record(store, key, cls)
@@ -150,6 +152,8 @@ def cas_update(
             etag = store.put_if_absent(key, data) if etag is None else store.compare_and_swap(key, data, etag)
             return new, etag
         except PreconditionFailed:
+            if expect_new and attempt == 0:
+                continue
             # Full jitter, doubling: racing writers spread out instead of colliding again.
             time.sleep(random.uniform(0, min(1.0, 0.005 * 2**attempt)))
     raise StoreContention(

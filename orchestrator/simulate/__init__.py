@@ -26,6 +26,7 @@ __all__ = [
     "SKYPILOT_EXAMPLE",
     "SimConfig",
     "Summary",
+    "estimate_seconds",
     "simulate",
     "summarise",
     "synthetic_manifest",
@@ -74,6 +75,29 @@ def scenario(config: SimConfig, seed: int, prices: GpuTable) -> tuple[list[str],
     else:
         trace = poisson_trace(gpus, config.preemptions_per_hour, config.horizon_s, rng)
     return gpus, trace
+
+
+#: Seconds of this project's 2-CPU benchmark machine per simulated event (docs/BENCHMARKS.md, simulate
+#: scale): a claimed and finished chunk, a lease renewal, and the end of the run, where each
+#: exiting worker reads every lease and heartbeat.
+_COST_PER_CHUNK_S = 3e-4
+_COST_PER_RENEWAL_S = 4e-5
+_COST_PER_WORKER_PAIR_S = 6e-6
+
+
+def estimate_seconds(config: SimConfig, runs: int, prices: GpuTable | None = None) -> float:
+    """About how long `runs` simulations of `config` take, before running one.
+
+    Lease renewals dominate long chunks: one every lease_ttl / 3 of each busy worker's time."""
+    prices = prices or load_gpu_table(config.prices)
+    speed = config.base_rows_per_s * statistics.fmean(prices.get(g).relative_speed for g in config.gpus)
+    busy_s = config.chunks * config.rows_per_chunk / speed
+    per_run = (
+        config.chunks * _COST_PER_CHUNK_S
+        + busy_s / (config.lease_ttl_s / 3) * _COST_PER_RENEWAL_S
+        + config.workers**2 * _COST_PER_WORKER_PAIR_S
+    )
+    return runs * per_run
 
 
 def simulate(

@@ -240,6 +240,9 @@ class Fleet:
             self.layout,
             PlanIndex.build(plan, {e.chunk: float(e.est_tokens) for e in entries}),
             skew_margin_s=0.0,
+            # A thousand workers share this view: one listing of every marker per claim at the end
+            # of the run cost workers x chunks. Shared, a removed marker is seen within a lease TTL.
+            recheck_every_s=config.lease_ttl_s,
             rng=random.Random(seed),
         )
         self.lower_bound_s = sum(e.rows for e in entries) / sum(speeds) + config.restart_overhead_s

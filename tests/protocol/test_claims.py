@@ -251,3 +251,41 @@ def test_claim_a_restarted_worker_takes_back_its_interrupted_chunk_through_a_sha
     )
     held = restarted.next_chunk()
     assert held.chunk == "a0" and held.lease.holder == "h0-new"
+
+
+def test_a_removed_marker_reopens_its_chunk_at_every_end_game_claim_of_a_process_view():
+    store = MemoryStore()
+    for a in PLAN.workers:
+        for chunk in a.chunks:
+            finish(store, chunk)
+    c = claimer(store, 0, own=0)
+    assert c.next_chunk() is None
+    store.delete(L.done("b3"))  # `orch redo` by hand: its stats entry stays
+    held = c.next_chunk()
+    assert held is not None and held.chunk == "b3"
+
+
+def test_claimers_sharing_a_view_share_one_listing_of_the_markers_per_interval():
+    """A thousand simulated workers each listing every marker at the end of the run cost workers x
+    chunks; sharing one view, they list done/ once per `recheck_every_s` of their clock."""
+    store = MemoryStore()
+    for t, chunk in enumerate(sorted(WORK)):
+        finish(store, chunk, t=float(t))
+    now = [100.0]
+    view = RunView(store, L, INDEX, skew_margin_s=0, recheck_every_s=60, rng=random.Random(0))
+    claimers = [
+        ChunkClaimer(store=store, layout=L, view=view, worker=str(w), holder=f"h{w}", ttl=60, clock=lambda: now[0])
+        for w in range(4)
+    ]
+    listed = []
+    real_list = store.list
+    store.list = lambda prefix, start_after=None: listed.append(prefix) or real_list(prefix, start_after)
+    assert all(c.next_chunk() is None for c in claimers)
+    assert listed.count(L.done_prefix) == 1
+    store.delete(L.done("a1"))
+    store.delete(L.done("c0"))
+    assert claimers[0].next_chunk() is None  # within the interval: not seen yet
+    now[0] += 60
+    got = [c.next_chunk() for c in claimers[:3]]
+    # Both reopened chunks are handed out, each once, though one listing found them.
+    assert sorted(h.chunk for h in got if h is not None) == ["a1", "c0"] and got[2] is None

@@ -68,16 +68,21 @@ class RunView:
         index: PlanIndex,
         *,
         skew_margin_s: float = 600.0,
+        recheck_every_s: float = 0.0,
         rng: random.Random | None = None,
     ):
         self.store = store
         self.layout = layout
         self.index = index
         self.skew_margin_s = skew_margin_s
+        self.recheck_every_s = recheck_every_s
         self.rng = rng or random.Random()
         self.done: set[str] = set()
         self.taken: set[str] = set()
         self._last_finished: float | None = None
+        self._rechecked_at: float | None = None
+        self._listed: set[str] = set()
+        self._reopened: list[str] = []
         # Untouched chunks of each list are those before its tail pointer that are neither done nor taken.
         self._tail = {worker: len(chunks) for worker, chunks in index.lists.items()}
         self._load = {worker: sum(index.work.get(c, 1.0) for c in chunks) for worker, chunks in index.lists.items()}
@@ -88,7 +93,14 @@ class RunView:
         start = (
             None if self._last_finished is None else self.layout.stats_since(self._last_finished - self.skew_margin_s)
         )
+        # The margin makes every listing repeat the newest keys of the one before (a thousand
+        # workers finishing in the same millisecond repeat a thousand): read only the new ones.
+        # Those of a chunk a recheck reopened since are not taken for done again: the marker decides.
+        seen, self._listed = self._listed, set()
         for info in self.store.list(self.layout.stats_prefix, start_after=start):
+            self._listed.add(info.key)
+            if info.key in seen:
+                continue
             # Only the chunk id is needed here: no decoding of the summary.
             try:
                 finished, chunk, _ = self.layout.parse_stats(info.key)
@@ -99,19 +111,26 @@ class RunView:
                 self._last_finished = finished
             self.mark_done(chunk)
 
-    def recheck_done(self) -> list[str]:
-        """Chunks this view holds done that have no marker (one listing of done/), now open again.
+    def recheck_done(self, now: float) -> list[str]:
+        """Chunks this view held done that have no marker (one listing of done/), open again.
 
         Stats entries are a cache of the markers: a marker removed to redo its chunk (or one that
-        never was: a stray stats entry) must not keep the chunk from running forever."""
-        markers = {
-            self.layout.chunk_of(o.key, self.layout.done_prefix) for o in self.store.list(self.layout.done_prefix)
-        }
-        reopened = sorted(c for c in self.done - markers if c in self.index.owner)
-        for chunk in reopened:
-            self.done.discard(chunk)
-            self.taken.discard(chunk)
-        return reopened
+        never was: a stray stats entry) must not keep the chunk from running forever.
+
+        The listing reads every marker of the run, so claimers sharing a view share it: it is made
+        again once `recheck_every_s` has passed since the last one (0, a process's own view: at
+        every call). Chunks it reopened are offered to every claimer of the view until one tries them.
+        """
+        if self._rechecked_at is None or now - self._rechecked_at >= self.recheck_every_s:
+            self._rechecked_at = now
+            prefix = self.layout.done_prefix
+            markers = {self.layout.chunk_of(o.key, prefix) for o in self.store.list(prefix)}
+            for chunk in sorted(c for c in self.done - markers if c in self.index.owner):
+                self.done.discard(chunk)
+                self.taken.discard(chunk)
+                self._reopened.append(chunk)
+        self._reopened = [c for c in self._reopened if self.is_open(c)]
+        return list(self._reopened)
 
     def mark_done(self, chunk: str) -> None:
         if chunk not in self.done:
@@ -281,7 +300,7 @@ class ChunkClaimer:
             return held
         if self.on_end_game is not None:
             self.on_end_game()
-        for chunk in self.view.recheck_done():
+        for chunk in self.view.recheck_done(self.clock()):
             if chunk not in working_on and (held := self._take(chunk)) is not None:
                 return held
         now = self.clock()

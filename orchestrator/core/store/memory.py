@@ -75,6 +75,8 @@ class MemoryStore:
         self.requests = RequestCounter()
         self._clock = clock
         self._objects: dict[str, tuple[bytes, str, float]] = {}
+        # What listings hand out, made once per write: the simulator lists the same keys many times.
+        self._infos: dict[str, ObjectInfo] = {}
         self._keys = _SortedKeys()
         self._lock = threading.Lock()
         self._generation = itertools.count(1)
@@ -98,12 +100,12 @@ class MemoryStore:
             for key in self._keys.from_key(start if start is not None else prefix, inclusive=start is None):
                 if not key.startswith(prefix):
                     break
-                snapshot.append((key, self._objects[key]))
+                snapshot.append(self._infos[key])
         self.requests.add("list")
-        for i, (key, (data, _, modified)) in enumerate(snapshot):
+        for i, info in enumerate(snapshot):
             if i and i % LIST_PAGE_SIZE == 0:
                 self.requests.add("list")
-            yield ObjectInfo(key, len(data), modified)
+            yield info
 
     @contextlib.contextmanager
     def open(self, key: str) -> Iterator[BinaryIO]:
@@ -140,6 +142,7 @@ class MemoryStore:
         self.requests.add("delete")
         with self._lock:
             if self._objects.pop(check_key(key), None) is not None:
+                del self._infos[key]
                 self._keys.remove(key)
 
     def _write(self, key: str, data: bytes) -> str:
@@ -148,4 +151,5 @@ class MemoryStore:
         if key not in self._objects:
             self._keys.add(key)
         self._objects[key] = (bytes(data), etag, self._clock())
+        self._infos[key] = ObjectInfo(key, len(data), self._objects[key][2])
         return etag
