@@ -48,7 +48,7 @@ from orchestrator.backends.base import STATE_COLOURS, JobState, JobStatus, Launc
 from orchestrator.console import Group, Text, table
 from orchestrator.core import worker_ids
 from orchestrator.core.protocol.checkpoints import find_damage, read_chunk_stats
-from orchestrator.core.protocol.heartbeats import read_heartbeats
+from orchestrator.core.protocol.heartbeats import is_beating, read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.snapshot import list_done
 from orchestrator.core.records import (
@@ -71,8 +71,6 @@ from orchestrator.core.records import (
 from orchestrator.core.store import Store
 from orchestrator.pricing import GpuTable
 
-#: A heartbeat older than this many heartbeat intervals means the process is gone or stuck.
-STALE_HEARTBEATS = 6
 #: The columns of the workers table.
 WORKER_COLUMNS = (
     "worker",
@@ -256,11 +254,7 @@ def derive_status(
         status = facts.statuses.get(attempt.job_id) if attempt else None
         hb = facts.heartbeats.get(name)
         age = now - hb.updated_at if hb else None
-        live = (
-            hb
-            if hb is not None and hb.state != "exited" and (age or 0) <= STALE_HEARTBEATS * heartbeat_interval
-            else None
-        )
+        live = hb if hb is not None and is_beating(hb, now=now, heartbeat_interval=heartbeat_interval) else None
         view = WorkerView(
             worker=name,
             state=(status.state.value if status else JobState.UNKNOWN.value) if attempt else "NOT LAUNCHED",

@@ -205,8 +205,8 @@ def cancel_workers(ctx: RunContext) -> Cancelled:
     launcher = backend_for(ctx, record.backend)
     live = [j for j, s in launcher.statuses(job_ids).items() if s.state.is_live()] if job_ids else []
     launcher.cancel(live)
-    fresh_s = 6 * ctx.spec.workers.heartbeat_interval
-    beats = live_heartbeats(ctx.store, ctx.layout, now=time.time(), fresh_s=fresh_s)
+    interval = ctx.spec.workers.heartbeat_interval
+    beats = live_heartbeats(ctx.store, ctx.layout, now=time.time(), heartbeat_interval=interval)
     strays = launcher.stop_strays(ctx.layout.run, job_ids, beats)
     return Cancelled(live=live, strays=strays, recorded=len(record.current_jobs()))
 

@@ -34,7 +34,7 @@ from orchestrator.controller.launch import launch_workers
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import BackendError
 from orchestrator.core.protocol.checkpoints import find_damage
-from orchestrator.core.protocol.heartbeats import read_heartbeats
+from orchestrator.core.protocol.heartbeats import is_beating, read_heartbeats
 from orchestrator.core.protocol.leases import read_lease
 from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE, Outage
 from orchestrator.core.protocol.snapshot import RunSnapshot, take_snapshot
@@ -186,12 +186,11 @@ class Reconciler:
 
     def _beating(self) -> set[str]:
         """Worker ids with a heartbeat that is fresh and not an exit."""
-        fresh = 6 * self.ctx.spec.workers.heartbeat_interval
-        now = self.clock()
+        now, interval = self.clock(), self.ctx.spec.workers.heartbeat_interval
         return {
             w
             for w, hb in read_heartbeats(self.ctx.store, self.ctx.layout).items()
-            if hb.state != "exited" and now - hb.updated_at < fresh
+            if is_beating(hb, now=now, heartbeat_interval=interval)
         }
 
     def _claimable(self, snapshot: RunSnapshot, *, check_leases: bool) -> tuple[list[str], int]:
