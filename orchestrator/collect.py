@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.errors import OrchError
+from orchestrator.core.errors import CorruptOutput, OutputError
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.parts import iter_part_lines
@@ -42,12 +42,6 @@ from orchestrator.core.records import (
 from orchestrator.core.store import NotFound, Store
 
 EXAMPLES = 5
-
-
-class CorruptOutput(OrchError):
-    """A part's bytes do not match its done marker."""
-
-    exit_code = 8
 
 
 @dataclass
@@ -86,10 +80,6 @@ class CollectReport:
     def note(self, kind: str, custom_id: str | None) -> None:
         if len(self.examples[kind]) < EXAMPLES:
             self.examples[kind].append(str(custom_id))
-
-
-class OutputError(OrchError):
-    """The output cannot be written as asked: a format orch does not write, a directory that refuses it."""
 
 
 #: File name endings and the format each one means.

@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from orchestrator import orch_home
-from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, LaunchRequest
+from orchestrator.backends.base import JobState, JobStatus, LaunchRequest
+from orchestrator.core.errors import LaunchFailed
 from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE
 from orchestrator.core.records import Heartbeat
 from orchestrator.core.spec import RunSpec

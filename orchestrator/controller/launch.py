@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.backends import backend_for
-from orchestrator.backends.base import JobStatus, Launcher, LaunchFailed, LaunchRequest, attempt_statuses
+from orchestrator.backends.base import JobStatus, Launcher, LaunchRequest, attempt_statuses
 from orchestrator.core.context import RunContext
+from orchestrator.core.errors import LaunchFailed
 from orchestrator.core.protocol.adapters import ship_adapters
 from orchestrator.core.protocol.heartbeats import live_heartbeats
 from orchestrator.core.records import CancelRecord, JobAttempt, JobsRecord, read_jobs, update_jobs

@@ -27,18 +27,18 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from orchestrator.backends.base import JobState, JobStatus, Launcher, LaunchFailed, attempt_statuses
+from orchestrator.backends.base import JobState, JobStatus, Launcher, attempt_statuses
 from orchestrator.controller.deadline import DeadlineSettings, Decision
 from orchestrator.controller.deadline_control import DeadlineControl
 from orchestrator.controller.launch import launch_workers
 from orchestrator.core.context import RunContext
-from orchestrator.core.errors import BackendError
+from orchestrator.core.errors import BackendError, CorruptRecord, LaunchFailed
 from orchestrator.core.protocol.checkpoints import find_damage
 from orchestrator.core.protocol.heartbeats import is_beating, read_heartbeats
 from orchestrator.core.protocol.leases import read_lease
 from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE, Outage
 from orchestrator.core.protocol.snapshot import RunSnapshot, take_snapshot
-from orchestrator.core.records import CorruptRecord, JobAttempt, JobsRecord, read_jobs, read_manifest, update_jobs
+from orchestrator.core.records import JobAttempt, JobsRecord, read_jobs, read_manifest, update_jobs
 from orchestrator.core.store import StoreFull, StoreUnavailable
 from orchestrator.pricing import GpuTable
 
