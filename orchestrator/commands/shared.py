@@ -285,13 +285,13 @@ def live_jobs(ctx: RunContext, launcher: Launcher) -> dict[int, str]:
 
 def print_prepare_report(ctx: RunContext, report: PrepareReport) -> None:
     """What prepare made, and every row it could not take as it was: set aside, not UTF-8, other models."""
-    r = report
-    if r.already_prepared:
-        click.echo(f"run {r.run!r} is already prepared: {r.chunks} chunks, {r.rows:,} rows (nothing to do)")
+    r = report.record
+    if report.already_prepared:
+        click.echo(f"run {report.run!r} is already prepared: {r.chunks} chunks, {r.rows:,} rows (nothing to do)")
     else:
         click.echo(
-            f"prepared run {r.run!r}: {r.chunks} chunks, {r.rows:,} rows "
-            f"in {r.seconds:.1f}s ({r.rows_per_s:,.0f} rows/s)"
+            f"prepared run {report.run!r}: {r.chunks} chunks, {r.rows:,} rows "
+            f"in {report.seconds:.1f}s ({report.rows_per_s:,.0f} rows/s)"
         )
     if r.errors:
         click.echo(
