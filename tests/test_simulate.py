@@ -8,11 +8,11 @@ import random
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.controller.plan import plan_chunks
+from orchestrator.controller.pricing import load_gpu_table
 from orchestrator.core.protocol import claims as claims_module
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.claims import ChunkClaimer
-from orchestrator.plan import plan_chunks
-from orchestrator.pricing import load_gpu_table
 from orchestrator.simulate import ORCH, SKYPILOT_EXAMPLE, SimConfig, simulate, synthetic_manifest
 from orchestrator.simulate.fleet import Fleet
 from orchestrator.simulate.traces import Trace, poisson_trace

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.pricing import Offering
+from orchestrator.controller.pricing import Offering
 
 
 def catalog_offerings(gpus: Sequence[str], clouds: Sequence[str]) -> tuple[list[Offering], dict[str, str]]:

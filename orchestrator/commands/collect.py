@@ -8,7 +8,6 @@ import click
 
 from orchestrator.commands.shared import (
     Invocation,
-    check_error_rate,
     common_options,
     max_error_rate_option,
     print_collect_report,
@@ -30,7 +29,8 @@ from orchestrator.commands.shared import (
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 def collect_command(inv: Invocation, out, fmt, retry_out, allow_partial, max_error_rate, as_json):
     """Merge outputs into one file in input order; check every custom_id appears exactly once."""
-    from orchestrator.collect import collect
+    from orchestrator.controller.collect import collect
+    from orchestrator.controller.error_rate import check_error_rate
     from orchestrator.core.errors import IncompleteRun
 
     ctx = inv.context()

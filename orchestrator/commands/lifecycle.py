@@ -24,7 +24,7 @@ def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_r
     """Launch one worker per planned list (never a second copy of a live worker)."""
     from orchestrator.backends import backend_for
     from orchestrator.controller.launch import launch_workers
-    from orchestrator.controller.planning import ensure_plan
+    from orchestrator.controller.plan import ensure_plan
 
     if spot_only and on_demand_only:
         raise click.UsageError("--spot and --on-demand together mean both: leave both out for that")
@@ -106,7 +106,7 @@ def watch_command(inv, backend, interval, retries, deadline, budget, max_on_dema
         raise click.BadParameter("--budget goes with --deadline", param_hint="--budget")
     if deadline is not None:
         from orchestrator.controller.deadline import DeadlineSettings, parse_duration
-        from orchestrator.estimate import RESTART_OVERHEAD_S
+        from orchestrator.controller.estimate import RESTART_OVERHEAD_S
 
         settings = DeadlineSettings(
             deadline_s=parse_duration(deadline),
@@ -127,7 +127,7 @@ def resume_command(inv, backend, follow, interval):
     """Relaunch just the workers the remaining chunks need, from the markers in the store."""
     from orchestrator.backends import backend_for
     from orchestrator.controller.launch import launch_workers
-    from orchestrator.controller.planning import workers_needed
+    from orchestrator.controller.plan import workers_needed
 
     ctx = inv.with_flags(backend=backend).context()
     require_model(ctx)

@@ -12,7 +12,7 @@ import click
 from orchestrator.commands.shared import Invocation, common_options
 
 if TYPE_CHECKING:
-    from orchestrator.console import Group
+    from orchestrator.commands.console import Group
     from orchestrator.simulate import SimConfig, Summary
 
 
@@ -80,7 +80,7 @@ def simulate_command(
     plot_path,
 ):
     """Simulate a run: how long, how much, what preemptions cost (driving orch's own protocol code)."""
-    from orchestrator.console import console
+    from orchestrator.commands.console import console
     from orchestrator.simulate import POLICIES, SimConfig, simulate, summarise
 
     config = SimConfig(
@@ -153,7 +153,7 @@ def _deadline_study(config, seeds: int, factor: float, entries, as_json: bool) -
     if as_json:
         click.echo(json.dumps({"config": config.model_dump(), "deadline_factor": factor, "markets": rows}))
         return 0
-    from orchestrator.console import Group, Text, console, table
+    from orchestrator.commands.console import Group, Text, console, table
 
     trace = f"{config.preemptions_per_hour:g} preemptions/h" + (
         f" + {config.outages} outage(s) of {config.outage_s / 3600:g} h" if config.outages else ""
@@ -179,7 +179,7 @@ def _deadline_study(config, seeds: int, factor: float, entries, as_json: bool) -
 
 def render(summaries: dict[str, Summary], config: SimConfig, seeds: int) -> Group:
     """One column per policy, one row per measure."""
-    from orchestrator.console import Group, Text, table
+    from orchestrator.commands.console import Group, Text, table
 
     rows: list[tuple[str, Callable[[Summary], str]]] = [
         ("makespan (h, mean)", lambda s: f"{s.makespan_h:.2f}"),

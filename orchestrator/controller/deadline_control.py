@@ -20,12 +20,12 @@ from collections.abc import Callable, Mapping
 
 from orchestrator.backends.base import JobState, JobStatus, Launcher
 from orchestrator.controller.deadline import DeadlineSettings, Decision, FleetState, OnDemandWorker, decide
+from orchestrator.controller.estimate import throughput
 from orchestrator.controller.launch import launch_workers
+from orchestrator.controller.pricing import GpuTable, load_gpu_table
+from orchestrator.controller.status import RunStatus, derive_status, gather
 from orchestrator.core.context import RunContext
 from orchestrator.core.records import DecisionRecord, JobsRecord, update_jobs
-from orchestrator.estimate import throughput
-from orchestrator.pricing import GpuTable, load_gpu_table
-from orchestrator.status import RunStatus, derive_status, gather
 
 Event = Callable[[str], None]
 

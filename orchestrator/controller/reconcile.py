@@ -31,6 +31,7 @@ from orchestrator.backends.base import JobState, JobStatus, Launcher, attempt_st
 from orchestrator.controller.deadline import DeadlineSettings, Decision
 from orchestrator.controller.deadline_control import DeadlineControl
 from orchestrator.controller.launch import launch_workers
+from orchestrator.controller.pricing import GpuTable
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import BackendError, CorruptRecord, LaunchFailed
 from orchestrator.core.protocol.checkpoints import find_damage
@@ -40,7 +41,6 @@ from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE, Outage
 from orchestrator.core.protocol.snapshot import RunSnapshot, take_snapshot
 from orchestrator.core.records import JobAttempt, JobsRecord, read_jobs, read_manifest, update_jobs
 from orchestrator.core.store import StoreFull, StoreUnavailable
-from orchestrator.pricing import GpuTable
 
 Event = Callable[[str], None]
 

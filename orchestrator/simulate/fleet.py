@@ -34,6 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.controller.deadline import DeadlineSettings, Decision, FleetState, OnDemandWorker, decide
+from orchestrator.controller.plan import contiguous_split, plan_chunks
+from orchestrator.controller.pricing import GpuTable
 from orchestrator.core.protocol.checkpoints import ChunkJob, RowStat
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RescuePolicy, RunView
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
@@ -41,8 +43,6 @@ from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
 from orchestrator.core.records import Heartbeat, ManifestEntry, PlanRecord, WorkerAssignment
 from orchestrator.core.store.memory import MemoryStore
-from orchestrator.plan import contiguous_split, plan_chunks
-from orchestrator.pricing import GpuTable
 from orchestrator.simulate.config import SimConfig
 from orchestrator.simulate.traces import Trace
 

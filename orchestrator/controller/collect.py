@@ -26,12 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.errors import CorruptOutput, OutputError
+from orchestrator.core.errors import CorruptOutput, CorruptRecord, OutputError
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.parts import iter_part_lines
 from orchestrator.core.records import (
-    CorruptRecord,
     DoneMarker,
     ManifestEntry,
     PrepareError,

@@ -13,10 +13,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator import orch_home
-from orchestrator.console import Group, Text, table
 from orchestrator.core.errors import SpecError
 
-DEFAULT_TABLE = Path(__file__).parent / "data" / "gpus.yaml"
+DEFAULT_TABLE = Path(__file__).parents[1] / "data" / "gpus.yaml"
 
 
 class _Strict(BaseModel):
@@ -168,16 +167,3 @@ def write_gpu_table(prices: GpuTable, path: str | os.PathLike) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(yaml.safe_dump(doc, sort_keys=False))
     _load.cache_clear()
-
-
-def render_gpu_table(prices: GpuTable, before: GpuTable | None = None) -> Group:
-    """One row per GPU and cloud; with `before`, the earlier prices beside the ones that changed."""
-    grid = table("GPU", "cloud", "on-demand", "spot", "", right=("on-demand", "spot"))
-    for name, gpu in prices.gpus.items():
-        for cloud, p in sorted(gpu.prices.items()):
-            old = before.gpus[name].prices.get(cloud) if before and name in before.gpus else None
-            change = ""
-            if before is not None and old != p:
-                change = f"(was {old.on_demand:.3f} / {old.spot:.3f})" if old else "(new)"
-            grid.add_row(name, cloud, f"{p.on_demand:.3f}", f"{p.spot:.3f}", change)
-    return Group(Text(f"prices of {prices.date} ({prices.source}); USD per GPU-hour"), grid)
