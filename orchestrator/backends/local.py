@@ -80,11 +80,11 @@ class LocalLauncher:
 
     def __init__(
         self,
-        log_dir: str | os.PathLike,
+        log_dir: str | os.PathLike[str],
         *,
         python: str | None = None,
         base_env: Mapping[str, str] | None = None,
-        cwd: str | os.PathLike | None = None,
+        cwd: str | os.PathLike[str] | None = None,
         clock: Callable[[], float] = time.time,
         workers: int = 1,
     ):
@@ -242,7 +242,7 @@ class LocalLauncher:
         return pid if _start_ticks(pid) == ticks and _alive(pid) else None
 
 
-_CHILDREN: dict[int, subprocess.Popen] = {}
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def _terminate(pids: list[int], *, group: bool, grace_s: float = 30.0) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -22,7 +23,7 @@ from orchestrator.commands.shared import (
 @input_options
 @click.option("--strict", is_flag=True, help="stop at the first bad row instead of setting it aside")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-def prepare_command(inv: Invocation, sources, strict, as_json, **input_args):
+def prepare_command(inv: Invocation, sources: tuple[str, ...], strict: bool, as_json: bool, **input_args: Any) -> int:
     """Stream SOURCES (files, directories, s3://...) into chunks of OpenAI Batch requests."""
     from orchestrator.prepare import prepare_run
 
@@ -47,7 +48,7 @@ def prepare_command(inv: Invocation, sources, strict, as_json, **input_args):
     is_flag=True,
     help="also the expected time and cost per GPU candidate, spot and on-demand",
 )
-def plan_command(inv: Invocation, workers, as_json, with_estimate):
+def plan_command(inv: Invocation, workers: int | None, as_json: bool, with_estimate: bool) -> int:
     """Spread the run's chunks over workers, balanced by estimated work; write workers/<i>.txt."""
     from orchestrator.commands.console import console
     from orchestrator.commands.views import render_plan

@@ -20,7 +20,7 @@ import click
     default=None,
     help="start from this table instead of the one in use",
 )
-def prices_command(refresh, clouds, prices_path):
+def prices_command(refresh: bool, clouds: str | None, prices_path: str | None) -> int:
     """Show the GPU prices in use (USD per GPU-hour, spot and on-demand, per cloud) and their date.
 
     \b

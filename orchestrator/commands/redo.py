@@ -19,7 +19,7 @@ from orchestrator.commands.shared import Invocation, common_options
     required=True,
     help="a chunk id (part_00042) or its number (42); repeat for several",
 )
-def redo_command(inv: Invocation, chunks):
+def redo_command(inv: Invocation, chunks: tuple[str, ...]) -> int:
     """Drop a chunk's done marker, stats and output parts, so that the fleet runs it again.
 
     Safe while workers run: the chunk's lease is taken first, so no worker resumes it from parts

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -35,8 +35,17 @@ if TYPE_CHECKING:
 @click.option("--strict", is_flag=True, help="stop at the first bad input row")
 @max_error_rate_option
 def run_command(
-    inv: Invocation, sources, workers, backend, out, retry_out, interval, strict, max_error_rate, **input_args
-):
+    inv: Invocation,
+    sources: tuple[str, ...],
+    workers: int | None,
+    backend: str | None,
+    out: str,
+    retry_out: str | None,
+    interval: float,
+    strict: bool,
+    max_error_rate: float,
+    **input_args: Any,
+) -> int:
     """Run SOURCES through the model end to end and write one complete output to --out.
 
     Every step is idempotent: running the same command again picks up where it stopped.

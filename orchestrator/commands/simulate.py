@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -13,6 +13,7 @@ from orchestrator.commands.shared import Invocation, common_options
 
 if TYPE_CHECKING:
     from orchestrator.commands.console import Group
+    from orchestrator.core.records import ManifestEntry
     from orchestrator.simulate import SimConfig, Summary
 
 
@@ -56,29 +57,29 @@ if TYPE_CHECKING:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="write a Gantt chart (PNG)")
 def simulate_command(
     inv: Invocation,
-    workers,
-    chunks,
-    rows_per_chunk,
-    rows_spread,
-    gpus,
-    on_demand,
-    preemptions_per_hour,
-    outages,
-    outage_hours,
-    trace,
-    restart_overhead,
-    checkpoint_interval,
-    lease_ttl,
-    base_rows_per_s,
-    seeds,
-    policy,
-    compare,
-    deadline_factor,
-    use_run,
-    prices,
-    as_json,
-    plot_path,
-):
+    workers: int,
+    chunks: int,
+    rows_per_chunk: int,
+    rows_spread: float,
+    gpus: str | None,
+    on_demand: bool,
+    preemptions_per_hour: float,
+    outages: int,
+    outage_hours: float,
+    trace: str | None,
+    restart_overhead: float,
+    checkpoint_interval: float,
+    lease_ttl: float,
+    base_rows_per_s: float,
+    seeds: int,
+    policy: str,
+    compare: bool,
+    deadline_factor: float | None,
+    use_run: bool,
+    prices: str | None,
+    as_json: bool,
+    plot_path: str | None,
+) -> int:
     """Simulate a run: how long, how much, what preemptions cost (driving orch's own protocol code)."""
     from orchestrator.commands.console import console
     from orchestrator.simulate import POLICIES, SimConfig, simulate, summarise
@@ -128,7 +129,9 @@ def simulate_command(
     return 0
 
 
-def _deadline_study(config, seeds: int, factor: float, entries, as_json: bool) -> int:
+def _deadline_study(
+    config: SimConfig, seeds: int, factor: float, entries: Sequence[ManifestEntry] | None, as_json: bool
+) -> int:
     import statistics
 
     from orchestrator.simulate import deadline_study

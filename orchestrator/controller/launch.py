@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from orchestrator.backends import backend_for
 from orchestrator.backends.base import JobStatus, Launcher, LaunchRequest, attempt_statuses
@@ -212,7 +213,9 @@ def cancel_workers(ctx: RunContext) -> Cancelled:
     return Cancelled(live=live, strays=strays, recorded=len(record.current_jobs()))
 
 
-def dry_run_requests(ctx: RunContext, workers: Iterable[int], out_dir, env: Mapping[str, str] | None = None):
+def dry_run_requests(
+    ctx: RunContext, workers: Iterable[int], out_dir: Path, env: Mapping[str, str] | None = None
+) -> list[Path]:
     """`orch launch --dry-run`: each worker's SkyPilot task, rendered and checked, written to out_dir."""
     from orchestrator.backends.skypilot_render import write_dry_run
 

@@ -91,7 +91,7 @@ def refreshed_table_path() -> Path:
     return orch_home() / "prices.yaml"
 
 
-def load_gpu_table(path: str | os.PathLike | None = None) -> GpuTable:
+def load_gpu_table(path: str | os.PathLike[str] | None = None) -> GpuTable:
     """The file given (or named by ORCH_PRICES), else the table `orch prices --refresh` wrote,
     else the built-in one."""
     path = path or os.environ.get("ORCH_PRICES") or None
@@ -157,7 +157,7 @@ def table_from_offerings(base: GpuTable, offerings: Iterable[Offering], *, date:
     )
 
 
-def write_gpu_table(prices: GpuTable, path: str | os.PathLike) -> None:
+def write_gpu_table(prices: GpuTable, path: str | os.PathLike[str]) -> None:
     doc = {
         "date": prices.date,
         "source": prices.source,

@@ -114,7 +114,10 @@ class Summary:
 
 
 def summarise(results: Sequence[FleetResult]) -> Summary:
-    mean = lambda xs: statistics.fmean(xs) if xs else 0.0  # noqa: E731
+
+    def mean(xs: Sequence[float]) -> float:
+        return statistics.fmean(xs) if xs else 0.0
+
     return Summary(
         policy=results[0].policy,
         runs=len(results),

@@ -32,6 +32,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.controller.deadline import DeadlineSettings, Decision, FleetState, OnDemandWorker, decide
 from orchestrator.controller.plan import contiguous_split, plan_chunks
@@ -127,7 +128,7 @@ class Segment:
 class _Session:
     """One worker's pass over one chunk."""
 
-    job: ChunkJob
+    job: ChunkJob[Any]
     keeper: LeaseKeeper
     start: float
     remaining: list[int]
@@ -174,7 +175,7 @@ class FleetResult:
     markers: int
     preemptions: int
     rescues: int
-    workers: list[dict]
+    workers: list[dict[str, Any]]
     segments: list[Segment] = field(repr=False, default_factory=list)
     deadline_s: float | None = None
     on_demand_launched: int = 0
@@ -576,7 +577,10 @@ class Fleet:
         for w in self.workers:
             if w.billed_since is not None:  # still up at the end (only if the run did not finish)
                 self._bill(w, end)
-        hours = lambda kind: sum(s.end - s.start for s in self.segments if s.kind == kind) / 3600  # noqa: E731
+
+        def hours(kind: str) -> float:
+            return sum(s.end - s.start for s in self.segments if s.kind == kind) / 3600
+
         idle_tail = sum(max(end - w.exited_at, 0.0) for w in self.workers if w.exited_at is not None) / 3600
         return FleetResult(
             policy=self.policy.name,
