@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from orchestrator.backends.base import STATE_COLOURS, JobState
-from orchestrator.commands.console import Group, Text, table
+from orchestrator.commands.console import Group, Table, Text, table
 from orchestrator.controller.estimate import Estimate
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.controller.status import RunStatus
@@ -107,6 +107,11 @@ def status_view(status: RunStatus) -> Group:
         head.append(Text(f"  run them again: orch redo --run {status.run} {chunks}, then orch resume --follow"))
     for key, why in sorted(status.corrupt_leases.items()):
         head.append(Text(f"warning: {key} is not a lease ({why})", style="yellow"))
+    return Group(*head, Text(""), *([_workers_table(status)] if status.workers else []), *_failures(status))
+
+
+def _workers_table(status: RunStatus) -> Table:
+    """One row per worker: its job's state, where it runs, its chunk and its pace."""
     workers = table(*WORKER_COLUMNS, right=("finished", "tok/s"))
     for w in status.workers:
         state = w.state + (f" (recovered {w.recovery_count}x)" if w.recovery_count else "")
@@ -124,14 +129,18 @@ def status_view(status: RunStatus) -> Group:
             f"{w.tokens_per_s:,.0f}" if w.chunk else "-",
             _duration(w.heartbeat_age_s) + " ago" if w.heartbeat_age_s is not None else "-",
         )
-    failures = [
+    return workers
+
+
+def _failures(status: RunStatus) -> list[Text]:
+    """Why each failed worker's current job failed, and where its log is."""
+    return [
         Text.assemble(
             (f"worker {w.worker} failed: ", "red"), str(w.failure_reason), f"\n  log: {w.log}" if w.log else ""
         )
         for w in status.workers
         if w.failure_reason
     ]
-    return Group(*head, Text(""), *([workers] if status.workers else []), *failures)
 
 
 def _pace_line(status: RunStatus, eta: str) -> str:
