@@ -34,8 +34,8 @@ def save(name: str, result: dict[str, Any]) -> Path:
 
 def table(rows: list[list[Any]], header: list[str]) -> str:
     """A benchmark's results as text: numbers right-aligned, thousands separated (orch's own table style)."""
-    from orchestrator.console import table as grid
-    from orchestrator.console import to_text
+    from orchestrator.commands.console import table as grid
+    from orchestrator.commands.console import to_text
 
     out = grid(*header, right=tuple(header[1:]))
     for row in rows:

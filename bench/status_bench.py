@@ -19,6 +19,7 @@ from bench.common import save, table
 
 
 def populate(store, layout, chunks: int, workers: int, done: int) -> None:
+    from orchestrator.controller.plan import plan_chunks, write_plan
     from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
     from orchestrator.core.protocol.layout import chunk_id
     from orchestrator.core.records import (
@@ -32,7 +33,6 @@ def populate(store, layout, chunks: int, workers: int, done: int) -> None:
         write_jsonl,
     )
     from orchestrator.core.spec import freeze_spec, load_spec
-    from orchestrator.plan import plan_chunks, write_plan
 
     spec = load_spec(None, {"run": layout.run, "store": store.uri, "model.name": "m"}, env={}, default_file=False)
     freeze_spec(store, layout, spec)
@@ -109,12 +109,13 @@ def populate(store, layout, chunks: int, workers: int, done: int) -> None:
 
 
 def main() -> None:
-    from orchestrator.console import to_text
+    from orchestrator.commands.console import to_text
+    from orchestrator.commands.views import status_view
+    from orchestrator.controller.pricing import load_gpu_table
+    from orchestrator.controller.status import derive_status, gather
     from orchestrator.core.protocol.layout import RunLayout
     from orchestrator.core.records import read_manifest
     from orchestrator.core.store import open_store
-    from orchestrator.pricing import load_gpu_table
-    from orchestrator.status import derive_status, gather, status_view
     from tests.support.s3servers import seaweedfs
 
     quick = "--quick" in sys.argv

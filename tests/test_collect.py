@@ -7,7 +7,8 @@ import json
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.collect import CorruptOutput, collect
+from orchestrator.controller.collect import collect
+from orchestrator.core.errors import CorruptOutput
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import DoneMarker, read_manifest
 from orchestrator.core.store import open_store

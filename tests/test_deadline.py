@@ -8,10 +8,13 @@ import time
 import pytest
 
 from orchestrator.backends.skypilot import SkyPilotLauncher
-from orchestrator.console import to_text
+from orchestrator.commands.console import to_text
+from orchestrator.commands.views import status_view
 from orchestrator.controller.deadline import DeadlineSettings, FleetState, OnDemandWorker, decide, parse_duration
 from orchestrator.controller.launch import launch_workers
+from orchestrator.controller.pricing import load_gpu_table
 from orchestrator.controller.reconcile import Reconciler
+from orchestrator.controller.status import status_of
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import SpecError
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
@@ -19,8 +22,6 @@ from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import Heartbeat, read_jobs
 from orchestrator.core.spec import load_spec
 from orchestrator.core.store import open_store
-from orchestrator.pricing import load_gpu_table
-from orchestrator.status import status_of, status_view
 from tests.support.fake_sky import ScriptedSky
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 

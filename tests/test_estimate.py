@@ -7,10 +7,10 @@ import json
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.controller.estimate import estimate
+from orchestrator.controller.pricing import load_gpu_table
 from orchestrator.core.records import ChunkStats, ManifestEntry
 from orchestrator.core.store import open_store
-from orchestrator.estimate import estimate
-from orchestrator.pricing import load_gpu_table
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
 TABLE = load_gpu_table()

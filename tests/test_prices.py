@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.pricing import Offering, load_gpu_table, table_from_offerings
+from orchestrator.controller.pricing import Offering, load_gpu_table, table_from_offerings
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 

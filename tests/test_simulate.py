@@ -9,13 +9,13 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.controller.plan import plan_chunks
+from orchestrator.controller.pricing import load_gpu_table
 from orchestrator.core.protocol import claims as claims_module
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.claims import ChunkClaimer
 from orchestrator.core.store.base import ObjectInfo
 from orchestrator.core.store.memory import MemoryStore
-from orchestrator.plan import plan_chunks
-from orchestrator.pricing import load_gpu_table
 from orchestrator.simulate import ORCH, SKYPILOT_EXAMPLE, SimConfig, simulate, synthetic_manifest
 from orchestrator.simulate import fleet as fleet_module
 from orchestrator.simulate.fleet import Fleet

@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from orchestrator.backends.base import JobState, LaunchFailed
+from orchestrator.backends.base import JobState
 from orchestrator.backends.skypilot import SkyPilotLauncher
 from orchestrator.controller.launch import launch_workers
 from orchestrator.controller.reconcile import Reconciler, watch
 from orchestrator.core.context import RunContext
-from orchestrator.core.errors import BackendError
+from orchestrator.core.errors import BackendError, LaunchFailed
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import acquire
 from orchestrator.core.records import read_jobs, update_jobs

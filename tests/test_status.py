@@ -7,14 +7,15 @@ import time
 
 from orchestrator.backends.base import JobState, JobStatus
 from orchestrator.cli import main
-from orchestrator.console import to_text
+from orchestrator.commands.console import to_text
+from orchestrator.commands.views import status_view
+from orchestrator.controller.plan import plan_chunks, write_plan
+from orchestrator.controller.pricing import load_gpu_table
+from orchestrator.controller.status import derive_status, gather
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.leases import acquire
 from orchestrator.core.records import Heartbeat, JobAttempt, read_manifest, update_jobs
 from orchestrator.core.store import open_store
-from orchestrator.plan import plan_chunks, write_plan
-from orchestrator.pricing import load_gpu_table
-from orchestrator.status import derive_status, gather, status_view
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
 

@@ -7,7 +7,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from orchestrator.core.errors import BackendError
 from orchestrator.core.records import Heartbeat, JobAttempt
 
 #: A launch reserved this long ago and still not recorded: its controller died before submitting.
@@ -119,16 +118,6 @@ class Launcher(Protocol):
         """Stop what works for the run outside the jobs in `known` (launches the jobs record lost),
         as far as this backend can find it; `beats` are the run's live heartbeats (host, pid).
         Returns what was stopped, each described for the user."""
-
-
-class LaunchFailed(BackendError):
-    """Some workers could not be submitted. Those that were are in `launched`, so none is lost track of."""
-
-    def __init__(self, launched: dict[int, str], failures: dict[int, str], hint: str | None = None):
-        lines = "\n  ".join(f"worker {w}: {reason}" for w, reason in sorted(failures.items()))
-        super().__init__(f"launch: {len(failures)} worker(s) not submitted:\n  {lines}", hint=hint)
-        self.launched = launched
-        self.failures = failures
 
 
 def attempt_statuses(launcher: Launcher, attempts: Iterable[JobAttempt], now: float) -> dict[str, JobStatus]:

@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from orchestrator import orch_home
-from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, LaunchRequest
+from orchestrator.backends.base import JobState, JobStatus, LaunchRequest
+from orchestrator.core.errors import LaunchFailed
 from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE
 from orchestrator.core.records import Heartbeat
 from orchestrator.core.spec import RunSpec
@@ -79,11 +80,11 @@ class LocalLauncher:
 
     def __init__(
         self,
-        log_dir: str | os.PathLike,
+        log_dir: str | os.PathLike[str],
         *,
         python: str | None = None,
         base_env: Mapping[str, str] | None = None,
-        cwd: str | os.PathLike | None = None,
+        cwd: str | os.PathLike[str] | None = None,
         clock: Callable[[], float] = time.time,
         workers: int = 1,
     ):
@@ -241,7 +242,7 @@ class LocalLauncher:
         return pid if _start_ticks(pid) == ticks and _alive(pid) else None
 
 
-_CHILDREN: dict[int, subprocess.Popen] = {}
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def _terminate(pids: list[int], *, group: bool, grace_s: float = 30.0) -> None:

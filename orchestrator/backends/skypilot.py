@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from orchestrator.backends.base import JobState, JobStatus, LaunchFailed, LaunchRequest
+from orchestrator.backends.base import JobState, JobStatus, LaunchRequest
 from orchestrator.backends.skypilot_render import load_task, load_template, render_worker_task, to_yaml
-from orchestrator.core.errors import BackendError
+from orchestrator.core.errors import BackendError, LaunchFailed
 from orchestrator.core.records import Heartbeat
 from orchestrator.core.spec import RunSpec
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.pricing import Offering
+from orchestrator.controller.pricing import Offering
 
 
 def catalog_offerings(gpus: Sequence[str], clouds: Sequence[str]) -> tuple[list[Offering], dict[str, str]]:
@@ -60,7 +60,8 @@ def _vms(cloud: str) -> list[dict[str, Any]]:
         frame = common.read_catalog(f"{cloud.lower()}/vms.csv", pull_frequency_hours=0)
         columns = ["InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "SpotPrice", "Region"]
         present = [c for c in columns if c in frame.columns]
-        return frame[present].to_dict("records")
+        records: list[dict[str, Any]] = frame[present].to_dict("records")
+        return records
 
 
 def _known(value: Any) -> bool:

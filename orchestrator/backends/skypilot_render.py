@@ -23,7 +23,7 @@ from orchestrator.core.spec import RunSpec
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "task_templates" / "worker.yaml"
 
 
-def load_template(path: str | os.PathLike | None = None) -> dict[str, Any]:
+def load_template(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """The task template, with its relative local paths (workdir, file mount sources) made absolute
     against the template's own directory: `orch launch` runs from the user's project, not from here."""
     path = Path(path or os.environ.get("ORCH_TASK_TEMPLATE") or DEFAULT_TEMPLATE)
@@ -136,7 +136,10 @@ def load_task(text: str, *, secrets: Iterable[tuple[str, str]] = (), where: str 
 
 
 def write_dry_run(
-    spec: RunSpec, requests: Sequence[LaunchRequest], out_dir: str | os.PathLike, template: dict[str, Any] | None = None
+    spec: RunSpec,
+    requests: Sequence[LaunchRequest],
+    out_dir: str | os.PathLike[str],
+    template: dict[str, Any] | None = None,
 ) -> list[Path]:
     """Render and check every worker's task, write worker-<i>.yaml, launch nothing."""
     template = template or load_template()

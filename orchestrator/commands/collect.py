@@ -8,7 +8,6 @@ import click
 
 from orchestrator.commands.shared import (
     Invocation,
-    check_error_rate,
     common_options,
     max_error_rate_option,
     print_collect_report,
@@ -28,9 +27,18 @@ from orchestrator.commands.shared import (
 @click.option("--allow-partial", is_flag=True, help="exit 0 even when rows are missing")
 @max_error_rate_option
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-def collect_command(inv: Invocation, out, fmt, retry_out, allow_partial, max_error_rate, as_json):
+def collect_command(
+    inv: Invocation,
+    out: str,
+    fmt: str | None,
+    retry_out: str | None,
+    allow_partial: bool,
+    max_error_rate: float,
+    as_json: bool,
+) -> int:
     """Merge outputs into one file in input order; check every custom_id appears exactly once."""
-    from orchestrator.collect import collect
+    from orchestrator.controller.collect import collect
+    from orchestrator.controller.error_rate import check_error_rate
     from orchestrator.core.errors import IncompleteRun
 
     ctx = inv.context()

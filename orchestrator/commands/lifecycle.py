@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from orchestrator.commands.shared import backend_option, common_options, follow_run, require_model
+from orchestrator.commands.shared import Invocation, backend_option, common_options, follow_run, require_model
 
 
 @click.command("launch")
@@ -20,11 +20,22 @@ from orchestrator.commands.shared import backend_option, common_options, follow_
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="where --dry-run writes")
 @click.option("--follow", is_flag=True, help="then watch: relaunch failed workers until the run is complete")
 @click.option("--interval", type=float, default=10.0, show_default=True, help="seconds between checks with --follow")
-def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_run, out_dir, follow, interval):
+def launch_command(
+    inv: Invocation,
+    backend: str | None,
+    workers: int | None,
+    gpus: str | None,
+    spot_only: bool,
+    on_demand_only: bool,
+    dry_run: bool,
+    out_dir: str | None,
+    follow: bool,
+    interval: float,
+) -> int:
     """Launch one worker per planned list (never a second copy of a live worker)."""
     from orchestrator.backends import backend_for
     from orchestrator.controller.launch import launch_workers
-    from orchestrator.controller.planning import ensure_plan
+    from orchestrator.controller.plan import ensure_plan
 
     if spot_only and on_demand_only:
         raise click.UsageError("--spot and --on-demand together mean both: leave both out for that")
@@ -89,7 +100,16 @@ def launch_command(inv, backend, workers, gpus, spot_only, on_demand_only, dry_r
     metavar="SECONDS",
     help="with --deadline: provision + setup + model load of a new machine (default 600)",
 )
-def watch_command(inv, backend, interval, retries, deadline, budget, max_on_demand, restart_overhead):
+def watch_command(
+    inv: Invocation,
+    backend: str | None,
+    interval: float,
+    retries: int | None,
+    deadline: str | None,
+    budget: float | None,
+    max_on_demand: int | None,
+    restart_overhead: float | None,
+) -> int:
     """Relaunch workers whose jobs end with work left, until every chunk has a marker.
 
     With --deadline, also keep the run on schedule at the least cost: spot while progress is on
@@ -106,7 +126,7 @@ def watch_command(inv, backend, interval, retries, deadline, budget, max_on_dema
         raise click.BadParameter("--budget goes with --deadline", param_hint="--budget")
     if deadline is not None:
         from orchestrator.controller.deadline import DeadlineSettings, parse_duration
-        from orchestrator.estimate import RESTART_OVERHEAD_S
+        from orchestrator.controller.estimate import RESTART_OVERHEAD_S
 
         settings = DeadlineSettings(
             deadline_s=parse_duration(deadline),
@@ -123,11 +143,11 @@ def watch_command(inv, backend, interval, retries, deadline, budget, max_on_dema
 @backend_option
 @click.option("--follow", is_flag=True, help="then watch until the run is complete")
 @click.option("--interval", type=float, default=10.0, show_default=True)
-def resume_command(inv, backend, follow, interval):
+def resume_command(inv: Invocation, backend: str | None, follow: bool, interval: float) -> int:
     """Relaunch just the workers the remaining chunks need, from the markers in the store."""
     from orchestrator.backends import backend_for
     from orchestrator.controller.launch import launch_workers
-    from orchestrator.controller.planning import workers_needed
+    from orchestrator.controller.plan import workers_needed
 
     ctx = inv.with_flags(backend=backend).context()
     require_model(ctx)
@@ -149,7 +169,7 @@ def resume_command(inv, backend, follow, interval):
 @click.command("cancel")
 @common_options
 @backend_option
-def cancel_command(inv, backend):
+def cancel_command(inv: Invocation, backend: str | None) -> int:
     """Stop every worker of the run, tracked or not (finished rows are flushed; `orch resume` continues later).
 
     \b

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -22,7 +23,7 @@ from orchestrator.commands.shared import (
 @input_options
 @click.option("--strict", is_flag=True, help="stop at the first bad row instead of setting it aside")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-def prepare_command(inv: Invocation, sources, strict, as_json, **input_args):
+def prepare_command(inv: Invocation, sources: tuple[str, ...], strict: bool, as_json: bool, **input_args: Any) -> int:
     """Stream SOURCES (files, directories, s3://...) into chunks of OpenAI Batch requests."""
     from orchestrator.prepare import prepare_run
 
@@ -47,11 +48,13 @@ def prepare_command(inv: Invocation, sources, strict, as_json, **input_args):
     is_flag=True,
     help="also the expected time and cost per GPU candidate, spot and on-demand",
 )
-def plan_command(inv: Invocation, workers, as_json, with_estimate):
+def plan_command(inv: Invocation, workers: int | None, as_json: bool, with_estimate: bool) -> int:
     """Spread the run's chunks over workers, balanced by estimated work; write workers/<i>.txt."""
-    from orchestrator.console import console
+    from orchestrator.commands.console import console
+    from orchestrator.commands.views import render_plan
+    from orchestrator.controller.estimate import estimate_run
+    from orchestrator.controller.plan import plan_chunks, write_plan
     from orchestrator.core.records import read_manifest
-    from orchestrator.plan import plan_chunks, render_plan, write_plan
 
     flags = dict(inv.flags)
     if workers is not None:
@@ -62,7 +65,7 @@ def plan_command(inv: Invocation, workers, as_json, with_estimate):
     manifest = read_manifest(ctx.store, ctx.layout)
     plan = plan_chunks(manifest, ctx.spec.workers.count)
     write_plan(ctx.store, ctx.layout, plan)
-    est = run_estimate(ctx, manifest) if with_estimate else None
+    est = estimate_run(ctx, manifest) if with_estimate else None
     if as_json:
         doc = {
             "workers": [a.model_dump() for a in plan.workers],
@@ -76,28 +79,10 @@ def plan_command(inv: Invocation, workers, as_json, with_estimate):
     else:
         console().print(render_plan(plan))
         if est is not None:
-            from orchestrator.estimate import render_estimate
+            from orchestrator.commands.views import render_estimate
 
             console().print("", render_estimate(est), sep="\n")
     return 0
-
-
-def run_estimate(ctx, manifest):
-    """The estimate for this run as it stands: finished chunks' stats replace the table's speeds."""
-    from orchestrator.core.protocol.checkpoints import read_chunk_stats
-    from orchestrator.core.protocol.snapshot import list_done
-    from orchestrator.estimate import estimate
-    from orchestrator.pricing import load_gpu_table
-
-    return estimate(
-        load_gpu_table(),
-        ctx.spec.resources.gpus,
-        ctx.spec.workers.count,
-        manifest,
-        read_chunk_stats(ctx.store, ctx.layout),
-        set(list_done(ctx.store, ctx.layout)),
-        checkpoint_interval_s=ctx.spec.workers.checkpoint_interval,
-    )
 
 
 def register(cli: click.Group) -> None:

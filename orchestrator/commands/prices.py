@@ -20,23 +20,24 @@ import click
     default=None,
     help="start from this table instead of the one in use",
 )
-def prices_command(refresh, clouds, prices_path):
+def prices_command(refresh: bool, clouds: str | None, prices_path: str | None) -> int:
     """Show the GPU prices in use (USD per GPU-hour, spot and on-demand, per cloud) and their date.
 
     \b
     The table in use: --prices FILE or ORCH_PRICES, else the one `orch prices --refresh` last
     wrote (ORCH_HOME/prices.yaml, ORCH_HOME default ./.orch), else orch's built-in dated table.
     """
-    from orchestrator.console import console
+    from orchestrator.commands.console import console
+    from orchestrator.commands.views import render_gpu_table
+    from orchestrator.controller.pricing import load_gpu_table, refreshed_table_path
     from orchestrator.core.errors import BackendError
-    from orchestrator.pricing import load_gpu_table, refreshed_table_path, render_gpu_table
 
     table = load_gpu_table(prices_path)
     if not refresh:
         console().print(render_gpu_table(table))
         return 0
     from orchestrator.backends.skypilot_catalog import catalog_offerings
-    from orchestrator.pricing import table_from_offerings, write_gpu_table
+    from orchestrator.controller.pricing import table_from_offerings, write_gpu_table
 
     wanted = (
         [c.strip().lower() for c in clouds.split(",") if c.strip()]

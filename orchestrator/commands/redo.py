@@ -19,7 +19,7 @@ from orchestrator.commands.shared import Invocation, common_options
     required=True,
     help="a chunk id (part_00042) or its number (42); repeat for several",
 )
-def redo_command(inv: Invocation, chunks):
+def redo_command(inv: Invocation, chunks: tuple[str, ...]) -> int:
     """Drop a chunk's done marker, stats and output parts, so that the fleet runs it again.
 
     Safe while workers run: the chunk's lease is taken first, so no worker resumes it from parts
@@ -28,7 +28,7 @@ def redo_command(inv: Invocation, chunks):
     """
     from orchestrator.core.errors import InputError
     from orchestrator.core.protocol.checkpoints import redo_chunk
-    from orchestrator.core.protocol.heartbeats import read_heartbeats
+    from orchestrator.core.protocol.heartbeats import is_beating, read_heartbeats
     from orchestrator.core.protocol.layout import chunk_id
     from orchestrator.core.records import read_manifest
 
@@ -53,11 +53,11 @@ def redo_command(inv: Invocation, chunks):
             f"{chunk}: {'marker' if report.had_marker else 'no marker'}, {report.parts_removed} part(s) and "
             f"{report.stats_removed} stats entr{'y' if report.stats_removed == 1 else 'ies'} removed; it runs again"
         )
-    stale_after = 6 * ctx.spec.workers.heartbeat_interval
+    now, interval = time.time(), ctx.spec.workers.heartbeat_interval
     live = [
         w
         for w, beat in read_heartbeats(ctx.store, ctx.layout).items()
-        if beat.state != "exited" and time.time() - beat.updated_at < stale_after
+        if is_beating(beat, now=now, heartbeat_interval=interval)
     ]
     if live:
         click.echo(f"{len(live)} worker(s) running: they take it when their own work runs out")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from orchestrator.commands.shared import (
     Invocation,
-    check_error_rate,
     common_options,
     follow_run,
     input_flags,
@@ -17,6 +18,9 @@ from orchestrator.commands.shared import (
     require_model,
     say_spec_changes,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.prepare import PrepareReport
 
 
 @click.command("run")
@@ -31,18 +35,25 @@ from orchestrator.commands.shared import (
 @click.option("--strict", is_flag=True, help="stop at the first bad input row")
 @max_error_rate_option
 def run_command(
-    inv: Invocation, sources, workers, backend, out, retry_out, interval, strict, max_error_rate, **input_args
-):
+    inv: Invocation,
+    sources: tuple[str, ...],
+    workers: int | None,
+    backend: str | None,
+    out: str,
+    retry_out: str | None,
+    interval: float,
+    strict: bool,
+    max_error_rate: float,
+    **input_args: Any,
+) -> int:
     """Run SOURCES through the model end to end and write one complete output to --out.
 
     Every step is idempotent: running the same command again picks up where it stopped.
     """
-    from orchestrator.backends import backend_for
-    from orchestrator.collect import check_output, collect
-    from orchestrator.controller.launch import launch_workers
-    from orchestrator.controller.planning import ensure_plan, workers_needed
+    from orchestrator.controller.collect import check_output, collect
+    from orchestrator.controller.error_rate import check_error_rate
+    from orchestrator.controller.run import start_run
     from orchestrator.core.errors import IncompleteRun
-    from orchestrator.prepare import prepare_run
 
     # The output is checked before any work: a bad --out found after hours of it loses an evening.
     check_output(out)
@@ -56,20 +67,24 @@ def run_command(
     # Checked now, recorded once the prepare succeeded: a failed first attempt locks nothing.
     ctx = Invocation(inv.spec_file, flags).context(check=True)
     require_model(ctx)
-    # 1. prepare (a no-op when already prepared)
-    report = prepare_run(ctx, list(sources), strict=strict, progress=lambda s: click.echo(s, err=True))
-    ctx.freeze()
-    say_spec_changes(ctx)
-    print_prepare_report(ctx, report)
-    # 2. plan, 3. launch the workers the remaining chunks need
-    ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo)
-    needed, remaining = workers_needed(ctx)
-    launcher = backend_for(ctx)
-    if remaining:
-        launched = launch_workers(ctx, launcher, needed)
-        click.echo(f"launched {len(launched)} worker(s) on the {launcher.name} backend")
+
+    def prepared(report: PrepareReport) -> None:
+        say_spec_changes(ctx)
+        print_prepare_report(ctx, report)
+
+    # 1-3. prepare, plan, launch the workers the remaining chunks need (each a no-op when done)
+    started = start_run(
+        ctx,
+        list(sources),
+        strict=strict,
+        progress=lambda s: click.echo(s, err=True),
+        on_prepared=prepared,
+        echo=click.echo,
+    )
+    if started.remaining:
+        click.echo(f"launched {len(started.launched)} worker(s) on the {started.launcher.name} backend")
         # 4. watch until every chunk has a marker
-        follow_run(ctx, launcher, interval)
+        follow_run(ctx, started.launcher, interval)
     # 5. collect
     result = collect(ctx.store, ctx.layout, out, retry_out=retry_out)
     print_collect_report(result)

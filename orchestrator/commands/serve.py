@@ -29,7 +29,15 @@ from orchestrator.commands.shared import backend_option
     default=None,
     help="API keys, one per line (with ORCH_API_KEYS=K1,K2); without keys, loopback only",
 )
-def serve_command(spec_file, store, backend, host, port, models, api_keys_file):
+def serve_command(
+    spec_file: str | None,
+    store: str | None,
+    backend: str | None,
+    host: str,
+    port: int,
+    models: tuple[str, ...],
+    api_keys_file: str | None,
+) -> int:
     """Serve OpenAI's Batch API: code written for OpenAI's Files and Batches endpoints runs
     unchanged against this server, changing only base_url (and the key).
 

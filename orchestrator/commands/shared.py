@@ -1,4 +1,4 @@
-"""What several commands share: the common options, the follow loop with its live view, reports.
+"""What several commands share: the common options, the follow loop's live view, the printed reports.
 
 Command modules import from here, never from each other (an import-linter contract).
 """
@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from orchestrator.controller.error_rate import DEFAULT_MAX_ERROR_RATE
+
 if TYPE_CHECKING:
     from orchestrator.backends.base import Launcher
-    from orchestrator.collect import CollectReport
+    from orchestrator.controller.collect import CollectReport
     from orchestrator.controller.deadline import DeadlineSettings
+    from orchestrator.controller.reconcile import TickReport
     from orchestrator.core.context import RunContext
     from orchestrator.prepare import PrepareReport
-    from orchestrator.status import RunStatus
 
 
 @dataclass
@@ -148,29 +150,6 @@ def require_model(ctx: RunContext) -> None:
         )
 
 
-def current_status(ctx: RunContext, prices_path: str | None = None, launcher: Launcher | None = None) -> RunStatus:
-    """The run's status, asking the backend that launched its workers (if any did)."""
-    from orchestrator.backends import backend_for
-    from orchestrator.core.records import read_jobs
-    from orchestrator.pricing import load_gpu_table
-    from orchestrator.status import status_of
-
-    if launcher is None:
-        record, _ = read_jobs(ctx.store, ctx.layout)
-        launcher = backend_for(ctx, record.backend) if record.backend else None
-    return status_of(
-        ctx.store,
-        ctx.layout,
-        launcher,
-        now=time.time(),
-        prices=load_gpu_table(prices_path),
-        heartbeat_interval=ctx.spec.workers.heartbeat_interval,
-        default_spot=ctx.spec.resources.spot,
-        gpus=ctx.spec.resources.gpus,
-        workers_planned=ctx.spec.workers.count,
-    )
-
-
 def follow_run(
     ctx: RunContext,
     launcher: Launcher,
@@ -178,15 +157,14 @@ def follow_run(
     retries: int | None = None,
     deadline: DeadlineSettings | None = None,
 ) -> int:
-    """Reconcile until complete. On a terminal the run's status is redrawn in place each tick;
+    """Follow the run until complete. On a terminal the run's status is redrawn in place each tick;
     otherwise (logs, CI) one line per tick. Relaunch events are printed either way."""
-    from orchestrator.console import Group, LiveView, Text, console
-    from orchestrator.controller.reconcile import Reconciler, TickReport, watch
-    from orchestrator.core.errors import IncompleteRun
-    from orchestrator.status import status_view
+    from orchestrator.commands.console import Group, LiveView, Text, console
+    from orchestrator.commands.views import status_view
+    from orchestrator.controller.follow import check_complete, follow
+    from orchestrator.controller.status import current_status
 
-    out = console()
-    live = LiveView(out)
+    live = LiveView(console())
     events: list[str] = []
 
     def event(message: str) -> None:
@@ -204,35 +182,14 @@ def follow_run(
                 f"{report.live} worker(s) running"
             )
 
-    reconciler = Reconciler(ctx, launcher, retries=retries, on_event=event, deadline=deadline)
     try:
         with live.running():
-            report = watch(reconciler, interval=interval, on_tick=tick)
+            report = follow(ctx, launcher, interval, retries=retries, deadline=deadline, on_event=event, on_tick=tick)
     except KeyboardInterrupt:
         interrupted(ctx, launcher)
-    if report.complete:
-        click.echo(f"run {ctx.layout.run!r} complete: {report.chunks_total} chunks done")
-        return 0
-    if report.damaged:
-        listed = "\n  ".join(f"{chunk}: {why}" for chunk, why in sorted(report.damaged.items()))
-        chunks = " ".join(f"--chunk {chunk}" for chunk in sorted(report.damaged))
-        raise IncompleteRun(
-            f"run {ctx.layout.run!r}: every chunk has a marker, but {len(report.damaged)} are damaged:\n  {listed}",
-            hint=f"orch redo --run {ctx.layout.run} {chunks}, then orch resume --follow",
-        )
-    if report.cancelled:
-        raise IncompleteRun(
-            f"run {ctx.layout.run!r} was cancelled with {report.chunks_total - report.chunks_done} chunk(s) left",
-            hint="orch resume --follow continues it",
-        )
-    details = "\n  ".join(f"worker {w}: {why}" for w, why in sorted(report.exhausted.items()))
-    if report.decision is not None and report.decision.action == "budget":
-        details = "\n  ".join(x for x in (details, report.decision.reason) if x)
-    raise IncompleteRun(
-        f"run {ctx.layout.run!r} stopped with {report.chunks_total - report.chunks_done} chunk(s) left"
-        + (f":\n  {details}" if details else ""),
-        hint="see the worker logs (orch status shows the jobs), fix the cause, then `orch resume --follow`",
-    )
+    check_complete(ctx, report)
+    click.echo(f"run {ctx.layout.run!r} complete: {report.chunks_total} chunks done")
+    return 0
 
 
 #: After a first Ctrl-C, how long a second one has to stop the local workers.
@@ -242,6 +199,8 @@ SECOND_INTERRUPT_S = 5.0
 def interrupted(ctx: RunContext, launcher: Launcher) -> NoReturn:
     """Ctrl-C while following a run: say what goes on without a controller and what to run next;
     on the local backend, a second Ctrl-C within SECOND_INTERRUPT_S stops those workers. Exits 130."""
+    from orchestrator.controller.follow import live_jobs
+
     live = live_jobs(ctx, launcher)
     flags = run_flags(ctx)
     lines = [f"interrupted: the controller stops here; the run {ctx.layout.run!r} goes on without it"]
@@ -274,24 +233,15 @@ def run_flags(ctx: RunContext) -> str:
     return f"--run {shlex.quote(ctx.layout.run)}{store}"
 
 
-def live_jobs(ctx: RunContext, launcher: Launcher) -> dict[int, str]:
-    """worker -> job id of the run's workers whose jobs are live now."""
-    from orchestrator.core.records import read_jobs
-
-    current = {w: a.job_id for w, a in read_jobs(ctx.store, ctx.layout)[0].current_jobs().items()}
-    statuses = launcher.statuses(list(current.values())) if current else {}
-    return {w: job for w, job in current.items() if job in statuses and statuses[job].state.is_live()}
-
-
 def print_prepare_report(ctx: RunContext, report: PrepareReport) -> None:
     """What prepare made, and every row it could not take as it was: set aside, not UTF-8, other models."""
-    r = report
-    if r.already_prepared:
-        click.echo(f"run {r.run!r} is already prepared: {r.chunks} chunks, {r.rows:,} rows (nothing to do)")
+    r = report.record
+    if report.already_prepared:
+        click.echo(f"run {report.run!r} is already prepared: {r.chunks} chunks, {r.rows:,} rows (nothing to do)")
     else:
         click.echo(
-            f"prepared run {r.run!r}: {r.chunks} chunks, {r.rows:,} rows "
-            f"in {r.seconds:.1f}s ({r.rows_per_s:,.0f} rows/s)"
+            f"prepared run {report.run!r}: {r.chunks} chunks, {r.rows:,} rows "
+            f"in {report.seconds:.1f}s ({report.rows_per_s:,.0f} rows/s)"
         )
     if r.errors:
         click.echo(
@@ -329,10 +279,6 @@ def print_prepare_report(ctx: RunContext, report: PrepareReport) -> None:
             )
 
 
-#: The share of error rows above which `orch run` and `orch collect` exit with TooManyErrors.
-DEFAULT_MAX_ERROR_RATE = 0.1
-
-
 def max_error_rate_option(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--max-error-rate",
@@ -341,19 +287,6 @@ def max_error_rate_option(func: Callable[..., Any]) -> Callable[..., Any]:
         show_default=True,
         help="exit 9 (the output is still written) when a larger share of rows are errors; 1.0 never does",
     )(func)
-
-
-def check_error_rate(report: CollectReport, max_rate: float) -> None:
-    """TooManyErrors when more of the output's rows are errors than `max_rate` allows."""
-    from orchestrator.core.errors import TooManyErrors
-
-    if report.errors and report.error_rate > max_rate:
-        raise TooManyErrors(
-            f"{report.errors:,} of {report.rows_total:,} rows are errors ({report.error_rate:.1%}, more than "
-            f"--max-error-rate {max_rate:g}); the output was written to {report.out}",
-            hint="look at the error lines' messages (`error.message`); a row set aside at prepare names its "
-            "file:line. --max-error-rate 1.0 accepts any share",
-        )
 
 
 def print_collect_report(report: CollectReport) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -12,7 +12,8 @@ import click
 from orchestrator.commands.shared import Invocation, common_options
 
 if TYPE_CHECKING:
-    from orchestrator.console import Group
+    from orchestrator.commands.console import Group
+    from orchestrator.core.records import ManifestEntry
     from orchestrator.simulate import SimConfig, Summary
 
 
@@ -56,31 +57,31 @@ if TYPE_CHECKING:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="write a Gantt chart (PNG)")
 def simulate_command(
     inv: Invocation,
-    workers,
-    chunks,
-    rows_per_chunk,
-    rows_spread,
-    gpus,
-    on_demand,
-    preemptions_per_hour,
-    outages,
-    outage_hours,
-    trace,
-    restart_overhead,
-    checkpoint_interval,
-    lease_ttl,
-    base_rows_per_s,
-    seeds,
-    policy,
-    compare,
-    deadline_factor,
-    use_run,
-    prices,
-    as_json,
-    plot_path,
-):
+    workers: int,
+    chunks: int,
+    rows_per_chunk: int,
+    rows_spread: float,
+    gpus: str | None,
+    on_demand: bool,
+    preemptions_per_hour: float,
+    outages: int,
+    outage_hours: float,
+    trace: str | None,
+    restart_overhead: float,
+    checkpoint_interval: float,
+    lease_ttl: float,
+    base_rows_per_s: float,
+    seeds: int,
+    policy: str,
+    compare: bool,
+    deadline_factor: float | None,
+    use_run: bool,
+    prices: str | None,
+    as_json: bool,
+    plot_path: str | None,
+) -> int:
     """Simulate a run: how long, how much, what preemptions cost (driving orch's own protocol code)."""
-    from orchestrator.console import console
+    from orchestrator.commands.console import console
     from orchestrator.simulate import MARKETS, POLICIES, SimConfig, simulate, summarise
 
     config = SimConfig(
@@ -163,7 +164,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
-def _deadline_study(config, seeds: int, factor: float, entries, as_json: bool) -> int:
+def _deadline_study(
+    config: SimConfig, seeds: int, factor: float, entries: Sequence[ManifestEntry] | None, as_json: bool
+) -> int:
     import statistics
 
     from orchestrator.simulate import deadline_study
@@ -188,7 +191,7 @@ def _deadline_study(config, seeds: int, factor: float, entries, as_json: bool) -
     if as_json:
         click.echo(json.dumps({"config": config.model_dump(), "deadline_factor": factor, "markets": rows}))
         return 0
-    from orchestrator.console import Group, Text, console, table
+    from orchestrator.commands.console import Group, Text, console, table
 
     trace = f"{config.preemptions_per_hour:g} preemptions/h" + (
         f" + {config.outages} outage(s) of {config.outage_s / 3600:g} h" if config.outages else ""
@@ -214,7 +217,7 @@ def _deadline_study(config, seeds: int, factor: float, entries, as_json: bool) -
 
 def render(summaries: dict[str, Summary], config: SimConfig, seeds: int) -> Group:
     """One column per policy, one row per measure."""
-    from orchestrator.console import Group, Text, table
+    from orchestrator.commands.console import Group, Text, table
 
     rows: list[tuple[str, Callable[[Summary], str]]] = [
         ("makespan (h, mean)", lambda s: f"{s.makespan_h:.2f}"),

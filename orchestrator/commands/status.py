@@ -8,7 +8,7 @@ import time
 
 import click
 
-from orchestrator.commands.shared import Invocation, common_options, current_status
+from orchestrator.commands.shared import Invocation, common_options
 
 
 @click.command("status")
@@ -19,8 +19,9 @@ from orchestrator.commands.shared import Invocation, common_options, current_sta
 @click.option("--prices", type=click.Path(dir_okay=False, exists=True), default=None, help="GPU price table (YAML)")
 def status_command(inv: Invocation, as_json: bool, watch: bool, interval: float, prices: str | None) -> int:
     """Show chunks, rows, throughput, ETA, cost and every worker's state."""
-    from orchestrator.console import LiveView, console
-    from orchestrator.status import status_view, to_json
+    from orchestrator.commands.console import LiveView, console
+    from orchestrator.commands.views import status_view
+    from orchestrator.controller.status import current_status, to_json
 
     ctx = inv.context()
     out = console()

@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from orchestrator.controller.estimate import RESTART_OVERHEAD_S
 from orchestrator.core.errors import SpecError
-from orchestrator.estimate import RESTART_OVERHEAD_S
 
 Mode = Literal["complete", "critical", "behind", "on-line", "ahead"]
 Action = Literal["hold", "launch", "retire", "budget"]

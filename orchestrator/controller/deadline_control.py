@@ -20,12 +20,12 @@ from collections.abc import Callable, Mapping
 
 from orchestrator.backends.base import JobState, JobStatus, Launcher
 from orchestrator.controller.deadline import DeadlineSettings, Decision, FleetState, OnDemandWorker, decide
+from orchestrator.controller.estimate import throughput
 from orchestrator.controller.launch import launch_workers
+from orchestrator.controller.pricing import GpuTable, load_gpu_table
+from orchestrator.controller.status import RunFacts, RunStatus, derive_status, gather
 from orchestrator.core.context import RunContext
 from orchestrator.core.records import DecisionRecord, JobsRecord, update_jobs
-from orchestrator.estimate import throughput
-from orchestrator.pricing import GpuTable, load_gpu_table
-from orchestrator.status import RunStatus, derive_status, gather
 
 Event = Callable[[str], None]
 
@@ -89,7 +89,7 @@ class DeadlineControl:
         return decision
 
     def fleet_state(
-        self, status: RunStatus, record: JobsRecord, statuses: Mapping[str, JobStatus], facts, now: float
+        self, status: RunStatus, record: JobsRecord, statuses: Mapping[str, JobStatus], facts: RunFacts, now: float
     ) -> tuple[FleetState, dict[int, str]]:
         spec = self.ctx.spec
         tp = throughput(self.prices, spec.resources.gpus, facts.manifest, facts.stats)

@@ -17,10 +17,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from orchestrator.backends import backend_for
-from orchestrator.backends.base import JobStatus, Launcher, LaunchFailed, LaunchRequest, attempt_statuses
+from orchestrator.backends.base import JobStatus, Launcher, LaunchRequest, attempt_statuses
 from orchestrator.core.context import RunContext
+from orchestrator.core.errors import LaunchFailed
 from orchestrator.core.protocol.adapters import ship_adapters
 from orchestrator.core.protocol.heartbeats import live_heartbeats
 from orchestrator.core.records import CancelRecord, JobAttempt, JobsRecord, read_jobs, update_jobs
@@ -205,13 +207,15 @@ def cancel_workers(ctx: RunContext) -> Cancelled:
     launcher = backend_for(ctx, record.backend)
     live = [j for j, s in launcher.statuses(job_ids).items() if s.state.is_live()] if job_ids else []
     launcher.cancel(live)
-    fresh_s = 6 * ctx.spec.workers.heartbeat_interval
-    beats = live_heartbeats(ctx.store, ctx.layout, now=time.time(), fresh_s=fresh_s)
+    interval = ctx.spec.workers.heartbeat_interval
+    beats = live_heartbeats(ctx.store, ctx.layout, now=time.time(), heartbeat_interval=interval)
     strays = launcher.stop_strays(ctx.layout.run, job_ids, beats)
     return Cancelled(live=live, strays=strays, recorded=len(record.current_jobs()))
 
 
-def dry_run_requests(ctx: RunContext, workers: Iterable[int], out_dir, env: Mapping[str, str] | None = None):
+def dry_run_requests(
+    ctx: RunContext, workers: Iterable[int], out_dir: Path, env: Mapping[str, str] | None = None
+) -> list[Path]:
     """`orch launch --dry-run`: each worker's SkyPilot task, rendered and checked, written to out_dir."""
     from orchestrator.backends.skypilot_render import write_dry_run
 

@@ -27,20 +27,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from orchestrator.backends.base import JobState, JobStatus, Launcher, LaunchFailed, attempt_statuses
+from orchestrator.backends.base import JobState, JobStatus, Launcher, attempt_statuses
 from orchestrator.controller.deadline import DeadlineSettings, Decision
 from orchestrator.controller.deadline_control import DeadlineControl
 from orchestrator.controller.launch import launch_workers
+from orchestrator.controller.pricing import GpuTable
 from orchestrator.core.context import RunContext
-from orchestrator.core.errors import BackendError
+from orchestrator.core.errors import BackendError, CorruptRecord, LaunchFailed
 from orchestrator.core.protocol.checkpoints import find_damage
-from orchestrator.core.protocol.heartbeats import read_heartbeats
+from orchestrator.core.protocol.heartbeats import is_beating, read_heartbeats
 from orchestrator.core.protocol.leases import read_lease
 from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE, Outage
 from orchestrator.core.protocol.snapshot import RunSnapshot, take_snapshot
-from orchestrator.core.records import CorruptRecord, JobAttempt, JobsRecord, read_jobs, read_manifest, update_jobs
+from orchestrator.core.records import JobAttempt, JobsRecord, read_jobs, read_manifest, update_jobs
 from orchestrator.core.store import StoreFull, StoreUnavailable
-from orchestrator.pricing import GpuTable
 
 Event = Callable[[str], None]
 
@@ -186,12 +186,11 @@ class Reconciler:
 
     def _beating(self) -> set[str]:
         """Worker ids with a heartbeat that is fresh and not an exit."""
-        fresh = 6 * self.ctx.spec.workers.heartbeat_interval
-        now = self.clock()
+        now, interval = self.clock(), self.ctx.spec.workers.heartbeat_interval
         return {
             w
             for w, hb in read_heartbeats(self.ctx.store, self.ctx.layout).items()
-            if hb.state != "exited" and now - hb.updated_at < fresh
+            if is_beating(hb, now=now, heartbeat_interval=interval)
         }
 
     def _claimable(self, snapshot: RunSnapshot, *, check_leases: bool) -> tuple[list[str], int]:

@@ -7,13 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.core.protocol.heartbeats import read_heartbeats
+from orchestrator.core.protocol.heartbeats import is_beating, read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.spec import RunSpec, freeze_spec, load_spec, read_stored_spec
 from orchestrator.core.store import Store, open_store
-
-#: A heartbeat older than this many heartbeat intervals describes a process that is gone.
-_STALE_HEARTBEATS = 6
 
 
 @dataclass
@@ -70,9 +67,9 @@ def unlocked_fields(store: Store, layout: RunLayout, spec: RunSpec, now: float |
     produced = any(True for _ in store.list(layout.done_prefix)) or any(True for _ in store.list(layout.outputs_root))
     if not produced:
         now = time.time() if now is None else now
-        fresh = _STALE_HEARTBEATS * spec.workers.heartbeat_interval
+        interval = spec.workers.heartbeat_interval
         engaged = any(
-            hb.loaded or (hb.state != "exited" and now - hb.updated_at <= fresh)
+            hb.loaded or is_beating(hb, now=now, heartbeat_interval=interval)
             for hb in read_heartbeats(store, layout).values()
         )
         if not engaged:

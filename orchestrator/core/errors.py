@@ -73,6 +73,90 @@ class TooManyErrors(OrchError):
     exit_code = 9
 
 
+class CorruptOutput(OrchError):
+    """A part's bytes do not match its done marker."""
+
+    exit_code = 8
+
+
+class OutputError(OrchError):
+    """The output cannot be written as asked: a format orch does not write, a directory that refuses it."""
+
+
+class LaunchFailed(BackendError):
+    """Some workers could not be submitted. Those that were are in `launched`, so none is lost track of."""
+
+    def __init__(self, launched: dict[int, str], failures: dict[int, str], hint: str | None = None):
+        lines = "\n  ".join(f"worker {w}: {reason}" for w, reason in sorted(failures.items()))
+        super().__init__(f"launch: {len(failures)} worker(s) not submitted:\n  {lines}", hint=hint)
+        self.launched = launched
+        self.failures = failures
+
+
+class CorruptRecord(OrchError):
+    """An object in the store does not parse as the document its key says it is."""
+
+
+class StoreContention(OrchError):
+    """A document kept changing under a read-change-write: many writers at once."""
+
+
+class ChunkBusy(OrchError):
+    """`orch redo` of a chunk a worker is working on (it has no marker: nothing to redo yet)."""
+
+
+class OutageTooLong(OrchError):
+    """The store stayed unreachable for longer than the outage budget."""
+
+    #: sysexits' EX_TEMPFAIL: the controller (and SkyPilot's `recover_on_exit_codes`) starts such a
+    #: worker again without counting a failure.
+    exit_code = 75
+
+
+class StoreError(OrchError):
+    """The store could not be reached or refused an operation (after retries)."""
+
+
+class StoreUnavailable(StoreError):
+    """The store did not answer (unreachable, timed out, 5xx, throttled) after the client's own retries.
+
+    A passing condition, not a refusal: workers and `orch watch` wait it out for their outage budget
+    (core/protocol/outage.py); interactive commands report it.
+    """
+
+
+class StoreFull(StoreUnavailable):
+    """The file system under a local store has no space left (ENOSPC, EDQUOT). Waited out like an
+    outage by workers and `orch watch` (someone frees space); one ERROR line for other commands."""
+
+
+class StoreBusy(StoreUnavailable):
+    """Another process held a local store's write lock for longer than `store_settings.lock_timeout`."""
+
+
+class NotFound(StoreError):
+    """The key does not exist."""
+
+    def __init__(self, key: str):
+        super().__init__(f"no object at {key!r}", where=None)
+        self.key = key
+
+
+class PreconditionFailed(StoreError):
+    """A conditional write lost: the key already exists (put_if_absent) or changed (compare_and_swap).
+
+    This is an expected outcome of races between workers, not a failure: callers branch on it.
+    """
+
+    def __init__(self, key: str):
+        super().__init__(f"precondition failed for {key!r}")
+        self.key = key
+
+
+class InvalidKey(StoreError):
+    """A key that would escape the store root or that the backends cannot hold."""
+
+
 def render_error(error: OrchError, stream: TextIO | None = None) -> None:
     """The one way an error reaches a user: a red ERROR line and a yellow hint on a terminal, plain
     text elsewhere; the traceback too with ORCH_DEBUG=1. Call it while handling the exception."""

@@ -44,7 +44,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.core.errors import OrchError, RunNotFound
+from orchestrator.core.errors import CorruptRecord, RunNotFound, StoreContention
 from orchestrator.core.protocol.layout import RunLayout, ServeLayout, decode_key_record
 from orchestrator.core.store import NotFound, PreconditionFailed, Store
 
@@ -91,14 +91,6 @@ class KeyRecord(Record):
     @classmethod
     def from_key(cls: type[K], text: str) -> K:
         return cls.model_validate(decode_key_record(text, tuple(cls.model_fields)))
-
-
-class CorruptRecord(OrchError):
-    """An object in the store does not parse as the document its key says it is."""
-
-
-class StoreContention(OrchError):
-    """A document kept changing under a read-change-write: many writers at once."""
 
 
 def parse_record(cls: type[R], data: bytes, where: str) -> R:

@@ -17,7 +17,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.context import RunContext
@@ -42,28 +42,27 @@ _EXCERPT = 200
 
 @dataclass
 class PrepareReport:
+    """What one prepare call found or made: the run's prepare record, and how long the call took."""
+
     run: str
-    chunks: int
-    rows: int
-    errors: int
-    errors_key: str | None
+    record: PrepareRecord
     already_prepared: bool
     seconds: float
-    #: The first few bad rows, `file:line: what is wrong` (all of them are in the errors file).
-    first_errors: list[str] = field(default_factory=list)
-    #: Models the input lines named themselves, and how many lines named each.
-    models: dict[str, int] = field(default_factory=dict)
-    #: Rows kept with bytes that are not UTF-8 (read as U+FFFD), and how many bytes.
-    not_utf8_rows: int = 0
-    not_utf8_bytes: int = 0
-    first_not_utf8: list[str] = field(default_factory=list)
 
     @property
     def rows_per_s(self) -> float:
-        return self.rows / self.seconds if self.seconds > 0 else 0.0
+        return self.record.rows / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "rows_per_s": round(self.rows_per_s, 1)}
+        """The report as `orch prepare --json` prints it: the record's counts, not its input identity."""
+        counts = self.record.model_dump(mode="json", exclude={"identity", "created_at"})
+        return {
+            "run": self.run,
+            **counts,
+            "already_prepared": self.already_prepared,
+            "seconds": self.seconds,
+            "rows_per_s": round(self.rows_per_s, 1),
+        }
 
 
 def prepare_run(
@@ -136,24 +135,7 @@ def prepare_run(
         first_not_utf8=rows_in.not_utf8.first,
     )
     store.put(layout.prepare_record, record.to_bytes())
-    return _report(layout.run, record, already=False, seconds=time.monotonic() - started)
-
-
-def _report(run: str, record: PrepareRecord, *, already: bool, seconds: float) -> PrepareReport:
-    return PrepareReport(
-        run,
-        record.chunks,
-        record.rows,
-        record.errors,
-        record.errors_key,
-        already,
-        seconds,
-        record.first_errors,
-        record.models,
-        record.not_utf8_rows,
-        record.not_utf8_bytes,
-        record.first_not_utf8,
-    )
+    return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
 
 
 def _identity(ctx: RunContext, files: list[SourceFile]) -> dict[str, Any]:
@@ -179,7 +161,7 @@ def _already_prepared(ctx: RunContext, done: PrepareRecord, files: list[SourceFi
             where=ctx.layout.prepare_record,
             hint="use a new --run name for different data",
         )
-    return _report(ctx.layout.run, done, already=True, seconds=time.monotonic() - started)
+    return PrepareReport(ctx.layout.run, done, already_prepared=True, seconds=time.monotonic() - started)
 
 
 def _differences(identity: dict[str, Any], files: list[SourceFile]) -> list[str]:

@@ -7,6 +7,7 @@ applied by the worker at run time, so a default changed before launch is not bak
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,13 @@ class Request:
     named_model: str | None = None
 
 
-def make_converter(spec_input: InputSpec, sampling: SamplingSpec, model: str | None, runner: str = "generate"):
+#: What `make_converter` gives: (record, source name, row number) -> the row's request.
+Converter = Callable[[dict[str, Any], str, int], "Request"]
+
+
+def make_converter(
+    spec_input: InputSpec, sampling: SamplingSpec, model: str | None, runner: str = "generate"
+) -> Converter:
     """The function turning (record, source name, row number) into a Request, for the spec's format
     and the run's runner (a pooling run embeds: openai-batch embeddings lines, or text to embed)."""
     fmt = spec_input.format
@@ -53,7 +60,10 @@ def make_converter(spec_input: InputSpec, sampling: SamplingSpec, model: str | N
 
         return refuse
 
-    def with_id(build, named=lambda _record: None):
+    def with_id(
+        build: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]],
+        named: Callable[[dict[str, Any]], str | None] = lambda _record: None,
+    ) -> Converter:
         def convert(record: dict[str, Any], source: str, number: int) -> Request:
             custom_id = _custom_id(record, spec_input.id_column, source, number)
             url, body = build(record)

@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
 from orchestrator.core.errors import InputError
+from orchestrator.core.store import Store
 
 SUFFIXES = (".jsonl.gz", ".jsonl", ".parquet")
 #: Parquet rows are read this many at a time: memory stays bounded whatever the file's size.
@@ -79,7 +80,7 @@ def count_rows(source: SourceFile) -> int:
         import pyarrow.parquet as pq
 
         with _local_copy(source) as path:
-            return pq.ParquetFile(path).metadata.num_rows
+            return int(pq.ParquetFile(path).metadata.num_rows)
     count = 0
     with _open_text_bytes(source) as f:
         for line in f:
@@ -148,7 +149,7 @@ def _read_ahead(batches: Iterator[Any], depth: int = 2) -> Iterator[Any]:
     import queue
     import threading
 
-    q: queue.Queue = queue.Queue(maxsize=depth)
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
     done = object()
     stop = threading.Event()
 
@@ -244,7 +245,7 @@ def _is_remote(source: str) -> bool:
     return source.startswith(("s3://", "r2://"))
 
 
-def _bucket_store(source: str):
+def _bucket_store(source: str) -> tuple[Store, str]:
     """A store at the bucket's root, with the endpoint settings of the URI (query or environment)."""
     from orchestrator.core.store.s3 import from_uri
 

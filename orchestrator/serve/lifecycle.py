@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.backends import backend_for
-from orchestrator.collect import collect
-from orchestrator.controller.launch import cancel_workers, launch_workers
-from orchestrator.controller.planning import ensure_plan
+from orchestrator.controller.collect import collect
+from orchestrator.controller.launch import cancel_workers
 from orchestrator.controller.reconcile import Reconciler
+from orchestrator.controller.run import start_run
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError, OrchError, SpecError
 from orchestrator.core.lines import BatchError, BatchOutputLine
@@ -47,11 +47,9 @@ from orchestrator.core.records import (
     cas_update,
     read_batch,
     read_file_record,
-    read_manifest,
     read_record,
 )
 from orchestrator.core.spec import ModelSpec, RunSpec, freeze_spec, read_stored_spec
-from orchestrator.prepare import prepare_run
 from orchestrator.prepare.formats import URLS
 from orchestrator.serve.errors import APIError, not_found
 from orchestrator.serve.files import owned_file, save_file, valid_id
@@ -267,12 +265,7 @@ class Batches:
         """Prepare (once), plan and launch the batch's run; returns the workers launched now."""
         ctx = self.run_context(batch.id, served)
         assert ctx is not None  # made from the served model when new
-        if read_record(self.store, ctx.layout.prepare_record, PrepareRecord) is None:
-            prepare_run(ctx, [str(path)])
-        chunks = len(read_manifest(self.store, ctx.layout))
-        plan = ensure_plan(ctx, max(1, min(ctx.spec.workers.count, chunks)))
-        launched = launch_workers(ctx, backend_for(ctx), [a.worker for a in plan.workers])
-        return len(launched)
+        return len(start_run(ctx, [str(path)], at_most_one_worker_per_chunk=True).launched)
 
     def _progress(self, batch: BatchDocument) -> None:
         """One reconcile tick; then the end when every chunk is done (or nothing can run), else fresh counts."""

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.controller.deadline import DeadlineSettings
+from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.core.protocol.layout import chunk_id
 from orchestrator.core.records import ManifestEntry
-from orchestrator.pricing import GpuTable, load_gpu_table
 from orchestrator.simulate.config import SimConfig
 from orchestrator.simulate.fleet import ORCH, POLICIES, SKYPILOT_EXAMPLE, Fleet, FleetResult, Policy
 from orchestrator.simulate.traces import Trace, bursty_trace, load_trace, poisson_trace
@@ -138,7 +138,10 @@ class Summary:
 
 
 def summarise(results: Sequence[FleetResult]) -> Summary:
-    mean = lambda xs: statistics.fmean(xs) if xs else 0.0  # noqa: E731
+
+    def mean(xs: Sequence[float]) -> float:
+        return statistics.fmean(xs) if xs else 0.0
+
     return Summary(
         policy=results[0].policy,
         runs=len(results),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from orchestrator.controller.estimate import RESTART_OVERHEAD_S
 from orchestrator.core.spec import DEFAULT_GPUS
-from orchestrator.estimate import RESTART_OVERHEAD_S
 
 
 class SimConfig(BaseModel):

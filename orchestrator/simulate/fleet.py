@@ -32,8 +32,11 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.controller.deadline import DeadlineSettings, Decision, FleetState, OnDemandWorker, decide
+from orchestrator.controller.plan import contiguous_split, plan_chunks
+from orchestrator.controller.pricing import GpuTable
 from orchestrator.core.protocol.checkpoints import ChunkJob, RowStat
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RescuePolicy, RunView
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
@@ -41,8 +44,6 @@ from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
 from orchestrator.core.records import Heartbeat, ManifestEntry, PlanRecord, WorkerAssignment
 from orchestrator.core.store.memory import MemoryStore
-from orchestrator.plan import contiguous_split, plan_chunks
-from orchestrator.pricing import GpuTable
 from orchestrator.simulate.config import SimConfig
 from orchestrator.simulate.traces import Trace
 
@@ -127,7 +128,7 @@ class Segment:
 class _Session:
     """One worker's pass over one chunk."""
 
-    job: ChunkJob
+    job: ChunkJob[Any]
     keeper: LeaseKeeper
     start: float
     remaining: list[int]
@@ -174,7 +175,7 @@ class FleetResult:
     markers: int
     preemptions: int
     rescues: int
-    workers: list[dict]
+    workers: list[dict[str, Any]]
     segments: list[Segment] = field(repr=False, default_factory=list)
     deadline_s: float | None = None
     on_demand_launched: int = 0
@@ -579,7 +580,10 @@ class Fleet:
         for w in self.workers:
             if w.billed_since is not None:  # still up at the end (only if the run did not finish)
                 self._bill(w, end)
-        hours = lambda kind: sum(s.end - s.start for s in self.segments if s.kind == kind) / 3600  # noqa: E731
+
+        def hours(kind: str) -> float:
+            return sum(s.end - s.start for s in self.segments if s.kind == kind) / 3600
+
         idle_tail = sum(max(end - w.exited_at, 0.0) for w in self.workers if w.exited_at is not None) / 3600
         return FleetResult(
             policy=self.policy.name,

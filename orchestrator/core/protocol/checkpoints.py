@@ -27,10 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from orchestrator.core.errors import OrchError
+from orchestrator.core.errors import ChunkBusy, CorruptRecord
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import Clock, LeaseKeeper, acquire, read_lease, release
-from orchestrator.core.records import ChunkStats, CorruptRecord, DoneMarker, PartRef, read_record
+from orchestrator.core.records import ChunkStats, DoneMarker, PartRef, read_record
 from orchestrator.core.store import NotFound, ObjectInfo, PreconditionFailed, Store, StoreError, ignore_stray
 
 
@@ -242,10 +242,6 @@ def read_chunk_stats(store: Store, layout: RunLayout) -> dict[str, tuple[float, 
         except ValueError:
             ignore_stray(info.key, "not a stats entry of this orch version")
     return out
-
-
-class ChunkBusy(OrchError):
-    """`orch redo` of a chunk a worker is working on (it has no marker: nothing to redo yet)."""
 
 
 @dataclass

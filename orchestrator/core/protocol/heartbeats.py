@@ -10,6 +10,15 @@ from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import Heartbeat, HeartbeatSummary
 from orchestrator.core.store import Store, StoreError, ignore_stray
 
+#: A heartbeat older than this many heartbeat intervals describes a process that is gone: the
+#: one rule status, reconcile, cancel, redo and the spec's unlocking all judge liveness by.
+STALE_AFTER_BEATS = 6
+
+
+def is_beating(beat: HeartbeatSummary | Heartbeat, *, now: float, heartbeat_interval: float) -> bool:
+    """The process that wrote `beat` still runs: it has not exited and beat within STALE_AFTER_BEATS intervals."""
+    return beat.state != "exited" and now - beat.updated_at <= STALE_AFTER_BEATS * heartbeat_interval
+
 
 class HeartbeatPublisher:
     """Rewrites one worker's heartbeat: the new key first, then the previous one is deleted.
@@ -100,14 +109,14 @@ def older_twin(
     return None
 
 
-def live_heartbeats(store: Store, layout: RunLayout, *, now: float, fresh_s: float) -> list[Heartbeat]:
-    """The full heartbeat (host and pid included) of every process that heartbeated within `fresh_s`
-    and has not exited: one listing, then one GET per such process."""
+def live_heartbeats(store: Store, layout: RunLayout, *, now: float, heartbeat_interval: float) -> list[Heartbeat]:
+    """The full heartbeat (host and pid included) of every process still beating (`is_beating`):
+    one listing, then one GET per such process."""
     prefix = layout.heartbeats_prefix
     bodies = []
     for info in store.list(prefix):
         summary = _decode(info.key[len(prefix) :].partition("/")[2])
-        if summary is None or summary.state == "exited" or now - summary.updated_at > fresh_s:
+        if summary is None or not is_beating(summary, now=now, heartbeat_interval=heartbeat_interval):
             continue
         with contextlib.suppress(StoreError, ValueError):
             bodies.append(Heartbeat.from_bytes(store.get(info.key).data))

@@ -20,9 +20,10 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from orchestrator.core.errors import CorruptRecord
 from orchestrator.core.protocol.crashes import inherit
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.records import CorruptRecord, Lease, cas_update, read_record
+from orchestrator.core.records import Lease, cas_update, read_record
 from orchestrator.core.store import NotFound, PreconditionFailed, Store, ignore_stray
 
 Clock = Callable[[], float]

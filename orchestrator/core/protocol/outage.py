@@ -15,19 +15,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from orchestrator.core.errors import OrchError
+# The worker imports OutageTooLong from here, beside the exit code it means.
+from orchestrator.core.errors import OutageTooLong as OutageTooLong
 from orchestrator.core.store import StoreError
 
 #: A worker's exit code when the store stayed unreachable past its budget (sysexits' EX_TEMPFAIL).
-EXIT_STORE_UNREACHABLE = 75
+EXIT_STORE_UNREACHABLE = OutageTooLong.exit_code
 FIRST_PAUSE_S = 1.0
 MAX_PAUSE_S = 30.0
-
-
-class OutageTooLong(OrchError):
-    """The store stayed unreachable for longer than the outage budget."""
-
-    exit_code = EXIT_STORE_UNREACHABLE
 
 
 class Outage:

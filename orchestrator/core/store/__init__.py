@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.core.store.base import (
-    Blob,
+from orchestrator.core.errors import (
     InvalidKey,
     NotFound,
-    ObjectInfo,
     PreconditionFailed,
-    RequestCounter,
-    Store,
     StoreBusy,
     StoreError,
     StoreFull,
-    StoreSettings,
     StoreUnavailable,
+)
+from orchestrator.core.store.base import (
+    Blob,
+    ObjectInfo,
+    RequestCounter,
+    Store,
+    StoreSettings,
     ignore_stray,
 )
 

@@ -11,57 +11,13 @@ from typing import BinaryIO, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.core.errors import OrchError
+from orchestrator.core.errors import InvalidKey
 
 #: How many keys one list request returns (S3's maximum; the local store pages the same way).
 LIST_PAGE_SIZE = 1000
 
 log = logging.getLogger("orch.store")
 _strays: set[str] = set()
-
-
-class StoreError(OrchError):
-    """The store could not be reached or refused an operation (after retries)."""
-
-
-class StoreUnavailable(StoreError):
-    """The store did not answer (unreachable, timed out, 5xx, throttled) after the client's own retries.
-
-    A passing condition, not a refusal: workers and `orch watch` wait it out for their outage budget
-    (core/protocol/outage.py); interactive commands report it.
-    """
-
-
-class StoreFull(StoreUnavailable):
-    """The file system under a local store has no space left (ENOSPC, EDQUOT). Waited out like an
-    outage by workers and `orch watch` (someone frees space); one ERROR line for other commands."""
-
-
-class StoreBusy(StoreUnavailable):
-    """Another process held a local store's write lock for longer than `store_settings.lock_timeout`."""
-
-
-class NotFound(StoreError):
-    """The key does not exist."""
-
-    def __init__(self, key: str):
-        super().__init__(f"no object at {key!r}", where=None)
-        self.key = key
-
-
-class PreconditionFailed(StoreError):
-    """A conditional write lost: the key already exists (put_if_absent) or changed (compare_and_swap).
-
-    This is an expected outcome of races between workers, not a failure: callers branch on it.
-    """
-
-    def __init__(self, key: str):
-        super().__init__(f"precondition failed for {key!r}")
-        self.key = key
-
-
-class InvalidKey(StoreError):
-    """A key that would escape the store root or that the backends cannot hold."""
 
 
 class StoreSettings(BaseModel):

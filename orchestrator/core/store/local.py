@@ -33,17 +33,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Concatenate, ParamSpec, TypeVar
 
+from orchestrator.core.errors import InvalidKey, NotFound, PreconditionFailed, StoreBusy, StoreError, StoreFull
 from orchestrator.core.store.base import (
     LIST_PAGE_SIZE,
     Blob,
-    InvalidKey,
-    NotFound,
     ObjectInfo,
-    PreconditionFailed,
     RequestCounter,
-    StoreBusy,
-    StoreError,
-    StoreFull,
     check_key,
 )
 

@@ -11,12 +11,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
+from orchestrator.core.errors import NotFound, PreconditionFailed
 from orchestrator.core.store.base import (
     LIST_PAGE_SIZE,
     Blob,
-    NotFound,
     ObjectInfo,
-    PreconditionFailed,
     RequestCounter,
     check_key,
 )

@@ -20,16 +20,13 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 from urllib.parse import parse_qs, urlparse
 
+from orchestrator.core.errors import NotFound, PreconditionFailed, StoreError, StoreUnavailable
 from orchestrator.core.store.base import (
     LIST_PAGE_SIZE,
     Blob,
-    NotFound,
     ObjectInfo,
-    PreconditionFailed,
     RequestCounter,
-    StoreError,
     StoreSettings,
-    StoreUnavailable,
     check_key,
     ignore_stray,
 )

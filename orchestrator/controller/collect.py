@@ -26,12 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.errors import OrchError
+from orchestrator.core.errors import CorruptOutput, CorruptRecord, OutputError
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.parts import iter_part_lines
 from orchestrator.core.records import (
-    CorruptRecord,
     DoneMarker,
     ManifestEntry,
     PrepareError,
@@ -42,12 +41,6 @@ from orchestrator.core.records import (
 from orchestrator.core.store import NotFound, Store
 
 EXAMPLES = 5
-
-
-class CorruptOutput(OrchError):
-    """A part's bytes do not match its done marker."""
-
-    exit_code = 8
 
 
 @dataclass
@@ -88,15 +81,11 @@ class CollectReport:
             self.examples[kind].append(str(custom_id))
 
 
-class OutputError(OrchError):
-    """The output cannot be written as asked: a format orch does not write, a directory that refuses it."""
-
-
 #: File name endings and the format each one means.
 OUTPUT_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
 
 
-def output_format(out: str | os.PathLike, fmt: str | None) -> str:
+def output_format(out: str | os.PathLike[str], fmt: str | None) -> str:
     """The format to write: --format, else the file name's ending (anything else is refused, never
     silently written as JSONL)."""
     if fmt:
@@ -110,7 +99,7 @@ def output_format(out: str | os.PathLike, fmt: str | None) -> str:
     )
 
 
-def check_output(out: str | os.PathLike, fmt: str | None = None) -> str:
+def check_output(out: str | os.PathLike[str], fmt: str | None = None) -> str:
     """Before any work: the output's format, and that its directory exists or can be made, and is
     writable. Returns the format."""
     fmt = output_format(out, fmt)
@@ -126,7 +115,7 @@ def check_output(out: str | os.PathLike, fmt: str | None = None) -> str:
     return fmt
 
 
-def _unwritable(out: str | os.PathLike, e: OSError) -> OutputError:
+def _unwritable(out: str | os.PathLike[str], e: OSError) -> OutputError:
     return OutputError(
         f"cannot write {out}: {e.strerror or e}", hint="choose another --out, or make its directory writable"
     )
@@ -135,10 +124,10 @@ def _unwritable(out: str | os.PathLike, e: OSError) -> OutputError:
 def collect(
     store: Store,
     layout: RunLayout,
-    out: str | os.PathLike,
+    out: str | os.PathLike[str],
     *,
     fmt: str | None = None,
-    retry_out: str | os.PathLike | None = None,
+    retry_out: str | os.PathLike[str] | None = None,
 ) -> CollectReport:
     fmt = check_output(out, fmt)
     if retry_out:
@@ -284,7 +273,7 @@ def _input_rows(store: Store, layout: RunLayout, entry: ManifestEntry) -> Iterat
 class _Writer:
     """JSONL lines, or Parquet row groups (the part codec's columns plus a few flattened ones)."""
 
-    def __init__(self, out: str | os.PathLike, fmt: str):
+    def __init__(self, out: str | os.PathLike[str], fmt: str):
         self.out = Path(out)
         self.fmt = fmt
         try:
@@ -339,7 +328,7 @@ class _Writer:
 
 
 class _RetryWriter:
-    def __init__(self, path: str | os.PathLike | None):
+    def __init__(self, path: str | os.PathLike[str] | None):
         self.path = Path(path) if path else None
         self.count = 0
         self.file = None
@@ -371,7 +360,7 @@ class _RetryWriter:
                 os.unlink(self.tmp)
 
 
-def _parquet_schema():
+def _parquet_schema() -> Any:
     import pyarrow as pa
 
     return pa.schema(

@@ -22,7 +22,7 @@ from rich.text import Text
 #: Off a terminal nothing is wrapped: a log line or a pipe gets the whole row.
 _UNWRAPPED = 100_000
 
-__all__ = ["Group", "LiveView", "Text", "console", "table", "to_text"]
+__all__ = ["Group", "LiveView", "Table", "Text", "console", "table", "to_text"]
 
 
 def console(file: TextIO | None = None) -> Console:

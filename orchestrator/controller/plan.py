@@ -1,4 +1,4 @@
-"""`orch plan`: every chunk to exactly one worker, balanced by estimated work, deterministic.
+"""The plan: every chunk to exactly one worker, balanced by estimated work, deterministic; and what is still needed.
 
 Balancing is greedy longest-processing-time: chunks from the heaviest down, each to the worker
 with the least work so far (a heap). It is within 4/3 of the best possible makespan in theory and
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from orchestrator.console import Group, Text, table
+from orchestrator.core.context import RunContext
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment
+from orchestrator.core.protocol.snapshot import list_done
+from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment, read_manifest, read_plan
 from orchestrator.core.store import Store
 
 
@@ -70,30 +71,27 @@ def write_plan(store: Store, layout: RunLayout, plan: PlanRecord) -> None:
     store.put(layout.plan, plan.to_bytes())
 
 
-def render_plan(plan: PlanRecord) -> Group:
-    """One row per worker (chunks, rows, estimated tokens, share), then the balance."""
-    total = max(plan.est_tokens, 1)
-    grid = table(
-        "worker", "chunks", "rows", "est. tokens", "share", right=("worker", "chunks", "rows", "est. tokens", "share")
-    )
-    for a in plan.workers:
-        grid.add_row(
-            str(a.worker), str(len(a.chunks)), f"{a.rows:,}", f"{a.est_tokens:,}", f"{100 * a.est_tokens / total:.1f}%"
-        )
-    loads = [a.est_tokens for a in plan.workers]
-    mean = sum(loads) / len(loads)
-    lines = [
-        Text(
-            f"{plan.chunks} chunks, {plan.rows:,} rows over {len(plan.workers)} workers; "
-            f"largest load {max(loads) / mean if mean else 1:.3f}x the mean"
-        )
-    ]
-    empty = sum(1 for a in plan.workers if not a.chunks)
-    if empty:
-        lines.append(
-            Text(
-                f"note: {empty} worker(s) have no chunk of their own (fewer chunks than workers); "
-                "they will take over other workers' chunks"
-            )
-        )
-    return Group(grid, *lines)
+def ensure_plan(
+    ctx: RunContext, workers: int, echo: Callable[[str], None] = lambda _line: None, *, write: bool = True
+) -> PlanRecord:
+    """The run's plan, made (or remade) when there is none or it was made for another worker count.
+    With `write=False` (a dry run) a new plan is only made, not recorded."""
+    plan = read_plan(ctx.store, ctx.layout)
+    if plan is not None and len(plan.workers) == workers:
+        return plan
+    plan = plan_chunks(read_manifest(ctx.store, ctx.layout), workers)
+    if write:
+        write_plan(ctx.store, ctx.layout, plan)
+    echo(f"planned {plan.chunks} chunks over {workers} workers" + ("" if write else " (not recorded: dry run)"))
+    return plan
+
+
+def workers_needed(ctx: RunContext) -> tuple[list[int], list[str]]:
+    """(workers to launch, unfinished chunks). Workers whose own lists hold unfinished chunks come
+    first; if the unfinished chunks are fewer than the workers, fewer workers are enough (the
+    others' leftovers are stolen)."""
+    plan = read_plan(ctx.store, ctx.layout) or ensure_plan(ctx, ctx.spec.workers.count)
+    done = list_done(ctx.store, ctx.layout)
+    remaining = [c for a in plan.workers for c in a.chunks if c not in done]
+    with_work = [a.worker for a in plan.workers if any(c not in done for c in a.chunks)]
+    return with_work[: max(1, min(len(with_work), len(remaining)))] if remaining else [], remaining

@@ -10,7 +10,7 @@
    (checkpoints.find_damage): a run is complete only when nothing is damaged. The backend is
    asked for the state of each worker's current job.
 2. `derive_status` turns those facts into the view: plain data, no I/O.
-3. `status_view` (a rich renderable) and `to_json` show it.
+3. `to_json` gives it to scripts; `orch status` shows it (commands/views.py: `status_view`).
 
 JSON shape (stable for scripts):
     run, backend, complete (bool: every chunk has a marker, and none is damaged), backend_note (str|null),
@@ -30,7 +30,7 @@ JSON shape (stable for scripts):
                heartbeat_age_s, uptime_s, failure_reason (why its current job failed) | null,
                log (its log file, or the command that shows it) | null}],
     estimate: {gpu, workers, tokens_per_s_per_worker, measured, spot_hours, spot_usd, on_demand_hours,
-               on_demand_usd} | null (what is left, on the fleet any_of picks; orchestrator/estimate.py),
+               on_demand_usd} | null (what is left, on the fleet any_of picks; orchestrator/controller/estimate.py),
     deadline: the deadline policy's latest decision | null ({at, deadline_s, budget_usd, action,
               mode, reason, launch, retire, elapsed_s, progress, line, need_rows_per_s,
               have_rows_per_s, slack_s}; orchestrator/controller/deadline.py)
@@ -44,16 +44,17 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.backends.base import STATE_COLOURS, JobState, JobStatus, Launcher, attempt_statuses
-from orchestrator.console import Group, Text, table
+from orchestrator.backends.base import JobState, JobStatus, Launcher, attempt_statuses
+from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.core import worker_ids
+from orchestrator.core.context import RunContext
+from orchestrator.core.errors import CorruptRecord
 from orchestrator.core.protocol.checkpoints import find_damage, read_chunk_stats
-from orchestrator.core.protocol.heartbeats import read_heartbeats
+from orchestrator.core.protocol.heartbeats import is_beating, read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.snapshot import list_done
 from orchestrator.core.records import (
     ChunkStats,
-    CorruptRecord,
     DecisionRecord,
     HeartbeatSummary,
     JobAttempt,
@@ -69,24 +70,6 @@ from orchestrator.core.records import (
     read_record,
 )
 from orchestrator.core.store import Store
-from orchestrator.pricing import GpuTable
-
-#: A heartbeat older than this many heartbeat intervals means the process is gone or stuck.
-STALE_HEARTBEATS = 6
-#: The columns of the workers table.
-WORKER_COLUMNS = (
-    "worker",
-    "state",
-    "accel",
-    "where",
-    "spot",
-    "chunk",
-    "progress",
-    "own done",
-    "finished",
-    "tok/s",
-    "beat",
-)
 
 
 @dataclass
@@ -256,11 +239,7 @@ def derive_status(
         status = facts.statuses.get(attempt.job_id) if attempt else None
         hb = facts.heartbeats.get(name)
         age = now - hb.updated_at if hb else None
-        live = (
-            hb
-            if hb is not None and hb.state != "exited" and (age or 0) <= STALE_HEARTBEATS * heartbeat_interval
-            else None
-        )
+        live = hb if hb is not None and is_beating(hb, now=now, heartbeat_interval=heartbeat_interval) else None
         view = WorkerView(
             worker=name,
             state=(status.state.value if status else JobState.UNKNOWN.value) if attempt else "NOT LAUNCHED",
@@ -347,7 +326,7 @@ def _overall(finished: Sequence[tuple[float, ChunkStats]], jobs: JobsRecord) -> 
 
 
 def _estimate(facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: int | None) -> dict[str, Any] | None:
-    from orchestrator.estimate import estimate
+    from orchestrator.controller.estimate import estimate
 
     try:
         est = estimate(
@@ -377,106 +356,6 @@ def to_json(status: RunStatus) -> dict[str, Any]:
     return asdict(status)
 
 
-def status_view(status: RunStatus) -> Group:
-    """The run at a glance: the head lines, then one row per worker (orchestrator.console prints it)."""
-    c, r = status.chunks, status.rows
-    pct = 100 * c["done"] / c["total"] if c["total"] else 100.0
-    eta = _duration(status.eta_s) if status.eta_s is not None else "unknown"
-    title = Text.assemble((f"run {status.run}", "bold"), f"  ({status.backend or 'not launched'})")
-    if status.complete:
-        title.append("  COMPLETE", style="bold green")
-    head: list[Text] = [
-        title,
-        Text(
-            f"chunks {c['done']}/{c['total']} ({pct:.0f}%)   rows {r['done']:,}/{r['total']:,} done"
-            f" (+{r['in_progress']:,} in progress)   errors {r['errors']:,}"
-            + (f"   set aside at prepare {r['set_aside']:,}" if r.get("set_aside") else "")
-        ),
-        Text(_pace_line(status, eta)),
-    ]
-    if status.estimate and not status.complete:
-        e = status.estimate
-        head.append(
-            Text(
-                f"estimate left on {e['workers']} x {e['gpu']} ({'measured' if e['measured'] else 'table'} "
-                f"{e['tokens_per_s_per_worker']:,.0f} tok/s each): {_duration(e['spot_hours'] * 3600)} / "
-                f"${e['spot_usd']:,.2f} on spot, {_duration(e['on_demand_hours'] * 3600)} / "
-                f"${e['on_demand_usd']:,.2f} on demand"
-            )
-        )
-    if status.deadline:
-        d = status.deadline
-        colour = {"critical": "red", "behind": "yellow"}.get(str(d.get("mode")), "green")
-        head.append(
-            Text.assemble(
-                (f"deadline {_duration(d['deadline_s'])}", "bold"),
-                (f" [{d.get('mode')}]", colour),
-                f" progress {d.get('progress', 0):.1%} vs line {d.get('line', 0):.1%}; last decision: "
-                f"{d.get('action')}: {d.get('reason')}"
-                + (f" (budget ${d['budget_usd']:,.2f})" if d.get("budget_usd") else ""),
-            )
-        )
-    if status.backend_note:
-        head.append(Text(f"warning: {status.backend_note}", style="yellow"))
-    if status.damaged:
-        head.append(
-            Text(f"DAMAGED: {len(status.damaged)} chunk(s) have a marker but cannot be collected:", style="red")
-        )
-        head.extend(Text(f"  {chunk}: {why}", style="red") for chunk, why in sorted(status.damaged.items()))
-        chunks = " ".join(f"--chunk {chunk}" for chunk in sorted(status.damaged))
-        head.append(Text(f"  run them again: orch redo --run {status.run} {chunks}, then orch resume --follow"))
-    for key, why in sorted(status.corrupt_leases.items()):
-        head.append(Text(f"warning: {key} is not a lease ({why})", style="yellow"))
-    workers = table(*WORKER_COLUMNS, right=("finished", "tok/s"))
-    for w in status.workers:
-        state = w.state + (f" (recovered {w.recovery_count}x)" if w.recovery_count else "")
-        colour = STATE_COLOURS.get(JobState(w.state), "white") if w.state in JobState.__members__ else "white"
-        workers.add_row(
-            w.worker,
-            Text(state, style=colour),
-            w.accelerator or "-",
-            "/".join(x for x in (w.cloud, w.region) if x) or "-",
-            {True: "spot", False: "on-dem", None: "-"}[w.spot],
-            w.chunk or "-",
-            f"{w.chunk_rows_done}/{w.chunk_rows}" if w.chunk else "-",
-            f"{w.chunks_done_of_own_list}/{w.chunks_assigned}",
-            str(w.chunks_finished),
-            f"{w.tokens_per_s:,.0f}" if w.chunk else "-",
-            _duration(w.heartbeat_age_s) + " ago" if w.heartbeat_age_s is not None else "-",
-        )
-    failures = [
-        Text.assemble(
-            (f"worker {w.worker} failed: ", "red"), str(w.failure_reason), f"\n  log: {w.log}" if w.log else ""
-        )
-        for w in status.workers
-        if w.failure_reason
-    ]
-    return Group(*head, Text(""), *([workers] if status.workers else []), *failures)
-
-
-def _pace_line(status: RunStatus, eta: str) -> str:
-    cost = f"cost so far ${status.cost['so_far_usd']:,.2f} ({status.cost['worker_hours']:.2f} worker-hours)"
-    o = status.overall
-    if status.complete and o:
-        return (
-            f"finished in {_duration(o['wall_s'])}: {o['rows_per_s']:,.2f} rows/s, {o['tokens_per_s']:,.0f} tok/s"
-            f" over the run   {cost}"
-        )
-    t = status.throughput
-    return f"throughput {t['rows_per_s']:.2f} rows/s, {t['tokens_per_s']:,.0f} tok/s   ETA {eta}   {cost}"
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
-
-
 def status_of(
     store: Store,
     layout: RunLayout,
@@ -497,4 +376,24 @@ def status_of(
         default_spot=default_spot,
         gpus=gpus,
         workers_planned=workers_planned,
+    )
+
+
+def current_status(ctx: RunContext, prices_path: str | None = None, launcher: Launcher | None = None) -> RunStatus:
+    """The run's status, asking the backend that launched its workers (if any did)."""
+    from orchestrator.backends import backend_for
+
+    if launcher is None:
+        record, _ = read_jobs(ctx.store, ctx.layout)
+        launcher = backend_for(ctx, record.backend) if record.backend else None
+    return status_of(
+        ctx.store,
+        ctx.layout,
+        launcher,
+        now=time.time(),
+        prices=load_gpu_table(prices_path),
+        heartbeat_interval=ctx.spec.workers.heartbeat_interval,
+        default_spot=ctx.spec.resources.spot,
+        gpus=ctx.spec.resources.gpus,
+        workers_planned=ctx.spec.workers.count,
     )

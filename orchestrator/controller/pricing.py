@@ -13,10 +13,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator import orch_home
-from orchestrator.console import Group, Text, table
 from orchestrator.core.errors import SpecError
 
-DEFAULT_TABLE = Path(__file__).parent / "data" / "gpus.yaml"
+DEFAULT_TABLE = Path(__file__).parents[1] / "data" / "gpus.yaml"
 
 
 class _Strict(BaseModel):
@@ -92,7 +91,7 @@ def refreshed_table_path() -> Path:
     return orch_home() / "prices.yaml"
 
 
-def load_gpu_table(path: str | os.PathLike | None = None) -> GpuTable:
+def load_gpu_table(path: str | os.PathLike[str] | None = None) -> GpuTable:
     """The file given (or named by ORCH_PRICES), else the table `orch prices --refresh` wrote,
     else the built-in one."""
     path = path or os.environ.get("ORCH_PRICES") or None
@@ -158,7 +157,7 @@ def table_from_offerings(base: GpuTable, offerings: Iterable[Offering], *, date:
     )
 
 
-def write_gpu_table(prices: GpuTable, path: str | os.PathLike) -> None:
+def write_gpu_table(prices: GpuTable, path: str | os.PathLike[str]) -> None:
     doc = {
         "date": prices.date,
         "source": prices.source,
@@ -168,16 +167,3 @@ def write_gpu_table(prices: GpuTable, path: str | os.PathLike) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(yaml.safe_dump(doc, sort_keys=False))
     _load.cache_clear()
-
-
-def render_gpu_table(prices: GpuTable, before: GpuTable | None = None) -> Group:
-    """One row per GPU and cloud; with `before`, the earlier prices beside the ones that changed."""
-    grid = table("GPU", "cloud", "on-demand", "spot", "", right=("on-demand", "spot"))
-    for name, gpu in prices.gpus.items():
-        for cloud, p in sorted(gpu.prices.items()):
-            old = before.gpus[name].prices.get(cloud) if before and name in before.gpus else None
-            change = ""
-            if before is not None and old != p:
-                change = f"(was {old.on_demand:.3f} / {old.spot:.3f})" if old else "(new)"
-            grid.add_row(name, cloud, f"{p.on_demand:.3f}", f"{p.spot:.3f}", change)
-    return Group(Text(f"prices of {prices.date} ({prices.source}); USD per GPU-hour"), grid)

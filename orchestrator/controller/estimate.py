@@ -17,9 +17,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from orchestrator.console import Group, Text, table
+from orchestrator.controller.pricing import GpuTable, load_gpu_table
+from orchestrator.core.context import RunContext
+from orchestrator.core.protocol.checkpoints import read_chunk_stats
+from orchestrator.core.protocol.snapshot import list_done
 from orchestrator.core.records import ChunkStats, ManifestEntry
-from orchestrator.pricing import GpuTable
 
 #: Provision + setup + model load of a new machine (what a preemption or a new launch costs).
 RESTART_OVERHEAD_S = 600.0
@@ -159,44 +161,14 @@ def estimate(
     )
 
 
-def render_estimate(est: Estimate) -> Group:
-    tp = est.throughput
-    basis = (
-        f"measured on {', '.join(f'{g} ({n} chunks)' for g, n in tp.measured.items())}, others scaled by relative speed"
-        if tp.measured
-        else f"price table of {est.price_table_date} (7-8B model on vLLM)"
+def estimate_run(ctx: RunContext, manifest: Sequence[ManifestEntry]) -> Estimate:
+    """The estimate for this run as it stands: finished chunks' stats replace the table's speeds."""
+    return estimate(
+        load_gpu_table(),
+        ctx.spec.resources.gpus,
+        ctx.spec.workers.count,
+        manifest,
+        read_chunk_stats(ctx.store, ctx.layout),
+        set(list_done(ctx.store, ctx.layout)),
+        checkpoint_interval_s=ctx.spec.workers.checkpoint_interval,
     )
-    source = "measured" if tp.tokens_per_row_measured else "assumed: half of max_tokens"
-    per_row = f"{tp.tokens_per_row:,.0f} output tokens/row ({source})"
-    numbers = ("tok/s/worker", "spot time", "spot cost", "on-demand", "on-d. cost")
-    grid = table("GPU", *numbers, right=numbers)
-    for c in est.candidates:
-        grid.add_row(
-            c.gpu + (" *" if c.cheapest_per_hour else ""),
-            f"{c.tokens_per_s:,.0f}",
-            _hours(c.spot_hours),
-            f"{c.spot_usd:,.2f}",
-            _hours(c.on_demand_hours),
-            f"{c.on_demand_usd:,.2f}",
-        )
-    f = est.fleet
-    return Group(
-        Text(f"Estimate: {est.rows_left:,} of {est.rows_total:,} rows left, {per_row}, {est.workers} workers"),
-        Text(f"speed: {basis}"),
-        grid,
-        Text(
-            f"fleet (*: any_of's pick, the cheapest per hour when capacity allows): {_hours(f.spot_hours)} for "
-            f"${f.spot_usd:,.2f} on spot, {_hours(f.on_demand_hours)} for ${f.on_demand_usd:,.2f} on demand"
-        ),
-        Text(
-            f"spot includes {est.preemptions_per_hour:g} preemptions per worker-hour, each a "
-            f"{est.restart_overhead_s / 60:.0f}-minute restart plus half a checkpoint interval; costs in USD "
-            f"at the prices of {est.price_table_date} (orch prices; --refresh from SkyPilot's catalog)"
-        ),
-    )
-
-
-def _hours(h: float) -> str:
-    if h == math.inf:
-        return "-"
-    return f"{h:.1f} h" if h >= 1 else f"{h * 60:.0f} min"

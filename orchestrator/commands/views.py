@@ -1,0 +1,222 @@
+"""What the commands print: the plan, a run's status, the estimate and the price table, as rich renderables."""
+
+from __future__ import annotations
+
+import math
+
+from orchestrator.backends.base import STATE_COLOURS, JobState
+from orchestrator.commands.console import Group, Table, Text, table
+from orchestrator.controller.estimate import Estimate
+from orchestrator.controller.pricing import GpuTable
+from orchestrator.controller.status import RunStatus
+from orchestrator.core.records import PlanRecord
+
+
+def render_plan(plan: PlanRecord) -> Group:
+    """One row per worker (chunks, rows, estimated tokens, share), then the balance."""
+    total = max(plan.est_tokens, 1)
+    grid = table(
+        "worker", "chunks", "rows", "est. tokens", "share", right=("worker", "chunks", "rows", "est. tokens", "share")
+    )
+    for a in plan.workers:
+        grid.add_row(
+            str(a.worker), str(len(a.chunks)), f"{a.rows:,}", f"{a.est_tokens:,}", f"{100 * a.est_tokens / total:.1f}%"
+        )
+    loads = [a.est_tokens for a in plan.workers]
+    mean = sum(loads) / len(loads)
+    lines = [
+        Text(
+            f"{plan.chunks} chunks, {plan.rows:,} rows over {len(plan.workers)} workers; "
+            f"largest load {max(loads) / mean if mean else 1:.3f}x the mean"
+        )
+    ]
+    empty = sum(1 for a in plan.workers if not a.chunks)
+    if empty:
+        lines.append(
+            Text(
+                f"note: {empty} worker(s) have no chunk of their own (fewer chunks than workers); "
+                "they will take over other workers' chunks"
+            )
+        )
+    return Group(grid, *lines)
+
+
+#: The columns of the workers table.
+WORKER_COLUMNS = (
+    "worker",
+    "state",
+    "accel",
+    "where",
+    "spot",
+    "chunk",
+    "progress",
+    "own done",
+    "finished",
+    "tok/s",
+    "beat",
+)
+
+
+def status_view(status: RunStatus) -> Group:
+    """The run at a glance: the head lines, then one row per worker (orchestrator.console prints it)."""
+    c, r = status.chunks, status.rows
+    pct = 100 * c["done"] / c["total"] if c["total"] else 100.0
+    eta = _duration(status.eta_s) if status.eta_s is not None else "unknown"
+    title = Text.assemble((f"run {status.run}", "bold"), f"  ({status.backend or 'not launched'})")
+    if status.complete:
+        title.append("  COMPLETE", style="bold green")
+    head: list[Text] = [
+        title,
+        Text(
+            f"chunks {c['done']}/{c['total']} ({pct:.0f}%)   rows {r['done']:,}/{r['total']:,} done"
+            f" (+{r['in_progress']:,} in progress)   errors {r['errors']:,}"
+            + (f"   set aside at prepare {r['set_aside']:,}" if r.get("set_aside") else "")
+        ),
+        Text(_pace_line(status, eta)),
+    ]
+    if status.estimate and not status.complete:
+        e = status.estimate
+        head.append(
+            Text(
+                f"estimate left on {e['workers']} x {e['gpu']} ({'measured' if e['measured'] else 'table'} "
+                f"{e['tokens_per_s_per_worker']:,.0f} tok/s each): {_duration(e['spot_hours'] * 3600)} / "
+                f"${e['spot_usd']:,.2f} on spot, {_duration(e['on_demand_hours'] * 3600)} / "
+                f"${e['on_demand_usd']:,.2f} on demand"
+            )
+        )
+    if status.deadline:
+        d = status.deadline
+        colour = {"critical": "red", "behind": "yellow"}.get(str(d.get("mode")), "green")
+        head.append(
+            Text.assemble(
+                (f"deadline {_duration(d['deadline_s'])}", "bold"),
+                (f" [{d.get('mode')}]", colour),
+                f" progress {d.get('progress', 0):.1%} vs line {d.get('line', 0):.1%}; last decision: "
+                f"{d.get('action')}: {d.get('reason')}"
+                + (f" (budget ${d['budget_usd']:,.2f})" if d.get("budget_usd") else ""),
+            )
+        )
+    if status.backend_note:
+        head.append(Text(f"warning: {status.backend_note}", style="yellow"))
+    if status.damaged:
+        head.append(
+            Text(f"DAMAGED: {len(status.damaged)} chunk(s) have a marker but cannot be collected:", style="red")
+        )
+        head.extend(Text(f"  {chunk}: {why}", style="red") for chunk, why in sorted(status.damaged.items()))
+        chunks = " ".join(f"--chunk {chunk}" for chunk in sorted(status.damaged))
+        head.append(Text(f"  run them again: orch redo --run {status.run} {chunks}, then orch resume --follow"))
+    for key, why in sorted(status.corrupt_leases.items()):
+        head.append(Text(f"warning: {key} is not a lease ({why})", style="yellow"))
+    return Group(*head, Text(""), *([_workers_table(status)] if status.workers else []), *_failures(status))
+
+
+def _workers_table(status: RunStatus) -> Table:
+    """One row per worker: its job's state, where it runs, its chunk and its pace."""
+    workers = table(*WORKER_COLUMNS, right=("finished", "tok/s"))
+    for w in status.workers:
+        state = w.state + (f" (recovered {w.recovery_count}x)" if w.recovery_count else "")
+        colour = STATE_COLOURS.get(JobState(w.state), "white") if w.state in JobState.__members__ else "white"
+        workers.add_row(
+            w.worker,
+            Text(state, style=colour),
+            w.accelerator or "-",
+            "/".join(x for x in (w.cloud, w.region) if x) or "-",
+            {True: "spot", False: "on-dem", None: "-"}[w.spot],
+            w.chunk or "-",
+            f"{w.chunk_rows_done}/{w.chunk_rows}" if w.chunk else "-",
+            f"{w.chunks_done_of_own_list}/{w.chunks_assigned}",
+            str(w.chunks_finished),
+            f"{w.tokens_per_s:,.0f}" if w.chunk else "-",
+            _duration(w.heartbeat_age_s) + " ago" if w.heartbeat_age_s is not None else "-",
+        )
+    return workers
+
+
+def _failures(status: RunStatus) -> list[Text]:
+    """Why each failed worker's current job failed, and where its log is."""
+    return [
+        Text.assemble(
+            (f"worker {w.worker} failed: ", "red"), str(w.failure_reason), f"\n  log: {w.log}" if w.log else ""
+        )
+        for w in status.workers
+        if w.failure_reason
+    ]
+
+
+def _pace_line(status: RunStatus, eta: str) -> str:
+    cost = f"cost so far ${status.cost['so_far_usd']:,.2f} ({status.cost['worker_hours']:.2f} worker-hours)"
+    o = status.overall
+    if status.complete and o:
+        return (
+            f"finished in {_duration(o['wall_s'])}: {o['rows_per_s']:,.2f} rows/s, {o['tokens_per_s']:,.0f} tok/s"
+            f" over the run   {cost}"
+        )
+    t = status.throughput
+    return f"throughput {t['rows_per_s']:.2f} rows/s, {t['tokens_per_s']:,.0f} tok/s   ETA {eta}   {cost}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+def render_estimate(est: Estimate) -> Group:
+    tp = est.throughput
+    basis = (
+        f"measured on {', '.join(f'{g} ({n} chunks)' for g, n in tp.measured.items())}, others scaled by relative speed"
+        if tp.measured
+        else f"price table of {est.price_table_date} (7-8B model on vLLM)"
+    )
+    source = "measured" if tp.tokens_per_row_measured else "assumed: half of max_tokens"
+    per_row = f"{tp.tokens_per_row:,.0f} output tokens/row ({source})"
+    numbers = ("tok/s/worker", "spot time", "spot cost", "on-demand", "on-d. cost")
+    grid = table("GPU", *numbers, right=numbers)
+    for c in est.candidates:
+        grid.add_row(
+            c.gpu + (" *" if c.cheapest_per_hour else ""),
+            f"{c.tokens_per_s:,.0f}",
+            _hours(c.spot_hours),
+            f"{c.spot_usd:,.2f}",
+            _hours(c.on_demand_hours),
+            f"{c.on_demand_usd:,.2f}",
+        )
+    f = est.fleet
+    return Group(
+        Text(f"Estimate: {est.rows_left:,} of {est.rows_total:,} rows left, {per_row}, {est.workers} workers"),
+        Text(f"speed: {basis}"),
+        grid,
+        Text(
+            f"fleet (*: any_of's pick, the cheapest per hour when capacity allows): {_hours(f.spot_hours)} for "
+            f"${f.spot_usd:,.2f} on spot, {_hours(f.on_demand_hours)} for ${f.on_demand_usd:,.2f} on demand"
+        ),
+        Text(
+            f"spot includes {est.preemptions_per_hour:g} preemptions per worker-hour, each a "
+            f"{est.restart_overhead_s / 60:.0f}-minute restart plus half a checkpoint interval; costs in USD "
+            f"at the prices of {est.price_table_date} (orch prices; --refresh from SkyPilot's catalog)"
+        ),
+    )
+
+
+def _hours(h: float) -> str:
+    if h == math.inf:
+        return "-"
+    return f"{h:.1f} h" if h >= 1 else f"{h * 60:.0f} min"
+
+
+def render_gpu_table(prices: GpuTable, before: GpuTable | None = None) -> Group:
+    """One row per GPU and cloud; with `before`, the earlier prices beside the ones that changed."""
+    grid = table("GPU", "cloud", "on-demand", "spot", "", right=("on-demand", "spot"))
+    for name, gpu in prices.gpus.items():
+        for cloud, p in sorted(gpu.prices.items()):
+            old = before.gpus[name].prices.get(cloud) if before and name in before.gpus else None
+            change = ""
+            if before is not None and old != p:
+                change = f"(was {old.on_demand:.3f} / {old.spot:.3f})" if old else "(new)"
+            grid.add_row(name, cloud, f"{p.on_demand:.3f}", f"{p.spot:.3f}", change)
+    return Group(Text(f"prices of {prices.date} ({prices.source}); USD per GPU-hour"), grid)
