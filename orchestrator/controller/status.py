@@ -223,58 +223,13 @@ def derive_status(
     done = facts.done & set(rows_by_chunk)
     rows_done = sum(rows_by_chunk[c] for c in done)
     errors = sum(s.errors for c, (_, s) in facts.stats.items() if c in done)
-    finished_by: dict[str, int] = {}
-    for chunk, (_, s) in facts.stats.items():
-        if chunk in done:  # stats are a cache of the markers
-            finished_by[s.worker] = finished_by.get(s.worker, 0) + 1
-
-    own = {str(a.worker): a.chunks for a in (facts.plan.workers if facts.plan else [])}
-    current = {str(w): a for w, a in facts.jobs.current_jobs().items()}
-    recoveries = {w: len(wj.attempts) - 1 for w, wj in facts.jobs.workers.items()}
-    names = sorted(set(own) | set(current) | set(facts.heartbeats), key=worker_ids.sort_key)
-    workers, in_progress, rows_per_s, tokens_per_s, cost, hours = [], 0, 0.0, 0.0, 0.0, 0.0
-    for name in names:
-        base = worker_ids.job_worker(name)
-        attempt = current.get(name) or current.get(base)
-        status = facts.statuses.get(attempt.job_id) if attempt else None
-        hb = facts.heartbeats.get(name)
-        age = now - hb.updated_at if hb else None
-        live = hb if hb is not None and is_beating(hb, now=now, heartbeat_interval=heartbeat_interval) else None
-        view = WorkerView(
-            worker=name,
-            state=(status.state.value if status else JobState.UNKNOWN.value) if attempt else "NOT LAUNCHED",
-            job_id=attempt.job_id if attempt else None,
-            recovery_count=(status.recovery_count if status else 0) + max(recoveries.get(base, 0), 0),
-            accelerator=(hb.accelerator if hb else None) or (status.accelerator if status else None),
-            cloud=(hb.cloud if hb else None) or (status.cloud if status else None),
-            region=(hb.region if hb else None) or (status.region if status else None),
-            spot=hb.spot if hb is not None and hb.spot is not None else (status.spot if status else None),
-            chunk=live.chunk if live else None,
-            chunk_rows=live.chunk_rows if live else 0,
-            chunk_rows_done=live.chunk_rows_done if live else 0,
-            chunks_assigned=len(own.get(name, ())),
-            chunks_done_of_own_list=sum(1 for c in own.get(name, ()) if c in done),
-            chunks_finished=finished_by.get(name, 0),
-            rows_done=hb.rows_done if hb else 0,
-            tokens_per_s=live.tokens_per_s if live else 0.0,
-            rows_per_s=live.rows_per_s if live else 0.0,
-            heartbeat_state=hb.state if hb else None,
-            heartbeat_age_s=round(age, 1) if age is not None else None,
-            uptime_s=round(hb.uptime_s, 1) if hb else 0.0,
-            failure_reason=_failure(status, attempt),
-            log=status.log if status else None,
-        )
-        if live and view.chunk:
-            in_progress += view.chunk_rows_done
-            rows_per_s += live.rows_per_s
-            tokens_per_s += view.tokens_per_s
-        gpu = prices.find(view.accelerator)
-        hours += view.uptime_s / 3600
-        if gpu is not None:
-            spot = view.spot if view.spot is not None else default_spot
-            cost += view.uptime_s / 3600 * gpu.price(spot, view.cloud)
-        workers.append(view)
-
+    workers = _worker_views(facts, done, now=now, heartbeat_interval=heartbeat_interval)
+    working = [v for v in workers if v.chunk]  # a chunk is shown only while the worker beats
+    in_progress = sum(v.chunk_rows_done for v in working)
+    rows_per_s = sum(v.rows_per_s for v in working)
+    tokens_per_s = sum(v.tokens_per_s for v in working)
+    hours = sum(v.uptime_s for v in workers) / 3600
+    cost = sum(_cost_so_far(v, prices, default_spot) for v in workers)
     total_rows = sum(rows_by_chunk.values())
     remaining = total_rows - rows_done - in_progress
     eta = remaining / rows_per_s if rows_per_s > 0 and remaining > 0 else (0.0 if remaining <= 0 else None)
@@ -301,6 +256,63 @@ def derive_status(
         damaged=dict(facts.damaged),
         corrupt_leases=dict(facts.corrupt_leases),
     )
+
+
+def _worker_views(facts: RunFacts, done: set[str], *, now: float, heartbeat_interval: float) -> list[WorkerView]:
+    """A row per worker: planned, launched or heartbeating. Live figures (chunk, rates) come only
+    from a heartbeat that is still beating; totals from the last heartbeat whatever its age."""
+    finished_by: dict[str, int] = {}
+    for chunk, (_, s) in facts.stats.items():
+        if chunk in done:  # stats are a cache of the markers
+            finished_by[s.worker] = finished_by.get(s.worker, 0) + 1
+    own = {str(a.worker): a.chunks for a in (facts.plan.workers if facts.plan else [])}
+    current = {str(w): a for w, a in facts.jobs.current_jobs().items()}
+    recoveries = {w: len(wj.attempts) - 1 for w, wj in facts.jobs.workers.items()}
+    views = []
+    for name in sorted(set(own) | set(current) | set(facts.heartbeats), key=worker_ids.sort_key):
+        base = worker_ids.job_worker(name)
+        attempt = current.get(name) or current.get(base)
+        status = facts.statuses.get(attempt.job_id) if attempt else None
+        hb = facts.heartbeats.get(name)
+        age = now - hb.updated_at if hb else None
+        live = hb if hb is not None and is_beating(hb, now=now, heartbeat_interval=heartbeat_interval) else None
+        views.append(
+            WorkerView(
+                worker=name,
+                state=(status.state.value if status else JobState.UNKNOWN.value) if attempt else "NOT LAUNCHED",
+                job_id=attempt.job_id if attempt else None,
+                recovery_count=(status.recovery_count if status else 0) + max(recoveries.get(base, 0), 0),
+                accelerator=(hb.accelerator if hb else None) or (status.accelerator if status else None),
+                cloud=(hb.cloud if hb else None) or (status.cloud if status else None),
+                region=(hb.region if hb else None) or (status.region if status else None),
+                spot=hb.spot if hb is not None and hb.spot is not None else (status.spot if status else None),
+                chunk=live.chunk if live else None,
+                chunk_rows=live.chunk_rows if live else 0,
+                chunk_rows_done=live.chunk_rows_done if live else 0,
+                chunks_assigned=len(own.get(name, ())),
+                chunks_done_of_own_list=sum(1 for c in own.get(name, ()) if c in done),
+                chunks_finished=finished_by.get(name, 0),
+                rows_done=hb.rows_done if hb else 0,
+                tokens_per_s=live.tokens_per_s if live else 0.0,
+                rows_per_s=live.rows_per_s if live else 0.0,
+                heartbeat_state=hb.state if hb else None,
+                heartbeat_age_s=round(age, 1) if age is not None else None,
+                uptime_s=round(hb.uptime_s, 1) if hb else 0.0,
+                failure_reason=_failure(status, attempt),
+                log=status.log if status else None,
+            )
+        )
+    return views
+
+
+def _cost_so_far(view: WorkerView, prices: GpuTable, default_spot: bool) -> float:
+    """The worker's machine time at its GPU's price (spot or on-demand as it runs); 0 for a GPU
+    the price table does not know."""
+    gpu = prices.find(view.accelerator)
+    if gpu is None:
+        return 0.0
+    spot = view.spot if view.spot is not None else default_spot
+    return view.uptime_s / 3600 * gpu.price(spot, view.cloud)
 
 
 def _failure(status: JobStatus | None, attempt: JobAttempt | None) -> str | None:
