@@ -64,11 +64,10 @@ def test_launch_submits_all_workers_concurrently_with_secrets_in_memory(make_ctx
     sky = ScriptedSky(latency=0.3)
     import sky as _warm_up  # noqa: F401  (importing SkyPilot takes seconds, once per process)
 
-    started = time.monotonic()
     launched = launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), range(16))
-    elapsed = time.monotonic() - started
+    # Concurrency seen by the scripted server itself (submissions in flight at once), not by a
+    # wall-clock bound that a loaded machine breaks: one after another never overlaps.
     assert sorted(launched) == list(range(16)) and sky.max_concurrent > 8
-    assert elapsed < 3.5  # one after another would take at least 16 x 0.3 = 4.8 s (2.7 s seen on a busy machine)
     task = sky.launched[0][1]
     assert task.secrets["HF_TOKEN"].get_secret_value() == "hf-secret-value"
     assert {"ORCH_RUN", "ORCH_STORE", "ORCH_WORKER", "ORCH_WORKER_LIST"} <= set(task.envs)

@@ -58,6 +58,17 @@ def worker_secrets(env: Mapping[str, str]) -> dict[str, str]:
     return {k: env[k] for k in SECRET_NAMES if env.get(k)}
 
 
+def launch_request(ctx: RunContext, worker: int, env: Mapping[str, str], use_spot: bool | None = None) -> LaunchRequest:
+    """What the backend needs to start one worker: its job name, settings and secrets."""
+    return LaunchRequest(
+        worker=worker,
+        name=f"orch-{ctx.layout.run}-w{worker}",
+        envs=worker_envs(ctx, worker, env),
+        secrets=worker_secrets(env),
+        use_spot=use_spot,
+    )
+
+
 def live_workers(record: JobsRecord, statuses: Mapping[str, JobStatus]) -> set[int]:
     """Workers whose current job holds (or will soon hold) a machine, reservations included."""
     return {
@@ -101,18 +112,9 @@ def launch_workers(
     ctx.store.delete(ctx.layout.cancel)  # an earlier `orch cancel` would stop the new workers at once
     token = f"pending-{uuid.uuid4().hex[:12]}"
     reserved = _reserve(ctx, launcher.name, judged, token, now, reason, use_spot, count_as_relaunch)
-    requests = [
-        LaunchRequest(
-            worker=w,
-            name=f"orch-{ctx.layout.run}-w{w}",
-            envs=worker_envs(ctx, w, env),
-            secrets=worker_secrets(env),
-            use_spot=use_spot,
-        )
-        for w in reserved
-    ]
-    if not requests:
+    if not reserved:
         return {}
+    requests = [launch_request(ctx, w, env, use_spot) for w in reserved]
     failure: BaseException | None = None
     try:
         launched = launcher.launch(requests)
@@ -123,10 +125,25 @@ def launch_workers(
         # reservations must end now, or they would block these workers as "launching" until
         # PENDING_TIMEOUT_S.
         launched, failure = {}, e
+    _record_submissions(ctx, token, reserved, launched, failure, clock)
+    if failure is not None:
+        raise failure
+    return launched
+
+
+def _record_submissions(
+    ctx: RunContext,
+    token: str,
+    reserved: Iterable[int],
+    launched: Mapping[int, str],
+    failure: BaseException | None,
+    clock: Callable[[], float],
+) -> None:
+    """Step 5: each reservation becomes the job submitted for it, or FAILED with why it was not."""
     failures = failure.failures if isinstance(failure, LaunchFailed) else {}
     refused = f"{type(failure).__name__}: {failure}" if failure is not None and not failures else None
 
-    def record_launches(rec: JobsRecord) -> None:
+    def record(rec: JobsRecord) -> None:
         for w in reserved:
             attempt = next((a for a in rec.worker(w).attempts if a.job_id == f"{token}-w{w}"), None)
             if attempt is None:
@@ -138,10 +155,7 @@ def launch_workers(
                 why = failures.get(w) or refused or "the backend did not say why"
                 attempt.failure_reason = f"not submitted: {why}"
 
-    update_jobs(ctx.store, ctx.layout, record_launches)
-    if failure is not None:
-        raise failure
-    return launched
+    update_jobs(ctx.store, ctx.layout, record)
 
 
 def _reserve(
@@ -220,10 +234,5 @@ def dry_run_requests(
     from orchestrator.backends.skypilot_render import write_dry_run
 
     env = os.environ if env is None else env
-    requests = [
-        LaunchRequest(
-            worker=w, name=f"orch-{ctx.layout.run}-w{w}", envs=worker_envs(ctx, w, env), secrets=worker_secrets(env)
-        )
-        for w in sorted(set(workers))
-    ]
+    requests = [launch_request(ctx, w, env) for w in sorted(set(workers))]
     return write_dry_run(ctx.spec, requests, out_dir)
