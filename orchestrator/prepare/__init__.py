@@ -69,7 +69,7 @@ def prepare_run(
     ctx: RunContext, sources: list[str], *, strict: bool = False, progress: Progress = lambda _line: None
 ) -> PrepareReport:
     started = time.monotonic()
-    spec, store, layout = ctx.spec, ctx.store, ctx.layout
+    spec, layout = ctx.spec, ctx.layout
     files = resolve_sources(sources)
     done = _existing_record(ctx)
     if done is not None:
@@ -84,25 +84,11 @@ def prepare_run(
     chunks_total = len(boundaries) - 1
     progress(f"{total:,} rows in {len(files)} file(s) -> {chunks_total} chunks")
 
-    columns = needed_columns(spec.input)
     writer = _ChunkWriter(ctx, chunks_total, boundaries)
     errors = _ErrorWriter(strict)
     rows_in = _Conversion(ctx, files, writer, errors, strict)
-    row_index = 0
-    last_note = time.monotonic()
     try:
-        for file_index, source in enumerate(files):
-            for raw in _rows(source, spec.input, columns):
-                # Chunk boundaries are positions in the input, so bad rows never shift them.
-                while row_index >= boundaries[writer.index + 1]:
-                    writer.next_chunk()
-                rows_in.take(file_index, source, raw, row_index)
-                row_index += 1
-                if time.monotonic() - last_note > 5:
-                    last_note = time.monotonic()
-                    progress(f"{row_index:,}/{total:,} rows ({row_index / (last_note - started):,.0f} rows/s)")
-        while writer.index < chunks_total - 1:
-            writer.next_chunk()
+        _convert_rows(files, spec.input, boundaries, writer, rows_in, progress)
         entries = writer.close()
         if not entries:
             raise InputError(
@@ -117,14 +103,51 @@ def prepare_run(
     finally:
         writer.discard()
         errors.discard()
+    record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in)
+    return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
 
-    store.put(layout.manifest, write_jsonl(entries))
-    store.put(layout.metadata, "".join(f"{e.key}\n" for e in entries).encode())
-    rows = sum(e.rows for e in entries)
+
+def _convert_rows(
+    files: list[SourceFile],
+    mapping: InputSpec,
+    boundaries: list[int],
+    writer: _ChunkWriter,
+    rows_in: _Conversion,
+    progress: Progress,
+) -> None:
+    """Every row of the input, converted, into its chunk; then the chunks after the last row."""
+    columns = needed_columns(mapping)
+    started = last_note = time.monotonic()
+    row_index, total = 0, boundaries[-1]
+    for file_index, source in enumerate(files):
+        for raw in _rows(source, mapping, columns):
+            # Chunk boundaries are positions in the input, so bad rows never shift them.
+            while row_index >= boundaries[writer.index + 1]:
+                writer.next_chunk()
+            rows_in.take(file_index, source, raw, row_index)
+            row_index += 1
+            if time.monotonic() - last_note > 5:
+                last_note = time.monotonic()
+                progress(f"{row_index:,}/{total:,} rows ({row_index / (last_note - started):,.0f} rows/s)")
+    while writer.index < len(boundaries) - 2:
+        writer.next_chunk()
+
+
+def _record_prepare(
+    ctx: RunContext,
+    entries: list[ManifestEntry],
+    identity: dict[str, Any],
+    errors: _ErrorWriter,
+    errors_key: str | None,
+    rows_in: _Conversion,
+) -> PrepareRecord:
+    """The manifest, the chunk list and the prepare record: what the run's later steps read."""
+    ctx.store.put(ctx.layout.manifest, write_jsonl(entries))
+    ctx.store.put(ctx.layout.metadata, "".join(f"{e.key}\n" for e in entries).encode())
     record = PrepareRecord(
         identity=identity,
         chunks=len(entries),
-        rows=rows,
+        rows=sum(e.rows for e in entries),
         errors=errors.count,
         errors_key=errors_key,
         first_errors=errors.first,
@@ -134,8 +157,8 @@ def prepare_run(
         not_utf8_bytes=rows_in.not_utf8.bytes,
         first_not_utf8=rows_in.not_utf8.first,
     )
-    store.put(layout.prepare_record, record.to_bytes())
-    return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
+    ctx.store.put(ctx.layout.prepare_record, record.to_bytes())
+    return record
 
 
 def _identity(ctx: RunContext, files: list[SourceFile]) -> dict[str, Any]:
