@@ -128,12 +128,7 @@ def decide(state: FleetState, settings: DeadlineSettings) -> Decision:
     od_rate = sum(w.rate for w in state.on_demand)
     have = state.spot_rate + od_rate
     need = W / (T - overhead) if overhead < T else math.inf
-    od_cap = od_rate + max(settings.max_on_demand - len(state.on_demand), 0) * state.new_worker_rate
-    if od_cap > 0:
-        od_time = max(W / od_cap, state.largest_chunk_rows / max(state.new_worker_rate, 1e-9)) * (1 + settings.margin)
-        slack = T - od_time
-    else:
-        slack = -math.inf
+    slack = _on_demand_slack(state, settings, T, W, od_rate)
     commit_at = overhead + settings.commit_margin_s
     numbers: dict[str, Any] = dict(
         elapsed_s=state.elapsed_s,
@@ -170,11 +165,7 @@ def decide(state: FleetState, settings: DeadlineSettings) -> Decision:
         )
     ahead = state.done_rows >= (line + settings.ahead_band) * total
     if not settings.greedy and ahead and slack > 2 * commit_at:
-        keep, retire = have, []
-        for w in sorted(state.on_demand, key=lambda w: (w.rate, -w.worker)):
-            if keep - w.rate >= need * (1 + settings.margin) and T - W / max(keep - w.rate, 1e-9) > 2 * overhead:
-                keep -= w.rate
-                retire.append(w.worker)
+        retire = _spare_on_demand(state, settings, have, need, T, W)
         if retire:
             return Decision(
                 "retire",
@@ -186,6 +177,37 @@ def decide(state: FleetState, settings: DeadlineSettings) -> Decision:
     return Decision(
         "hold", "ahead" if ahead else "on-line", f"{state.done_rows / total:.1%} done, line {line:.1%}", **numbers
     )
+
+
+def _on_demand_slack(state: FleetState, settings: DeadlineSettings, T: float, W: float, od_rate: float) -> float:
+    """Time to spare if on-demand workers (those running, and as many more as allowed) had to finish
+    the W rows left alone, the largest chunk included, with the margin; -inf when none may run."""
+    od_cap = od_rate + max(settings.max_on_demand - len(state.on_demand), 0) * state.new_worker_rate
+    if od_cap <= 0:
+        return -math.inf
+    od_time = max(W / od_cap, state.largest_chunk_rows / max(state.new_worker_rate, 1e-9)) * (1 + settings.margin)
+    return T - od_time
+
+
+def _spare_on_demand(
+    state: FleetState,
+    settings: DeadlineSettings,
+    have: float,
+    need: float,
+    T: float,
+    W: float,
+) -> list[int]:
+    """On-demand workers the run can do without, slowest first: the rest still beat the need with
+    the margin, and finish well inside the time left."""
+    keep, retire = have, []
+    for w in sorted(state.on_demand, key=lambda w: (w.rate, -w.worker)):
+        if (
+            keep - w.rate >= need * (1 + settings.margin)
+            and T - W / max(keep - w.rate, 1e-9) > 2 * settings.restart_overhead_s
+        ):
+            keep -= w.rate
+            retire.append(w.worker)
+    return retire
 
 
 def _launch(
