@@ -81,8 +81,7 @@ def simulate_command(
     plot_path: str | None,
 ) -> int:
     """Simulate a run: how long, how much, what preemptions cost (driving orch's own protocol code)."""
-    from orchestrator.commands.console import console
-    from orchestrator.simulate import MARKETS, POLICIES, SimConfig, simulate, summarise
+    from orchestrator.simulate import MARKETS, POLICIES, SimConfig
 
     config = SimConfig(
         workers=workers,
@@ -109,14 +108,24 @@ def simulate_command(
         entries = read_manifest(ctx.store, ctx.layout)
     names = list(POLICIES) if compare else [policy]
     runs = seeds * (len(MARKETS) if deadline_factor is not None else len(names))
-    sized = config
-    if entries:
-        sized = config.model_copy(
-            update={"chunks": len(entries), "rows_per_chunk": sum(e.rows for e in entries) // len(entries)}
-        )
-    _warn_if_long(sized, seeds, runs)
+    _warn_if_long(config, entries, seeds, runs)
     if deadline_factor is not None:
         return _deadline_study(config, seeds, deadline_factor, entries, as_json)
+    return _policy_study(config, names, seeds, entries, as_json, plot_path)
+
+
+def _policy_study(
+    config: SimConfig,
+    names: list[str],
+    seeds: int,
+    entries: Sequence[ManifestEntry] | None,
+    as_json: bool,
+    plot_path: str | None,
+) -> int:
+    """Each policy over the seeds: the summary table (or JSON), and the Gantt chart of seed 0."""
+    from orchestrator.commands.console import console
+    from orchestrator.simulate import POLICIES, simulate, summarise
+
     results = {
         name: [simulate(config, POLICIES[name], seed, entries=entries) for seed in range(seeds)] for name in names
     }
@@ -140,10 +149,13 @@ def simulate_command(
 LONG_RUN_S = 60.0
 
 
-def _warn_if_long(config: SimConfig, seeds: int, runs: int) -> None:
+def _warn_if_long(config: SimConfig, entries: Sequence[ManifestEntry] | None, seeds: int, runs: int) -> None:
     """Say up front how long a large simulation takes (on stderr: --json output stays clean)."""
     from orchestrator.simulate import estimate_seconds
 
+    if entries:  # the run's own chunks
+        rows = sum(e.rows for e in entries) // len(entries)
+        config = config.model_copy(update={"chunks": len(entries), "rows_per_chunk": rows})
     total = estimate_seconds(config, runs)
     if total <= LONG_RUN_S:
         return
