@@ -17,7 +17,9 @@ from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.core.protocol.layout import chunk_id
 from orchestrator.core.records import ManifestEntry
 from orchestrator.simulate.config import SimConfig
-from orchestrator.simulate.fleet import ORCH, POLICIES, SKYPILOT_EXAMPLE, Fleet, FleetResult, Policy
+from orchestrator.simulate.fleet import Fleet
+from orchestrator.simulate.policies import ORCH, POLICIES, SKYPILOT_EXAMPLE, Policy
+from orchestrator.simulate.results import FleetResult
 from orchestrator.simulate.traces import Trace, bursty_trace, load_trace, poisson_trace
 
 __all__ = [

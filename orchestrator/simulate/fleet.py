@@ -27,177 +27,29 @@ import contextlib
 import functools
 import heapq
 import itertools
-import json
 import math
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
 
 from orchestrator.controller.deadline import DeadlineSettings, Decision, FleetState, OnDemandWorker, decide
-from orchestrator.controller.plan import contiguous_split, plan_chunks
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.core.protocol.checkpoints import ChunkJob, RowStat
-from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RescuePolicy, RunView
+from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
-from orchestrator.core.records import Heartbeat, ManifestEntry, PlanRecord, WorkerAssignment
+from orchestrator.core.records import Heartbeat, ManifestEntry
 from orchestrator.core.store.memory import MemoryStore
 from orchestrator.simulate.config import SimConfig
+from orchestrator.simulate.policies import Policy
+from orchestrator.simulate.results import FleetResult, Segment
+from orchestrator.simulate.sim_worker import Session, SimClock, SimWorker, UnitCodec
 from orchestrator.simulate.traces import Trace
-
-
-class SimClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@dataclass(frozen=True)
-class Policy:
-    """How a fleet works: its plan, whether it steals and rescues, whether it checkpoints inside chunks."""
-
-    name: str
-    plan: Callable[[Sequence[ManifestEntry], int], PlanRecord]
-    steal: bool
-    rescue: RescuePolicy | None
-    checkpoints: bool
-
-
-def _static_plan(entries: Sequence[ManifestEntry], workers: int) -> PlanRecord:
-    lists = contiguous_split([e.chunk for e in entries], workers)
-    by_id = {e.chunk: e for e in entries}
-    return PlanRecord(
-        workers=[
-            WorkerAssignment(
-                worker=w, chunks=c, rows=sum(by_id[x].rows for x in c), est_tokens=sum(by_id[x].est_tokens for x in c)
-            )
-            for w, c in enumerate(lists)
-        ],
-        chunks=len(entries),
-        rows=sum(e.rows for e in entries),
-        est_tokens=sum(e.est_tokens for e in entries),
-        created_at=0.0,
-    )
-
-
-#: orch: balanced plan, row-level checkpoints, stealing, lease takeover, rescue of slow chunks.
-ORCH = Policy("orch", plan_chunks, steal=True, rescue=RescuePolicy(), checkpoints=True)
-#: The SkyPilot example: static contiguous lists (without its chunk-dropping bug), a success marker
-#: per chunk and nothing inside one, a preempted worker resumes its own list after restart.
-SKYPILOT_EXAMPLE = Policy("skypilot-example", _static_plan, steal=False, rescue=None, checkpoints=False)
-POLICIES = {p.name: p for p in (ORCH, SKYPILOT_EXAMPLE)}
 
 
 def _measured_rate(w: SimWorker) -> float | None:
     """A worker's speed once it has finished a chunk (what the real worker knows of itself)."""
     return w.rate if w.chunks_done else None
-
-
-class UnitCodec:
-    """Parts of the simulator: row indices as ranges, so a resume reads them back like real parts."""
-
-    ext = "sim"
-
-    def encode(self, rows: Sequence[RowStat]) -> bytes:
-        ranges: list[list[int]] = []
-        for index in sorted(r.index for r in rows):
-            if ranges and index == ranges[-1][1] + 1:
-                ranges[-1][1] = index
-            else:
-                ranges.append([index, index])
-        return json.dumps(ranges).encode()
-
-    def decode(self, data: bytes) -> list[RowStat]:
-        return [RowStat(i, False, 0, 0) for a, b in json.loads(data) for i in range(a, b + 1)]
-
-
-@dataclass
-class Segment:
-    worker: int
-    kind: str  # "work" | "lost" | "restart" | "wait"
-    start: float
-    end: float
-    chunk: str | None = None
-
-
-@dataclass
-class _Session:
-    """One worker's pass over one chunk."""
-
-    job: ChunkJob[Any]
-    keeper: LeaseKeeper
-    start: float
-    remaining: list[int]
-    flushed: int = 0
-
-
-@dataclass
-class SimWorker:
-    index: int
-    gpu: str
-    rate: float  # units per second
-    spot: bool
-    price: float  # USD per hour
-    up: bool = False
-    exited_at: float | None = None
-    epoch: int = 0
-    restarts: int = 0
-    billed_since: float | None = None
-    billed_s: float = 0.0
-    claimer: ChunkClaimer | None = None
-    heartbeat: HeartbeatPublisher | None = None
-    session: _Session | None = None
-    chunks_done: int = 0
-    #: Launched by the deadline policy on top of the planned fleet (on-demand).
-    extra: bool = False
-    retired: bool = False
-    #: When its machine is provisioned (capacity found): from then on it is coming up.
-    provisioning_since: float | None = 0.0
-
-
-@dataclass
-class FleetResult:
-    policy: str
-    seed: int
-    complete: bool
-    makespan_s: float
-    lower_bound_s: float
-    billed_gpu_h: float
-    lost_gpu_h: float
-    restart_gpu_h: float
-    idle_tail_gpu_h: float
-    cost_usd: float
-    chunks: int
-    markers: int
-    preemptions: int
-    rescues: int
-    workers: list[dict[str, Any]]
-    segments: list[Segment] = field(repr=False, default_factory=list)
-    deadline_s: float | None = None
-    on_demand_launched: int = 0
-    decisions: list[Decision] = field(repr=False, default_factory=list)
-
-    @property
-    def met_deadline(self) -> bool | None:
-        return None if self.deadline_s is None else self.complete and self.makespan_s <= self.deadline_s
-
-    @property
-    def makespan_vs_deadline(self) -> float:
-        if self.deadline_s is None:
-            raise ValueError("this simulation had no deadline")
-        return self.makespan_s / self.deadline_s
-
-    @property
-    def ratio(self) -> float:
-        return self.makespan_s / self.lower_bound_s if self.lower_bound_s else float("inf")
-
-    @property
-    def wasted_gpu_h(self) -> float:
-        return self.lost_gpu_h + self.restart_gpu_h
 
 
 class Fleet:
@@ -334,7 +186,7 @@ class Fleet:
         job = ChunkJob(self.store, self.layout, keeper, UnitCodec(), self.clock, chunk_rows=self.units[held.chunk])
         point = job.resume()
         remaining = [i for i in range(self.units[held.chunk]) if i not in point.done_rows]
-        w.session = _Session(job, keeper, self.clock.now, remaining)
+        w.session = Session(job, keeper, self.clock.now, remaining)
         w.epoch += 1
         self._at(self.clock.now + len(remaining) / w.rate, "finish", w)
         self._at(self.clock.now + self.config.lease_ttl_s / 3, "renew", w)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.simulate.fleet import FleetResult
+from orchestrator.simulate.results import FleetResult
 
 COLOURS = {"work": "#4c9f70", "lost": "#d1495b", "restart": "#edae49", "wait": "#8d99ae", "idle": "#e9ecef"}
 LABELS = {
