@@ -20,6 +20,7 @@ from bench.common import save, table
 
 def populate(store, layout, chunks: int, workers: int, done: int) -> None:
     from orchestrator.controller.plan import plan_chunks, write_plan
+    from orchestrator.core.frozen_spec import freeze_spec
     from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
     from orchestrator.core.protocol.layout import chunk_id
     from orchestrator.core.records import (
@@ -32,7 +33,7 @@ def populate(store, layout, chunks: int, workers: int, done: int) -> None:
         WorkerJobs,
         write_jsonl,
     )
-    from orchestrator.core.spec import freeze_spec, load_spec
+    from orchestrator.core.spec import load_spec
 
     spec = load_spec(None, {"run": layout.run, "store": store.uri, "model.name": "m"}, env={}, default_file=False)
     freeze_spec(store, layout, spec)

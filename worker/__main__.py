@@ -23,9 +23,10 @@ from typing import Any
 import click
 
 from orchestrator.core.errors import OrchError, RunNotFound, render_error
+from orchestrator.core.frozen_spec import read_stored_spec
 from orchestrator.core.protocol.adapters import fetch_adapters
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.spec import load_spec, read_stored_spec
+from orchestrator.core.spec import load_spec
 from orchestrator.core.store import open_store
 from orchestrator.core.worker_ids import check_worker_id, planned_list, replica_id
 from worker.replicas import EXIT_STOPPED, run_replicas

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from orchestrator.core.errors import RunNotFound
+from orchestrator.core.frozen_spec import spec_hash
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView
 from orchestrator.core.protocol.crashes import careful_groups
@@ -54,7 +55,7 @@ from orchestrator.core.protocol.leases import HeldLease, LeaseKeeper, LeaseLost
 from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE, Outage, OutageTooLong
 from orchestrator.core.protocol.parts import part_codec
 from orchestrator.core.records import Heartbeat, HeartbeatSummary, ManifestEntry, PlanRecord, read_manifest, read_plan
-from orchestrator.core.spec import RunSpec, spec_hash
+from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store, StoreUnavailable
 from worker.engine.base import Engine, RowResult
 from worker.outputs import error_line

@@ -17,20 +17,17 @@ change between commands.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import os
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from orchestrator.core.errors import SpecConflict, SpecError
+from orchestrator.core.errors import SpecError
 from orchestrator.core.protocol.layout import RunLayout, check_run_name
-from orchestrator.core.records import SpecDocument, cas_update, read_record
-from orchestrator.core.store import Store, StoreSettings
+from orchestrator.core.store import StoreSettings
 
 DEFAULT_SPEC_FILE = "orch.yaml"
 DEFAULT_STORE = "./.orch"
@@ -215,24 +212,6 @@ class RunSpec(StrictModel):
         return RunLayout(check_run_name(self.run))
 
 
-#: The fields that decide what a run's outputs are. A null in the frozen spec is filled by the
-#: first command that sets it (a model named at launch, chunking at prepare); a value is final.
-FROZEN_FIELDS: tuple[str, ...] = (
-    "model.name",
-    "model.dtype",
-    "model.max_model_len",
-    "model.chat_template",
-    "model.runner",
-    "model.tool_parser",
-    "model.lora",
-    "sampling",
-    "input",
-    "chunking",
-)
-
-#: Frozen groups compared as a whole: `num_chunks: 200` then `rows_per_chunk: 100` is one change.
-_ATOMIC_FIELDS = {"chunking"}
-
 _ENV_SHORTCUTS = {"ORCH_RUN": "run", "ORCH_STORE": "store", "ORCH_BACKEND": "backend", "ORCH_MODEL": "model.name"}
 #: ORCH_* variables that configure orch itself rather than the spec.
 _ENV_NOT_SPEC = {"ORCH_DEBUG", "ORCH_WORKER_PYTHON", "ORCH_S3_ENDPOINT_URL", "ORCH_HOME"}
@@ -396,123 +375,3 @@ def _line_of(node: Any, loc: list[str]) -> int | None:
         else:
             break
     return line
-
-
-# -- freezing -----------------------------------------------------------------------------------
-def frozen_view(spec: RunSpec) -> dict[str, Any]:
-    data = spec.model_dump(mode="json")
-    return {path: _get(data, path) for path in FROZEN_FIELDS}
-
-
-def spec_hash(spec: RunSpec) -> str:
-    """A short hash of the frozen fields: workers stamp it on every marker they write."""
-    canonical = json.dumps(frozen_view(spec), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-
-def read_stored_spec(store: Store, layout: RunLayout) -> tuple[dict[str, Any], str] | None:
-    """The spec frozen into the run (as a plain mapping) and its ETag, or None for a new run."""
-    found = read_record(store, layout.spec, SpecDocument)
-    return None if found is None else (found[0].spec, found[1])
-
-
-def freeze_spec(
-    store: Store,
-    layout: RunLayout,
-    spec: RunSpec,
-    *,
-    unlocked: Callable[[], Collection[str]] | None = None,
-    notes: list[str] | None = None,
-    write: bool = True,
-) -> RunSpec:
-    """Record the spec in the run, or check it against what is recorded. Returns the merged spec.
-
-    1. New run: write spec.yaml create-if-absent.
-    2. Existing run: every frozen field must be equal, or null on one side (then the set value
-       wins and is recorded). Differences are refused, listed field by field, except in the groups
-       `unlocked()` names (frozen fields nothing was produced with yet: context.unlocked_fields;
-       asked only when a field differs), where the new value wins and a line saying so goes to
-       `notes`.
-    3. Write back (compare-and-swap) when anything changed; re-checked if another command raced us.
-    With `write=False`, only steps 1-2's checks: nothing is recorded.
-    """
-    merged = spec
-
-    def change(stored: SpecDocument | None) -> SpecDocument | None:
-        nonlocal merged
-        if stored is None:
-            merged = spec
-            return spec_document(spec) if write else None
-        old = RunSpec.model_validate(stored.spec)
-        changed: list[str] = []
-        merged = _merge_frozen(old, spec, unlocked, changed)
-        if notes is not None:
-            notes[:] = changed
-        if not write or merged.model_dump(mode="json") == stored.spec:
-            return None
-        return spec_document(merged)
-
-    cas_update(store, layout.spec, SpecDocument, change)
-    return merged
-
-
-def _merge_frozen(
-    old: RunSpec, new: RunSpec, unlocked: Callable[[], Collection[str]] | None, changed: list[str]
-) -> RunSpec:
-    old_data, new_data = old.model_dump(mode="json"), new.model_dump(mode="json")
-    diffs: list[str] = []
-    groups: Collection[str] | None = None
-    for path in FROZEN_FIELDS:
-        for leaf, before, after in _leaf_diffs(path, _get(old_data, path), _get(new_data, path)):
-            if before is None:
-                continue  # filled for the first time
-            if after is None:
-                _set(new_data, leaf, before)
-                continue
-            if groups is None:
-                groups = unlocked() if unlocked is not None else ()
-            if any(leaf == group or leaf.startswith(group + ".") for group in groups):
-                changed.append(f"{leaf}: {json.dumps(before)} -> {json.dumps(after)}")
-                continue
-            diffs.append(f"{leaf}: {json.dumps(before)} (frozen) != {json.dumps(after)} (now)")
-    if diffs:
-        raise SpecConflict(
-            f"run {old.run!r} was prepared with a different spec:\n  " + "\n  ".join(diffs),
-            hint="start a new run (--run NEW), or put the frozen values back",
-        )
-    return RunSpec.model_validate(new_data)
-
-
-def _leaf_diffs(path: str, before: Any, after: Any) -> list[tuple[str, Any, Any]]:
-    if path in _ATOMIC_FIELDS:
-        if before == after or _all_null(before):
-            return []
-        return [(path, before, None if _all_null(after) else after)]
-    if isinstance(before, dict) and isinstance(after, dict):
-        out = []
-        for key in sorted(set(before) | set(after)):
-            out += _leaf_diffs(f"{path}.{key}", before.get(key), after.get(key))
-        return out
-    return [] if before == after else [(path, before, after)]
-
-
-def _all_null(value: Any) -> bool:
-    return value is None or (isinstance(value, dict) and all(v is None for v in value.values()))
-
-
-def spec_document(spec: RunSpec) -> SpecDocument:
-    return SpecDocument(spec_hash=spec_hash(spec), spec=spec.model_dump(mode="json"))
-
-
-def _get(data: Mapping[str, Any], path: str) -> Any:
-    node: Any = data
-    for part in path.split("."):
-        node = node.get(part) if isinstance(node, Mapping) else None
-    return node
-
-
-def _set(data: dict[str, Any], path: str, value: Any) -> None:
-    *parents, leaf = path.split(".")
-    for part in parents:
-        data = data.setdefault(part, {})
-    data[leaf] = value

@@ -35,6 +35,7 @@ from orchestrator.controller.reconcile import Reconciler
 from orchestrator.controller.run import start_run
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError, OrchError, SpecError
+from orchestrator.core.frozen_spec import freeze_spec, read_stored_spec
 from orchestrator.core.lines import BatchError, BatchOutputLine
 from orchestrator.core.protocol.checkpoints import read_chunk_stats
 from orchestrator.core.protocol.layout import RunLayout, ServeLayout
@@ -49,7 +50,7 @@ from orchestrator.core.records import (
     read_file_record,
     read_record,
 )
-from orchestrator.core.spec import ModelSpec, RunSpec, freeze_spec, read_stored_spec
+from orchestrator.core.spec import ModelSpec, RunSpec
 from orchestrator.prepare.formats import URLS
 from orchestrator.serve.errors import APIError, not_found
 from orchestrator.serve.files import owned_file, save_file, valid_id

@@ -7,10 +7,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from orchestrator.core.frozen_spec import freeze_spec
 from orchestrator.core.lines import BatchError, BatchOutputLine, BatchResponse
 from orchestrator.core.protocol.layout import RunLayout, chunk_id
 from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment, write_jsonl
-from orchestrator.core.spec import freeze_spec, load_spec
+from orchestrator.core.spec import load_spec
 from orchestrator.core.store import Store
 
 
