@@ -32,6 +32,8 @@ from orchestrator.cli import main
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_jobs
 from orchestrator.core.store import open_store
+from tests.support import raw_http
+from tests.support.raw_http import MiB
 
 pytestmark = pytest.mark.slow
 
@@ -80,16 +82,22 @@ class Server:
                 self.proc.wait()
 
 
-def start_server(workdir: Path, store_uri: str) -> Server:
+def start_server(workdir: Path, store_uri: str, spec: str = SPEC, env: dict[str, str] | None = None) -> Server:
     """`orch serve` in its own process, with two keys; returns once it accepts connections."""
     if not (TINY / ".built").exists():
         pytest.fail("the tiny model is missing: run `make models` (make test does it)")
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "orch.yaml").write_text(SPEC)
+    (workdir / "orch.yaml").write_text(spec)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "ORCH_API_KEYS": f"{KEY},{OTHER_KEY}", "ORCH_HOME": ".orch"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "ORCH_API_KEYS": f"{KEY},{OTHER_KEY}",
+        "ORCH_HOME": ".orch",
+        **(env or {}),
+    }
     log = open(workdir / "server.log", "ab")  # noqa: SIM115 - the server process writes it until stopped
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "serve", "--store", store_uri, "--port", str(port)],
@@ -110,8 +118,10 @@ def start_server(workdir: Path, store_uri: str) -> Server:
 
 
 @contextlib.contextmanager
-def running_server(workdir: Path, store_uri: str) -> Iterator[Server]:
-    server = start_server(workdir, store_uri)
+def running_server(
+    workdir: Path, store_uri: str, spec: str = SPEC, env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    server = start_server(workdir, store_uri, spec, env)
     try:
         yield server
     finally:
@@ -444,3 +454,113 @@ def test_serve_cancel_and_expiry_return_the_finished_rows(local_server, tmp_path
         assert {line["error"]["code"] for line in errors} == {code}
         assert batch.request_counts is not None
         assert (batch.request_counts.completed, batch.request_counts.failed) == (len(done), len(ids) - len(done))
+
+
+# -- request bodies: read only after the key is checked, bounded in size and time -------------------
+#: The upload limit of the guarded server: small, so that passing it is cheap.
+UPLOAD_LIMIT = 8 * MiB
+GUARDED_SPEC = SPEC + f"  max_upload_bytes: {UPLOAD_LIMIT}\n  upload_idle_timeout: 2\n"
+BOUNDARY = "orch-test-boundary"
+
+
+def spool_of(server: Server) -> Path:
+    """The server's TMPDIR: where an upload is spooled, and nothing else is written."""
+    return server.workdir / "tmp"
+
+
+def start_spooling_server(workdir: Path, spec: str = SPEC) -> Server:
+    (workdir / "tmp").mkdir(parents=True)
+    return start_server(workdir, str(workdir / "store"), spec, {"TMPDIR": str(workdir / "tmp")})
+
+
+@pytest.fixture(scope="module")
+def guarded_server(tmp_path_factory) -> Iterator[Server]:
+    server = start_spooling_server(tmp_path_factory.mktemp("serve-guarded"), GUARDED_SPEC)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer sk-not-a-key"])
+def test_serve_upload_without_a_known_key_is_refused_before_its_body_is_read(authorization, guarded_server):
+    """600 MB announced, 64 MiB offered: the 401 comes at once, and nothing reaches the disk."""
+    head, _ = raw_http.multipart(BOUNDARY, "big.jsonl")
+    headers = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}", "Content-Length": str(600 * 10**6)}
+    if authorization:
+        headers["Authorization"] = authorization
+    with raw_http.FolderPeak(spool_of(guarded_server)) as peak:
+        answer = raw_http.post(
+            guarded_server.port, "/v1/files", headers, [head, *raw_http.pieces(64 * MiB, MiB)], chunked=False
+        )
+    assert answer.status == 401, answer
+    assert ("API key" in answer.message) and (KEY not in answer.message)
+    assert peak.bytes < MiB, f"{peak.bytes:,} bytes spooled for a request without a known key"
+
+
+def test_serve_upload_over_the_limit_is_refused_as_it_passes_the_limit(guarded_server, tmp_path):
+    """Declared too large: refused before a byte is read. Sent chunked (no size given): counted as it
+    comes, spooled up to the limit and no further, then refused and removed."""
+    spool, port = spool_of(guarded_server), guarded_server.port
+    auth = {"Authorization": f"Bearer {KEY}", "Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+    head, tail = raw_http.multipart(BOUNDARY, "big.jsonl")
+    size = 8 * UPLOAD_LIMIT
+
+    with raw_http.FolderPeak(spool) as declared_peak:
+        declared = raw_http.post(
+            port,
+            "/v1/files",
+            {**auth, "Content-Length": str(len(head) + size + len(tail))},
+            [head, *raw_http.pieces(size, MiB), tail],
+            chunked=False,
+        )
+    with raw_http.FolderPeak(spool) as streamed_peak:
+        # A quarter MiB every 5 ms: the watcher sees the spooled file grow.
+        body = [head, *raw_http.pieces(size, MiB // 4, every=0.005), tail]
+        streamed = raw_http.post(port, "/v1/files", auth, body, chunked=True)
+
+    for answer in (declared, streamed):
+        assert answer.status == 400, answer
+        assert answer.body["error"]["param"] == "file" and "too large" in answer.message
+        assert f"{UPLOAD_LIMIT:,}" in answer.message
+    assert declared_peak.bytes < MiB
+    assert UPLOAD_LIMIT // 2 <= streamed_peak.bytes < UPLOAD_LIMIT + MiB, f"{streamed_peak.bytes:,} bytes spooled"
+    assert streamed.sent < size, "answered only after the whole body"
+    assert raw_http.folder_bytes(spool) == 0, "the refused upload's bytes were left behind"
+    # Right at the limit is still taken, and its bytes kept whole.
+    exact = tmp_path / "exact.jsonl"
+    exact.write_bytes(b"".join(raw_http.pieces(UPLOAD_LIMIT, MiB)))
+    stored = upload(guarded_server.client(), exact)
+    assert stored.bytes == UPLOAD_LIMIT
+    assert guarded_server.client().files.content(stored.id).content == exact.read_bytes()
+
+
+def test_serve_upload_that_stalls_is_dropped_after_the_idle_timeout(guarded_server):
+    head, _ = raw_http.multipart(BOUNDARY, "stalled.jsonl")
+    headers = {
+        "Authorization": f"Bearer {KEY}",
+        "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
+        "Content-Length": str(len(head) + 4 * MiB),
+    }
+    started = time.monotonic()
+    answer = raw_http.post(guarded_server.port, "/v1/files", headers, [head, *raw_http.pieces(MiB, MiB)], chunked=False)
+    waited = time.monotonic() - started
+    assert answer.status == 408 and "sent nothing" in answer.message, answer
+    assert 2 <= waited < 15
+    assert raw_http.folder_bytes(spool_of(guarded_server)) == 0
+
+
+def test_serve_create_batch_reads_its_body_only_after_the_key_and_bounds_it(guarded_server):
+    headers = {"Content-Type": "application/json", "Content-Length": str(600 * 10**6)}
+    refused = raw_http.post(guarded_server.port, "/v1/batches", headers, raw_http.pieces(64 * MiB, MiB), chunked=False)
+    assert refused.status == 401, refused
+    too_large = raw_http.post(
+        guarded_server.port,
+        "/v1/batches",
+        {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+        raw_http.pieces(4 * MiB, MiB // 4),
+        chunked=True,
+    )
+    assert too_large.status == 400 and "too large" in too_large.message, too_large
+    with pytest.raises(openai.BadRequestError, match="Missing required parameter: 'completion_window'"):
+        guarded_server.client().post("/batches", body={"input_file_id": "file-x", "endpoint": CHAT}, cast_to=Batch)
