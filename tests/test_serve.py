@@ -11,12 +11,15 @@ clear, one launch per worker.
 from __future__ import annotations
 
 import contextlib
+import http.client
+import itertools
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -564,3 +567,37 @@ def test_serve_create_batch_reads_its_body_only_after_the_key_and_bounds_it(guar
     assert too_large.status == 400 and "too large" in too_large.message, too_large
     with pytest.raises(openai.BadRequestError, match="Missing required parameter: 'completion_window'"):
         guarded_server.client().post("/batches", body={"input_file_id": "file-x", "endpoint": CHAT}, cast_to=Batch)
+
+
+def test_serve_sigterm_stops_the_server_during_a_slow_upload(tmp_path):
+    """An upload trickling in at 64 KB/s does not hold the server up: SIGTERM stops it within the
+    grace period (serve.shutdown_timeout, 5 s), and the part spooled is removed."""
+    server = start_spooling_server(tmp_path / "server")
+    spool, stop_sending = spool_of(server), threading.Event()
+    head, tail = raw_http.multipart(BOUNDARY, "slow.jsonl")
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+    body = itertools.chain([head], raw_http.pieces(64 * MiB, 8 * 1024, every=0.125, stop=stop_sending), [tail])
+
+    def trickle() -> None:
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            raw_http.post(server.port, "/v1/files", headers, body, chunked=True, timeout=120)
+
+    sender = threading.Thread(target=trickle, daemon=True)
+    try:
+        sender.start()
+        deadline = time.monotonic() + 60
+        while raw_http.folder_bytes(spool) == 0:  # the upload is under way: its first bytes are spooled
+            assert time.monotonic() < deadline, "the slow upload never reached the server's temp folder"
+            time.sleep(0.05)
+        sent_at = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.proc.wait(timeout=60)
+        stopped_s = time.monotonic() - sent_at
+        assert server.proc.poll() is not None, "still serving 60 s after SIGTERM"
+        assert stopped_s < 10, f"stopped {stopped_s:.1f} s after SIGTERM"
+        assert raw_http.folder_bytes(spool) == 0, "the cut-off upload's bytes were left behind"
+    finally:
+        stop_sending.set()
+        server.stop(signal.SIGKILL)
+        sender.join(timeout=30)

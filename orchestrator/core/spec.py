@@ -191,6 +191,9 @@ class ServeSpec(StrictModel):
         gt=0,
         description="seconds one request body may take in all (512 MB at 150 KB/s); then it is dropped (408)",
     )
+    shutdown_timeout: int = Field(
+        5, ge=0, description="seconds requests under way get on SIGTERM or Ctrl-C before they are cut off"
+    )
     rows_per_chunk: int = Field(
         500, ge=1, description="chunk size of a batch's run: a cancel or an expiry returns the finished chunks"
     )

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal, TypeVar
@@ -47,6 +49,8 @@ from orchestrator.serve.uploads import read_body, receive_upload
 
 log = logging.getLogger("orch.serve")
 M = TypeVar("M", bound=BaseModel)
+#: At shutdown, how long the driver's step under way may take to end (after serve.shutdown_timeout).
+DRIVER_STOP_S = 3.0
 #: The most a POST /v1/batches body may hold: four short fields and at most 16 metadata pairs.
 MAX_JSON_BYTES = 1024**2
 
@@ -68,10 +72,18 @@ def create_app(settings: ServeSettings) -> FastAPI:
     driver = Driver(batches, settings.poll_interval)
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Uploads are spooled in a folder of the server's own, removed at shutdown with whatever the
+        # uploads cut off there left: uvicorn re-raises SIGTERM once shut down, so their own cleanup
+        # never runs.
+        app.state.spool = tempfile.mkdtemp(prefix="orch-serve-uploads-")
         driver.start()
-        yield
-        driver.stop()
+        try:
+            yield
+        finally:
+            # A step cut short is taken again by the next server (lifecycle.py): no need to wait it out.
+            driver.stop(timeout=DRIVER_STOP_S)
+            shutil.rmtree(app.state.spool, ignore_errors=True)
 
     app = FastAPI(title="orch serve", summary="The OpenAI Batch API over orch runs", lifespan=lifespan)
     app.state.settings, app.state.batches, app.state.driver = settings, batches, driver
@@ -114,7 +126,7 @@ async def upload_file(request: Request, who: Owner, store: StoreDep) -> dict[str
     """The body is read here, after `Owner` checked the key: FastAPI's File() and Form() would have
     spooled the whole body to disk before any check ran."""
     settings: ServeSettings = request.app.state.settings
-    async with receive_upload(request, settings.upload_limits) as upload:
+    async with receive_upload(request, settings.upload_limits, request.app.state.spool) as upload:
         purpose = upload.fields.get("purpose")
         if purpose is None:
             raise APIError(400, "Missing required parameter: 'purpose'.", param="purpose")
@@ -282,4 +294,12 @@ def serve(settings: ServeSettings, host: str, port: int) -> None:
     """Run the API with uvicorn until stopped (Ctrl-C, SIGTERM); the batches' workers run on."""
     import uvicorn
 
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    # A request still under way at shutdown (an upload trickling in) is cut off after the grace period:
+    # uvicorn would otherwise wait for it as long as its client keeps sending.
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level="info",
+        timeout_graceful_shutdown=settings.spec.serve.shutdown_timeout,
+    )

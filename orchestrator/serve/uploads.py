@@ -57,13 +57,13 @@ class Upload:
 
 
 @contextlib.asynccontextmanager
-async def receive_upload(request: Request, limits: UploadLimits) -> AsyncIterator[Upload]:
-    """Read the request's multipart body into one temp file (removed on leaving, whatever happens)."""
+async def receive_upload(request: Request, limits: UploadLimits, folder: str) -> AsyncIterator[Upload]:
+    """Read the request's multipart body into one temp file in `folder` (removed on leaving)."""
     boundary = _boundary(request.headers.get("content-type"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes + FORM_OVERHEAD:
         raise _too_large(limits.max_bytes)
-    fd, path = tempfile.mkstemp(prefix="orch-upload-")
+    fd, path = tempfile.mkstemp(prefix="orch-upload-", dir=folder)
     try:
         with os.fdopen(fd, "wb") as out:
             form = _Form(boundary, out, limits.max_bytes)
