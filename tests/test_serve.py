@@ -21,7 +21,9 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -365,6 +367,39 @@ def test_serve_a_key_sees_only_its_own_files_and_batches(local_server, tmp_path)
     assert deleted.deleted and deleted.id == source.id
     with pytest.raises(openai.NotFoundError):
         first.files.retrieve(source.id)
+
+
+def test_serve_create_batch_with_an_idempotency_key_makes_one_batch_however_often_it_is_sent(local_server, tmp_path):
+    """The retries of a client that timed out, some racing the first request: one batch, returned to
+    each as it is now. The key is the owner's: another request under it is refused, and another API
+    key sending it gets nothing of the first's. (OTHER_KEY uploads nothing: the files list test's.)"""
+    client, other = local_server.client(KEY), local_server.client(OTHER_KEY)
+    # An unknown model: the batch fails validation at once and costs no worker.
+    lines = [chat_line("q0", "hi", model="nope")]
+    source = upload(client, write_requests(tmp_path / "once.jsonl", lines))
+    job = {"job": f"once-{uuid.uuid4().hex[:8]}"}
+    key = {"Idempotency-Key": f"retry-{uuid.uuid4()}"}
+
+    with ThreadPoolExecutor(4) as pool:
+        racing = list(pool.map(lambda _: create(client, source.id, metadata=job, extra_headers=key), range(4)))
+    first = racing[0]
+    assert {b.id for b in racing} == {first.id}
+    ended, _ = wait_for(client, first.id, final, timeout=60)
+    again = create(client, source.id, metadata=job, extra_headers=key)
+    assert (again.id, again.created_at) == (first.id, first.created_at)
+    assert again.status == ended.status == "failed"  # the batch as it is now
+    assert [b.id for b in client.batches.list() if b.metadata == job] == [first.id]
+
+    with pytest.raises(openai.BadRequestError, match="Idempotency-Key was already used") as refused:
+        create(client, source.id, metadata={**job, "changed": "yes"}, extra_headers=key)
+    assert refused.value.code == "idempotency_key_reused"
+    with pytest.raises(openai.NotFoundError):  # not the first key's batch: its input file, another key's, is absent
+        create(other, source.id, metadata=job, extra_headers=key)
+    # Without the header every request is a batch of its own, as with OpenAI.
+    assert create(client, source.id, metadata=job).id != create(client, source.id, metadata=job).id
+    # The store names a key by its hash only.
+    claims = [info.key for info in open_store(local_server.store_uri).list("serve/idempotency/")]
+    assert claims and not any(key["Idempotency-Key"] in k for k in claims)
 
 
 def test_serve_files_list_pages_orders_and_filters(local_server, tmp_path):

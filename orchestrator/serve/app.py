@@ -3,7 +3,7 @@
     POST   /v1/files                  multipart: file, purpose=batch
     GET    /v1/files                  after, limit, order, purpose
     GET    /v1/files/{id}             DELETE /v1/files/{id}     GET /v1/files/{id}/content
-    POST   /v1/batches                input_file_id, endpoint, completion_window, metadata
+    POST   /v1/batches                input_file_id, endpoint, completion_window, metadata; Idempotency-Key
     GET    /v1/batches                after, limit (newest first)
     GET    /v1/batches/{id}           POST /v1/batches/{id}/cancel
     GET    /v1/models                 the names a batch's `model` may take
@@ -51,6 +51,8 @@ log = logging.getLogger("orch.serve")
 M = TypeVar("M", bound=BaseModel)
 #: At shutdown, how long the driver's step under way may take to end (after serve.shutdown_timeout).
 DRIVER_STOP_S = 3.0
+#: The longest Idempotency-Key taken (Stripe's limit; a UUID takes 36).
+MAX_IDEMPOTENCY_KEY = 255
 #: The most a POST /v1/batches body may hold: four short fields and at most 16 metadata pairs.
 MAX_JSON_BYTES = 1024**2
 
@@ -181,8 +183,15 @@ def _file(store: Store, who: str, file_id: str) -> StoredFile:
 
 # -- batches --------------------------------------------------------------------------------------
 @router.post("/batches")
-async def create_batch(request: Request, who: Owner, batches: BatchesDep, driver: DriverDep) -> dict[str, Any]:
-    """The body is read here, after `Owner` checked the key (as for uploads), and at most MAX_JSON_BYTES of it."""
+async def create_batch(
+    request: Request,
+    who: Owner,
+    batches: BatchesDep,
+    driver: DriverDep,
+    idempotency_key: Annotated[str | None, Header(max_length=MAX_IDEMPOTENCY_KEY)] = None,
+) -> dict[str, Any]:
+    """The body is read here, after `Owner` checked the key (as for uploads), and at most MAX_JSON_BYTES of it.
+    A request resent with the same Idempotency-Key gets the batch the first one made (lifecycle.py)."""
     settings: ServeSettings = request.app.state.settings
     body = _json_body(CreateBatch, await read_body(request, settings.upload_limits, MAX_JSON_BYTES))
     batch = await run_in_threadpool(
@@ -192,6 +201,7 @@ async def create_batch(request: Request, who: Owner, batches: BatchesDep, driver
         endpoint=body.endpoint,
         completion_window=body.completion_window,
         metadata=body.metadata,
+        idempotency_key=idempotency_key or None,
     )
     driver.wake()
     return batch_object(batch)
