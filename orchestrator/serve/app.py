@@ -74,18 +74,18 @@ def create_app(settings: ServeSettings) -> FastAPI:
     driver = Driver(batches, settings.poll_interval)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(api: FastAPI) -> AsyncIterator[None]:
         # Uploads are spooled in a folder of the server's own, removed at shutdown with whatever the
         # uploads cut off there left: uvicorn re-raises SIGTERM once shut down, so their own cleanup
         # never runs.
-        app.state.spool = tempfile.mkdtemp(prefix="orch-serve-uploads-")
+        api.state.spool = tempfile.mkdtemp(prefix="orch-serve-uploads-")
         driver.start()
         try:
             yield
         finally:
             # A step cut short is taken again by the next server (lifecycle.py): no need to wait it out.
             driver.stop(timeout=DRIVER_STOP_S)
-            shutil.rmtree(app.state.spool, ignore_errors=True)
+            shutil.rmtree(api.state.spool, ignore_errors=True)
 
     app = FastAPI(title="orch serve", summary="The OpenAI Batch API over orch runs", lifespan=lifespan)
     app.state.settings, app.state.batches, app.state.driver = settings, batches, driver
