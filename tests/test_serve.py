@@ -11,14 +11,19 @@ clear, one launch per worker.
 from __future__ import annotations
 
 import contextlib
+import http.client
+import itertools
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +37,8 @@ from orchestrator.cli import main
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_jobs
 from orchestrator.core.store import open_store
+from tests.support import raw_http
+from tests.support.raw_http import MiB
 
 pytestmark = pytest.mark.slow
 
@@ -80,16 +87,22 @@ class Server:
                 self.proc.wait()
 
 
-def start_server(workdir: Path, store_uri: str) -> Server:
+def start_server(workdir: Path, store_uri: str, spec: str = SPEC, env: dict[str, str] | None = None) -> Server:
     """`orch serve` in its own process, with two keys; returns once it accepts connections."""
     if not (TINY / ".built").exists():
         pytest.fail("the tiny model is missing: run `make models` (make test does it)")
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "orch.yaml").write_text(SPEC)
+    (workdir / "orch.yaml").write_text(spec)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "ORCH_API_KEYS": f"{KEY},{OTHER_KEY}", "ORCH_HOME": ".orch"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "ORCH_API_KEYS": f"{KEY},{OTHER_KEY}",
+        "ORCH_HOME": ".orch",
+        **(env or {}),
+    }
     log = open(workdir / "server.log", "ab")  # noqa: SIM115 - the server process writes it until stopped
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "serve", "--store", store_uri, "--port", str(port)],
@@ -110,8 +123,10 @@ def start_server(workdir: Path, store_uri: str) -> Server:
 
 
 @contextlib.contextmanager
-def running_server(workdir: Path, store_uri: str) -> Iterator[Server]:
-    server = start_server(workdir, store_uri)
+def running_server(
+    workdir: Path, store_uri: str, spec: str = SPEC, env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    server = start_server(workdir, store_uri, spec, env)
     try:
         yield server
     finally:
@@ -354,6 +369,39 @@ def test_serve_a_key_sees_only_its_own_files_and_batches(local_server, tmp_path)
         first.files.retrieve(source.id)
 
 
+def test_serve_create_batch_with_an_idempotency_key_makes_one_batch_however_often_it_is_sent(local_server, tmp_path):
+    """The retries of a client that timed out, some racing the first request: one batch, returned to
+    each as it is now. The key is the owner's: another request under it is refused, and another API
+    key sending it gets nothing of the first's. (OTHER_KEY uploads nothing: the files list test's.)"""
+    client, other = local_server.client(KEY), local_server.client(OTHER_KEY)
+    # An unknown model: the batch fails validation at once and costs no worker.
+    lines = [chat_line("q0", "hi", model="nope")]
+    source = upload(client, write_requests(tmp_path / "once.jsonl", lines))
+    job = {"job": f"once-{uuid.uuid4().hex[:8]}"}
+    key = {"Idempotency-Key": f"retry-{uuid.uuid4()}"}
+
+    with ThreadPoolExecutor(4) as pool:
+        racing = list(pool.map(lambda _: create(client, source.id, metadata=job, extra_headers=key), range(4)))
+    first = racing[0]
+    assert {b.id for b in racing} == {first.id}
+    ended, _ = wait_for(client, first.id, final, timeout=60)
+    again = create(client, source.id, metadata=job, extra_headers=key)
+    assert (again.id, again.created_at) == (first.id, first.created_at)
+    assert again.status == ended.status == "failed"  # the batch as it is now
+    assert [b.id for b in client.batches.list() if b.metadata == job] == [first.id]
+
+    with pytest.raises(openai.BadRequestError, match="Idempotency-Key was already used") as refused:
+        create(client, source.id, metadata={**job, "changed": "yes"}, extra_headers=key)
+    assert refused.value.code == "idempotency_key_reused"
+    with pytest.raises(openai.NotFoundError):  # not the first key's batch: its input file, another key's, is absent
+        create(other, source.id, metadata=job, extra_headers=key)
+    # Without the header every request is a batch of its own, as with OpenAI.
+    assert create(client, source.id, metadata=job).id != create(client, source.id, metadata=job).id
+    # The store names a key by its hash only.
+    claims = [info.key for info in open_store(local_server.store_uri).list("serve/idempotency/")]
+    assert claims and not any(key["Idempotency-Key"] in k for k in claims)
+
+
 def test_serve_files_list_pages_orders_and_filters(local_server, tmp_path):
     client = local_server.client(OTHER_KEY)  # a key no other test uploads with: its list is this test's
     uploaded = [upload(client, write_requests(tmp_path / f"f{i}.jsonl", [chat_line("q0", "hi")])) for i in range(3)]
@@ -444,3 +492,147 @@ def test_serve_cancel_and_expiry_return_the_finished_rows(local_server, tmp_path
         assert {line["error"]["code"] for line in errors} == {code}
         assert batch.request_counts is not None
         assert (batch.request_counts.completed, batch.request_counts.failed) == (len(done), len(ids) - len(done))
+
+
+# -- request bodies: read only after the key is checked, bounded in size and time -------------------
+#: The upload limit of the guarded server: small, so that passing it is cheap.
+UPLOAD_LIMIT = 8 * MiB
+GUARDED_SPEC = SPEC + f"  max_upload_bytes: {UPLOAD_LIMIT}\n  upload_idle_timeout: 2\n"
+BOUNDARY = "orch-test-boundary"
+
+
+def spool_of(server: Server) -> Path:
+    """The server's TMPDIR: where an upload is spooled, and nothing else is written."""
+    return server.workdir / "tmp"
+
+
+def start_spooling_server(workdir: Path, spec: str = SPEC) -> Server:
+    (workdir / "tmp").mkdir(parents=True)
+    return start_server(workdir, str(workdir / "store"), spec, {"TMPDIR": str(workdir / "tmp")})
+
+
+@pytest.fixture(scope="module")
+def guarded_server(tmp_path_factory) -> Iterator[Server]:
+    server = start_spooling_server(tmp_path_factory.mktemp("serve-guarded"), GUARDED_SPEC)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer sk-not-a-key"])
+def test_serve_upload_without_a_known_key_is_refused_before_its_body_is_read(authorization, guarded_server):
+    """600 MB announced, 64 MiB offered: the 401 comes at once, and nothing reaches the disk."""
+    head, _ = raw_http.multipart(BOUNDARY, "big.jsonl")
+    headers = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}", "Content-Length": str(600 * 10**6)}
+    if authorization:
+        headers["Authorization"] = authorization
+    with raw_http.FolderPeak(spool_of(guarded_server)) as peak:
+        answer = raw_http.post(
+            guarded_server.port, "/v1/files", headers, [head, *raw_http.pieces(64 * MiB, MiB)], chunked=False
+        )
+    assert answer.status == 401, answer
+    assert ("API key" in answer.message) and (KEY not in answer.message)
+    assert peak.bytes < MiB, f"{peak.bytes:,} bytes spooled for a request without a known key"
+
+
+def test_serve_upload_over_the_limit_is_refused_as_it_passes_the_limit(guarded_server, tmp_path):
+    """Declared too large: refused before a byte is read. Sent chunked (no size given): counted as it
+    comes, spooled up to the limit and no further, then refused and removed."""
+    spool, port = spool_of(guarded_server), guarded_server.port
+    auth = {"Authorization": f"Bearer {KEY}", "Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+    head, tail = raw_http.multipart(BOUNDARY, "big.jsonl")
+    size = 8 * UPLOAD_LIMIT
+
+    with raw_http.FolderPeak(spool) as declared_peak:
+        declared = raw_http.post(
+            port,
+            "/v1/files",
+            {**auth, "Content-Length": str(len(head) + size + len(tail))},
+            [head, *raw_http.pieces(size, MiB), tail],
+            chunked=False,
+        )
+    with raw_http.FolderPeak(spool) as streamed_peak:
+        # A quarter MiB every 5 ms: the watcher sees the spooled file grow.
+        body = [head, *raw_http.pieces(size, MiB // 4, every=0.005), tail]
+        streamed = raw_http.post(port, "/v1/files", auth, body, chunked=True)
+
+    for answer in (declared, streamed):
+        assert answer.status == 400, answer
+        assert answer.body["error"]["param"] == "file" and "too large" in answer.message
+        assert f"{UPLOAD_LIMIT:,}" in answer.message
+    assert declared_peak.bytes < MiB
+    assert UPLOAD_LIMIT // 2 <= streamed_peak.bytes < UPLOAD_LIMIT + MiB, f"{streamed_peak.bytes:,} bytes spooled"
+    assert streamed.sent < size, "answered only after the whole body"
+    assert raw_http.folder_bytes(spool) == 0, "the refused upload's bytes were left behind"
+    # Right at the limit is still taken, and its bytes kept whole.
+    exact = tmp_path / "exact.jsonl"
+    exact.write_bytes(b"".join(raw_http.pieces(UPLOAD_LIMIT, MiB)))
+    stored = upload(guarded_server.client(), exact)
+    assert stored.bytes == UPLOAD_LIMIT
+    assert guarded_server.client().files.content(stored.id).content == exact.read_bytes()
+
+
+def test_serve_upload_that_stalls_is_dropped_after_the_idle_timeout(guarded_server):
+    head, _ = raw_http.multipart(BOUNDARY, "stalled.jsonl")
+    headers = {
+        "Authorization": f"Bearer {KEY}",
+        "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
+        "Content-Length": str(len(head) + 4 * MiB),
+    }
+    started = time.monotonic()
+    answer = raw_http.post(guarded_server.port, "/v1/files", headers, [head, *raw_http.pieces(MiB, MiB)], chunked=False)
+    waited = time.monotonic() - started
+    assert answer.status == 408 and "sent nothing" in answer.message, answer
+    assert 2 <= waited < 15
+    assert raw_http.folder_bytes(spool_of(guarded_server)) == 0
+
+
+def test_serve_create_batch_reads_its_body_only_after_the_key_and_bounds_it(guarded_server):
+    headers = {"Content-Type": "application/json", "Content-Length": str(600 * 10**6)}
+    refused = raw_http.post(guarded_server.port, "/v1/batches", headers, raw_http.pieces(64 * MiB, MiB), chunked=False)
+    assert refused.status == 401, refused
+    too_large = raw_http.post(
+        guarded_server.port,
+        "/v1/batches",
+        {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+        raw_http.pieces(4 * MiB, MiB // 4),
+        chunked=True,
+    )
+    assert too_large.status == 400 and "too large" in too_large.message, too_large
+    with pytest.raises(openai.BadRequestError, match="Missing required parameter: 'completion_window'"):
+        guarded_server.client().post("/batches", body={"input_file_id": "file-x", "endpoint": CHAT}, cast_to=Batch)
+
+
+def test_serve_sigterm_stops_the_server_during_a_slow_upload(tmp_path):
+    """An upload trickling in at 64 KB/s does not hold the server up: SIGTERM stops it within the
+    grace period (serve.shutdown_timeout, 5 s), and the part spooled is removed."""
+    server = start_spooling_server(tmp_path / "server")
+    spool, stop_sending = spool_of(server), threading.Event()
+    head, tail = raw_http.multipart(BOUNDARY, "slow.jsonl")
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+    body = itertools.chain([head], raw_http.pieces(64 * MiB, 8 * 1024, every=0.125, stop=stop_sending), [tail])
+
+    def trickle() -> None:
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            raw_http.post(server.port, "/v1/files", headers, body, chunked=True, timeout=120)
+
+    sender = threading.Thread(target=trickle, daemon=True)
+    try:
+        sender.start()
+        deadline = time.monotonic() + 60
+        while raw_http.folder_bytes(spool) == 0:  # the upload is under way: its first bytes are spooled
+            assert time.monotonic() < deadline, "the slow upload never reached the server's temp folder"
+            time.sleep(0.05)
+        sent_at = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.proc.wait(timeout=60)
+        stopped_s = time.monotonic() - sent_at
+        assert server.proc.poll() is not None, "still serving 60 s after SIGTERM"
+        assert stopped_s < 10, f"stopped {stopped_s:.1f} s after SIGTERM"
+        assert raw_http.folder_bytes(spool) == 0, "the cut-off upload's bytes were left behind"
+    finally:
+        stop_sending.set()
+        server.stop(signal.SIGKILL)
+        sender.join(timeout=30)

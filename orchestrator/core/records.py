@@ -25,6 +25,7 @@ there, by who writes it:
                          files/<id>.content     the file's bytes
                          batches/<id>.json      BatchDocument: an OpenAI batch object and its owner
                          active/<id>            (empty) a batch the server still drives
+                         idempotency/<o>/<hash> IdempotencyRecord: the batch an Idempotency-Key made
                          owners/<o>/<kind>/<…>  (empty) an owner's files and batches, newest first
 
 `read_record` is the one reader (a document that does not parse is a CorruptRecord naming its
@@ -644,6 +645,21 @@ class BatchDocument(Document):
     @property
     def final(self) -> bool:
         return self.status in FINAL_BATCH_STATUSES
+
+
+class IdempotencyRecord(Document):
+    """idempotency/<owner>/<key hash>.json: a POST /v1/batches sent with an Idempotency-Key, and its batch.
+
+    Created (if absent) before the batch it names, so a retry of the request, even one racing the
+    first, finds it: with the same request it answers with that batch (creating it with this id
+    and time when the first request died before it could), with another it is refused.
+    Never changed once written.
+    """
+
+    owner: str = Field(description="the hash of the API key that sent it, never the key")
+    request: str = Field(description="SHA-256 of the request's fields: the key resent with others is refused")
+    batch_id: str
+    created_ms: int = Field(description="the batch's creation time, so that whoever creates it writes the same batch")
 
 
 def read_batch(store: Store, layout: ServeLayout, batch_id: str) -> BatchDocument | None:

@@ -177,6 +177,20 @@ class ServeSpec(StrictModel):
     )
     max_file_bytes: int = Field(200 * 1024**2, ge=1, description="largest batch input file (OpenAI: 200 MB)")
     max_requests: int = Field(50_000, ge=1, description="most request lines in one batch (OpenAI: 50,000)")
+    max_upload_bytes: int = Field(
+        512 * 1024**2, ge=1, description="largest file POST /v1/files takes, counted as it arrives (OpenAI: 512 MB)"
+    )
+    upload_idle_timeout: float = Field(
+        60.0, gt=0, description="seconds a request body (an upload) may send nothing before the server drops it (408)"
+    )
+    upload_timeout: float = Field(
+        3600.0,
+        gt=0,
+        description="seconds one request body may take in all (512 MB at 150 KB/s); then it is dropped (408)",
+    )
+    shutdown_timeout: int = Field(
+        5, ge=0, description="seconds requests under way get on SIGTERM or Ctrl-C before they are cut off"
+    )
     rows_per_chunk: int = Field(
         500, ge=1, description="chunk size of a batch's run: a cancel or an expiry returns the finished chunks"
     )

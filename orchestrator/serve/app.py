@@ -3,30 +3,32 @@
     POST   /v1/files                  multipart: file, purpose=batch
     GET    /v1/files                  after, limit, order, purpose
     GET    /v1/files/{id}             DELETE /v1/files/{id}     GET /v1/files/{id}/content
-    POST   /v1/batches                input_file_id, endpoint, completion_window, metadata
+    POST   /v1/batches                input_file_id, endpoint, completion_window, metadata; Idempotency-Key
     GET    /v1/batches                after, limit (newest first)
     GET    /v1/batches/{id}           POST /v1/batches/{id}/cancel
     GET    /v1/models                 the names a batch's `model` may take
 
 Every route needs `Authorization: Bearer KEY` (unless the server runs without keys) and sees only
-the key's own files and batches. The routes only read and write the store; the driver thread does
+the key's own files and batches; a route reads its body only after the key is accepted, a read at a
+time and bounded (serve/uploads.py). The routes only read and write the store; the driver thread does
 the batches' work. Errors take OpenAI's shape, so the official SDK raises its usual exceptions.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, File, Form, Header, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from orchestrator.core.errors import OrchError
@@ -43,11 +45,16 @@ from orchestrator.serve.files import (
 )
 from orchestrator.serve.lifecycle import Batches, Driver, batch_object
 from orchestrator.serve.settings import ServeSettings
+from orchestrator.serve.uploads import read_body, receive_upload
 
 log = logging.getLogger("orch.serve")
-
-#: OpenAI's limit on one uploaded file.
-MAX_UPLOAD_BYTES = 512 * 1024**2
+M = TypeVar("M", bound=BaseModel)
+#: At shutdown, how long the driver's step under way may take to end (after serve.shutdown_timeout).
+DRIVER_STOP_S = 3.0
+#: The longest Idempotency-Key taken (Stripe's limit; a UUID takes 36).
+MAX_IDEMPOTENCY_KEY = 255
+#: The most a POST /v1/batches body may hold: four short fields and at most 16 metadata pairs.
+MAX_JSON_BYTES = 1024**2
 
 
 class CreateBatch(BaseModel):
@@ -67,10 +74,18 @@ def create_app(settings: ServeSettings) -> FastAPI:
     driver = Driver(batches, settings.poll_interval)
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(api: FastAPI) -> AsyncIterator[None]:
+        # Uploads are spooled in a folder of the server's own, removed at shutdown with whatever the
+        # uploads cut off there left: uvicorn re-raises SIGTERM once shut down, so their own cleanup
+        # never runs.
+        api.state.spool = tempfile.mkdtemp(prefix="orch-serve-uploads-")
         driver.start()
-        yield
-        driver.stop()
+        try:
+            yield
+        finally:
+            # A step cut short is taken again by the next server (lifecycle.py): no need to wait it out.
+            driver.stop(timeout=DRIVER_STOP_S)
+            shutil.rmtree(api.state.spool, ignore_errors=True)
 
     app = FastAPI(title="orch serve", summary="The OpenAI Batch API over orch runs", lifespan=lifespan)
     app.state.settings, app.state.batches, app.state.driver = settings, batches, driver
@@ -109,18 +124,21 @@ router = APIRouter(prefix="/v1")
 
 # -- files ----------------------------------------------------------------------------------------
 @router.post("/files")
-def upload_file(
-    file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()], who: Owner, store: StoreDep
-) -> dict[str, Any]:
-    if purpose != "batch":
-        raise APIError(400, f"Invalid value for 'purpose': {purpose!r}. This server accepts 'batch'.", param="purpose")
-    with tempfile.NamedTemporaryFile(prefix="orch-upload-") as tmp:
-        shutil.copyfileobj(file.file, tmp)
-        tmp.flush()
-        size = os.path.getsize(tmp.name)
-        if size > MAX_UPLOAD_BYTES:
-            raise APIError(400, f"File is too large: {size:,} bytes, at most {MAX_UPLOAD_BYTES:,}.", param="file")
-        record = save_file(store, owner=who, filename=file.filename or "upload.jsonl", purpose="batch", path=tmp.name)
+async def upload_file(request: Request, who: Owner, store: StoreDep) -> dict[str, Any]:
+    """The body is read here, after `Owner` checked the key: FastAPI's File() and Form() would have
+    spooled the whole body to disk before any check ran."""
+    settings: ServeSettings = request.app.state.settings
+    async with receive_upload(request, settings.upload_limits, request.app.state.spool) as upload:
+        purpose = upload.fields.get("purpose")
+        if purpose is None:
+            raise APIError(400, "Missing required parameter: 'purpose'.", param="purpose")
+        if purpose != "batch":
+            raise APIError(
+                400, f"Invalid value for 'purpose': {purpose!r}. This server accepts 'batch'.", param="purpose"
+            )
+        record = await run_in_threadpool(
+            save_file, store, owner=who, filename=upload.filename or "upload.jsonl", purpose="batch", path=upload.path
+        )
     log.info("%s: uploaded (%d bytes)", record.id, record.bytes)
     return file_object(record)
 
@@ -165,13 +183,25 @@ def _file(store: Store, who: str, file_id: str) -> StoredFile:
 
 # -- batches --------------------------------------------------------------------------------------
 @router.post("/batches")
-def create_batch(body: CreateBatch, who: Owner, batches: BatchesDep, driver: DriverDep) -> dict[str, Any]:
-    batch = batches.create(
+async def create_batch(
+    request: Request,
+    who: Owner,
+    batches: BatchesDep,
+    driver: DriverDep,
+    idempotency_key: Annotated[str | None, Header(max_length=MAX_IDEMPOTENCY_KEY)] = None,
+) -> dict[str, Any]:
+    """The body is read here, after `Owner` checked the key (as for uploads), and at most MAX_JSON_BYTES of it.
+    A request resent with the same Idempotency-Key gets the batch the first one made (lifecycle.py)."""
+    settings: ServeSettings = request.app.state.settings
+    body = _json_body(CreateBatch, await read_body(request, settings.upload_limits, MAX_JSON_BYTES))
+    batch = await run_in_threadpool(
+        batches.create,
         who,
         input_file_id=body.input_file_id,
         endpoint=body.endpoint,
         completion_window=body.completion_window,
         metadata=body.metadata,
+        idempotency_key=idempotency_key or None,
     )
     driver.wake()
     return batch_object(batch)
@@ -203,6 +233,20 @@ def get_models(_who: Owner, request: Request) -> dict[str, Any]:
     settings: ServeSettings = request.app.state.settings
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "orch"} for name in sorted(settings.models)]
     return {"object": "list", "data": data}
+
+
+def _json_body(model: type[M], raw: bytes) -> M:
+    """The body as `model`: invalid JSON as OpenAI words it, invalid fields as FastAPI's own checks report them."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise APIError(400, "We could not parse the JSON body of your request: send a JSON object.")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from None
 
 
 def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
@@ -260,4 +304,12 @@ def serve(settings: ServeSettings, host: str, port: int) -> None:
     """Run the API with uvicorn until stopped (Ctrl-C, SIGTERM); the batches' workers run on."""
     import uvicorn
 
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    # A request still under way at shutdown (an upload trickling in) is cut off after the grace period:
+    # uvicorn would otherwise wait for it as long as its client keeps sending.
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level="info",
+        timeout_graceful_shutdown=settings.spec.serve.shutdown_timeout,
+    )

@@ -17,6 +17,7 @@ times fixed by the batch), so a server killed at any point and started again car
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -44,6 +45,7 @@ from orchestrator.core.records import (
     BatchDocument,
     BatchRequestError,
     BatchTokens,
+    IdempotencyRecord,
     PrepareRecord,
     cas_update,
     read_batch,
@@ -89,9 +91,21 @@ class Batches:
         endpoint: str,
         completion_window: str,
         metadata: dict[str, str] | None,
+        idempotency_key: str | None = None,
     ) -> BatchDocument:
         """Check the request (400s, as OpenAI answers them), then record the batch as `validating`:
-        its document, then its active entry (the driver takes it from there), then its owner's index."""
+        its document, then its active entry (the driver takes it from there), then its owner's index.
+
+        With an Idempotency-Key the owner already sent with the same request, the batch that request
+        made is returned instead (as it is now): a retry after a timeout or a 5xx starts nothing twice.
+        """
+        request = _request_hash(input_file_id, endpoint, completion_window, metadata)
+        claim_key = LAYOUT.idempotency(owner, _key_hash(idempotency_key)) if idempotency_key is not None else None
+        if claim_key is not None:
+            found = read_record(self.store, claim_key, IdempotencyRecord)
+            earlier = self._replay(found[0], request) if found is not None else None
+            if earlier is not None:
+                return earlier
         if endpoint not in ENDPOINTS:
             raise APIError(
                 400,
@@ -114,9 +128,19 @@ class Batches:
             raise not_found("File", input_file_id)
         if source.purpose != "batch":
             raise APIError(400, "The input file must be a file uploaded with purpose 'batch'.", param="input_file_id")
-        now_ms = int(self.clock() * 1000)
+        batch_id, now_ms = f"batch_{uuid.uuid4().hex[:24]}", int(self.clock() * 1000)
+        if claim_key is not None:
+            # Claimed before the batch exists: of two requests racing with one key, one claim stands,
+            # and both go on with its id and time, so both write (or find) the same batch.
+            mine = IdempotencyRecord(owner=owner, request=request, batch_id=batch_id, created_ms=now_ms)
+            claim, _ = cas_update(
+                self.store, claim_key, IdempotencyRecord, lambda old: mine if old is None else None, expect_new=True
+            )
+            assert claim is not None  # ours, or the one already there
+            _check_same_request(claim, request)
+            batch_id, now_ms = claim.batch_id, claim.created_ms
         batch = BatchDocument(
-            id=f"batch_{uuid.uuid4().hex[:24]}",
+            id=batch_id,
             owner=owner,
             endpoint=endpoint,
             input_file_id=input_file_id,
@@ -126,12 +150,35 @@ class Batches:
             created_ms=now_ms,
             expires_at=int(now_ms / 1000 + window),
         )
-        created, _ = cas_update(self.store, LAYOUT.batch(batch.id), BatchDocument, lambda _: batch, expect_new=True)
-        self.store.put(LAYOUT.active(batch.id), b"")
-        self.store.put(LAYOUT.owned(owner, "batches", now_ms, batch.id), b"")
+        created = self._record(batch)
         log.info("%s: created (%s, window %s)", batch.id, endpoint, completion_window)
-        assert created is not None  # the change always returns the batch
         return created
+
+    def _record(self, batch: BatchDocument) -> BatchDocument:
+        """Write the batch unless it exists (then it stands, as it is now), then its active entry while
+        it is not final, and its owner's index entry: each step safe to take again."""
+        stored, _ = cas_update(
+            self.store,
+            LAYOUT.batch(batch.id),
+            BatchDocument,
+            lambda old: batch if old is None else None,
+            expect_new=True,
+        )
+        assert stored is not None  # ours, or the one already there
+        if not stored.final:
+            self.store.put(LAYOUT.active(stored.id), b"")
+        self.store.put(LAYOUT.owned(stored.owner, "batches", stored.created_ms, stored.id), b"")
+        return stored
+
+    def _replay(self, claim: IdempotencyRecord, request: str) -> BatchDocument | None:
+        """The batch an earlier request with the same key made; None when it has not written it yet
+        (still under way, or it died): the caller then creates it, under the claim's id and time."""
+        _check_same_request(claim, request)
+        batch = read_batch(self.store, LAYOUT, claim.batch_id)
+        if batch is None:
+            return None
+        log.info("%s: returned again for a request with the same Idempotency-Key", batch.id)
+        return self._record(batch)
 
     def get(self, owner: str, batch_id: str) -> BatchDocument:
         """The batch, if `owner` owns it: another owner's batch answers 404, as an unknown id does."""
@@ -549,6 +596,31 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
             f"Invalid 'metadata': at most {_METADATA_KEYS} pairs, keys up to {_METADATA_KEY_CHARS} characters, "
             f"values up to {_METADATA_VALUE_CHARS}.",
             param="metadata",
+        )
+
+
+def _request_hash(input_file_id: str, endpoint: str, completion_window: str, metadata: dict[str, str] | None) -> str:
+    fields = {
+        "input_file_id": input_file_id,
+        "endpoint": endpoint,
+        "completion_window": completion_window,
+        "metadata": metadata,
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _key_hash(idempotency_key: str) -> str:
+    """Keys are the client's text, of any length and characters: their hash is what names them in the store."""
+    return hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
+
+
+def _check_same_request(claim: IdempotencyRecord, request: str) -> None:
+    if claim.request != request:
+        raise APIError(
+            400,
+            f"This Idempotency-Key was already used for another request (which created {claim.batch_id}): "
+            "send a new key for a new batch, or the first request's parameters to get its batch again.",
+            code="idempotency_key_reused",
         )
 
 

@@ -14,6 +14,7 @@ from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.spec import ModelSpec, RunSpec
 from orchestrator.core.store import Store, open_store
 from orchestrator.serve.auth import Keys, check_exposure, load_owners
+from orchestrator.serve.uploads import UploadLimits
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,11 @@ class ServeSettings:
     @property
     def poll_interval(self) -> float:
         return self.spec.serve.poll_interval
+
+    @property
+    def upload_limits(self) -> UploadLimits:
+        serve = self.spec.serve
+        return UploadLimits(serve.max_upload_bytes, serve.upload_idle_timeout, serve.upload_timeout)
 
 
 def load_settings(

@@ -195,6 +195,10 @@ class ServeLayout:
     def active(self, batch_id: str) -> str:
         return f"{self.active_prefix}{batch_id}"
 
+    def idempotency(self, owner: str, key_hash: str) -> str:
+        """The batch a POST /v1/batches with this Idempotency-Key (by its hash) made for this owner."""
+        return f"{self.root}idempotency/{owner}/{key_hash}.json"
+
     def owned_prefix(self, owner: str, kind: str) -> str:
         """`kind` is `files` or `batches`."""
         return f"{self.root}owners/{owner}/{kind}/"
