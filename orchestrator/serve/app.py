@@ -34,6 +34,8 @@ from starlette.exceptions import HTTPException
 from orchestrator.core.errors import OrchError
 from orchestrator.core.records import StoredFile
 from orchestrator.core.store import Store, StoreError
+from orchestrator.serve.batch_api import BatchAPI, batch_object
+from orchestrator.serve.driver import BatchSteps, Driver
 from orchestrator.serve.errors import APIError, not_found
 from orchestrator.serve.files import (
     delete_file,
@@ -43,7 +45,6 @@ from orchestrator.serve.files import (
     owned_file,
     save_file,
 )
-from orchestrator.serve.lifecycle import Batches, Driver, batch_object
 from orchestrator.serve.settings import ServeSettings
 from orchestrator.serve.uploads import read_body, receive_upload
 
@@ -70,8 +71,8 @@ class CreateBatch(BaseModel):
 
 def create_app(settings: ServeSettings) -> FastAPI:
     """The app, its routes, and the driver thread that runs while it serves."""
-    batches = Batches(settings)
-    driver = Driver(batches, settings.poll_interval)
+    batches = BatchAPI(settings)
+    driver = Driver(BatchSteps(settings), settings.poll_interval)
 
     @asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
@@ -83,7 +84,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
         try:
             yield
         finally:
-            # A step cut short is taken again by the next server (lifecycle.py): no need to wait it out.
+            # A step cut short is taken again by the next server (driver.py): no need to wait it out.
             driver.stop(timeout=DRIVER_STOP_S)
             shutil.rmtree(api.state.spool, ignore_errors=True)
 
@@ -105,8 +106,8 @@ def _store(request: Request) -> Store:
     return settings.store
 
 
-def _batches(request: Request) -> Batches:
-    batches: Batches = request.app.state.batches
+def _batches(request: Request) -> BatchAPI:
+    batches: BatchAPI = request.app.state.batches
     return batches
 
 
@@ -117,7 +118,7 @@ def _driver(request: Request) -> Driver:
 
 Owner = Annotated[str, Depends(_owner)]
 StoreDep = Annotated[Store, Depends(_store)]
-BatchesDep = Annotated[Batches, Depends(_batches)]
+BatchesDep = Annotated[BatchAPI, Depends(_batches)]
 DriverDep = Annotated[Driver, Depends(_driver)]
 router = APIRouter(prefix="/v1")
 
@@ -191,7 +192,7 @@ async def create_batch(
     idempotency_key: Annotated[str | None, Header(max_length=MAX_IDEMPOTENCY_KEY)] = None,
 ) -> dict[str, Any]:
     """The body is read here, after `Owner` checked the key (as for uploads), and at most MAX_JSON_BYTES of it.
-    A request resent with the same Idempotency-Key gets the batch the first one made (lifecycle.py)."""
+    A request resent with the same Idempotency-Key gets the batch the first one made (batch_api.py)."""
     settings: ServeSettings = request.app.state.settings
     body = _json_body(CreateBatch, await read_body(request, settings.upload_limits, MAX_JSON_BYTES))
     batch = await run_in_threadpool(

@@ -1,30 +1,19 @@
-"""A batch's life: created by the API, then driven by the server's loop through OpenAI's statuses, as an orch run.
+"""The server's driver: each active batch's next step, from what the store says, through the table of moves.
 
-    validating ─► failed                      the input file has problems (errors.data); nothing launched
-        │ prepare, plan, launch: the run named by the batch id, on the configured backend
-        ▼
-    in_progress ─► finalizing ─► completed    every chunk has its marker
-        │     ├───────────────► expired       past expires_at: workers cancelled, finished rows returned
-        │     └───────────────► failed        workers out of relaunches: finished rows returned
-        ▼ POST /cancel (from validating or in_progress)
-    cancelling ─► cancelled                   workers cancelled, finished rows returned
-
-Each round of the driver reads the active batches from the store and takes the step each status
-calls for; an in_progress step is one tick of the reconcile loop behind `orch watch`. Every step
-may be taken again (prepare, plan and launch skip what is done; files are written under ids and
-times fixed by the batch), so a server killed at any point and started again carries on.
+Each round reads the active batches from the store and takes the step each state calls for; an
+in_progress step is one tick of the reconcile loop behind `orch watch`. Every step may be taken
+again (prepare, plan and launch skip what is done; files are written under ids and times fixed
+by the batch), so a server killed at any point and started again carries on.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,13 +28,12 @@ from orchestrator.core.errors import InputError, OrchError, SpecError
 from orchestrator.core.frozen_spec import freeze_spec, read_stored_spec
 from orchestrator.core.lines import BatchError, BatchOutputLine
 from orchestrator.core.protocol.checkpoints import read_chunk_stats
-from orchestrator.core.protocol.layout import RunLayout, ServeLayout
+from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import (
     BatchCounts,
     BatchDocument,
     BatchRequestError,
     BatchTokens,
-    IdempotencyRecord,
     PrepareRecord,
     cas_update,
     read_batch,
@@ -53,177 +41,29 @@ from orchestrator.core.records import (
     read_record,
 )
 from orchestrator.core.spec import ModelSpec, RunSpec
-from orchestrator.prepare.formats import URLS
-from orchestrator.serve.errors import APIError, not_found
-from orchestrator.serve.files import owned_file, save_file, valid_id
+from orchestrator.serve.batch_states import LAYOUT, Outcome, ending_state, transition
+from orchestrator.serve.files import save_file
 from orchestrator.serve.settings import ServeSettings
 from orchestrator.serve.validate import too_large, validate_input
 
-LAYOUT = ServeLayout()
 log = logging.getLogger("orch.serve")
 
-#: The endpoints a batch may name: those orch's generating workers answer (served models are
-#: generate models; embeddings batches are not served yet).
-ENDPOINTS = URLS["generate"]
 #: The error line for a request never run, by how its batch ended (OpenAI's codes for the first two).
 UNANSWERED = {
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
     "cancelled": ("batch_cancelled", "This request was not executed because the batch was cancelled."),
     "failed": ("batch_failed", "This request was not executed: the batch's workers failed (see the batch's errors)."),
 }
-_METADATA_KEYS, _METADATA_KEY_CHARS, _METADATA_VALUE_CHARS = 16, 64, 512
 
 
-class Batches:
-    """The batches of one store: what the API asks (create, get, list, cancel), and each step of the driver."""
+class BatchSteps:
+    """The driver's side of the batches of one store: the step each active batch's state calls for."""
 
     def __init__(self, settings: ServeSettings, clock: Callable[[], float] = time.time):
         self.settings = settings
         self.store = settings.store
         self.clock = clock
 
-    # -- the API's side ---------------------------------------------------------------------------
-    def create(
-        self,
-        owner: str,
-        *,
-        input_file_id: str,
-        endpoint: str,
-        completion_window: str,
-        metadata: dict[str, str] | None,
-        idempotency_key: str | None = None,
-    ) -> BatchDocument:
-        """Check the request (400s, as OpenAI answers them), then record the batch as `validating`:
-        its document, then its active entry (the driver takes it from there), then its owner's index.
-
-        With an Idempotency-Key the owner already sent with the same request, the batch that request
-        made is returned instead (as it is now): a retry after a timeout or a 5xx starts nothing twice.
-        """
-        request = _request_hash(input_file_id, endpoint, completion_window, metadata)
-        claim_key = LAYOUT.idempotency(owner, _key_hash(idempotency_key)) if idempotency_key is not None else None
-        if claim_key is not None:
-            found = read_record(self.store, claim_key, IdempotencyRecord)
-            earlier = self._replay(found[0], request) if found is not None else None
-            if earlier is not None:
-                return earlier
-        if endpoint not in ENDPOINTS:
-            raise APIError(
-                400,
-                f"Invalid value for 'endpoint': {endpoint!r}. Supported values are: {_quoted(ENDPOINTS)}.",
-                param="endpoint",
-                code="invalid_value",
-            )
-        window = self.settings.windows.get(completion_window)
-        if window is None:
-            raise APIError(
-                400,
-                f"Invalid value for 'completion_window': {completion_window!r}. "
-                f"Supported values are: {_quoted(self.settings.windows)}.",
-                param="completion_window",
-                code="invalid_value",
-            )
-        _check_metadata(metadata)
-        source = owned_file(self.store, owner, input_file_id)
-        if source is None:
-            raise not_found("File", input_file_id)
-        if source.purpose != "batch":
-            raise APIError(400, "The input file must be a file uploaded with purpose 'batch'.", param="input_file_id")
-        batch_id, now_ms = f"batch_{uuid.uuid4().hex[:24]}", int(self.clock() * 1000)
-        if claim_key is not None:
-            # Claimed before the batch exists: of two requests racing with one key, one claim stands,
-            # and both go on with its id and time, so both write (or find) the same batch.
-            mine = IdempotencyRecord(owner=owner, request=request, batch_id=batch_id, created_ms=now_ms)
-            claim, _ = cas_update(
-                self.store, claim_key, IdempotencyRecord, lambda old: mine if old is None else None, expect_new=True
-            )
-            assert claim is not None  # ours, or the one already there
-            _check_same_request(claim, request)
-            batch_id, now_ms = claim.batch_id, claim.created_ms
-        batch = BatchDocument(
-            id=batch_id,
-            owner=owner,
-            endpoint=endpoint,
-            input_file_id=input_file_id,
-            completion_window=completion_window,
-            metadata=metadata,
-            created_at=now_ms // 1000,
-            created_ms=now_ms,
-            expires_at=int(now_ms / 1000 + window),
-        )
-        created = self._record(batch)
-        log.info("%s: created (%s, window %s)", batch.id, endpoint, completion_window)
-        return created
-
-    def _record(self, batch: BatchDocument) -> BatchDocument:
-        """Write the batch unless it exists (then it stands, as it is now), then its active entry while
-        it is not final, and its owner's index entry: each step safe to take again."""
-        stored, _ = cas_update(
-            self.store,
-            LAYOUT.batch(batch.id),
-            BatchDocument,
-            lambda old: batch if old is None else None,
-            expect_new=True,
-        )
-        assert stored is not None  # ours, or the one already there
-        if not stored.final:
-            self.store.put(LAYOUT.active(stored.id), b"")
-        self.store.put(LAYOUT.owned(stored.owner, "batches", stored.created_ms, stored.id), b"")
-        return stored
-
-    def _replay(self, claim: IdempotencyRecord, request: str) -> BatchDocument | None:
-        """The batch an earlier request with the same key made; None when it has not written it yet
-        (still under way, or it died): the caller then creates it, under the claim's id and time."""
-        _check_same_request(claim, request)
-        batch = read_batch(self.store, LAYOUT, claim.batch_id)
-        if batch is None:
-            return None
-        log.info("%s: returned again for a request with the same Idempotency-Key", batch.id)
-        return self._record(batch)
-
-    def get(self, owner: str, batch_id: str) -> BatchDocument:
-        """The batch, if `owner` owns it: another owner's batch answers 404, as an unknown id does."""
-        batch = read_batch(self.store, LAYOUT, batch_id) if valid_id(batch_id) else None
-        if batch is None or batch.owner != owner:
-            raise not_found("Batch", batch_id)
-        return batch
-
-    def page(self, owner: str, *, after: str | None, limit: int) -> tuple[list[BatchDocument], bool]:
-        """A page of the owner's batches, newest first, from the owner's index (flat: `start_after` pages it)."""
-        start = None
-        if after is not None:
-            mark = self.get(owner, after)
-            start = LAYOUT.owned(owner, "batches", mark.created_ms, mark.id)
-        page: list[BatchDocument] = []
-        for info in self.store.list(LAYOUT.owned_prefix(owner, "batches"), start_after=start):
-            batch = read_batch(self.store, LAYOUT, LAYOUT.id_of(info.key))
-            if batch is None:
-                continue
-            if len(page) == limit:
-                return page, True
-            page.append(batch)
-        return page, False
-
-    def cancel(self, owner: str, batch_id: str) -> BatchDocument:
-        """validating or in_progress -> cancelling (the driver stops the workers and writes the files)."""
-        self.get(owner, batch_id)
-        now = int(self.clock())
-
-        def change(batch: BatchDocument | None) -> BatchDocument | None:
-            assert batch is not None  # read just above; batches are never deleted
-            if batch.status in ("cancelling", "cancelled"):
-                return None
-            if batch.status not in ("validating", "in_progress") or batch.ending is not None:
-                status = batch.ending or batch.status
-                raise APIError(409, f"Cannot cancel a batch with status '{status}'.", code="batch_not_cancellable")
-            batch.status, batch.cancelling_at = "cancelling", now
-            return batch
-
-        batch, _ = cas_update(self.store, LAYOUT.batch(batch_id), BatchDocument, change)
-        assert batch is not None
-        log.info("%s: cancel requested", batch_id)
-        return batch
-
-    # -- the driver's side --------------------------------------------------------------------------
     def active_ids(self) -> list[str]:
         return [LAYOUT.id_of(info.key) for info in self.store.list(LAYOUT.active_prefix)]
 
@@ -299,14 +139,10 @@ class Batches:
                 # Retrying will not help: the request is one this server cannot run.
                 self._fail(batch, [BatchRequestError(code="invalid_request", message=str(e))])
                 return
-        model, total, now = result.model, result.requests, int(self.clock())
-
-        def change(doc: BatchDocument) -> None:
-            doc.model, doc.request_counts = model, BatchCounts(total=total)
-            if doc.status == "validating":  # not if cancelled meanwhile: the next round stops the workers
-                doc.status, doc.in_progress_at = "in_progress", now
-
-        self._update(batch.id, change)
+        model, total = result.model, result.requests
+        # Recorded whatever happened meanwhile: a cancelled batch's files need the model and the total too.
+        self._update(batch.id, lambda doc: _set(doc, model=model, request_counts=BatchCounts(total=total)))
+        transition(self.store, batch.id, "in_progress", now=int(self.clock()))  # not if cancelled meanwhile
         log.info("%s: %d requests for %s; %d worker(s) launched", batch.id, total, model, workers)
 
     def _start_run(self, batch: BatchDocument, served: ModelSpec, path: Path) -> int:
@@ -361,12 +197,7 @@ class Batches:
             if outcome != "completed":
                 cancel_workers(ctx)
             files = self._write_files(batch, ctx, outcome)
-        now = int(self.clock())
-
-        def change(doc: BatchDocument) -> None:
-            _set(doc, status=outcome, ending=None, **{f"{outcome}_at": now}, **files)
-
-        self._update(batch.id, change, unless_final=True)
+        transition(self.store, batch.id, outcome, now=int(self.clock()), changes=files)
         self.store.delete(LAYOUT.active(batch.id))
         log.info("%s: %s", batch.id, outcome)
 
@@ -425,13 +256,8 @@ class Batches:
 
     def _fail(self, batch: BatchDocument, errors: list[BatchRequestError]) -> None:
         """Validation failed: the batch is failed with its problems, and nothing was launched."""
-        now = int(self.clock())
-
-        def change(doc: BatchDocument) -> None:
-            if doc.status == "validating":
-                _set(doc, status="failed", failed_at=now, errors=errors)
-
-        if self._update(batch.id, change).status == "failed":  # not if cancelled meanwhile: that is next
+        failed = transition(self.store, batch.id, "failed", now=int(self.clock()), changes={"errors": errors})
+        if failed.outcome is Outcome.APPLIED:  # not if cancelled meanwhile: that is next
             self.store.delete(LAYOUT.active(batch.id))
             first = errors[0].message if errors else "none listed"
             log.info("%s: failed validation (%d problem(s), first: %s)", batch.id, len(errors), first)
@@ -439,36 +265,22 @@ class Batches:
     def _decide_end(
         self, batch: BatchDocument, ending: str, errors: list[BatchRequestError] | None = None
     ) -> BatchDocument | None:
-        """Record an end while the status still reads in_progress; None when the batch moved meanwhile."""
-        now = int(self.clock())
-
-        def change(doc: BatchDocument | None) -> BatchDocument | None:
-            if doc is None or doc.status not in ("validating", "in_progress") or doc.ending is not None:
-                return None
-            return _set(doc, ending=ending, ending_at=now, errors=errors or doc.errors)
-
-        new, _ = cas_update(self.store, LAYOUT.batch(batch.id), BatchDocument, change)
-        return new if new is not None and new.ending == ending else None
+        """Record an end (expired, failed) while the status still reads in_progress; None when the
+        batch moved meanwhile."""
+        changes = {"errors": errors} if errors else None
+        decided = transition(self.store, batch.id, ending_state(ending), now=int(self.clock()), changes=changes)
+        return decided.batch if decided.outcome.there else None
 
     def _advance(self, batch: BatchDocument, status: str) -> BatchDocument | None:
         """in_progress -> finalizing or cancelling; None when the batch moved meanwhile."""
-        now = int(self.clock())
+        moved = transition(self.store, batch.id, status, now=int(self.clock()))
+        return moved.batch if moved.outcome.there else None
 
-        def change(doc: BatchDocument | None) -> BatchDocument | None:
-            if doc is None or doc.status != "in_progress" or doc.ending is not None:
-                return None
-            return _set(doc, status=status, **{f"{status}_at": now})
-
-        new, _ = cas_update(self.store, LAYOUT.batch(batch.id), BatchDocument, change)
-        return new if new is not None and new.status == status else None
-
-    def _update(
-        self, batch_id: str, change: Callable[[BatchDocument], Any], *, unless_final: bool = False
-    ) -> BatchDocument:
-        """Change the batch document by compare-and-swap; returns it as stored then."""
+    def _update(self, batch_id: str, change: Callable[[BatchDocument], object]) -> BatchDocument:
+        """Fields other than the status (counts, usage, the model), unless the batch is final."""
 
         def apply(doc: BatchDocument | None) -> BatchDocument | None:
-            if doc is None or (unless_final and doc.final):
+            if doc is None or doc.final:
                 return None
             change(doc)
             return doc
@@ -482,7 +294,7 @@ class Batches:
 class Driver:
     """The server's loop: a round over the active batches every poll interval, or sooner when woken."""
 
-    def __init__(self, batches: Batches, interval: float):
+    def __init__(self, batches: BatchSteps, interval: float):
         self.batches = batches
         self.interval = interval
         self._wake = threading.Event()
@@ -527,41 +339,6 @@ class Driver:
                 log.exception("%s: unexpected error (trying again)", batch_id)
 
 
-def batch_object(batch: BatchDocument) -> dict[str, Any]:
-    """The OpenAI batch object."""
-    usage = batch.usage
-    return {
-        "id": batch.id,
-        "object": "batch",
-        "endpoint": batch.endpoint,
-        "model": batch.model,
-        "errors": {"object": "list", "data": [e.model_dump() for e in batch.errors]} if batch.errors else None,
-        "input_file_id": batch.input_file_id,
-        "completion_window": batch.completion_window,
-        "status": batch.status,
-        "output_file_id": batch.output_file_id,
-        "error_file_id": batch.error_file_id,
-        "created_at": batch.created_at,
-        "in_progress_at": batch.in_progress_at,
-        "expires_at": batch.expires_at,
-        "finalizing_at": batch.finalizing_at,
-        "completed_at": batch.completed_at,
-        "failed_at": batch.failed_at,
-        "expired_at": batch.expired_at,
-        "cancelling_at": batch.cancelling_at,
-        "cancelled_at": batch.cancelled_at,
-        "request_counts": batch.request_counts.model_dump(),
-        "metadata": batch.metadata,
-        "usage": {
-            "input_tokens": usage.input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": usage.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage.input_tokens + usage.output_tokens,
-        },
-    }
-
-
 def _unanswered(batch_id: str, outcome: str, retry: Path, answered: set[str], out: Any) -> int:
     """An error line for each request of the retry file (failed or missing) that no line answered."""
     code, message = UNANSWERED[outcome]
@@ -583,46 +360,3 @@ def _set(doc: BatchDocument, **fields: Any) -> BatchDocument:
     for name, value in fields.items():
         setattr(doc, name, value)
     return doc
-
-
-def _check_metadata(metadata: dict[str, str] | None) -> None:
-    if metadata is None:
-        return
-    if len(metadata) > _METADATA_KEYS or any(
-        len(k) > _METADATA_KEY_CHARS or len(v) > _METADATA_VALUE_CHARS for k, v in metadata.items()
-    ):
-        raise APIError(
-            400,
-            f"Invalid 'metadata': at most {_METADATA_KEYS} pairs, keys up to {_METADATA_KEY_CHARS} characters, "
-            f"values up to {_METADATA_VALUE_CHARS}.",
-            param="metadata",
-        )
-
-
-def _request_hash(input_file_id: str, endpoint: str, completion_window: str, metadata: dict[str, str] | None) -> str:
-    fields = {
-        "input_file_id": input_file_id,
-        "endpoint": endpoint,
-        "completion_window": completion_window,
-        "metadata": metadata,
-    }
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
-
-
-def _key_hash(idempotency_key: str) -> str:
-    """Keys are the client's text, of any length and characters: their hash is what names them in the store."""
-    return hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
-
-
-def _check_same_request(claim: IdempotencyRecord, request: str) -> None:
-    if claim.request != request:
-        raise APIError(
-            400,
-            f"This Idempotency-Key was already used for another request (which created {claim.batch_id}): "
-            "send a new key for a new batch, or the first request's parameters to get its batch again.",
-            code="idempotency_key_reused",
-        )
-
-
-def _quoted(values: Any) -> str:
-    return ", ".join(repr(v) for v in values)
