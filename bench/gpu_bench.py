@@ -120,7 +120,8 @@ def request_lines(count: int, max_tokens: int) -> list[str]:
 def ceiling(engine: str, model: str, data: str, old_batches: bool, candidates: bool) -> dict[str, Any]:
     """The child's work: load the engine, build the worker's prompts, time one call over all of them."""
     from orchestrator.core.spec import ModelSpec, SamplingSpec
-    from worker.requests import EngineRequest, parse_request
+    from worker.requests import parse_request
+    from worker.wire import EngineRequest
 
     with open(data) as f:
         requests = [parse_request(line, i, SamplingSpec()) for i, line in enumerate(f)]

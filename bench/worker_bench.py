@@ -214,8 +214,9 @@ class InstantEngine:
         self.capacity = window
 
     def run(self, requests):
-        from worker.engine.base import RowResult, take_window
+        from worker.engine.base import take_window
         from worker.outputs import Choice, success_line
+        from worker.wire import RowResult
 
         while (batch := take_window(requests, self.capacity)) is not None:
             yield [
@@ -289,7 +290,7 @@ def embeddings_row(model: str, count: int, rounds: int) -> dict[str, Any]:
     from orchestrator.core.spec import ModelSpec, load_spec
     from orchestrator.core.store import open_store
     from tests.support.runs import make_run
-    from worker.embeddings import VllmEmbeddingEngine
+    from worker.engine.embedding_engine import VllmEmbeddingEngine
     from worker.engine.vllm_engine import _build_llm
 
     spec_model = ModelSpec(name=model, runner="pooling")

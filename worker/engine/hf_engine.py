@@ -35,10 +35,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Stoppi
 
 from orchestrator.core.errors import SpecError
 from orchestrator.core.spec import ModelSpec
-from worker.engine.base import RowResult, error_row
 from worker.outputs import Choice, TokenLogprob, success_line
 from worker.prompts import PromptBuilder
-from worker.requests import EngineRequest, GenerationParams
+from worker.wire import EngineRequest, GenerationParams, RowResult, error_row
 
 #: engine_args this engine reads itself; the others are keyword arguments of `from_pretrained`.
 BATCH_ARGS = ("max_batch_size", "max_batch_tokens")

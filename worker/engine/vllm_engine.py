@@ -19,12 +19,11 @@ from orchestrator.core.errors import OrchError
 from orchestrator.core.spec import ModelSpec
 from worker.adapters import AdapterChooser
 from worker.adapters import engine_args as adapter_args
-from worker.engine.base import RowResult, error_row
 from worker.images import image_urls, load_images
 from worker.outputs import Choice, TokenLogprob, success_line
 from worker.prompts import PromptBuilder
-from worker.requests import BadRequest, EngineRequest, GenerationParams
 from worker.tools import ToolCallRequest, ToolError, VllmTools
+from worker.wire import BadRequest, EngineRequest, GenerationParams, RowResult, error_row
 
 log = logging.getLogger("orch.worker.vllm")
 
