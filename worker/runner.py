@@ -24,42 +24,41 @@ row in hand; finished rows stay in memory, flushed once the store answers again;
 is claimed meanwhile. A lease that expires before it could be renewed is treated as lost (the
 chunk is dropped, and claiming decides later who continues it from its checkpoints). When the
 store stays unreachable for `store_settings.outage_budget` seconds the worker exits with
-EXIT_STORE_UNREACHABLE: started again, not counted as a failure.
+WorkerExit.STORE_UNREACHABLE: started again, not counted as a failure.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import IO, Any
+from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.core.errors import RunNotFound
+from orchestrator.core.exits import WorkerStatus
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView
 from orchestrator.core.protocol.crashes import careful_groups
-from orchestrator.core.protocol.heartbeats import HeartbeatPublisher, older_twin
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import HeldLease, LeaseKeeper, LeaseLost
-from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE, Outage, OutageTooLong
+from orchestrator.core.protocol.outage import Outage, OutageTooLong
 from orchestrator.core.protocol.parts import part_codec
-from orchestrator.core.records import Heartbeat, HeartbeatSummary, ManifestEntry, PlanRecord, read_manifest, read_plan
+from orchestrator.core.records import Heartbeat, ManifestEntry, PlanRecord, read_manifest, read_plan
 from orchestrator.core.spec import RunSpec, spec_hash
 from orchestrator.core.store import Store, StoreUnavailable
-from worker.engine.base import Engine, RowResult
-from worker.outputs import error_line
+from worker.chunks import OpenChunk, copy_input
+from worker.engine.base import Engine
+from worker.heartbeat import HeartbeatThread
 from worker.progress import ProgressReporter
-from worker.requests import EngineRequest, parse_request
+from worker.totals import Totals
+from worker.wire import EngineRequest, RowResult
 
 log = logging.getLogger("orch.worker")
 
@@ -76,13 +75,15 @@ class Shutdown(Exception):
     flushed and the leases given back. `status` is the summary's: INTERRUPTED, or DUPLICATE for
     the newer of two processes of one worker id (it exits 0: the older one does the work)."""
 
-    def __init__(self, status: str = "INTERRUPTED"):
-        super().__init__(status)
+    def __init__(self, status: WorkerStatus = WorkerStatus.INTERRUPTED):
+        super().__init__(status.value)
         self.status = status
 
 
 @dataclass
 class WorkerIdentity:
+    """Who this process is: its worker id, the plan list it works on first, and where it runs."""
+
     worker: str
     own: int | None
     holder: str
@@ -94,93 +95,6 @@ class WorkerIdentity:
     @staticmethod
     def new(worker: str, own: int | None, **kw: Any) -> WorkerIdentity:
         return WorkerIdentity(worker=worker, own=own, holder=f"{worker}.{uuid.uuid4().hex[:10]}", **kw)
-
-
-@dataclass
-class Totals:
-    """What this process did: the numbers of the JSON summary line and the heartbeat."""
-
-    requests: int = 0
-    errors: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    chunks_done: int = 0
-    chunks_lost: int = 0
-    busy_s: float = 0.0  # engine time in pumps that ended; `busy()` adds the one under way
-    busy_since: float | None = None  # time.monotonic() when the pump under way began
-    load_s: float = 0.0  # loading the engine (imports and weights): part of wall_s, not of the work
-    load_cpu_s: float = 0.0  # the same in CPU seconds: what a shared machine's benchmarks can compare
-    started_at: float = field(default_factory=time.time)
-    # The chunk in hand.
-    chunk: str | None = None
-    chunk_rows: int = 0
-    chunk_rows_done: int = 0
-
-    def add(self, rows: list[RowResult]) -> None:
-        self.requests += len(rows)
-        self.errors += sum(r.error for r in rows)
-        self.tokens_in += sum(r.tokens_in for r in rows)
-        self.tokens_out += sum(r.tokens_out for r in rows)
-        self.chunk_rows_done += sum(1 for r in rows if r.chunk == self.chunk)
-
-    def busy(self) -> float:
-        """Seconds the engine has been working so far, the pump under way included: rates read
-        while a run goes (heartbeats, progress lines) must not wait for the engine to drain."""
-        since = self.busy_since
-        return self.busy_s + (time.monotonic() - since if since is not None else 0.0)
-
-    def rows_per_s(self, *, min_busy_s: float = 0.0) -> float | None:
-        """Rows answered per engine second; None until a row is answered and the engine has
-        worked longer than `min_busy_s` (what a decision needs before it trusts the figure)."""
-        busy = self.busy()
-        return self.requests / busy if busy > min_busy_s and self.requests else None
-
-    def measured_rows_per_s(self) -> float | None:
-        """The pace a rescue decision may trust: one engine second at least behind it."""
-        return self.rows_per_s(min_busy_s=1.0)
-
-    def tokens_per_s(self) -> float:
-        busy = self.busy()
-        return (self.tokens_out / busy) if busy > 0 else 0.0
-
-    def summary(self, wall_s: float, status: str) -> dict[str, Any]:
-        return {
-            "status": status,
-            "requests": self.requests,
-            "errors": self.errors,
-            "tokens_in": self.tokens_in,
-            "tokens_out": self.tokens_out,
-            "tokens_per_s": round(self.tokens_out / wall_s, 2) if wall_s > 0 else 0.0,
-            "busy_s": round(self.busy(), 3),
-            "chunks_done": self.chunks_done,
-            "chunks_lost": self.chunks_lost,
-            "wall_s": round(wall_s, 3),
-            "load_s": round(self.load_s, 3),
-            "load_cpu_s": round(self.load_cpu_s, 3),
-        }
-
-
-@dataclass
-class _Active:
-    """A chunk in the engine: its lease and checkpoints, and the rows finished but not flushed yet."""
-
-    entry: ManifestEntry
-    job: ChunkJob
-    keeper: LeaseKeeper
-    last_flush: float
-    skip: set[int]  # rows flushed by an earlier pass
-    source: IO[bytes]  # the chunk's input lines, copied to local disk when the chunk was opened
-    buffer: list[RowResult] = field(default_factory=list)
-    side_errors: list[RowResult] = field(default_factory=list)
-    outstanding: int = 0  # handed to the engine, not finished
-    fed: bool = False  # every line read: handed to the engine or set aside as an error row
-    rows_done: int = 0
-    dropped: bool = False  # no longer ours (lease lost, completed, given back); its source is closed
-
-    @property
-    def careful(self) -> bool:
-        """A holder of this chunk died before us: work it carefully (core/protocol/crashes.py)."""
-        return self.keeper.held.lease.crashes > 0
 
 
 class Worker:
@@ -210,22 +124,15 @@ class Worker:
         self.totals = Totals(started_at=clock())
         self.progress = progress or ProgressReporter(stream=sys.stderr)
         self._engine: Engine | None = None
-        self._active: dict[str, _Active] = {}  # chunks in the engine, oldest first
+        self._active: dict[str, OpenChunk] = {}  # chunks in the engine, oldest first
         self._keepers: dict[str, LeaseKeeper] = {}  # the leases we hold, renewed in the background
         self._unopened: list[HeldLease] = []  # leases taken whose chunk the store did not let us open yet
         self.outage = Outage(spec.store_settings.outage_budget)
         self._opened = 0
-        self._stop = threading.Event()
-        #: Wakes the background thread between two beats: a flush's progress, or the stop.
-        self._beat_soon = threading.Event()
         #: Guards the totals and the chunks in hand; never held across a store request, so the
         #: engine loop never waits on the network for the heartbeat thread.
         self._lock = threading.Lock()
-        #: One heartbeat PUT at a time, each with the newest figures.
-        self._publishing = threading.Lock()
-        #: What the engine loop has to say (a state, a chunk), for the heartbeat thread to publish.
-        self._pending: dict[str, Any] = {}
-        self._publisher = HeartbeatPublisher(
+        self.heartbeat = HeartbeatThread(
             store,
             self.layout,
             Heartbeat(
@@ -241,6 +148,16 @@ class Worker:
                 started_at=self.totals.started_at,
                 updated_at=self.totals.started_at,
             ),
+            settings=self.settings,
+            totals=self.totals,
+            keepers=self._keepers,
+            lock=self._lock,
+            clock=clock,
+            progress=self.progress,
+            store_down=self._store_down,
+            store_ok=self._store_ok,
+            stopping=lambda: self._shutdown_requested,
+            request_stop=self.request_stop,
         )
 
     # -- the loop ----------------------------------------------------------------------------
@@ -249,8 +166,42 @@ class Worker:
         started = self.clock()
         manifest = self._manifest()
         entries = {e.chunk: e for e in manifest}
+        claimer = self._claimer(manifest)
+        twin = self.heartbeat.older_twin_before_start()
+        if twin is not None:
+            # Nothing claimed, nothing loaded, nothing published: our first heartbeat would delete
+            # the twin's key (the publisher takes other holders' keys for a dead predecessor's),
+            # and the controller would read the id as exited and launch it again.
+            self.heartbeat.note_twin(twin)
+            self.progress.close()
+            raise Shutdown(WorkerStatus.DUPLICATE)
+        if self._shutdown_requested:
+            raise Shutdown(self._stop_status)  # SIGTERM while we waited on a twin: nothing in hand
+        self.heartbeat.start()
+        status = WorkerStatus.SUCCESS
+        try:
+            self._work(claimer, entries)
+        except Shutdown as stop:
+            status = stop.status
+            raise
+        except OutageTooLong:
+            status = WorkerStatus.STORE_UNREACHABLE
+            raise
+        except BaseException:
+            status = WorkerStatus.FAILED
+            # Whatever failed (the engine, the store), our chunks are free for others at once; after
+            # an engine failure, as a dead holder's (a row of theirs may have caused it).
+            for active in self._drop_all():
+                with contextlib.suppress(Exception):
+                    active.keeper.release(died=self._engine_failed)
+            raise
+        finally:
+            self._exit(status)
+        return self.totals.summary(self.clock() - started, status)
+
+    def _claimer(self, manifest: list[ManifestEntry]) -> ChunkClaimer:
         index = PlanIndex.build(self._plan(), {e.chunk: float(e.est_tokens) for e in manifest})
-        claimer = ChunkClaimer(
+        return ChunkClaimer(
             store=self.store,
             layout=self.layout,
             view=RunView(self.store, self.layout, index),
@@ -261,61 +212,29 @@ class Worker:
             own=self.identity.own,
             rows_per_s=self.totals.measured_rows_per_s,
         )
-        twin = self._older_twin_before_loading()
-        if twin is not None:
-            # Nothing claimed, nothing loaded, nothing published: our first heartbeat would delete
-            # the twin's key (the publisher takes other holders' keys for a dead predecessor's),
-            # and the controller would read the id as exited and launch it again.
-            self._note_twin(twin)
-            self.progress.close()
-            raise Shutdown("DUPLICATE")
-        if self._shutdown_requested:
-            raise Shutdown(self._stop_status)  # SIGTERM while we waited on a twin: nothing in hand
-        beat = threading.Thread(target=self._background, name="lease-and-heartbeat", daemon=True)
-        beat.start()
-        status = "SUCCESS"
-        try:
-            first = self._open_next_waiting(claimer, entries)
-            while first is not None:
-                engine = self._engine_loaded()  # loaded for the first chunk
-                self._pump(engine, claimer, entries, first)
-                self._settle(engine)  # what the store did not take while it was down
-                # One more look once the engine has drained: leases that expired meanwhile, a
-                # slow worker's chunk to rescue.
-                first = self._open_next_waiting(claimer, entries)
-            if self._shutdown_requested:
-                raise Shutdown(self._stop_status)  # asked between two chunks: nothing in hand
-        except Shutdown as stop:
-            status = stop.status
-            raise
-        except OutageTooLong:
-            status = "STORE_UNREACHABLE"
-            raise
-        except BaseException:
-            status = "FAILED"
-            # Whatever failed (the engine, the store), our chunks are free for others at once; after
-            # an engine failure, as a dead holder's (a row of theirs may have caused it).
-            for active in self._drop_all():
-                with contextlib.suppress(Exception):
-                    active.keeper.release(died=self._engine_failed)
-            raise
-        finally:
-            self._stop_background()
-            beat.join(timeout=5)
-            exit_code = {
-                "SUCCESS": 0,
-                "DUPLICATE": 0,
-                "INTERRUPTED": 143,
-                "STORE_UNREACHABLE": EXIT_STORE_UNREACHABLE,
-            }.get(status, 1)
-            with contextlib.suppress(Exception):
-                self._publish(state="exited", chunk=None, exit_code=exit_code)
-            if self._engine is not None:
-                self._engine.close()
-            self.progress.close()
-        return self.totals.summary(self.clock() - started, status)
 
-    def request_stop(self, why: str | None = None, status: str = "INTERRUPTED") -> None:
+    def _work(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> None:
+        first = self._open_next_waiting(claimer, entries)
+        while first is not None:
+            engine = self._engine_loaded()  # loaded for the first chunk
+            self._pump(engine, claimer, entries, first)
+            self._settle(engine)  # what the store did not take while it was down
+            # One more look once the engine has drained: leases that expired meanwhile, a
+            # slow worker's chunk to rescue.
+            first = self._open_next_waiting(claimer, entries)
+        if self._shutdown_requested:
+            raise Shutdown(self._stop_status)  # asked between two chunks: nothing in hand
+
+    def _exit(self, status: WorkerStatus) -> None:
+        """The heartbeat's last word (exited, with the exit code), then the engine closed."""
+        self.heartbeat.stop(timeout=5)
+        with contextlib.suppress(Exception):
+            self.heartbeat.publish(state="exited", chunk=None, exit_code=status.exit_code.value)
+        if self._engine is not None:
+            self._engine.close()
+        self.progress.close()
+
+    def request_stop(self, why: str | None = None, status: WorkerStatus = WorkerStatus.INTERRUPTED) -> None:
         """Called from the signal handler (and the heartbeat thread): the loop flushes and stops
         at the next engine step."""
         if why and not self._shutdown_requested:
@@ -328,26 +247,28 @@ class Worker:
     def abandon_loading(self) -> dict[str, Any]:
         """Stopped while the engine is built: the chunks claimed go back at once (not at their
         lease's expiry) and the heartbeat says exited. Returns the summary line's numbers."""
-        self._stop_background()
+        self.heartbeat.stop()
         for active in self._drop_all():
             with contextlib.suppress(Exception):
                 active.keeper.release()
         with self._lock:
-            keepers, self._keepers = list(self._keepers.values()), {}
+            keepers = list(self._keepers.values())
+            self._keepers.clear()  # the heartbeat thread's too: it renews what is in here
         for keeper in keepers:
             with contextlib.suppress(Exception):
                 keeper.release()
+        status = WorkerStatus.INTERRUPTED
         with contextlib.suppress(Exception):
-            self._publish(state="exited", chunk=None, exit_code=143)
-        summary = self.totals.summary(self.clock() - self.totals.started_at, "INTERRUPTED")
+            self.heartbeat.publish(state="exited", chunk=None, exit_code=status.exit_code.value)
+        summary = self.totals.summary(self.clock() - self.totals.started_at, status)
         summary.update(worker=self.identity.worker, holder=self.identity.holder, accelerator=self.identity.accelerator)
         return summary
 
     #: The engine is being built: a stop then interrupts the build (see install_signal_handlers).
     loading = False
-    _stop_status = "INTERRUPTED"
+    _stop_status = WorkerStatus.INTERRUPTED
 
-    def _pump(self, engine: Engine, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], first: _Active) -> None:
+    def _pump(self, engine: Engine, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], first: OpenChunk) -> None:
         """Steps 3-5 of the module docstring, for every chunk we get, through one engine run."""
         self.totals.busy_since = time.monotonic()
         try:
@@ -375,12 +296,12 @@ class Worker:
             if self._active:
                 self._wait_for_store()
 
-    def _give_back(self, active: _Active) -> None:
+    def _give_back(self, active: OpenChunk) -> None:
         self._drop(active.entry.chunk)
         with contextlib.suppress(Exception):
             active.keeper.release()
 
-    def _open_next_waiting(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> _Active | None:
+    def _open_next_waiting(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> OpenChunk | None:
         """The next chunk, waiting through a store outage (within the budget) to get it."""
         while True:
             try:
@@ -417,7 +338,7 @@ class Worker:
     _feed_error: BaseException | None = None
 
     def _feed(
-        self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine, active: _Active | None
+        self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine, active: OpenChunk | None
     ) -> Iterator[EngineRequest | None]:
         try:
             yield from self._feed_chunks(claimer, entries, engine, active)
@@ -426,7 +347,7 @@ class Worker:
             raise
 
     def _feed_chunks(
-        self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine, active: _Active | None
+        self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine, active: OpenChunk | None
     ) -> Iterator[EngineRequest | None]:
         """The requests of our chunks, one chunk after another, pulled by the engine as it has room.
 
@@ -438,7 +359,7 @@ class Worker:
         """
         while active is not None:
             chunk = active.entry.chunk
-            requests = self._requests(active)
+            requests = active.requests(self.spec.sampling)
             if active.careful:
                 yield from self._feed_carefully(active, requests)
             else:
@@ -457,7 +378,7 @@ class Worker:
                 self._store_down(e)
                 return
 
-    def _feed_carefully(self, active: _Active, requests: Iterator[EngineRequest]) -> Iterator[EngineRequest | None]:
+    def _feed_carefully(self, active: OpenChunk, requests: Iterator[EngineRequest]) -> Iterator[EngineRequest | None]:
         """A chunk that crashed before (core/protocol/crashes.py, step 2): a group at a time, alone
         in the engine, each group noted in the lease before it is handed over. The rows of the
         group before are flushed first: a later holder never runs a finished suspect again."""
@@ -488,7 +409,7 @@ class Worker:
         in_engine = [a.outstanding for a in self._active.values() if a.outstanding > 0]
         return len(in_engine) < self.chunks_in_engine and sum(in_engine) < engine.capacity
 
-    def _open_next(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> _Active | None:
+    def _open_next(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> OpenChunk | None:
         """Step 1 and 2: take the next chunk's lease and resume it."""
         if self._shutdown_requested or (self.max_chunks is not None and self._opened >= self.max_chunks):
             return None
@@ -507,7 +428,7 @@ class Worker:
             codec = part_codec(self.settings.output_format, entry.chunk)
             job = ChunkJob(self.store, self.layout, keeper, codec, self.clock, chunk_rows=entry.rows)
             point = job.resume()
-            source = self._copy_input(entry)
+            source = copy_input(self.store, self.layout, entry.chunk)
         except StoreUnavailable:
             if keeper.lost is None:
                 self._unopened.insert(0, keeper.held)  # still ours: opened at the next try
@@ -519,13 +440,13 @@ class Worker:
             with contextlib.suppress(Exception):
                 keeper.release()
             raise
-        active = _Active(entry, job, keeper, last_flush=self.clock(), skip=point.done_rows, source=source)
+        active = OpenChunk(entry, job, keeper, last_flush=self.clock(), skip=point.done_rows, source=source)
         with self._lock:
             self._active[entry.chunk] = active
             self.totals.chunk, self.totals.chunk_rows = entry.chunk, entry.rows
             self.totals.chunk_rows_done = len(point.done_rows)
         self._opened += 1
-        self._publish_soon(state="running")
+        self.heartbeat.soon(state="running")
         self.progress.start_chunk(entry.chunk, entry.rows, len(point.done_rows))
         return active
 
@@ -590,12 +511,12 @@ class Worker:
                 self.totals.add(rows)
             self.progress.advance(self.totals)
 
-    def _flush(self, active: _Active) -> None:
+    def _flush(self, active: OpenChunk) -> None:
         active.job.checkpoint(active.buffer)  # renews the lease first: LeaseLost if it is gone
         active.buffer = []
-        self._publish_soon()  # the progress, by the heartbeat thread: the engine goes on
+        self.heartbeat.soon()  # the progress, by the heartbeat thread: the engine goes on
 
-    def _complete(self, active: _Active, engine: Engine) -> None:
+    def _complete(self, active: OpenChunk, engine: Engine) -> None:
         marker = active.job.complete(
             worker=self.identity.worker,
             model=self.spec.model.name or "",
@@ -607,7 +528,7 @@ class Worker:
             self.totals.chunks_done += 1
             self.progress.finish_chunk(active.entry.chunk, marker.rows, marker.errors)
 
-    def _drop(self, chunk: str) -> _Active | None:
+    def _drop(self, chunk: str) -> OpenChunk | None:
         with self._lock:
             self._keepers.pop(chunk, None)
             active = self._active.pop(chunk, None)
@@ -622,50 +543,13 @@ class Worker:
                 self.totals.chunk_rows_done = (len(other.skip) + other.rows_done) if other else 0
         return active
 
-    def _drop_all(self) -> list[_Active]:
+    def _drop_all(self) -> list[OpenChunk]:
         return [a for a in (self._drop(c) for c in list(self._active)) if a is not None]
-
-    def _copy_input(self, entry: ManifestEntry) -> IO[bytes]:
-        """The chunk's input on local disk (deleted when closed): feeding it needs no store."""
-        local = tempfile.TemporaryFile()  # noqa: SIM115 - handed to the chunk's _Active, closed by _drop
-        try:
-            with self.store.open(self.layout.chunk(entry.chunk)) as f:
-                while block := f.read(1 << 20):
-                    local.write(block)
-        except BaseException:
-            local.close()
-            raise
-        local.seek(0)
-        return local
-
-    def _requests(self, active: _Active) -> Iterator[EngineRequest]:
-        """The chunk's lines as engine requests, streamed; bad lines, and rows that killed two
-        holders (core/protocol/crashes.py), go to `side_errors` instead.
-
-        The chunk can be dropped while this generator is suspended at its `yield` (a lease lost
-        at the engine step in between): it then stops before reading the closed source again."""
-        entry, skip = active.entry, active.skip
-        poison = set(active.keeper.held.lease.poison)
-        if active.dropped:
-            return
-        for index, line in enumerate(active.source):
-            if index in skip:
-                continue
-            parsed = parse_request(line, index, self.spec.sampling)
-            if isinstance(parsed, EngineRequest) and index in poison:
-                parsed = crashed_row(parsed)
-            if isinstance(parsed, EngineRequest):
-                yield parsed
-                if active.dropped:
-                    return
-            else:
-                parsed.chunk = entry.chunk
-                active.side_errors.append(parsed)
 
     # -- the engine, loaded once we know there is work -------------------------------------
     def _engine_loaded(self) -> Engine:
         if self._engine is None:
-            self._publish_soon(state="loading")
+            self.heartbeat.soon(state="loading")
             self.progress.note(f"loading {self.spec.model.engine} engine for {self.spec.model.name}")
             started, started_cpu = time.monotonic(), time.process_time()
             self.loading = True
@@ -677,89 +561,8 @@ class Worker:
             self.totals.load_cpu_s = time.process_time() - started_cpu
             if self.identity.accelerator is None:
                 self.identity.accelerator = self._engine.accelerator
-            self._publish_soon(state="running", accelerator=self.identity.accelerator, loaded=True)
+            self.heartbeat.soon(state="running", accelerator=self.identity.accelerator, loaded=True)
         return self._engine
-
-    def _older_twin_before_loading(self) -> HeartbeatSummary | None:
-        """An older process of our id that is alive, found before we load an engine (a minute or
-        more under load, during which the twin would claim and run rows for nothing).
-
-        A fresh heartbeat alone does not prove it: a worker killed a moment ago and relaunched left
-        one too. So while some older process of our id beat within two of its intervals, we wait
-        for it to beat again after our start (the twin rule of older_twin); when its beats stop
-        coming, it is dead and we go on. A twin whose beat was late past that is still caught by
-        the check each beat (_watch_fleet) once we run."""
-        me = self._publisher.heartbeat
-        overdue_s = 2 * self._beat_interval + 1.0
-        while not self._shutdown_requested:
-            try:
-                twin = older_twin(self.store, self.layout, me)
-                if twin is not None:
-                    return twin
-                if older_twin(self.store, self.layout, me, beat_since=self.clock() - overdue_s) is None:
-                    return None
-            except StoreUnavailable:
-                return None  # the loop waits the outage out; the check each beat still applies
-            time.sleep(min(0.5, self._beat_interval / 2))
-        return None
-
-    def _note_twin(self, twin: HeartbeatSummary) -> None:
-        self.progress.note(
-            f"worker {self.identity.worker} also runs as {twin.holder} (started "
-            f"{time.strftime('%H:%M:%S', time.localtime(twin.started_at))}): this newer process stops"
-        )
-
-    # -- lease renewal and heartbeat, in the background --------------------------------------
-    @property
-    def _beat_interval(self) -> float:
-        return min(self.settings.heartbeat_interval, self.settings.lease_ttl / 3)
-
-    def _stop_background(self) -> None:
-        self._stop.set()
-        self._beat_soon.set()
-
-    def _background(self) -> None:
-        """Every beat: renew the leases due, publish the heartbeat, look for a cancel or a twin.
-        Between beats, a flush's progress is published at once (status counts flushed rows)."""
-        interval = self._beat_interval
-        next_beat = time.monotonic() + interval
-        while True:
-            self._beat_soon.wait(max(0.0, next_beat - time.monotonic()))
-            self._beat_soon.clear()
-            if self._stop.is_set():
-                return
-            if time.monotonic() < next_beat:
-                with contextlib.suppress(Exception):
-                    self._publish()
-                continue
-            next_beat = time.monotonic() + interval
-            with self._lock:
-                keepers = list(self._keepers.values())
-            for keeper in keepers:
-                try:
-                    keeper.renew_if_due()
-                except LeaseLost:
-                    pass  # the loop drops the chunk at its next step
-                except StoreUnavailable as e:
-                    self._store_down(e)
-                    if keeper.expired():
-                        keeper.lose("it expired while the store was unreachable")
-            with contextlib.suppress(Exception):
-                self._publish()
-            with contextlib.suppress(StoreUnavailable):
-                self._watch_fleet()
-
-    def _watch_fleet(self) -> None:
-        """`orch cancel`, and a twin: either stops this process as SIGTERM does (two reads a beat)."""
-        if self._shutdown_requested:
-            return
-        if self.store.head(self.layout.cancel) is not None:
-            self.request_stop("orch cancel: stopping (finished rows are flushed, leases given back)")
-            return
-        twin = older_twin(self.store, self.layout, self._publisher.heartbeat)
-        if twin is not None:
-            self._note_twin(twin)
-            self.request_stop(status="DUPLICATE")
 
     # -- the store's availability ------------------------------------------------------------
     def _store_down(self, error: StoreUnavailable) -> None:
@@ -777,44 +580,6 @@ class Worker:
         if lasted is not None:
             self.progress.note(f"store reachable again after {lasted:.0f}s; flushing what was kept")
 
-    def _publish_soon(self, **updates: Any) -> None:
-        """Publish the heartbeat now, from the heartbeat thread: the engine loop never waits on
-        the store for a heartbeat (its own store requests are the checkpoints that fence its rows)."""
-        with self._lock:
-            self._pending.update(updates)
-        self._beat_soon.set()
-
-    def _publish(self, **updates: Any) -> None:
-        """Publish the heartbeat; a store that does not answer only delays it."""
-        try:
-            self._publish_now(**updates)
-        except StoreUnavailable as e:
-            self._store_down(e)
-        else:
-            self._store_ok()
-
-    def _publish_now(self, **updates: Any) -> None:
-        with self._publishing:  # the figures read and their PUT, one publisher at a time
-            with self._lock:
-                t = self.totals
-                fields = dict(
-                    chunk=t.chunk,
-                    chunk_rows=t.chunk_rows,
-                    chunk_rows_done=t.chunk_rows_done,
-                    chunks_done=t.chunks_done,
-                    rows_done=t.requests,
-                    errors=t.errors,
-                    tokens_in=t.tokens_in,
-                    tokens_out=t.tokens_out,
-                    tokens_per_s=t.tokens_per_s(),
-                    rows_per_s=t.rows_per_s() or 0.0,
-                    updated_at=self.clock(),
-                )
-                fields.update(self._pending)
-                self._pending = {}
-            fields.update(updates)
-            self._publisher.publish(**fields)
-
     # -- run records -------------------------------------------------------------------------
     def _manifest(self) -> list[ManifestEntry]:
         return read_manifest(self.store, self.layout)
@@ -824,35 +589,3 @@ class Worker:
         if plan is None:
             raise RunNotFound(f"run {self.layout.run!r} has no plan in {self.store.uri}", hint="run `orch plan` first")
         return plan
-
-
-def crashed_row(request: EngineRequest) -> RowResult:
-    """The answer to a row in flight during two deaths of its worker: an error row, never run again."""
-    message = (
-        "the worker process died twice while this row was being generated (the second time with this row "
-        "alone in the engine), so it is not run again; check its parameters and prompt, and the worker logs"
-    )
-    line = error_line(request.custom_id, "worker_crashed", message, status=500)
-    return RowResult(request.index, request.custom_id, line, 0, 0, True)
-
-
-def install_signal_handlers(worker: Worker) -> None:
-    """SIGTERM (spot preemption notice, `orch cancel`) and SIGINT: flush finished rows, then stop."""
-
-    def handler(_signum: int, _frame: Any) -> None:
-        worker.request_stop()
-        if worker.loading:
-            # A stop is otherwise seen at the next engine step, and building the engine takes a
-            # minute or more on a busy machine: past the grace `orch cancel` gives before SIGKILL.
-            # Nothing is in the engine yet, so the build is abandoned. Not by raising here: an
-            # exception thrown into vLLM's native start-up aborts the process (SIGABRT, measured).
-            summary = worker.abandon_loading()
-            print(summary_line(summary), flush=True)
-            os._exit(143)
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-
-
-def summary_line(summary: dict[str, Any]) -> str:
-    return json.dumps(summary, sort_keys=False)

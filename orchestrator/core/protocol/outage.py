@@ -4,7 +4,7 @@ A worker or `orch watch` that meets `StoreUnavailable` (no answer after the clie
 a full disk, a lock held too long) does not stop. It keeps what is finished, tries again after a
 pause that doubles up to MAX_PAUSE_S (with jitter, so a fleet does not knock in step), and gives
 up only when the store has been unreachable for its whole budget: a worker then exits with
-EXIT_STORE_UNREACHABLE, which the controller (and SkyPilot's `recover_on_exit_codes`) treats as
+WorkerExit.STORE_UNREACHABLE, which the controller (and SkyPilot's `recover_on_exit_codes`) treats as
 "start it again", never as a failed worker.
 """
 
@@ -16,10 +16,9 @@ import time
 from collections.abc import Callable
 
 from orchestrator.core.errors import OrchError
+from orchestrator.core.exits import WorkerExit
 from orchestrator.core.store import StoreError
 
-#: A worker's exit code when the store stayed unreachable past its budget (sysexits' EX_TEMPFAIL).
-EXIT_STORE_UNREACHABLE = 75
 FIRST_PAUSE_S = 1.0
 MAX_PAUSE_S = 30.0
 
@@ -27,7 +26,7 @@ MAX_PAUSE_S = 30.0
 class OutageTooLong(OrchError):
     """The store stayed unreachable for longer than the outage budget."""
 
-    exit_code = EXIT_STORE_UNREACHABLE
+    exit_code = WorkerExit.STORE_UNREACHABLE
 
 
 class Outage:
