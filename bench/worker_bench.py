@@ -195,8 +195,9 @@ def bench_run(
 
 def run_worker(store, spec, engine_factory, **options: Any) -> dict[str, Any]:
     """The real Worker over the run; returns its JSON summary."""
+    from worker.heartbeat import WorkerIdentity
     from worker.progress import ProgressReporter
-    from worker.runner import Worker, WorkerIdentity
+    from worker.runner import Worker
 
     with open(os.devnull, "w") as devnull:
         progress = ProgressReporter(stream=devnull)

@@ -86,7 +86,8 @@ def _run_one(
     lease_ttl: float | None,
 ) -> int:
     from orchestrator.core.protocol.outage import OutageTooLong
-    from worker.runner import Shutdown, Worker, WorkerIdentity
+    from worker.heartbeat import WorkerIdentity
+    from worker.runner import Shutdown, Worker
 
     spec = _spec_from_run(open_store(store_uri, worker=True), run, checkpoint_interval, lease_ttl)
     # The run's own store settings (and ORCH_STORE_SETTINGS__* in the environment) from here on.

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.protocol.leases import LeaseKeeper
+from orchestrator.core.protocol.leases import HeldLease, LeaseKeeper
+from orchestrator.core.protocol.parts import part_codec
 from orchestrator.core.records import ManifestEntry
 from orchestrator.core.spec import SamplingSpec
 from orchestrator.core.store import Store
 from worker.requests import parse_request
+from worker.totals import Totals
 from worker.wire import EngineRequest, RowResult, error_line
 
 
@@ -62,6 +66,105 @@ class OpenChunk:
             else:
                 parsed.chunk = entry.chunk
                 self.side_errors.append(parsed)
+
+
+class ChunksInHand:
+    """The chunks a worker holds: those open in the engine (oldest first) and the leases behind them.
+
+    `lock` (the worker's) guards them and the totals' chunk in hand: the heartbeat thread renews
+    the leases in `keepers` and publishes the totals."""
+
+    def __init__(self, totals: Totals, lock: threading.Lock):
+        self.totals = totals
+        self.lock = lock
+        self.open: dict[str, OpenChunk] = {}
+        #: The leases we hold, renewed in the background.
+        self.keepers: dict[str, LeaseKeeper] = {}
+        #: Leases taken whose chunk the store did not let us open yet.
+        self.unopened: list[HeldLease] = []
+
+    def hold(self, chunk: str, keeper: LeaseKeeper) -> None:
+        with self.lock:
+            self.keepers[chunk] = keeper
+
+    def add(self, chunk: OpenChunk) -> None:
+        """A chunk opened: in the engine from now on, and the heartbeat's chunk in hand."""
+        with self.lock:
+            self.open[chunk.entry.chunk] = chunk
+            self.totals.chunk, self.totals.chunk_rows = chunk.entry.chunk, chunk.entry.rows
+            self.totals.chunk_rows_done = len(chunk.skip)
+
+    def drop(self, chunk: str) -> OpenChunk | None:
+        """No longer ours (lease lost, completed, given back): its lease is no longer renewed."""
+        with self.lock:
+            self.keepers.pop(chunk, None)
+            active = self.open.pop(chunk, None)
+            if active is not None:
+                active.dropped = True  # the feed may be suspended in its lines: see OpenChunk.requests
+                active.source.close()
+            if self.totals.chunk == chunk:
+                # The heartbeat shows the chunk still in hand, if any.
+                other = next(iter(self.open.values()), None)
+                self.totals.chunk = other.entry.chunk if other else None
+                self.totals.chunk_rows = other.entry.rows if other else 0
+                self.totals.chunk_rows_done = (len(other.skip) + other.rows_done) if other else 0
+        return active
+
+    def drop_all(self) -> list[OpenChunk]:
+        return [a for a in (self.drop(c) for c in list(self.open)) if a is not None]
+
+    def give_back(self, active: OpenChunk) -> None:
+        """Drop the chunk and release its lease: free for others at once, not at its expiry."""
+        self.drop(active.entry.chunk)
+        with contextlib.suppress(Exception):
+            active.keeper.release()
+
+    def give_back_all(self) -> None:
+        """Every lease we hold released, those of chunks not opened yet included."""
+        for active in self.drop_all():
+            with contextlib.suppress(Exception):
+                active.keeper.release()
+        with self.lock:
+            keepers = list(self.keepers.values())
+            self.keepers.clear()
+        for keeper in keepers:
+            with contextlib.suppress(Exception):
+                keeper.release()
+
+    def route(self, finished: list[RowResult]) -> list[RowResult]:
+        """Finished rows to the buffers of their chunks; returns those kept (rows of a chunk we lost are dropped)."""
+        kept = []
+        for row in finished:
+            active = self.open.get(row.chunk) if row.chunk is not None else None
+            if active is None:
+                continue
+            active.outstanding -= 1
+            active.rows_done += 1
+            active.buffer.append(row)
+            kept.append(row)
+        return kept
+
+    def room_for_another(self, capacity: int, chunks_in_engine: int) -> bool:
+        """The engine has room the chunks in it cannot fill: time to open the next."""
+        if any(a.careful and a.outstanding > 0 for a in self.open.values()):
+            return False  # a careful chunk is alone in the engine
+        in_engine = [a.outstanding for a in self.open.values() if a.outstanding > 0]
+        return len(in_engine) < chunks_in_engine and sum(in_engine) < capacity
+
+
+def open_chunk(
+    store: Store,
+    layout: RunLayout,
+    entry: ManifestEntry,
+    keeper: LeaseKeeper,
+    output_format: str,
+    clock: Callable[[], float],
+) -> OpenChunk:
+    """Steps 1-2 of a chunk once its lease is taken: resume from its checkpoints, copy its input."""
+    job = ChunkJob(store, layout, keeper, part_codec(output_format, entry.chunk), clock, chunk_rows=entry.rows)
+    point = job.resume()
+    source = copy_input(store, layout, entry.chunk)
+    return OpenChunk(entry, job, keeper, last_flush=clock(), skip=point.done_rows, source=source)
 
 
 def copy_input(store: Store, layout: RunLayout, chunk: str) -> IO[bytes]:

@@ -9,9 +9,13 @@ does when `orch cancel` was asked for or an older process of the same worker id 
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.exits import WorkerStatus
@@ -23,6 +27,39 @@ from orchestrator.core.spec import WorkersSpec
 from orchestrator.core.store import Store, StoreUnavailable
 from worker.progress import ProgressReporter
 from worker.totals import Totals
+
+
+@dataclass
+class WorkerIdentity:
+    """Who this process is: its worker id, the plan list it works on first, and where it runs."""
+
+    worker: str
+    own: int | None
+    holder: str
+    accelerator: str | None = None
+    spot: bool | None = None
+    cloud: str | None = None
+    region: str | None = None
+
+    @staticmethod
+    def new(worker: str, own: int | None, **kw: Any) -> WorkerIdentity:
+        return WorkerIdentity(worker=worker, own=own, holder=f"{worker}.{uuid.uuid4().hex[:10]}", **kw)
+
+    def first_heartbeat(self, started_at: float) -> Heartbeat:
+        """The heartbeat of this process as it starts: who and where, no work yet."""
+        return Heartbeat(
+            worker=self.worker,
+            holder=self.holder,
+            state="starting",
+            accelerator=self.accelerator,
+            spot=self.spot,
+            cloud=self.cloud,
+            region=self.region,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=started_at,
+            updated_at=started_at,
+        )
 
 
 class HeartbeatThread:

@@ -31,31 +31,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.errors import RunNotFound
 from orchestrator.core.exits import WorkerStatus
-from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView
 from orchestrator.core.protocol.crashes import careful_groups
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.protocol.leases import HeldLease, LeaseKeeper, LeaseLost
+from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
 from orchestrator.core.protocol.outage import Outage, OutageTooLong
-from orchestrator.core.protocol.parts import part_codec
-from orchestrator.core.records import Heartbeat, ManifestEntry, PlanRecord, read_manifest, read_plan
+from orchestrator.core.records import ManifestEntry, read_manifest, read_plan
 from orchestrator.core.spec import RunSpec, spec_hash
 from orchestrator.core.store import Store, StoreUnavailable
-from worker.chunks import OpenChunk, copy_input
+from worker.chunks import ChunksInHand, OpenChunk, open_chunk
 from worker.engine.base import Engine
-from worker.heartbeat import HeartbeatThread
+from worker.heartbeat import HeartbeatThread, WorkerIdentity
 from worker.progress import ProgressReporter
 from worker.totals import Totals
 from worker.wire import EngineRequest, RowResult
@@ -78,23 +72,6 @@ class Shutdown(Exception):
     def __init__(self, status: WorkerStatus = WorkerStatus.INTERRUPTED):
         super().__init__(status.value)
         self.status = status
-
-
-@dataclass
-class WorkerIdentity:
-    """Who this process is: its worker id, the plan list it works on first, and where it runs."""
-
-    worker: str
-    own: int | None
-    holder: str
-    accelerator: str | None = None
-    spot: bool | None = None
-    cloud: str | None = None
-    region: str | None = None
-
-    @staticmethod
-    def new(worker: str, own: int | None, **kw: Any) -> WorkerIdentity:
-        return WorkerIdentity(worker=worker, own=own, holder=f"{worker}.{uuid.uuid4().hex[:10]}", **kw)
 
 
 class Worker:
@@ -124,33 +101,19 @@ class Worker:
         self.totals = Totals(started_at=clock())
         self.progress = progress or ProgressReporter(stream=sys.stderr)
         self._engine: Engine | None = None
-        self._active: dict[str, OpenChunk] = {}  # chunks in the engine, oldest first
-        self._keepers: dict[str, LeaseKeeper] = {}  # the leases we hold, renewed in the background
-        self._unopened: list[HeldLease] = []  # leases taken whose chunk the store did not let us open yet
         self.outage = Outage(spec.store_settings.outage_budget)
         self._opened = 0
         #: Guards the totals and the chunks in hand; never held across a store request, so the
         #: engine loop never waits on the network for the heartbeat thread.
         self._lock = threading.Lock()
+        self.chunks = ChunksInHand(self.totals, self._lock)
         self.heartbeat = HeartbeatThread(
             store,
             self.layout,
-            Heartbeat(
-                worker=identity.worker,
-                holder=identity.holder,
-                state="starting",
-                accelerator=identity.accelerator,
-                spot=identity.spot,
-                cloud=identity.cloud,
-                region=identity.region,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                started_at=self.totals.started_at,
-                updated_at=self.totals.started_at,
-            ),
+            identity.first_heartbeat(self.totals.started_at),
             settings=self.settings,
             totals=self.totals,
-            keepers=self._keepers,
+            keepers=self.chunks.keepers,
             lock=self._lock,
             clock=clock,
             progress=self.progress,
@@ -164,7 +127,7 @@ class Worker:
     def run(self) -> dict[str, Any]:
         """Work until no chunk is left for us. Returns the summary; raises Shutdown on SIGTERM."""
         started = self.clock()
-        manifest = self._manifest()
+        manifest = read_manifest(self.store, self.layout)
         entries = {e.chunk: e for e in manifest}
         claimer = self._claimer(manifest)
         twin = self.heartbeat.older_twin_before_start()
@@ -191,7 +154,7 @@ class Worker:
             status = WorkerStatus.FAILED
             # Whatever failed (the engine, the store), our chunks are free for others at once; after
             # an engine failure, as a dead holder's (a row of theirs may have caused it).
-            for active in self._drop_all():
+            for active in self.chunks.drop_all():
                 with contextlib.suppress(Exception):
                     active.keeper.release(died=self._engine_failed)
             raise
@@ -200,7 +163,10 @@ class Worker:
         return self.totals.summary(self.clock() - started, status)
 
     def _claimer(self, manifest: list[ManifestEntry]) -> ChunkClaimer:
-        index = PlanIndex.build(self._plan(), {e.chunk: float(e.est_tokens) for e in manifest})
+        plan = read_plan(self.store, self.layout)
+        if plan is None:
+            raise RunNotFound(f"run {self.layout.run!r} has no plan in {self.store.uri}", hint="run `orch plan` first")
+        index = PlanIndex.build(plan, {e.chunk: float(e.est_tokens) for e in manifest})
         return ChunkClaimer(
             store=self.store,
             layout=self.layout,
@@ -248,15 +214,7 @@ class Worker:
         """Stopped while the engine is built: the chunks claimed go back at once (not at their
         lease's expiry) and the heartbeat says exited. Returns the summary line's numbers."""
         self.heartbeat.stop()
-        for active in self._drop_all():
-            with contextlib.suppress(Exception):
-                active.keeper.release()
-        with self._lock:
-            keepers = list(self._keepers.values())
-            self._keepers.clear()  # the heartbeat thread's too: it renews what is in here
-        for keeper in keepers:
-            with contextlib.suppress(Exception):
-                keeper.release()
+        self.chunks.give_back_all()
         status = WorkerStatus.INTERRUPTED
         with contextlib.suppress(Exception):
             self.heartbeat.publish(state="exited", chunk=None, exit_code=status.exit_code.value)
@@ -274,7 +232,7 @@ class Worker:
         try:
             with contextlib.closing(engine.run(self._feed(claimer, entries, engine, first))) as steps:
                 while (finished := self._engine_step(steps)) is not None:
-                    self._route(finished)
+                    self._count(self.chunks.route(finished))
                     self._after_step(engine)
             self._after_step(engine)  # chunks whose last lines were bad (never reached the engine)
         finally:
@@ -285,21 +243,16 @@ class Worker:
         """After the engine drained: flush and complete the chunks still in hand, which only a
         store that did not answer leaves behind, waiting for it (within the outage budget).
         A chunk with rows the engine never finished (it stopped early) is given back at once."""
-        while self._active:
-            for active in [a for a in self._active.values() if not (a.fed and a.outstanding == 0)]:
-                self._give_back(active)
-            if self._active:
+        while self.chunks.open:
+            for active in [a for a in self.chunks.open.values() if not (a.fed and a.outstanding == 0)]:
+                self.chunks.give_back(active)
+            if self.chunks.open:
                 self._after_step(engine)
-            if self._active and not self.outage.down:
-                for active in list(self._active.values()):  # not for want of a store: never left waiting
-                    self._give_back(active)
-            if self._active:
+            if self.chunks.open and not self.outage.down:
+                for active in list(self.chunks.open.values()):  # not for want of a store: never left waiting
+                    self.chunks.give_back(active)
+            if self.chunks.open:
                 self._wait_for_store()
-
-    def _give_back(self, active: OpenChunk) -> None:
-        self._drop(active.entry.chunk)
-        with contextlib.suppress(Exception):
-            active.keeper.release()
 
     def _open_next_waiting(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> OpenChunk | None:
         """The next chunk, waiting through a store outage (within the budget) to get it."""
@@ -385,9 +338,9 @@ class Worker:
         chunk = active.entry.chunk
         for group in careful_groups(requests, lambda r: r.index, set(active.keeper.held.lease.suspects)):
             # Rows of other chunks in the engine would share this group's fate: let them finish first.
-            while not self._shutdown_requested and any(a.outstanding for a in self._active.values()):
+            while not self._shutdown_requested and any(a.outstanding for a in self.chunks.open.values()):
                 yield None
-            if self._shutdown_requested or chunk not in self._active:
+            if self._shutdown_requested or chunk not in self.chunks.open:
                 return
             try:
                 if active.buffer:
@@ -404,76 +357,53 @@ class Worker:
                 yield request
 
     def _room_for_another(self, engine: Engine) -> bool:
-        if any(a.careful and a.outstanding > 0 for a in self._active.values()):
-            return False  # a careful chunk is alone in the engine
-        in_engine = [a.outstanding for a in self._active.values() if a.outstanding > 0]
-        return len(in_engine) < self.chunks_in_engine and sum(in_engine) < engine.capacity
+        return self.chunks.room_for_another(engine.capacity, self.chunks_in_engine)
 
     def _open_next(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> OpenChunk | None:
         """Step 1 and 2: take the next chunk's lease and resume it."""
         if self._shutdown_requested or (self.max_chunks is not None and self._opened >= self.max_chunks):
             return None
-        held = self._unopened.pop(0) if self._unopened else claimer.next_chunk(working_on=self._active.keys())
+        unopened = self.chunks.unopened
+        held = unopened.pop(0) if unopened else claimer.next_chunk(working_on=self.chunks.open.keys())
         self._store_ok()
         if held is None:
             return None
         entry = entries[held.chunk]
-        keeper = self._keepers.get(entry.chunk) or LeaseKeeper(
+        keeper = self.chunks.keepers.get(entry.chunk) or LeaseKeeper(
             self.store, self.layout, held, ttl=self.settings.lease_ttl, clock=self.clock
         )
-        with self._lock:
-            self._keepers[entry.chunk] = keeper  # renewed in the background from here on
+        self.chunks.hold(entry.chunk, keeper)  # renewed in the background from here on
         try:
             self._engine_loaded()  # the first time: once we know there is work
-            codec = part_codec(self.settings.output_format, entry.chunk)
-            job = ChunkJob(self.store, self.layout, keeper, codec, self.clock, chunk_rows=entry.rows)
-            point = job.resume()
-            source = copy_input(self.store, self.layout, entry.chunk)
+            active = open_chunk(self.store, self.layout, entry, keeper, self.settings.output_format, self.clock)
         except StoreUnavailable:
             if keeper.lost is None:
-                self._unopened.insert(0, keeper.held)  # still ours: opened at the next try
+                self.chunks.unopened.insert(0, keeper.held)  # still ours: opened at the next try
             else:
-                self._drop(entry.chunk)
+                self.chunks.drop(entry.chunk)
             raise
         except BaseException:
-            self._drop(entry.chunk)
+            self.chunks.drop(entry.chunk)
             with contextlib.suppress(Exception):
                 keeper.release()
             raise
-        active = OpenChunk(entry, job, keeper, last_flush=self.clock(), skip=point.done_rows, source=source)
-        with self._lock:
-            self._active[entry.chunk] = active
-            self.totals.chunk, self.totals.chunk_rows = entry.chunk, entry.rows
-            self.totals.chunk_rows_done = len(point.done_rows)
+        self.chunks.add(active)
         self._opened += 1
         self.heartbeat.soon(state="running")
-        self.progress.start_chunk(entry.chunk, entry.rows, len(point.done_rows))
+        self.progress.start_chunk(entry.chunk, entry.rows, len(active.skip))
         return active
-
-    def _route(self, finished: list[RowResult]) -> None:
-        """Finished rows to the buffers of their chunks (rows of a chunk we lost are dropped)."""
-        kept = []
-        for row in finished:
-            active = self._active.get(row.chunk) if row.chunk is not None else None
-            if active is None:
-                continue
-            active.outstanding -= 1
-            active.rows_done += 1
-            active.buffer.append(row)
-            kept.append(row)
-        self._count(kept)
 
     def _after_step(self, engine: Engine) -> None:
         if self._shutdown_requested:
             engine.abort()
-            for active in self._drop_all():
+            for active in self.chunks.drop_all():
                 with contextlib.suppress(LeaseLost, StoreUnavailable):  # a store that is down keeps nothing
                     self._flush(active)
                     active.keeper.release()
             raise Shutdown(self._stop_status)
         now = self.clock()
         self.outage.check_budget(f"worker {self.identity.worker}")
-        for chunk, active in list(self._active.items()):
+        for chunk, active in list(self.chunks.open.items()):
             try:
                 if active.keeper.lost is None and self.outage.down and active.keeper.expired():
                     active.keeper.lose("it expired while the store was unreachable")
@@ -499,7 +429,7 @@ class Worker:
             except StoreUnavailable as e:
                 self._store_down(e)
             except LeaseLost as lost:
-                self._drop(chunk)
+                self.chunks.drop(chunk)
                 engine.abort(chunk)
                 self.totals.chunks_lost += 1
                 log.warning("worker %s: %s; dropping the chunk", self.identity.worker, lost)
@@ -523,28 +453,10 @@ class Worker:
             spec_hash=self.spec_hash,
             accelerator=self.identity.accelerator or engine.accelerator,
         )
-        self._drop(active.entry.chunk)
+        self.chunks.drop(active.entry.chunk)
         if marker is not None:
             self.totals.chunks_done += 1
             self.progress.finish_chunk(active.entry.chunk, marker.rows, marker.errors)
-
-    def _drop(self, chunk: str) -> OpenChunk | None:
-        with self._lock:
-            self._keepers.pop(chunk, None)
-            active = self._active.pop(chunk, None)
-            if active is not None:
-                active.dropped = True  # the feed may be suspended in its lines: see _requests
-                active.source.close()
-            if self.totals.chunk == chunk:
-                # The heartbeat shows the chunk still in hand, if any.
-                other = next(iter(self._active.values()), None)
-                self.totals.chunk = other.entry.chunk if other else None
-                self.totals.chunk_rows = other.entry.rows if other else 0
-                self.totals.chunk_rows_done = (len(other.skip) + other.rows_done) if other else 0
-        return active
-
-    def _drop_all(self) -> list[OpenChunk]:
-        return [a for a in (self._drop(c) for c in list(self._active)) if a is not None]
 
     # -- the engine, loaded once we know there is work -------------------------------------
     def _engine_loaded(self) -> Engine:
@@ -568,7 +480,7 @@ class Worker:
     def _store_down(self, error: StoreUnavailable) -> None:
         if self.outage.failed(error):
             with self._lock:
-                held = sum(len(a.buffer) for a in self._active.values())
+                held = sum(len(a.buffer) for a in self.chunks.open.values())
             message = (
                 f"store unreachable ({error}); finished rows stay in memory ({held} now) and are flushed when it "
                 f"answers; no new chunk meanwhile; giving up after {self.outage.budget_s:g}s"
@@ -579,13 +491,3 @@ class Worker:
         lasted = self.outage.recovered()
         if lasted is not None:
             self.progress.note(f"store reachable again after {lasted:.0f}s; flushing what was kept")
-
-    # -- run records -------------------------------------------------------------------------
-    def _manifest(self) -> list[ManifestEntry]:
-        return read_manifest(self.store, self.layout)
-
-    def _plan(self) -> PlanRecord:
-        plan = read_plan(self.store, self.layout)
-        if plan is None:
-            raise RunNotFound(f"run {self.layout.run!r} has no plan in {self.store.uri}", hint="run `orch plan` first")
-        return plan
