@@ -66,7 +66,7 @@ def build_model(shape: str, device: str) -> tuple[Path, float]:
     """A random-weight model of `shape` saved as a transformers directory (built once); build seconds."""
     started = time.perf_counter()
     if shape == "tiny":
-        from worker.models import build_tiny
+        from model_builders import build_tiny
 
         return build_tiny(MODELS / "tiny-llama"), time.perf_counter() - started
     import torch

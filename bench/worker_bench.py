@@ -338,16 +338,16 @@ def main() -> None:
     """Usage: python -m bench.worker_bench [--quick] [--embeddings | fixed|varied|structured|memory ...]."""
     quick = "--quick" in sys.argv
     if "--embeddings" in sys.argv:
-        from worker.models import build_smollm2
+        from model_builders import build_smollm2
 
         model = str(build_smollm2(ROOT / ".cache" / "models" / "smollm2-135m-instruct"))
         print(f"embeddings: SmolLM2-135M on vLLM's pooling runner ({os.cpu_count()} CPUs)")
         save("worker_bench_embeddings", embeddings_row(model, 256 if quick else 1024, 1 if quick else 3))
         return
     selected = [a for a in sys.argv[1:] if not a.startswith("-")]
+    from model_builders import build_smollm2
     from orchestrator.core.spec import ModelSpec
     from worker.engine.vllm_engine import _build_llm
-    from worker.models import build_smollm2
 
     model = str(build_smollm2(ROOT / ".cache" / "models" / "smollm2-135m-instruct"))
     # The tests' engine setting for compact JSON, on both sides: one engine serves every variant.
