@@ -147,7 +147,8 @@ def _spec_from_run(store: Store, run: str, checkpoint_interval: float | None, le
 def _cluster_info() -> dict[str, Any]:
     """Cloud and region as SkyPilot tells its jobs (empty elsewhere)."""
     try:
-        return json.loads(os.environ.get("SKYPILOT_CLUSTER_INFO", "{}"))
+        info: dict[str, Any] = json.loads(os.environ.get("SKYPILOT_CLUSTER_INFO", "{}"))
+        return info
     except ValueError:
         return {}
 

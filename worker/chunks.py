@@ -26,7 +26,7 @@ class OpenChunk:
     """A chunk in the engine: its lease and checkpoints, and the rows finished but not flushed yet."""
 
     entry: ManifestEntry
-    job: ChunkJob
+    job: ChunkJob[RowResult]
     keeper: LeaseKeeper
     last_flush: float
     skip: set[int]  # rows flushed by an earlier pass

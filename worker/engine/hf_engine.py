@@ -350,7 +350,8 @@ def pick_batch(pool: list[_Ready], limits: BatchLimits) -> list[_Ready]:
         lo, hi = min(lo, other), max(hi, other + 1)
 
 
-class _RowLimits(StoppingCriteria):
+# transformers is not installed where the types are checked: its base class is Any there.
+class _RowLimits(StoppingCriteria):  # type: ignore[misc]
     """Each row stops after its own number of new tokens."""
 
     def __init__(self, prompt_len: int, limits: torch.Tensor, n: int):

@@ -300,7 +300,7 @@ def _native_context(model: str) -> int | None:
 def _is_cpu() -> bool:
     from vllm.platforms import current_platform
 
-    return current_platform.device_type == "cpu"
+    return bool(current_platform.device_type == "cpu")
 
 
 def _accelerator() -> str:
@@ -311,4 +311,4 @@ def _accelerator() -> str:
     try:
         return str(current_platform.get_device_name(0))
     except Exception:  # a platform without names: its type is still worth showing
-        return current_platform.device_type
+        return str(current_platform.device_type)
