@@ -89,7 +89,7 @@ def _run_one(
     from worker.heartbeat import WorkerIdentity
     from worker.runner import Shutdown, Worker
 
-    spec = _spec_from_run(open_store(store_uri, worker=True), run, checkpoint_interval, lease_ttl)
+    spec = spec_from_run(open_store(store_uri, worker=True), run, checkpoint_interval, lease_ttl)
     # The run's own store settings (and ORCH_STORE_SETTINGS__* in the environment) from here on.
     store = open_store(store_uri, spec.store_settings, worker=True)
     cloud = _cluster_info()
@@ -128,7 +128,8 @@ def _load_engine(store: Store, spec: RunSpec) -> Engine:
     return load_engine(model, spec.workers)
 
 
-def _spec_from_run(store: Store, run: str, checkpoint_interval: float | None, lease_ttl: float | None) -> RunSpec:
+def spec_from_run(store: Store, run: str, checkpoint_interval: float | None, lease_ttl: float | None) -> RunSpec:
+    """The spec frozen in the run, with this process's flags over it."""
     layout = RunLayout(run)
     stored = read_stored_spec(store, layout)
     if stored is None:
