@@ -31,13 +31,15 @@ NonEmptyText = Annotated[str, Field(min_length=1)]
 
 
 class _Body(BaseModel):
+    """What every body may carry; unknown fields are refused, each field's type held strictly."""
+
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     #: How an error row names the endpoint of an unknown field.
     endpoint: ClassVar[str] = "in a batch here"
 
     #: The engine answers it with the run's model or one of its LoRA adapters (a non-string: the run's model).
     model: Any = None
-    user: Any = None
+    user: Any = None  # changes nothing here
 
     @classmethod
     def parse(cls: type[B], body: dict[str, Any]) -> B:
@@ -56,10 +58,6 @@ class _Body(BaseModel):
             return BadRequest("unsupported_parameter", f"parameter {name!r} is not supported {cls.endpoint}", name)
         expected = cls.model_fields[name].description
         return BadRequest("invalid_parameter", f"{name}={body.get(name)!r}: expected {expected}", name)
-
-    def given(self, name: str) -> bool:
-        """The body set this field (to anything but null)."""
-        return name in self.model_fields_set and getattr(self, name) is not None
 
 
 class _SamplingBody(_Body):

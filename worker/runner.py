@@ -12,9 +12,9 @@ One `Worker` is one process with one engine. Per chunk:
    as a part (renewing its lease first); on SIGTERM/SIGINT flush what is finished, give the
    leases back and stop.
 5. When every row of a chunk is flushed, write its done marker (create-if-absent).
-A background thread renews the leases and publishes the heartbeat (at once after a flush or a new
-chunk, as the loop asks; the loop itself never waits on a heartbeat's store request, so a slow
-store costs heartbeats, not engine time); if a lease is lost, the loop drops that chunk (and
+A background thread (worker/heartbeat.py) renews the leases and publishes the heartbeat (at once
+after a flush or a new chunk, as the loop asks; the loop itself never waits on a heartbeat's
+store request, so a slow store costs heartbeats, not engine time); if a lease is lost, the loop drops that chunk (and
 aborts its requests in the engine) at the next engine step. The loop's own store requests are
 the checkpoints and markers of steps 1-5: each renews the lease first, which fences its rows.
 
@@ -75,6 +75,8 @@ class Shutdown(Exception):
 
 
 class Worker:
+    """One process's work on a run: the loop above, over the chunks it holds (worker/chunks.py)."""
+
     def __init__(
         self,
         store: Store,
