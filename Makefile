@@ -37,15 +37,15 @@ $(WVENV)/.installed: pyproject.toml scripts/worker-overrides.txt $(VENV)/.instal
 models: $(MODELS)/smollm2-135m-instruct/.built $(MODELS)/tiny-llama/.built \
 	$(MODELS)/tiny-embed/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built
 
-$(MODELS)/smollm2-135m-instruct/.built: $(WVENV)/.installed worker/models.py
-	$(WVENV)/bin/python -m worker.models smollm2 $(MODELS)/smollm2-135m-instruct
+$(MODELS)/smollm2-135m-instruct/.built: $(WVENV)/.installed model_builders.py
+	$(WVENV)/bin/python -m model_builders smollm2 $(MODELS)/smollm2-135m-instruct
 
-$(MODELS)/tiny-llama/.built: $(WVENV)/.installed worker/models.py
-	$(WVENV)/bin/python -m worker.models tiny $(MODELS)/tiny-llama
+$(MODELS)/tiny-llama/.built: $(WVENV)/.installed model_builders.py
+	$(WVENV)/bin/python -m model_builders tiny $(MODELS)/tiny-llama
 
 # The tiny embedding model, LoRA adapter and vision-language model the request-surface tests use.
-$(MODELS)/tiny-embed/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built: $(WVENV)/.installed worker/models.py
-	$(WVENV)/bin/python -m worker.models $(patsubst $(MODELS)/%/.built,%,$@) $(dir $@)
+$(MODELS)/tiny-embed/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built: $(WVENV)/.installed model_builders.py
+	$(WVENV)/bin/python -m model_builders $(patsubst $(MODELS)/%/.built,%,$@) $(dir $@)
 
 # rsync, for SkyPilot's local jobs controller in the tests (apt, when missing).
 system-deps:

@@ -66,7 +66,7 @@ def build_model(shape: str, device: str) -> tuple[Path, float]:
     """A random-weight model of `shape` saved as a transformers directory (built once); build seconds."""
     started = time.perf_counter()
     if shape == "tiny":
-        from worker.models import build_tiny
+        from model_builders import build_tiny
 
         return build_tiny(MODELS / "tiny-llama"), time.perf_counter() - started
     import torch
@@ -120,7 +120,8 @@ def request_lines(count: int, max_tokens: int) -> list[str]:
 def ceiling(engine: str, model: str, data: str, old_batches: bool, candidates: bool) -> dict[str, Any]:
     """The child's work: load the engine, build the worker's prompts, time one call over all of them."""
     from orchestrator.core.spec import ModelSpec, SamplingSpec
-    from worker.requests import EngineRequest, parse_request
+    from worker.requests import parse_request
+    from worker.wire import EngineRequest
 
     with open(data) as f:
         requests = [parse_request(line, i, SamplingSpec()) for i, line in enumerate(f)]

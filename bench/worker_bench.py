@@ -195,8 +195,9 @@ def bench_run(
 
 def run_worker(store, spec, engine_factory, **options: Any) -> dict[str, Any]:
     """The real Worker over the run; returns its JSON summary."""
+    from worker.heartbeat import WorkerIdentity
     from worker.progress import ProgressReporter
-    from worker.runner import Worker, WorkerIdentity
+    from worker.runner import Worker
 
     with open(os.devnull, "w") as devnull:
         progress = ProgressReporter(stream=devnull)
@@ -214,8 +215,9 @@ class InstantEngine:
         self.capacity = window
 
     def run(self, requests):
-        from worker.engine.base import RowResult, take_window
+        from worker.engine.base import take_window
         from worker.outputs import Choice, success_line
+        from worker.wire import RowResult
 
         while (batch := take_window(requests, self.capacity)) is not None:
             yield [
@@ -289,7 +291,7 @@ def embeddings_row(model: str, count: int, rounds: int) -> dict[str, Any]:
     from orchestrator.core.spec import ModelSpec, load_spec
     from orchestrator.core.store import open_store
     from tests.support.runs import make_run
-    from worker.embeddings import VllmEmbeddingEngine
+    from worker.engine.embedding_engine import VllmEmbeddingEngine
     from worker.engine.vllm_engine import _build_llm
 
     spec_model = ModelSpec(name=model, runner="pooling")
@@ -336,16 +338,16 @@ def main() -> None:
     """Usage: python -m bench.worker_bench [--quick] [--embeddings | fixed|varied|structured|memory ...]."""
     quick = "--quick" in sys.argv
     if "--embeddings" in sys.argv:
-        from worker.models import build_smollm2
+        from model_builders import build_smollm2
 
         model = str(build_smollm2(ROOT / ".cache" / "models" / "smollm2-135m-instruct"))
         print(f"embeddings: SmolLM2-135M on vLLM's pooling runner ({os.cpu_count()} CPUs)")
         save("worker_bench_embeddings", embeddings_row(model, 256 if quick else 1024, 1 if quick else 3))
         return
     selected = [a for a in sys.argv[1:] if not a.startswith("-")]
+    from model_builders import build_smollm2
     from orchestrator.core.spec import ModelSpec
     from worker.engine.vllm_engine import _build_llm
-    from worker.models import build_smollm2
 
     model = str(build_smollm2(ROOT / ".cache" / "models" / "smollm2-135m-instruct"))
     # The tests' engine setting for compact JSON, on both sides: one engine serves every variant.

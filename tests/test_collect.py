@@ -210,7 +210,7 @@ def test_collect_refuses_outputs_it_cannot_write_with_one_error_line(tmp_path, c
 
 
 def test_collect_embeddings_to_parquet_as_a_list_column(tmp_path):
-    from worker.embeddings import embedding_body
+    from worker.outputs import embedding_body
 
     store = open_store(str(tmp_path / "s"))
     lines = [

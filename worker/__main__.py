@@ -3,10 +3,7 @@
 Settings come from flags, else from the environment the launcher sets (ORCH_RUN, ORCH_STORE,
 ORCH_WORKER, ORCH_SPOT); the spec comes from the run itself, frozen there by `orch prepare/plan`.
 The last line on stdout is a JSON summary; progress goes to stderr.
-Exit codes: 0 no work left (or another process of this worker id runs: status DUPLICATE), 143
-stopped by SIGTERM/SIGINT or `orch cancel` (finished rows flushed), 75 the store
-stayed unreachable past store_settings.outage_budget (start it again: no work is lost that was
-flushed), 1 an error.
+Exit codes: orchestrator/core/exits.py (WorkerExit), one per summary status.
 """
 
 from __future__ import annotations
@@ -14,22 +11,28 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from orchestrator.core.errors import OrchError, RunNotFound, render_error
+from orchestrator.core.exits import WorkerExit, WorkerStatus
 from orchestrator.core.frozen_spec import read_stored_spec
 from orchestrator.core.protocol.adapters import fetch_adapters
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.spec import load_spec
-from orchestrator.core.store import open_store
+from orchestrator.core.spec import RunSpec, load_spec
+from orchestrator.core.store import Store, open_store
 from orchestrator.core.worker_ids import check_worker_id, planned_list, replica_id
-from worker.replicas import EXIT_STOPPED, run_replicas
+from worker.replicas import run_replicas
+
+if TYPE_CHECKING:
+    from worker.engine import Engine
+    from worker.runner import Worker
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -47,7 +50,17 @@ from worker.replicas import EXIT_STOPPED, run_replicas
 @click.option("--checkpoint-interval", type=float, default=None, help="seconds between output flushes")
 @click.option("--lease-ttl", type=float, default=None, help="seconds a lease lasts without renewal")
 @click.option("--replica", type=int, default=None, hidden=True)
-def main(run, store, worker, replicas, spot, max_chunks, checkpoint_interval, lease_ttl, replica) -> None:
+def main(
+    run: str,
+    store: str,
+    worker: str,
+    replicas: str,
+    spot: bool | None,
+    max_chunks: int | None,
+    checkpoint_interval: float | None,
+    lease_ttl: float | None,
+    replica: int | None,
+) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # vLLM logs every setting at INFO; a worker's log should show progress and problems.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -63,11 +76,21 @@ def main(run, store, worker, replicas, spot, max_chunks, checkpoint_interval, le
     sys.exit(code)
 
 
-def _run_one(run, store_uri, worker, replica, spot, max_chunks, checkpoint_interval, lease_ttl) -> int:
+def _run_one(
+    run: str,
+    store_uri: str,
+    worker: str,
+    replica: int | None,
+    spot: bool | None,
+    max_chunks: int | None,
+    checkpoint_interval: float | None,
+    lease_ttl: float | None,
+) -> int:
     from orchestrator.core.protocol.outage import OutageTooLong
-    from worker.runner import Shutdown, Worker, WorkerIdentity, install_signal_handlers, summary_line
+    from worker.heartbeat import WorkerIdentity
+    from worker.runner import Shutdown, Worker
 
-    spec = _spec_from_run(open_store(store_uri, worker=True), run, checkpoint_interval, lease_ttl)
+    spec = spec_from_run(open_store(store_uri, worker=True), run, checkpoint_interval, lease_ttl)
     # The run's own store settings (and ORCH_STORE_SETTINGS__* in the environment) from here on.
     store = open_store(store_uri, spec.store_settings, worker=True)
     cloud = _cluster_info()
@@ -82,20 +105,20 @@ def _run_one(run, store_uri, worker, replica, spot, max_chunks, checkpoint_inter
     install_signal_handlers(runner)
     try:
         summary = runner.run()
-        code = 0
+        code: int = WorkerExit.DONE
     except Shutdown as stop:
         summary = runner.totals.summary(time.time() - runner.totals.started_at, stop.status)
-        code = 0 if stop.status == "DUPLICATE" else EXIT_STOPPED
+        code = stop.status.exit_code
     except OutageTooLong as e:
         render_error(e)
-        summary = runner.totals.summary(time.time() - runner.totals.started_at, "STORE_UNREACHABLE")
+        summary = runner.totals.summary(time.time() - runner.totals.started_at, WorkerStatus.STORE_UNREACHABLE)
         code = e.exit_code
     summary.update(worker=identity.worker, holder=identity.holder, accelerator=identity.accelerator)
     print(summary_line(summary), flush=True)
     return code
 
 
-def _load_engine(store, spec):
+def _load_engine(store: Store, spec: RunSpec) -> Engine:
     """The engine, with the run's shipped LoRA adapters fetched into the local cache first."""
     from worker.engine import load_engine
 
@@ -106,7 +129,8 @@ def _load_engine(store, spec):
     return load_engine(model, spec.workers)
 
 
-def _spec_from_run(store, run: str, checkpoint_interval, lease_ttl):
+def spec_from_run(store: Store, run: str, checkpoint_interval: float | None, lease_ttl: float | None) -> RunSpec:
+    """The spec frozen in the run, with this process's flags over it."""
     layout = RunLayout(run)
     stored = read_stored_spec(store, layout)
     if stored is None:
@@ -125,7 +149,8 @@ def _spec_from_run(store, run: str, checkpoint_interval, lease_ttl):
 def _cluster_info() -> dict[str, Any]:
     """Cloud and region as SkyPilot tells its jobs (empty elsewhere)."""
     try:
-        return json.loads(os.environ.get("SKYPILOT_CLUSTER_INFO", "{}"))
+        info: dict[str, Any] = json.loads(os.environ.get("SKYPILOT_CLUSTER_INFO", "{}"))
+        return info
     except ValueError:
         return {}
 
@@ -153,6 +178,29 @@ def _replica_count(replicas: str, store_uri: str, run: str) -> int:
     stored = read_stored_spec(open_store(store_uri), RunLayout(run))
     tp = ((stored[0] if stored else {}).get("model") or {}).get("tensor_parallel_size") or 1
     return max(1, len(_gpu_ids()) // tp)
+
+
+def install_signal_handlers(worker: Worker) -> None:
+    """SIGTERM (spot preemption notice, `orch cancel`) and SIGINT: flush finished rows, then stop."""
+
+    def handler(_signum: int, _frame: Any) -> None:
+        worker.request_stop()
+        if worker.loading:
+            # A stop is otherwise seen at the next engine step, and building the engine takes a
+            # minute or more on a busy machine: past the grace `orch cancel` gives before SIGKILL.
+            # Nothing is in the engine yet, so the build is abandoned. Not by raising here: an
+            # exception thrown into vLLM's native start-up aborts the process (SIGABRT, measured).
+            summary = worker.abandon_loading()
+            print(summary_line(summary), flush=True)
+            os._exit(WorkerExit.STOPPED)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """The JSON summary line: the last line on stdout, which the replicas' parent and schedulers read."""
+    return json.dumps(summary, sort_keys=False)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.core.spec import ModelSpec
-from worker.requests import BadRequest
+from worker.wire import BadRequest
 
 
 class AdapterChooser:

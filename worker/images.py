@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from worker.requests import BadRequest
+from worker.wire import BadRequest
 
 #: Seconds an http(s) image may take to answer (ORCH_IMAGE_TIMEOUT).
 FETCH_TIMEOUT_S = float(os.environ.get("ORCH_IMAGE_TIMEOUT", "10"))

@@ -14,14 +14,13 @@ HTTP answer the OpenAI API would have given. The `id` is set when the part is wr
 
 from __future__ import annotations
 
+import base64
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestrator.core.lines import BatchOutputLine, BatchResponse, new_request_id
-
-if TYPE_CHECKING:
-    from worker.requests import EngineRequest
+from worker.wire import EngineRequest
 
 
 @dataclass
@@ -91,10 +90,36 @@ def success_line(request: EngineRequest, choices: list[Choice], prompt_tokens: i
     )
 
 
-def error_line(
-    custom_id: str | None, code: str, message: str, *, param: str | None = None, status: int = 400
-) -> BatchOutputLine:
-    return BatchOutputLine.error_row(custom_id, code, message, param=param, status=status)
+def embedding_line(request: EngineRequest, vectors: list[Any], prompt_tokens: int, model: str) -> BatchOutputLine:
+    """An embeddings line's success: OpenAI's embedding list, in the request's encoding."""
+    assert request.embedding is not None
+    body = embedding_body(vectors, request.embedding.encoding_format, prompt_tokens, model)
+    return BatchOutputLine(
+        custom_id=request.custom_id,
+        response=BatchResponse(status_code=200, request_id=body["id"].removeprefix("embd-"), body=body),
+    )
+
+
+def embedding_body(vectors: list[Any], encoding: str, prompt_tokens: int, model: str) -> dict[str, Any]:
+    """OpenAI's embeddings response (`CreateEmbeddingResponse`), with the `id` and `created` vLLM adds."""
+    return {
+        "id": f"embd-{new_request_id()}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": [
+            {"index": i, "object": "embedding", "embedding": _base64(v) if encoding == "base64" else v}
+            for i, v in enumerate(vectors)
+        ],
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
+def _base64(vector: list[float]) -> str:
+    """A vector as OpenAI's `encoding_format: base64` gives it: little-endian float32 bytes."""
+    import numpy as np  # not a dependency of orch: the worker has it through torch
+
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
 
 
 def _message(choice: Choice) -> dict[str, Any]:

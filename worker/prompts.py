@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.errors import SpecError
-from worker.engine.base import RowResult, error_row
-from worker.requests import EngineRequest, for_template
+from worker.wire import EngineRequest, RowResult, error_row
 
 
 class ChatTemplateError(SpecError):
@@ -93,3 +92,18 @@ class PromptBuilder:
             )
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         return list(self.tokenizer.encode(request.prompt))
+
+
+def for_template(messages: list[dict[str, Any]], template: str | None) -> list[dict[str, Any]]:
+    """The messages as a chat template sees them: like vLLM's server, a template that knows no
+    `developer` role gets those messages as `system`, merged into one system message first."""
+    if template and ("'developer'" in template or '"developer"' in template):
+        return messages
+    if not any(m["role"] == "developer" for m in messages):
+        return messages
+    mapped = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
+    systems = [m for m in mapped if m["role"] == "system"]
+    if len(systems) == 1 and mapped[0]["role"] == "system":
+        return mapped
+    merged = {"role": "system", "content": "\n\n".join(m["content"] for m in systems if m["content"])}
+    return [merged, *(m for m in mapped if m["role"] != "system")]

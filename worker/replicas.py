@@ -11,10 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import IO, Any
 
-from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE
-
-#: SIGTERM/SIGINT or `orch cancel`: finished rows flushed, leases given back.
-EXIT_STOPPED = 143
+from orchestrator.core.exits import WorkerExit, WorkerStatus
 
 
 def run_replicas(count: int, gpus: Sequence[str], argv: Sequence[str]) -> int:
@@ -90,10 +87,8 @@ def combined_summary(summaries: Sequence[dict[str, Any]], codes: Sequence[int]) 
     }
     wall = max((s.get("wall_s", 0.0) for s in summaries), default=0.0)
     code = combined_exit_code(codes)
-    statuses = {0: "SUCCESS", EXIT_STOPPED: "INTERRUPTED", EXIT_STORE_UNREACHABLE: "STORE_UNREACHABLE"}
-    status = statuses.get(code, "FAILED")
     total.update(
-        status=status,
+        status=WorkerStatus.of_exit(code),
         replicas=len(codes),
         tokens_per_s=round(total["tokens_out"] / wall, 2) if wall else 0.0,
         wall_s=wall,
@@ -105,10 +100,11 @@ def combined_exit_code(codes: Sequence[int]) -> int:
     """One exit code for the machine, the most serious first: a real failure (which must not be
     relaunched for free), then a stop, then a store outage (relaunched without spending a
     retry), then success."""
-    failures = [c for c in codes if c not in (0, EXIT_STOPPED, EXIT_STORE_UNREACHABLE)]
+    milder = (WorkerExit.STOPPED, WorkerExit.STORE_UNREACHABLE)
+    failures = [c for c in codes if c != WorkerExit.DONE and c not in milder]
     if failures:
         return failures[0]
-    for code in (EXIT_STOPPED, EXIT_STORE_UNREACHABLE):
+    for code in milder:
         if code in codes:
             return code
-    return 0
+    return WorkerExit.DONE

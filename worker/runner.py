@@ -12,9 +12,9 @@ One `Worker` is one process with one engine. Per chunk:
    as a part (renewing its lease first); on SIGTERM/SIGINT flush what is finished, give the
    leases back and stop.
 5. When every row of a chunk is flushed, write its done marker (create-if-absent).
-A background thread renews the leases and publishes the heartbeat (at once after a flush or a new
-chunk, as the loop asks; the loop itself never waits on a heartbeat's store request, so a slow
-store costs heartbeats, not engine time); if a lease is lost, the loop drops that chunk (and
+A background thread (worker/heartbeat.py) renews the leases and publishes the heartbeat (at once
+after a flush or a new chunk, as the loop asks; the loop itself never waits on a heartbeat's
+store request, so a slow store costs heartbeats, not engine time); if a lease is lost, the loop drops that chunk (and
 aborts its requests in the engine) at the next engine step. The loop's own store requests are
 the checkpoints and markers of steps 1-5: each renews the lease first, which fences its rows.
 
@@ -24,43 +24,36 @@ row in hand; finished rows stay in memory, flushed once the store answers again;
 is claimed meanwhile. A lease that expires before it could be renewed is treated as lost (the
 chunk is dropped, and claiming decides later who continues it from its checkpoints). When the
 store stays unreachable for `store_settings.outage_budget` seconds the worker exits with
-EXIT_STORE_UNREACHABLE: started again, not counted as a failure.
+WorkerExit.STORE_UNREACHABLE: started again, not counted as a failure.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import signal
-import socket
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
 
 from orchestrator.core.errors import RunNotFound
+from orchestrator.core.exits import WorkerStatus
 from orchestrator.core.frozen_spec import spec_hash
-from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView
 from orchestrator.core.protocol.crashes import careful_groups
-from orchestrator.core.protocol.heartbeats import HeartbeatPublisher, older_twin
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.protocol.leases import HeldLease, LeaseKeeper, LeaseLost
-from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE, Outage, OutageTooLong
-from orchestrator.core.protocol.parts import part_codec
-from orchestrator.core.records import Heartbeat, HeartbeatSummary, ManifestEntry, PlanRecord, read_manifest, read_plan
+from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
+from orchestrator.core.protocol.outage import Outage, OutageTooLong
+from orchestrator.core.records import ManifestEntry, read_manifest, read_plan
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store, StoreUnavailable
-from worker.engine.base import Engine, RowResult
-from worker.outputs import error_line
+from worker.chunks import ChunksInHand, OpenChunk, open_chunk
+from worker.engine.base import Engine
+from worker.heartbeat import HeartbeatThread, WorkerIdentity
 from worker.progress import ProgressReporter
-from worker.requests import EngineRequest, parse_request
+from worker.totals import Totals
+from worker.wire import EngineRequest, RowResult
 
 log = logging.getLogger("orch.worker")
 
@@ -77,114 +70,14 @@ class Shutdown(Exception):
     flushed and the leases given back. `status` is the summary's: INTERRUPTED, or DUPLICATE for
     the newer of two processes of one worker id (it exits 0: the older one does the work)."""
 
-    def __init__(self, status: str = "INTERRUPTED"):
-        super().__init__(status)
+    def __init__(self, status: WorkerStatus = WorkerStatus.INTERRUPTED):
+        super().__init__(status.value)
         self.status = status
 
 
-@dataclass
-class WorkerIdentity:
-    worker: str
-    own: int | None
-    holder: str
-    accelerator: str | None = None
-    spot: bool | None = None
-    cloud: str | None = None
-    region: str | None = None
-
-    @staticmethod
-    def new(worker: str, own: int | None, **kw: Any) -> WorkerIdentity:
-        return WorkerIdentity(worker=worker, own=own, holder=f"{worker}.{uuid.uuid4().hex[:10]}", **kw)
-
-
-@dataclass
-class Totals:
-    """What this process did: the numbers of the JSON summary line and the heartbeat."""
-
-    requests: int = 0
-    errors: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    chunks_done: int = 0
-    chunks_lost: int = 0
-    busy_s: float = 0.0  # engine time in pumps that ended; `busy()` adds the one under way
-    busy_since: float | None = None  # time.monotonic() when the pump under way began
-    load_s: float = 0.0  # loading the engine (imports and weights): part of wall_s, not of the work
-    load_cpu_s: float = 0.0  # the same in CPU seconds: what a shared machine's benchmarks can compare
-    started_at: float = field(default_factory=time.time)
-    # The chunk in hand.
-    chunk: str | None = None
-    chunk_rows: int = 0
-    chunk_rows_done: int = 0
-
-    def add(self, rows: list[RowResult]) -> None:
-        self.requests += len(rows)
-        self.errors += sum(r.error for r in rows)
-        self.tokens_in += sum(r.tokens_in for r in rows)
-        self.tokens_out += sum(r.tokens_out for r in rows)
-        self.chunk_rows_done += sum(1 for r in rows if r.chunk == self.chunk)
-
-    def busy(self) -> float:
-        """Seconds the engine has been working so far, the pump under way included: rates read
-        while a run goes (heartbeats, progress lines) must not wait for the engine to drain."""
-        since = self.busy_since
-        return self.busy_s + (time.monotonic() - since if since is not None else 0.0)
-
-    def rows_per_s(self, *, min_busy_s: float = 0.0) -> float | None:
-        """Rows answered per engine second; None until a row is answered and the engine has
-        worked longer than `min_busy_s` (what a decision needs before it trusts the figure)."""
-        busy = self.busy()
-        return self.requests / busy if busy > min_busy_s and self.requests else None
-
-    def measured_rows_per_s(self) -> float | None:
-        """The pace a rescue decision may trust: one engine second at least behind it."""
-        return self.rows_per_s(min_busy_s=1.0)
-
-    def tokens_per_s(self) -> float:
-        busy = self.busy()
-        return (self.tokens_out / busy) if busy > 0 else 0.0
-
-    def summary(self, wall_s: float, status: str) -> dict[str, Any]:
-        return {
-            "status": status,
-            "requests": self.requests,
-            "errors": self.errors,
-            "tokens_in": self.tokens_in,
-            "tokens_out": self.tokens_out,
-            "tokens_per_s": round(self.tokens_out / wall_s, 2) if wall_s > 0 else 0.0,
-            "busy_s": round(self.busy(), 3),
-            "chunks_done": self.chunks_done,
-            "chunks_lost": self.chunks_lost,
-            "wall_s": round(wall_s, 3),
-            "load_s": round(self.load_s, 3),
-            "load_cpu_s": round(self.load_cpu_s, 3),
-        }
-
-
-@dataclass
-class _Active:
-    """A chunk in the engine: its lease and checkpoints, and the rows finished but not flushed yet."""
-
-    entry: ManifestEntry
-    job: ChunkJob
-    keeper: LeaseKeeper
-    last_flush: float
-    skip: set[int]  # rows flushed by an earlier pass
-    source: IO[bytes]  # the chunk's input lines, copied to local disk when the chunk was opened
-    buffer: list[RowResult] = field(default_factory=list)
-    side_errors: list[RowResult] = field(default_factory=list)
-    outstanding: int = 0  # handed to the engine, not finished
-    fed: bool = False  # every line read: handed to the engine or set aside as an error row
-    rows_done: int = 0
-    dropped: bool = False  # no longer ours (lease lost, completed, given back); its source is closed
-
-    @property
-    def careful(self) -> bool:
-        """A holder of this chunk died before us: work it carefully (core/protocol/crashes.py)."""
-        return self.keeper.held.lease.crashes > 0
-
-
 class Worker:
+    """One process's work on a run: the loop above, over the chunks it holds (worker/chunks.py)."""
+
     def __init__(
         self,
         store: Store,
@@ -211,47 +104,73 @@ class Worker:
         self.totals = Totals(started_at=clock())
         self.progress = progress or ProgressReporter(stream=sys.stderr)
         self._engine: Engine | None = None
-        self._active: dict[str, _Active] = {}  # chunks in the engine, oldest first
-        self._keepers: dict[str, LeaseKeeper] = {}  # the leases we hold, renewed in the background
-        self._unopened: list[HeldLease] = []  # leases taken whose chunk the store did not let us open yet
         self.outage = Outage(spec.store_settings.outage_budget)
         self._opened = 0
-        self._stop = threading.Event()
-        #: Wakes the background thread between two beats: a flush's progress, or the stop.
-        self._beat_soon = threading.Event()
         #: Guards the totals and the chunks in hand; never held across a store request, so the
         #: engine loop never waits on the network for the heartbeat thread.
         self._lock = threading.Lock()
-        #: One heartbeat PUT at a time, each with the newest figures.
-        self._publishing = threading.Lock()
-        #: What the engine loop has to say (a state, a chunk), for the heartbeat thread to publish.
-        self._pending: dict[str, Any] = {}
-        self._publisher = HeartbeatPublisher(
+        self.chunks = ChunksInHand(self.totals, self._lock)
+        self.heartbeat = HeartbeatThread(
             store,
             self.layout,
-            Heartbeat(
-                worker=identity.worker,
-                holder=identity.holder,
-                state="starting",
-                accelerator=identity.accelerator,
-                spot=identity.spot,
-                cloud=identity.cloud,
-                region=identity.region,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                started_at=self.totals.started_at,
-                updated_at=self.totals.started_at,
-            ),
+            identity.first_heartbeat(self.totals.started_at),
+            settings=self.settings,
+            totals=self.totals,
+            keepers=self.chunks.keepers,
+            lock=self._lock,
+            clock=clock,
+            progress=self.progress,
+            store_down=self._store_down,
+            store_ok=self._store_ok,
+            stopping=lambda: self._shutdown_requested,
+            request_stop=self.request_stop,
         )
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Work until no chunk is left for us. Returns the summary; raises Shutdown on SIGTERM."""
         started = self.clock()
-        manifest = self._manifest()
+        manifest = read_manifest(self.store, self.layout)
         entries = {e.chunk: e for e in manifest}
-        index = PlanIndex.build(self._plan(), {e.chunk: float(e.est_tokens) for e in manifest})
-        claimer = ChunkClaimer(
+        claimer = self._claimer(manifest)
+        twin = self.heartbeat.older_twin_before_start()
+        if twin is not None:
+            # Nothing claimed, nothing loaded, nothing published: our first heartbeat would delete
+            # the twin's key (the publisher takes other holders' keys for a dead predecessor's),
+            # and the controller would read the id as exited and launch it again.
+            self.heartbeat.note_twin(twin)
+            self.progress.close()
+            raise Shutdown(WorkerStatus.DUPLICATE)
+        if self._shutdown_requested:
+            raise Shutdown(self._stop_status)  # SIGTERM while we waited on a twin: nothing in hand
+        self.heartbeat.start()
+        status = WorkerStatus.SUCCESS
+        try:
+            self._work(claimer, entries)
+        except Shutdown as stop:
+            status = stop.status
+            raise
+        except OutageTooLong:
+            status = WorkerStatus.STORE_UNREACHABLE
+            raise
+        except BaseException:
+            status = WorkerStatus.FAILED
+            # Whatever failed (the engine, the store), our chunks are free for others at once; after
+            # an engine failure, as a dead holder's (a row of theirs may have caused it).
+            for active in self.chunks.drop_all():
+                with contextlib.suppress(Exception):
+                    active.keeper.release(died=self._engine_failed)
+            raise
+        finally:
+            self._exit(status)
+        return self.totals.summary(self.clock() - started, status)
+
+    def _claimer(self, manifest: list[ManifestEntry]) -> ChunkClaimer:
+        plan = read_plan(self.store, self.layout)
+        if plan is None:
+            raise RunNotFound(f"run {self.layout.run!r} has no plan in {self.store.uri}", hint="run `orch plan` first")
+        index = PlanIndex.build(plan, {e.chunk: float(e.est_tokens) for e in manifest})
+        return ChunkClaimer(
             store=self.store,
             layout=self.layout,
             view=RunView(self.store, self.layout, index),
@@ -262,61 +181,29 @@ class Worker:
             own=self.identity.own,
             rows_per_s=self.totals.measured_rows_per_s,
         )
-        twin = self._older_twin_before_loading()
-        if twin is not None:
-            # Nothing claimed, nothing loaded, nothing published: our first heartbeat would delete
-            # the twin's key (the publisher takes other holders' keys for a dead predecessor's),
-            # and the controller would read the id as exited and launch it again.
-            self._note_twin(twin)
-            self.progress.close()
-            raise Shutdown("DUPLICATE")
-        if self._shutdown_requested:
-            raise Shutdown(self._stop_status)  # SIGTERM while we waited on a twin: nothing in hand
-        beat = threading.Thread(target=self._background, name="lease-and-heartbeat", daemon=True)
-        beat.start()
-        status = "SUCCESS"
-        try:
-            first = self._open_next_waiting(claimer, entries)
-            while first is not None:
-                engine = self._engine_loaded()  # loaded for the first chunk
-                self._pump(engine, claimer, entries, first)
-                self._settle(engine)  # what the store did not take while it was down
-                # One more look once the engine has drained: leases that expired meanwhile, a
-                # slow worker's chunk to rescue.
-                first = self._open_next_waiting(claimer, entries)
-            if self._shutdown_requested:
-                raise Shutdown(self._stop_status)  # asked between two chunks: nothing in hand
-        except Shutdown as stop:
-            status = stop.status
-            raise
-        except OutageTooLong:
-            status = "STORE_UNREACHABLE"
-            raise
-        except BaseException:
-            status = "FAILED"
-            # Whatever failed (the engine, the store), our chunks are free for others at once; after
-            # an engine failure, as a dead holder's (a row of theirs may have caused it).
-            for active in self._drop_all():
-                with contextlib.suppress(Exception):
-                    active.keeper.release(died=self._engine_failed)
-            raise
-        finally:
-            self._stop_background()
-            beat.join(timeout=5)
-            exit_code = {
-                "SUCCESS": 0,
-                "DUPLICATE": 0,
-                "INTERRUPTED": 143,
-                "STORE_UNREACHABLE": EXIT_STORE_UNREACHABLE,
-            }.get(status, 1)
-            with contextlib.suppress(Exception):
-                self._publish(state="exited", chunk=None, exit_code=exit_code)
-            if self._engine is not None:
-                self._engine.close()
-            self.progress.close()
-        return self.totals.summary(self.clock() - started, status)
 
-    def request_stop(self, why: str | None = None, status: str = "INTERRUPTED") -> None:
+    def _work(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> None:
+        first = self._open_next_waiting(claimer, entries)
+        while first is not None:
+            engine = self._engine_loaded()  # loaded for the first chunk
+            self._pump(engine, claimer, entries, first)
+            self._settle(engine)  # what the store did not take while it was down
+            # One more look once the engine has drained: leases that expired meanwhile, a
+            # slow worker's chunk to rescue.
+            first = self._open_next_waiting(claimer, entries)
+        if self._shutdown_requested:
+            raise Shutdown(self._stop_status)  # asked between two chunks: nothing in hand
+
+    def _exit(self, status: WorkerStatus) -> None:
+        """The heartbeat's last word (exited, with the exit code), then the engine closed."""
+        self.heartbeat.stop(timeout=5)
+        with contextlib.suppress(Exception):
+            self.heartbeat.publish(state="exited", chunk=None, exit_code=status.exit_code.value)
+        if self._engine is not None:
+            self._engine.close()
+        self.progress.close()
+
+    def request_stop(self, why: str | None = None, status: WorkerStatus = WorkerStatus.INTERRUPTED) -> None:
         """Called from the signal handler (and the heartbeat thread): the loop flushes and stops
         at the next engine step."""
         if why and not self._shutdown_requested:
@@ -329,32 +216,26 @@ class Worker:
     def abandon_loading(self) -> dict[str, Any]:
         """Stopped while the engine is built: the chunks claimed go back at once (not at their
         lease's expiry) and the heartbeat says exited. Returns the summary line's numbers."""
-        self._stop_background()
-        for active in self._drop_all():
-            with contextlib.suppress(Exception):
-                active.keeper.release()
-        with self._lock:
-            keepers, self._keepers = list(self._keepers.values()), {}
-        for keeper in keepers:
-            with contextlib.suppress(Exception):
-                keeper.release()
+        self.heartbeat.stop()
+        self.chunks.give_back_all()
+        status = WorkerStatus.INTERRUPTED
         with contextlib.suppress(Exception):
-            self._publish(state="exited", chunk=None, exit_code=143)
-        summary = self.totals.summary(self.clock() - self.totals.started_at, "INTERRUPTED")
+            self.heartbeat.publish(state="exited", chunk=None, exit_code=status.exit_code.value)
+        summary = self.totals.summary(self.clock() - self.totals.started_at, status)
         summary.update(worker=self.identity.worker, holder=self.identity.holder, accelerator=self.identity.accelerator)
         return summary
 
     #: The engine is being built: a stop then interrupts the build (see install_signal_handlers).
     loading = False
-    _stop_status = "INTERRUPTED"
+    _stop_status = WorkerStatus.INTERRUPTED
 
-    def _pump(self, engine: Engine, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], first: _Active) -> None:
+    def _pump(self, engine: Engine, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], first: OpenChunk) -> None:
         """Steps 3-5 of the module docstring, for every chunk we get, through one engine run."""
         self.totals.busy_since = time.monotonic()
         try:
             with contextlib.closing(engine.run(self._feed(claimer, entries, engine, first))) as steps:
                 while (finished := self._engine_step(steps)) is not None:
-                    self._route(finished)
+                    self._count(self.chunks.route(finished))
                     self._after_step(engine)
             self._after_step(engine)  # chunks whose last lines were bad (never reached the engine)
         finally:
@@ -365,23 +246,18 @@ class Worker:
         """After the engine drained: flush and complete the chunks still in hand, which only a
         store that did not answer leaves behind, waiting for it (within the outage budget).
         A chunk with rows the engine never finished (it stopped early) is given back at once."""
-        while self._active:
-            for active in [a for a in self._active.values() if not (a.fed and a.outstanding == 0)]:
-                self._give_back(active)
-            if self._active:
+        while self.chunks.open:
+            for active in [a for a in self.chunks.open.values() if not (a.fed and a.outstanding == 0)]:
+                self.chunks.give_back(active)
+            if self.chunks.open:
                 self._after_step(engine)
-            if self._active and not self.outage.down:
-                for active in list(self._active.values()):  # not for want of a store: never left waiting
-                    self._give_back(active)
-            if self._active:
+            if self.chunks.open and not self.outage.down:
+                for active in list(self.chunks.open.values()):  # not for want of a store: never left waiting
+                    self.chunks.give_back(active)
+            if self.chunks.open:
                 self._wait_for_store()
 
-    def _give_back(self, active: _Active) -> None:
-        self._drop(active.entry.chunk)
-        with contextlib.suppress(Exception):
-            active.keeper.release()
-
-    def _open_next_waiting(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> _Active | None:
+    def _open_next_waiting(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> OpenChunk | None:
         """The next chunk, waiting through a store outage (within the budget) to get it."""
         while True:
             try:
@@ -418,7 +294,7 @@ class Worker:
     _feed_error: BaseException | None = None
 
     def _feed(
-        self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine, active: _Active | None
+        self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine, active: OpenChunk | None
     ) -> Iterator[EngineRequest | None]:
         try:
             yield from self._feed_chunks(claimer, entries, engine, active)
@@ -427,7 +303,7 @@ class Worker:
             raise
 
     def _feed_chunks(
-        self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine, active: _Active | None
+        self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine, active: OpenChunk | None
     ) -> Iterator[EngineRequest | None]:
         """The requests of our chunks, one chunk after another, pulled by the engine as it has room.
 
@@ -439,11 +315,11 @@ class Worker:
         """
         while active is not None:
             chunk = active.entry.chunk
-            requests = self._requests(active)
+            requests = active.requests(self.spec.sampling)
             if active.careful:
                 yield from self._feed_carefully(active, requests)
             else:
-                for request in requests:  # ends early when the chunk is dropped (_requests)
+                for request in requests:  # ends early when the chunk is dropped (OpenChunk.requests)
                     request.chunk = chunk
                     active.outstanding += 1
                     yield request
@@ -458,16 +334,16 @@ class Worker:
                 self._store_down(e)
                 return
 
-    def _feed_carefully(self, active: _Active, requests: Iterator[EngineRequest]) -> Iterator[EngineRequest | None]:
+    def _feed_carefully(self, active: OpenChunk, requests: Iterator[EngineRequest]) -> Iterator[EngineRequest | None]:
         """A chunk that crashed before (core/protocol/crashes.py, step 2): a group at a time, alone
         in the engine, each group noted in the lease before it is handed over. The rows of the
         group before are flushed first: a later holder never runs a finished suspect again."""
         chunk = active.entry.chunk
         for group in careful_groups(requests, lambda r: r.index, set(active.keeper.held.lease.suspects)):
             # Rows of other chunks in the engine would share this group's fate: let them finish first.
-            while not self._shutdown_requested and any(a.outstanding for a in self._active.values()):
+            while not self._shutdown_requested and any(a.outstanding for a in self.chunks.open.values()):
                 yield None
-            if self._shutdown_requested or chunk not in self._active:
+            if self._shutdown_requested or chunk not in self.chunks.open:
                 return
             try:
                 if active.buffer:
@@ -484,76 +360,53 @@ class Worker:
                 yield request
 
     def _room_for_another(self, engine: Engine) -> bool:
-        if any(a.careful and a.outstanding > 0 for a in self._active.values()):
-            return False  # a careful chunk is alone in the engine
-        in_engine = [a.outstanding for a in self._active.values() if a.outstanding > 0]
-        return len(in_engine) < self.chunks_in_engine and sum(in_engine) < engine.capacity
+        return self.chunks.room_for_another(engine.capacity, self.chunks_in_engine)
 
-    def _open_next(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> _Active | None:
+    def _open_next(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> OpenChunk | None:
         """Step 1 and 2: take the next chunk's lease and resume it."""
         if self._shutdown_requested or (self.max_chunks is not None and self._opened >= self.max_chunks):
             return None
-        held = self._unopened.pop(0) if self._unopened else claimer.next_chunk(working_on=self._active.keys())
+        unopened = self.chunks.unopened
+        held = unopened.pop(0) if unopened else claimer.next_chunk(working_on=self.chunks.open.keys())
         self._store_ok()
         if held is None:
             return None
         entry = entries[held.chunk]
-        keeper = self._keepers.get(entry.chunk) or LeaseKeeper(
+        keeper = self.chunks.keepers.get(entry.chunk) or LeaseKeeper(
             self.store, self.layout, held, ttl=self.settings.lease_ttl, clock=self.clock
         )
-        with self._lock:
-            self._keepers[entry.chunk] = keeper  # renewed in the background from here on
+        self.chunks.hold(entry.chunk, keeper)  # renewed in the background from here on
         try:
             self._engine_loaded()  # the first time: once we know there is work
-            codec = part_codec(self.settings.output_format, entry.chunk)
-            job = ChunkJob(self.store, self.layout, keeper, codec, self.clock, chunk_rows=entry.rows)
-            point = job.resume()
-            source = self._copy_input(entry)
+            active = open_chunk(self.store, self.layout, entry, keeper, self.settings.output_format, self.clock)
         except StoreUnavailable:
             if keeper.lost is None:
-                self._unopened.insert(0, keeper.held)  # still ours: opened at the next try
+                self.chunks.unopened.insert(0, keeper.held)  # still ours: opened at the next try
             else:
-                self._drop(entry.chunk)
+                self.chunks.drop(entry.chunk)
             raise
         except BaseException:
-            self._drop(entry.chunk)
+            self.chunks.drop(entry.chunk)
             with contextlib.suppress(Exception):
                 keeper.release()
             raise
-        active = _Active(entry, job, keeper, last_flush=self.clock(), skip=point.done_rows, source=source)
-        with self._lock:
-            self._active[entry.chunk] = active
-            self.totals.chunk, self.totals.chunk_rows = entry.chunk, entry.rows
-            self.totals.chunk_rows_done = len(point.done_rows)
+        self.chunks.add(active)
         self._opened += 1
-        self._publish_soon(state="running")
-        self.progress.start_chunk(entry.chunk, entry.rows, len(point.done_rows))
+        self.heartbeat.soon(state="running")
+        self.progress.start_chunk(entry.chunk, entry.rows, len(active.skip))
         return active
-
-    def _route(self, finished: list[RowResult]) -> None:
-        """Finished rows to the buffers of their chunks (rows of a chunk we lost are dropped)."""
-        kept = []
-        for row in finished:
-            active = self._active.get(row.chunk) if row.chunk is not None else None
-            if active is None:
-                continue
-            active.outstanding -= 1
-            active.rows_done += 1
-            active.buffer.append(row)
-            kept.append(row)
-        self._count(kept)
 
     def _after_step(self, engine: Engine) -> None:
         if self._shutdown_requested:
             engine.abort()
-            for active in self._drop_all():
+            for active in self.chunks.drop_all():
                 with contextlib.suppress(LeaseLost, StoreUnavailable):  # a store that is down keeps nothing
                     self._flush(active)
                     active.keeper.release()
             raise Shutdown(self._stop_status)
         now = self.clock()
         self.outage.check_budget(f"worker {self.identity.worker}")
-        for chunk, active in list(self._active.items()):
+        for chunk, active in list(self.chunks.open.items()):
             try:
                 if active.keeper.lost is None and self.outage.down and active.keeper.expired():
                     active.keeper.lose("it expired while the store was unreachable")
@@ -579,7 +432,7 @@ class Worker:
             except StoreUnavailable as e:
                 self._store_down(e)
             except LeaseLost as lost:
-                self._drop(chunk)
+                self.chunks.drop(chunk)
                 engine.abort(chunk)
                 self.totals.chunks_lost += 1
                 log.warning("worker %s: %s; dropping the chunk", self.identity.worker, lost)
@@ -591,82 +444,27 @@ class Worker:
                 self.totals.add(rows)
             self.progress.advance(self.totals)
 
-    def _flush(self, active: _Active) -> None:
+    def _flush(self, active: OpenChunk) -> None:
         active.job.checkpoint(active.buffer)  # renews the lease first: LeaseLost if it is gone
         active.buffer = []
-        self._publish_soon()  # the progress, by the heartbeat thread: the engine goes on
+        self.heartbeat.soon()  # the progress, by the heartbeat thread: the engine goes on
 
-    def _complete(self, active: _Active, engine: Engine) -> None:
+    def _complete(self, active: OpenChunk, engine: Engine) -> None:
         marker = active.job.complete(
             worker=self.identity.worker,
             model=self.spec.model.name or "",
             spec_hash=self.spec_hash,
             accelerator=self.identity.accelerator or engine.accelerator,
         )
-        self._drop(active.entry.chunk)
+        self.chunks.drop(active.entry.chunk)
         if marker is not None:
             self.totals.chunks_done += 1
             self.progress.finish_chunk(active.entry.chunk, marker.rows, marker.errors)
 
-    def _drop(self, chunk: str) -> _Active | None:
-        with self._lock:
-            self._keepers.pop(chunk, None)
-            active = self._active.pop(chunk, None)
-            if active is not None:
-                active.dropped = True  # the feed may be suspended in its lines: see _requests
-                active.source.close()
-            if self.totals.chunk == chunk:
-                # The heartbeat shows the chunk still in hand, if any.
-                other = next(iter(self._active.values()), None)
-                self.totals.chunk = other.entry.chunk if other else None
-                self.totals.chunk_rows = other.entry.rows if other else 0
-                self.totals.chunk_rows_done = (len(other.skip) + other.rows_done) if other else 0
-        return active
-
-    def _drop_all(self) -> list[_Active]:
-        return [a for a in (self._drop(c) for c in list(self._active)) if a is not None]
-
-    def _copy_input(self, entry: ManifestEntry) -> IO[bytes]:
-        """The chunk's input on local disk (deleted when closed): feeding it needs no store."""
-        local = tempfile.TemporaryFile()  # noqa: SIM115 - handed to the chunk's _Active, closed by _drop
-        try:
-            with self.store.open(self.layout.chunk(entry.chunk)) as f:
-                while block := f.read(1 << 20):
-                    local.write(block)
-        except BaseException:
-            local.close()
-            raise
-        local.seek(0)
-        return local
-
-    def _requests(self, active: _Active) -> Iterator[EngineRequest]:
-        """The chunk's lines as engine requests, streamed; bad lines, and rows that killed two
-        holders (core/protocol/crashes.py), go to `side_errors` instead.
-
-        The chunk can be dropped while this generator is suspended at its `yield` (a lease lost
-        at the engine step in between): it then stops before reading the closed source again."""
-        entry, skip = active.entry, active.skip
-        poison = set(active.keeper.held.lease.poison)
-        if active.dropped:
-            return
-        for index, line in enumerate(active.source):
-            if index in skip:
-                continue
-            parsed = parse_request(line, index, self.spec.sampling)
-            if isinstance(parsed, EngineRequest) and index in poison:
-                parsed = crashed_row(parsed)
-            if isinstance(parsed, EngineRequest):
-                yield parsed
-                if active.dropped:
-                    return
-            else:
-                parsed.chunk = entry.chunk
-                active.side_errors.append(parsed)
-
     # -- the engine, loaded once we know there is work -------------------------------------
     def _engine_loaded(self) -> Engine:
         if self._engine is None:
-            self._publish_soon(state="loading")
+            self.heartbeat.soon(state="loading")
             self.progress.note(f"loading {self.spec.model.engine} engine for {self.spec.model.name}")
             started, started_cpu = time.monotonic(), time.process_time()
             self.loading = True
@@ -678,95 +476,14 @@ class Worker:
             self.totals.load_cpu_s = time.process_time() - started_cpu
             if self.identity.accelerator is None:
                 self.identity.accelerator = self._engine.accelerator
-            self._publish_soon(state="running", accelerator=self.identity.accelerator, loaded=True)
+            self.heartbeat.soon(state="running", accelerator=self.identity.accelerator, loaded=True)
         return self._engine
-
-    def _older_twin_before_loading(self) -> HeartbeatSummary | None:
-        """An older process of our id that is alive, found before we load an engine (a minute or
-        more under load, during which the twin would claim and run rows for nothing).
-
-        A fresh heartbeat alone does not prove it: a worker killed a moment ago and relaunched left
-        one too. So while some older process of our id beat within two of its intervals, we wait
-        for it to beat again after our start (the twin rule of older_twin); when its beats stop
-        coming, it is dead and we go on. A twin whose beat was late past that is still caught by
-        the check each beat (_watch_fleet) once we run."""
-        me = self._publisher.heartbeat
-        overdue_s = 2 * self._beat_interval + 1.0
-        while not self._shutdown_requested:
-            try:
-                twin = older_twin(self.store, self.layout, me)
-                if twin is not None:
-                    return twin
-                if older_twin(self.store, self.layout, me, beat_since=self.clock() - overdue_s) is None:
-                    return None
-            except StoreUnavailable:
-                return None  # the loop waits the outage out; the check each beat still applies
-            time.sleep(min(0.5, self._beat_interval / 2))
-        return None
-
-    def _note_twin(self, twin: HeartbeatSummary) -> None:
-        self.progress.note(
-            f"worker {self.identity.worker} also runs as {twin.holder} (started "
-            f"{time.strftime('%H:%M:%S', time.localtime(twin.started_at))}): this newer process stops"
-        )
-
-    # -- lease renewal and heartbeat, in the background --------------------------------------
-    @property
-    def _beat_interval(self) -> float:
-        return min(self.settings.heartbeat_interval, self.settings.lease_ttl / 3)
-
-    def _stop_background(self) -> None:
-        self._stop.set()
-        self._beat_soon.set()
-
-    def _background(self) -> None:
-        """Every beat: renew the leases due, publish the heartbeat, look for a cancel or a twin.
-        Between beats, a flush's progress is published at once (status counts flushed rows)."""
-        interval = self._beat_interval
-        next_beat = time.monotonic() + interval
-        while True:
-            self._beat_soon.wait(max(0.0, next_beat - time.monotonic()))
-            self._beat_soon.clear()
-            if self._stop.is_set():
-                return
-            if time.monotonic() < next_beat:
-                with contextlib.suppress(Exception):
-                    self._publish()
-                continue
-            next_beat = time.monotonic() + interval
-            with self._lock:
-                keepers = list(self._keepers.values())
-            for keeper in keepers:
-                try:
-                    keeper.renew_if_due()
-                except LeaseLost:
-                    pass  # the loop drops the chunk at its next step
-                except StoreUnavailable as e:
-                    self._store_down(e)
-                    if keeper.expired():
-                        keeper.lose("it expired while the store was unreachable")
-            with contextlib.suppress(Exception):
-                self._publish()
-            with contextlib.suppress(StoreUnavailable):
-                self._watch_fleet()
-
-    def _watch_fleet(self) -> None:
-        """`orch cancel`, and a twin: either stops this process as SIGTERM does (two reads a beat)."""
-        if self._shutdown_requested:
-            return
-        if self.store.head(self.layout.cancel) is not None:
-            self.request_stop("orch cancel: stopping (finished rows are flushed, leases given back)")
-            return
-        twin = older_twin(self.store, self.layout, self._publisher.heartbeat)
-        if twin is not None:
-            self._note_twin(twin)
-            self.request_stop(status="DUPLICATE")
 
     # -- the store's availability ------------------------------------------------------------
     def _store_down(self, error: StoreUnavailable) -> None:
         if self.outage.failed(error):
             with self._lock:
-                held = sum(len(a.buffer) for a in self._active.values())
+                held = sum(len(a.buffer) for a in self.chunks.open.values())
             message = (
                 f"store unreachable ({error}); finished rows stay in memory ({held} now) and are flushed when it "
                 f"answers; no new chunk meanwhile; giving up after {self.outage.budget_s:g}s"
@@ -777,83 +494,3 @@ class Worker:
         lasted = self.outage.recovered()
         if lasted is not None:
             self.progress.note(f"store reachable again after {lasted:.0f}s; flushing what was kept")
-
-    def _publish_soon(self, **updates: Any) -> None:
-        """Publish the heartbeat now, from the heartbeat thread: the engine loop never waits on
-        the store for a heartbeat (its own store requests are the checkpoints that fence its rows)."""
-        with self._lock:
-            self._pending.update(updates)
-        self._beat_soon.set()
-
-    def _publish(self, **updates: Any) -> None:
-        """Publish the heartbeat; a store that does not answer only delays it."""
-        try:
-            self._publish_now(**updates)
-        except StoreUnavailable as e:
-            self._store_down(e)
-        else:
-            self._store_ok()
-
-    def _publish_now(self, **updates: Any) -> None:
-        with self._publishing:  # the figures read and their PUT, one publisher at a time
-            with self._lock:
-                t = self.totals
-                fields = dict(
-                    chunk=t.chunk,
-                    chunk_rows=t.chunk_rows,
-                    chunk_rows_done=t.chunk_rows_done,
-                    chunks_done=t.chunks_done,
-                    rows_done=t.requests,
-                    errors=t.errors,
-                    tokens_in=t.tokens_in,
-                    tokens_out=t.tokens_out,
-                    tokens_per_s=t.tokens_per_s(),
-                    rows_per_s=t.rows_per_s() or 0.0,
-                    updated_at=self.clock(),
-                )
-                fields.update(self._pending)
-                self._pending = {}
-            fields.update(updates)
-            self._publisher.publish(**fields)
-
-    # -- run records -------------------------------------------------------------------------
-    def _manifest(self) -> list[ManifestEntry]:
-        return read_manifest(self.store, self.layout)
-
-    def _plan(self) -> PlanRecord:
-        plan = read_plan(self.store, self.layout)
-        if plan is None:
-            raise RunNotFound(f"run {self.layout.run!r} has no plan in {self.store.uri}", hint="run `orch plan` first")
-        return plan
-
-
-def crashed_row(request: EngineRequest) -> RowResult:
-    """The answer to a row in flight during two deaths of its worker: an error row, never run again."""
-    message = (
-        "the worker process died twice while this row was being generated (the second time with this row "
-        "alone in the engine), so it is not run again; check its parameters and prompt, and the worker logs"
-    )
-    line = error_line(request.custom_id, "worker_crashed", message, status=500)
-    return RowResult(request.index, request.custom_id, line, 0, 0, True)
-
-
-def install_signal_handlers(worker: Worker) -> None:
-    """SIGTERM (spot preemption notice, `orch cancel`) and SIGINT: flush finished rows, then stop."""
-
-    def handler(_signum: int, _frame: Any) -> None:
-        worker.request_stop()
-        if worker.loading:
-            # A stop is otherwise seen at the next engine step, and building the engine takes a
-            # minute or more on a busy machine: past the grace `orch cancel` gives before SIGKILL.
-            # Nothing is in the engine yet, so the build is abandoned. Not by raising here: an
-            # exception thrown into vLLM's native start-up aborts the process (SIGABRT, measured).
-            summary = worker.abandon_loading()
-            print(summary_line(summary), flush=True)
-            os._exit(143)
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-
-
-def summary_line(summary: dict[str, Any]) -> str:
-    return json.dumps(summary, sort_keys=False)

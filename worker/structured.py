@@ -9,8 +9,9 @@ schema, regex or grammar compiles is vLLM's to say: its refusal becomes the row'
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
+
+from worker.wire import Constraint
 
 #: The constraints of vLLM's `structured_outputs` extension that orch passes on (one per request).
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -25,20 +26,6 @@ class StructuredError(ValueError):
     def __init__(self, message: str, param: str):
         super().__init__(message)
         self.param = param
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """One constraint on the generated text: `kind` is one of STRUCTURED_KINDS, `value` its
-    argument as JSON (a schema, a regex, a list of choices, a grammar, true)."""
-
-    kind: str
-    value: str
-    #: The body field it came from, for error rows: "response_format" or "structured_outputs".
-    source: str
-
-    def vllm_kwargs(self) -> dict[str, Any]:
-        return {self.kind: json.loads(self.value)}
 
 
 def constraint(body: dict[str, Any]) -> Constraint | None:

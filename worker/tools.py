@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from worker.wire import ToolUse
+
 TOOL_CHOICES = ("none", "auto", "required")
 
 
@@ -20,19 +22,6 @@ class ToolError(ValueError):
     def __init__(self, message: str, param: str):
         super().__init__(message)
         self.param = param
-
-
-@dataclass(frozen=True)
-class ToolUse:
-    """A row's tools, as JSON text (the request stays hashable), and how it may use them."""
-
-    tools: str
-    tool_choice: str  # JSON: "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
-    parallel_tool_calls: bool | None
-
-    @property
-    def choice(self) -> Any:
-        return json.loads(self.tool_choice)
 
 
 def tool_use(body: dict[str, Any]) -> ToolUse | None:

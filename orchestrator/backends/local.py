@@ -30,13 +30,12 @@ from pathlib import Path
 from orchestrator import orch_home
 from orchestrator.backends.base import JobState, JobStatus, LaunchRequest
 from orchestrator.core.errors import LaunchFailed
-from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE
+from orchestrator.core.exits import WorkerExit
 from orchestrator.core.records import Heartbeat
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store
 from orchestrator.core.store.local import LOGS_DIR, LocalStore
 
-_STOPPED_CODES = {130, 143}
 #: How much of a log's end is searched for its last error line.
 _LOG_TAIL_BYTES = 64 * 1024
 #: The last line of a Python traceback: the exception, e.g. `OSError: ...` or `vllm.x.SomeError: ...`.
@@ -223,9 +222,9 @@ class LocalLauncher:
         ended = exit_file.stat().st_mtime
         if code == 0:
             return JobStatus(job_id, JobState.SUCCEEDED, exit_code=0, started_at=started, ended_at=ended, log=log)
-        if code in _STOPPED_CODES:
+        if code in (WorkerExit.STOPPED, WorkerExit.INTERRUPTED):
             return JobStatus(job_id, JobState.CANCELLED, exit_code=code, started_at=started, ended_at=ended, log=log)
-        if code == EXIT_STORE_UNREACHABLE:
+        if code == WorkerExit.STORE_UNREACHABLE:
             why = f"worker exited with {code} (the store stayed unreachable past its outage budget)"
         elif 128 < code < 160:  # the shell reports a worker killed by signal N as 128 + N
             why = f"worker killed by signal {code - 128}"

@@ -17,7 +17,7 @@ import yaml
 
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.core.errors import BackendError
-from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE
+from orchestrator.core.exits import WorkerExit
 from orchestrator.core.spec import RunSpec
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "task_templates" / "worker.yaml"
@@ -84,7 +84,7 @@ def render_worker_task(template: dict[str, Any], spec: RunSpec, request: LaunchR
         "strategy": r.job_recovery.strategy,
         "max_restarts_on_errors": r.job_recovery.max_restarts_on_errors,
         # A worker that outwaited a store outage exits 75: started again without spending a restart.
-        "recover_on_exit_codes": [EXIT_STORE_UNREACHABLE],
+        "recover_on_exit_codes": [WorkerExit.STORE_UNREACHABLE.value],
     }
     task["resources"] = resources
     # Only names, and only of secrets we can fill: a null secret left unfilled fails the launch.

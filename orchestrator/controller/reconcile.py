@@ -34,10 +34,11 @@ from orchestrator.controller.launch import launch_workers
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import BackendError, CorruptRecord, LaunchFailed
+from orchestrator.core.exits import WorkerExit
 from orchestrator.core.protocol.checkpoints import find_damage
 from orchestrator.core.protocol.heartbeats import is_beating, read_heartbeats
 from orchestrator.core.protocol.leases import read_lease
-from orchestrator.core.protocol.outage import EXIT_STORE_UNREACHABLE, Outage
+from orchestrator.core.protocol.outage import Outage
 from orchestrator.core.protocol.snapshot import RunSnapshot, take_snapshot
 from orchestrator.core.records import JobAttempt, JobsRecord, read_jobs, read_manifest, update_jobs
 from orchestrator.core.store import StoreFull, StoreUnavailable
@@ -166,7 +167,7 @@ class Reconciler:
             state = status.state if status else JobState.UNKNOWN
             if state.is_live() or attempt.retired:
                 continue
-            if status is not None and status.exit_code == EXIT_STORE_UNREACHABLE:
+            if status is not None and status.exit_code == WorkerExit.STORE_UNREACHABLE:
                 # The store was down longer than the worker waited: start it again, for free.
                 wanted[worker] = ("relaunch after a store outage (not counted)", False)
                 continue

@@ -12,6 +12,8 @@ import sys
 import traceback
 from typing import TextIO
 
+from orchestrator.core.exits import WorkerExit
+
 
 class OrchError(Exception):
     """Something the user can act on. The CLI prints `ERROR <message>` and the hint, never a traceback.
@@ -108,9 +110,9 @@ class ChunkBusy(OrchError):
 class OutageTooLong(OrchError):
     """The store stayed unreachable for longer than the outage budget."""
 
-    #: sysexits' EX_TEMPFAIL: the controller (and SkyPilot's `recover_on_exit_codes`) starts such a
-    #: worker again without counting a failure.
-    exit_code = 75
+    #: The controller (and SkyPilot's `recover_on_exit_codes`) starts such a worker again without
+    #: counting a failure.
+    exit_code = WorkerExit.STORE_UNREACHABLE
 
 
 class StoreError(OrchError):

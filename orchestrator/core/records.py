@@ -466,47 +466,6 @@ class ChunkStats(KeyRecord):
 WorkerState = Literal["starting", "loading", "running", "idle", "stopping", "exited"]
 
 
-class Heartbeat(Record):
-    """A worker's progress, rewritten every few seconds; its summary also lives in the key name."""
-
-    worker: str
-    holder: str
-    state: WorkerState
-    chunk: str | None = None
-    chunk_rows: int = 0
-    chunk_rows_done: int = 0
-    chunks_done: int = 0
-    rows_done: int = 0
-    errors: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    tokens_per_s: float = 0.0
-    rows_per_s: float = 0.0
-    accelerator: str | None = None
-    spot: bool | None = None
-    cloud: str | None = None
-    region: str | None = None
-    host: str | None = None
-    pid: int | None = None
-    started_at: float
-    updated_at: float
-    exit_code: int | None = None
-    #: Seconds earlier processes of this worker id were up (carried over from their heartbeats):
-    #: with this process's own, what the worker's machines have been billed for.
-    uptime_before_s: float = 0.0
-    #: A process of this worker id loaded the model (carried over like the uptime): from then on
-    #: the run's model may have produced outputs, so it stays frozen (core/context.py).
-    loaded: bool = False
-
-    @property
-    def uptime_s(self) -> float:
-        return self.uptime_before_s + max(self.updated_at - self.started_at, 0.0)
-
-    def summary(self) -> HeartbeatSummary:
-        # The fields were validated when this heartbeat was made: no second validation.
-        return HeartbeatSummary.model_construct(**{f: getattr(self, f) for f in HeartbeatSummary.model_fields})
-
-
 class HeartbeatSummary(KeyRecord):
     """The part of a heartbeat packed into its key: one list request gives every worker's state."""
 
@@ -527,12 +486,35 @@ class HeartbeatSummary(KeyRecord):
     started_at: float
     updated_at: float
     exit_code: int | None = None
+    #: Seconds earlier processes of this worker id were up (carried over from their heartbeats):
+    #: with this process's own, what the worker's machines have been billed for.
     uptime_before_s: float = 0.0
+    #: A process of this worker id loaded the model (carried over like the uptime): from then on
+    #: the run's model may have produced outputs, so it stays frozen (core/context.py).
     loaded: bool = False
 
     @property
     def uptime_s(self) -> float:
         return self.uptime_before_s + max(self.updated_at - self.started_at, 0.0)
+
+
+class Heartbeat(HeartbeatSummary):
+    """A worker's progress, rewritten every few seconds: its summary, which also lives in the key
+    name, and what only the document holds."""
+
+    worker: str
+    tokens_in: int = 0
+    tokens_out: int = 0
+    host: str | None = None
+    pid: int | None = None
+
+    def key_values(self) -> list[Any]:
+        # The key holds the summary's fields only: the fields added here live in the document.
+        return self.summary().key_values()
+
+    def summary(self) -> HeartbeatSummary:
+        # The fields were validated when this heartbeat was made: no second validation.
+        return HeartbeatSummary.model_construct(**{f: getattr(self, f) for f in HeartbeatSummary.model_fields})
 
 
 # -- reading a run's documents ------------------------------------------------------------------

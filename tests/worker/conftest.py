@@ -19,14 +19,14 @@ COMPACT_JSON = {"structured_outputs_config": {"backend": "xgrammar", "disable_an
 
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
-    from worker.models import build_tiny
+    from model_builders import build_tiny
 
     return str(build_tiny(MODELS / "tiny-llama"))
 
 
 @pytest.fixture(scope="session")
 def smollm2_model() -> str:
-    from worker.models import build_smollm2
+    from model_builders import build_smollm2
 
     return str(build_smollm2(MODELS / "smollm2-135m-instruct"))
 
@@ -45,7 +45,7 @@ def tiny_engine(tiny_model):
 
 @pytest.fixture(scope="session")
 def tiny_embed_model() -> str:
-    from worker.models import build_tiny_embed
+    from model_builders import build_tiny_embed
 
     return str(build_tiny_embed(MODELS / "tiny-embed"))
 
@@ -64,14 +64,14 @@ def embed_engine(tiny_embed_model):
 @pytest.fixture(scope="session")
 def tiny_lora_adapter() -> str:
     """A LoRA adapter (peft) on the tiny Llama that answers every chat with "Bonjour!"."""
-    from worker.models import build_tiny_lora
+    from model_builders import build_tiny_lora
 
     return str(build_tiny_lora(MODELS / "tiny-lora"))
 
 
 @pytest.fixture(scope="session")
 def tiny_vlm_model() -> str:
-    from worker.models import build_tiny_vlm
+    from model_builders import build_tiny_vlm
 
     return str(build_tiny_vlm(MODELS / "tiny-vlm"))
 

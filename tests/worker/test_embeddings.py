@@ -74,7 +74,8 @@ def test_embeddings_dimensions_and_base64(embed_engine):
 def test_embeddings_bad_line_is_an_error_row_naming_the_field(embed_engine, body, param):
     line = json.dumps({"custom_id": "bad", "method": "POST", "url": URL, "body": body})
     from orchestrator.core.spec import SamplingSpec
-    from worker.requests import EngineRequest, parse_request
+    from worker.requests import parse_request
+    from worker.wire import EngineRequest
 
     parsed = parse_request(line, 0, SamplingSpec())
     row = run(embed_engine, [parsed])["bad"] if isinstance(parsed, EngineRequest) else parsed

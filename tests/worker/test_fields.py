@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from model_builders import TOOLS_CHAT_TEMPLATE, WEATHER_TOOL
 from orchestrator.core.spec import ModelSpec
 from tests.worker.test_structured import answer
-from worker.models import TOOLS_CHAT_TEMPLATE, WEATHER_TOOL
 
 pytestmark = pytest.mark.slow
 

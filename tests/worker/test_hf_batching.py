@@ -8,7 +8,8 @@ import pytest
 
 from orchestrator.core.errors import SpecError
 from orchestrator.core.spec import ModelSpec, SamplingSpec
-from worker.requests import EngineRequest, parse_request
+from worker.requests import parse_request
+from worker.wire import EngineRequest
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from orchestrator.core.spec import ModelSpec, SamplingSpec
-from worker.requests import EngineRequest, parse_request
+from worker.requests import parse_request
+from worker.wire import EngineRequest
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from orchestrator.core.spec import ModelSpec, SamplingSpec
-from worker.engine.base import RowResult
 from worker.prompts import ChatTemplateError, Prompt, read_chat_template
-from worker.requests import EngineRequest, parse_request
+from worker.requests import parse_request
+from worker.wire import EngineRequest, RowResult
 
 pytestmark = pytest.mark.slow
 

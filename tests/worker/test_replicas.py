@@ -10,7 +10,8 @@ import threading
 
 import pytest
 
-from worker.replicas import EXIT_STOPPED, combined_exit_code, combined_summary, relay_outputs
+from orchestrator.core.exits import WorkerExit
+from worker.replicas import combined_exit_code, combined_summary, relay_outputs
 
 # Replica 1 writes far more than a pipe holds (64 KiB) before it lets replica 0 finish: read one
 # after the other, replica 0's pipe would be read to its end first while replica 1 blocks on its
@@ -63,11 +64,11 @@ def test_replicas_outputs_are_relayed_at_once_so_no_full_pipe_stalls_a_replica(t
         ([1, 75], 1),  # a real failure is never relaunched for free
         ([75, 1], 1),
         ([0, 75], 75),
-        ([75, EXIT_STOPPED], EXIT_STOPPED),
-        ([0, EXIT_STOPPED, 2], 2),
+        ([75, WorkerExit.STOPPED], WorkerExit.STOPPED),
+        ([0, WorkerExit.STOPPED, 2], 2),
     ],
 )
 def test_replicas_exit_code_puts_a_real_failure_first(codes, expected):
     assert combined_exit_code(codes) == expected
     status = combined_summary([], codes)["status"]
-    assert status == {0: "SUCCESS", 75: "STORE_UNREACHABLE", EXIT_STOPPED: "INTERRUPTED"}.get(expected, "FAILED")
+    assert status == {0: "SUCCESS", 75: "STORE_UNREACHABLE", WorkerExit.STOPPED: "INTERRUPTED"}.get(expected, "FAILED")

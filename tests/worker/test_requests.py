@@ -7,8 +7,9 @@ import json
 import pytest
 
 from orchestrator.core.spec import SamplingSpec
-from worker.engine.base import RowResult
-from worker.requests import EngineRequest, for_template, parse_request
+from worker.prompts import for_template
+from worker.requests import parse_request
+from worker.wire import EngineRequest, RowResult
 
 DEFAULTS = SamplingSpec(max_tokens=100, temperature=0.3, stop=["END"])
 

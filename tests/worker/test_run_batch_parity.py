@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
+from model_builders import TOOLS_CHAT_TEMPLATE, WEATHER_TOOL
 from orchestrator.core.spec import ModelSpec
 from tests.worker.conftest import COMPACT_JSON
 from tests.worker.test_structured import SCHEMA, answer
-from worker.models import TOOLS_CHAT_TEMPLATE, WEATHER_TOOL
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,8 @@ import pytest
 
 from orchestrator.core.spec import SamplingSpec
 from tests.support.openai_lines import check_line
-from worker.requests import EngineRequest, parse_request
+from worker.requests import parse_request
+from worker.wire import EngineRequest
 
 pytestmark = pytest.mark.slow
 

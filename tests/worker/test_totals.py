@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from worker.runner import Totals
+from worker.totals import Totals
 
 
 def _answered(totals: Totals, rows: int, tokens: int, busy_s: float) -> None:

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from orchestrator.core.spec import SamplingSpec
-from worker.engine.base import RowResult
-from worker.requests import EngineRequest, parse_request
+from worker.requests import parse_request
+from worker.wire import EngineRequest, RowResult
 
 pytestmark = pytest.mark.slow
 

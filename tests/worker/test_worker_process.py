@@ -1,4 +1,5 @@
-"""The worker as a real process: exactly-once outputs, kill -9 and SIGTERM mid-chunk, races, takeovers."""
+"""The worker, as a real process where a test needs one (kill -9, signals, races, replicas, the CLI), else in this
+process on the session's engine: exactly-once outputs, takeovers, parquet parts, the engine kept busy."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.exits import WorkerStatus
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout, chunk_id
 from orchestrator.core.protocol.leases import acquire, read_lease, release
 from orchestrator.core.protocol.parts import iter_part_lines, part_codec
 from orchestrator.core.records import DoneMarker
 from orchestrator.core.store import open_store
+from orchestrator.core.worker_ids import planned_list
 from tests.support.runs import Answer, chat_request, make_run
 
 pytestmark = pytest.mark.slow
@@ -57,6 +60,22 @@ class WorkerProcess:
         return self.stderr_path.read_text(errors="replace")
 
 
+def run_in_process(store, run: str, engine) -> dict:
+    """Worker 0 of the run in this process, on the session's engine: what `python -m worker --worker 0`
+    runs (the spec frozen in the run), without loading vLLM again."""
+    from worker.__main__ import spec_from_run
+    from worker.heartbeat import WorkerIdentity
+    from worker.runner import Worker
+
+    spec = spec_from_run(store, run, checkpoint_interval=None, lease_ttl=None)
+    return Worker(store, spec, WorkerIdentity.new("0", planned_list("0")), lambda: engine).run()
+
+
+def exit_code(summary: dict) -> int:
+    """The exit code `python -m worker` leaves for this summary's status."""
+    return WorkerStatus(summary["status"]).exit_code
+
+
 def answered_lines(store, layout: RunLayout) -> list:
     """The output lines in the parts that done markers list (what collect reads)."""
     lines = []
@@ -82,13 +101,13 @@ def wait_for_parts(store, layout, chunk: str, count: int, timeout: float = 180) 
     raise AssertionError(f"fewer than {count} parts of {chunk} after {timeout}s")
 
 
-def test_worker_answers_every_row_exactly_once(store_uri, tiny_model, tmp_path):
+def test_worker_answers_every_row_exactly_once(store_uri, tiny_engine, tiny_model):
     store = open_store(store_uri)
     chunks = [chunk_of(f"c{c}", 15) for c in range(3)]
     chunks[1].append(b"{this line is not json")
     layout = make_run(store, "once", chunks, model=tiny_model, workers=2)
-    code, summary = WorkerProcess(store_uri, "once", "0", tmp_path).finish()
-    assert code == 0
+    summary = run_in_process(store, "once", tiny_engine)
+    assert exit_code(summary) == 0
     assert summary["status"] == "SUCCESS" and summary["requests"] == 46 and summary["errors"] == 1
     assert summary["chunks_done"] == 3  # its own list, then worker 1's chunk: nobody else came
     seen = answered(store, layout)
@@ -170,15 +189,15 @@ def test_workers_racing_over_the_same_chunks_write_one_marker_each(store_uri, ti
     assert len(holders) >= 1
 
 
-def test_worker_takes_over_an_expired_lease_and_reuses_its_parts(store_uri, tiny_model, tmp_path):
+def test_worker_takes_over_an_expired_lease_and_reuses_its_parts(store_uri, tiny_engine, tiny_model):
     store = open_store(store_uri)
     layout = make_run(store, "expired", [chunk_of("e", 10), chunk_of("x", 10)], model=tiny_model, lists=[[0], [1]])
     # Worker 1 died holding chunk 1 after flushing its first three rows; its lease has expired.
     acquire(store, layout, "part_00001", worker="1", holder="1.dead", ttl=60, now=time.time() - 600)
     dead_rows = [Answer(i, f"x-{i}", "flushed before the worker died") for i in range(3)]
     store.put(layout.output_part("part_00001", "1.dead", 1), part_codec("jsonl", "part_00001").encode(dead_rows))
-    code, summary = WorkerProcess(store_uri, "expired", "0", tmp_path).finish()
-    assert code == 0 and summary["chunks_done"] == 2
+    summary = run_in_process(store, "expired", tiny_engine)
+    assert exit_code(summary) == 0 and summary["chunks_done"] == 2
     assert summary["requests"] == 10 + 7  # the dead worker's three flushed rows were kept
     marker = DoneMarker.model_validate_json(store.get(layout.done("part_00001")).data)
     assert marker.holder.startswith("0.") and len(marker.parts) == 2
@@ -228,14 +247,13 @@ def test_worker_that_loses_a_lease_mid_chunk_drops_it_and_goes_on(tiny_model, tm
     assert len(seen) == 820 and set(seen.values()) == {1}
 
 
-def test_worker_writes_parquet_parts_when_asked(tiny_model, tmp_path):
-    store_uri = str(tmp_path / "store")
-    store = open_store(store_uri)
+def test_worker_writes_parquet_parts_when_asked(tiny_engine, tiny_model, tmp_path):
+    store = open_store(str(tmp_path / "store"))
     layout = make_run(
         store, "pq", [chunk_of("p", 12)], model=tiny_model, spec_flags={"workers.output_format": "parquet"}
     )
-    code, _ = WorkerProcess(store_uri, "pq", "0", tmp_path).finish()
-    assert code == 0
+    summary = run_in_process(store, "pq", tiny_engine)
+    assert exit_code(summary) == 0
     marker = DoneMarker.model_validate_json(store.get(layout.done("part_00000")).data)
     assert marker.output_format == "parquet" and marker.parts[0].key.endswith(".parquet")
     assert sum(answered(store, layout).values()) == 12

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from orchestrator.core.spec import ModelSpec, WorkersSpec
-from worker.engine.base import Engine, RowResult
+from worker.engine.base import Engine
 
-__all__ = ["Engine", "RowResult", "load_engine"]
+__all__ = ["Engine", "load_engine"]
 
 
 def load_engine(model: ModelSpec, workers: WorkersSpec | None = None) -> Engine:
@@ -15,7 +15,7 @@ def load_engine(model: ModelSpec, workers: WorkersSpec | None = None) -> Engine:
 
         return TransformersEngine(model, max_in_flight=max_in_flight)
     if model.runner == "pooling":
-        from worker.embeddings import VllmEmbeddingEngine
+        from worker.engine.embedding_engine import VllmEmbeddingEngine
 
         return VllmEmbeddingEngine(model, max_in_flight=max_in_flight)
     from worker.engine.vllm_engine import VllmEngine

@@ -3,35 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from orchestrator.core.lines import BatchOutputLine
-from worker.outputs import error_line
-
-if TYPE_CHECKING:
-    from worker.requests import EngineRequest
-
-
-@dataclass
-class RowResult:
-    """One request's answer (or error) as its OpenAI Batch output line, with what the worker counts."""
-
-    index: int
-    custom_id: str | None
-    line: BatchOutputLine
-    tokens_in: int
-    tokens_out: int
-    error: bool
-    #: The chunk the request came from (set by the engine from EngineRequest.chunk).
-    chunk: str | None = None
-
-
-def error_row(request: EngineRequest, code: str, message: str, param: str | None = None) -> RowResult:
-    """The request's answer when it fails alone (a template error, a prompt too long, a parameter
-    the engine cannot honour): an error line, counted as an error, in the request's chunk."""
-    line = error_line(request.custom_id, code, message, param=param)
-    return RowResult(request.index, request.custom_id, line, 0, 0, True, request.chunk)
+from worker.wire import EngineRequest, RowResult
 
 
 class Engine(Protocol):

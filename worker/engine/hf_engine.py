@@ -35,10 +35,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Stoppi
 
 from orchestrator.core.errors import SpecError
 from orchestrator.core.spec import ModelSpec
-from worker.engine.base import RowResult, error_row
 from worker.outputs import Choice, TokenLogprob, success_line
 from worker.prompts import PromptBuilder
-from worker.requests import EngineRequest, GenerationParams
+from worker.wire import EngineRequest, GenerationParams, RowResult, error_row
 
 #: engine_args this engine reads itself; the others are keyword arguments of `from_pretrained`.
 BATCH_ARGS = ("max_batch_size", "max_batch_tokens")
@@ -351,7 +350,8 @@ def pick_batch(pool: list[_Ready], limits: BatchLimits) -> list[_Ready]:
         lo, hi = min(lo, other), max(hi, other + 1)
 
 
-class _RowLimits(StoppingCriteria):
+# transformers is not installed where the types are checked: its base class is Any there.
+class _RowLimits(StoppingCriteria):  # type: ignore[misc]
     """Each row stops after its own number of new tokens."""
 
     def __init__(self, prompt_len: int, limits: torch.Tensor, n: int):

@@ -19,12 +19,11 @@ from orchestrator.core.errors import OrchError
 from orchestrator.core.spec import ModelSpec
 from worker.adapters import AdapterChooser
 from worker.adapters import engine_args as adapter_args
-from worker.engine.base import RowResult, error_row
 from worker.images import image_urls, load_images
 from worker.outputs import Choice, TokenLogprob, success_line
 from worker.prompts import PromptBuilder
-from worker.requests import BadRequest, EngineRequest, GenerationParams
 from worker.tools import ToolCallRequest, ToolError, VllmTools
+from worker.wire import BadRequest, EngineRequest, GenerationParams, RowResult, error_row
 
 log = logging.getLogger("orch.worker.vllm")
 
@@ -301,7 +300,7 @@ def _native_context(model: str) -> int | None:
 def _is_cpu() -> bool:
     from vllm.platforms import current_platform
 
-    return current_platform.device_type == "cpu"
+    return bool(current_platform.device_type == "cpu")
 
 
 def _accelerator() -> str:
@@ -312,4 +311,4 @@ def _accelerator() -> str:
     try:
         return str(current_platform.get_device_name(0))
     except Exception:  # a platform without names: its type is still worth showing
-        return current_platform.device_type
+        return str(current_platform.device_type)

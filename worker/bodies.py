@@ -1,0 +1,231 @@
+"""Request bodies per URL as pydantic models: the fields each endpoint takes, their limits, their defaults.
+
+As vLLM's OpenAI server does (`ChatCompletionRequest`, `CompletionRequest`, `EmbeddingRequest`),
+one model per URL validates a body; a field's `description` is what an error row says it expects,
+so the rule checked and the rule told cannot drift. A failed validation becomes one BadRequest:
+an unknown field first (`unsupported_parameter`), else the first field in error
+(`invalid_parameter`), each naming the field. Fields that change nothing in a batch (user,
+metadata, stream...) are accepted and unused. Strict models: `true` is not a valid `n`, `1` not
+a valid `logprobs` flag, `"0.5"` not a temperature (an integer is a valid number).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchestrator.core.spec import SamplingSpec
+from worker.structured import StructuredError, constraint, logit_bias
+from worker.wire import BadRequest, Constraint, EmbeddingInput, GenerationParams
+
+#: The range vLLM's OpenAI server accepts for `seed` (int64); a larger seed fails inside the engine step.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Below this temperature sampling is greedy (vLLM's own threshold).
+GREEDY_BELOW = 1e-5
+#: OpenAI's limit on inputs per embeddings request.
+MAX_INPUTS = 2048
+
+B = TypeVar("B", bound="_Body")
+NonEmptyText = Annotated[str, Field(min_length=1)]
+
+
+class _Body(BaseModel):
+    """What every body may carry; unknown fields are refused, each field's type held strictly."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    #: How an error row names the endpoint of an unknown field.
+    endpoint: ClassVar[str] = "in a batch here"
+
+    #: The engine answers it with the run's model or one of its LoRA adapters (a non-string: the run's model).
+    model: Any = None
+    user: Any = None  # changes nothing here
+
+    @classmethod
+    def parse(cls: type[B], body: dict[str, Any]) -> B:
+        """The body as this model; a BadRequest naming the field when it is not one."""
+        try:
+            return cls.model_validate(body)
+        except ValidationError as e:
+            raise cls._bad_request(e, body) from None
+
+    @classmethod
+    def _bad_request(cls, error: ValidationError, body: dict[str, Any]) -> BadRequest:
+        problems = error.errors()
+        unknown = [p for p in problems if p["type"] == "extra_forbidden"]
+        name = str((unknown or problems)[0]["loc"][0])
+        if unknown:
+            return BadRequest("unsupported_parameter", f"parameter {name!r} is not supported {cls.endpoint}", name)
+        expected = cls.model_fields[name].description
+        return BadRequest("invalid_parameter", f"{name}={body.get(name)!r}: expected {expected}", name)
+
+
+class _SamplingBody(_Body):
+    """What chat and completion bodies share: sampling, penalties, constraints."""
+
+    # OpenAI fields that do not change what is generated, in a batch.
+    metadata: Any = None
+    store: Any = None
+    stream: Any = None
+    stream_options: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    safety_identifier: Any = None
+
+    max_tokens: int | None = Field(None, ge=1, description="an integer >= 1")
+    temperature: float | None = Field(None, ge=0, le=2, description="a number from 0 to 2")
+    top_p: float | None = Field(None, gt=0, le=1, description="a number in (0, 1]")
+    n: int | None = Field(None, ge=1, le=128, description="an integer from 1 to 128")
+    stop: NonEmptyText | list[NonEmptyText] | None = Field(None, description="a string or a list of non-empty strings")
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX, description="an integer from -2**63 to 2**63-1")
+    presence_penalty: float | None = Field(None, ge=-2, le=2, description="-2 to 2")
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="-2 to 2")
+    # vLLM's extensions, accepted by its OpenAI server too.
+    top_k: int | None = Field(None, ge=-1, description="an integer >= -1")
+    min_p: float | None = Field(None, ge=0, le=1, description="a number from 0 to 1")
+    repetition_penalty: float | None = Field(None, gt=0, description="a number > 0")
+    min_tokens: int | None = Field(None, ge=0, description="0 to max_tokens")
+    ignore_eos: bool | None = Field(None, description="true or false")
+    # Constrained decoding (worker/structured.py); vLLM's server takes both on both endpoints.
+    response_format: Any = None
+    structured_outputs: Any = None
+    logit_bias: Any = None
+
+    def params(self, defaults: SamplingSpec) -> GenerationParams:
+        """The request's parameters: the body's, else the spec's `sampling`, else vLLM's defaults."""
+        d = defaults
+        n = self.n if self.n is not None else d.n
+        max_tokens = self._max_tokens() or d.max_tokens
+        temperature = self.temperature if self.temperature is not None else d.temperature
+        if n > 1 and temperature < GREEDY_BELOW:
+            # vLLM's server refuses this too: greedy decoding gives n identical copies.
+            raise BadRequest(
+                "invalid_parameter",
+                f"n must be 1 when using greedy sampling, got {n} (temperature is {temperature:g}; orch's default "
+                "is 0, set a temperature > 0 for n samples)",
+                "n",
+            )
+        min_tokens = self.min_tokens or 0
+        if min_tokens > max_tokens:
+            raise BadRequest("invalid_parameter", f"min_tokens={min_tokens!r}: expected 0 to max_tokens", "min_tokens")
+        stop = (self.stop if "stop" in self.model_fields_set else d.stop) or ()
+        top_k = self.top_k if self.top_k is not None else (d.top_k if d.top_k is not None else 0)
+        logprobs, echo = self._logprobs_echo()
+        constrained, bias = self._constraints()
+        return GenerationParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=self.top_p if self.top_p is not None else d.top_p,
+            top_k=max(top_k, 0),
+            n=n,
+            stop=(stop,) if isinstance(stop, str) else tuple(stop),
+            seed=self.seed if self.seed is not None else d.seed,
+            presence_penalty=_first(self.presence_penalty, d.presence_penalty, 0.0),
+            frequency_penalty=_first(self.frequency_penalty, d.frequency_penalty, 0.0),
+            repetition_penalty=_first(self.repetition_penalty, d.repetition_penalty, 1.0),
+            min_p=self.min_p or 0.0,
+            min_tokens=min_tokens,
+            ignore_eos=bool(self.ignore_eos),
+            logprobs=logprobs,
+            echo=echo,
+            constraint=constrained,
+            logit_bias=bias,
+        )
+
+    def _max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def _logprobs_echo(self) -> tuple[int | None, bool]:
+        """(logprobs, echo) as the endpoint spells them."""
+        raise NotImplementedError
+
+    def _constraints(self) -> tuple[Constraint | None, tuple[tuple[int, float], ...]]:
+        body = {"response_format": self.response_format, "structured_outputs": self.structured_outputs}
+        try:
+            return constraint(body), logit_bias(self.logit_bias)
+        except StructuredError as e:
+            raise BadRequest("invalid_parameter", str(e), e.param) from None
+
+
+class ChatBody(_SamplingBody):
+    """A `/v1/chat/completions` body."""
+
+    messages: Any = None  # checked in worker/requests.py (its own error codes)
+    max_completion_tokens: int | None = Field(None, ge=1, description="an integer >= 1")
+    logprobs: bool | None = Field(None, description="true or false")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="an integer from 0 to 20")
+    # Tool calling (worker/tools.py).
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+
+    def _max_tokens(self) -> int | None:
+        return self.max_completion_tokens if "max_completion_tokens" in self.model_fields_set else self.max_tokens
+
+    def _logprobs_echo(self) -> tuple[int | None, bool]:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise BadRequest("invalid_parameter", "top_logprobs needs logprobs: true", "top_logprobs")
+        return ((self.top_logprobs or 0) if self.logprobs else None), False
+
+
+class CompletionBody(_SamplingBody):
+    """A `/v1/completions` body."""
+
+    prompt: Any = None  # checked in worker/requests.py (its own error code)
+    logprobs: int | None = Field(None, ge=0, le=20, description="an integer from 0 to 20")
+    echo: bool | None = Field(None, description="true or false")
+    best_of: int | None = Field(None, ge=1, description="an integer >= 1")
+
+    def params(self, defaults: SamplingSpec) -> GenerationParams:
+        params = super().params(defaults)
+        if self.best_of is not None and self.best_of != params.n:
+            raise BadRequest(
+                "unsupported_parameter", "best_of different from n is not supported (vLLM dropped it)", "best_of"
+            )
+        return params
+
+    def _logprobs_echo(self) -> tuple[int | None, bool]:
+        if self.echo and self.logprobs is not None:
+            raise BadRequest("unsupported_parameter", "echo with logprobs (prompt logprobs) is not supported", "echo")
+        return self.logprobs, bool(self.echo)
+
+
+class EmbeddingBody(_Body):
+    """A `/v1/embeddings` body: `input` is a string, a list of strings, a list of token ids or a
+    list of such lists; `dimensions` asks a Matryoshka model for a prefix of its vector."""
+
+    endpoint: ClassVar[str] = "for embeddings"
+
+    input: Any = None  # checked by `embedding` (its own error code)
+    dimensions: int | None = Field(None, ge=1, description="an integer >= 1")
+    encoding_format: Literal["float", "base64"] | None = Field(None, description="'float' or 'base64'")
+
+    def embedding(self) -> EmbeddingInput:
+        raw = self.input
+        if isinstance(raw, str) or (isinstance(raw, list) and raw and all(_is_token(t) for t in raw)):
+            raw = [raw]  # one input: a string or one list of token ids
+        if not isinstance(raw, list) or not raw:
+            raise BadRequest(
+                "invalid_input", "input must be a string, a list of strings or a list of token id lists", "input"
+            )
+        if len(raw) > MAX_INPUTS:
+            raise BadRequest("invalid_input", f"input has {len(raw)} items; at most {MAX_INPUTS}", "input")
+        items: list[str | tuple[int, ...]] = []
+        for i, item in enumerate(raw):
+            if isinstance(item, str) and item:
+                items.append(item)
+            elif isinstance(item, list) and item and all(_is_token(t) for t in item):
+                items.append(tuple(item))
+            else:
+                raise BadRequest(
+                    "invalid_input", f"input[{i}] must be a non-empty string or a non-empty list of token ids", "input"
+                )
+        return EmbeddingInput(tuple(items), self.dimensions, self.encoding_format or "float")
+
+
+def _first(given: float | None, default: float | None, fallback: float) -> float:
+    return given if given is not None else (default if default is not None else fallback)
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -1,0 +1,191 @@
+"""A chunk a worker has opened: its lease and checkpoints, its input on local disk, its finished rows."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import IO
+
+from orchestrator.core.protocol.checkpoints import ChunkJob
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.leases import HeldLease, LeaseKeeper
+from orchestrator.core.protocol.parts import part_codec
+from orchestrator.core.records import ManifestEntry
+from orchestrator.core.spec import SamplingSpec
+from orchestrator.core.store import Store
+from worker.requests import parse_request
+from worker.totals import Totals
+from worker.wire import EngineRequest, RowResult, error_line
+
+
+@dataclass
+class OpenChunk:
+    """A chunk in the engine: its lease and checkpoints, and the rows finished but not flushed yet."""
+
+    entry: ManifestEntry
+    job: ChunkJob[RowResult]
+    keeper: LeaseKeeper
+    last_flush: float
+    skip: set[int]  # rows flushed by an earlier pass
+    source: IO[bytes]  # the chunk's input lines, copied to local disk when the chunk was opened
+    buffer: list[RowResult] = field(default_factory=list)
+    side_errors: list[RowResult] = field(default_factory=list)
+    outstanding: int = 0  # handed to the engine, not finished
+    fed: bool = False  # every line read: handed to the engine or set aside as an error row
+    rows_done: int = 0
+    dropped: bool = False  # no longer ours (lease lost, completed, given back); its source is closed
+
+    @property
+    def careful(self) -> bool:
+        """A holder of this chunk died before us: work it carefully (core/protocol/crashes.py)."""
+        return self.keeper.held.lease.crashes > 0
+
+    def requests(self, sampling: SamplingSpec) -> Iterator[EngineRequest]:
+        """The chunk's lines as engine requests, streamed; bad lines, and rows that killed two
+        holders (core/protocol/crashes.py), go to `side_errors` instead.
+
+        The chunk can be dropped while this generator is suspended at its `yield` (a lease lost
+        at the engine step in between): it then stops before reading the closed source again."""
+        entry, skip = self.entry, self.skip
+        poison = set(self.keeper.held.lease.poison)
+        if self.dropped:
+            return
+        for index, line in enumerate(self.source):
+            if index in skip:
+                continue
+            parsed = parse_request(line, index, sampling)
+            if isinstance(parsed, EngineRequest) and index in poison:
+                parsed = crashed_row(parsed)
+            if isinstance(parsed, EngineRequest):
+                yield parsed
+                if self.dropped:
+                    return
+            else:
+                parsed.chunk = entry.chunk
+                self.side_errors.append(parsed)
+
+
+class ChunksInHand:
+    """The chunks a worker holds: those open in the engine (oldest first) and the leases behind them.
+
+    `lock` (the worker's) guards them and the totals' chunk in hand: the heartbeat thread renews
+    the leases in `keepers` and publishes the totals."""
+
+    def __init__(self, totals: Totals, lock: threading.Lock):
+        self.totals = totals
+        self.lock = lock
+        self.open: dict[str, OpenChunk] = {}
+        #: The leases we hold, renewed in the background.
+        self.keepers: dict[str, LeaseKeeper] = {}
+        #: Leases taken whose chunk the store did not let us open yet.
+        self.unopened: list[HeldLease] = []
+
+    def hold(self, chunk: str, keeper: LeaseKeeper) -> None:
+        with self.lock:
+            self.keepers[chunk] = keeper
+
+    def add(self, chunk: OpenChunk) -> None:
+        """A chunk opened: in the engine from now on, and the heartbeat's chunk in hand."""
+        with self.lock:
+            self.open[chunk.entry.chunk] = chunk
+            self.totals.chunk, self.totals.chunk_rows = chunk.entry.chunk, chunk.entry.rows
+            self.totals.chunk_rows_done = len(chunk.skip)
+
+    def drop(self, chunk: str) -> OpenChunk | None:
+        """No longer ours (lease lost, completed, given back): its lease is no longer renewed."""
+        with self.lock:
+            self.keepers.pop(chunk, None)
+            active = self.open.pop(chunk, None)
+            if active is not None:
+                active.dropped = True  # the feed may be suspended in its lines: see OpenChunk.requests
+                active.source.close()
+            if self.totals.chunk == chunk:
+                # The heartbeat shows the chunk still in hand, if any.
+                other = next(iter(self.open.values()), None)
+                self.totals.chunk = other.entry.chunk if other else None
+                self.totals.chunk_rows = other.entry.rows if other else 0
+                self.totals.chunk_rows_done = (len(other.skip) + other.rows_done) if other else 0
+        return active
+
+    def drop_all(self) -> list[OpenChunk]:
+        return [a for a in (self.drop(c) for c in list(self.open)) if a is not None]
+
+    def give_back(self, active: OpenChunk) -> None:
+        """Drop the chunk and release its lease: free for others at once, not at its expiry."""
+        self.drop(active.entry.chunk)
+        with contextlib.suppress(Exception):
+            active.keeper.release()
+
+    def give_back_all(self) -> None:
+        """Every lease we hold released, those of chunks not opened yet included."""
+        for active in self.drop_all():
+            with contextlib.suppress(Exception):
+                active.keeper.release()
+        with self.lock:
+            keepers = list(self.keepers.values())
+            self.keepers.clear()
+        for keeper in keepers:
+            with contextlib.suppress(Exception):
+                keeper.release()
+
+    def route(self, finished: list[RowResult]) -> list[RowResult]:
+        """Finished rows to the buffers of their chunks; returns those kept (rows of a chunk we lost are dropped)."""
+        kept = []
+        for row in finished:
+            active = self.open.get(row.chunk) if row.chunk is not None else None
+            if active is None:
+                continue
+            active.outstanding -= 1
+            active.rows_done += 1
+            active.buffer.append(row)
+            kept.append(row)
+        return kept
+
+    def room_for_another(self, capacity: int, chunks_in_engine: int) -> bool:
+        """The engine has room the chunks in it cannot fill: time to open the next."""
+        if any(a.careful and a.outstanding > 0 for a in self.open.values()):
+            return False  # a careful chunk is alone in the engine
+        in_engine = [a.outstanding for a in self.open.values() if a.outstanding > 0]
+        return len(in_engine) < chunks_in_engine and sum(in_engine) < capacity
+
+
+def open_chunk(
+    store: Store,
+    layout: RunLayout,
+    entry: ManifestEntry,
+    keeper: LeaseKeeper,
+    output_format: str,
+    clock: Callable[[], float],
+) -> OpenChunk:
+    """Steps 1-2 of a chunk once its lease is taken: resume from its checkpoints, copy its input."""
+    job = ChunkJob(store, layout, keeper, part_codec(output_format, entry.chunk), clock, chunk_rows=entry.rows)
+    point = job.resume()
+    source = copy_input(store, layout, entry.chunk)
+    return OpenChunk(entry, job, keeper, last_flush=clock(), skip=point.done_rows, source=source)
+
+
+def copy_input(store: Store, layout: RunLayout, chunk: str) -> IO[bytes]:
+    """The chunk's input on local disk (deleted when closed): feeding it needs no store."""
+    local = tempfile.TemporaryFile()  # noqa: SIM115 - handed to the chunk's OpenChunk, closed when it is dropped
+    try:
+        with store.open(layout.chunk(chunk)) as f:
+            while block := f.read(1 << 20):
+                local.write(block)
+    except BaseException:
+        local.close()
+        raise
+    local.seek(0)
+    return local
+
+
+def crashed_row(request: EngineRequest) -> RowResult:
+    """The answer to a row in flight during two deaths of its worker: an error row, never run again."""
+    message = (
+        "the worker process died twice while this row was being generated (the second time with this row "
+        "alone in the engine), so it is not run again; check its parameters and prompt, and the worker logs"
+    )
+    line = error_line(request.custom_id, "worker_crashed", message, status=500)
+    return RowResult(request.index, request.custom_id, line, 0, 0, True)

@@ -1,0 +1,109 @@
+"""vLLM on its pooling runner: `/v1/embeddings` lines answered as OpenAI's embedding list.
+
+Each item of a line's `input` is one engine request, and the line is answered once all of its
+items are (one `data[]` entry per item, in order). `dimensions` asks a Matryoshka model for a
+prefix of its vector (vLLM refuses what the model does not support: an error row). The body
+itself is checked before it gets here (worker/bodies.py, EmbeddingBody).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.engine.vllm_engine import InFlight, VllmEngine, engine_refusal
+from worker.outputs import embedding_line
+from worker.wire import BadRequest, EngineRequest, RowResult, error_row
+
+
+@dataclass
+class _Line:
+    """An embeddings line whose items are in the engine: the vectors that came back so far."""
+
+    request: EngineRequest
+    vectors: list[list[float] | None]
+    prompt_tokens: int = 0
+    waiting: set[str] = field(default_factory=set)
+
+
+class VllmEmbeddingEngine(VllmEngine):
+    """The vLLM engine on its pooling runner: the same streaming loop, one engine request per input item."""
+
+    name = "vllm"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.vocab_size = self._engine.model_config.get_vocab_size()
+        self._lines: dict[str, _Line] = {}
+
+    def abort(self, chunk: str | None = None) -> None:
+        super().abort(chunk)
+        for key in [k for k, line in self._lines.items() if chunk is None or line.request.chunk == chunk]:
+            del self._lines[key]
+
+    def _add(self, request: EngineRequest) -> RowResult | None:
+        from vllm.pooling_params import PoolingParams
+
+        if request.embedding is None:
+            return error_row(
+                request, "unsupported_url", "this run embeds (model.runner: pooling): only /v1/embeddings lines"
+            )
+        try:
+            lora = self._adapters.for_model(request.model)
+            prompts = [self._tokens(item, i) for i, item in enumerate(request.embedding.items)]
+        except BadRequest as e:
+            return error_row(request, e.code, str(e), param=e.param)
+        key = str(self._next_id)
+        self._next_id += 1
+        line = _Line(request, [None] * len(prompts))
+        try:
+            for i, ids in enumerate(prompts):
+                request_id = f"{key}.{i}"
+                params = PoolingParams(task="embed", dimensions=request.embedding.dimensions)
+                self._engine.add_request(request_id, {"prompt_token_ids": ids}, params, lora_request=lora)
+                self._in_flight[request_id] = InFlight(request, len(ids))
+                line.waiting.add(request_id)
+        except Exception as e:
+            refusal = engine_refusal(e)
+            if line.waiting:  # the items added before the refused one
+                self._engine.abort_request(list(line.waiting))
+                for request_id in line.waiting:
+                    del self._in_flight[request_id]
+            if refusal is None:
+                raise  # not about this request: the engine itself is in trouble
+            param = refusal[1] or ("dimensions" if "dimension" in refusal[0].lower() else None)
+            return error_row(request, "invalid_request", refusal[0], param=param)
+        self._lines[key] = line
+        return None
+
+    def _tokens(self, item: str | tuple[int, ...], index: int) -> list[int]:
+        # Like vLLM's server: a string is tokenised with the model's special tokens.
+        ids = list(self.tokenizer.encode(item)) if isinstance(item, str) else list(item)
+        if isinstance(item, tuple) and max(ids) >= self.vocab_size:
+            raise BadRequest(
+                "invalid_input",
+                f"input[{index}] has token id {max(ids)}; the vocabulary has {self.vocab_size}",
+                "input",
+            )
+        if len(ids) > self.max_model_len:
+            raise BadRequest(
+                "context_length_exceeded",
+                f"this model's maximum context length is {self.max_model_len} tokens; input[{index}] has {len(ids)}",
+                "input",
+            )
+        return ids
+
+    def _result(self, output: Any) -> RowResult | None:
+        flight = self._in_flight.pop(output.request_id)
+        key, position = output.request_id.rsplit(".", 1)
+        line = self._lines[key]
+        line.vectors[int(position)] = output.outputs.data.tolist()
+        line.prompt_tokens += flight.prompt_tokens
+        line.waiting.discard(output.request_id)
+        if line.waiting:
+            return None
+        del self._lines[key]
+        request = line.request
+        model = request.model if self._adapters.for_model(request.model) is not None else self.model_name
+        answer = embedding_line(request, line.vectors, line.prompt_tokens, model or "")
+        return RowResult(request.index, request.custom_id, answer, line.prompt_tokens, 0, False, request.chunk)

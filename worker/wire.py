@@ -1,0 +1,130 @@
+"""The types a worker passes around: a request line made ready for an engine, and a row's answer.
+
+This module imports nothing of the worker, so every other module may import it and no circle
+can form (the `layers` contract in pyproject.toml keeps it at the bottom). What the types mean
+on the wire is OpenAI's Batch format (core/lines.py); parsing them is worker/requests.py's job.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from orchestrator.core.lines import BatchOutputLine
+
+
+class BadRequest(ValueError):
+    """A request line the worker answers with an error row: `code` and `param` as OpenAI's API names them."""
+
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One constraint on the generated text: `kind` is one of structured.STRUCTURED_KINDS, `value`
+    its argument as JSON (a schema, a regex, a list of choices, a grammar, true)."""
+
+    kind: str
+    value: str
+    #: The body field it came from, for error rows: "response_format" or "structured_outputs".
+    source: str
+
+    def vllm_kwargs(self) -> dict[str, Any]:
+        return {self.kind: json.loads(self.value)}
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """A row's tools, as JSON text (the request stays hashable), and how it may use them."""
+
+    tools: str
+    tool_choice: str  # JSON: "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
+    parallel_tool_calls: bool | None
+
+    @property
+    def choice(self) -> Any:
+        return json.loads(self.tool_choice)
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """One request's sampling parameters, defaults applied: what the engines turn into their own."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int  # 0: no top-k
+    n: int
+    stop: tuple[str, ...]
+    seed: int | None
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    min_p: float
+    min_tokens: int
+    ignore_eos: bool
+    #: Top alternatives per generated token: None = no logprobs; 0 = the chosen token's only.
+    logprobs: int | None
+    echo: bool
+    #: A JSON schema, regex, choice or grammar the output must follow (vLLM only).
+    constraint: Constraint | None = None
+    #: (token id, bias) pairs added to the logits.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class EmbeddingInput:
+    """An embeddings line's body: one engine request per item, answered together."""
+
+    items: tuple[str | tuple[int, ...], ...]
+    dimensions: int | None
+    encoding_format: Literal["float", "base64"]
+
+
+@dataclass
+class EngineRequest:
+    """One request line, checked and with its defaults applied: what an engine runs."""
+
+    index: int  # the row's position in its chunk
+    custom_id: str
+    kind: Literal["chat", "completion", "embedding"]
+    messages: list[dict[str, Any]] | None
+    prompt: str | None
+    params: GenerationParams  # for embeddings: the spec's defaults, unused
+    chunk: str | None = None  # set by the worker: where the row's answer goes
+    tools: ToolUse | None = None
+    #: `body.model`: the engine answers it with the run's model or one of its LoRA adapters.
+    model: str | None = None
+    embedding: EmbeddingInput | None = None
+
+
+@dataclass
+class RowResult:
+    """One request's answer (or error) as its OpenAI Batch output line, with what the worker counts."""
+
+    index: int
+    custom_id: str | None
+    line: BatchOutputLine
+    tokens_in: int
+    tokens_out: int
+    error: bool
+    #: The chunk the request came from (set by the engine from EngineRequest.chunk).
+    chunk: str | None = None
+
+
+def error_line(
+    custom_id: str | None, code: str, message: str, *, param: str | None = None, status: int = 400
+) -> BatchOutputLine:
+    """The output line of a row that failed alone: OpenAI's error body, `status` its HTTP code."""
+    return BatchOutputLine.error_row(custom_id, code, message, param=param, status=status)
+
+
+def error_row(request: EngineRequest, code: str, message: str, param: str | None = None) -> RowResult:
+    """The request's answer when it fails alone (a template error, a prompt too long, a parameter
+    the engine cannot honour): an error line, counted as an error, in the request's chunk."""
+    line = error_line(request.custom_id, code, message, param=param)
+    return RowResult(request.index, request.custom_id, line, 0, 0, True, request.chunk)
