@@ -56,28 +56,7 @@ class BatchAPI:
             earlier = self._replay(found[0], request) if found is not None else None
             if earlier is not None:
                 return earlier
-        if endpoint not in ENDPOINTS:
-            raise APIError(
-                400,
-                f"Invalid value for 'endpoint': {endpoint!r}. Supported values are: {_quoted(ENDPOINTS)}.",
-                param="endpoint",
-                code="invalid_value",
-            )
-        window = self.settings.windows.get(completion_window)
-        if window is None:
-            raise APIError(
-                400,
-                f"Invalid value for 'completion_window': {completion_window!r}. "
-                f"Supported values are: {_quoted(self.settings.windows)}.",
-                param="completion_window",
-                code="invalid_value",
-            )
-        _check_metadata(metadata)
-        source = owned_file(self.store, owner, input_file_id)
-        if source is None:
-            raise not_found("File", input_file_id)
-        if source.purpose != "batch":
-            raise APIError(400, "The input file must be a file uploaded with purpose 'batch'.", param="input_file_id")
+        window = self._check_request(owner, input_file_id, endpoint, completion_window, metadata)
         batch_id, now_ms = f"batch_{uuid.uuid4().hex[:24]}", int(self.clock() * 1000)
         if claim_key is not None:
             # Claimed before the batch exists: of two requests racing with one key, one claim stands,
@@ -103,6 +82,34 @@ class BatchAPI:
         created = self._record(batch)
         log.info("%s: created (%s, window %s)", batch.id, endpoint, completion_window)
         return created
+
+    def _check_request(
+        self, owner: str, input_file_id: str, endpoint: str, completion_window: str, metadata: dict[str, str] | None
+    ) -> float:
+        """A batch request's fields, refused as OpenAI refuses them (400, 404); the window's seconds."""
+        if endpoint not in ENDPOINTS:
+            raise APIError(
+                400,
+                f"Invalid value for 'endpoint': {endpoint!r}. Supported values are: {_quoted(ENDPOINTS)}.",
+                param="endpoint",
+                code="invalid_value",
+            )
+        window = self.settings.windows.get(completion_window)
+        if window is None:
+            raise APIError(
+                400,
+                f"Invalid value for 'completion_window': {completion_window!r}. "
+                f"Supported values are: {_quoted(self.settings.windows)}.",
+                param="completion_window",
+                code="invalid_value",
+            )
+        _check_metadata(metadata)
+        source = owned_file(self.store, owner, input_file_id)
+        if source is None:
+            raise not_found("File", input_file_id)
+        if source.purpose != "batch":
+            raise APIError(400, "The input file must be a file uploaded with purpose 'batch'.", param="input_file_id")
+        return window
 
     def _record(self, batch: BatchDocument) -> BatchDocument:
         """Write the batch unless it exists (then it stands, as it is now), then its active entry while
