@@ -18,12 +18,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.core.errors import SpecError
+from orchestrator.core.errors import ChatTemplateError
 from worker.wire import EngineRequest, RowResult, error_row
-
-
-class ChatTemplateError(SpecError):
-    """The spec's `model.chat_template` names a file that cannot be read, or is neither a file nor a template."""
 
 
 @dataclass(frozen=True)

@@ -173,3 +173,11 @@ def render_error(error: OrchError, stream: TextIO | None = None) -> None:
     print(f"{paint('ERROR', '1;31')} {error}", file=stream)
     if error.hint:
         print(f"{paint('hint', '33')}: {error.hint}", file=stream)
+
+
+class EngineLoadError(OrchError):
+    """A worker could not load the model: a wrong path, an unsupported architecture, too little memory."""
+
+
+class ChatTemplateError(SpecError):
+    """The spec's `model.chat_template` names a file that cannot be read, or is neither a file nor a template."""

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from orchestrator.core.errors import ChatTemplateError
 from orchestrator.core.spec import ModelSpec, SamplingSpec
-from worker.prompts import ChatTemplateError, Prompt, read_chat_template
+from worker.prompts import Prompt, read_chat_template
 from worker.requests import parse_request
 from worker.wire import EngineRequest, RowResult
 

@@ -15,7 +15,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.core.errors import OrchError
+from orchestrator.core.errors import EngineLoadError
 from orchestrator.core.spec import ModelSpec
 from worker.adapters import AdapterChooser
 from worker.adapters import engine_args as adapter_args
@@ -273,10 +273,6 @@ def _build_llm(spec: ModelSpec) -> Any:
         return LLM(**kwargs)
     except Exception as e:  # vLLM's own message says what is wrong (path, memory, architecture)
         raise EngineLoadError(f"vLLM cannot load {spec.name!r}: {_first_line(e)}") from e
-
-
-class EngineLoadError(OrchError):
-    """The model could not be loaded: a wrong path, an unsupported architecture, too little memory."""
 
 
 def _first_line(e: Exception) -> str:
