@@ -154,7 +154,7 @@ def test_worker_sigterm_flushes_and_gives_the_lease_back(store_uri, tiny_model, 
     )
     worker = WorkerProcess(store_uri, "term", "0", tmp_path, "--checkpoint-interval", "3600")
     # Wait until the worker reports finished rows (its heartbeat), none flushed yet (the interval is an hour).
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 540  # a hang guard: the worker loads its engine first
     while not (beat := read_heartbeats(store, layout).get("0")) or beat.rows_done == 0:
         assert time.monotonic() < deadline and worker.proc.poll() is None, worker.stderr
         time.sleep(0.1)
@@ -218,7 +218,7 @@ def test_worker_that_loses_a_lease_mid_chunk_drops_it_and_goes_on(tiny_model, tm
         spec_flags={"workers.lease_ttl": ttl, "workers.heartbeat_interval": 0.5},
     )
     worker = WorkerProcess(store_uri, "lost", "0", tmp_path, "--checkpoint-interval", "1")
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 540  # a hang guard: the worker loads its engine first
     while not (beat := read_heartbeats(store, layout).get("0")) or beat.chunk != "part_00000" or beat.rows_done == 0:
         assert time.monotonic() < deadline and worker.proc.poll() is None, worker.stderr
         time.sleep(0.05)
