@@ -215,7 +215,7 @@ def orch_process(workdir: Path, *args: str) -> subprocess.Popen:
 
 
 def wait_for_running_workers(run: str, count: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 540  # a hang guard: the workers load an engine first
+    deadline = time.monotonic() + 1000  # a hang guard: the workers load an engine first
     beats: dict = {}
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()

@@ -49,7 +49,8 @@ class WorkerProcess:
                 cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **(env or {})}
             )
 
-    def finish(self, timeout: float = 300) -> tuple[int, dict]:
+    def finish(self, timeout: float = 1000) -> tuple[int, dict]:
+        # A hang guard only: under load a worker spends minutes loading its engine (300 s ran out at load 8).
         out, _ = self.proc.communicate(timeout=timeout)
         lines = [line for line in out.splitlines() if line.strip()]
         summary = json.loads(lines[-1]) if lines else {}
@@ -154,7 +155,7 @@ def test_worker_sigterm_flushes_and_gives_the_lease_back(store_uri, tiny_model, 
     )
     worker = WorkerProcess(store_uri, "term", "0", tmp_path, "--checkpoint-interval", "3600")
     # Wait until the worker reports finished rows (its heartbeat), none flushed yet (the interval is an hour).
-    deadline = time.monotonic() + 540  # a hang guard: the worker loads its engine first
+    deadline = time.monotonic() + 1000  # a hang guard: the worker loads its engine first
     while not (beat := read_heartbeats(store, layout).get("0")) or beat.rows_done == 0:
         assert time.monotonic() < deadline and worker.proc.poll() is None, worker.stderr
         time.sleep(0.1)
@@ -218,7 +219,7 @@ def test_worker_that_loses_a_lease_mid_chunk_drops_it_and_goes_on(tiny_model, tm
         spec_flags={"workers.lease_ttl": ttl, "workers.heartbeat_interval": 0.5},
     )
     worker = WorkerProcess(store_uri, "lost", "0", tmp_path, "--checkpoint-interval", "1")
-    deadline = time.monotonic() + 540  # a hang guard: the worker loads its engine first
+    deadline = time.monotonic() + 1000  # a hang guard: the worker loads its engine first
     while not (beat := read_heartbeats(store, layout).get("0")) or beat.chunk != "part_00000" or beat.rows_done == 0:
         assert time.monotonic() < deadline and worker.proc.poll() is None, worker.stderr
         time.sleep(0.05)
