@@ -74,9 +74,7 @@ class Transition:
 
 def state_of(batch: BatchDocument) -> str:
     """Where the batch is in the table: its status, or the end decided for it."""
-    if batch.ending is None:
-        return batch.status
-    return next(state for state, status in _ENDS.items() if status == batch.ending)
+    return batch.status if batch.ending is None else ending_state(batch.ending)
 
 
 def transition(

@@ -250,7 +250,8 @@ class TransformersEngine:
             if end is not None:
                 ids, ended = ids[:end], True
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        stopped = self._stop_string_at(ids, p.stop) if p.stop else None
+        # The full text, decoded once, tells whether a stop string is there at all: most rows have none.
+        stopped = self._stop_string_at(ids, p.stop) if any(s in text for s in p.stop) else None
         if stopped is not None:
             # The tokens generated up to the one that completed the stop string, as vLLM counts
             # them; re-encoding the cut text would give other tokens, and logprobs of tokens
@@ -286,9 +287,7 @@ class TransformersEngine:
             found = [at for at in (text.find(s) for s in stops) if at >= 0]
             return min(found) if found else None
 
-        lo, hi = 1, len(ids)
-        if first(hi) is None:
-            return None
+        lo, hi = 1, len(ids)  # the whole text holds one (the caller checked)
         while lo < hi:
             mid = (lo + hi) // 2
             if first(mid) is None:
