@@ -1,6 +1,7 @@
 """Request bodies per URL as pydantic models: the fields each endpoint takes, their limits, their defaults.
 
-As vLLM's OpenAI server does (`ChatCompletionRequest`, `CompletionRequest`, `EmbeddingRequest`),
+As vLLM's OpenAI server does (`ChatCompletionRequest`, `CompletionRequest`, `EmbeddingRequest`,
+`ScoreRequest`, `RerankRequest`),
 one model per URL validates a body; a field's `description` is what an error row says it expects,
 so the rule checked and the rule told cannot drift. A failed validation becomes one BadRequest:
 an unknown field first (`unsupported_parameter`), else the first field in error
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.core.spec import SamplingSpec
 from worker.structured import StructuredError, constraint, logit_bias
-from worker.wire import BadRequest, Constraint, EmbeddingInput, GenerationParams
+from worker.wire import BadRequest, Constraint, EmbeddingInput, GenerationParams, ScoringInput
 
 #: The range vLLM's OpenAI server accepts for `seed` (int64); a larger seed fails inside the engine step.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -221,6 +222,78 @@ class EmbeddingBody(_Body):
                     "invalid_input", f"input[{i}] must be a non-empty string or a non-empty list of token ids", "input"
                 )
         return EmbeddingInput(tuple(items), self.dimensions, self.encoding_format or "float")
+
+
+#: A score or rerank text: a string, or a list of them (vLLM's multimodal content is refused).
+Texts = str | list[str]
+_TEXTS = "a string or a list of strings"
+
+
+class _ScoringBody(_Body):
+    """What score and rerank bodies share (vLLM's ScoringRequestMixin): the fields that change
+    nothing for an embedding model's cosine score are accepted and unused."""
+
+    endpoint: ClassVar[str] = "for score and rerank here"
+
+    use_activation: bool | None = Field(None, description="true or false")  # cosine ignores normalisation
+    priority: int | None = Field(None, description="an integer")  # a batch has no queue to jump
+    request_id: str | None = Field(None, description="a string")  # the line's own id is used
+
+    @staticmethod
+    def _scoring(first: Texts, second: Texts, top_n: int = 0) -> ScoringInput:
+        """vLLM's rule for the two sides: 1:1, 1:N or N:N, and neither empty."""
+        queries = [first] if isinstance(first, str) else first
+        documents = [second] if isinstance(second, str) else second
+        if not queries or not documents:
+            raise BadRequest("invalid_input", "At least one text element must be given on each side", "input")
+        if len(queries) > 1 and len(queries) != len(documents):
+            raise BadRequest(
+                "invalid_input",
+                f"Input lengths must be either 1:1, 1:N or N:N (got {len(queries)}:{len(documents)})",
+                "input",
+            )
+        return ScoringInput(tuple(queries), tuple(documents), top_n)
+
+
+class ScoreBody(_ScoringBody):
+    """A `/v1/score` body: one of vLLM's pairs of fields, first side against second."""
+
+    queries: Texts | None = Field(None, description=_TEXTS)
+    documents: Texts | None = Field(None, description=_TEXTS)
+    items: Texts | None = Field(None, description=_TEXTS)
+    data_1: Texts | None = Field(None, description=_TEXTS)
+    data_2: Texts | None = Field(None, description=_TEXTS)
+    text_1: Texts | None = Field(None, description=_TEXTS)
+    text_2: Texts | None = Field(None, description=_TEXTS)
+
+    def scoring(self) -> ScoringInput:
+        for first, second in (
+            (self.queries, self.documents),
+            (self.queries, self.items),
+            (self.data_1, self.data_2),
+            (self.text_1, self.text_2),
+        ):
+            if first is not None and second is not None:
+                return self._scoring(first, second)
+        raise BadRequest(
+            "missing_required_parameter",
+            "a score body needs queries and documents (or queries and items, data_1 and data_2, text_1 and text_2)",
+            "queries",
+        )
+
+
+class RerankBody(_ScoringBody):
+    """A `/v1/rerank` body: the documents ranked by their score against the query."""
+
+    query: str | None = Field(None, description="a string")
+    documents: Texts | None = Field(None, description=_TEXTS)
+    top_n: int = Field(0, ge=0, description="an integer >= 0")
+
+    def scoring(self) -> ScoringInput:
+        if self.query is None or self.documents is None:
+            missing = "query" if self.query is None else "documents"
+            raise BadRequest("missing_required_parameter", f"a rerank body needs {missing}", missing)
+        return self._scoring(self.query, self.documents, self.top_n)
 
 
 def _first(given: float | None, default: float | None, fallback: float) -> float:

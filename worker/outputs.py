@@ -115,6 +115,46 @@ def embedding_body(vectors: list[Any], encoding: str, prompt_tokens: int, model:
     }
 
 
+def scoring_line(request: EngineRequest, scores: list[float], prompt_tokens: int, model: str) -> BatchOutputLine:
+    """A score or rerank line's success, shaped as vLLM's ScoreResponse / RerankResponse: a score per
+    pair in input order, or the documents by score, best first (the best `top_n`, when set)."""
+    assert request.scoring is not None
+    request_id = new_request_id()
+    body: dict[str, Any]
+    if request.kind == "score":
+        body = {
+            "id": f"score-{request_id}",
+            "object": "list",
+            "created": int(time.time()),
+            "model": model,
+            "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "total_tokens": prompt_tokens,
+                "completion_tokens": 0,
+                "prompt_tokens_details": None,
+                "completion_tokens_details": None,
+            },
+        }
+    else:
+        ranked = sorted(enumerate(scores), key=lambda pair: pair[1], reverse=True)  # stable, as vLLM's sort
+        documents = request.scoring.documents
+        results = [
+            {"index": i, "document": {"text": documents[i], "multi_modal": None}, "relevance_score": s}
+            for i, s in ranked
+        ]
+        top_n = request.scoring.top_n or len(results)
+        body = {
+            "id": f"score-{request_id}",
+            "model": model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+            "results": results[:top_n],
+        }
+    return BatchOutputLine(
+        custom_id=request.custom_id, response=BatchResponse(status_code=200, request_id=request_id, body=body)
+    )
+
+
 def _base64(vector: list[float]) -> str:
     """A vector as OpenAI's `encoding_format: base64` gives it: little-endian float32 bytes."""
     import numpy as np  # not a dependency of orch: the worker has it through torch

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from orchestrator.core.spec import SamplingSpec
-from worker.bodies import ChatBody, CompletionBody, EmbeddingBody
+from worker.bodies import ChatBody, CompletionBody, EmbeddingBody, RerankBody, ScoreBody
 from worker.images import content_parts
 from worker.tools import ToolError, tool_use
 from worker.wire import BadRequest, EngineRequest, RowResult, ToolUse, error_line
@@ -20,6 +20,9 @@ from worker.wire import BadRequest, EngineRequest, RowResult, ToolUse, error_lin
 CHAT_URL = "/v1/chat/completions"
 COMPLETION_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
+SCORE_URL = "/v1/score"
+RERANK_URL = "/v1/rerank"
+URLS = (CHAT_URL, COMPLETION_URL, EMBEDDINGS_URL, SCORE_URL, RERANK_URL)
 
 
 def parse_request(line: bytes | str, index: int, defaults: SamplingSpec) -> EngineRequest | RowResult:
@@ -61,7 +64,14 @@ def _engine_request(
         embedding = EmbeddingBody.parse(body).embedding()
         params = CompletionBody().params(defaults)
         return EngineRequest(index, custom_id, "embedding", None, None, params, model=model, embedding=embedding)
-    raise BadRequest("unsupported_url", f"url {url!r} is not {CHAT_URL}, {COMPLETION_URL} or {EMBEDDINGS_URL}", "url")
+    if url in (SCORE_URL, RERANK_URL):  # vLLM's scoring endpoints
+        params = CompletionBody().params(defaults)
+        if url == SCORE_URL:
+            scoring = ScoreBody.parse(body).scoring()
+            return EngineRequest(index, custom_id, "score", None, None, params, model=model, scoring=scoring)
+        scoring = RerankBody.parse(body).scoring()
+        return EngineRequest(index, custom_id, "rerank", None, None, params, model=model, scoring=scoring)
+    raise BadRequest("unsupported_url", f"url {url!r} is not one of {', '.join(URLS)}", "url")
 
 
 def _tools(body: dict[str, Any]) -> ToolUse | None:

@@ -131,6 +131,8 @@ class Worker:
         """Work until no chunk is left for us. Returns the summary; raises Shutdown on SIGTERM."""
         started = self.clock()
         manifest = read_manifest(self.store, self.layout)
+        if not manifest:  # as vLLM's run_batch: an empty input is answered by an empty output
+            log.warning("run %s has no rows (its input was empty): nothing to do", self.layout.run)
         entries = {e.chunk: e for e in manifest}
         claimer = self._claimer(manifest)
         twin = self.heartbeat.older_twin_before_start()

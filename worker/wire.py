@@ -85,21 +85,38 @@ class EmbeddingInput:
     encoding_format: Literal["float", "base64"]
 
 
+@dataclass(frozen=True)
+class ScoringInput:
+    """A `/v1/score` or `/v1/rerank` line's texts: each query against its document (one query
+    against every document when there is one). On an embedding model a pair's score is the cosine
+    similarity of the two embeddings, as vLLM's bi-encoder scoring gives it."""
+
+    queries: tuple[str, ...]
+    documents: tuple[str, ...]
+    #: Rerank only: the best `top_n` documents (0: all of them).
+    top_n: int = 0
+
+
+#: Request kinds a pooling run answers (vLLM's pooling runner), never a generating one.
+POOLING_KINDS = ("embedding", "score", "rerank")
+
+
 @dataclass
 class EngineRequest:
     """One request line, checked and with its defaults applied: what an engine runs."""
 
     index: int  # the row's position in its chunk
     custom_id: str
-    kind: Literal["chat", "completion", "embedding"]
+    kind: Literal["chat", "completion", "embedding", "score", "rerank"]
     messages: list[dict[str, Any]] | None
     prompt: str | None
-    params: GenerationParams  # for embeddings: the spec's defaults, unused
+    params: GenerationParams  # for embeddings, score and rerank: the spec's defaults, unused
     chunk: str | None = None  # set by the worker: where the row's answer goes
     tools: ToolUse | None = None
     #: `body.model`: the engine answers it with the run's model or one of its LoRA adapters.
     model: str | None = None
     embedding: EmbeddingInput | None = None
+    scoring: ScoringInput | None = None
 
 
 @dataclass

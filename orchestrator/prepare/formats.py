@@ -16,9 +16,21 @@ from orchestrator.core.spec import InputSpec, SamplingSpec
 CHAT_URL = "/v1/chat/completions"
 COMPLETION_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
-#: The lines a run takes, by its model's runner: a run generates or embeds, never both.
-URLS = {"generate": (CHAT_URL, COMPLETION_URL), "pooling": (EMBEDDINGS_URL,)}
+#: vLLM's scoring endpoints (its `run_batch` answers them): on an embedding model, the cosine
+#: similarity of two texts' embeddings.
+SCORE_URL = "/v1/score"
+RERANK_URL = "/v1/rerank"
+#: The lines a run takes, by its model's runner: a run generates or pools (embeds, scores), never both.
+URLS = {"generate": (CHAT_URL, COMPLETION_URL), "pooling": (EMBEDDINGS_URL, SCORE_URL, RERANK_URL)}
 
+
+def runner_of(url: str) -> str:
+    """The runner whose workers answer a URL's lines: generate, or pooling (embeddings, score, rerank)."""
+    return "pooling" if url in URLS["pooling"] else "generate"
+
+
+#: The body fields a score request may compare (vLLM's ScoreRequest forms), first against second.
+SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
 #: Keys of the FM-inference runner's completion objects that are not request parameters.
 _COMPLETION_NOT_PARAMS = {"engine", "model", "request_time", "result", "request"}
 #: A rough, tokenizer-free estimate: English text averages about 4 characters per token.
@@ -123,7 +135,8 @@ def _request(
     custom_id: str, url: str, body: dict[str, Any], sampling: SamplingSpec, named_model: str | None = None
 ) -> Request:
     line = _ENCODE({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
-    return Request(custom_id, line.encode() + b"\n", _prompt_tokens(body), _output_budget(body, sampling), named_model)
+    budget = 0 if url in URLS["pooling"] else _output_budget(body, sampling)  # pooling generates nothing
+    return Request(custom_id, line.encode() + b"\n", _prompt_tokens(body), budget, named_model)
 
 
 def _openai_batch(record: dict[str, Any], sampling: SamplingSpec, urls: tuple[str, ...]) -> Request:
@@ -131,7 +144,7 @@ def _openai_batch(record: dict[str, Any], sampling: SamplingSpec, urls: tuple[st
     if not isinstance(custom_id, str) or not custom_id:
         raise BadRow("no custom_id string")
     if url not in urls:
-        runner = "pooling" if url == EMBEDDINGS_URL else "generate"
+        runner = runner_of(str(url))
         needs = f" (it needs a run with model.runner: {runner})" if url in URLS[runner] else ""
         raise BadRow(f"url {url!r} is not one of {', '.join(urls)}{needs}")
     if record.get("method", "POST") != "POST":
@@ -144,6 +157,10 @@ def _openai_batch(record: dict[str, Any], sampling: SamplingSpec, urls: tuple[st
         raise BadRow("a completion request needs body.prompt")
     if url == EMBEDDINGS_URL and not isinstance(body.get("input"), (str, list)):
         raise BadRow("an embeddings request needs body.input")
+    if url == RERANK_URL and not ("query" in body and "documents" in body):
+        raise BadRow("a rerank request needs body.query and body.documents")
+    if url == SCORE_URL and not any(a in body and b in body for a, b in SCORE_PAIRS):
+        raise BadRow(f"a score request needs one of {' / '.join(f'{a} and {b}' for a, b in SCORE_PAIRS)}")
     return _request(custom_id, url, body, sampling, _named_model(body))
 
 
@@ -213,8 +230,6 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
 
 
 def _output_budget(body: dict[str, Any], sampling: SamplingSpec) -> int:
-    if "input" in body:  # an embedding generates nothing
-        return 0
     max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or sampling.max_tokens
     n = body.get("n") or sampling.n
     try:

@@ -1,4 +1,5 @@
-"""/v1/embeddings lines on vLLM's pooling runner: OpenAI's response shape, per-line options, error rows."""
+"""/v1/embeddings, /v1/score and /v1/rerank lines on vLLM's pooling runner: OpenAI's (and vLLM's)
+response shapes, per-line options, error rows, and the same answers as vLLM's own run_batch."""
 
 from __future__ import annotations
 
@@ -61,18 +62,25 @@ def test_embeddings_dimensions_and_base64(embed_engine):
 
 
 @pytest.mark.parametrize(
-    ("body", "param"),
+    ("body", "param", "url"),
     [
-        ({"input": "Hello", "dimensions": 33}, "dimensions"),  # not one of the model's Matryoshka sizes
-        ({"input": ""}, "input"),
-        ({"input": ["ok", 3]}, "input"),
-        ({"input": [[5, 10**9]]}, "input"),  # outside the vocabulary
-        ({"input": "Hello", "encoding_format": "int8"}, "encoding_format"),
-        ({"input": "Hello", "truncate": 3}, "truncate"),
+        ({"input": "Hello", "dimensions": 33}, "dimensions", URL),  # not one of the model's Matryoshka sizes
+        ({"input": ""}, "input", URL),
+        ({"input": ["ok", 3]}, "input", URL),
+        ({"input": [[5, 10**9]]}, "input", URL),  # outside the vocabulary
+        ({"input": "Hello", "encoding_format": "int8"}, "encoding_format", URL),
+        ({"input": "Hello", "truncate": 3}, "truncate", URL),
+        ({"queries": ["a", "b"], "documents": ["c", "d", "e"]}, "input", "/v1/score"),  # not 1:1, 1:N or N:N
+        ({"queries": "a", "documents": []}, "input", "/v1/score"),
+        ({"queries": "a"}, "queries", "/v1/score"),
+        ({"text_1": "a", "text_2": {"content": [{"type": "text", "text": "b"}]}}, "text_2", "/v1/score"),
+        ({"queries": "a", "documents": "b", "max_tokens_per_doc": 4}, "max_tokens_per_doc", "/v1/score"),
+        ({"documents": ["a"]}, "query", "/v1/rerank"),
+        ({"query": "a", "documents": ["b"], "top_n": -1}, "top_n", "/v1/rerank"),
     ],
 )
-def test_embeddings_bad_line_is_an_error_row_naming_the_field(embed_engine, body, param):
-    line = json.dumps({"custom_id": "bad", "method": "POST", "url": URL, "body": body})
+def test_pooling_bad_line_is_an_error_row_naming_the_field(embed_engine, body, param, url):
+    line = json.dumps({"custom_id": "bad", "method": "POST", "url": url, "body": body})
     from orchestrator.core.spec import SamplingSpec
     from worker.requests import parse_request
     from worker.wire import EngineRequest
@@ -94,28 +102,36 @@ def test_embeddings_run_refuses_chat_lines_and_a_chat_run_refuses_embeddings(emb
     )
 
 
-def test_embeddings_worker_matches_vllm_run_batch(tiny_embed_model, tmp_path):
-    """The same lines through orch's worker process (real store, checkpoints, markers) and through
-    vLLM's own batch runner: every vector equal within float tolerance, every line the SDK's type."""
+def test_pooling_worker_matches_vllm_run_batch(tiny_embed_model, tmp_path):
+    """The same embeddings, score and rerank lines through orch's worker process (real store,
+    checkpoints, markers) and through vLLM's own batch runner: every vector and score equal within
+    float tolerance, the same ranking and usage, every line the SDK's type (embeddings) or vLLM's
+    own response model (score, rerank)."""
     import subprocess
     import sys
+
+    from vllm.entrypoints.pooling.scoring.protocol import RerankResponse, ScoreResponse
 
     from orchestrator.core.store import open_store
     from tests.support.runs import make_run
     from tests.worker.test_worker_process import ROOT, WorkerProcess, answered_lines
 
     texts = ["Hello", "What is the capital of France?", "Write a haiku about the ocean", "1 2 3"]
+    bodies = [
+        *((URL, {"input": t}) for t in texts),
+        (URL, {"input": texts}),
+        (URL, {"input": [[5, 6, 7, 8]]}),
+        (URL, {"input": texts[1], "dimensions": 64}),
+        (URL, {"input": texts[2], "encoding_format": "base64"}),
+        ("/v1/score", {"queries": texts[1], "documents": texts}),  # 1:N
+        ("/v1/score", {"text_1": texts[:2], "text_2": texts[2:]}),  # N:N
+        ("/v1/score", {"data_1": "Paris", "data_2": "France"}),  # 1:1
+        ("/v1/rerank", {"query": texts[1], "documents": texts}),
+        ("/v1/rerank", {"query": "ocean", "documents": texts, "top_n": 2}),
+    ]
     lines = [
-        {"custom_id": f"e{i}", "method": "POST", "url": URL, "body": {"model": tiny_embed_model, **body}}
-        for i, body in enumerate(
-            [
-                *({"input": t} for t in texts),
-                {"input": texts},
-                {"input": [[5, 6, 7, 8]]},
-                {"input": texts[1], "dimensions": 64},
-                {"input": texts[2], "encoding_format": "base64"},
-            ]
-        )
+        {"custom_id": f"e{i}", "method": "POST", "url": url, "body": {"model": tiny_embed_model, **body}}
+        for i, (url, body) in enumerate(bodies)
     ]
     store_uri = str(tmp_path / "store")
     store = open_store(store_uri)
@@ -129,10 +145,16 @@ def test_embeddings_worker_matches_vllm_run_batch(tiny_embed_model, tmp_path):
     code, summary = WorkerProcess(store_uri, "emb", "0", tmp_path).finish()
     assert code == 0 and summary["requests"] == len(lines) and summary["errors"] == 0, summary
     ours = {line.custom_id: line for line in answered_lines(store, layout)}
-    for line in ours.values():  # base64 vectors as the SDK gives them to its caller: decoded
+    urls = {line["custom_id"]: line["url"] for line in lines}
+    for custom_id, line in ours.items():
         body = line.response.body
-        data = [{**d, "embedding": v} for d, v in zip(body["data"], line.embeddings(), strict=True)]
-        CreateEmbeddingResponse.model_validate({**body, "data": data})
+        if urls[custom_id] == "/v1/score":
+            ScoreResponse.model_validate(body)
+        elif urls[custom_id] == "/v1/rerank":
+            RerankResponse.model_validate(body)
+        else:  # base64 vectors as the SDK gives them to its caller: decoded
+            data = [{**d, "embedding": v} for d, v in zip(body["data"], line.embeddings(), strict=True)]
+            CreateEmbeddingResponse.model_validate({**body, "data": data})
 
     batch_in, batch_out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     batch_in.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -149,6 +171,21 @@ def test_embeddings_worker_matches_vllm_run_batch(tiny_embed_model, tmp_path):
     }
     assert set(theirs) == set(ours)
     for custom_id, line in theirs.items():
-        assert line.usage().prompt_tokens == ours[custom_id].usage().prompt_tokens, custom_id
-        for mine, vllm_vector in zip(ours[custom_id].embeddings(), line.embeddings(), strict=True):
-            assert mine == pytest.approx(vllm_vector, abs=1e-5), custom_id
+        assert line.error is None, (custom_id, line.response.body)
+        mine, vllm_body = ours[custom_id].response.body, line.response.body
+        assert ours[custom_id].usage().prompt_tokens == line.usage().prompt_tokens, custom_id
+        if urls[custom_id] == "/v1/score":
+            assert [d["score"] for d in mine["data"]] == pytest.approx(
+                [d["score"] for d in vllm_body["data"]], abs=1e-5
+            )
+            assert mine["usage"] == vllm_body["usage"], custom_id
+        elif urls[custom_id] == "/v1/rerank":
+            assert [r["index"] for r in mine["results"]] == [r["index"] for r in vllm_body["results"]], custom_id
+            assert [r["document"] for r in mine["results"]] == [r["document"] for r in vllm_body["results"]]
+            scores = [r["relevance_score"] for r in vllm_body["results"]]
+            assert [r["relevance_score"] for r in mine["results"]] == pytest.approx(scores, abs=1e-5)
+            assert mine["usage"] == vllm_body["usage"], custom_id
+        else:
+            for vector, vllm_vector in zip(ours[custom_id].embeddings(), line.embeddings(), strict=True):
+                assert vector == pytest.approx(vllm_vector, abs=1e-5), custom_id
+        assert set(mine) == set(vllm_body), custom_id  # the same fields, no more, no fewer

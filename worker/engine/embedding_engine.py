@@ -1,9 +1,12 @@
-"""vLLM on its pooling runner: `/v1/embeddings` lines answered as OpenAI's embedding list.
+"""vLLM on its pooling runner: `/v1/embeddings` lines answered as OpenAI's embedding list, and
+vLLM's `/v1/score` and `/v1/rerank` lines as vLLM's own score and rerank responses.
 
 Each item of a line's `input` is one engine request, and the line is answered once all of its
 items are (one `data[]` entry per item, in order). `dimensions` asks a Matryoshka model for a
-prefix of its vector (vLLM refuses what the model does not support: an error row). The body
-itself is checked before it gets here (worker/bodies.py, EmbeddingBody).
+prefix of its vector (vLLM refuses what the model does not support: an error row). A score or
+rerank line embeds its queries and its documents the same way, and scores each pair by the cosine
+similarity of their embeddings: what vLLM's bi-encoder scoring does on an embedding model. The
+body itself is checked before it gets here (worker/bodies.py).
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.engine.vllm_engine import InFlight, VllmEngine, engine_refusal
-from worker.outputs import embedding_line
-from worker.wire import BadRequest, EngineRequest, RowResult, error_row
+from worker.outputs import embedding_line, scoring_line
+from worker.wire import BadRequest, EngineRequest, RowResult, ScoringInput, error_row
 
 
 @dataclass
@@ -21,7 +24,7 @@ class _Line:
     """An embeddings line whose items are in the engine: the vectors that came back so far."""
 
     request: EngineRequest
-    vectors: list[list[float] | None]
+    vectors: list[Any]  # the engine's tensors, None until each comes back
     prompt_tokens: int = 0
     waiting: set[str] = field(default_factory=set)
 
@@ -44,13 +47,19 @@ class VllmEmbeddingEngine(VllmEngine):
     def _add(self, request: EngineRequest) -> RowResult | None:
         from vllm.pooling_params import PoolingParams
 
-        if request.embedding is None:
+        if request.embedding is not None:
+            items, dimensions = request.embedding.items, request.embedding.dimensions
+        elif request.scoring is not None:
+            items, dimensions = (*request.scoring.queries, *request.scoring.documents), None
+        else:
             return error_row(
-                request, "unsupported_url", "this run embeds (model.runner: pooling): only /v1/embeddings lines"
+                request,
+                "unsupported_url",
+                "this run pools (model.runner: pooling): only /v1/embeddings, /v1/score and /v1/rerank lines",
             )
         try:
             lora = self._adapters.for_model(request.model)
-            prompts = [self._tokens(item, i) for i, item in enumerate(request.embedding.items)]
+            prompts = [self._tokens(item, i) for i, item in enumerate(items)]
         except BadRequest as e:
             return error_row(request, e.code, str(e), param=e.param)
         key = str(self._next_id)
@@ -59,7 +68,7 @@ class VllmEmbeddingEngine(VllmEngine):
         try:
             for i, ids in enumerate(prompts):
                 request_id = f"{key}.{i}"
-                params = PoolingParams(task="embed", dimensions=request.embedding.dimensions)
+                params = PoolingParams(task="embed", dimensions=dimensions)
                 self._engine.add_request(request_id, {"prompt_token_ids": ids}, params, lora_request=lora)
                 self._in_flight[request_id] = InFlight(request, len(ids))
                 line.waiting.add(request_id)
@@ -97,7 +106,7 @@ class VllmEmbeddingEngine(VllmEngine):
         flight = self._in_flight.pop(output.request_id)
         key, position = output.request_id.rsplit(".", 1)
         line = self._lines[key]
-        line.vectors[int(position)] = output.outputs.data.tolist()
+        line.vectors[int(position)] = output.outputs.data
         line.prompt_tokens += flight.prompt_tokens
         line.waiting.discard(output.request_id)
         if line.waiting:
@@ -105,5 +114,19 @@ class VllmEmbeddingEngine(VllmEngine):
         del self._lines[key]
         request = line.request
         model = request.model if self._adapters.for_model(request.model) is not None else self.model_name
-        answer = embedding_line(request, line.vectors, line.prompt_tokens, model or "")
+        if request.scoring is not None:
+            answer = scoring_line(request, _cosines(request.scoring, line.vectors), line.prompt_tokens, model or "")
+        else:
+            answer = embedding_line(request, [v.tolist() for v in line.vectors], line.prompt_tokens, model or "")
         return RowResult(request.index, request.custom_id, answer, line.prompt_tokens, 0, False, request.chunk)
+
+
+def _cosines(scoring: ScoringInput, vectors: list[Any]) -> list[float]:
+    """Each pair's score as vLLM's bi-encoder computes it: torch's cosine similarity in float32,
+    one query against every document when there is one query."""
+    import torch.nn.functional as F
+
+    queries, documents = vectors[: len(scoring.queries)], vectors[len(scoring.queries) :]
+    if len(queries) == 1:
+        queries = queries * len(documents)
+    return [F.cosine_similarity(q.float(), d.float(), dim=0).item() for q, d in zip(queries, documents, strict=True)]

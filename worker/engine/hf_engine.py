@@ -37,7 +37,7 @@ from orchestrator.core.errors import SpecError
 from orchestrator.core.spec import ModelSpec
 from worker.outputs import Choice, TokenLogprob, success_line
 from worker.prompts import PromptBuilder
-from worker.wire import EngineRequest, GenerationParams, RowResult, error_row
+from worker.wire import POOLING_KINDS, EngineRequest, GenerationParams, RowResult, error_row
 
 #: engine_args this engine reads itself; the others are keyword arguments of `from_pretrained`.
 BATCH_ARGS = ("max_batch_size", "max_batch_tokens")
@@ -149,9 +149,11 @@ class TransformersEngine:
     # -- one request ---------------------------------------------------------------------------
     def _admit(self, request: EngineRequest) -> RowResult | None:
         """Into the pool, or the row's error."""
-        if request.kind == "embedding":
+        if request.kind in POOLING_KINDS:
             return error_row(
-                request, "unsupported_url", "/v1/embeddings needs the vLLM engine with model.runner: pooling"
+                request,
+                "unsupported_url",
+                "/v1/embeddings, /v1/score and /v1/rerank need the vLLM engine with model.runner: pooling",
             )
         if any(isinstance(m["content"], list) for m in request.messages or []):
             return error_row(request, "unsupported_content", "images need the vLLM engine", "messages")

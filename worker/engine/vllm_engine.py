@@ -23,7 +23,7 @@ from worker.images import image_urls, load_images
 from worker.outputs import Choice, TokenLogprob, success_line
 from worker.prompts import PromptBuilder
 from worker.tools import ToolCallRequest, ToolError, VllmTools
-from worker.wire import BadRequest, EngineRequest, GenerationParams, RowResult, error_row
+from worker.wire import POOLING_KINDS, BadRequest, EngineRequest, GenerationParams, RowResult, error_row
 
 log = logging.getLogger("orch.worker.vllm")
 
@@ -110,11 +110,11 @@ class VllmEngine:
 
     # -- one row ---------------------------------------------------------------------------------
     def _add(self, request: EngineRequest) -> RowResult | None:
-        if request.kind == "embedding":
+        if request.kind in POOLING_KINDS:
             return error_row(
                 request,
                 "unsupported_url",
-                "this run generates text: /v1/embeddings needs a run with model.runner: pooling",
+                "this run generates text: /v1/embeddings, /v1/score and /v1/rerank need model.runner: pooling",
             )
         try:
             lora = self._adapters.for_model(request.model)
