@@ -415,3 +415,40 @@ def test_status_names_a_failed_workers_last_error_line_and_its_log(workdir, tmp_
     assert main(["status", "--run", "bad", "--store", str(workdir / ".orch"), "--json"]) == 0
     (worker,) = json.loads(capsys.readouterr().out)["workers"]
     assert worker["failure_reason"] == reason and worker["log"] == str(log)
+
+
+def test_an_empty_input_is_an_empty_run_through_every_command(workdir, tiny_model, capsys):
+    """As vLLM's run_batch: no rows in, no rows out, exit 0 and a WARNING naming the file, through
+    run, prepare, plan, status, collect (JSONL and Parquet) and a worker that finds nothing to do."""
+    import pyarrow.parquet as pq
+
+    from orchestrator.backends.local import default_worker_python
+
+    data = workdir / "empty.jsonl"
+    data.write_text("")
+    code = main(
+        ["run", str(data), "--run", "none", "--model", tiny_model, "--rows-per-chunk", "4", "--out", "out.jsonl"]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured
+    assert f"WARNING: the input has no rows ({data})" in captured.err
+    assert "wrote 0 of 0 rows" in captured.out and (workdir / "out.jsonl").read_bytes() == b""
+
+    assert main(["prepare", str(data), "--run", "steps", "--model", tiny_model, "--num-chunks", "4"]) == 0
+    assert main(["plan", "--run", "steps", "--workers", "2"]) == 0
+    assert "0 chunks, 0 rows over 2 workers" in capsys.readouterr().out
+    store = str(workdir / ".orch")
+    worker = subprocess.run(
+        [default_worker_python(), "-m", "worker", "--run", "steps", "--store", store, "--worker", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert worker.returncode == 0, worker.stderr
+    assert "run steps has no rows (its input was empty)" in worker.stderr
+    assert json.loads(worker.stdout.splitlines()[-1])["status"] == "SUCCESS"
+    assert main(["status", "--run", "steps"]) == 0
+    assert "COMPLETE" in capsys.readouterr().out
+    assert main(["collect", "--run", "steps", "--out", "all.parquet"]) == 0
+    assert pq.read_table(workdir / "all.parquet").num_rows == 0

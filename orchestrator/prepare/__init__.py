@@ -79,7 +79,10 @@ def prepare_run(
 
     total = sum(count_rows(f) for f in files)
     if total == 0:
-        raise InputError("the input has no rows", where=", ".join(f.uri for f in files))
+        # As vLLM's run_batch and OpenAI's Batch API do: an empty input is an empty run, not an error.
+        progress(
+            f"WARNING: the input has no rows ({', '.join(f.uri for f in files)}): nothing to run, the output is empty"
+        )
     boundaries = _chunk_boundaries(spec.chunking, total)
     chunks_total = len(boundaries) - 1
     progress(f"{total:,} rows in {len(files)} file(s) -> {chunks_total} chunks")
@@ -90,7 +93,7 @@ def prepare_run(
     try:
         _convert_rows(files, spec.input, boundaries, writer, rows_in, progress)
         entries = writer.close()
-        if not entries:
+        if not entries and total > 0:
             raise InputError(
                 f"no row of the input became a request: all {errors.count:,} row(s) were set aside",
                 where=errors.first[0] if errors.first else None,
@@ -242,6 +245,8 @@ def _first_difference(ctx: RunContext, files: list[SourceFile]) -> str | None:
 
 def _chunk_boundaries(chunking: ChunkingSpec, total: int) -> list[int]:
     """Row positions where chunks start (and the total last): input positions, so bad rows never shift them."""
+    if total == 0:
+        return [0]  # no chunk at all
     if chunking.num_chunks is not None:
         count = min(chunking.num_chunks, total)
         return [total * i // count for i in range(count + 1)]
