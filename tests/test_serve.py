@@ -30,7 +30,7 @@ from typing import Any
 
 import openai
 import pytest
-from openai.types import Batch, FileObject
+from openai.types import Batch, CreateEmbeddingResponse, FileObject
 from openai.types.chat import ChatCompletion
 
 from orchestrator.cli import main
@@ -44,6 +44,8 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / ".cache" / "models" / "tiny-llama"
+#: The tiny Llama on vLLM's pooling runner: embeddings, score and rerank batches.
+TINY_EMBED = REPO / ".cache" / "models" / "tiny-embed"
 KEY, OTHER_KEY = "sk-orch-test-first-key", "sk-orch-test-second-key"
 CHAT = "/v1/chat/completions"
 FINAL = {"completed", "failed", "expired", "cancelled"}
@@ -53,11 +55,12 @@ SHORT_WINDOWS = {f"{s}s": s for s in (45, 60, 90, 120, 180, 240, 360)}
 #: Small limits, so that exceeding them is cheap.
 MAX_REQUESTS, MAX_FILE_BYTES = 400, 100_000
 
+SERVED = f"{{tiny: {TINY}, tiny-embed: {{name: {TINY_EMBED}, runner: pooling}}}}"
 SPEC = f"""\
 sampling: {{max_tokens: 8}}
 workers: {{count: 1, heartbeat_interval: 1, checkpoint_interval: 1, lease_ttl: 20, max_in_flight: 2}}
 serve:
-  models: {{tiny: {TINY}}}
+  models: {SERVED}
   rows_per_chunk: 4
   poll_interval: 0.5
   completion_windows: ["24h", {", ".join(f'"{w}"' for w in SHORT_WINDOWS)}]
@@ -89,8 +92,8 @@ class Server:
 
 def start_server(workdir: Path, store_uri: str, spec: str = SPEC, env: dict[str, str] | None = None) -> Server:
     """`orch serve` in its own process, with two keys; returns once it accepts connections."""
-    if not (TINY / ".built").exists():
-        pytest.fail("the tiny model is missing: run `make models` (make test does it)")
+    if not all((model / ".built").exists() for model in (TINY, TINY_EMBED)):
+        pytest.fail("the tiny models are missing: run `make models` (make test does it)")
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "orch.yaml").write_text(spec)
     with socket.socket() as s:
@@ -268,6 +271,61 @@ def test_serve_mixed_batch_splits_good_rows_into_output_and_bad_into_errors(kind
     assert collected == [r["custom_id"] for r in requests]
 
 
+def pooling_line(custom_id: str, url: str, **body: Any) -> dict[str, Any]:
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": {"model": "tiny-embed", **body}}
+
+
+def test_serve_embeddings_and_score_batches_run_on_pooling_workers(local_server, tmp_path):
+    """An embeddings batch and a score batch, each through the SDK and the embedding model's own
+    (pooling) workers: every output line an SDK CreateEmbeddingResponse (embeddings) or vLLM's score
+    shape, a bad line in the error file, the counts and usage of both batches."""
+    client = local_server.client()
+    texts = ["Hello", "What is the capital of France?", "Write a haiku about the ocean"]
+    embeddings = [
+        *(pooling_line(f"e{i}", "/v1/embeddings", input=t) for i, t in enumerate(texts)),
+        pooling_line("e3", "/v1/embeddings", input=texts, dimensions=32),
+        pooling_line("e4", "/v1/embeddings", input="Hello", dimensions=33),  # not a Matryoshka size: an error row
+    ]
+    scores = [
+        pooling_line("s0", "/v1/score", queries=texts[1], documents=texts),
+        pooling_line("s1", "/v1/score", text_1=texts[:2], text_2=texts[1:]),
+    ]
+    batches = [
+        create(client, upload(client, write_requests(tmp_path / f"{name}.jsonl", lines)).id, endpoint=url)
+        for name, lines, url in (("embed", embeddings, "/v1/embeddings"), ("score", scores, "/v1/score"))
+    ]
+    embed_batch, _ = wait_for(client, batches[0].id, final)
+    score_batch, _ = wait_for(client, batches[1].id, final)
+
+    assert embed_batch.status == "completed" and embed_batch.model == "tiny-embed", embed_batch
+    counts = embed_batch.request_counts
+    assert counts is not None and (counts.total, counts.completed, counts.failed) == (5, 4, 1)
+    output = {line["custom_id"]: line for line in lines_of(client, embed_batch.output_file_id)}
+    assert sorted(output) == ["e0", "e1", "e2", "e3"]
+    vectors = {}
+    for custom_id, line in output.items():
+        response = CreateEmbeddingResponse.model_validate(line["response"]["body"])
+        assert response.model == "tiny-embed" and response.usage.prompt_tokens > 0
+        vectors[custom_id] = [d.embedding for d in response.data]
+    assert [len(v) for v in vectors["e3"]] == [32, 32, 32] and len(vectors["e0"][0]) == 128
+    assert vectors["e0"][0] != vectors["e1"][0]
+    [error] = lines_of(client, embed_batch.error_file_id)
+    assert error["custom_id"] == "e4" and error["response"]["body"]["error"]["param"] == "dimensions"
+    assert embed_batch.usage is not None and embed_batch.usage.output_tokens == 0
+    assert embed_batch.usage.input_tokens == sum(
+        line["response"]["body"]["usage"]["prompt_tokens"] for line in output.values()
+    )
+
+    assert score_batch.status == "completed" and score_batch.error_file_id is None, score_batch
+    scored = {line["custom_id"]: line["response"]["body"] for line in lines_of(client, score_batch.output_file_id)}
+    # vLLM's ScoreResponse (tests/worker/test_embeddings.py checks it against vLLM's own model and run_batch).
+    assert set(scored["s0"]) == {"id", "object", "created", "model", "data", "usage"}
+    assert [d["index"] for d in scored["s0"]["data"]] == [0, 1, 2] and len(scored["s1"]["data"]) == 2
+    assert scored["s0"]["data"][1]["score"] == pytest.approx(1.0, abs=1e-5)  # a text against itself
+    assert all(-1 <= d["score"] <= 1 and d["object"] == "score" for body in scored.values() for d in body["data"])
+    assert {body["model"] for body in scored.values()} == {"tiny-embed"}
+
+
 VALIDATION_CASES = {
     "not-jsonl": (["custom_id,content", "q0,hello"], CHAT, {("invalid_json_line", 1), ("invalid_json_line", 2)}),
     "no-custom-id": (
@@ -292,6 +350,12 @@ VALIDATION_CASES = {
         [json.dumps(chat_line("q0", "a")), json.dumps(chat_line("q1", "b", model="gpt-4o-mini"))],
         CHAT,
         {("model_not_found", 2)},
+    ),
+    "empty-file": ([], CHAT, {("empty_file", None)}),  # OpenAI's code: an empty batch fails validation
+    "model-not-for-the-endpoint": (
+        [json.dumps(chat_line("q0", "a")), json.dumps(chat_line("q1", "b", model="tiny-embed"))],
+        CHAT,
+        {("model_not_supported", 2)},
     ),
     "too-many-lines": (
         [json.dumps(chat_line(f"q{i}", "a")) for i in range(MAX_REQUESTS + 1)],
@@ -318,6 +382,9 @@ def test_serve_validation_fails_the_batch_with_openai_errors_and_launches_nothin
     assert all(e.message for e in batch.errors.data)
     if case == "unknown-model":
         assert "tiny" in (batch.errors.data[0].message or "")  # the served names
+    if case == "model-not-for-the-endpoint":  # the model, the endpoint, and the models that answer it
+        assert "'tiny-embed' does not support /v1/chat/completions" in (batch.errors.data[0].message or "")
+        assert "Served models for /v1/chat/completions: tiny." in (batch.errors.data[0].message or "")
     assert batch.output_file_id is None and batch.error_file_id is None
     # Nothing was prepared or launched: the batch has no run at all.
     assert list(open_store(local_server.store_uri).list(RunLayout(batch.id).root)) == []
@@ -327,7 +394,7 @@ def test_serve_create_refuses_bad_requests_as_openai_does(local_server, tmp_path
     client = local_server.client()
     source = upload(client, write_requests(tmp_path / "ok.jsonl", [chat_line("q0", "hi")]))
     with pytest.raises(openai.BadRequestError, match="endpoint"):
-        create(client, source.id, endpoint="/v1/embeddings")
+        create(client, source.id, endpoint="/v1/moderations")
     with pytest.raises(openai.BadRequestError, match="completion_window"):
         create(client, source.id, window="1h")
     with pytest.raises(openai.NotFoundError):
@@ -411,7 +478,7 @@ def test_serve_files_list_pages_orders_and_filters(local_server, tmp_path):
     assert list(client.files.list(purpose="batch_output")) == []
     client.files.delete(uploaded[1].id)
     assert [f.id for f in client.files.list()] == [uploaded[2].id, uploaded[0].id]
-    assert [m.id for m in client.models.list()] == ["tiny"]
+    assert [m.id for m in client.models.list()] == ["tiny", "tiny-embed"]
 
 
 def test_serve_refuses_to_start_without_keys_off_loopback(monkeypatch, capsys):
@@ -497,7 +564,10 @@ def test_serve_cancel_and_expiry_return_the_finished_rows(local_server, tmp_path
 # -- request bodies: read only after the key is checked, bounded in size and time -------------------
 #: The upload limit of the guarded server: small, so that passing it is cheap.
 UPLOAD_LIMIT = 8 * MiB
-GUARDED_SPEC = SPEC + f"  max_upload_bytes: {UPLOAD_LIMIT}\n  upload_idle_timeout: 2\n"
+#: Serves the generating model only: a batch for an endpoint no served model answers is refused.
+GUARDED_SPEC = (
+    SPEC.replace(SERVED, f"{{tiny: {TINY}}}") + f"  max_upload_bytes: {UPLOAD_LIMIT}\n  upload_idle_timeout: 2\n"
+)
 BOUNDARY = "orch-test-boundary"
 
 
@@ -518,6 +588,16 @@ def guarded_server(tmp_path_factory) -> Iterator[Server]:
         yield server
     finally:
         server.stop()
+
+
+def test_serve_refuses_a_batch_for_an_endpoint_no_served_model_answers(guarded_server, tmp_path):
+    """The guarded server serves a generating model only: an embeddings batch is a 400 naming the
+    runner it needs and what is served, before any file is read."""
+    client = guarded_server.client()
+    source = upload(client, write_requests(tmp_path / "e.jsonl", [pooling_line("e0", "/v1/embeddings", input="hi")]))
+    with pytest.raises(openai.BadRequestError, match="No model served here supports '/v1/rerank'") as refused:
+        create(client, source.id, endpoint="/v1/rerank")
+    assert "model.runner pooling" in str(refused.value) and "tiny (generate)" in str(refused.value)
 
 
 @pytest.mark.parametrize("authorization", [None, "Bearer sk-not-a-key"])

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.core.records import BatchDocument, IdempotencyRecord, cas_update, read_batch, read_record
-from orchestrator.prepare.formats import URLS
+from orchestrator.prepare.formats import URLS, runner_of
 from orchestrator.serve.batch_states import LAYOUT, Outcome, transition
 from orchestrator.serve.errors import APIError, not_found
 from orchestrator.serve.files import owned_file, valid_id
@@ -19,9 +19,9 @@ from orchestrator.serve.settings import ServeSettings
 
 log = logging.getLogger("orch.serve")
 
-#: The endpoints a batch may name: those orch's generating workers answer (served models are
-#: generate models; embeddings batches are not served yet).
-ENDPOINTS = URLS["generate"]
+#: The endpoints a batch may name: those orch's workers answer, generating or pooling (embeddings,
+#: score, rerank); a served model of that runner must be there too.
+ENDPOINTS = tuple(url for urls in URLS.values() for url in urls)
 _METADATA_KEYS, _METADATA_KEY_CHARS, _METADATA_VALUE_CHARS = 16, 64, 512
 
 
@@ -91,6 +91,16 @@ class BatchAPI:
             raise APIError(
                 400,
                 f"Invalid value for 'endpoint': {endpoint!r}. Supported values are: {_quoted(ENDPOINTS)}.",
+                param="endpoint",
+                code="invalid_value",
+            )
+        runner = runner_of(endpoint)
+        if runner not in self.settings.runners.values():
+            served = ", ".join(f"{name} ({r})" for name, r in sorted(self.settings.runners.items()))
+            raise APIError(
+                400,
+                f"No model served here supports {endpoint!r}: it needs a model with model.runner {runner}, and "
+                f"this server serves {served}.",
                 param="endpoint",
                 code="invalid_value",
             )

@@ -128,7 +128,7 @@ class BatchSteps:
                 shutil.copyfileobj(src, dst)
             with open(path, "rb") as f:
                 result = validate_input(
-                    f, endpoint=batch.endpoint, models=self.settings.models, max_requests=limits.max_requests
+                    f, endpoint=batch.endpoint, models=self.settings.runners, max_requests=limits.max_requests
                 )
             if result.errors or result.model is None:
                 self._fail(batch, result.errors)

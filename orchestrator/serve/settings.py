@@ -29,6 +29,11 @@ class ServeSettings:
     windows: dict[str, float]
 
     @property
+    def runners(self) -> dict[str, str]:
+        """Served name -> its runner: generate (chat, completions) or pooling (embeddings, score, rerank)."""
+        return {name: model.runner for name, model in self.models.items()}
+
+    @property
     def poll_interval(self) -> float:
         return self.spec.serve.poll_interval
 

@@ -9,6 +9,8 @@ file it got wrong. The codes and messages are OpenAI's where OpenAI has them:
     duplicate_custom_id          a custom_id seen on an earlier line
     invalid_url                  a url other than the batch's endpoint
     model_not_found              a model this server does not serve (the message lists those it does)
+    model_not_supported          a served model that does not answer the batch's endpoint (a generating
+                                 model for /v1/embeddings, an embedding model for chat...)
     model_mismatch               a model other than the first line's: one model per batch
     invalid_request              anything else a request line cannot be (a body without messages...)
     empty_file, too_many_tasks,  the file as a whole: no request, more requests or bytes than the
@@ -20,13 +22,13 @@ After the first 1,000 problems only the count grows: the batch object stays smal
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from orchestrator.core.records import BatchRequestError
 from orchestrator.core.spec import InputSpec, SamplingSpec
-from orchestrator.prepare.formats import BadRow, make_converter
+from orchestrator.prepare.formats import URLS, BadRow, make_converter, runner_of
 
 MAX_LISTED = 1000
 
@@ -61,11 +63,12 @@ def too_large(size: int, max_bytes: int) -> BatchRequestError | None:
     )
 
 
-def validate_input(stream: BinaryIO, *, endpoint: str, models: Collection[str], max_requests: int) -> Validation:
-    """Read the file line by line (blank lines are skipped, as `prepare` does) and list its problems."""
+def validate_input(stream: BinaryIO, *, endpoint: str, models: Mapping[str, str], max_requests: int) -> Validation:
+    """Read the file line by line (blank lines are skipped, as `prepare` does) and list its problems.
+    `models` maps each served name to its runner: a batch's model must answer its endpoint."""
     result = Validation()
     # The converter `orch prepare` runs on this file: a line it would set aside fails validation here.
-    convert = make_converter(InputSpec(format="openai-batch"), SamplingSpec(), None)
+    convert = make_converter(InputSpec(format="openai-batch"), SamplingSpec(), None, runner_of(endpoint))
     seen: set[str] = set()
     for number, raw in enumerate(stream, 1):
         if not raw.strip():
@@ -101,7 +104,7 @@ def _check_request(
     request: dict[str, Any],
     number: int,
     endpoint: str,
-    models: Collection[str],
+    models: Mapping[str, str],
     seen: set[str],
     result: Validation,
 ) -> None:
@@ -122,11 +125,11 @@ def _check_request(
     if isinstance(url, str) and url != endpoint:
         result.add("invalid_url", "The URL provided for this request does not match the batch endpoint.", number, "url")
     if isinstance(body, dict):
-        _check_model(body.get("model"), number, models, result)
+        _check_model(body.get("model"), number, endpoint, models, result)
 
 
-def _check_model(model: Any, number: int, models: Collection[str], result: Validation) -> None:
-    """A served model, the same on every line (the first valid one sets the batch's)."""
+def _check_model(model: Any, number: int, endpoint: str, models: Mapping[str, str], result: Validation) -> None:
+    """A served model that answers the endpoint, the same on every line (the first valid one sets the batch's)."""
     if model is None:
         result.add("missing_required_parameter", "Missing required parameter: 'body.model'.", number, "body.model")
     elif not isinstance(model, str) or model not in models:
@@ -134,6 +137,15 @@ def _check_model(model: Any, number: int, models: Collection[str], result: Valid
         result.add(
             "model_not_found",
             f"The model {model!r} does not exist or is not served here. This server serves: {served}.",
+            number,
+            "body.model",
+        )
+    elif models[model] != runner_of(endpoint):
+        able = sorted(name for name, runner in models.items() if runner == runner_of(endpoint))
+        result.add(
+            "model_not_supported",
+            f"The model {model!r} does not support {endpoint}: it is served with model.runner {models[model]} "
+            f"({', '.join(URLS[models[model]])}). Served models for {endpoint}: {', '.join(able) or 'none'}.",
             number,
             "body.model",
         )
