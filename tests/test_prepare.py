@@ -335,19 +335,24 @@ def embeddings_line(i, **body):
     return {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings", "body": {"input": f"text {i}", **body}}
 
 
-def test_prepare_embeddings_lines_need_a_pooling_run(store_dir, tmp_path, capsys):
+def test_prepare_embeddings_score_and_rerank_lines_need_a_pooling_run(store_dir, tmp_path, capsys):
     chat = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}}
-    write_jsonl(tmp_path / "b.jsonl", [embeddings_line(0), embeddings_line(1, dimensions=32), chat])
+    score = {"custom_id": "s", "method": "POST", "url": "/v1/score", "body": {"queries": "a", "documents": ["b"]}}
+    rerank = {"custom_id": "r", "method": "POST", "url": "/v1/rerank", "body": {"query": "a", "documents": ["b"]}}
+    no_pair = {"custom_id": "x", "method": "POST", "url": "/v1/score", "body": {"queries": "a", "text_2": "b"}}
+    lines = [embeddings_line(0), embeddings_line(1, dimensions=32), score, rerank, chat, no_pair]
+    write_jsonl(tmp_path / "b.jsonl", lines)
     (tmp_path / "orch.yaml").write_text("model: {name: m, runner: pooling}\n")
     assert prepare(store_dir, tmp_path / "b.jsonl", "--format", "openai-batch", "--num-chunks", "1") == 0
-    assert [line["custom_id"] for line in chunk_lines(store_dir)] == ["e0", "e1"]
-    assert "needs a run with model.runner: generate" in capsys.readouterr().out
-    assert manifest(store_dir)[0].max_output_tokens == 0  # an embedding generates nothing
-    # A generating run sets embeddings lines aside and says why.
+    assert [line["custom_id"] for line in chunk_lines(store_dir)] == ["e0", "e1", "s", "r"]
+    out = capsys.readouterr().out
+    assert "needs a run with model.runner: generate" in out and "a score request needs one of" in out
+    assert manifest(store_dir)[0].max_output_tokens == 0  # pooling generates nothing
+    # A generating run sets pooling lines aside and says why.
     (tmp_path / "orch.yaml").write_text("model: {name: m}\n")
     assert prepare(store_dir, tmp_path / "b.jsonl", "--format", "openai-batch", "--num-chunks", "1", run="g") == 0
     out = capsys.readouterr().out
-    assert "2 bad row(s) set aside" in out and "needs a run with model.runner: pooling" in out
+    assert "5 bad row(s) set aside" in out and "needs a run with model.runner: pooling" in out
 
 
 def test_prepare_text_becomes_embeddings_lines_in_a_pooling_run(store_dir, tmp_path):

@@ -226,6 +226,8 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
         )
         return chars // CHARS_PER_TOKEN + MESSAGE_OVERHEAD_TOKENS * len(body["messages"])
     prompt = body.get("prompt", body.get("input"))
+    if prompt is None:  # score and rerank: every text is embedded once
+        prompt = [body.get(k) for k in ("query", *(k for pair in SCORE_PAIRS for k in pair)) if body.get(k)]
     return len(prompt if isinstance(prompt, str) else "".join(map(str, prompt or []))) // CHARS_PER_TOKEN + 1
 
 
