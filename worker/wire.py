@@ -95,6 +95,8 @@ class ScoringInput:
     documents: tuple[str, ...]
     #: Rerank only: the best `top_n` documents (0: all of them).
     top_n: int = 0
+    #: A classifier's activation (sigmoid for one label): None is the model's default (on).
+    use_activation: bool | None = None
 
 
 #: Request kinds a pooling run answers (vLLM's pooling runner), never a generating one.

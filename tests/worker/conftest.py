@@ -51,6 +51,13 @@ def tiny_embed_model() -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_reranker_model() -> str:
+    from model_builders import build_tiny_reranker
+
+    return str(build_tiny_reranker(MODELS / "tiny-reranker"))
+
+
+@pytest.fixture(scope="session")
 def embed_engine(tiny_embed_model):
     """The tiny Llama on vLLM's pooling runner (last-token pooling, Matryoshka 32/64/128)."""
     from orchestrator.core.spec import ModelSpec

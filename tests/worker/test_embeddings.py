@@ -107,14 +107,11 @@ def test_pooling_worker_matches_vllm_run_batch(tiny_embed_model, tmp_path):
     checkpoints, markers) and through vLLM's own batch runner: every vector and score equal within
     float tolerance, the same ranking and usage, every line the SDK's type (embeddings) or vLLM's
     own response model (score, rerank)."""
-    import subprocess
-    import sys
-
     from vllm.entrypoints.pooling.scoring.protocol import RerankResponse, ScoreResponse
 
     from orchestrator.core.store import open_store
     from tests.support.runs import make_run
-    from tests.worker.test_worker_process import ROOT, WorkerProcess, answered_lines
+    from tests.worker.test_worker_process import WorkerProcess, answered_lines
 
     texts = ["Hello", "What is the capital of France?", "Write a haiku about the ocean", "1 2 3"]
     bodies = [
@@ -156,12 +153,66 @@ def test_pooling_worker_matches_vllm_run_batch(tiny_embed_model, tmp_path):
             data = [{**d, "embedding": v} for d, v in zip(body["data"], line.embeddings(), strict=True)]
             CreateEmbeddingResponse.model_validate({**body, "data": data})
 
+    theirs = vllm_run_batch(lines, tiny_embed_model, tmp_path)
+    check_same_answers({cid: line.response.body for cid, line in ours.items()}, theirs, urls)
+    for custom_id, line in theirs.items():
+        if urls[custom_id] == URL:
+            assert ours[custom_id].usage().prompt_tokens == line.usage().prompt_tokens, custom_id
+            for vector, vllm_vector in zip(ours[custom_id].embeddings(), line.embeddings(), strict=True):
+                assert vector == pytest.approx(vllm_vector, abs=1e-5), custom_id
+
+
+def test_cross_encoder_scores_and_reranks_as_vllm_run_batch(tiny_reranker_model, tmp_path):
+    """A one-label classifier (a reranker): each (query, document) pair rendered by vLLM's own
+    cross-encoder and classified; the same scores, ranking and usage as vLLM's run_batch, every line
+    valid as vLLM's response model; an embeddings line is an error row."""
+    from vllm.entrypoints.pooling.scoring.protocol import RerankResponse, ScoreResponse
+
+    from orchestrator.core.spec import ModelSpec, SamplingSpec
+    from worker.engine import load_engine
+    from worker.requests import parse_request
+
+    texts = ["Hello", "What is the capital of France?", "Write a haiku about the ocean", "1 2 3"]
+    bodies = [
+        ("/v1/score", {"queries": texts[1], "documents": texts}),
+        ("/v1/score", {"text_1": texts[:2], "text_2": texts[2:]}),
+        ("/v1/rerank", {"query": texts[1], "documents": texts, "top_n": 3}),
+        ("/v1/rerank", {"query": "ocean", "documents": texts}),
+    ]
+    lines = [
+        {"custom_id": f"x{i}", "method": "POST", "url": url, "body": {"model": tiny_reranker_model, **body}}
+        for i, (url, body) in enumerate(bodies)
+    ]
+    urls = {line["custom_id"]: line["url"] for line in lines}
+    engine = load_engine(ModelSpec(name=tiny_reranker_model, runner="pooling", max_model_len=1024))
+    try:
+        parsed = [parse_request(json.dumps(line), i, SamplingSpec()) for i, line in enumerate(lines)]
+        ours = {cid: row.line.response.body for cid, row in run(engine, parsed).items()}
+        refused = embed(engine, {"input": "Hello"})["r0"]
+    finally:
+        engine.close()
+    assert refused.error and refused.line.error.code == "unsupported_url" and "classifies" in refused.line.error.message
+    for custom_id, body in ours.items():
+        (ScoreResponse if urls[custom_id] == "/v1/score" else RerankResponse).model_validate(body)
+    assert len(ours["x2"]["results"]) == 3
+    # A random score head near 0: probabilities spread around 0.5, so a wrong pairing or prompt shows.
+    assert len({round(d["score"], 4) for d in ours["x0"]["data"]}) == 4
+    check_same_answers(ours, vllm_run_batch(lines, tiny_reranker_model, tmp_path), urls)
+
+
+def vllm_run_batch(lines: list[dict], model: str, tmp_path) -> dict[str, BatchOutputLine]:
+    """The lines through vLLM's own batch runner, on the pooling runner with the worker's settings."""
+    import subprocess
+    import sys
+
+    from tests.worker.test_worker_process import ROOT
+
     batch_in, batch_out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     batch_in.write_text("".join(json.dumps(line) + "\n" for line in lines))
     subprocess.run(
         [
             sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(batch_in), "-o", str(batch_out),
-            "--model", tiny_embed_model, "--runner", "pooling", "--dtype", "float32", "--enforce-eager",
+            "--model", model, "--runner", "pooling", "--dtype", "float32", "--enforce-eager",
             "--max-model-len", "1024", "--kv-cache-memory-bytes", str(64 * 2**20),
         ],
         cwd=ROOT, check=True, capture_output=True, timeout=600,
@@ -169,11 +220,18 @@ def test_pooling_worker_matches_vllm_run_batch(tiny_embed_model, tmp_path):
     theirs = {
         line.custom_id: line for line in map(BatchOutputLine.model_validate_json, batch_out.read_text().splitlines())
     }
+    assert len(theirs) == len(lines)
+    return theirs
+
+
+def check_same_answers(ours: dict[str, dict], theirs: dict[str, BatchOutputLine], urls: dict[str, str]) -> None:
+    """Score and rerank bodies equal to vLLM's within float tolerance: scores, order, documents,
+    usage, and the same fields; embeddings bodies the same fields (their vectors are compared apart)."""
     assert set(theirs) == set(ours)
     for custom_id, line in theirs.items():
         assert line.error is None, (custom_id, line.response.body)
-        mine, vllm_body = ours[custom_id].response.body, line.response.body
-        assert ours[custom_id].usage().prompt_tokens == line.usage().prompt_tokens, custom_id
+        mine, vllm_body = ours[custom_id], line.response.body
+        assert set(mine) == set(vllm_body), custom_id  # the same fields, no more, no fewer
         if urls[custom_id] == "/v1/score":
             assert [d["score"] for d in mine["data"]] == pytest.approx(
                 [d["score"] for d in vllm_body["data"]], abs=1e-5
@@ -183,9 +241,5 @@ def test_pooling_worker_matches_vllm_run_batch(tiny_embed_model, tmp_path):
             assert [r["index"] for r in mine["results"]] == [r["index"] for r in vllm_body["results"]], custom_id
             assert [r["document"] for r in mine["results"]] == [r["document"] for r in vllm_body["results"]]
             scores = [r["relevance_score"] for r in vllm_body["results"]]
-            assert [r["relevance_score"] for r in mine["results"]] == pytest.approx(scores, abs=1e-5)
+            assert [r["relevance_score"] for r in mine["results"]] == pytest.approx(scores, rel=1e-4, abs=1e-7)
             assert mine["usage"] == vllm_body["usage"], custom_id
-        else:
-            for vector, vllm_vector in zip(ours[custom_id].embeddings(), line.embeddings(), strict=True):
-                assert vector == pytest.approx(vllm_vector, abs=1e-5), custom_id
-        assert set(mine) == set(vllm_body), custom_id  # the same fields, no more, no fewer
