@@ -139,17 +139,7 @@ def build_tiny_embed(out: str | Path) -> Path:
     out = Path(out)
     if (out / ".built").exists():
         return out
-    import json
-
-    base = build_tiny(out.parent / "tiny-llama")
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(base, tmp)
-    (tmp / ".built").unlink()
-    config = json.loads((tmp / "config.json").read_text())
-    config["matryoshka_dimensions"] = [32, 64, 128]
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    _finish(tmp, out)
+    _finish(_tiny_variant(out, matryoshka_dimensions=[32, 64, 128]), out)
     return out
 
 
@@ -160,10 +150,30 @@ def build_tiny_reranker(out: str | Path, *, seed: int = 0) -> Path:
     out = Path(out)
     if (out / ".built").exists():
         return out
-    import json
-
     import torch
     from safetensors.torch import load_file, save_file
+
+    tmp = _tiny_variant(
+        out,
+        architectures=["LlamaForSequenceClassification"],
+        num_labels=1,
+        id2label={"0": "LABEL_0"},
+        label2id={"LABEL_0": 0},
+    )
+    weights = load_file(tmp / "model.safetensors")
+    del weights["lm_head.weight"]
+    generator = torch.Generator().manual_seed(seed)
+    hidden = weights["model.embed_tokens.weight"].shape[1]
+    # Small: the one label's probabilities spread around 0.5 rather than saturating.
+    weights["score.weight"] = torch.randn(1, hidden, generator=generator) * 0.05
+    save_file(weights, tmp / "model.safetensors")
+    _finish(tmp, out)
+    return out
+
+
+def _tiny_variant(out: Path, **config_changes: Any) -> Path:
+    """A copy of the tiny Llama beside OUT (OUT.partial) with its config changed; _finish it."""
+    import json
 
     base = build_tiny(out.parent / "tiny-llama")
     tmp = out.with_name(out.name + ".partial")
@@ -171,20 +181,9 @@ def build_tiny_reranker(out: str | Path, *, seed: int = 0) -> Path:
     shutil.copytree(base, tmp)
     (tmp / ".built").unlink()
     config = json.loads((tmp / "config.json").read_text())
-    config.update(
-        architectures=["LlamaForSequenceClassification"],
-        num_labels=1,
-        id2label={"0": "LABEL_0"},
-        label2id={"LABEL_0": 0},
-    )
+    config.update(config_changes)
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    weights = load_file(tmp / "model.safetensors")
-    del weights["lm_head.weight"]
-    generator = torch.Generator().manual_seed(seed)
-    weights["score.weight"] = torch.randn(1, config["hidden_size"], generator=generator) * 0.05
-    save_file(weights, tmp / "model.safetensors")
-    _finish(tmp, out)
-    return out
+    return tmp
 
 
 def build_tiny_vlm(out: str | Path, *, seed: int = 0) -> Path:
