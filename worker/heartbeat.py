@@ -148,6 +148,7 @@ class HeartbeatThread:
                     errors=t.errors,
                     tokens_in=t.tokens_in,
                     tokens_out=t.tokens_out,
+                    tokens_cached=t.tokens_cached,
                     tokens_per_s=t.tokens_per_s(),
                     rows_per_s=t.rows_per_s() or 0.0,
                     updated_at=self.clock(),

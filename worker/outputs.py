@@ -42,12 +42,17 @@ class Choice:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
-def success_line(request: EngineRequest, choices: list[Choice], prompt_tokens: int, model: str) -> BatchOutputLine:
+def success_line(
+    request: EngineRequest, choices: list[Choice], prompt_tokens: int, model: str, *, cached_tokens: int = 0
+) -> BatchOutputLine:
     completion_tokens = sum(c.tokens for c in choices)
+    # As vLLM's server writes it with --enable-prompt-tokens-details, always (OpenAI's Batch lines
+    # always carry it): the prompt tokens its prefix cache already held.
     usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
     request_id = new_request_id()
     if request.kind == "chat":

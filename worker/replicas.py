@@ -83,7 +83,7 @@ def combined_summary(summaries: Sequence[dict[str, Any]], codes: Sequence[int]) 
     """The machine's summary line: the replicas' counts added up."""
     total: dict[str, Any] = {
         k: sum(s.get(k, 0) for s in summaries)
-        for k in ("requests", "errors", "tokens_in", "tokens_out", "chunks_done", "chunks_lost")
+        for k in ("requests", "errors", "tokens_in", "tokens_out", "tokens_cached", "chunks_done", "chunks_lost")
     }
     wall = max((s.get("wall_s", 0.0) for s in summaries), default=0.0)
     code = combined_exit_code(codes)

@@ -18,6 +18,8 @@ class Totals:
     errors: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
+    #: Prompt tokens the engine's prefix cache held (part of tokens_in).
+    tokens_cached: int = 0
     chunks_done: int = 0
     chunks_lost: int = 0
     busy_s: float = 0.0  # engine time in pumps that ended; `busy()` adds the one under way
@@ -36,6 +38,7 @@ class Totals:
         self.errors += sum(r.error for r in rows)
         self.tokens_in += sum(r.tokens_in for r in rows)
         self.tokens_out += sum(r.tokens_out for r in rows)
+        self.tokens_cached += sum(r.tokens_cached for r in rows)
         self.chunk_rows_done += sum(1 for r in rows if r.chunk == self.chunk)
 
     def busy(self) -> float:
@@ -67,6 +70,7 @@ class Totals:
             "errors": self.errors,
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
+            "tokens_cached": self.tokens_cached,
             "tokens_per_s": round(self.tokens_out / wall_s, 2) if wall_s > 0 else 0.0,
             "busy_s": round(self.busy(), 3),
             "chunks_done": self.chunks_done,

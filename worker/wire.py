@@ -133,6 +133,8 @@ class RowResult:
     error: bool
     #: The chunk the request came from (set by the engine from EngineRequest.chunk).
     chunk: str | None = None
+    #: Prompt tokens the engine's prefix cache already held (part of tokens_in).
+    tokens_cached: int = 0
 
 
 def error_line(

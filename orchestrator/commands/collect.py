@@ -39,10 +39,19 @@ def collect_command(
     """Merge outputs into one file in input order; check every custom_id appears exactly once."""
     from orchestrator.controller.collect import collect
     from orchestrator.controller.error_rate import check_error_rate
+    from orchestrator.controller.pricing import load_gpu_table
     from orchestrator.core.errors import IncompleteRun
 
     ctx = inv.context()
-    report = collect(ctx.store, ctx.layout, out, fmt=fmt, retry_out=retry_out)
+    report = collect(
+        ctx.store,
+        ctx.layout,
+        out,
+        fmt=fmt,
+        retry_out=retry_out,
+        prices=load_gpu_table(),
+        default_spot=ctx.spec.resources.spot,
+    )
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:

@@ -52,6 +52,7 @@ def run_command(
     """
     from orchestrator.controller.collect import check_output, collect
     from orchestrator.controller.error_rate import check_error_rate
+    from orchestrator.controller.pricing import load_gpu_table
     from orchestrator.controller.run import start_run
     from orchestrator.core.errors import IncompleteRun
 
@@ -86,7 +87,9 @@ def run_command(
         # 4. watch until every chunk has a marker
         follow_run(ctx, started.launcher, interval)
     # 5. collect
-    result = collect(ctx.store, ctx.layout, out, retry_out=retry_out)
+    result = collect(
+        ctx.store, ctx.layout, out, retry_out=retry_out, prices=load_gpu_table(), default_spot=ctx.spec.resources.spot
+    )
     print_collect_report(result)
     if not result.complete:
         raise IncompleteRun(f"run {ctx.layout.run!r}: {result.missing:,} row(s) missing", hint="orch resume --follow")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from orchestrator.backends.base import STATE_COLOURS, JobState
 from orchestrator.commands.console import Group, Table, Text, table
@@ -74,6 +76,8 @@ def status_view(status: RunStatus) -> Group:
         ),
         Text(_pace_line(status, eta)),
     ]
+    if status.tokens.get("prompt_tokens") or status.tokens.get("generated_tokens"):
+        head.append(Text(tokens_line(status.tokens, status.cost_per_m_tokens)))
     if status.estimate and not status.complete:
         e = status.estimate
         head.append(
@@ -141,6 +145,25 @@ def _failures(status: RunStatus) -> list[Text]:
         for w in status.workers
         if w.failure_reason
     ]
+
+
+def tokens_line(tokens: Mapping[str, int], per_m: Mapping[str, Mapping[str, Any]]) -> str:
+    """Prompt (cached) and generated tokens, and what a million of them cost, spot and on-demand apart."""
+    prompt, cached = tokens["prompt_tokens"], tokens["cached_tokens"]
+    share = f", {cached / prompt:.0%}" if prompt else ""
+    line = f"tokens {prompt:,} prompt ({cached:,} cached{share}) + {tokens['generated_tokens']:,} generated"
+    rates = [
+        f"{label} {_per_m(per_m[kind])}"
+        for kind, label in (("all", "cost"), ("spot", "spot"), ("on_demand", "on-demand"))
+        if kind in per_m and (kind == "all" or per_m[kind]["usd"])
+    ]
+    return line + ("   " + "; ".join(rates) if rates else "")
+
+
+def _per_m(cost: Mapping[str, Any]) -> str:
+    if cost["usd_per_m_tokens"] is None:
+        return f"${cost['usd']:,.2f} (no tokens yet)"
+    return f"${cost['usd_per_m_tokens']:,.4f}/M tokens (${cost['usd_per_m_generated'] or 0:,.4f}/M generated)"
 
 
 def _pace_line(status: RunStatus, eta: str) -> str:

@@ -21,11 +21,14 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.controller.pricing import GpuTable
+from orchestrator.controller.token_cost import TokenCounts
 from orchestrator.core.errors import CorruptOutput, CorruptRecord, OutputError
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.protocol.layout import RunLayout
@@ -63,6 +66,10 @@ class CollectReport:
     retry_rows: int = 0
     missing_chunks: list[str] = field(default_factory=list)
     examples: dict[str, list[str]] = field(default_factory=lambda: {"missing": [], "duplicates": [], "errors": []})
+    #: Prompt, cached and generated tokens of the lines written.
+    tokens: TokenCounts = field(default_factory=TokenCounts)
+    #: The realised $ per million tokens (token_cost.py), when collect was given the price table.
+    cost_per_m_tokens: dict[str, dict[str, Any]] | None = None
 
     @property
     def complete(self) -> bool:
@@ -128,7 +135,10 @@ def collect(
     *,
     fmt: str | None = None,
     retry_out: str | os.PathLike[str] | None = None,
+    prices: GpuTable | None = None,
+    default_spot: bool = True,
 ) -> CollectReport:
+    """With `prices`, the report also says what the run's tokens cost (status's cost so far)."""
     fmt = check_output(out, fmt)
     if retry_out:
         check_output(retry_out, "jsonl")
@@ -146,6 +156,11 @@ def collect(
             _collect_chunk(store, layout, entry, writer, retry, report, set_aside)
         set_aside.rest()
         report.retry_rows = retry.count
+    if prices is not None:
+        from orchestrator.controller.status import status_of
+
+        status = status_of(store, layout, None, now=time.time(), prices=prices, default_spot=default_spot)
+        report.cost_per_m_tokens = status.cost_per_m_tokens
     return report
 
 
@@ -210,6 +225,8 @@ def _collect_chunk(
             continue
         writer.add(line)
         report.rows_written += 1
+        usage = line.usage()
+        report.tokens.add(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
         if line.failed:
             report.errors += 1
             report.note("errors", line.custom_id)

@@ -23,7 +23,12 @@ JSON shape (stable for scripts):
     throughput: {rows_per_s, tokens_per_s} (sum over running workers), eta_s (null when unknown),
     overall: {wall_s, rows_per_s, tokens_per_s} | null (the finished chunks' pace, from the first
              launch, or the first chunk's start without one, to the last chunk's end),
-    cost: {so_far_usd, worker_hours} (per-GPU-hour prices x workers' uptime, restarts included),
+    cost: {so_far_usd, worker_hours, spot_usd, on_demand_usd} (per-GPU-hour prices x workers' uptime,
+          restarts included),
+    tokens: {prompt_tokens, cached_tokens (prompt tokens the engines' prefix caches held),
+             generated_tokens} (in finished chunks),
+    cost_per_m_tokens: {all, spot, on_demand: {usd, prompt_tokens, cached_tokens, generated_tokens,
+                        usd_per_m_tokens, usd_per_m_generated}} (orchestrator/controller/token_cost.py),
     workers: [{worker, state, job_id, recovery_count, accelerator, cloud, region, spot, chunk,
                chunk_rows, chunk_rows_done, chunks_assigned, chunks_done_of_own_list, chunks_finished
                (by this worker, from any list), rows_done, tokens_per_s, rows_per_s, heartbeat_state,
@@ -46,6 +51,7 @@ from typing import Any
 
 from orchestrator.backends.base import JobState, JobStatus, Launcher, attempt_statuses
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
+from orchestrator.controller.token_cost import realised_cost, tokens_of
 from orchestrator.core import worker_ids
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import CorruptRecord
@@ -207,6 +213,10 @@ class RunStatus:
     damaged: dict[str, str] = field(default_factory=dict)
     #: lease key -> what is wrong with it.
     corrupt_leases: dict[str, str] = field(default_factory=dict)
+    #: Prompt, cached and generated tokens of the finished chunks.
+    tokens: dict[str, int] = field(default_factory=dict)
+    #: The realised $ per million tokens, for all workers and for spot and on-demand ones apart.
+    cost_per_m_tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def derive_status(
@@ -229,7 +239,13 @@ def derive_status(
     rows_per_s = sum(v.rows_per_s for v in working)
     tokens_per_s = sum(v.tokens_per_s for v in working)
     hours = sum(v.uptime_s for v in workers) / 3600
-    cost = sum(_cost_so_far(v, prices, default_spot) for v in workers)
+    cost_by_worker = {
+        v.worker: (_cost_so_far(v, prices, default_spot), v.spot if v.spot is not None else default_spot)
+        for v in workers
+    }
+    cost = sum(usd for usd, _ in cost_by_worker.values())
+    finished = [s for c, (_, s) in facts.stats.items() if c in done]
+    per_m = realised_cost(finished, cost_by_worker)
     total_rows = sum(rows_by_chunk.values())
     remaining = total_rows - rows_done - in_progress
     eta = remaining / rows_per_s if rows_per_s > 0 and remaining > 0 else (0.0 if remaining <= 0 else None)
@@ -248,13 +264,20 @@ def derive_status(
         },
         throughput={"rows_per_s": round(rows_per_s, 3), "tokens_per_s": round(tokens_per_s, 1)},
         eta_s=round(eta, 1) if eta is not None else None,
-        cost={"so_far_usd": round(cost, 2), "worker_hours": round(hours, 3)},
+        cost={
+            "so_far_usd": round(cost, 2),
+            "worker_hours": round(hours, 3),
+            "spot_usd": round(per_m["spot"]["usd"], 2),
+            "on_demand_usd": round(per_m["on_demand"]["usd"], 2),
+        },
         workers=workers,
         estimate=_estimate(facts, prices, gpus, workers_planned) if gpus else None,
         deadline=facts.decision.model_dump() if facts.decision is not None else None,
         overall=_overall([s for c, s in facts.stats.items() if c in done], facts.jobs),
         damaged=dict(facts.damaged),
         corrupt_leases=dict(facts.corrupt_leases),
+        tokens=tokens_of(finished).to_dict(),
+        cost_per_m_tokens=per_m,
     )
 
 

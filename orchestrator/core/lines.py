@@ -39,10 +39,21 @@ class BatchResponse(LineModel):
     body: dict[str, Any] | None = None
 
 
+class PromptTokensDetails(LineModel):
+    #: Prompt tokens the engine's prefix cache already held (vLLM's `num_cached_tokens`).
+    cached_tokens: int | None = None
+
+
 class Usage(LineModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @property
+    def cached_tokens(self) -> int:
+        details = self.prompt_tokens_details
+        return (details.cached_tokens or 0) if details is not None else 0
 
 
 class BatchOutputLine(LineModel):

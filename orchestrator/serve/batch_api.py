@@ -210,7 +210,7 @@ def batch_object(batch: BatchDocument) -> dict[str, Any]:
         "metadata": batch.metadata,
         "usage": {
             "input_tokens": usage.input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": usage.cached_tokens},
             "output_tokens": usage.output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage.input_tokens + usage.output_tokens,

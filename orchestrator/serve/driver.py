@@ -184,7 +184,9 @@ class BatchSteps:
         errors = sum(s.errors for s in stats)
         counts = BatchCounts(total=total, completed=sum(s.rows for s in stats) - errors, failed=errors + set_aside)
         usage = BatchTokens(
-            input_tokens=sum(s.tokens_in for s in stats), output_tokens=sum(s.tokens_out for s in stats)
+            input_tokens=sum(s.tokens_in for s in stats),
+            output_tokens=sum(s.tokens_out for s in stats),
+            cached_tokens=sum(s.tokens_cached for s in stats),
         )
         return counts, usage
 
@@ -206,11 +208,11 @@ class BatchSteps:
         the output file, failed ones to the error file, with a line for each request never run."""
         ended = {"completed": batch.finalizing_at, "cancelled": batch.cancelling_at}.get(outcome, batch.ending_at)
         created_ms = int(ended if ended is not None else self.clock()) * 1000
-        counts, usage = BatchCounts(total=batch.request_counts.total), BatchTokens()
+        counts = BatchCounts(total=batch.request_counts.total)
         with tempfile.TemporaryDirectory(prefix="orch-serve-") as tmp:
             merged, retry = Path(tmp) / "merged.jsonl", Path(tmp) / "retry.jsonl"
             good, bad = Path(tmp) / "output.jsonl", Path(tmp) / "errors.jsonl"
-            collect(self.store, ctx.layout, merged, retry_out=retry)
+            tokens = collect(self.store, ctx.layout, merged, retry_out=retry).tokens
             answered: set[str] = set()
             with open(merged, "rb") as lines, open(good, "wb") as good_out, open(bad, "wb") as bad_out:
                 for raw in lines:
@@ -219,9 +221,6 @@ class BatchSteps:
                     body = line.response.body if line.response is not None else None
                     if body is not None and "model" in body and batch.model:
                         body["model"] = batch.model  # the name the client asked for, not the weights' path
-                    used = line.usage()
-                    usage.input_tokens += used.prompt_tokens
-                    usage.output_tokens += used.completion_tokens
                     if line.failed:
                         counts.failed += 1
                         bad_out.write(line.to_json() + b"\n")
@@ -234,7 +233,11 @@ class BatchSteps:
                 "output_file_id": self._save(batch, good, "output", counts.completed, created_ms),
                 "error_file_id": self._save(batch, bad, "errors", counts.failed, created_ms),
                 "request_counts": counts,
-                "usage": usage,
+                "usage": BatchTokens(
+                    input_tokens=tokens.prompt_tokens,
+                    output_tokens=tokens.generated_tokens,
+                    cached_tokens=tokens.cached_tokens,
+                ),
             }
 
     def _save(self, batch: BatchDocument, path: Path, kind: str, lines: int, created_ms: int) -> str | None:

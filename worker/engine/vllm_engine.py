@@ -171,7 +171,9 @@ class VllmEngine:
                 self._with_tool_calls(choice, flight.tools)
         # Like the API, the answer names the model the line asked for: the adapter, when one answered.
         model = request.model if self._adapters.for_model(request.model) is not None else self.model_name
-        line = success_line(request, choices, flight.prompt_tokens, model or self.model_name)
+        # The prompt tokens vLLM's prefix cache held (whole blocks only; None before vLLM counted any).
+        cached = output.num_cached_tokens or 0
+        line = success_line(request, choices, flight.prompt_tokens, model or self.model_name, cached_tokens=cached)
         return RowResult(
             request.index,
             request.custom_id,
@@ -180,6 +182,7 @@ class VllmEngine:
             sum(c.tokens for c in choices),
             False,
             request.chunk,
+            tokens_cached=cached,
         )
 
     def _with_tool_calls(self, choice: Choice, tools: ToolCallRequest) -> None:

@@ -42,6 +42,8 @@ class RowStat:
     error: bool
     tokens_in: int
     tokens_out: int
+    #: Prompt tokens the engine's prefix cache held (part of tokens_in).
+    tokens_cached: int = 0
 
 
 class OutputRow(Protocol):
@@ -55,6 +57,8 @@ class OutputRow(Protocol):
     def tokens_in(self) -> int: ...
     @property
     def tokens_out(self) -> int: ...
+    @property
+    def tokens_cached(self) -> int: ...
 
 
 RowT = TypeVar("RowT", bound=OutputRow, contravariant=True)
@@ -83,6 +87,14 @@ class ResumePoint:
     errors: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
+    tokens_cached: int = 0
+
+    def count(self, rows: Sequence[OutputRow]) -> None:
+        """Add the rows' error and token counts."""
+        self.errors += sum(r.error for r in rows)
+        self.tokens_in += sum(r.tokens_in for r in rows)
+        self.tokens_out += sum(r.tokens_out for r in rows)
+        self.tokens_cached += sum(r.tokens_cached for r in rows)
 
 
 def load_resume_point(store: Store, layout: RunLayout, chunk: str, codec: PartCodec[Any]) -> ResumePoint:
@@ -112,9 +124,7 @@ def load_resume_point(store: Store, layout: RunLayout, chunk: str, codec: PartCo
             PartRef(key=info.key, rows=len(rows), errors=errors, bytes=len(data), sha256=_sha256(data), etag=blob.etag)
         )
         point.done_rows |= indices
-        point.errors += errors
-        point.tokens_in += sum(r.tokens_in for r in rows)
-        point.tokens_out += sum(r.tokens_out for r in rows)
+        point.count(rows)
     return point
 
 
@@ -176,9 +186,7 @@ class ChunkJob(Generic[RowT]):
         ref = PartRef(key=key, rows=len(rows), errors=errors, bytes=len(data), sha256=_sha256(data), etag=etag)
         self.point.parts.append(ref)
         self.point.done_rows |= indices
-        self.point.errors += errors
-        self.point.tokens_in += sum(r.tokens_in for r in rows)
-        self.point.tokens_out += sum(r.tokens_out for r in rows)
+        self.point.count(rows)
         return ref
 
     def complete(self, *, worker: str, model: str, spec_hash: str, accelerator: str | None) -> DoneMarker | None:
@@ -209,6 +217,7 @@ class ChunkJob(Generic[RowT]):
             finished_at=self.clock(),
             tokens_in=self.point.tokens_in,
             tokens_out=self.point.tokens_out,
+            tokens_cached=self.point.tokens_cached,
             output_format="parquet" if self.codec.ext == "parquet" else "jsonl",
         )
         self._marker = marker

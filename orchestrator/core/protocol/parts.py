@@ -31,12 +31,20 @@ class AnsweredRow(Protocol):
     @property
     def tokens_out(self) -> int: ...
     @property
+    def tokens_cached(self) -> int: ...
+    @property
     def line(self) -> BatchOutputLine: ...
 
 
 def stat_of(line: BatchOutputLine) -> RowStat:
     usage = line.usage()
-    return RowStat(index=line.row, error=line.failed, tokens_in=usage.prompt_tokens, tokens_out=usage.completion_tokens)
+    return RowStat(
+        index=line.row,
+        error=line.failed,
+        tokens_in=usage.prompt_tokens,
+        tokens_out=usage.completion_tokens,
+        tokens_cached=usage.cached_tokens,
+    )
 
 
 class JsonlPartCodec:

@@ -275,6 +275,8 @@ class DoneMarker(Record):
     tokens_in: int
     tokens_out: int
     output_format: Literal["jsonl", "parquet"] = "jsonl"
+    #: Prompt tokens the engine's prefix cache held (part of tokens_in); 0 from an older worker.
+    tokens_cached: int = 0
 
     def stats(self) -> ChunkStats:
         """What `status` and the claimers read from the stats listing instead of this marker's body."""
@@ -286,6 +288,7 @@ class DoneMarker(Record):
             seconds=round(self.finished_at - self.started_at, 3),
             worker=self.worker,
             accelerator=self.accelerator,
+            tokens_cached=self.tokens_cached,
         )
 
 
@@ -299,6 +302,8 @@ class ChunkStats(KeyRecord):
     seconds: float
     worker: str
     accelerator: str | None = None
+    #: Prompt tokens the prefix cache held (part of tokens_in); 0 in a key written before it was counted.
+    tokens_cached: int = 0
 
 
 WorkerState = Literal["starting", "loading", "running", "idle", "stopping", "exited"]
@@ -343,6 +348,7 @@ class Heartbeat(HeartbeatSummary):
     worker: str
     tokens_in: int = 0
     tokens_out: int = 0
+    tokens_cached: int = 0
     host: str | None = None
     pid: int | None = None
 

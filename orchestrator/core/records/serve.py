@@ -53,6 +53,8 @@ class BatchCounts(Record):
 class BatchTokens(Record):
     input_tokens: int = 0
     output_tokens: int = 0
+    #: Input tokens the engines' prefix caches held (OpenAI's `input_tokens_details.cached_tokens`).
+    cached_tokens: int = 0
 
 
 class BatchDocument(Document):
