@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from orchestrator.backends.base import JobState, JobStatus
 from orchestrator.cli import main
 from orchestrator.commands.console import to_text
@@ -101,11 +103,35 @@ def test_status_of_a_complete_run_shows_the_runs_own_pace(tmp_path):
     assert "finished in 60m: 0.01 rows/s, 0 tok/s over the run" in to_text(status_view(status))
 
 
+def test_status_counts_cached_tokens_and_the_realised_price_per_million_spot_and_on_demand(tmp_path):
+    store, layout = build(str(tmp_path / "store"))
+    # Worker 0 (two hours of an A100-80GB on GCP spot) finishes a chunk whose prompts were partly cached;
+    # worker 1 (on demand, says the backend; no heartbeat, so no machine time) finished part_00000.
+    answer_chunk(store, layout, "part_00002", [[Answer(i, f"c2-{i}", "x", cached=2) for i in range(10)]], worker="0")
+    status = derive_status(gather(store, layout, Backend()), now=time.time(), prices=load_gpu_table())
+    assert status.tokens == {"prompt_tokens": 60, "cached_tokens": 20, "generated_tokens": 40}
+    usd = 2 * load_gpu_table().price("A100-80GB", True, "gcp")
+    spot, on_demand, every = (status.cost_per_m_tokens[k] for k in ("spot", "on_demand", "all"))
+    assert (spot["prompt_tokens"], spot["cached_tokens"], spot["generated_tokens"]) == (30, 20, 20)
+    assert spot["usd"] == pytest.approx(usd, abs=0.01)
+    assert spot["usd_per_m_tokens"] == pytest.approx(usd / 50 * 1e6, rel=1e-3)
+    assert spot["usd_per_m_generated"] == pytest.approx(usd / 20 * 1e6, rel=1e-3)
+    assert on_demand["usd"] == 0.0 and on_demand["usd_per_m_tokens"] == 0.0 and on_demand["prompt_tokens"] == 30
+    assert every["usd_per_m_tokens"] == pytest.approx(usd / 100 * 1e6, rel=1e-3)
+    assert status.cost["spot_usd"] == pytest.approx(usd, abs=0.01) and status.cost["on_demand_usd"] == 0.0
+    text = to_text(status_view(status))
+    assert "tokens 60 prompt (20 cached, 33%) + 40 generated" in text
+    assert f"spot ${spot['usd_per_m_tokens']:,.4f}/M tokens" in text
+
+
 def test_status_json_shape_is_stable(tmp_path, capsys):
     build(str(tmp_path / "store"))
     assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) >= {"chunks", "rows", "workers", "throughput", "eta_s", "cost", "complete", "overall"}
+    assert set(doc["tokens"]) == {"prompt_tokens", "cached_tokens", "generated_tokens"}
+    assert set(doc["cost_per_m_tokens"]) == {"all", "spot", "on_demand"}
+    assert set(doc["cost_per_m_tokens"]["spot"]) >= {"usd", "usd_per_m_tokens", "usd_per_m_generated"}
     assert set(doc["chunks"]) == {"total", "done"} and set(doc["rows"]) >= {"total", "done", "errors"}
     assert {"worker", "state", "accelerator", "chunk", "heartbeat_age_s", "tokens_per_s"} <= set(doc["workers"][0])
 

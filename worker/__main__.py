@@ -62,6 +62,7 @@ def main(
     replica: int | None,
 ) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("orch.worker").setLevel(logging.INFO)  # orch's own few notes (the KV cache size)
     # vLLM logs every setting at INFO; a worker's log should show progress and problems.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:

@@ -64,6 +64,14 @@ class ModelSpec(StrictModel):
     )
     max_lora_rank: int = Field(16, ge=1, description="the largest rank among the adapters")
     max_loras: int = Field(1, ge=1, description="adapters loaded at once")
+    kv_cache_fraction: float = Field(
+        0.05,
+        gt=0.0,
+        le=0.9,
+        description="vLLM on a CPU: the share of the memory free at start (MemAvailable) its KV cache gets, "
+        "within 64 MiB..8 GiB; engine_args.kv_cache_memory_bytes overrides it. On a GPU vLLM's "
+        "gpu_memory_utilization applies",
+    )
 
     @model_validator(mode="after")
     def _engine_can_do_it(self) -> ModelSpec:

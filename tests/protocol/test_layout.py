@@ -48,7 +48,9 @@ def test_heartbeat_summary_fits_a_file_name_and_round_trips():
 
 
 def test_stats_keys_list_in_time_order_and_parse_back():
-    stats = ChunkStats(rows=5000, errors=3, tokens_in=10, tokens_out=20, seconds=3600.5, worker="7", accelerator="L4")
+    stats = ChunkStats(
+        rows=5000, errors=3, tokens_in=10, tokens_out=20, seconds=3600.5, worker="7", accelerator="L4", tokens_cached=8
+    )
     early = L.stats("part_00009", stats.key_values(), 1000.0)
     late = L.stats("part_00001", stats.key_values(), 2000.0)
     assert early < late  # time first, chunk second

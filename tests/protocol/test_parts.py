@@ -17,13 +17,14 @@ class Out:
     error: bool = False
     tokens_in: int = 0
     tokens_out: int = 0
+    tokens_cached: int = 0
 
 
 def ok_line(cid: str, text: str) -> BatchOutputLine:
     body = {
         "object": "chat.completion",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
-        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10, "prompt_tokens_details": {"cached_tokens": 4}},
     }
     return BatchOutputLine(custom_id=cid, response=BatchResponse(status_code=200, request_id="r", body=body))
 
@@ -42,10 +43,10 @@ def test_part_codec_round_trips_lines_and_row_stats(fmt):
     rows = [Out(5, ok_line("a", "héllo")), Out(9, err_line("b")), Out(0, ok_line("c", "x"))]
     data = codec.encode(rows)
     stats = codec.decode(data)
-    assert [(s.index, s.error, s.tokens_in, s.tokens_out) for s in stats] == [
-        (5, False, 7, 3),
-        (9, True, 0, 0),
-        (0, False, 7, 3),
+    assert [(s.index, s.error, s.tokens_in, s.tokens_out, s.tokens_cached) for s in stats] == [
+        (5, False, 7, 3, 4),
+        (9, True, 0, 0, 0),
+        (0, False, 7, 3, 4),
     ]
     lines = list(iter_part_lines(data, fmt))
     assert [line.custom_id for line in lines] == ["a", "b", "c"]

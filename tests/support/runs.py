@@ -87,14 +87,21 @@ def make_run(
 class Answer:
     """An output row as a worker would flush it (what ChunkJob and the part codecs need)."""
 
-    def __init__(self, index: int, custom_id: str | None, text: str | None = None, *, error: str | None = None):
+    def __init__(
+        self, index: int, custom_id: str | None, text: str | None = None, *, error: str | None = None, cached: int = 0
+    ):
         self.index = index
         self.error = error is not None
-        self.tokens_in, self.tokens_out = 3, 2
+        self.tokens_in, self.tokens_out, self.tokens_cached = 3, 2, cached
         body = {
             "object": "chat.completion",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+            "usage": {
+                "prompt_tokens": 3,
+                "completion_tokens": 2,
+                "total_tokens": 5,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            },
         }
         self.line = (
             BatchOutputLine(custom_id=custom_id, response=BatchResponse(status_code=200, request_id="r", body=body))

