@@ -255,6 +255,9 @@ def test_serve_mixed_batch_splits_good_rows_into_output_and_bad_into_errors(kind
     assert batch.usage is not None
     assert batch.usage.output_tokens == sum(line["response"]["body"]["usage"]["completion_tokens"] for line in output)
     assert batch.usage.total_tokens == batch.usage.input_tokens + batch.usage.output_tokens > 0
+    assert batch.usage.input_tokens_details.cached_tokens == sum(
+        line["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"] for line in output
+    )
     with pytest.raises(openai.ConflictError, match="completed"):
         client.batches.cancel(batch.id)
     # Listed for its key, through the SDK's own pagination (`after` cursors, one batch a page).

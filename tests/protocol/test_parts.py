@@ -24,7 +24,12 @@ def ok_line(cid: str, text: str) -> BatchOutputLine:
     body = {
         "object": "chat.completion",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
-        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10, "prompt_tokens_details": {"cached_tokens": 4}},
+        "usage": {
+            "prompt_tokens": 7,
+            "completion_tokens": 3,
+            "total_tokens": 10,
+            "prompt_tokens_details": {"cached_tokens": 4},
+        },
     }
     return BatchOutputLine(custom_id=cid, response=BatchResponse(status_code=200, request_id="r", body=body))
 

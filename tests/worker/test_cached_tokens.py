@@ -69,9 +69,7 @@ def test_each_line_carries_vllms_own_cached_token_count(tiny_engine, monkeypatch
         assert 128 <= row.tokens_cached < row.tokens_in and row.tokens_cached % 128 == 0, custom_id
 
 
-def test_a_run_reports_cached_tokens_in_summary_heartbeat_markers_status_and_collect(
-    tiny_engine, tiny_model, tmp_path
-):
+def test_a_run_reports_cached_tokens_in_summary_heartbeat_markers_status_and_collect(tiny_engine, tiny_model, tmp_path):
     from orchestrator.controller.collect import collect
     from orchestrator.controller.pricing import load_gpu_table
     from orchestrator.controller.status import status_of

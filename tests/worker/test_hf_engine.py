@@ -42,6 +42,8 @@ def test_hf_engine_answers_like_the_chat_api(hf_engine):
     assert body["object"] == "chat.completion" and "Paris" in body["choices"][0]["message"]["content"]
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"]["prompt_tokens"] == out["r0"].tokens_in > 0
+    # transformers keeps no cache between requests: nothing cached, said as vLLM's lines say it.
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0} and out["r0"].tokens_cached == 0
 
 
 def test_hf_engine_per_request_parameters_in_one_window(hf_engine):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ GiB = 2**30
 
 
 def meminfo_available() -> int:
-    for line in open("/proc/meminfo"):
+    for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no MemAvailable in /proc/meminfo")

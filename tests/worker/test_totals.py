@@ -13,6 +13,18 @@ def _answered(totals: Totals, rows: int, tokens: int, busy_s: float) -> None:
     totals.busy_s += busy_s
 
 
+def test_the_summary_line_counts_prompt_cached_and_generated_tokens():
+    from orchestrator.core.exits import WorkerStatus
+    from orchestrator.core.lines import BatchOutputLine
+    from worker.wire import RowResult
+
+    totals = Totals()
+    line = BatchOutputLine(custom_id="x")
+    totals.add([RowResult(0, "a", line, 300, 8, False, tokens_cached=256), RowResult(1, "b", line, 40, 8, False)])
+    summary = totals.summary(2.0, WorkerStatus.SUCCESS)
+    assert (summary["tokens_in"], summary["tokens_cached"], summary["tokens_out"]) == (340, 256, 16)
+
+
 def test_both_rates_are_published_as_soon_as_a_row_is_answered():
     """A fast GPU answers its first rows within the engine's first second: the heartbeat then
     carries a row rate beside its token rate (status derives the ETA from it), not 0 rows/s."""

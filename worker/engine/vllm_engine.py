@@ -50,7 +50,8 @@ class KvCacheSize:
 
 
 def memory_available() -> int:
-    """Bytes a new process can take without swapping: the kernel's MemAvailable, else psutil's."""
+    """Bytes a new process can take without swapping: the kernel's MemAvailable, else (no
+    /proc/meminfo) the free physical pages."""
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -58,9 +59,7 @@ def memory_available() -> int:
                     return int(line.split()[1]) * 1024  # the kernel writes kB
     except OSError:
         pass
-    import psutil  # not Linux: vLLM depends on it
-
-    return int(psutil.virtual_memory().available)
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def cpu_kv_cache_size(spec: ModelSpec, available: int | None = None) -> KvCacheSize:
