@@ -354,7 +354,6 @@ VALIDATION_CASES = {
         CHAT,
         {("model_not_found", 2)},
     ),
-    "empty-file": ([], CHAT, {("empty_file", None)}),  # OpenAI's code: an empty batch fails validation
     "model-not-for-the-endpoint": (
         [json.dumps(chat_line("q0", "a")), json.dumps(chat_line("q1", "b", model="tiny-embed"))],
         CHAT,
@@ -390,6 +389,21 @@ def test_serve_validation_fails_the_batch_with_openai_errors_and_launches_nothin
         assert "Served models for /v1/chat/completions: tiny." in (batch.errors.data[0].message or "")
     assert batch.output_file_id is None and batch.error_file_id is None
     # Nothing was prepared or launched: the batch has no run at all.
+    assert list(open_store(local_server.store_uri).list(RunLayout(batch.id).root)) == []
+
+
+def test_serve_an_empty_batch_completes_with_0_requests_and_launches_nothing(local_server, tmp_path):
+    client = local_server.client()
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    created = create(client, upload(client, path).id)
+
+    batch, _ = wait_for(client, created.id, final, timeout=60)
+
+    assert batch.status == "completed" and batch.completed_at is not None and batch.errors is None
+    assert batch.request_counts is not None and batch.request_counts.total == 0
+    assert batch.request_counts.completed == batch.request_counts.failed == 0
+    assert batch.output_file_id is None and batch.error_file_id is None
     assert list(open_store(local_server.store_uri).list(RunLayout(batch.id).root)) == []
 
 

@@ -130,8 +130,11 @@ class BatchSteps:
                 result = validate_input(
                     f, endpoint=batch.endpoint, models=self.settings.runners, max_requests=limits.max_requests
                 )
-            if result.errors or result.model is None:
+            if result.errors:
                 self._fail(batch, result.errors)
+                return
+            if result.model is None:  # no request line: nothing to run
+                self._complete_empty(batch)
                 return
             try:
                 workers = self._start_run(batch, self.settings.models[result.model], path)
@@ -144,6 +147,14 @@ class BatchSteps:
         self._update(batch.id, lambda doc: _set(doc, model=model, request_counts=BatchCounts(total=total)))
         transition(self.store, batch.id, "in_progress", now=int(self.clock()))  # not if cancelled meanwhile
         log.info("%s: %d requests for %s; %d worker(s) launched", batch.id, total, model, workers)
+
+    def _complete_empty(self, batch: BatchDocument) -> None:
+        """A batch of 0 requests completes at once, with no files and no run, as OpenAI's does."""
+        self._update(batch.id, lambda doc: _set(doc, request_counts=BatchCounts(total=0)))
+        transition(self.store, batch.id, "in_progress", now=int(self.clock()))
+        ending = self._advance(batch, "finalizing")
+        if ending is not None:
+            self._end(ending, "completed")
 
     def _start_run(self, batch: BatchDocument, served: ModelSpec, path: Path) -> int:
         """Prepare (once), plan and launch the batch's run; returns the workers launched now."""

@@ -13,8 +13,11 @@ file it got wrong. The codes and messages are OpenAI's where OpenAI has them:
                                  model for /v1/embeddings, an embedding model for chat...)
     model_mismatch               a model other than the first line's: one model per batch
     invalid_request              anything else a request line cannot be (a body without messages...)
-    empty_file, too_many_tasks,  the file as a whole: no request, more requests or bytes than the
-    file_too_large               server's limits (serve.max_requests, serve.max_file_bytes)
+    too_many_tasks,              the file as a whole: more requests or bytes than the server's
+    file_too_large               limits (serve.max_requests, serve.max_file_bytes)
+
+A file with no request line is no problem: its batch completes with 0 requests, as OpenAI's does
+and as `orch run` answers an empty input with an empty output.
 
 After the first 1,000 problems only the count grows: the batch object stays small.
 """
@@ -89,9 +92,7 @@ def validate_input(stream: BinaryIO, *, endpoint: str, models: Mapping[str, str]
                 convert(request, "input", number)
             except BadRow as e:
                 result.add("invalid_request", f"This request is not valid: {e}.", number)
-    if result.requests == 0:
-        result.add("empty_file", "The batch input file is empty: it holds no request line.")
-    elif result.requests > max_requests:
+    if result.requests > max_requests:
         result.add(
             "too_many_tasks",
             f"The batch input file holds {result.requests:,} requests, more than the {max_requests:,} this "
