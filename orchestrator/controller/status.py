@@ -20,6 +20,8 @@ JSON shape (stable for scripts):
     rows: {total, done (in finished chunks), in_progress (flushed or not, in chunks being worked on),
            errors (error rows in finished chunks), set_aside (input rows prepare set aside: not in
            total; collect answers them with error lines)},
+    timeline: [[unix time, chunks done], ...] (the first launch at 0, then finished chunks; at most
+              TIMELINE_POINTS points, the last one exact),
     throughput: {rows_per_s, tokens_per_s} (sum over running workers), eta_s (null when unknown),
     overall: {wall_s, rows_per_s, tokens_per_s} | null (the finished chunks' pace, from the first
              launch, or the first chunk's start without one, to the last chunk's end),
@@ -76,6 +78,9 @@ from orchestrator.core.records import (
     read_record,
 )
 from orchestrator.core.store import Store
+
+#: The most points `timeline` keeps (a chart's worth, whatever the number of chunks).
+TIMELINE_POINTS = 200
 
 
 @dataclass
@@ -217,6 +222,8 @@ class RunStatus:
     tokens: dict[str, int] = field(default_factory=dict)
     #: The realised $ per million tokens, for all workers and for spot and on-demand ones apart.
     cost_per_m_tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: [unix time, chunks done] from the first launch to the latest finished chunk (for a chart).
+    timeline: list[list[float]] = field(default_factory=list)
 
 
 def derive_status(
@@ -278,6 +285,7 @@ def derive_status(
         corrupt_leases=dict(facts.corrupt_leases),
         tokens=tokens_of(finished).to_dict(),
         cost_per_m_tokens=per_m,
+        timeline=_timeline(sorted(at for c, (at, _) in facts.stats.items() if c in done), facts.jobs),
     )
 
 
@@ -358,6 +366,18 @@ def _overall(finished: Sequence[tuple[float, ChunkStats]], jobs: JobsRecord) -> 
         "rows_per_s": round(sum(s.rows for _, s in finished) / wall, 3),
         "tokens_per_s": round(sum(s.tokens_out for _, s in finished) / wall, 1),
     }
+
+
+def _timeline(finished_at: Sequence[float], jobs: JobsRecord) -> list[list[float]]:
+    """Chunks done over time: 0 at the first launch, then finished chunks' times, thinned to about
+    TIMELINE_POINTS evenly spaced by count (the latest finish always kept)."""
+    launches = [a.launched_at for w in jobs.workers.values() for a in w.attempts]
+    first = min(launches) if launches else None
+    points = [[round(first, 1), 0.0]] if first is not None and (not finished_at or first <= finished_at[0]) else []
+    n = len(finished_at)
+    step = max(n / TIMELINE_POINTS, 1.0)
+    picks = sorted({int(i * step) for i in range(TIMELINE_POINTS) if int(i * step) < n} | ({n - 1} if n else set()))
+    return points + [[round(finished_at[i], 1), float(i + 1)] for i in picks]
 
 
 def _estimate(facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: int | None) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@
     GET    /v1/batches                after, limit (newest first)
     GET    /v1/batches/{id}           POST /v1/batches/{id}/cancel
     GET    /v1/models                 the names a batch's `model` may take
+    GET    /runs/{run}, /runs/{run}/status.json, /metrics: a run's page and metrics (serve/pages.py)
 
 Every route needs `Authorization: Bearer KEY` (unless the server runs without keys) and sees only
 the key's own files and batches; a route reads its body only after the key is accepted, a read at a
@@ -45,6 +46,8 @@ from orchestrator.serve.files import (
     owned_file,
     save_file,
 )
+from orchestrator.serve.pages import router as pages_router
+from orchestrator.serve.pages import run_snapshots
 from orchestrator.serve.settings import ServeSettings
 from orchestrator.serve.uploads import read_body, receive_upload
 
@@ -90,8 +93,10 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     app = FastAPI(title="orch serve", summary="The OpenAI Batch API over orch runs", lifespan=lifespan)
     app.state.settings, app.state.batches, app.state.driver = settings, batches, driver
+    app.state.snapshots = run_snapshots(settings)
     _error_handlers(app)
     app.include_router(router)
+    app.include_router(pages_router)
     return app
 
 
@@ -266,7 +271,7 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def bad_parameters(_request: Request, e: RequestValidationError) -> JSONResponse:

@@ -1,6 +1,8 @@
 """Who may do what: API keys, known to the server only by their hashes, and the owner each one is.
 
-Keys come from ORCH_API_KEYS (comma-separated) and --api-keys-file (one per line, `#` comments).
+A request carries its key as `Authorization: Bearer KEY`, or (a browser opening a run's page) as
+the password of HTTP Basic auth. Keys come from ORCH_API_KEYS (comma-separated) and
+--api-keys-file (one per line, `#` comments).
 The server hashes them as it reads them and forgets the keys; a file or batch records the hash of
 the key that made it (its owner), so a key sees only its own objects and the store never holds a
 key in clear. Without keys the server is open (one owner for every request) and refuses to listen
@@ -9,6 +11,7 @@ on anything but loopback.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import ipaddress
 from pathlib import Path
@@ -74,6 +77,9 @@ class Keys:
         if self.open:
             return OPEN_OWNER
         scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() == "basic":  # a browser's: the key as the password (or as the user name)
+            token = _basic_key(token)
+            scheme = "bearer"
         if scheme.lower() != "bearer" or not token.strip():
             raise APIError(
                 401,
@@ -84,3 +90,12 @@ class Keys:
             # Never echo the key: messages reach logs and screens.
             raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
         return owner
+
+
+def _basic_key(credentials: str) -> str:
+    """The key in HTTP Basic credentials (`user:key`, base64): the password, or the user name without one."""
+    try:
+        user, _, password = base64.b64decode(credentials.strip(), validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    return password or user

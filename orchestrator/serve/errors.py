@@ -24,6 +24,8 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        #: Headers the answer carries (a 401's WWW-Authenticate).
+        self.headers: dict[str, str] = {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

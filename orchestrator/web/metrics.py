@@ -1,0 +1,132 @@
+"""Prometheus metrics of runs, read from their status at scrape time (no counters kept in between).
+
+A custom collector: each scrape asks `statuses()` for the runs to show (through the snapshots, so
+a scrape costs the store what a page view does) and turns each `RunStatus` into metric families,
+every series labelled with its `run`. Names (all prefixed `orch_`):
+
+    orch_run_complete{run}                       1 once every chunk is done and none damaged
+    orch_chunks{run}, orch_chunks_done{run}      chunks in the run, chunks with a done marker
+    orch_rows{run}                               rows in the run
+    orch_rows_done_total{run}                    rows in finished chunks (counter)
+    orch_rows_in_progress{run}                   rows flushed or not in chunks being worked on
+    orch_row_errors_total{run}                   error rows in finished chunks (counter)
+    orch_rows_set_aside{run}                     input rows prepare set aside
+    orch_prompt_tokens_total{run}                prompt tokens of finished chunks (counter)
+    orch_completion_tokens_total{run}            completion tokens of finished chunks (counter)
+    orch_rows_per_second{run}, orch_tokens_per_second{run}   live, summed over working workers
+    orch_eta_seconds{run}                        absent while unknown
+    orch_cost_usd{run}, orch_worker_hours{run}   so far
+    orch_estimate_left_usd{run,market}           market: spot | on_demand (with GPU candidates)
+    orch_estimate_left_seconds{run,market}
+    orch_workers{run,state}                      workers by job state (RUNNING, RECOVERING, ...)
+    orch_workers_by_activity{run,activity}       workers by what their heartbeat says (loading, running, ...)
+    orch_worker_rows_per_second{run,worker}, orch_worker_tokens_per_second{run,worker}
+    orch_worker_recoveries{run,worker}           times the worker's job was recovered or relaunched
+
+A token kind status learns later (cached prompt tokens) gets its own `orch_<kind>_tokens_total`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from orchestrator.controller.status import RunStatus
+
+#: The exposition's content type (text format 0.0.4).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class StatusCollector(Collector):
+    def __init__(self, statuses: Callable[[], Iterable[RunStatus]]):
+        self.statuses = statuses
+
+    def collect(self) -> Iterator[Metric]:
+        runs = list(self.statuses())
+        yield from _run_families(runs)
+        yield from _worker_families(runs)
+
+
+def _gauge(name: str, doc: str, labels: Iterable[str] = ("run",)) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def _run_families(runs: list[RunStatus]) -> Iterator[Metric]:
+    complete = _gauge("orch_run_complete", "1 once every chunk is done and none is damaged")
+    chunks = _gauge("orch_chunks", "chunks in the run")
+    chunks_done = _gauge("orch_chunks_done", "chunks with a done marker")
+    rows = _gauge("orch_rows", "rows in the run")
+    rows_done = CounterMetricFamily("orch_rows_done", "rows in finished chunks", labels=["run"])
+    in_progress = _gauge("orch_rows_in_progress", "rows in chunks being worked on")
+    errors = CounterMetricFamily("orch_row_errors", "error rows in finished chunks", labels=["run"])
+    set_aside = _gauge("orch_rows_set_aside", "input rows prepare set aside (answered with error lines)")
+    tokens = {
+        kind: CounterMetricFamily(f"orch_{kind}_tokens", f"{kind} tokens of finished chunks", labels=["run"])
+        for kind in ("prompt", "completion")
+    }
+    rows_per_s = _gauge("orch_rows_per_second", "rows/s, summed over the working workers")
+    tokens_per_s = _gauge("orch_tokens_per_second", "output tokens/s, summed over the working workers")
+    eta = _gauge("orch_eta_seconds", "seconds left at the live pace (absent while unknown)")
+    cost = _gauge("orch_cost_usd", "cost so far: each worker's uptime at its GPU's price")
+    hours = _gauge("orch_worker_hours", "worker-hours so far")
+    left_usd = _gauge("orch_estimate_left_usd", "estimated cost of what is left", ("run", "market"))
+    left_s = _gauge("orch_estimate_left_seconds", "estimated time for what is left", ("run", "market"))
+    for s in runs:
+        run = [s.run]
+        complete.add_metric(run, 1.0 if s.complete else 0.0)
+        chunks.add_metric(run, s.chunks["total"])
+        chunks_done.add_metric(run, s.chunks["done"])
+        rows.add_metric(run, s.rows["total"])
+        rows_done.add_metric(run, s.rows["done"])
+        in_progress.add_metric(run, s.rows["in_progress"])
+        errors.add_metric(run, s.rows["errors"])
+        set_aside.add_metric(run, s.rows.get("set_aside", 0))
+        for kind, family in tokens.items():
+            family.add_metric(run, s.tokens.get(kind, 0))
+        rows_per_s.add_metric(run, s.throughput["rows_per_s"])
+        tokens_per_s.add_metric(run, s.throughput["tokens_per_s"])
+        if s.eta_s is not None:
+            eta.add_metric(run, s.eta_s)
+        cost.add_metric(run, s.cost["so_far_usd"])
+        hours.add_metric(run, s.cost["worker_hours"])
+        if s.estimate and not s.complete:
+            for market in ("spot", "on_demand"):
+                left_usd.add_metric([s.run, market], s.estimate[f"{market}_usd"])
+                left_s.add_metric([s.run, market], s.estimate[f"{market}_hours"] * 3600)
+    yield from (complete, chunks, chunks_done, rows, rows_done, in_progress, errors, set_aside, *tokens.values())
+    yield from (rows_per_s, tokens_per_s, eta, cost, hours, left_usd, left_s)
+
+
+def _worker_families(runs: list[RunStatus]) -> Iterator[Metric]:
+    by_state = _gauge("orch_workers", "workers by job state", ("run", "state"))
+    by_activity = _gauge("orch_workers_by_activity", "workers by their heartbeat's state", ("run", "activity"))
+    rows_per_s = _gauge("orch_worker_rows_per_second", "a working worker's rows/s", ("run", "worker"))
+    tokens_per_s = _gauge("orch_worker_tokens_per_second", "a working worker's output tokens/s", ("run", "worker"))
+    recoveries = _gauge(
+        "orch_worker_recoveries", "times the worker's job was recovered or relaunched", ("run", "worker")
+    )
+    for s in runs:
+        states: dict[str, int] = {}
+        activities: dict[str, int] = {}
+        for w in s.workers:
+            states[w.state] = states.get(w.state, 0) + 1
+            activity = w.heartbeat_state or "none"
+            activities[activity] = activities.get(activity, 0) + 1
+            rows_per_s.add_metric([s.run, w.worker], w.rows_per_s)
+            tokens_per_s.add_metric([s.run, w.worker], w.tokens_per_s)
+            recoveries.add_metric([s.run, w.worker], w.recovery_count)
+        for state, n in sorted(states.items()):
+            by_state.add_metric([s.run, state], n)
+        for activity, n in sorted(activities.items()):
+            by_activity.add_metric([s.run, activity], n)
+    yield from (by_state, by_activity, rows_per_s, tokens_per_s, recoveries)
+
+
+def exposition(statuses: Callable[[], Iterable[RunStatus]]) -> bytes:
+    """The text exposition of these runs' metrics (a registry of their own: nothing global)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(statuses))
+    return generate_latest(registry)

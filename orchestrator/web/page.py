@@ -1,0 +1,157 @@
+"""A run's web page: the status object (`orchestrator.controller.status.derive_status`) as HTML.
+
+One template (templates/run.html, Jinja2 with autoescape: a run or worker named `<script>` is shown
+as text), a chart drawn here as inline SVG, and a few lines of inline script that fetch the page
+again and swap its body every `refresh_s` (a `<noscript>` meta refresh without JavaScript). No
+build step and nothing fetched from elsewhere: clusters without internet see the same page.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import jinja2
+
+from orchestrator.controller.status import RunStatus
+
+#: The chart's drawing area, in SVG units.
+WIDTH, HEIGHT, LEFT, BOTTOM, TOP, RIGHT = 1200.0, 260.0, 64.0, 30.0, 14.0, 16.0
+#: Job states shown as trouble (red) or on their way (amber); the rest is neutral or green.
+BAD = ("FAILED", "CANCELLED")
+PENDING = ("PENDING", "STARTING", "RECOVERING", "UNKNOWN", "NOT LAUNCHED")
+
+
+@dataclass(frozen=True)
+class Page:
+    html: str
+    #: For the Content-Security-Policy header: the only script allowed is the page's own.
+    nonce: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {
+            "Content-Security-Policy": (
+                f"default-src 'none'; script-src 'nonce-{self.nonce}'; style-src 'unsafe-inline'; "
+                "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'"
+            ),
+            "Cache-Control": "no-store",
+            "X-Content-Type-Options": "nosniff",
+        }
+
+
+@cache
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("orchestrator.web", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["duration"] = duration
+    return env.get_template("run.html")
+
+
+def render_page(
+    status: RunStatus, *, now: float | None = None, refresh_s: float = 5.0, taken_at: float | None = None
+) -> Page:
+    """The page of one run, as of `taken_at` (when its status was read)."""
+    now = time.time() if now is None else now
+    nonce = secrets.token_urlsafe(16)
+    html = _template().render(
+        s=status,
+        pct=100 * status.chunks["done"] / status.chunks["total"] if status.chunks["total"] else 100.0,
+        chart=chart(status, now),
+        workers=[_worker_row(w) for w in status.workers],
+        by_state=_by_state(status),
+        refresh_ms=int(refresh_s * 1000),
+        refresh_s=max(int(refresh_s), 1),
+        taken=time.strftime("%H:%M:%S", time.localtime(taken_at if taken_at is not None else now)),
+        taken_at=f"{taken_at if taken_at is not None else now:.3f}",
+        nonce=nonce,
+    )
+    return Page(html, nonce)
+
+
+def _worker_row(w: Any) -> dict[str, Any]:
+    state = w.state + (f" (recovered {w.recovery_count}x)" if w.recovery_count else "")
+    tone = "bad" if w.state.startswith(BAD) else "wait" if w.state in PENDING else "ok"
+    return {
+        "v": w,
+        "state": state,
+        "tone": tone,
+        "where": "/".join(x for x in (w.cloud, w.region) if x) or "-",
+        "spot": {True: "spot", False: "on-demand", None: "-"}[w.spot],
+        "progress": f"{w.chunk_rows_done}/{w.chunk_rows}" if w.chunk else "-",
+        "beat": duration(w.heartbeat_age_s) + " ago" if w.heartbeat_age_s is not None else "-",
+    }
+
+
+def _by_state(status: RunStatus) -> list[tuple[str, int]]:
+    counts: dict[str, int] = {}
+    for w in status.workers:
+        counts[w.state] = counts.get(w.state, 0) + 1
+    return sorted(counts.items())
+
+
+def chart(status: RunStatus, now: float) -> dict[str, Any]:
+    """Chunks done over time as SVG coordinates: a step line from the timeline, the total as a
+    ceiling, and with a deadline the uniform line from the run's start to all chunks at the deadline."""
+    total = max(status.chunks["total"], 1)
+    points = status.timeline
+    d = status.deadline
+    start = points[0][0] if points else now
+    if d:
+        start = min(start, float(d["at"]) - float(d["elapsed_s"]))
+    end = max([now] + [p[0] for p in points])
+    deadline_at = start + float(d["deadline_s"]) if d else None
+    if deadline_at is not None and not status.complete:
+        end = max(end, deadline_at)
+    span = max(end - start, 1.0)
+
+    def x(t: float) -> float:
+        return round(LEFT + (t - start) / span * (WIDTH - LEFT - RIGHT), 1)
+
+    def y(chunks: float) -> float:
+        return round(HEIGHT - BOTTOM - chunks / total * (HEIGHT - BOTTOM - TOP), 1)
+
+    steps: list[str] = []
+    for i, (t, done) in enumerate(points):
+        if i:
+            steps.append(f"{x(t)},{y(points[i - 1][1])}")
+        steps.append(f"{x(t)},{y(done)}")
+    if points and not status.complete:
+        steps.append(f"{x(now)},{y(points[-1][1])}")  # flat to now: nothing finished since
+    return {
+        "width": WIDTH,
+        "height": HEIGHT,
+        "line": " ".join(steps),
+        "left": LEFT,
+        "right": WIDTH - RIGHT,
+        "top": y(total),
+        "bottom": y(0),
+        "total": status.chunks["total"],
+        "half": y(total / 2),
+        "half_label": f"{total / 2:,.0f}" if total > 1 else "",
+        "span": duration(span),
+        "deadline": (
+            {"x1": x(start), "y1": y(0), "x2": x(deadline_at), "y2": y(total)} if deadline_at is not None else None
+        ),
+        "empty": not points,
+    }
+
+
+def duration(seconds: float | None) -> str:
+    """`orch status`'s way of saying a duration: 45s, 12m, 3h05m."""
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"

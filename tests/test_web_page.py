@@ -1,0 +1,270 @@
+"""A run's web page and its Prometheus metrics, looked at as their users do: the page in a real
+headless Chromium (Debian's package) during a real local run, /metrics scraped from a real
+`orch serve` and parsed with the Prometheus client's own parser."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import html.parser
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from orchestrator.cli import main
+from orchestrator.controller.pricing import load_gpu_table
+from orchestrator.controller.status import derive_status, gather
+from orchestrator.web.page import render_page
+from tests.support.datasets import write_jsonl
+from tests.support.runs import chat_request
+from tests.test_serve import KEY, OTHER_KEY, TINY, create, running_server, upload, wait_for, write_requests
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def chromium() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.skip("no chromium: run scripts/system-deps (it installs Debian's chromium)")
+    return path
+
+
+def browse(url: str, *extra: str) -> str:
+    """What a headless Chromium shows at `url` once loaded (its DOM, scripts run), or writes (--screenshot)."""
+    out = subprocess.run(
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900", *extra, url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return out.stdout
+
+
+VOID = {"meta", "link", "br", "img", "input", "hr", "col", "area", "base", "source", "wbr"}
+
+
+class Shown(html.parser.HTMLParser):
+    """The facts a page shows: the text and attributes of elements by id, each worker row's state,
+    and every script's attributes."""
+
+    def __init__(self, dom: str):
+        super().__init__()
+        self.text: dict[str, str] = {}
+        self.attrs_of: dict[str, dict[str, str | None]] = {}
+        self.workers: dict[str, str] = {}
+        self.scripts: list[dict[str, str | None]] = []
+        self._open: list[str | None] = []  # every open element's id (None without one)
+        self._worker: str | None = None
+        self.feed(dom)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "script":
+            self.scripts.append(a)
+        if tag == "tr":
+            self._worker = a.get("data-worker")
+        if tag == "td" and a.get("data-state") is not None and self._worker is not None:
+            self.workers[self._worker] = str(a["data-state"])
+        if tag in VOID:
+            return
+        ident = a.get("id")
+        if ident:
+            self.attrs_of[ident], self.text[ident] = a, ""
+        self._open.append(ident)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.handle_starttag(tag, attrs)
+        if tag not in VOID:
+            self._open.pop()
+
+    def handle_data(self, data: str) -> None:
+        for ident in self._open:
+            if ident:
+                self.text[ident] += data
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag not in VOID and self._open:
+            self._open.pop()
+
+    def chunks(self) -> tuple[int, int]:
+        done, total = self.text["chunks"].strip().split("/")
+        return int(done), int(total)
+
+
+# -- the page, unit by unit -------------------------------------------------------------------------
+def test_names_are_shown_as_text_never_run_as_markup(tmp_path):
+    from tests.test_status import build
+
+    store, layout = build(str(tmp_path / "store"))
+    status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
+    status.run = "<script>alert('run')</script>"
+    status.workers[0].worker = '"><img src=x onerror=alert(1)>'
+    status.workers[0].failure_reason = "<b>bold</b>"
+    page = render_page(status)
+    shown = Shown(page.html)
+    assert [s.get("nonce") for s in shown.scripts] == [page.nonce]  # the page's own script, nothing else
+    assert "<script>alert" not in page.html and "<img src=x" not in page.html
+    assert shown.text["run"] == "run <script>alert('run')</script>"
+    assert '"><img src=x onerror=alert(1)>' in shown.workers
+    assert f"script-src 'nonce-{page.nonce}'" in page.headers["Content-Security-Policy"]
+
+
+# -- the page in Chromium during a real run (`orch status --web`) ----------------------------------
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "orch.yaml").write_text(
+        "sampling:\n  max_tokens: 24\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
+        "model:\n  engine_args: {max_num_seqs: 1}\n"
+    )
+    return tmp_path
+
+
+@contextlib.contextmanager
+def status_web(run: str, workdir: Path):
+    """`orch status --web --port 0` in its own process; yields the page's address."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "status", "--run", run, "--web", "--port", "0", "--interval", "0.5"],
+        cwd=workdir,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # it says where once it listens
+        assert "http://127.0.0.1:" in line, line + proc.stdout.read()
+        yield next(word for word in line.split() if word.startswith("http://"))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def status_json(run: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    capsys.readouterr()
+    assert main(["status", "--run", run, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_page_in_chromium_during_a_real_run_shows_what_orch_status_says(workdir, capsys):
+    if not (TINY / ".built").exists():
+        pytest.fail("the tiny model is missing: run `make models` (make test does it)")
+    rows = [chat_request(f"r{i}", f"Item {i}", max_tokens=32, ignore_eos=True) for i in range(320)]
+    write_jsonl(workdir / "b.jsonl", rows)
+    assert main(["prepare", "b.jsonl", "--run", "web", "--format", "openai-batch", "--num-chunks", "16"]) == 0
+    assert main(["launch", "--run", "web", "--model", str(TINY), "--workers", "2"]) == 0
+    try:
+        with status_web("web", workdir) as url:
+            assert url.endswith("/runs/web")
+            during, asked = None, []
+            while during is None:  # until a page shows the run half-way, read after a status we have
+                asked.append((time.time(), status_json("web", capsys)))
+                assert not asked[-1][1]["complete"], "the run ended before the page saw it under way"
+                shown = Shown(browse(url, "--dump-dom"))
+                after = status_json("web", capsys)
+                read_at = float(str(shown.attrs_of["status"]["data-read-at"]))
+                earlier = [doc for at, doc in asked if at <= read_at]
+                working = [w for w in after["workers"] if w["chunk"]]
+                if earlier and 0 < shown.chunks()[0] < shown.chunks()[1] and working:
+                    during = (earlier[-1], shown, after)
+            before, shown, after = during
+            done, total = shown.chunks()
+            assert total == before["chunks"]["total"] == 16
+            assert before["chunks"]["done"] <= done <= after["chunks"]["done"], (
+                before["chunks"],
+                done,
+                after["chunks"],
+            )
+            assert set(shown.workers) == {w["worker"] for w in after["workers"]} == {"0", "1"}
+            for w in after["workers"]:
+                seen = {x["state"] for x in before["workers"] + after["workers"] if x["worker"] == w["worker"]}
+                assert shown.workers[w["worker"]] in seen, (shown.workers, seen)
+            assert shown.text["state"] == "IN PROGRESS"
+            screenshot = workdir / "page.png"
+            browse(url, f"--screenshot={screenshot}")
+            assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            while not status_json("web", capsys)["complete"]:  # the page's own end: COMPLETE, all chunks
+                time.sleep(0.5)
+            final = status_json("web", capsys)
+            shown = Shown(browse(url, "--dump-dom"))
+            while shown.text["state"] != "COMPLETE":  # the page's reading may be one interval old
+                shown = Shown(browse(url, "--dump-dom"))
+            assert shown.chunks() == (final["chunks"]["done"], final["chunks"]["total"]) == (16, 16)
+            assert shown.text["rows"].strip() == "320/320"
+            metrics = urllib.request.urlopen(url.rsplit("/runs/", 1)[0] + "/metrics", timeout=30).read().decode()
+            families = {f.name: f for f in text_string_to_metric_families(metrics)}
+            assert families["orch_chunks_done"].samples[0].value == 16
+    finally:
+        main(["cancel", "--run", "web"])
+
+
+# -- orch serve: the page behind keys, /metrics scraped and parsed ---------------------------------
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read().decode()
+
+
+def samples(text: str) -> dict[str, list[Any]]:
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+@pytest.mark.slow
+def test_serve_shows_a_batchs_page_to_its_key_and_metrics_prometheus_can_parse(tmp_path):
+    with running_server(tmp_path / "serve", str(tmp_path / "serve" / "store")) as server:
+        client = server.client()
+        requests = [
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "tiny", "messages": [{"role": "user", "content": f"Item {i}"}], "max_tokens": 8},
+            }
+            for i in range(12)
+        ]
+        batch = create(client, upload(client, write_requests(tmp_path / "in.jsonl", requests)).id)
+        base = f"http://127.0.0.1:{server.port}"
+        page = f"{base}/runs/{batch.id}"
+        code, headers, _ = get(page)
+        assert code == 401 and headers["www-authenticate"].startswith("Basic")
+        assert get(page, {"Authorization": f"Bearer {OTHER_KEY}"})[0] == 404  # another key's run: not there
+        wait_for(client, batch.id, lambda b: b.status == "in_progress" or b.status in {"completed", "failed"})
+        basic = "Basic " + base64.b64encode(f"me:{KEY}".encode()).decode()
+        code, headers, body = get(page, {"Authorization": basic})  # as a browser sends it
+        assert code == 200 and headers["content-type"].startswith("text/html"), body
+        assert f"run {batch.id}" in Shown(body).text["run"]
+        code, _, text = get(f"{base}/metrics", {"Authorization": f"Bearer {KEY}"})
+        assert code == 200
+        _, _, doc = get(f"{page}/status.json", {"Authorization": f"Bearer {KEY}"})
+        status = json.loads(doc)
+        found = samples(text)
+        run = {"run": batch.id}
+        assert [s.value for s in found["orch_chunks"] if s.labels == run] == [status["chunks"]["total"]]
+        assert sum(s.value for s in found["orch_workers"] if s.labels["run"] == batch.id) == len(status["workers"])
+        for name in ("orch_rows_done", "orch_row_errors", "orch_prompt_tokens", "orch_completion_tokens"):
+            assert any(s.labels == run for s in found[name]), name
+        assert any(s.labels == run for s in found["orch_cost_usd"])
+        assert get(f"{base}/metrics", {"Authorization": f"Bearer {OTHER_KEY}"})[2].count(batch.id) == 0
+        done, _ = wait_for(client, batch.id, lambda b: b.status in {"completed", "failed", "expired", "cancelled"})
+        assert done.status == "completed"
+        _, _, doc = get(f"{page}/status.json", {"Authorization": f"Bearer {KEY}"})
+        while not json.loads(doc)["complete"]:  # the reading may be one poll interval old
+            _, _, doc = get(f"{page}/status.json", {"Authorization": f"Bearer {KEY}"})
+        status = json.loads(doc)
+        assert status["rows"]["done"] == 12 and status["tokens"]["completion"] > 0
