@@ -5,7 +5,12 @@ heartbeat each, 1,000 jobs recorded. Side by side, on the same bucket:
   orch:  `gather` + `derive_status` + the table, as `orch status` runs them;
   naive: what a script without a protocol does: HEAD every chunk's done marker, GET every
          worker's heartbeat.
-Requests are counted at the store (one per list page). Target: orch at most 30 requests.
+  page:  the run's web page over HTTP (`orch status --web`'s server, the code `orch serve` uses): the
+         first view (it reads the status: gather's requests), then views while the run is watched
+         (each answers from the last reading; a reading older than the interval is taken again in
+         the background), and /metrics.
+Requests are counted at the store (one per list page). Target: orch at most 30 requests; the page
+answers in under 200 ms.
 """
 
 from __future__ import annotations
@@ -109,6 +114,70 @@ def populate(store, layout, chunks: int, workers: int, done: int) -> None:
         list(pool.map(beat, range(workers)))
 
 
+def page_views(store, layout, prices, chunks: int, done: int) -> dict:
+    """The page over HTTP while watched: a view every 0.25 s for 10 s, the status read again in the
+    background whenever the last reading is over 2 s old (what `orch status --web --interval 2` does)."""
+    import statistics
+    import threading
+    import urllib.request
+
+    from orchestrator.controller.status import derive_status, gather
+    from orchestrator.web.local import page_server
+    from orchestrator.web.snapshots import Snapshots
+
+    readings = []
+
+    def read(_run):
+        before = sum(store.requests.by_op.values())
+        status = derive_status(gather(store, layout, None), now=time.time(), prices=prices)
+        readings.append(sum(store.requests.by_op.values()) - before)
+        return status
+
+    server = page_server(Snapshots(read, max_age=2.0), layout.run, 0, 2.0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def view(path):
+        started = time.monotonic()
+        with urllib.request.urlopen(base + path, timeout=60) as r:
+            body = r.read().decode()
+        return time.monotonic() - started, body
+
+    try:
+        store.requests.reset()
+        first_s, body = view(f"/runs/{layout.run}")
+        first_requests = sum(store.requests.by_op.values())
+        assert f">{done}/{chunks}<" in body, "the page does not show the chunks done"
+        store.requests.reset()
+        times, metrics_times = [], []
+        cpu = time.process_time()
+        ends = time.monotonic() + 10
+        while time.monotonic() < ends:
+            times.append(view(f"/runs/{layout.run}")[0])
+            metrics_times.append(view("/metrics")[0])
+            time.sleep(0.25)
+        cpu = time.process_time() - cpu
+        views, background = len(times), readings[1:]
+        during = sum(store.requests.by_op.values())
+    finally:
+        server.shutdown()
+    return {
+        "first_s": round(first_s, 3),
+        "first_requests": first_requests,
+        "views": views,
+        "median_s": round(statistics.median(times), 4),
+        "max_s": round(max(times), 4),
+        "metrics_median_s": round(statistics.median(metrics_times), 4),
+        "readings": len(background),
+        "requests_per_reading": max(background or [first_requests]),
+        "requests_during_views": during,
+        "requests_per_view": round(during / (2 * views), 1),
+        "html_bytes": len(body),
+        # This process's CPU per view and scrape (server and client both; background readings included).
+        "cpu_per_view_and_scrape_s": round(cpu / views, 4),
+    }
+
+
 def main() -> None:
     from orchestrator.commands.console import to_text
     from orchestrator.commands.views import status_view
@@ -151,15 +220,39 @@ def main() -> None:
         naive_s, naive_requests = time.monotonic() - started, dict(store.requests.by_op)
         assert naive_done == done
 
+        page = page_views(store, layout, prices, chunks, done)
+
     n_orch, n_naive = sum(orch_requests.values()), sum(naive_requests.values())
     print(
         table(
             [
                 ["orch status", n_orch, orch_s, 1.0],
                 ["naive (HEAD per chunk, GET per heartbeat; 32 threads)", n_naive, naive_s, naive_s / orch_s],
+                [
+                    "page, first view (reads the status)",
+                    page["first_requests"],
+                    page["first_s"],
+                    page["first_s"] / orch_s,
+                ],
+                [
+                    f"page, median of {page['views']} views while watched",
+                    page["requests_per_view"],
+                    page["median_s"],
+                    page["median_s"] / orch_s,
+                ],
+                ["page, slowest of those views", page["requests_per_view"], page["max_s"], page["max_s"] / orch_s],
+                [
+                    "/metrics, median scrape",
+                    page["requests_per_view"],
+                    page["metrics_median_s"],
+                    page["metrics_median_s"] / orch_s,
+                ],
             ],
             ["", "requests", "seconds", "x orch time"],
         )
+    )
+    print(
+        f"page: {page['readings']} background readings during the views, {page['requests_per_reading']} requests each"
     )
     print(f"orch requests by operation: {orch_requests} (target: at most 30)")
     save(
@@ -171,7 +264,9 @@ def main() -> None:
             "store": "SeaweedFS (S3 API, 127.0.0.1)",
             "orch": {"requests": n_orch, "by_op": orch_requests, "seconds": round(orch_s, 3)},
             "naive": {"requests": n_naive, "by_op": naive_requests, "seconds": round(naive_s, 3)},
+            "page": page,
             "target_requests": 30,
+            "target_page_s": 0.2,
         },
     )
 

@@ -92,7 +92,7 @@ def _snapshots(request: Request) -> Snapshots:
 def run_page(run: str, who: Viewer, request: Request) -> HTMLResponse:
     _visible(request, who, run)
     snap = _snapshots(request).get(run)
-    page = render_page(snap.status, refresh_s=REFRESH_S, taken_at=snap.taken_at)
+    page = snap.view("page", lambda s: render_page(s.status, refresh_s=REFRESH_S, taken_at=s.taken_at))
     return HTMLResponse(page.html, headers=page.headers)
 
 

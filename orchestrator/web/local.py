@@ -26,13 +26,14 @@ def page_server(snapshots: Snapshots, run: str, port: int, refresh_s: float) -> 
             path = unquote(urlsplit(self.path).path).rstrip("/") or "/"
             if path in ("/", page_path):
                 snap = snapshots.get(run)
-                page = render_page(snap.status, refresh_s=refresh_s, taken_at=snap.taken_at)
+                page = snap.view("page", lambda s: render_page(s.status, refresh_s=refresh_s, taken_at=s.taken_at))
                 self._send(200, "text/html; charset=utf-8", page.html.encode(), page.headers)
             elif path == f"{page_path}/status.json":
                 body = json.dumps(to_json(snapshots.get(run).status)).encode()
                 self._send(200, "application/json", body, {"Cache-Control": "no-store"})
             elif path == "/metrics":
-                self._send(200, CONTENT_TYPE, exposition(lambda: [snapshots.get(run).status]), {})
+                metrics = snapshots.get(run).view("metrics", lambda s: exposition(lambda: [s.status]))
+                self._send(200, CONTENT_TYPE, metrics, {})
             else:
                 self._send(404, "text/plain; charset=utf-8", f"not here: try {page_path}\n".encode(), {})
 

@@ -2,13 +2,15 @@
 
 One template (templates/run.html, Jinja2 with autoescape: a run or worker named `<script>` is shown
 as text), a chart drawn here as inline SVG, and a few lines of inline script that fetch the page
-again and swap its body every `refresh_s` (a `<noscript>` meta refresh without JavaScript). No
+again and swap its body every `refresh_s` (a `<noscript>` meta refresh without JavaScript), the
+only script the Content-Security-Policy lets run (by its hash). No
 build step and nothing fetched from elsewhere: clusters without internet see the same page.
 """
 
 from __future__ import annotations
 
-import secrets
+import base64
+import hashlib
 import time
 from dataclasses import dataclass
 from functools import cache
@@ -25,17 +27,39 @@ BAD = ("FAILED", "CANCELLED")
 PENDING = ("PENDING", "STARTING", "RECOVERING", "UNKNOWN", "NOT LAUNCHED")
 
 
+#: The page's one script: fetch the page again every REFRESH ms and swap its body, until complete.
+SCRIPT = """
+(function () {
+  function again() {
+    fetch(location.href, {cache: "no-store", credentials: "same-origin"}).then(function (r) {
+      if (!r.ok) { throw new Error(r.status); }
+      return r.text();
+    }).then(function (text) {
+      var next = new DOMParser().parseFromString(text, "text/html").getElementById("status");
+      if (next) { document.getElementById("status").replaceWith(next); }
+      if (next && next.dataset.complete === "true") {
+        document.getElementById("state").textContent = "COMPLETE";
+        return;
+      }
+      setTimeout(again, REFRESH);
+    }).catch(function () { setTimeout(again, REFRESH); });
+  }
+  setTimeout(again, REFRESH);
+})();
+"""
+
+
 @dataclass(frozen=True)
 class Page:
     html: str
-    #: For the Content-Security-Policy header: the only script allowed is the page's own.
-    nonce: str
+    #: The hash of the page's script: the Content-Security-Policy allows that script and no other.
+    script_hash: str
 
     @property
     def headers(self) -> dict[str, str]:
         return {
             "Content-Security-Policy": (
-                f"default-src 'none'; script-src 'nonce-{self.nonce}'; style-src 'unsafe-inline'; "
+                f"default-src 'none'; script-src '{self.script_hash}'; style-src 'unsafe-inline'; "
                 "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'"
             ),
             "Cache-Control": "no-store",
@@ -59,22 +83,23 @@ def _template() -> jinja2.Template:
 def render_page(
     status: RunStatus, *, now: float | None = None, refresh_s: float = 5.0, taken_at: float | None = None
 ) -> Page:
-    """The page of one run, as of `taken_at` (when its status was read)."""
+    """The page of one run, as of `taken_at` (when its status was read). The same status gives the
+    same page: a server renders a reading once, however many views it answers."""
     now = time.time() if now is None else now
-    nonce = secrets.token_urlsafe(16)
+    script = SCRIPT.replace("REFRESH", str(int(refresh_s * 1000)))
+    script_hash = "sha256-" + base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
     html = _template().render(
         s=status,
         pct=100 * status.chunks["done"] / status.chunks["total"] if status.chunks["total"] else 100.0,
         chart=chart(status, now),
         workers=[_worker_row(w) for w in status.workers],
         by_state=_by_state(status),
-        refresh_ms=int(refresh_s * 1000),
+        script=jinja2.utils.markupsafe.Markup(script),
         refresh_s=max(int(refresh_s), 1),
         taken=time.strftime("%H:%M:%S", time.localtime(taken_at if taken_at is not None else now)),
         taken_at=f"{taken_at if taken_at is not None else now:.3f}",
-        nonce=nonce,
     )
-    return Page(html, nonce)
+    return Page(html, script_hash)
 
 
 def _worker_row(w: Any) -> dict[str, Any]:

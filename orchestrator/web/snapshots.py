@@ -13,9 +13,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from orchestrator.controller.status import RunStatus
+
+T = TypeVar("T")
 
 #: Runs kept in memory (the least recently asked for goes first).
 KEEP_RUNS = 64
@@ -28,6 +31,15 @@ class Snapshot:
     status: RunStatus
     #: Wall-clock time its facts were read.
     taken_at: float
+    #: What was made of this reading (the page, its HTML), kept as long as the reading.
+    made: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def view(self, name: str, make: Callable[[Snapshot], T]) -> T:
+        """`make(self)`, once per reading (two requests at once may both make it: the same result)."""
+        if name not in self.made:
+            self.made[name] = make(self)
+        made: T = self.made[name]
+        return made
 
 
 class Snapshots:
