@@ -271,3 +271,49 @@ def test_serve_shows_a_batchs_page_to_its_key_and_metrics_prometheus_can_parse(t
             _, _, doc = get(f"{page}/status.json", {"Authorization": f"Bearer {KEY}"})
         status = json.loads(doc)
         assert status["rows"]["done"] == 12 and status["tokens"]["completion"] > 0
+
+
+# -- readings shared by every view ------------------------------------------------------------------
+def test_views_share_one_reading_per_interval_and_the_first_views_error_is_its_own(tmp_path):
+    import threading
+
+    from orchestrator.web.snapshots import Snapshots
+    from tests.test_status import build
+
+    store, layout = build(str(tmp_path / "store"))
+    clock, reads, gate = [1000.0], [], threading.Event()
+
+    def read(run):
+        reads.append(run)
+        gate.wait(30)  # the reading is slow: every view asks meanwhile
+        return derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
+
+    snapshots = Snapshots(read, max_age=5.0, clock=lambda: clock[0])
+    got = []
+    views = [threading.Thread(target=lambda: got.append(snapshots.get("s"))) for _ in range(20)]
+    for v in views:
+        v.start()
+    gate.set()
+    for v in views:
+        v.join(30)
+    assert len(reads) == 1 and len(got) == 20 and len({id(s) for s in got}) == 1
+    clock[0] += 4.0
+    assert snapshots.get("s") is got[0] and len(reads) == 1  # young enough: no reading
+    clock[0] += 2.0
+    fresh = snapshots.get("s")  # older than max_age: read again, and this quick reading waited for
+    assert len(reads) == 2 and fresh.taken_at == 1006.0
+
+    def broken(run):
+        raise RuntimeError(f"store down for {run}")
+
+    with pytest.raises(RuntimeError, match="store down for s"):
+        Snapshots(broken, max_age=5.0).get("s")
+
+
+def test_status_web_on_a_run_that_is_not_there_says_so_before_serving(tmp_path, capsys):
+    from tests.test_status import build
+
+    build(str(tmp_path / "store"))
+    code = main(["status", "--run", "nope", "--store", str(tmp_path / "store"), "--web", "--port", "0"])
+    out = capsys.readouterr()
+    assert code != 0 and "nope" in out.err and "http://" not in out.out

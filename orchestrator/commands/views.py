@@ -11,6 +11,7 @@ from orchestrator.commands.console import Group, Table, Text, table
 from orchestrator.controller.estimate import Estimate
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.controller.status import RunStatus
+from orchestrator.controller.status import duration as _duration
 from orchestrator.core.records import PlanRecord
 
 
@@ -176,17 +177,6 @@ def _pace_line(status: RunStatus, eta: str) -> str:
         )
     t = status.throughput
     return f"throughput {t['rows_per_s']:.2f} rows/s, {t['tokens_per_s']:,.0f} tok/s   ETA {eta}   {cost}"
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
 
 
 def render_estimate(est: Estimate) -> Group:

@@ -407,6 +407,18 @@ def _estimate(facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: i
     }
 
 
+def duration(seconds: float | None) -> str:
+    """How a status says a duration (the terminal's and the web page's): 45s, 12m, 3h05m."""
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
 def to_json(status: RunStatus) -> dict[str, Any]:
     return asdict(status)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import jinja2
 
-from orchestrator.controller.status import RunStatus
+from orchestrator.controller.status import RunStatus, duration
 
 #: The chart's drawing area, in SVG units.
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP, RIGHT = 1200.0, 260.0, 64.0, 30.0, 14.0, 16.0
@@ -168,15 +168,3 @@ def chart(status: RunStatus, now: float) -> dict[str, Any]:
         ),
         "empty": not points,
     }
-
-
-def duration(seconds: float | None) -> str:
-    """`orch status`'s way of saying a duration: 45s, 12m, 3h05m."""
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"

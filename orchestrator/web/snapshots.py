@@ -94,6 +94,7 @@ class Snapshots:
             return
         with self._lock:
             self._taken[run] = snap
+            self._failed.pop(run, None)
             self._taken.move_to_end(run)
             while len(self._taken) > KEEP_RUNS:
                 self._taken.popitem(last=False)
