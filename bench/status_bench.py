@@ -252,7 +252,9 @@ def main() -> None:
         )
     )
     print(
-        f"page: {page['readings']} background readings during the views, {page['requests_per_reading']} requests each"
+        f"page: {page['views']} views and as many scrapes in 10 s made {page['requests_during_views']} store requests "
+        f"({page['readings']} background readings of at most {page['requests_per_reading']} requests); "
+        f"CPU per view and scrape, readings included: {page['cpu_per_view_and_scrape_s']} s"
     )
     print(f"orch requests by operation: {orch_requests} (target: at most 30)")
     save(
