@@ -260,7 +260,13 @@ def test_serve_shows_a_batchs_page_to_its_key_and_metrics_prometheus_can_parse(t
         run = {"run": batch.id}
         assert [s.value for s in found["orch_chunks"] if s.labels == run] == [status["chunks"]["total"]]
         assert sum(s.value for s in found["orch_workers"] if s.labels["run"] == batch.id) == len(status["workers"])
-        for name in ("orch_rows_done", "orch_row_errors", "orch_prompt_tokens", "orch_completion_tokens"):
+        for name in (
+            "orch_rows_done",
+            "orch_row_errors",
+            "orch_prompt_tokens",
+            "orch_cached_tokens",
+            "orch_generated_tokens",
+        ):
             assert any(s.labels == run for s in found[name]), name
         assert any(s.labels == run for s in found["orch_cost_usd"])
         assert get(f"{base}/metrics", {"Authorization": f"Bearer {OTHER_KEY}"})[2].count(batch.id) == 0
@@ -270,7 +276,7 @@ def test_serve_shows_a_batchs_page_to_its_key_and_metrics_prometheus_can_parse(t
         while not json.loads(doc)["complete"]:  # the reading may be one poll interval old
             _, _, doc = get(f"{page}/status.json", {"Authorization": f"Bearer {KEY}"})
         status = json.loads(doc)
-        assert status["rows"]["done"] == 12 and status["tokens"]["completion"] > 0
+        assert status["rows"]["done"] == 12 and status["tokens"]["generated_tokens"] > 0
 
 
 # -- readings shared by every view ------------------------------------------------------------------

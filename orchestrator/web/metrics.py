@@ -12,7 +12,9 @@ every series labelled with its `run`. Names (all prefixed `orch_`):
     orch_row_errors_total{run}                   error rows in finished chunks (counter)
     orch_rows_set_aside{run}                     input rows prepare set aside
     orch_prompt_tokens_total{run}                prompt tokens of finished chunks (counter)
-    orch_completion_tokens_total{run}            completion tokens of finished chunks (counter)
+    orch_cached_tokens_total{run}                of those, the ones the engines' prefix caches held
+    orch_generated_tokens_total{run}             generated tokens of finished chunks
+    orch_usd_per_m_tokens{run,market}            realised $ per million tokens; market: all | spot | on_demand
     orch_rows_per_second{run}, orch_tokens_per_second{run}   live, summed over working workers
     orch_eta_seconds{run}                        absent while unknown
     orch_cost_usd{run}, orch_worker_hours{run}   so far
@@ -23,7 +25,8 @@ every series labelled with its `run`. Names (all prefixed `orch_`):
     orch_worker_rows_per_second{run,worker}, orch_worker_tokens_per_second{run,worker}
     orch_worker_recoveries{run,worker}           times the worker's job was recovered or relaunched
 
-A token kind status learns later (cached prompt tokens) gets its own `orch_<kind>_tokens_total`.
+Each count in the status's `tokens` ({prompt,cached,generated}_tokens) is `orch_<its key>_total`:
+a kind status learns later gets its metric without a change here.
 """
 
 from __future__ import annotations
@@ -63,10 +66,12 @@ def _run_families(runs: list[RunStatus]) -> Iterator[Metric]:
     in_progress = _gauge("orch_rows_in_progress", "rows in chunks being worked on")
     errors = CounterMetricFamily("orch_row_errors", "error rows in finished chunks", labels=["run"])
     set_aside = _gauge("orch_rows_set_aside", "input rows prepare set aside (answered with error lines)")
+    kinds = sorted({k for s in runs for k in s.tokens if k.endswith("_tokens")} | {"prompt_tokens"})
     tokens = {
-        kind: CounterMetricFamily(f"orch_{kind}_tokens", f"{kind} tokens of finished chunks", labels=["run"])
-        for kind in ("prompt", "completion")
+        kind: CounterMetricFamily(f"orch_{kind}", f"{kind.replace('_', ' ')} of finished chunks", labels=["run"])
+        for kind in kinds
     }
+    per_m = _gauge("orch_usd_per_m_tokens", "realised $ per million tokens so far", ("run", "market"))
     rows_per_s = _gauge("orch_rows_per_second", "rows/s, summed over the working workers")
     tokens_per_s = _gauge("orch_tokens_per_second", "output tokens/s, summed over the working workers")
     eta = _gauge("orch_eta_seconds", "seconds left at the live pace (absent while unknown)")
@@ -86,6 +91,9 @@ def _run_families(runs: list[RunStatus]) -> Iterator[Metric]:
         set_aside.add_metric(run, s.rows.get("set_aside", 0))
         for kind, family in tokens.items():
             family.add_metric(run, s.tokens.get(kind, 0))
+        for market, bought in sorted(s.cost_per_m_tokens.items()):
+            if bought.get("usd_per_m_tokens") is not None:
+                per_m.add_metric([s.run, market], bought["usd_per_m_tokens"])
         rows_per_s.add_metric(run, s.throughput["rows_per_s"])
         tokens_per_s.add_metric(run, s.throughput["tokens_per_s"])
         if s.eta_s is not None:
@@ -97,7 +105,7 @@ def _run_families(runs: list[RunStatus]) -> Iterator[Metric]:
                 left_usd.add_metric([s.run, market], s.estimate[f"{market}_usd"])
                 left_s.add_metric([s.run, market], s.estimate[f"{market}_hours"] * 3600)
     yield from (complete, chunks, chunks_done, rows, rows_done, in_progress, errors, set_aside, *tokens.values())
-    yield from (rows_per_s, tokens_per_s, eta, cost, hours, left_usd, left_s)
+    yield from (rows_per_s, tokens_per_s, eta, cost, hours, per_m, left_usd, left_s)
 
 
 def _worker_families(runs: list[RunStatus]) -> Iterator[Metric]:
