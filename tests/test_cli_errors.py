@@ -69,3 +69,50 @@ def test_run_refuses_an_output_it_would_not_write_before_any_work(project, capsy
     assert main([*args, "--out", "/sys/answers.jsonl"]) == 1
     assert "cannot write /sys/answers.jsonl" in one_error(capsys.readouterr().err)
     assert not Path(".orch").exists()  # refused before prepare
+
+
+def prepared_run(project: Path, run: str = "r") -> list[str]:
+    data = write_jsonl(project / "d.jsonl", [{"text": "a"}, {"text": "b"}])
+    assert main(["prepare", str(data), "--run", run, "--format", "text", "--num-chunks", "1"]) == 0
+    return ["--run", run]
+
+
+def store_files(project: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted((project / ".orch").rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("model", "problem"),
+    [
+        ("/does/not/exist", "/does/not/exist does not exist"),
+        ("./models/typo", "./models/typo does not exist"),
+        ("d.jsonl", "d.jsonl is a file, not a model directory or a .gguf file"),
+        ("empty", "empty has no config.json"),
+    ],
+)
+def test_launch_refuses_a_local_model_path_that_holds_no_model_and_records_nothing(project, capsys, model, problem):
+    run = prepared_run(project)
+    (project / "empty").mkdir()
+    before = store_files(project)
+    capsys.readouterr()
+    assert main(["launch", *run, "--model", model, "--workers", "1"]) == 2
+    first = one_error(capsys.readouterr().err)
+    assert first.startswith("ERROR --model: ") and problem in first
+    assert store_files(project) == before  # nothing frozen, no plan, no job
+    (project / "orch.yaml").write_text(f"model:\n  name: {model}\n")
+    assert main(["run", "d.jsonl", *run, "--format", "text", "--out", "o.jsonl"]) == 2
+    assert one_error(capsys.readouterr().err).startswith("ERROR model.name: ")
+    assert store_files(project) == before
+
+
+def test_a_hub_id_and_a_gguf_file_are_left_to_the_worker(project):
+    from orchestrator.core.model_source import local_model_problem
+
+    (project / "m.gguf").write_bytes(b"GGUF")
+    (project / "ok").mkdir()
+    (project / "ok" / "config.json").write_text("{}")
+    for fine in ("org/name", "gpt2", "m.gguf", "ok", str(project / "ok")):
+        assert local_model_problem(fine) is None, fine
+    assert local_model_problem("a/b/c") is not None  # two slashes: only a path can be that
+    run = prepared_run(project)
+    assert main(["launch", *run, "--model", "org/name", "--workers", "1", "--dry-run", "--out", "tasks"]) == 0

@@ -32,13 +32,20 @@ class Invocation:
     spec_file: str | None
     flags: dict[str, Any]
 
-    def context(self, freeze: bool = False, check: bool = False) -> RunContext:
+    def context(self, freeze: bool = False, check: bool = False, model: str | None = None) -> RunContext:
         """The run's spec (stored < file < env < flags) and store; with `freeze`, the spec is
         checked against the run's frozen fields and recorded (`check`: checked only). A frozen
-        field that changes because nothing was produced with it yet is said on stderr."""
+        field that changes because nothing was produced with it yet is said on stderr.
+
+        `model="required"` (a command that starts workers) refuses a run without a model, and
+        `"checked"` (prepare) a local model path that holds no model, before anything is recorded."""
         from orchestrator.core.context import resolve_spec
 
-        ctx = resolve_spec(self.spec_file, self.flags, freeze=freeze, check=check)
+        ctx = resolve_spec(self.spec_file, self.flags)
+        if model is not None:
+            check_model(ctx, from_flag="model.name" in self.flags, required=model == "required")
+        if freeze or check:
+            ctx.freeze(write=freeze)
         say_spec_changes(ctx)
         return ctx
 
@@ -141,13 +148,42 @@ def input_flags(
     return flags
 
 
-def require_model(ctx: RunContext) -> None:
+def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> None:
+    """The run has a model (when `required`), and a local path names one: a directory with a
+    config.json or a .gguf file (core/model_source.py). Named as the user gave it: `--model` or
+    `model.name`. On the skypilot backend a local path is only warned about: the worker's image
+    may hold it, though this machine's disk is out of the cloud machines' reach."""
     from orchestrator.core.errors import SpecError
+    from orchestrator.core.model_source import is_local_path, local_model_problem
 
-    if not ctx.spec.model.name:
+    name = ctx.spec.model.name
+    if not name:
+        if required:
+            raise SpecError(
+                "no model", hint="pass --model PATH_OR_HUB_ID, or set model.name in orch.yaml", where="model.name"
+            )
+        return
+    where = "--model" if from_flag else "model.name"
+    if ctx.spec.backend == "skypilot":
+        if is_local_path(name):
+            warn(
+                f"{where} {name} is a path: a cloud machine reads it from its own disk, not this machine's "
+                "(use a hub id, or a path baked into the worker's image)"
+            )
+        return
+    problem = local_model_problem(name)
+    if problem is not None:
         raise SpecError(
-            "no model", hint="pass --model PATH_OR_HUB_ID, or set model.name in orch.yaml", where="model.name"
+            problem,
+            hint="give the directory that holds the model's config.json (or a .gguf file), or a hub id such as "
+            "org/name",
+            where=where,
         )
+
+
+def warn(message: str) -> None:
+    """A yellow `warning:` line on stderr: something that works, but likely not as the user meant."""
+    click.echo(click.style("warning", fg="yellow") + f": {message}", err=True)
 
 
 def follow_run(
