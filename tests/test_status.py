@@ -13,7 +13,7 @@ from orchestrator.commands.console import to_text
 from orchestrator.commands.views import status_view
 from orchestrator.controller.plan import plan_chunks, write_plan
 from orchestrator.controller.pricing import load_gpu_table
-from orchestrator.controller.status import derive_status, gather
+from orchestrator.controller.status import WORKER_ACTIVITIES, derive_status, gather
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.leases import acquire
 from orchestrator.core.records import Heartbeat, JobAttempt, read_manifest, update_jobs
@@ -159,3 +159,25 @@ def test_status_survives_a_backend_that_cannot_be_asked(tmp_path):
     status = derive_status(gather(store, layout, Down()), now=time.time(), prices=load_gpu_table())
     assert "API server not reachable" in status.backend_note
     assert status.workers[0].state == "UNKNOWN"
+
+
+def test_status_says_what_each_worker_does_and_how_long_it_has_loaded(tmp_path, capsys):
+    """A worker loading its model for 2m10s reads `loading 2m10s`, not just RUNNING and 0 rows/s;
+    a job still queued reads `queued`, and every word is one status (and the page) can explain."""
+    store, layout = build(str(tmp_path / "store"))
+    now = time.time()
+    HeartbeatPublisher(
+        store, layout, Heartbeat(worker="1", holder="1.new", state="loading", started_at=now - 130, updated_at=now)
+    ).publish()
+    status = derive_status(gather(store, layout, Backend()), now=now, prices=load_gpu_table())
+    (w0, w1) = status.workers
+    assert (w0.activity, w0.activity_s) == ("working", None)
+    assert (w1.activity, w1.activity_s) == ("loading", 130.0)
+    shown = to_text(status_view(status))
+    assert "workers: 1 working, 1 loading (2m10s)" in shown and "loading 2m10s" in shown
+    # Silent past two intervals, still within the liveness window: said, with for how long.
+    later = derive_status(gather(store, layout, Backend()), now=now + 45, prices=load_gpu_table())
+    assert [(w.activity, w.activity_s) for w in later.workers] == [("silent", 45.0), ("silent", 45.0)]
+    assert {w.activity for w in status.workers} <= set(WORKER_ACTIVITIES)
+    assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
+    assert [w["activity"] for w in json.loads(capsys.readouterr().out)["workers"]][1] in ("loading", "silent")

@@ -196,7 +196,7 @@ def follow_run(
     """Follow the run until complete. On a terminal the run's status is redrawn in place each tick;
     otherwise (logs, CI) one line per tick. Relaunch events are printed either way."""
     from orchestrator.commands.console import Group, LiveView, Text, console
-    from orchestrator.commands.views import status_view
+    from orchestrator.commands.views import status_view, workers_line
     from orchestrator.controller.follow import check_complete, follow
     from orchestrator.controller.status import current_status
 
@@ -209,13 +209,15 @@ def follow_run(
             click.echo(events[-1])
 
     def tick(report: TickReport) -> None:
+        status = current_status(ctx, launcher=launcher)
         if live.active:
             recent = [Text(""), Text("events:", style="bold"), *map(Text, events[-8:])] if events else []
-            live.show(Group(status_view(current_status(ctx, launcher=launcher)), *recent))
+            live.show(Group(status_view(status), *recent))
         else:
             click.echo(
                 f"{time.strftime('%H:%M:%S')} chunks {report.chunks_done}/{report.chunks_total} done, "
-                f"{report.live} worker(s) running"
+                f"rows {status.rows['done'] + status.rows['in_progress']:,}/{status.rows['total']:,}; "
+                f"workers: {workers_line(status)}"
             )
 
     try:

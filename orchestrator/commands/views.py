@@ -10,7 +10,7 @@ from orchestrator.backends.base import STATE_COLOURS, JobState
 from orchestrator.commands.console import Group, Table, Text, table
 from orchestrator.controller.estimate import Estimate
 from orchestrator.controller.pricing import GpuTable
-from orchestrator.controller.status import RunStatus
+from orchestrator.controller.status import RunStatus, WorkerView
 from orchestrator.core.records import PlanRecord
 
 
@@ -47,6 +47,7 @@ def render_plan(plan: PlanRecord) -> Group:
 WORKER_COLUMNS = (
     "worker",
     "state",
+    "doing",
     "accel",
     "where",
     "spot",
@@ -78,6 +79,8 @@ def status_view(status: RunStatus) -> Group:
     ]
     if status.tokens.get("prompt_tokens") or status.tokens.get("generated_tokens"):
         head.append(Text(tokens_line(status.tokens, status.cost_per_m_tokens)))
+    if status.workers and not status.complete:
+        head.append(Text(f"workers: {workers_line(status)}"))
     if status.estimate and not status.complete:
         e = status.estimate
         head.append(
@@ -123,6 +126,7 @@ def _workers_table(status: RunStatus) -> Table:
         workers.add_row(
             w.worker,
             Text(state, style=colour),
+            _doing(w),
             w.accelerator or "-",
             "/".join(x for x in (w.cloud, w.region) if x) or "-",
             {True: "spot", False: "on-dem", None: "-"}[w.spot],
@@ -134,6 +138,23 @@ def _workers_table(status: RunStatus) -> Table:
             _duration(w.heartbeat_age_s) + " ago" if w.heartbeat_age_s is not None else "-",
         )
     return workers
+
+
+def _doing(w: WorkerView) -> str:
+    """A worker's activity, with how long where that is known: `loading 2m10s`."""
+    return w.activity + (f" {_duration(w.activity_s, exact=True)}" if w.activity_s is not None else "")
+
+
+def workers_line(status: RunStatus) -> str:
+    """The workers by activity, each with its longest time where known: `1 loading (2m10s), 2 working`."""
+    groups: dict[str, list[WorkerView]] = {}
+    for w in status.workers:
+        groups.setdefault(w.activity, []).append(w)
+    parts = []
+    for activity, views in groups.items():
+        times = [w.activity_s for w in views if w.activity_s is not None]
+        parts.append(f"{len(views)} {activity}" + (f" ({_duration(max(times), exact=True)})" if times else ""))
+    return ", ".join(parts) or "none"
 
 
 def _failures(status: RunStatus) -> list[Text]:
@@ -178,14 +199,15 @@ def _pace_line(status: RunStatus, eta: str) -> str:
     return f"throughput {t['rows_per_s']:.2f} rows/s, {t['tokens_per_s']:,.0f} tok/s   ETA {eta}   {cost}"
 
 
-def _duration(seconds: float | None) -> str:
+def _duration(seconds: float | None, exact: bool = False) -> str:
+    """`45s`, `12m`, `3h05m`; `exact` keeps the seconds under two hours (`2m10s`: a wait that moves)."""
     if seconds is None:
         return "-"
     seconds = int(seconds)
-    if seconds < 120:
+    if seconds < 120 and not (exact and seconds >= 60):
         return f"{seconds}s"
     if seconds < 7200:
-        return f"{seconds // 60}m"
+        return f"{seconds // 60}m{seconds % 60:02d}s" if exact else f"{seconds // 60}m"
     return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
 
 

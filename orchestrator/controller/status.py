@@ -188,6 +188,33 @@ class WorkerView:
     failure_reason: str | None = None
     #: Where the current job's log is: a file, or the command that shows it.
     log: str | None = None
+    #: What the worker does, in words (WORKER_ACTIVITIES): from its heartbeat while it beats,
+    #: else from its job's state.
+    activity: str = "not launched"
+    #: How long it has been at it, where that is known: loading (since its process started), or
+    #: silent (since its last heartbeat).
+    activity_s: float | None = None
+
+
+#: The words `activity` takes, each with what it means (status, watch, run and the page show them).
+WORKER_ACTIVITIES = {
+    "not launched": "planned, no job yet",
+    "queued": "its job waits for the scheduler or for capacity",
+    "provisioning": "its machine is being started and set up",
+    "recovering": "its machine was lost; the backend starts another",
+    "starting": "the worker program started and looks for work (or waits on an older twin)",
+    "loading": "the worker loads the model into its engine",
+    "working": "the worker answers a chunk's rows",
+    "between chunks": "the worker finished a chunk and looks for the next one",
+    "draining": "cancelled or stopping: it flushes its finished rows and gives its leases back",
+    "silent": "no heartbeat for more than two intervals: the store may be out of its reach, or it hangs",
+    "exited": "the worker program ended",
+    "finished": "its job ended with the worker's success",
+    "failed": "its job failed (see the reason below the table)",
+    "cancelled": "its job was cancelled",
+    "launched": "a job was submitted; the backend says nothing more (or was not asked)",
+    "gone": "its last heartbeat is old and its job is not known: the process is gone",
+}
 
 
 @dataclass
@@ -290,7 +317,10 @@ def _worker_views(facts: RunFacts, done: set[str], *, now: float, heartbeat_inte
             finished_by[s.worker] = finished_by.get(s.worker, 0) + 1
     own = {str(a.worker): a.chunks for a in (facts.plan.workers if facts.plan else [])}
     current = {str(w): a for w, a in facts.jobs.current_jobs().items()}
-    recoveries = {w: len(wj.attempts) - 1 for w, wj in facts.jobs.workers.items()}
+    # A recovery is a relaunch after a job ended with work left, not a launch after `orch cancel`.
+    recoveries = {
+        w: sum(1 for a in wj.attempts if a.reason.startswith("relaunch")) for w, wj in facts.jobs.workers.items()
+    }
     views = []
     for name in sorted(set(own) | set(current) | set(facts.heartbeats), key=worker_ids.sort_key):
         base = worker_ids.job_worker(name)
@@ -325,7 +355,52 @@ def _worker_views(facts: RunFacts, done: set[str], *, now: float, heartbeat_inte
                 log=status.log if status else None,
             )
         )
+        view = views[-1]
+        view.activity, view.activity_s = _activity(
+            hb, live, status, attempt, now=now, interval=heartbeat_interval, cancelled=facts.jobs.cancelled
+        )
     return views
+
+
+def _activity(
+    hb: HeartbeatSummary | None,
+    live: HeartbeatSummary | None,
+    status: JobStatus | None,
+    attempt: JobAttempt | None,
+    *,
+    now: float,
+    interval: float,
+    cancelled: bool,
+) -> tuple[str, float | None]:
+    """The worker's activity in words (WORKER_ACTIVITIES) and, where known, for how long."""
+    if live is not None:
+        silent = now - live.updated_at
+        if silent > 2 * interval:
+            return "silent", round(silent, 1)
+        if cancelled or live.state == "stopping":
+            return "draining", None
+        if live.state == "loading":
+            return "loading", round(max(now - live.started_at, 0.0), 1)
+        if live.state == "starting":
+            return "starting", round(max(now - live.started_at, 0.0), 1)
+        return ("working" if live.chunk else "between chunks"), None
+    state = status.state if status is not None else None
+    if state is None or state is JobState.UNKNOWN:
+        if hb is not None:
+            return ("exited" if hb.state == "exited" else "gone"), None
+        return ("launched" if attempt is not None else "not launched"), None
+    if not state.is_terminal():
+        words = {
+            JobState.PENDING: "queued",
+            JobState.STARTING: "provisioning",
+            JobState.RECOVERING: "recovering",
+            JobState.CANCELLING: "draining",
+            JobState.WINDING_DOWN: "exited",
+        }
+        return words.get(state, "exited" if hb is not None and hb.state == "exited" else "starting"), None
+    if state is JobState.SUCCEEDED:
+        return "finished", None
+    return ("cancelled" if state is JobState.CANCELLED else "failed"), None
 
 
 def _cost_so_far(view: WorkerView, prices: GpuTable, default_spot: bool) -> float:
