@@ -85,8 +85,7 @@ def status_view(status: RunStatus) -> Group:
         e = status.estimate
         head.append(
             Text(
-                f"estimate left on {e['workers']} x {e['gpu']} ({'measured' if e['measured'] else 'table'} "
-                f"{e['tokens_per_s_per_worker']:,.0f} tok/s each): {_duration(e['spot_hours'] * 3600)} / "
+                f"estimate left on {e['workers']} x {e['gpu']} ({e['basis']}): {_duration(e['spot_hours'] * 3600)} / "
                 f"${e['spot_usd']:,.2f} on spot, {_duration(e['on_demand_hours'] * 3600)} / "
                 f"${e['on_demand_usd']:,.2f} on demand"
             )
@@ -100,7 +99,8 @@ def status_view(status: RunStatus) -> Group:
                 (f" [{d.get('mode')}]", colour),
                 f" progress {d.get('progress', 0):.1%} vs line {d.get('line', 0):.1%}; last decision: "
                 f"{d.get('action')}: {d.get('reason')}"
-                + (f" (budget ${d['budget_usd']:,.2f})" if d.get("budget_usd") else ""),
+                + (f" (budget ${d['budget_usd']:,.2f})" if d.get("budget_usd") else "")
+                + (f"; {d['speed']}" if d.get("speed") else ""),
             )
         )
     if status.backend_note:
@@ -213,19 +213,25 @@ def _duration(seconds: float | None, exact: bool = False) -> str:
 
 def render_estimate(est: Estimate) -> Group:
     tp = est.throughput
+    others = (
+        "other GPUs scaled from them by relative speed"
+        if set(tp.measured) - set(tp.unpriced)
+        else f"other GPUs from the price table of {est.price_table_date}"
+    )
     basis = (
-        f"measured on {', '.join(f'{g} ({n} chunks)' for g, n in tp.measured.items())}, others scaled by relative speed"
+        f"measured on {', '.join(f'{g} ({n} chunks)' for g, n in tp.measured.items())}; {others}"
         if tp.measured
         else f"price table of {est.price_table_date} (7-8B model on vLLM)"
     )
+    pick = "what the run measured on" if tp.unpriced else "any_of's pick, the cheapest per hour when capacity allows"
     source = "measured" if tp.tokens_per_row_measured else "assumed: half of max_tokens"
     per_row = f"{tp.tokens_per_row:,.0f} output tokens/row ({source})"
     numbers = ("tok/s/worker", "spot time", "spot cost", "on-demand", "on-d. cost")
     grid = table("GPU", *numbers, right=numbers)
     for c in est.candidates:
         grid.add_row(
-            c.gpu + (" *" if c.cheapest_per_hour else ""),
-            f"{c.tokens_per_s:,.0f}",
+            c.gpu + (" *" if c.gpu == est.fleet_gpu else ""),
+            f"{c.tokens_per_s:,.0f}" + (" measured" if c.measured else ""),
             _hours(c.spot_hours),
             f"{c.spot_usd:,.2f}",
             _hours(c.on_demand_hours),
@@ -237,7 +243,7 @@ def render_estimate(est: Estimate) -> Group:
         Text(f"speed: {basis}"),
         grid,
         Text(
-            f"fleet (*: any_of's pick, the cheapest per hour when capacity allows): {_hours(f.spot_hours)} for "
+            f"fleet (*: {pick}): {_hours(f.spot_hours)} for "
             f"${f.spot_usd:,.2f} on spot, {_hours(f.on_demand_hours)} for ${f.on_demand_usd:,.2f} on demand"
         ),
         Text(

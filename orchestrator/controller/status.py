@@ -33,12 +33,16 @@ JSON shape (stable for scripts):
                chunk_rows, chunk_rows_done, chunks_assigned, chunks_done_of_own_list, chunks_finished
                (by this worker, from any list), rows_done, tokens_per_s, rows_per_s, heartbeat_state,
                heartbeat_age_s, uptime_s, failure_reason (why its current job failed) | null,
-               log (its log file, or the command that shows it) | null}],
-    estimate: {gpu, workers, tokens_per_s_per_worker, measured, spot_hours, spot_usd, on_demand_hours,
-               on_demand_usd} | null (what is left, on the fleet any_of picks; orchestrator/controller/estimate.py),
+               log (its log file, or the command that shows it) | null, activity (what it does, in words:
+               WORKER_ACTIVITIES), activity_s (how long: loading since its process started, silent since
+               its last heartbeat) | null}],
+    estimate: {gpu, workers, tokens_per_s_per_worker, measured, basis (which speed, in words), spot_hours,
+               spot_usd, on_demand_hours, on_demand_usd} | null (what is left, on the fleet any_of picks, or
+               on what the run measured where the price table has no price: a local cpu;
+               orchestrator/controller/estimate.py),
     deadline: the deadline policy's latest decision | null ({at, deadline_s, budget_usd, action,
               mode, reason, launch, retire, elapsed_s, progress, line, need_rows_per_s,
-              have_rows_per_s, slack_s}; orchestrator/controller/deadline.py)
+              have_rows_per_s, slack_s, speed}; orchestrator/controller/deadline.py)
 """
 
 from __future__ import annotations
@@ -455,6 +459,7 @@ def _estimate(facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: i
         "workers": est.workers,
         "tokens_per_s_per_worker": f.tokens_per_s,
         "measured": f.measured,
+        "basis": f.basis,
         "spot_hours": f.spot_hours,
         "spot_usd": f.spot_usd,
         "on_demand_hours": f.on_demand_hours,
