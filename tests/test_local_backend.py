@@ -90,8 +90,13 @@ def test_orch_run_on_the_local_backend_answers_everything(workdir, tiny_model, c
     # Off a terminal, each tick says what the workers do: the engine load shows, with its time.
     assert re.search(r"workers: .*\d loading \(\d+(m\d\d)?s\)", out), out
     assert collected_ids(workdir / "out.jsonl") == [f"q{i}" for i in range(60)]
-    # Logs are in files, one per worker process.
+    # Logs are in files, one per worker process; `orch logs` prints them, `orch runs` lists the run.
     assert len(list((workdir / ".orch" / "logs" / "e2e").glob("worker-*.log"))) >= 2
+    assert main(["logs", "--run", "e2e", "--worker", "1", "--follow"]) == 0  # the run is over: no wait
+    printed = capsys.readouterr().out
+    assert "==> " in printed and "worker-1-" in printed and "worker-0-" not in printed
+    assert main(["runs", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "complete"
     # Running the same command again does nothing new and gives the same output.
     assert (
         main(

@@ -11,9 +11,10 @@ from orchestrator.backends.base import JobState, JobStatus
 from orchestrator.cli import main
 from orchestrator.commands.console import to_text
 from orchestrator.commands.views import status_view
+from orchestrator.controller.activity import WORKER_ACTIVITIES
 from orchestrator.controller.plan import plan_chunks, write_plan
 from orchestrator.controller.pricing import load_gpu_table
-from orchestrator.controller.status import WORKER_ACTIVITIES, derive_status, gather
+from orchestrator.controller.status import derive_status, gather
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.leases import acquire
 from orchestrator.core.records import Heartbeat, JobAttempt, read_manifest, update_jobs

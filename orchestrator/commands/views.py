@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import Any
+from collections.abc import Sequence
 
 from orchestrator.backends.base import STATE_COLOURS, JobState
 from orchestrator.commands.console import Group, Table, Text, table
@@ -66,8 +67,7 @@ def status_view(status: RunStatus) -> Group:
     pct = 100 * c["done"] / c["total"] if c["total"] else 100.0
     eta = _duration(status.eta_s) if status.eta_s is not None else "unknown"
     title = Text.assemble((f"run {status.run}", "bold"), f"  ({status.backend or 'not launched'})")
-    if status.complete:
-        title.append("  COMPLETE", style="bold green")
+    title.append(f"  {status.state.upper()}", style="bold " + RUN_STATE_COLOURS.get(status.state, "white"))
     head: list[Text] = [
         title,
         Text(
@@ -209,6 +209,31 @@ def _duration(seconds: float | None, exact: bool = False) -> str:
     if seconds < 7200:
         return f"{seconds // 60}m{seconds % 60:02d}s" if exact else f"{seconds // 60}m"
     return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+#: How a run's state is coloured, here and in `orch status`'s header.
+RUN_STATE_COLOURS = {"complete": "green", "damaged": "red", "cancelled": "yellow", "stopped": "yellow"}
+
+
+def render_runs(runs: Sequence[RunStatus | tuple[str, str]], *, now: float) -> Table:
+    """One row per run: its state, chunks and rows done, cost so far, and how long ago it was prepared."""
+    numbers = ("chunks", "rows", "errors", "cost", "age")
+    grid = table("run", "state", "backend", *numbers, right=numbers)
+    for r in runs:
+        if not isinstance(r, RunStatus):
+            grid.add_row(r[0], Text("unreadable", style="red"), r[1], "", "", "", "", "")
+            continue
+        grid.add_row(
+            r.run,
+            Text(r.state, style=RUN_STATE_COLOURS.get(r.state, "white")),
+            r.backend or "-",
+            f"{r.chunks['done']}/{r.chunks['total']}",
+            f"{r.rows['done']:,}/{r.rows['total']:,}",
+            f"{r.rows['errors']:,}",
+            f"${r.cost['so_far_usd']:,.2f}",
+            _duration(now - r.prepared_at) if r.prepared_at else "-",
+        )
+    return grid
 
 
 def render_estimate(est: Estimate) -> Group:

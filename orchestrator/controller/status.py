@@ -14,6 +14,7 @@
 
 JSON shape (stable for scripts):
     run, backend, complete (bool: every chunk has a marker, and none is damaged), backend_note (str|null),
+    state (the run in a word: controller/activity.py), prepared_at (when prepare finished) | null,
     damaged: {chunk: what is wrong} (corrupt markers, parts that do not match them; `orch redo` each),
     corrupt_leases: {key: what is wrong} (treated as expired once older than the lease TTL),
     chunks: {total, done},
@@ -34,7 +35,7 @@ JSON shape (stable for scripts):
                (by this worker, from any list), rows_done, tokens_per_s, rows_per_s, heartbeat_state,
                heartbeat_age_s, uptime_s, failure_reason (why its current job failed) | null,
                log (its log file, or the command that shows it) | null, activity (what it does, in words:
-               WORKER_ACTIVITIES), activity_s (how long: loading since its process started, silent since
+               controller/activity.py), activity_s (how long: loading since its process started, silent since
                its last heartbeat) | null}],
     estimate: {gpu, workers, tokens_per_s_per_worker, measured, basis (which speed, in words), spot_hours,
                spot_usd, on_demand_hours, on_demand_usd} | null (what is left, on the fleet any_of picks, or
@@ -54,6 +55,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.backends.base import JobState, JobStatus, Launcher, attempt_statuses
+from orchestrator.controller.activity import run_state, worker_activity
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.token_cost import realised_cost, tokens_of
 from orchestrator.core import worker_ids
@@ -101,6 +103,8 @@ class RunFacts:
     corrupt_leases: dict[str, str] = field(default_factory=dict)
     #: Input rows set aside at prepare (answered by collect with error lines).
     set_aside: int = 0
+    #: When prepare finished (its record's time), None when not known.
+    prepared_at: float | None = None
 
 
 def latest_decision(store: Store, layout: RunLayout) -> DecisionRecord | None:
@@ -139,6 +143,7 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
     )
     prepared = read_record(store, layout.prepare_record, PrepareRecord)
     facts.set_aside = prepared[0].errors if prepared is not None else 0
+    facts.prepared_at = prepared[0].created_at or None if prepared is not None else None
     current = list(jobs.current_jobs().values())
     if launcher is not None and current:
         try:
@@ -192,33 +197,12 @@ class WorkerView:
     failure_reason: str | None = None
     #: Where the current job's log is: a file, or the command that shows it.
     log: str | None = None
-    #: What the worker does, in words (WORKER_ACTIVITIES): from its heartbeat while it beats,
+    #: What the worker does, in words (controller/activity.py): from its heartbeat while it beats,
     #: else from its job's state.
     activity: str = "not launched"
     #: How long it has been at it, where that is known: loading (since its process started), or
     #: silent (since its last heartbeat).
     activity_s: float | None = None
-
-
-#: The words `activity` takes, each with what it means (status, watch, run and the page show them).
-WORKER_ACTIVITIES = {
-    "not launched": "planned, no job yet",
-    "queued": "its job waits for the scheduler or for capacity",
-    "provisioning": "its machine is being started and set up",
-    "recovering": "its machine was lost; the backend starts another",
-    "starting": "the worker program started and looks for work (or waits on an older twin)",
-    "loading": "the worker loads the model into its engine",
-    "working": "the worker answers a chunk's rows",
-    "between chunks": "the worker finished a chunk and looks for the next one",
-    "draining": "cancelled or stopping: it flushes its finished rows and gives its leases back",
-    "silent": "no heartbeat for more than two intervals: the store may be out of its reach, or it hangs",
-    "exited": "the worker program ended",
-    "finished": "its job ended with the worker's success",
-    "failed": "its job failed (see the reason below the table)",
-    "cancelled": "its job was cancelled",
-    "launched": "a job was submitted; the backend says nothing more (or was not asked)",
-    "gone": "its last heartbeat is old and its job is not known: the process is gone",
-}
 
 
 @dataclass
@@ -248,6 +232,10 @@ class RunStatus:
     tokens: dict[str, int] = field(default_factory=dict)
     #: The realised $ per million tokens, for all workers and for spot and on-demand ones apart.
     cost_per_m_tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The run as a whole, in a word (RUN_STATES).
+    state: str = "prepared"
+    #: When prepare finished (`orch runs` shows the run's age), None when not known.
+    prepared_at: float | None = None
 
 
 def derive_status(
@@ -280,10 +268,11 @@ def derive_status(
     total_rows = sum(rows_by_chunk.values())
     remaining = total_rows - rows_done - in_progress
     eta = remaining / rows_per_s if rows_per_s > 0 and remaining > 0 else (0.0 if remaining <= 0 else None)
+    complete = len(done) == len(rows_by_chunk) and not facts.damaged
     return RunStatus(
         run=facts.run,
         backend=facts.jobs.backend,
-        complete=len(done) == len(rows_by_chunk) and not facts.damaged,
+        complete=complete,
         backend_note=facts.backend_note,
         chunks={"total": len(rows_by_chunk), "done": len(done)},
         rows={
@@ -309,6 +298,14 @@ def derive_status(
         corrupt_leases=dict(facts.corrupt_leases),
         tokens=tokens_of(finished).to_dict(),
         cost_per_m_tokens=per_m,
+        state=run_state(
+            complete=complete,
+            damaged=bool(facts.damaged),
+            cancelled=facts.jobs.cancelled,
+            activities=[w.activity for w in workers],
+            launched=bool(facts.jobs.workers or facts.heartbeats),
+        ),
+        prepared_at=facts.prepared_at,
     )
 
 
@@ -360,51 +357,10 @@ def _worker_views(facts: RunFacts, done: set[str], *, now: float, heartbeat_inte
             )
         )
         view = views[-1]
-        view.activity, view.activity_s = _activity(
+        view.activity, view.activity_s = worker_activity(
             hb, live, status, attempt, now=now, interval=heartbeat_interval, cancelled=facts.jobs.cancelled
         )
     return views
-
-
-def _activity(
-    hb: HeartbeatSummary | None,
-    live: HeartbeatSummary | None,
-    status: JobStatus | None,
-    attempt: JobAttempt | None,
-    *,
-    now: float,
-    interval: float,
-    cancelled: bool,
-) -> tuple[str, float | None]:
-    """The worker's activity in words (WORKER_ACTIVITIES) and, where known, for how long."""
-    if live is not None:
-        silent = now - live.updated_at
-        if silent > 2 * interval:
-            return "silent", round(silent, 1)
-        if cancelled or live.state == "stopping":
-            return "draining", None
-        if live.state == "loading":
-            return "loading", round(max(now - live.started_at, 0.0), 1)
-        if live.state == "starting":
-            return "starting", round(max(now - live.started_at, 0.0), 1)
-        return ("working" if live.chunk else "between chunks"), None
-    state = status.state if status is not None else None
-    if state is None or state is JobState.UNKNOWN:
-        if hb is not None:
-            return ("exited" if hb.state == "exited" else "gone"), None
-        return ("launched" if attempt is not None else "not launched"), None
-    if not state.is_terminal():
-        words = {
-            JobState.PENDING: "queued",
-            JobState.STARTING: "provisioning",
-            JobState.RECOVERING: "recovering",
-            JobState.CANCELLING: "draining",
-            JobState.WINDING_DOWN: "exited",
-        }
-        return words.get(state, "exited" if hb is not None and hb.state == "exited" else "starting"), None
-    if state is JobState.SUCCEEDED:
-        return "finished", None
-    return ("cancelled" if state is JobState.CANCELLED else "failed"), None
 
 
 def _cost_so_far(view: WorkerView, prices: GpuTable, default_spot: bool) -> float:
