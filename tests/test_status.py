@@ -178,7 +178,8 @@ def test_status_says_what_each_worker_does_and_how_long_it_has_loaded(tmp_path, 
     assert "workers: 1 working, 1 loading (2m10s)" in shown and "loading 2m10s" in shown
     # Silent past two intervals, still within the liveness window: said, with for how long.
     later = derive_status(gather(store, layout, Backend()), now=now + 45, prices=load_gpu_table())
-    assert [(w.activity, w.activity_s) for w in later.workers] == [("silent", 45.0), ("silent", 45.0)]
+    assert [w.activity for w in later.workers] == ["silent", "silent"]
+    assert all(45 <= w.activity_s < 50 for w in later.workers)  # build() beat a moment before `now`
     assert {w.activity for w in status.workers} <= set(WORKER_ACTIVITIES)
     assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
     assert [w["activity"] for w in json.loads(capsys.readouterr().out)["workers"]][1] in ("loading", "silent")
