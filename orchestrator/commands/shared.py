@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from orchestrator.controller.deadline import DeadlineSettings
     from orchestrator.controller.reconcile import TickReport
     from orchestrator.core.context import RunContext
+    from orchestrator.core.errors import SpecError
     from orchestrator.prepare import PrepareReport
 
 
@@ -40,8 +41,12 @@ class Invocation:
         `model="required"` (a command that starts workers) refuses a run without a model, and
         `"checked"` (prepare) a local model path that holds no model, before anything is recorded."""
         from orchestrator.core.context import resolve_spec
+        from orchestrator.core.errors import SpecError
 
-        ctx = resolve_spec(self.spec_file, self.flags)
+        try:
+            ctx = resolve_spec(self.spec_file, self.flags)
+        except SpecError as e:
+            raise as_flag_error(e) from None
         if model is not None:
             check_model(ctx, from_flag="model.name" in self.flags, required=model == "required")
         if freeze or check:
@@ -52,6 +57,40 @@ class Invocation:
     def with_flags(self, **more: Any) -> Invocation:
         """The same invocation with more flags (dotted spec paths); None values are left out."""
         return Invocation(self.spec_file, {**self.flags, **{k: v for k, v in more.items() if v is not None}})
+
+
+#: The flag that sets each spec field, to name it as the user wrote it.
+FLAG_OF_FIELD = {
+    "run": "--run",
+    "store": "--store",
+    "backend": "--backend",
+    "model.name": "--model",
+    "input.format": "--format",
+    "input.id_column": "--id-column",
+    "input.turns": "--turns",
+    "input.conversation_column": "--conversation-column",
+    "input.text_column": "--text-column",
+    "input.template": "--template",
+    "input.system_prompt": "--system-prompt",
+    "chunking.num_chunks": "--num-chunks",
+    "chunking.rows_per_chunk": "--rows-per-chunk",
+    "workers.count": "--workers",
+    "resources.gpus": "--gpus",
+}
+
+
+def as_flag_error(error: SpecError) -> SpecError:
+    """A bad value that came from a flag, named by the flag (`--num-chunks`), not the spec field
+    it sets (`chunking.num_chunks`); other errors as they are."""
+    from orchestrator.core.errors import SpecError
+
+    flag = FLAG_OF_FIELD.get(error.field or "")
+    if error.where != "command line" or flag is None or error.field is None:
+        return error
+    message = error.message.removeprefix(f"{error.field}: ")
+    command = click.get_current_context(silent=True)
+    path = command.command_path if command is not None else "orch COMMAND"
+    return SpecError(message, where=flag, hint=f"`{path} --help` says what {flag} takes")
 
 
 def say_spec_changes(ctx: RunContext) -> None:
