@@ -370,7 +370,7 @@ def test_damaged_and_stray_objects_are_named_redone_and_never_halt_the_fleet(sea
     # 2: its marker deleted, its stats left (workers used to skip it forever); 3: marker and stats
     # deleted and a part cut short (workers used to crash-loop on it).
     assert "runs again" in orch_ok(
-        "redo", "--run", "d", "--store", store_uri, "--chunk", "part_00000", "--chunk", "1", cwd=workdir
+        "redo", "--run", "d", "--store", store_uri, "--chunk", "part_00000", "--chunk", "1", "--yes", cwd=workdir
     )
     store.delete(layout.done("part_00002"))
     store.delete(layout.done("part_00003"))
