@@ -105,6 +105,15 @@ def test_launch_refuses_a_local_model_path_that_holds_no_model_and_records_nothi
     assert store_files(project) == before
 
 
+def test_a_local_lora_adapter_that_is_not_there_is_refused_naming_it(project, capsys):
+    run = prepared_run(project)
+    (project / "ok").mkdir()
+    (project / "ok" / "config.json").write_text("{}")
+    (project / "orch.yaml").write_text("model:\n  lora: {sql: ./adapters/sql}\n")
+    assert main(["launch", *run, "--model", "./ok", "--workers", "1"]) == 2
+    assert one_error(capsys.readouterr().err).startswith("ERROR model.lora.sql: ./adapters/sql is not a directory")
+
+
 def test_a_hub_id_and_a_gguf_file_are_left_to_the_worker(project):
     from orchestrator.core.model_source import local_model_problem
 

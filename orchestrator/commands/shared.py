@@ -193,7 +193,7 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
     `model.name`. On the skypilot backend a local path is only warned about: the worker's image
     may hold it, though this machine's disk is out of the cloud machines' reach."""
     from orchestrator.core.errors import SpecError
-    from orchestrator.core.model_source import is_local_path, local_model_problem
+    from orchestrator.core.model_source import is_local_path, local_adapter_problem, local_model_problem
 
     name = ctx.spec.model.name
     if not name:
@@ -218,6 +218,10 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
             "org/name",
             where=where,
         )
+    for adapter, source in ctx.spec.model.lora.items():
+        problem = local_adapter_problem(source)
+        if problem is not None:
+            raise SpecError(problem, hint="give the adapter's directory, or its hub id", where=f"model.lora.{adapter}")
 
 
 def warn(message: str) -> None:

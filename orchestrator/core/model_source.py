@@ -36,3 +36,15 @@ def local_model_problem(name: str) -> str | None:
     if not (path / "config.json").is_file():
         return f"{name} has no config.json: not a model directory (a Hugging Face checkout has one)"
     return None
+
+
+def local_adapter_problem(name: str) -> str | None:
+    """What is wrong with a local LoRA adapter path, or None (an adapter is there, or a hub id)."""
+    if not is_local_path(name):
+        return None
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        return f"{name} is not a directory (a local LoRA adapter is one, with an adapter_config.json)"
+    if not (path / "adapter_config.json").is_file():
+        return f"{name} has no adapter_config.json: not a LoRA adapter directory"
+    return None
