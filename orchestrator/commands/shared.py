@@ -218,7 +218,7 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
             "org/name",
             where=where,
         )
-    for adapter, source in ctx.spec.model.lora.items():
+    for adapter, source in ctx.spec.model.lora.items() if required else ():  # shipped at launch, not prepare
         problem = local_adapter_problem(source)
         if problem is not None:
             raise SpecError(problem, hint="give the adapter's directory, or its hub id", where=f"model.lora.{adapter}")
