@@ -183,3 +183,30 @@ def test_status_says_what_each_worker_does_and_how_long_it_has_loaded(tmp_path, 
     assert {w.activity for w in status.workers} <= set(WORKER_ACTIVITIES)
     assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
     assert [w["activity"] for w in json.loads(capsys.readouterr().out)["workers"]][1] in ("loading", "silent")
+
+
+def test_every_job_state_and_heartbeat_reads_as_a_word_status_can_explain():
+    """Whatever a worker's job and heartbeat say, its activity is one of WORKER_ACTIVITIES."""
+    from orchestrator.controller.activity import RUN_STATES, run_state, worker_activity
+    from orchestrator.core.records import HeartbeatSummary
+
+    now = time.time()
+    beats = [None] + [
+        HeartbeatSummary(holder="h", state=s, chunk=chunk, started_at=now - 100, updated_at=now - age)
+        for s in ("starting", "loading", "running", "idle", "stopping", "exited")
+        for age in (1, 30, 3600)
+        for chunk in (None, "part_00001")
+    ]
+    attempt = JobAttempt(job_id="1", backend="local", launched_at=now)
+    seen = set()
+    for state in [None, *JobState]:
+        status = JobStatus("1", state) if state is not None else None
+        for hb in beats:
+            live = hb if hb is not None and hb.state != "exited" and now - hb.updated_at < 60 else None
+            for cancelled in (False, True):
+                word, _ = worker_activity(hb, live, status, attempt, now=now, interval=10, cancelled=cancelled)
+                seen.add(word)
+    assert seen <= set(WORKER_ACTIVITIES), seen - set(WORKER_ACTIVITIES)
+    assert {"queued", "provisioning", "recovering", "loading", "working", "draining", "silent", "failed"} <= seen
+    assert run_state(complete=False, damaged=False, cancelled=False, activities=["loading"], launched=True) == "running"
+    assert run_state(complete=False, damaged=False, cancelled=False, activities=["failed"], launched=True) in RUN_STATES
