@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
-from collections.abc import Sequence
 
 from orchestrator.backends.base import STATE_COLOURS, JobState
 from orchestrator.commands.console import Group, Table, Text, table
