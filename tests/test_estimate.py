@@ -95,3 +95,51 @@ def test_status_estimates_what_is_left(tmp_path, capsys):
     est = json.loads(capsys.readouterr().out)["estimate"]
     assert est["gpu"] == "L4" and est["measured"]  # answer_chunk finishes on an "NVIDIA L4"
     assert 0 < est["spot_usd"] < est["on_demand_usd"] and est["spot_hours"] >= est["on_demand_hours"]
+
+
+def test_status_and_plan_estimate_use_the_speed_a_cpu_run_measured_and_say_so(tmp_path, capsys):
+    """A local run on CPU measured its own tok/s: status, `plan --estimate` and the deadline
+    policy reckon with that, not the table's L4, and say which speed they used."""
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    layout = make_run(
+        store, "cpu", [[chat_request(f"c{c}-{i}", "q", max_tokens=100) for i in range(10)] for c in range(4)], model="m"
+    )
+    run = ["--run", "cpu", "--store", store_uri]
+    assert main(["status", *run]) == 0
+    assert "(table 1,100 tok/s each)" in capsys.readouterr().out  # nothing measured yet
+    # 10 rows of 2 tokens in 10 s on each of two chunks: 2 tok/s on cpu.
+    for c in (0, 1):
+        answer_chunk(
+            store, layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "x") for i in range(10)]], accelerator="cpu"
+        )
+    assert main(["status", *run]) == 0
+    out = capsys.readouterr().out
+    assert "estimate left on 2 x cpu (measured 2 tok/s on cpu)" in out, out
+    assert main(["status", *run, "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)["estimate"]
+    assert (est["gpu"], est["measured"], est["basis"]) == ("cpu", True, "measured 2 tok/s on cpu")
+    # 20 rows x 2 tokens over 2 workers at 2 tok/s, plus a start-up.
+    assert est["on_demand_hours"] == pytest.approx((20 * 2 / 2 / 2 + 600) / 3600, abs=1e-3)
+    assert main(["plan", *run, "--workers", "1", "--estimate"]) == 0
+    out = capsys.readouterr().out
+    assert "speed: measured on cpu (2 chunks); other GPUs from the price table" in out
+    assert "cpu *" in out and "2 measured" in out
+
+
+def test_deadline_policy_reckons_a_new_worker_at_the_measured_speed(tmp_path):
+    from orchestrator.backends.local import LocalLauncher
+    from orchestrator.controller.deadline import DeadlineSettings
+    from orchestrator.controller.deadline_control import DeadlineControl
+    from orchestrator.core.context import resolve_spec
+
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    layout = make_run(store, "cpu", [[chat_request(f"c{c}-{i}", "q") for i in range(10)] for c in range(4)], model="m")
+    answer_chunk(store, layout, "part_00000", [[Answer(i, f"c0-{i}", "x") for i in range(10)]], accelerator="cpu")
+    ctx = resolve_spec(None, {"run": "cpu", "store": store_uri, "model.name": "m"})
+    control = DeadlineControl(
+        ctx, LocalLauncher(tmp_path / "logs", workers=1), DeadlineSettings(deadline_s=1e9, max_on_demand=0)
+    )
+    decision = control.round({})
+    assert decision.speed == "a new worker on cpu: measured 2 tok/s on cpu"

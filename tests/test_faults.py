@@ -199,10 +199,12 @@ def test_worker_out_of_outage_budget_exits_75_and_is_relaunched_for_free(weed, w
         cwd=workdir,
         env=env_with(ORCH_STORE_SETTINGS__OUTAGE_BUDGET="600"),
     )
-    poll(lambda: "worker(s) running" in watch.text, "orch watch's first tick")  # it has read the run
+    poll(lambda: "workers: " in watch.text, "orch watch's first tick")  # it has read the run
     weed.kill()
     exits = workdir / ".orch" / "logs" / "b"
-    poll(lambda: len(list(exits.glob("*.exit"))) == 2, "both workers to give up", timeout=120)
+    # A hang guard, not a pace limit: a worker still loading its engine gives up once the load ends
+    # (139 s at load 25).
+    poll(lambda: len(list(exits.glob("*.exit"))) == 2, "both workers to give up", timeout=1000)
     assert sorted(p.read_text().strip() for p in exits.glob("*.exit")) == ["75", "75"]
     assert all("has not answered for" in log for log in worker_logs(workdir, "b").values())
     weed.start()
@@ -370,7 +372,7 @@ def test_damaged_and_stray_objects_are_named_redone_and_never_halt_the_fleet(sea
     # 2: its marker deleted, its stats left (workers used to skip it forever); 3: marker and stats
     # deleted and a part cut short (workers used to crash-loop on it).
     assert "runs again" in orch_ok(
-        "redo", "--run", "d", "--store", store_uri, "--chunk", "part_00000", "--chunk", "1", cwd=workdir
+        "redo", "--run", "d", "--store", store_uri, "--chunk", "part_00000", "--chunk", "1", "--yes", cwd=workdir
     )
     store.delete(layout.done("part_00002"))
     store.delete(layout.done("part_00003"))

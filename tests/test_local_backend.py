@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -86,9 +87,16 @@ def test_orch_run_on_the_local_backend_answers_everything(workdir, tiny_model, c
     out = capsys.readouterr().out
     assert code == 0, out
     assert "run 'e2e' complete" in out and "wrote 60 of 60 rows" in out
+    # Off a terminal, each tick says what the workers do: the engine load shows, with its time.
+    assert re.search(r"workers: .*\d loading \(\d+(m\d\d)?s\)", out), out
     assert collected_ids(workdir / "out.jsonl") == [f"q{i}" for i in range(60)]
-    # Logs are in files, one per worker process.
+    # Logs are in files, one per worker process; `orch logs` prints them, `orch runs` lists the run.
     assert len(list((workdir / ".orch" / "logs" / "e2e").glob("worker-*.log"))) >= 2
+    assert main(["logs", "--run", "e2e", "--worker", "1", "--follow"]) == 0  # the run is over: no wait
+    printed = capsys.readouterr().out
+    assert "==> " in printed and "worker-1-" in printed and "worker-0-" not in printed
+    assert main(["runs", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "complete"
     # Running the same command again does nothing new and gives the same output.
     assert (
         main(
@@ -317,8 +325,11 @@ def test_launch_with_a_model_no_worker_could_load_can_be_corrected(workdir, tiny
     """A wrong --model on the first launch is not frozen for good: no worker ever loaded it, so the
     next launch may name another, and says so. Once a worker has loaded one, it is final."""
     data = questions(workdir / "q.jsonl", 6)
+    wrong = workdir / "no-such-model"
+    wrong.mkdir()
+    (wrong / "config.json").write_text("{}")  # looks like a model to launch; no engine loads it
     assert main(["prepare", str(data), "--run", "m", "--num-chunks", "1", "--id-column", "id"]) == 0
-    assert main(["launch", "--run", "m", "--model", str(workdir / "no-such-model"), "--workers", "1"]) == 0
+    assert main(["launch", "--run", "m", "--model", str(wrong), "--workers", "1"]) == 0
     assert main(["watch", "--run", "m", "--interval", "0.5", "--retries", "0"]) == 7
     capsys.readouterr()
     assert main(["launch", "--run", "m", "--model", tiny_model, "--workers", "1"]) == 0
@@ -326,6 +337,8 @@ def test_launch_with_a_model_no_worker_could_load_can_be_corrected(workdir, tiny
     assert f'changed model.name: "{workdir / "no-such-model"}" -> "{tiny_model}"' in err
     assert main(["watch", "--run", "m", "--interval", "0.5"]) == 0
     assert main(["collect", "--run", "m", "--out", str(workdir / "m.jsonl")]) == 0
+    (workdir / "another-model").mkdir()
+    (workdir / "another-model" / "config.json").write_text("{}")
     assert main(["launch", "--run", "m", "--model", str(workdir / "another-model")]) == 3
     assert 'model.name: "' in capsys.readouterr().err
 

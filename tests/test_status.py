@@ -11,6 +11,7 @@ from orchestrator.backends.base import JobState, JobStatus
 from orchestrator.cli import main
 from orchestrator.commands.console import to_text
 from orchestrator.commands.views import status_view
+from orchestrator.controller.activity import WORKER_ACTIVITIES
 from orchestrator.controller.plan import plan_chunks, write_plan
 from orchestrator.controller.pricing import load_gpu_table
 from orchestrator.controller.status import derive_status, gather
@@ -159,3 +160,53 @@ def test_status_survives_a_backend_that_cannot_be_asked(tmp_path):
     status = derive_status(gather(store, layout, Down()), now=time.time(), prices=load_gpu_table())
     assert "API server not reachable" in status.backend_note
     assert status.workers[0].state == "UNKNOWN"
+
+
+def test_status_says_what_each_worker_does_and_how_long_it_has_loaded(tmp_path, capsys):
+    """A worker loading its model for 2m10s reads `loading 2m10s`, not just RUNNING and 0 rows/s;
+    a job still queued reads `queued`, and every word is one status (and the page) can explain."""
+    store, layout = build(str(tmp_path / "store"))
+    now = time.time()
+    HeartbeatPublisher(
+        store, layout, Heartbeat(worker="1", holder="1.new", state="loading", started_at=now - 130, updated_at=now)
+    ).publish()
+    status = derive_status(gather(store, layout, Backend()), now=now, prices=load_gpu_table())
+    (w0, w1) = status.workers
+    assert (w0.activity, w0.activity_s) == ("working", None)
+    assert (w1.activity, w1.activity_s) == ("loading", 130.0)
+    shown = to_text(status_view(status))
+    assert "workers: 1 working, 1 loading (2m10s)" in shown and "loading 2m10s" in shown
+    # Silent past two intervals, still within the liveness window: said, with for how long.
+    later = derive_status(gather(store, layout, Backend()), now=now + 45, prices=load_gpu_table())
+    assert [w.activity for w in later.workers] == ["silent", "silent"]
+    assert all(45 <= w.activity_s < 50 for w in later.workers)  # build() beat a moment before `now`
+    assert {w.activity for w in status.workers} <= set(WORKER_ACTIVITIES)
+    assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
+    assert [w["activity"] for w in json.loads(capsys.readouterr().out)["workers"]][1] in ("loading", "silent")
+
+
+def test_every_job_state_and_heartbeat_reads_as_a_word_status_can_explain():
+    """Whatever a worker's job and heartbeat say, its activity is one of WORKER_ACTIVITIES."""
+    from orchestrator.controller.activity import RUN_STATES, run_state, worker_activity
+    from orchestrator.core.records import HeartbeatSummary
+
+    now = time.time()
+    beats = [None] + [
+        HeartbeatSummary(holder="h", state=s, chunk=chunk, started_at=now - 100, updated_at=now - age)
+        for s in ("starting", "loading", "running", "idle", "stopping", "exited")
+        for age in (1, 30, 3600)
+        for chunk in (None, "part_00001")
+    ]
+    attempt = JobAttempt(job_id="1", backend="local", launched_at=now)
+    seen = set()
+    for state in [None, *JobState]:
+        status = JobStatus("1", state) if state is not None else None
+        for hb in beats:
+            live = hb if hb is not None and hb.state != "exited" and now - hb.updated_at < 60 else None
+            for cancelled in (False, True):
+                word, _ = worker_activity(hb, live, status, attempt, now=now, interval=10, cancelled=cancelled)
+                seen.add(word)
+    assert seen <= set(WORKER_ACTIVITIES), seen - set(WORKER_ACTIVITIES)
+    assert {"queued", "provisioning", "recovering", "loading", "working", "draining", "silent", "failed"} <= seen
+    assert run_state(complete=False, damaged=False, cancelled=False, activities=["loading"], launched=True) == "running"
+    assert run_state(complete=False, damaged=False, cancelled=False, activities=["failed"], launched=True) in RUN_STATES

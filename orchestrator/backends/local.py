@@ -99,7 +99,14 @@ class LocalLauncher:
 
     # -- Launcher ----------------------------------------------------------------------------
     def launch(self, requests: Sequence[LaunchRequest]) -> dict[int, str]:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise LaunchFailed(
+                {},
+                {r.worker: f"cannot make its log folder {self.log_dir}: {e.strerror or e}" for r in requests},
+                hint=f"the workers log to {self.log_dir}: make it a folder orch may write to",
+            ) from None
         launched: dict[int, str] = {}
         failures: dict[int, str] = {}
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(requests)))) as pool:

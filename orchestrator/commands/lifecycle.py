@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from orchestrator.commands.shared import Invocation, backend_option, common_options, follow_run, require_model
+from orchestrator.commands.shared import Invocation, backend_option, common_options, follow_run, warn
 
 
 @click.command("launch")
@@ -49,8 +49,12 @@ def launch_command(
         },
     )
     # A dry run reads and renders: the spec is checked, not recorded, and a plan is made in memory.
-    ctx = inv.context(freeze=not dry_run, check=dry_run)
-    require_model(ctx)
+    ctx = inv.context(freeze=not dry_run, check=dry_run, model="required")
+    if dry_run and not ctx.store.shared:
+        warn(
+            f"the store {ctx.spec.store} is a directory on this machine: no cloud machine can reach it "
+            "(use --store s3://BUCKET/PREFIX or r2://BUCKET/PREFIX)"
+        )
     plan = ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo, write=not dry_run)
     if dry_run:
         from orchestrator.controller.launch import dry_run_requests
@@ -149,8 +153,7 @@ def resume_command(inv: Invocation, backend: str | None, follow: bool, interval:
     from orchestrator.controller.launch import launch_workers
     from orchestrator.controller.plan import workers_needed
 
-    ctx = inv.with_flags(backend=backend).context()
-    require_model(ctx)
+    ctx = inv.with_flags(backend=backend).context(model="required")
     launcher = backend_for(ctx)
     needed, remaining = workers_needed(ctx)
     if not remaining:

@@ -28,7 +28,7 @@ def prepare_command(inv: Invocation, sources: tuple[str, ...], strict: bool, as_
     from orchestrator.prepare import prepare_run
 
     # The spec is checked now, and recorded only once the prepare succeeded.
-    ctx = Invocation(inv.spec_file, {**inv.flags, **input_flags(**input_args)}).context(check=True)
+    ctx = Invocation(inv.spec_file, {**inv.flags, **input_flags(**input_args)}).context(check=True, model="checked")
     report = prepare_run(ctx, list(sources), strict=strict, progress=lambda s: click.echo(s, err=True))
     say_spec_changes(ctx)
     if as_json:

@@ -19,12 +19,14 @@ from orchestrator.commands.shared import Invocation, common_options
     required=True,
     help="a chunk id (part_00042) or its number (42); repeat for several",
 )
-def redo_command(inv: Invocation, chunks: tuple[str, ...]) -> int:
+@click.option("--yes", "-y", is_flag=True, help="do not ask before deleting the chunks' outputs")
+def redo_command(inv: Invocation, chunks: tuple[str, ...], yes: bool) -> int:
     """Drop a chunk's done marker, stats and output parts, so that the fleet runs it again.
 
     Safe while workers run: the chunk's lease is taken first, so no worker resumes it from parts
     being removed; once given back, any worker takes it. Use it on the chunks `orch status` or
-    `orch collect` report as damaged.
+    `orch collect` report as damaged. It asks first (--yes does not); with no terminal to ask on,
+    it needs --yes.
     """
     from orchestrator.core.errors import InputError
     from orchestrator.core.protocol.checkpoints import redo_chunk
@@ -44,6 +46,7 @@ def redo_command(inv: Invocation, chunks: tuple[str, ...]) -> int:
                 where="--chunk",
             )
         wanted.append(chunk)
+    confirm_deletion(ctx.layout.run, wanted, yes)
     holder = f"redo.{uuid.uuid4().hex[:10]}"
     for chunk in wanted:
         report = redo_chunk(
@@ -64,6 +67,23 @@ def redo_command(inv: Invocation, chunks: tuple[str, ...]) -> int:
     else:
         click.echo("no worker is running: `orch resume --follow` runs it")
     return 0
+
+
+def confirm_deletion(run: str, chunks: list[str], yes: bool) -> None:
+    """Ask before outputs are deleted; without a terminal, refuse unless --yes said so."""
+    import sys
+
+    from orchestrator.core.errors import OrchError
+
+    if yes:
+        return
+    what = f"the done marker, stats and output parts of {len(chunks)} chunk(s) of run {run!r} ({', '.join(chunks)})"
+    if not sys.stdin.isatty():
+        raise OrchError(
+            f"not deleting {what}: no terminal to ask on", hint="add --yes to delete them without asking", where="redo"
+        )
+    if not click.confirm(f"delete {what}, to run them again?", default=False):
+        raise click.exceptions.Exit(1)
 
 
 def register(cli: click.Group) -> None:

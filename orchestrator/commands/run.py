@@ -15,7 +15,6 @@ from orchestrator.commands.shared import (
     max_error_rate_option,
     print_collect_report,
     print_prepare_report,
-    require_model,
     say_spec_changes,
 )
 
@@ -66,8 +65,7 @@ def run_command(
     if backend is not None:
         flags["backend"] = backend
     # Checked now, recorded once the prepare succeeded: a failed first attempt locks nothing.
-    ctx = Invocation(inv.spec_file, flags).context(check=True)
-    require_model(ctx)
+    ctx = Invocation(inv.spec_file, flags).context(check=True, model="required")
 
     def prepared(report: PrepareReport) -> None:
         say_spec_changes(ctx)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from orchestrator.controller.deadline import DeadlineSettings
     from orchestrator.controller.reconcile import TickReport
     from orchestrator.core.context import RunContext
+    from orchestrator.core.errors import SpecError
     from orchestrator.prepare import PrepareReport
 
 
@@ -32,19 +33,64 @@ class Invocation:
     spec_file: str | None
     flags: dict[str, Any]
 
-    def context(self, freeze: bool = False, check: bool = False) -> RunContext:
+    def context(self, freeze: bool = False, check: bool = False, model: str | None = None) -> RunContext:
         """The run's spec (stored < file < env < flags) and store; with `freeze`, the spec is
         checked against the run's frozen fields and recorded (`check`: checked only). A frozen
-        field that changes because nothing was produced with it yet is said on stderr."""
-        from orchestrator.core.context import resolve_spec
+        field that changes because nothing was produced with it yet is said on stderr.
 
-        ctx = resolve_spec(self.spec_file, self.flags, freeze=freeze, check=check)
+        `model="required"` (a command that starts workers) refuses a run without a model, and
+        `"checked"` (prepare) a local model path that holds no model, before anything is recorded."""
+        from orchestrator.core.context import resolve_spec
+        from orchestrator.core.errors import SpecError
+
+        try:
+            ctx = resolve_spec(self.spec_file, self.flags)
+        except SpecError as e:
+            raise as_flag_error(e) from None
+        if model is not None:
+            check_model(ctx, from_flag="model.name" in self.flags, required=model == "required")
+        if freeze or check:
+            ctx.freeze(write=freeze)
         say_spec_changes(ctx)
         return ctx
 
     def with_flags(self, **more: Any) -> Invocation:
         """The same invocation with more flags (dotted spec paths); None values are left out."""
         return Invocation(self.spec_file, {**self.flags, **{k: v for k, v in more.items() if v is not None}})
+
+
+#: The flag that sets each spec field, to name it as the user wrote it.
+FLAG_OF_FIELD = {
+    "run": "--run",
+    "store": "--store",
+    "backend": "--backend",
+    "model.name": "--model",
+    "input.format": "--format",
+    "input.id_column": "--id-column",
+    "input.turns": "--turns",
+    "input.conversation_column": "--conversation-column",
+    "input.text_column": "--text-column",
+    "input.template": "--template",
+    "input.system_prompt": "--system-prompt",
+    "chunking.num_chunks": "--num-chunks",
+    "chunking.rows_per_chunk": "--rows-per-chunk",
+    "workers.count": "--workers",
+    "resources.gpus": "--gpus",
+}
+
+
+def as_flag_error(error: SpecError) -> SpecError:
+    """A bad value that came from a flag, named by the flag (`--num-chunks`), not the spec field
+    it sets (`chunking.num_chunks`); other errors as they are."""
+    from orchestrator.core.errors import SpecError
+
+    flag = FLAG_OF_FIELD.get(error.field or "")
+    if error.where != "command line" or flag is None or error.field is None:
+        return error
+    message = error.message.removeprefix(f"{error.field}: ")
+    command = click.get_current_context(silent=True)
+    path = command.command_path if command is not None else "orch COMMAND"
+    return SpecError(message, where=flag, hint=f"`{path} --help` says what {flag} takes")
 
 
 def say_spec_changes(ctx: RunContext) -> None:
@@ -141,13 +187,46 @@ def input_flags(
     return flags
 
 
-def require_model(ctx: RunContext) -> None:
+def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> None:
+    """The run has a model (when `required`), and a local path names one: a directory with a
+    config.json or a .gguf file (core/model_source.py). Named as the user gave it: `--model` or
+    `model.name`. On the skypilot backend a local path is only warned about: the worker's image
+    may hold it, though this machine's disk is out of the cloud machines' reach."""
     from orchestrator.core.errors import SpecError
+    from orchestrator.core.model_source import is_local_path, local_adapter_problem, local_model_problem
 
-    if not ctx.spec.model.name:
+    name = ctx.spec.model.name
+    if not name:
+        if required:
+            raise SpecError(
+                "no model", hint="pass --model PATH_OR_HUB_ID, or set model.name in orch.yaml", where="model.name"
+            )
+        return
+    where = "--model" if from_flag else "model.name"
+    if ctx.spec.backend == "skypilot":
+        if is_local_path(name):
+            warn(
+                f"{where} {name} is a path: a cloud machine reads it from its own disk, not this machine's "
+                "(use a hub id, or a path baked into the worker's image)"
+            )
+        return
+    problem = local_model_problem(name)
+    if problem is not None:
         raise SpecError(
-            "no model", hint="pass --model PATH_OR_HUB_ID, or set model.name in orch.yaml", where="model.name"
+            problem,
+            hint="give the directory that holds the model's config.json (or a .gguf file), or a hub id such as "
+            "org/name",
+            where=where,
         )
+    for adapter, source in ctx.spec.model.lora.items() if required else ():  # shipped at launch, not prepare
+        problem = local_adapter_problem(source)
+        if problem is not None:
+            raise SpecError(problem, hint="give the adapter's directory, or its hub id", where=f"model.lora.{adapter}")
+
+
+def warn(message: str) -> None:
+    """A yellow `warning:` line on stderr: something that works, but likely not as the user meant."""
+    click.echo(click.style("warning", fg="yellow") + f": {message}", err=True)
 
 
 def follow_run(
@@ -160,7 +239,7 @@ def follow_run(
     """Follow the run until complete. On a terminal the run's status is redrawn in place each tick;
     otherwise (logs, CI) one line per tick. Relaunch events are printed either way."""
     from orchestrator.commands.console import Group, LiveView, Text, console
-    from orchestrator.commands.views import status_view
+    from orchestrator.commands.views import status_view, workers_line
     from orchestrator.controller.follow import check_complete, follow
     from orchestrator.controller.status import current_status
 
@@ -173,13 +252,15 @@ def follow_run(
             click.echo(events[-1])
 
     def tick(report: TickReport) -> None:
+        status = current_status(ctx, launcher=launcher)
         if live.active:
             recent = [Text(""), Text("events:", style="bold"), *map(Text, events[-8:])] if events else []
-            live.show(Group(status_view(current_status(ctx, launcher=launcher)), *recent))
+            live.show(Group(status_view(status), *recent))
         else:
             click.echo(
                 f"{time.strftime('%H:%M:%S')} chunks {report.chunks_done}/{report.chunks_total} done, "
-                f"{report.live} worker(s) running"
+                f"rows {status.rows['done'] + status.rows['in_progress']:,}/{status.rows['total']:,}; "
+                f"workers: {workers_line(status)}"
             )
 
     try:

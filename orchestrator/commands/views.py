@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator.backends.base import STATE_COLOURS, JobState
 from orchestrator.commands.console import Group, Table, Text, table
 from orchestrator.controller.estimate import Estimate
 from orchestrator.controller.pricing import GpuTable
-from orchestrator.controller.status import RunStatus
+from orchestrator.controller.status import RunStatus, WorkerView
 from orchestrator.controller.status import duration as _duration
 from orchestrator.core.records import PlanRecord
 
@@ -48,6 +48,7 @@ def render_plan(plan: PlanRecord) -> Group:
 WORKER_COLUMNS = (
     "worker",
     "state",
+    "doing",
     "accel",
     "where",
     "spot",
@@ -66,8 +67,7 @@ def status_view(status: RunStatus) -> Group:
     pct = 100 * c["done"] / c["total"] if c["total"] else 100.0
     eta = _duration(status.eta_s) if status.eta_s is not None else "unknown"
     title = Text.assemble((f"run {status.run}", "bold"), f"  ({status.backend or 'not launched'})")
-    if status.complete:
-        title.append("  COMPLETE", style="bold green")
+    title.append(f"  {status.state.upper()}", style="bold " + RUN_STATE_COLOURS.get(status.state, "white"))
     head: list[Text] = [
         title,
         Text(
@@ -79,12 +79,13 @@ def status_view(status: RunStatus) -> Group:
     ]
     if status.tokens.get("prompt_tokens") or status.tokens.get("generated_tokens"):
         head.append(Text(tokens_line(status.tokens, status.cost_per_m_tokens)))
+    if status.workers and not status.complete:
+        head.append(Text(f"workers: {workers_line(status)}"))
     if status.estimate and not status.complete:
         e = status.estimate
         head.append(
             Text(
-                f"estimate left on {e['workers']} x {e['gpu']} ({'measured' if e['measured'] else 'table'} "
-                f"{e['tokens_per_s_per_worker']:,.0f} tok/s each): {_duration(e['spot_hours'] * 3600)} / "
+                f"estimate left on {e['workers']} x {e['gpu']} ({e['basis']}): {_duration(e['spot_hours'] * 3600)} / "
                 f"${e['spot_usd']:,.2f} on spot, {_duration(e['on_demand_hours'] * 3600)} / "
                 f"${e['on_demand_usd']:,.2f} on demand"
             )
@@ -98,7 +99,8 @@ def status_view(status: RunStatus) -> Group:
                 (f" [{d.get('mode')}]", colour),
                 f" progress {d.get('progress', 0):.1%} vs line {d.get('line', 0):.1%}; last decision: "
                 f"{d.get('action')}: {d.get('reason')}"
-                + (f" (budget ${d['budget_usd']:,.2f})" if d.get("budget_usd") else ""),
+                + (f" (budget ${d['budget_usd']:,.2f})" if d.get("budget_usd") else "")
+                + (f"; {d['speed']}" if d.get("speed") else ""),
             )
         )
     if status.backend_note:
@@ -124,6 +126,7 @@ def _workers_table(status: RunStatus) -> Table:
         workers.add_row(
             w.worker,
             Text(state, style=colour),
+            _doing(w),
             w.accelerator or "-",
             "/".join(x for x in (w.cloud, w.region) if x) or "-",
             {True: "spot", False: "on-dem", None: "-"}[w.spot],
@@ -135,6 +138,23 @@ def _workers_table(status: RunStatus) -> Table:
             _duration(w.heartbeat_age_s) + " ago" if w.heartbeat_age_s is not None else "-",
         )
     return workers
+
+
+def _doing(w: WorkerView) -> str:
+    """A worker's activity, with how long where that is known: `loading 2m10s`."""
+    return w.activity + (f" {_duration(w.activity_s, exact=True)}" if w.activity_s is not None else "")
+
+
+def workers_line(status: RunStatus) -> str:
+    """The workers by activity, each with its longest time where known: `1 loading (2m10s), 2 working`."""
+    groups: dict[str, list[WorkerView]] = {}
+    for w in status.workers:
+        groups.setdefault(w.activity, []).append(w)
+    parts = []
+    for activity, views in groups.items():
+        times = [w.activity_s for w in views if w.activity_s is not None]
+        parts.append(f"{len(views)} {activity}" + (f" ({_duration(max(times), exact=True)})" if times else ""))
+    return ", ".join(parts) or "none"
 
 
 def _failures(status: RunStatus) -> list[Text]:
@@ -179,21 +199,52 @@ def _pace_line(status: RunStatus, eta: str) -> str:
     return f"throughput {t['rows_per_s']:.2f} rows/s, {t['tokens_per_s']:,.0f} tok/s   ETA {eta}   {cost}"
 
 
+#: How a run's state is coloured, here and in `orch status`'s header.
+RUN_STATE_COLOURS = {"complete": "green", "damaged": "red", "cancelled": "yellow", "stopped": "yellow"}
+
+
+def render_runs(runs: Sequence[RunStatus | tuple[str, str]], *, now: float) -> Table:
+    """One row per run: its state, chunks and rows done, cost so far, and how long ago it was prepared."""
+    numbers = ("chunks", "rows", "errors", "cost", "age")
+    grid = table("run", "state", "backend", *numbers, right=numbers)
+    for r in runs:
+        if not isinstance(r, RunStatus):
+            grid.add_row(r[0], Text("unreadable", style="red"), r[1], "", "", "", "", "")
+            continue
+        grid.add_row(
+            r.run,
+            Text(r.state, style=RUN_STATE_COLOURS.get(r.state, "white")),
+            r.backend or "-",
+            f"{r.chunks['done']}/{r.chunks['total']}",
+            f"{r.rows['done']:,}/{r.rows['total']:,}",
+            f"{r.rows['errors']:,}",
+            f"${r.cost['so_far_usd']:,.2f}",
+            _duration(now - r.prepared_at) if r.prepared_at else "-",
+        )
+    return grid
+
+
 def render_estimate(est: Estimate) -> Group:
     tp = est.throughput
+    others = (
+        "other GPUs scaled from them by relative speed"
+        if set(tp.measured) - set(tp.unpriced)
+        else f"other GPUs from the price table of {est.price_table_date}"
+    )
     basis = (
-        f"measured on {', '.join(f'{g} ({n} chunks)' for g, n in tp.measured.items())}, others scaled by relative speed"
+        f"measured on {', '.join(f'{g} ({n} chunks)' for g, n in tp.measured.items())}; {others}"
         if tp.measured
         else f"price table of {est.price_table_date} (7-8B model on vLLM)"
     )
+    pick = "what the run measured on" if tp.unpriced else "any_of's pick, the cheapest per hour when capacity allows"
     source = "measured" if tp.tokens_per_row_measured else "assumed: half of max_tokens"
     per_row = f"{tp.tokens_per_row:,.0f} output tokens/row ({source})"
     numbers = ("tok/s/worker", "spot time", "spot cost", "on-demand", "on-d. cost")
     grid = table("GPU", *numbers, right=numbers)
     for c in est.candidates:
         grid.add_row(
-            c.gpu + (" *" if c.cheapest_per_hour else ""),
-            f"{c.tokens_per_s:,.0f}",
+            c.gpu + (" *" if c.gpu == est.fleet_gpu else ""),
+            f"{c.tokens_per_s:,.0f}" + (" measured" if c.measured else ""),
             _hours(c.spot_hours),
             f"{c.spot_usd:,.2f}",
             _hours(c.on_demand_hours),
@@ -205,7 +256,7 @@ def render_estimate(est: Estimate) -> Group:
         Text(f"speed: {basis}"),
         grid,
         Text(
-            f"fleet (*: any_of's pick, the cheapest per hour when capacity allows): {_hours(f.spot_hours)} for "
+            f"fleet (*: {pick}): {_hours(f.spot_hours)} for "
             f"${f.spot_usd:,.2f} on spot, {_hours(f.on_demand_hours)} for ${f.on_demand_usd:,.2f} on demand"
         ),
         Text(

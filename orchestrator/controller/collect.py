@@ -42,6 +42,7 @@ from orchestrator.core.records import (
     read_marker,
 )
 from orchestrator.core.store import NotFound, Store
+from orchestrator.core.tempfiles import make_temp
 
 EXAMPLES = 5
 
@@ -294,7 +295,7 @@ class _Writer:
         self.out = Path(out)
         self.fmt = fmt
         try:
-            fd, self.tmp = tempfile.mkstemp(dir=self.out.parent, prefix=f".{self.out.name}.")
+            fd, self.tmp = make_temp(self.out.parent, prefix=f".{self.out.name}.")
         except OSError as e:
             raise _unwritable(out, e) from None
         self.file = os.fdopen(fd, "wb")
@@ -351,7 +352,7 @@ class _RetryWriter:
         self.file = None
         if self.path:
             try:
-                fd, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+                fd, self.tmp = make_temp(self.path.parent, prefix=f".{self.path.name}.")
             except OSError as e:
                 raise _unwritable(self.path, e) from None
             self.file = os.fdopen(fd, "wb")

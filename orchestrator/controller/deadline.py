@@ -76,6 +76,8 @@ class FleetState:
     largest_chunk_rows: float = 0.0  # the largest unfinished chunk: one worker's, whatever the fleet
     #: Unfinished chunks no live worker is on: more new workers than this would find nothing to do.
     open_chunks: int | None = None
+    #: Which speed new_worker_rate comes from, in words (estimate.Throughput.basis).
+    new_worker_speed: str = ""
 
 
 @dataclass
@@ -92,6 +94,7 @@ class Decision:
     need_rows_per_s: float = 0.0
     have_rows_per_s: float = 0.0
     slack_s: float | None = None
+    speed: str = ""  # which speed a new worker was reckoned at (measured or the table's)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

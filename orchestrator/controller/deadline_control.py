@@ -66,6 +66,7 @@ class DeadlineControl:
         record = facts.jobs
         state, jobs = self.fleet_state(status, record, statuses, facts, now)
         decision = decide(state, self.settings)
+        decision.speed = state.new_worker_speed
         if decision.launch:
             first = max([int(w) for w in record.workers] + [len(facts.plan.workers) - 1 if facts.plan else -1]) + 1
             workers = list(range(first, first + decision.launch))
@@ -94,7 +95,13 @@ class DeadlineControl:
         spec = self.ctx.spec
         tp = throughput(self.prices, spec.resources.gpus, facts.manifest, facts.stats)
         # A new on-demand worker: what any_of picks on demand, the cheapest per hour.
-        pick = min(spec.resources.gpus, key=lambda g: self.prices.get(g).on_demand_usd_h)
+        # On a machine the price table does not know (a local run's cpu), a new worker is another
+        # of those, at the speed they measured.
+        pick = (
+            max(tp.unpriced, key=lambda g: tp.measured[g])
+            if tp.unpriced
+            else min(spec.resources.gpus, key=lambda g: self.prices.get(g).on_demand_usd_h)
+        )
         per_row = max(tp.tokens_per_row, 1e-9)
         new_rate = tp.tokens_per_s[pick] / per_row
         views = {w.worker: w for w in status.workers}
@@ -115,8 +122,8 @@ class DeadlineControl:
                 and now - attempt.launched_at <= 2 * self.settings.restart_overhead_s
             )
             if job.state is JobState.RUNNING or starting:
-                gpu = self.prices.find(view.accelerator if view else None)
-                spot_rate += measured or (tp.tokens_per_s.get(gpu.name, 0.0) / per_row if gpu else new_rate)
+                speed = tp.speed_of(view.accelerator if view else None, self.prices)
+                spot_rate += measured or (speed / per_row if speed is not None else new_rate)
         started = min((a.launched_at for wj in record.workers.values() for a in wj.attempts), default=now)
         unfinished = [e for e in facts.manifest if e.chunk not in facts.done]
         in_hand = {w.chunk for w in status.workers if w.chunk}
@@ -127,7 +134,8 @@ class DeadlineControl:
             spot_rate=spot_rate,
             on_demand=on_demand,
             new_worker_rate=new_rate,
-            new_worker_usd_h=self.prices.get(pick).on_demand_usd_h,
+            new_worker_usd_h=0.0 if pick in tp.unpriced else self.prices.get(pick).on_demand_usd_h,
+            new_worker_speed=f"a new worker on {pick}: {tp.basis(pick)}",
             cost_so_far_usd=status.cost["so_far_usd"],
             largest_chunk_rows=float(max((e.rows for e in unfinished), default=0)),
             open_chunks=sum(1 for e in unfinished if e.chunk not in in_hand),

@@ -32,10 +32,31 @@ PREEMPTIONS_PER_HOUR = 0.25
 
 @dataclass
 class Throughput:
-    tokens_per_s: dict[str, float]  # GPU type -> output tokens/s of one worker
-    measured: dict[str, int]  # GPU type -> chunks its figure comes from (empty: the table's)
+    tokens_per_s: dict[str, float]  # GPU type (or a measured accelerator's name) -> output tokens/s of one worker
+    measured: dict[str, int]  # accelerator -> chunks its figure comes from (empty: the table's)
     tokens_per_row: float
     tokens_per_row_measured: bool
+    #: Accelerators the fleet measured that the price table does not know (a local run's `cpu`):
+    #: their speed is their own, and they scale no GPU's.
+    unpriced: tuple[str, ...] = ()
+
+    def basis(self, gpu: str) -> str:
+        """Which speed an estimate on `gpu` used, in words: `measured 89 tok/s on cpu`,
+        `1,650 tok/s each, scaled from what L4 measured`, `table 1,100 tok/s each`."""
+        speed = f"{self.tokens_per_s.get(gpu, 0.0):,.0f} tok/s"
+        if gpu in self.measured:
+            return f"measured {speed} on {gpu}"
+        scaled_from = [g for g in self.measured if g not in self.unpriced]
+        if scaled_from:
+            return f"{speed} each, scaled from what {', '.join(scaled_from)} measured"
+        return f"table {speed} each"
+
+    def speed_of(self, accelerator: str | None, prices: GpuTable) -> float | None:
+        """Output tokens/s of one worker on `accelerator`: what it measured, else its GPU's; None if unknown."""
+        if accelerator in self.tokens_per_s:
+            return self.tokens_per_s[accelerator]
+        gpu = prices.find(accelerator)
+        return self.tokens_per_s.get(gpu.name) if gpu is not None else None
 
 
 @dataclass
@@ -48,6 +69,8 @@ class Candidate:
     on_demand_hours: float
     on_demand_usd: float
     cheapest_per_hour: bool  # what SkyPilot's any_of picks when capacity allows
+    #: Which speed it used, in words (Throughput.basis).
+    basis: str = ""
 
 
 @dataclass
@@ -61,10 +84,13 @@ class Estimate:
     price_table_date: str
     preemptions_per_hour: float
     restart_overhead_s: float
+    #: The candidate the fleet runs on: what the run measured on a machine the price table does not
+    #: know (a local run's cpu), else any_of's pick, the cheapest per hour.
+    fleet_gpu: str = ""
 
     @property
     def fleet(self) -> Candidate:
-        return next(c for c in self.candidates if c.cheapest_per_hour)
+        return next(c for c in self.candidates if c.gpu == self.fleet_gpu)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,26 +110,29 @@ def throughput(
         rows_done += s.rows
         tokens_done += s.tokens_out
         gpu = prices.find(s.accelerator)
-        if gpu is None or s.seconds <= 0:
+        name = gpu.name if gpu is not None else s.accelerator
+        if not name or s.seconds <= 0:
             continue
-        tokens[gpu.name] = tokens.get(gpu.name, 0) + s.tokens_out
-        seconds[gpu.name] = seconds.get(gpu.name, 0.0) + s.seconds
-        chunks[gpu.name] = chunks.get(gpu.name, 0) + 1
+        tokens[name] = tokens.get(name, 0) + s.tokens_out
+        seconds[name] = seconds.get(name, 0.0) + s.seconds
+        chunks[name] = chunks.get(name, 0) + 1
     measured = {g: tokens[g] / seconds[g] for g in tokens if tokens[g] > 0}
-    if measured:
-        # Tokens/s per unit of relative speed, averaged over what was measured (weighted by chunks).
-        per_speed = sum(measured[g] / prices.get(g).relative_speed * chunks[g] for g in measured) / sum(
-            chunks[g] for g in measured
+    priced = [g for g in measured if prices.find(g) is not None]
+    if priced:
+        # Tokens/s per unit of relative speed, averaged over the GPUs measured (weighted by chunks).
+        per_speed = sum(measured[g] / prices.get(g).relative_speed * chunks[g] for g in priced) / sum(
+            chunks[g] for g in priced
         )
     else:
         per_speed = prices.reference_output_tokens_per_s
-    speeds = {g: measured.get(g, per_speed * prices.get(g).relative_speed) for g in gpus}
+    speeds = {**measured, **{g: measured.get(g, per_speed * prices.get(g).relative_speed) for g in gpus}}
     if rows_done and tokens_done:
         per_row, per_row_measured = tokens_done / rows_done, True
     else:
         rows = sum(e.rows for e in entries)
         per_row, per_row_measured = (sum(e.max_output_tokens for e in entries) / 2 / rows if rows else 0.0), False
-    return Throughput(speeds, {g: chunks[g] for g in measured if g in speeds}, per_row, per_row_measured)
+    unpriced = tuple(g for g in measured if g not in priced)
+    return Throughput(speeds, {g: chunks[g] for g in measured}, per_row, per_row_measured, unpriced)
 
 
 def estimate(
@@ -128,8 +157,9 @@ def estimate(
     lost_share = min(preemptions_per_hour * (restart_overhead_s + checkpoint_interval_s / 2) / 3600, 0.9)
     cheapest = min(gpus, key=lambda g: prices.get(g).spot_usd_h)
     candidates = []
-    for g in gpus:
-        info = prices.get(g)
+    for g in [*gpus, *tp.unpriced]:
+        info = prices.find(g) if g not in tp.unpriced else None
+        spot_usd_h, on_demand_usd_h = (info.spot_usd_h, info.on_demand_usd_h) if info else (0.0, 0.0)
         # Spread over the workers, but no faster than the largest chunk left on one worker.
         tokens = max(tokens_left / workers, largest * tp.tokens_per_row)
         work_h = tokens / tp.tokens_per_s[g] / 3600 if tp.tokens_per_s[g] > 0 else math.inf
@@ -142,12 +172,14 @@ def estimate(
                 tokens_per_s=round(tp.tokens_per_s[g], 1),
                 measured=g in tp.measured,
                 spot_hours=round(spot_h, 3),
-                spot_usd=round(spot_h * workers * info.spot_usd_h, 2),
+                spot_usd=round(spot_h * workers * spot_usd_h, 2),
                 on_demand_hours=round(od_h, 3),
-                on_demand_usd=round(od_h * workers * info.on_demand_usd_h, 2),
+                on_demand_usd=round(od_h * workers * on_demand_usd_h, 2),
                 cheapest_per_hour=g == cheapest,
+                basis=tp.basis(g),
             )
         )
+    fleet = max(tp.unpriced, key=lambda g: tp.measured[g]) if tp.unpriced else cheapest
     return Estimate(
         workers,
         rows_total,
@@ -158,6 +190,7 @@ def estimate(
         prices.date,
         preemptions_per_hour,
         restart_overhead_s,
+        fleet,
     )
 
 

@@ -14,6 +14,7 @@
 
 JSON shape (stable for scripts):
     run, backend, complete (bool: every chunk has a marker, and none is damaged), backend_note (str|null),
+    state (the run in a word: controller/activity.py), prepared_at (when prepare finished) | null,
     damaged: {chunk: what is wrong} (corrupt markers, parts that do not match them; `orch redo` each),
     corrupt_leases: {key: what is wrong} (treated as expired once older than the lease TTL),
     chunks: {total, done},
@@ -35,12 +36,16 @@ JSON shape (stable for scripts):
                chunk_rows, chunk_rows_done, chunks_assigned, chunks_done_of_own_list, chunks_finished
                (by this worker, from any list), rows_done, tokens_per_s, rows_per_s, heartbeat_state,
                heartbeat_age_s, uptime_s, failure_reason (why its current job failed) | null,
-               log (its log file, or the command that shows it) | null}],
-    estimate: {gpu, workers, tokens_per_s_per_worker, measured, spot_hours, spot_usd, on_demand_hours,
-               on_demand_usd} | null (what is left, on the fleet any_of picks; orchestrator/controller/estimate.py),
+               log (its log file, or the command that shows it) | null, activity (what it does, in words:
+               controller/activity.py), activity_s (how long: loading since its process started, silent since
+               its last heartbeat) | null}],
+    estimate: {gpu, workers, tokens_per_s_per_worker, measured, basis (which speed, in words), spot_hours,
+               spot_usd, on_demand_hours, on_demand_usd} | null (what is left, on the fleet any_of picks, or
+               on what the run measured where the price table has no price: a local cpu;
+               orchestrator/controller/estimate.py),
     deadline: the deadline policy's latest decision | null ({at, deadline_s, budget_usd, action,
               mode, reason, launch, retire, elapsed_s, progress, line, need_rows_per_s,
-              have_rows_per_s, slack_s}; orchestrator/controller/deadline.py)
+              have_rows_per_s, slack_s, speed}; orchestrator/controller/deadline.py)
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.backends.base import JobState, JobStatus, Launcher, attempt_statuses
+from orchestrator.controller.activity import run_state, worker_activity
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.token_cost import realised_cost, tokens_of
 from orchestrator.core import worker_ids
@@ -102,6 +108,8 @@ class RunFacts:
     corrupt_leases: dict[str, str] = field(default_factory=dict)
     #: Input rows set aside at prepare (answered by collect with error lines).
     set_aside: int = 0
+    #: When prepare finished (its record's time), None when not known.
+    prepared_at: float | None = None
 
 
 def latest_decision(store: Store, layout: RunLayout) -> DecisionRecord | None:
@@ -140,6 +148,7 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
     )
     prepared = read_record(store, layout.prepare_record, PrepareRecord)
     facts.set_aside = prepared[0].errors if prepared is not None else 0
+    facts.prepared_at = prepared[0].created_at or None if prepared is not None else None
     current = list(jobs.current_jobs().values())
     if launcher is not None and current:
         try:
@@ -193,6 +202,12 @@ class WorkerView:
     failure_reason: str | None = None
     #: Where the current job's log is: a file, or the command that shows it.
     log: str | None = None
+    #: What the worker does, in words (controller/activity.py): from its heartbeat while it beats,
+    #: else from its job's state.
+    activity: str = "not launched"
+    #: How long it has been at it, where that is known: loading (since its process started), or
+    #: silent (since its last heartbeat).
+    activity_s: float | None = None
 
 
 @dataclass
@@ -224,6 +239,10 @@ class RunStatus:
     cost_per_m_tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: [unix time, chunks done] from the first launch to the latest finished chunk (for a chart).
     timeline: list[list[float]] = field(default_factory=list)
+    #: The run as a whole, in a word (RUN_STATES).
+    state: str = "prepared"
+    #: When prepare finished (`orch runs` shows the run's age), None when not known.
+    prepared_at: float | None = None
 
 
 def derive_status(
@@ -256,10 +275,11 @@ def derive_status(
     total_rows = sum(rows_by_chunk.values())
     remaining = total_rows - rows_done - in_progress
     eta = remaining / rows_per_s if rows_per_s > 0 and remaining > 0 else (0.0 if remaining <= 0 else None)
+    complete = len(done) == len(rows_by_chunk) and not facts.damaged
     return RunStatus(
         run=facts.run,
         backend=facts.jobs.backend,
-        complete=len(done) == len(rows_by_chunk) and not facts.damaged,
+        complete=complete,
         backend_note=facts.backend_note,
         chunks={"total": len(rows_by_chunk), "done": len(done)},
         rows={
@@ -286,6 +306,14 @@ def derive_status(
         tokens=tokens_of(finished).to_dict(),
         cost_per_m_tokens=per_m,
         timeline=_timeline(sorted(at for c, (at, _) in facts.stats.items() if c in done), facts.jobs),
+        state=run_state(
+            complete=complete,
+            damaged=bool(facts.damaged),
+            cancelled=facts.jobs.cancelled,
+            activities=[w.activity for w in workers],
+            launched=bool(facts.jobs.workers or facts.heartbeats),
+        ),
+        prepared_at=facts.prepared_at,
     )
 
 
@@ -298,7 +326,10 @@ def _worker_views(facts: RunFacts, done: set[str], *, now: float, heartbeat_inte
             finished_by[s.worker] = finished_by.get(s.worker, 0) + 1
     own = {str(a.worker): a.chunks for a in (facts.plan.workers if facts.plan else [])}
     current = {str(w): a for w, a in facts.jobs.current_jobs().items()}
-    recoveries = {w: len(wj.attempts) - 1 for w, wj in facts.jobs.workers.items()}
+    # A recovery is a relaunch after a job ended with work left, not a launch after `orch cancel`.
+    recoveries = {
+        w: sum(1 for a in wj.attempts if a.reason.startswith("relaunch")) for w, wj in facts.jobs.workers.items()
+    }
     views = []
     for name in sorted(set(own) | set(current) | set(facts.heartbeats), key=worker_ids.sort_key):
         base = worker_ids.job_worker(name)
@@ -332,6 +363,10 @@ def _worker_views(facts: RunFacts, done: set[str], *, now: float, heartbeat_inte
                 failure_reason=_failure(status, attempt),
                 log=status.log if status else None,
             )
+        )
+        view = views[-1]
+        view.activity, view.activity_s = worker_activity(
+            hb, live, status, attempt, now=now, interval=heartbeat_interval, cancelled=facts.jobs.cancelled
         )
     return views
 
@@ -400,6 +435,7 @@ def _estimate(facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: i
         "workers": est.workers,
         "tokens_per_s_per_worker": f.tokens_per_s,
         "measured": f.measured,
+        "basis": f.basis,
         "spot_hours": f.spot_hours,
         "spot_usd": f.spot_usd,
         "on_demand_hours": f.on_demand_hours,
@@ -407,15 +443,16 @@ def _estimate(facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: i
     }
 
 
-def duration(seconds: float | None) -> str:
-    """How a status says a duration (the terminal's and the web page's): 45s, 12m, 3h05m."""
+def duration(seconds: float | None, exact: bool = False) -> str:
+    """How a status says a duration (the terminal's and the web page's): 45s, 12m, 3h05m; `exact` keeps
+    the seconds under two hours (`2m10s`: a wait that moves)."""
     if seconds is None:
         return "-"
     seconds = int(seconds)
-    if seconds < 120:
+    if seconds < 120 and not (exact and seconds >= 60):
         return f"{seconds}s"
     if seconds < 7200:
-        return f"{seconds // 60}m"
+        return f"{seconds // 60}m{seconds % 60:02d}s" if exact else f"{seconds // 60}m"
     return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
 
 

@@ -37,6 +37,9 @@ class SpecError(OrchError):
     """The run spec (file, environment or flags) is invalid."""
 
     exit_code = 2
+    #: The spec field at fault, dotted (`chunking.num_chunks`), when one is: a command renames it
+    #: to the flag that set it.
+    field: str | None = None
 
 
 class SpecConflict(OrchError):

@@ -17,6 +17,7 @@ change between commands.
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -358,17 +359,25 @@ def _spec_error(e: ValidationError, source: str, lines: Any) -> SpecError:
     loc = [str(p) for p in err.get("loc", ()) if not str(p).startswith("function-")]
     field = ".".join(loc) or "(top level)"
     msg = err.get("msg", "invalid")
+    hint = "the README's section on orch.yaml lists every field and what it takes"
     if err.get("type") == "extra_forbidden":
         parent = _model_at(loc[:-1])
         known = ", ".join(parent.model_fields) if parent else ""
         msg = f"unknown field{f' (known: {known})' if known else ''}"
+        close = difflib.get_close_matches(loc[-1], list(parent.model_fields) if parent else [], n=1)
+        if close:
+            hint = f"did you mean {'.'.join([*loc[:-1], close[0]])}?"
+    elif "input" in err and err.get("input") is not None:
+        msg = f"{msg} (got {repr(err['input'])[:80]})"
     where = source
     line = _line_of(lines, loc)
     if line is not None:
         where = f"{source}:{line}"
     elif source == "environment":
         where = "ORCH_" + "__".join(p.upper() for p in loc) if len(loc) > 1 else source
-    return SpecError(f"{field}: {msg}", where=where)
+    error = SpecError(f"{field}: {msg}", where=where, hint=hint)
+    error.field = field
+    return error
 
 
 def _model_at(path: list[str]) -> type[BaseModel] | None:

@@ -94,10 +94,16 @@ def prepare_run(
         _convert_rows(files, spec.input, boundaries, writer, rows_in, progress)
         entries = writer.close()
         if not entries and total > 0:
+            missing_column = bool(errors.first) and ": no column " in errors.first[0]
             raise InputError(
                 f"no row of the input became a request: all {errors.count:,} row(s) were set aside",
                 where=errors.first[0] if errors.first else None,
-                hint="fix the input or how it is read (--format, --template, --id-column, ...), then prepare again",
+                hint=(
+                    "name the column (--conversation-column for chat turns, --text-column for text), or read "
+                    "the rows as text: --format text --text-column COLUMN"
+                    if missing_column
+                    else "fix the input or how it is read (--format, --template, --id-column, ...), then prepare again"
+                ),
             )
         identity = _identity(ctx, files)
         # Recorded only now: a prepare that failed leaves the run's spec free to be corrected.

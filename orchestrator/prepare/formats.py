@@ -177,6 +177,8 @@ def _completion_body(record: dict[str, Any], id_column: str | None) -> dict[str,
 
 
 def _chat_messages(record: dict[str, Any], spec_input: InputSpec) -> list[dict[str, str]]:
+    if spec_input.conversation_column not in record:
+        raise BadRow(f"no column {spec_input.conversation_column!r} (the row has {_columns(record)})")
     conversation = record.get(spec_input.conversation_column)
     if not isinstance(conversation, list) or not conversation:
         raise BadRow(f"column {spec_input.conversation_column!r} is not a list of turns")
@@ -201,11 +203,17 @@ def _chat_messages(record: dict[str, Any], spec_input: InputSpec) -> list[dict[s
 
 def _text(record: dict[str, Any], spec_input: InputSpec) -> str:
     if spec_input.text_column not in record:
-        raise BadRow(f"no column {spec_input.text_column!r}")
+        raise BadRow(f"no column {spec_input.text_column!r} (the row has {_columns(record)})")
     try:
         return spec_input.template.format(**{k: ("" if v is None else v) for k, v in record.items()})
     except (KeyError, IndexError, ValueError) as e:
         raise BadRow(f"the template cannot be filled from this row: {e!r}") from None
+
+
+def _columns(record: dict[str, Any]) -> str:
+    """The row's columns, for a message: `text, id` (the first 10)."""
+    names = list(record)
+    return (", ".join(map(str, names[:10])) + (", ..." if len(names) > 10 else "")) if names else "no columns"
 
 
 def _text_body(record: dict[str, Any], spec_input: InputSpec) -> tuple[str, dict[str, Any]]:

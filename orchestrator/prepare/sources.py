@@ -223,7 +223,11 @@ def _resolve_local(source: str) -> list[SourceFile]:
     if path.is_dir():
         return [_local_file(p) for p in sorted(path.iterdir()) if p.is_file() and _kind(p.name)]
     if not path.exists():
-        raise InputError(f"{path} does not exist", where=source)
+        raise InputError(
+            f"{path} does not exist",
+            where=source,
+            hint="SOURCES are .jsonl, .jsonl.gz or .parquet files, directories of them, or s3:// prefixes",
+        )
     if not _kind(path.name):
         raise InputError(f"{path.name}: not a .jsonl, .jsonl.gz or .parquet file", where=source)
     return [_local_file(path)]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import socket
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -310,12 +311,30 @@ def serve(settings: ServeSettings, host: str, port: int) -> None:
     """Run the API with uvicorn until stopped (Ctrl-C, SIGTERM); the batches' workers run on."""
     import uvicorn
 
+    sock = listening_socket(host, port)
     # A request still under way at shutdown (an upload trickling in) is cut off after the grace period:
     # uvicorn would otherwise wait for it as long as its client keeps sending.
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=host,
         port=port,
         log_level="info",
         timeout_graceful_shutdown=settings.spec.serve.shutdown_timeout,
     )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound here so that a port in use is one ERROR line, not uvicorn's log."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a restart reuses the port
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OrchError(
+            f"cannot listen on {host}:{port}: {e.strerror or e}",
+            where="--port",
+            hint="another program (another orch serve?) holds the port: stop it, or choose another with --port",
+        ) from None
+    return sock

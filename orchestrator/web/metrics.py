@@ -21,7 +21,7 @@ every series labelled with its `run`. Names (all prefixed `orch_`):
     orch_estimate_left_usd{run,market}           market: spot | on_demand (with GPU candidates)
     orch_estimate_left_seconds{run,market}
     orch_workers{run,state}                      workers by job state (RUNNING, RECOVERING, ...)
-    orch_workers_by_activity{run,activity}       workers by what their heartbeat says (loading, running, ...)
+    orch_workers_by_activity{run,activity}       workers by what they do (loading, working, draining...)
     orch_worker_rows_per_second{run,worker}, orch_worker_tokens_per_second{run,worker}
     orch_worker_recoveries{run,worker}           times the worker's job was recovered or relaunched
 
@@ -110,7 +110,9 @@ def _run_families(runs: list[RunStatus]) -> Iterator[Metric]:
 
 def _worker_families(runs: list[RunStatus]) -> Iterator[Metric]:
     by_state = _gauge("orch_workers", "workers by job state", ("run", "state"))
-    by_activity = _gauge("orch_workers_by_activity", "workers by their heartbeat's state", ("run", "activity"))
+    by_activity = _gauge(
+        "orch_workers_by_activity", "workers by what they do, as orch status says", ("run", "activity")
+    )
     rows_per_s = _gauge("orch_worker_rows_per_second", "a working worker's rows/s", ("run", "worker"))
     tokens_per_s = _gauge("orch_worker_tokens_per_second", "a working worker's output tokens/s", ("run", "worker"))
     recoveries = _gauge(
@@ -121,7 +123,7 @@ def _worker_families(runs: list[RunStatus]) -> Iterator[Metric]:
         activities: dict[str, int] = {}
         for w in s.workers:
             states[w.state] = states.get(w.state, 0) + 1
-            activity = w.heartbeat_state or "none"
+            activity = w.activity
             activities[activity] = activities.get(activity, 0) + 1
             rows_per_s.add_metric([s.run, w.worker], w.rows_per_s)
             tokens_per_s.add_metric([s.run, w.worker], w.tokens_per_s)

@@ -113,6 +113,7 @@ def _worker_row(w: Any) -> dict[str, Any]:
         "spot": {True: "spot", False: "on-demand", None: "-"}[w.spot],
         "progress": f"{w.chunk_rows_done}/{w.chunk_rows}" if w.chunk else "-",
         "beat": duration(w.heartbeat_age_s) + " ago" if w.heartbeat_age_s is not None else "-",
+        "doing": w.activity + (f" {duration(w.activity_s, exact=True)}" if w.activity_s is not None else ""),
     }
 
 

@@ -220,6 +220,7 @@ class DecisionRecord(Record):
     need_rows_per_s: float = 0.0
     have_rows_per_s: float = 0.0
     slack_s: float | None = None
+    speed: str = Field("", description="which speed a new worker was reckoned at: measured, or the table's")
 
 
 # -- written by workers -------------------------------------------------------------------------

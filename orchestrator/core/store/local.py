@@ -27,7 +27,6 @@ import hashlib
 import os
 import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,6 +40,7 @@ from orchestrator.core.store.base import (
     RequestCounter,
     check_key,
 )
+from orchestrator.core.tempfiles import make_temp
 
 #: The local backend's worker logs, beside the runs (orchestrator/backends/local.py): files of this
 #: machine, not store keys.
@@ -256,7 +256,7 @@ class LocalStore:
         tmp = None
         try:
             self._own_dirs()
-            fd, tmp = tempfile.mkstemp(dir=self._tmp)
+            fd, tmp = make_temp(self._tmp)
             os.close(fd)
             yield tmp
         except OSError as e:

@@ -1,0 +1,102 @@
+"""`orch runs` and `orch logs`: finding a store's runs, and reading a run's worker logs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from orchestrator.commands.shared import Invocation, common_options
+
+
+@click.command("runs")
+@click.option("-f", "--file", "spec_file", type=click.Path(dir_okay=False), help="spec file (default: ./orch.yaml)")
+@click.option("--store", "store", help="store URI: a directory (default ./.orch), s3://B/P or r2://B/P")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per run, a line each")
+@click.option("--prices", type=click.Path(dir_okay=False, exists=True), default=None, help="GPU price table (YAML)")
+def runs_command(spec_file: str | None, store: str | None, as_json: bool, prices: str | None) -> int:
+    """List the runs in a store: state, chunks and rows done, cost so far, age."""
+    from orchestrator.commands.console import console
+    from orchestrator.commands.views import render_runs
+    from orchestrator.controller.pricing import load_gpu_table
+    from orchestrator.controller.runs import list_runs
+    from orchestrator.controller.status import RunStatus
+    from orchestrator.core.spec import load_spec
+    from orchestrator.core.store import open_store
+
+    spec = load_spec(spec_file, {"store": store} if store else {})
+    runs = list_runs(open_store(spec.store, spec.store_settings), load_gpu_table(prices))
+    if as_json:
+        for r in runs:
+            if isinstance(r, RunStatus):
+                doc = {"run": r.run, "state": r.state, "backend": r.backend, "chunks": r.chunks, "rows": r.rows}
+                click.echo(json.dumps({**doc, "cost_usd": r.cost["so_far_usd"], "prepared_at": r.prepared_at}))
+            else:
+                click.echo(json.dumps({"run": r[0], "state": "unreadable", "problem": r[1]}))
+        return 0
+    if not runs:
+        click.echo(f"no runs in {spec.store}")
+        return 0
+    console().print(render_runs(runs, now=time.time()))
+    return 0
+
+
+@click.command("logs")
+@common_options
+@click.option("--worker", default=None, help="only this worker's logs (its number)")
+@click.option("--follow", is_flag=True, help="print lines as they are written, until the run ends (or Ctrl-C)")
+@click.option("--all", "every", is_flag=True, help="every attempt's log, not just each worker's latest")
+@click.option("--interval", type=float, default=1.0, show_default=True, help="seconds between reads with --follow")
+def logs_command(inv: Invocation, worker: str | None, follow: bool, every: bool, interval: float) -> int:
+    """Print the run's worker logs: each worker's latest (--all: every attempt), then --follow them.
+
+    Local workers log on this machine (`<store>/logs/<run>/`, or ORCH_HOME/logs/<run>/ for an
+    s3:// or r2:// store); a SkyPilot worker's log is shown by `sky jobs logs JOB` (orch status
+    names the job).
+    """
+    from orchestrator.controller.runs import follow_logs, log_files
+    from orchestrator.controller.status import current_status
+    from orchestrator.core.errors import RunNotFound
+    from orchestrator.core.records import read_jobs, read_manifest
+
+    ctx = inv.context()
+    read_manifest(ctx.store, ctx.layout)  # RunNotFound, with its hint, for a run that is not there
+    files = log_files(ctx, worker)
+    if not files and not follow:
+        record, _ = read_jobs(ctx.store, ctx.layout)
+        jobs = [f"worker {w}: job {a.job_id}" for w, a in sorted(record.current_jobs().items())]
+        hint = (
+            f"SkyPilot workers log on their machines: sky jobs logs JOB ({', '.join(jobs)})"
+            if record.backend == "skypilot"
+            else "launch the run first (orch launch), or check --worker"
+        )
+        raise RunNotFound(
+            f"no worker logs for run {ctx.layout.run!r}" + (f" worker {worker}" if worker else "") + " on this machine",
+            hint=hint,
+        )
+    latest: dict[str, Path] = {}
+    for path in files:
+        latest[path.name.rsplit("-", 1)[0]] = path  # worker-<i>: its newest attempt wins
+    for path in files if every else sorted(latest.values()):
+        click.echo(f"==> {path} <==")
+        click.echo(path.read_text(errors="replace"), nl=False)
+    if not follow:
+        return 0
+    shown: Path | None = None
+    try:
+        for path, line in follow_logs(ctx, worker, lambda: current_status(ctx).state != "running", interval=interval):
+            if path != shown:
+                click.echo(f"==> {path} <==")
+                shown = path
+            click.echo(line)
+    except KeyboardInterrupt:
+        raise click.exceptions.Exit(130) from None
+    click.echo(f"run {ctx.layout.run!r} is {current_status(ctx).state}: no worker is writing", err=True)
+    return 0
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(runs_command)
+    cli.add_command(logs_command)

@@ -1,0 +1,90 @@
+"""The runs a store holds, and where their workers' logs are: what `orch runs` and `orch logs` read.
+
+1. `run_names` finds the runs with one listing request per run: each listing asks for the keys
+   after the previous run's (`runs/<name>0` sorts after every `runs/<name>/...` key and before
+   the next run's), and stops at the first.
+2. `list_runs` gives each run's status (controller/status.py: the same derivation `orch status`
+   shows), read from the store alone: no backend is asked, so a job that is queued without a
+   heartbeat yet reads as stopped until it beats.
+3. `log_files` and `follow_logs`: the local backend's worker logs, `<store>/logs/<run>/` for a
+   directory store and ORCH_HOME/logs/<run>/ on this machine for an s3:// or r2:// one.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from orchestrator.controller.pricing import GpuTable
+from orchestrator.controller.status import RunStatus, status_of
+from orchestrator.core.context import RunContext
+from orchestrator.core.errors import OrchError
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.store import Store
+
+RUNS_PREFIX = "runs/"
+
+
+def run_names(store: Store) -> list[str]:
+    """Every run in the store, in name order: one listing request per run."""
+    names: list[str] = []
+    after: str | None = None
+    while True:
+        first = next(iter(store.list(RUNS_PREFIX, start_after=after)), None)
+        if first is None:
+            return names
+        name = first.key[len(RUNS_PREFIX) :].partition("/")[0]
+        names.append(name)
+        after = f"{RUNS_PREFIX}{name}0"  # "0" follows "/": past every key of this run
+
+
+def list_runs(store: Store, prices: GpuTable, now: float | None = None) -> list[RunStatus | tuple[str, str]]:
+    """Each run's status, or (name, what is wrong) for a run whose records cannot be read."""
+    now = time.time() if now is None else now
+    out: list[RunStatus | tuple[str, str]] = []
+    for name in run_names(store):
+        try:
+            out.append(status_of(store, RunLayout(name), None, now=now, prices=prices))
+        except OrchError as e:  # a run that was never prepared, or a record that does not parse
+            out.append((name, e.message))
+    return out
+
+
+_LOG_NAME = re.compile(r"^worker-(?P<worker>.+)-(?P<ms>\d+)\.log$")
+
+
+def log_files(ctx: RunContext, worker: str | None = None) -> list[Path]:
+    """The run's worker logs on this machine, oldest first (by launch time), of one worker or all."""
+    from orchestrator.backends.local import local_log_dir
+
+    found = []
+    folder = local_log_dir(ctx.spec, ctx.store)
+    for path in folder.glob("worker-*.log") if folder.is_dir() else ():
+        m = _LOG_NAME.match(path.name)
+        if m and (worker is None or m["worker"] == worker):
+            found.append((int(m["ms"]), path))
+    return [path for _, path in sorted(found)]
+
+
+def follow_logs(
+    ctx: RunContext, worker: str | None, ended: Callable[[], bool], *, interval: float = 1.0
+) -> Iterator[tuple[Path, str]]:
+    """(log, line) as workers write them, from each log's current end, new logs included, until
+    `ended()` says the run is over (then what is left is read once more)."""
+    offsets = {path: path.stat().st_size for path in log_files(ctx, worker)}
+    while True:
+        over = ended()
+        for path in log_files(ctx, worker):
+            start = offsets.get(path, 0)
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read()
+            complete = data[: data.rfind(b"\n") + 1] if not over else data
+            offsets[path] = start + len(complete)
+            for line in complete.decode("utf-8", "replace").splitlines():
+                yield path, line
+        if over:
+            return
+        time.sleep(interval)

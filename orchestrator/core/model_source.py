@@ -1,0 +1,50 @@
+"""Whether a model name is a local path or a hub id, and whether a local one can be loaded.
+
+A worker hands `model.name` to vLLM (or transformers): a directory with a config.json, a single
+.gguf file, or a Hugging Face hub id (`org/name`, or a bare `name` such as `gpt2`). A local path
+that does not hold a model is found here, before a run is launched and its spec frozen with it;
+a hub id is left to the worker, whose failure to load it `orch status` reports.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+#: What the hub accepts as an id: `name` or `org/name`, of letters, digits, `-`, `_` and `.`.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+def is_local_path(name: str) -> bool:
+    """A name the worker reads from its disk: one that exists here, or that only a path can be
+    (absolute, `./`, `../`, `~`, more than one `/`, a .gguf file). `org/name` and `name` that do
+    not exist here are hub ids."""
+    if Path(name).expanduser().exists():
+        return True
+    return name.startswith(("/", "./", "../", "~", ".\\")) or name.endswith(".gguf") or not _HUB_ID.match(name)
+
+
+def local_model_problem(name: str) -> str | None:
+    """What is wrong with a local model path, or None (a model is there, or `name` is a hub id)."""
+    if not is_local_path(name):
+        return None
+    path = Path(name).expanduser()
+    if not path.exists():
+        return f"{name} does not exist (a local model is a directory with a config.json, or a .gguf file)"
+    if path.is_file():
+        return None if path.suffix == ".gguf" else f"{name} is a file, not a model directory or a .gguf file"
+    if not (path / "config.json").is_file():
+        return f"{name} has no config.json: not a model directory (a Hugging Face checkout has one)"
+    return None
+
+
+def local_adapter_problem(name: str) -> str | None:
+    """What is wrong with a local LoRA adapter path, or None (an adapter is there, or a hub id)."""
+    if not is_local_path(name):
+        return None
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        return f"{name} is not a directory (a local LoRA adapter is one, with an adapter_config.json)"
+    if not (path / "adapter_config.json").is_file():
+        return f"{name} has no adapter_config.json: not a LoRA adapter directory"
+    return None

@@ -1,0 +1,121 @@
+"""Small surprises a user met: files only their owner could read, a redo that deleted without
+asking, a cancel counted as a recovery, a cancelled run whose header did not say so."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.core.records import JobAttempt, update_jobs
+from orchestrator.core.store import open_store
+from tests.support.runs import Answer, answer_chunk, chat_request, make_run
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def answered(project: Path, run: str = "r"):
+    store = open_store(str(project / ".orch"))
+    layout = make_run(store, run, [[chat_request(f"r{i}", "q") for i in range(2)] for _ in range(2)], model="m")
+    for c in (0, 1):
+        answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"r{i}", "x") for i in range(2)]])
+    return store, layout
+
+
+@pytest.mark.parametrize(("mask", "mode"), [(0o022, 0o644), (0o002, 0o664)])
+def test_outputs_and_store_objects_are_made_with_the_users_umask(project, mask, mode):
+    old = os.umask(mask)
+    try:
+        _, layout = answered(project)
+        assert main(["collect", "--run", "r", "--out", "o.jsonl", "--retry-out", "retry.jsonl"]) == 0
+    finally:
+        os.umask(old)
+    assert (project / "o.jsonl").stat().st_mode & 0o777 == mode
+    assert (project / "retry.jsonl").stat().st_mode & 0o777 == mode
+    marker = project / ".orch" / layout.done("part_00000")
+    assert marker.stat().st_mode & 0o777 == mode
+
+
+def test_redo_without_a_terminal_needs_yes_and_deletes_nothing_until_then(project, capsys):
+    store, layout = answered(project)
+    assert main(["redo", "--run", "r", "--chunk", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "ERROR redo: not deleting the done marker, stats and output parts of 1 chunk(s) of run 'r'" in err
+    assert "hint: add --yes" in err
+    assert store.head(layout.done("part_00000")) is not None
+    assert main(["redo", "--run", "r", "--chunk", "0", "--yes"]) == 0
+    assert store.head(layout.done("part_00000")) is None
+
+
+def test_redo_on_a_terminal_asks_and_a_no_keeps_the_outputs(project):
+    store, layout = answered(project)
+    leader, follower = os.openpty()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "redo", "--run", "r", "--chunk", "1"],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        cwd=project,
+        env=env,
+    )
+    os.close(follower)
+    seen = b""
+    while b"to run them again? [y/N]" not in seen:  # the question, then our answer
+        chunk = os.read(leader, 1024)
+        assert chunk, seen
+        seen += chunk
+    os.write(leader, b"n\n")
+    assert proc.wait(timeout=120) == 1
+    os.close(leader)
+    assert b"part_00001" in seen
+    assert store.head(layout.done("part_00001")) is not None
+
+
+def test_a_cancelled_run_says_so_and_a_launch_after_a_cancel_is_no_recovery(project, capsys):
+    store, layout = make_run_launched(project)
+    assert main(["cancel", "--run", "c"]) == 0
+    capsys.readouterr()
+    assert main(["status", "--run", "c"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("CANCELLED")
+
+    def relaunch(rec):  # what `orch launch` records after a cancel
+        rec.cancelled = False
+        rec.worker(0).attempts.append(JobAttempt(job_id="local-2-0-2", backend="local", launched_at=time.time()))
+
+    update_jobs(store, layout, relaunch)
+    assert main(["status", "--run", "c"]) == 0
+    out = capsys.readouterr().out
+    assert "recovered" not in out and "CANCELLED" not in out.splitlines()[0]
+
+    def failed_and_relaunched(rec):  # a job that failed and was relaunched is a recovery
+        rec.worker(0).attempts.append(
+            JobAttempt(job_id="local-3-0-3", backend="local", launched_at=time.time(), reason="relaunch after FAILED")
+        )
+
+    update_jobs(store, layout, failed_and_relaunched)
+    assert main(["status", "--run", "c"]) == 0
+    assert "(recovered 1x)" in capsys.readouterr().out
+
+
+def make_run_launched(project: Path):
+    store = open_store(str(project / ".orch"))
+    layout = make_run(store, "c", [[chat_request("a", "q")]], model="m")
+
+    def launched(rec):
+        rec.backend = "local"
+        rec.worker(0).attempts.append(JobAttempt(job_id="local-1-0-1", backend="local", launched_at=time.time()))
+
+    update_jobs(store, layout, launched)
+    return store, layout

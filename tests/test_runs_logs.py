@@ -1,0 +1,118 @@
+"""`orch runs` (a store's runs at a glance) and `orch logs` (a run's worker logs, followed to the run's end)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from orchestrator.cli import main
+from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
+from orchestrator.core.records import Heartbeat, JobAttempt, update_jobs
+from orchestrator.core.store import open_store
+from tests.support.runs import Answer, answer_chunk, chat_request, make_run
+
+
+def three_runs(store_uri: str) -> None:
+    """`done` complete, `going` half done with a worker working, `stopped` cancelled."""
+    store = open_store(store_uri)
+    for name in ("done", "going", "stopped"):
+        layout = make_run(
+            store, name, [[chat_request(f"{name}{c}-{i}", "q") for i in range(3)] for c in range(2)], model="m"
+        )
+        for c in (0, 1) if name == "done" else (0,):
+            answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"{name}{c}-{i}", "x") for i in range(3)]])
+        if name == "going":
+            now = time.time()
+            beat = Heartbeat(worker="0", holder="0.a", state="running", started_at=now - 60, updated_at=now)
+            HeartbeatPublisher(store, layout, beat).publish(chunk="part_00001", chunk_rows=3, chunk_rows_done=1)
+        if name == "stopped":
+
+            def cancel(rec):
+                rec.worker(0).attempts.append(JobAttempt(job_id="1", backend="local", launched_at=time.time()))
+                rec.cancelled = True
+
+            update_jobs(store, layout, cancel)
+
+
+def test_runs_lists_every_run_with_its_state_and_progress(store_uri, capsys):
+    three_runs(store_uri)
+    store = open_store(store_uri)
+    store.requests.reset()
+    from orchestrator.controller.runs import run_names
+
+    assert run_names(store) == ["done", "going", "stopped"]
+    assert store.requests.by_op.get("list", 0) == 4  # one per run, and the one that finds no more
+    assert main(["runs", "--store", store_uri, "--json"]) == 0
+    docs = {d["run"]: d for d in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert {name: d["state"] for name, d in docs.items()} == {
+        "done": "complete",
+        "going": "running",
+        "stopped": "cancelled",
+    }
+    assert docs["going"]["chunks"] == {"total": 2, "done": 1} and docs["done"]["rows"]["done"] == 6
+    assert main(["runs", "--store", store_uri]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["run", "state", "backend"]
+    assert [line.split()[:2] for line in table[1:]] == [
+        ["done", "complete"],
+        ["going", "running"],
+        ["stopped", "cancelled"],
+    ]
+
+
+def test_runs_of_an_empty_store_says_so(tmp_path, capsys):
+    assert main(["runs", "--store", str(tmp_path / "empty")]) == 0
+    assert capsys.readouterr().out.strip() == f"no runs in {tmp_path / 'empty'}"
+
+
+def test_logs_prints_each_workers_latest_log_and_follows_until_the_run_ends(tmp_path, capsys):
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    layout = make_run(store, "r", [[chat_request("a", "q")]], model="m")
+    logs = tmp_path / "store" / "logs" / "r"
+    logs.mkdir(parents=True)
+    (logs / "worker-0-1000.log").write_text("first attempt\n")
+    (logs / "worker-0-2000.log").write_text("loading engine\n")
+    (logs / "worker-1-1500.log").write_text("worker one\n")
+    run = ["--run", "r", "--store", store_uri]
+    assert main(["logs", *run]) == 0
+    out = capsys.readouterr().out
+    assert "loading engine" in out and "worker one" in out and "first attempt" not in out
+    assert main(["logs", *run, "--worker", "0", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("first attempt") < out.index("loading engine") and "worker one" not in out
+    # --follow: lines written while a worker beats, then the end once it has exited.
+    now = time.time()
+    beats = HeartbeatPublisher(
+        store, layout, Heartbeat(worker="0", holder="0.b", state="running", started_at=now, updated_at=now)
+    )
+    beats.publish()
+    follow = threading.Thread(target=lambda: main(["logs", *run, "--worker", "0", "--follow", "--interval", "0.05"]))
+    follow.start()
+    with open(logs / "worker-0-2000.log", "a") as f:  # what the worker writes while it runs
+        f.write("answered 1 row\n")
+    # The worker exits once its line is read: follow must have printed it by then.
+    deadline = time.monotonic() + 60  # a hang guard
+    while "answered 1 row" not in capsys.readouterr().out and time.monotonic() < deadline:
+        time.sleep(0.05)
+    beats.publish(state="exited", updated_at=time.time())
+    follow.join(60)
+    assert not follow.is_alive()
+    assert "is stopped: no worker is writing" in capsys.readouterr().err
+
+
+def test_logs_of_a_run_without_logs_here_says_where_they_are(tmp_path, capsys):
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    layout = make_run(store, "sky", [[chat_request("a", "q")]], model="m")
+
+    def launched(rec):
+        rec.backend = "skypilot"
+        rec.worker(0).attempts.append(JobAttempt(job_id="7", backend="skypilot", launched_at=time.time()))
+
+    update_jobs(store, layout, launched)
+    assert main(["logs", "--run", "sky", "--store", store_uri]) == 5
+    err = capsys.readouterr().err
+    assert "ERROR no worker logs for run 'sky' on this machine" in err
+    assert "hint: SkyPilot workers log on their machines: sky jobs logs JOB (worker 0: job 7)" in err
