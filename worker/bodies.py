@@ -12,13 +12,15 @@ a valid `logprobs` flag, `"0.5"` not a temperature (an integer is a valid number
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.core.spec import SamplingSpec
 from worker.structured import StructuredError, constraint, logit_bias
-from worker.wire import BadRequest, Constraint, EmbeddingInput, GenerationParams, ScoringInput
+from worker.wire import BadRequest, Constraint, EmbeddingInput, GenerationParams, PromptOptions, ScoringInput
 
 #: The range vLLM's OpenAI server accepts for `seed` (int64); a larger seed fails inside the engine step.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -26,6 +28,18 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 GREEDY_BELOW = 1e-5
 #: OpenAI's limit on inputs per embeddings request.
 MAX_INPUTS = 2048
+
+#: OpenAI's defaults for what neither the body, the spec nor the model's generation_config.json
+#: sets (vLLM's `ChatCompletionRequest._DEFAULT_SAMPLING_PARAMS`).
+OPENAI_DEFAULTS: dict[str, float] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+}
 
 B = TypeVar("B", bound="_Body")
 NonEmptyText = Annotated[str, Field(min_length=1)]
@@ -42,13 +56,29 @@ class _Body(BaseModel):
     model: Any = None
     user: Any = None  # changes nothing here
 
+    #: vLLM's extensions that orch does not honour: accepted at these values only (their defaults).
+    neutral: ClassVar[dict[str, tuple[Any, ...]]] = {}
+
     @classmethod
     def parse(cls: type[B], body: dict[str, Any]) -> B:
         """The body as this model; a BadRequest naming the field when it is not one."""
         try:
-            return cls.model_validate(body)
+            parsed = cls.model_validate(body)
         except ValidationError as e:
             raise cls._bad_request(e, body) from None
+        for name, values in cls.neutral.items():
+            if body.get(name) not in values:
+                raise BadRequest(
+                    "unsupported_parameter",
+                    f"{name}={body[name]!r}: orch does not honour this vLLM extension (only {values[0]!r})",
+                    name,
+                )
+        return parsed
+
+    @classmethod
+    def unknown(cls, body: dict[str, Any]) -> tuple[str, ...]:
+        """The body's fields this endpoint does not know."""
+        return tuple(name for name in body if name not in cls.model_fields)
 
     @classmethod
     def _bad_request(cls, error: ValidationError, body: dict[str, Any]) -> BadRequest:
@@ -91,19 +121,62 @@ class _SamplingBody(_Body):
     response_format: Any = None
     structured_outputs: Any = None
     logit_bias: Any = None
+    include_stop_str_in_output: bool | None = Field(None, description="true or false")
+    skip_special_tokens: bool | None = Field(None, description="true or false")
+    spaces_between_special_tokens: bool | None = Field(None, description="true or false")
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="a list of token ids")
+    bad_words: list[NonEmptyText] | None = Field(None, description="a list of non-empty strings")
+    allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="a list of token ids")
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, description="an integer >= -1")
+    truncation_side: Literal["left", "right"] | None = Field(None, description="'left' or 'right'")
+    add_special_tokens: bool | None = Field(None, description="true or false")
+    # vLLM's extensions that change nothing in a batch (scheduling, caching, transfer).
+    priority: Any = None
+    request_id: Any = None
+    session_id: Any = None
+    cache_salt: Any = None
+    kv_transfer_params: Any = None
+    ec_transfer_params: Any = None
+    stream_interval: Any = None
+    # vLLM's extensions orch does not honour: accepted at their defaults only (`neutral`).
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    watermarking: Any = None
+    prompt_logprobs: Any = None
+    logprob_token_ids: Any = None
+    return_tokens_as_token_ids: Any = None
+    return_token_ids: Any = None
+    return_token_offsets: Any = None
+    return_prompt_text: Any = None
+    vllm_xargs: Any = None
+    repetition_detection: Any = None
+
+    neutral: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "use_beam_search": (False, None),
+        "length_penalty": (1.0, 1, None),
+        "watermarking": (False, None),
+        "prompt_logprobs": (None,),
+        "logprob_token_ids": (None,),
+        "return_tokens_as_token_ids": (False, None),
+        "return_token_ids": (False, None),
+        "return_token_offsets": (False, None),
+        "return_prompt_text": (False, None),
+        "vllm_xargs": (None,),
+        "repetition_detection": (None,),
+    }
 
     def params(self, defaults: SamplingSpec) -> GenerationParams:
         """The request's parameters: the body's, else the spec's `sampling`, else vLLM's defaults."""
         d = defaults
         n = self.n if self.n is not None else d.n
         max_tokens = self._max_tokens() or d.max_tokens
-        temperature = self.temperature if self.temperature is not None else d.temperature
+        temperature = _first(self.temperature, d.temperature, OPENAI_DEFAULTS["temperature"])
         if n > 1 and temperature < GREEDY_BELOW:
             # vLLM's server refuses this too: greedy decoding gives n identical copies.
             raise BadRequest(
                 "invalid_parameter",
-                f"n must be 1 when using greedy sampling, got {n} (temperature is {temperature:g}; orch's default "
-                "is 0, set a temperature > 0 for n samples)",
+                f"n must be 1 when using greedy sampling, got {n} (temperature is {temperature:g}; "
+                "set a temperature > 0 for n samples)",
                 "n",
             )
         min_tokens = self.min_tokens or 0
@@ -116,7 +189,7 @@ class _SamplingBody(_Body):
         return GenerationParams(
             max_tokens=max_tokens,
             temperature=temperature,
-            top_p=self.top_p if self.top_p is not None else d.top_p,
+            top_p=_first(self.top_p, d.top_p, OPENAI_DEFAULTS["top_p"]),
             top_k=max(top_k, 0),
             n=n,
             stop=(stop,) if isinstance(stop, str) else tuple(stop),
@@ -124,13 +197,27 @@ class _SamplingBody(_Body):
             presence_penalty=_first(self.presence_penalty, d.presence_penalty, 0.0),
             frequency_penalty=_first(self.frequency_penalty, d.frequency_penalty, 0.0),
             repetition_penalty=_first(self.repetition_penalty, d.repetition_penalty, 1.0),
-            min_p=self.min_p or 0.0,
+            min_p=_first(self.min_p, d.min_p, OPENAI_DEFAULTS["min_p"]),
             min_tokens=min_tokens,
             ignore_eos=bool(self.ignore_eos),
             logprobs=logprobs,
             echo=echo,
             constraint=constrained,
             logit_bias=bias,
+            include_stop_str_in_output=bool(self.include_stop_str_in_output),
+            skip_special_tokens=self.skip_special_tokens is not False,
+            spaces_between_special_tokens=self.spaces_between_special_tokens is not False,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            bad_words=tuple(self.bad_words or ()),
+            allowed_token_ids=tuple(self.allowed_token_ids) if self.allowed_token_ids is not None else None,
+        )
+
+    def prompt_options(self) -> PromptOptions:
+        """How the prompt is built: the body's tokenisation (and, for chat, template) extensions."""
+        return PromptOptions(
+            add_special_tokens=self.add_special_tokens,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
+            truncation_side=self.truncation_side,
         )
 
     def _max_tokens(self) -> int | None:
@@ -159,6 +246,44 @@ class ChatBody(_SamplingBody):
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
+    # vLLM's chat-template extensions.
+    add_generation_prompt: bool | None = Field(None, description="true or false")
+    continue_final_message: bool | None = Field(None, description="true or false")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="an object")
+    documents: list[dict[str, str]] | None = Field(None, description="a list of objects of strings")
+    # vLLM's chat extensions orch does not honour: accepted at their defaults only.
+    echo: Any = None
+    chat_template: Any = None  # vLLM's server refuses it too, unless started with --trust-request-chat-template
+    mm_processor_kwargs: Any = None
+    media_io_kwargs: Any = None
+    thinking_token_budget: Any = None
+
+    neutral: ClassVar[dict[str, tuple[Any, ...]]] = {
+        **_SamplingBody.neutral,
+        "echo": (False, None),
+        "chat_template": (None,),
+        "mm_processor_kwargs": (None,),
+        "media_io_kwargs": (None,),
+        "thinking_token_budget": (None,),
+    }
+
+    def prompt_options(self) -> PromptOptions:
+        if self.add_generation_prompt and self.continue_final_message:
+            # vLLM's server refuses this pair too.
+            raise BadRequest(
+                "invalid_parameter",
+                "continue_final_message and add_generation_prompt cannot both be true",
+                "continue_final_message",
+            )
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.documents is not None:
+            kwargs["documents"] = self.documents
+        return replace(
+            super().prompt_options(),
+            add_generation_prompt=self.add_generation_prompt is not False and not self.continue_final_message,
+            continue_final_message=bool(self.continue_final_message),
+            chat_template_kwargs=json.dumps(kwargs, sort_keys=True),
+        )
 
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if "max_completion_tokens" in self.model_fields_set else self.max_tokens
@@ -186,8 +311,6 @@ class CompletionBody(_SamplingBody):
         return params
 
     def _logprobs_echo(self) -> tuple[int | None, bool]:
-        if self.echo and self.logprobs is not None:
-            raise BadRequest("unsupported_parameter", "echo with logprobs (prompt logprobs) is not supported", "echo")
         return self.logprobs, bool(self.echo)
 
 
@@ -203,7 +326,7 @@ class EmbeddingBody(_Body):
 
     def embedding(self) -> EmbeddingInput:
         raw = self.input
-        if isinstance(raw, str) or (isinstance(raw, list) and raw and all(_is_token(t) for t in raw)):
+        if isinstance(raw, str) or (isinstance(raw, list) and raw and all(is_token(t) for t in raw)):
             raw = [raw]  # one input: a string or one list of token ids
         if not isinstance(raw, list) or not raw:
             raise BadRequest(
@@ -215,7 +338,7 @@ class EmbeddingBody(_Body):
         for i, item in enumerate(raw):
             if isinstance(item, str) and item:
                 items.append(item)
-            elif isinstance(item, list) and item and all(_is_token(t) for t in item):
+            elif isinstance(item, list) and item and all(is_token(t) for t in item):
                 items.append(tuple(item))
             else:
                 raise BadRequest(
@@ -296,9 +419,20 @@ class RerankBody(_ScoringBody):
         return self._scoring(self.query, self.documents, self.top_n)
 
 
+def with_model_defaults(spec: SamplingSpec, model: dict[str, Any]) -> SamplingSpec:
+    """The spec's sampling defaults, what it leaves unset taken from the model's own
+    (`generation_config.json` as vLLM reads it: `ModelConfig.get_diff_sampling_param`). A body's
+    field wins over both; OpenAI's defaults come last (`_SamplingBody.params`)."""
+    update: dict[str, Any] = {}
+    for name in OPENAI_DEFAULTS:
+        if getattr(spec, name) is None and model.get(name) is not None:
+            update[name] = int(model[name]) if name == "top_k" else float(model[name])
+    return spec.model_copy(update=update)
+
+
 def _first(given: float | None, default: float | None, fallback: float) -> float:
     return given if given is not None else (default if default is not None else fallback)
 
 
-def _is_token(value: Any) -> bool:
+def is_token(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -43,7 +43,12 @@ class OpenChunk:
         """A holder of this chunk died before us: work it carefully (core/protocol/crashes.py)."""
         return self.keeper.held.lease.crashes > 0
 
-    def requests(self, sampling: SamplingSpec) -> Iterator[EngineRequest]:
+    def requests(
+        self,
+        sampling: SamplingSpec,
+        unknown_fields: str = "error",
+        note_ignored: Callable[[tuple[str, ...]], None] | None = None,
+    ) -> Iterator[EngineRequest]:
         """The chunk's lines as engine requests, streamed; bad lines, and rows that killed two
         holders (core/protocol/crashes.py), go to `side_errors` instead.
 
@@ -56,7 +61,9 @@ class OpenChunk:
         for index, line in enumerate(self.source):
             if index in skip:
                 continue
-            parsed = parse_request(line, index, sampling)
+            parsed = parse_request(line, index, sampling, unknown_fields)
+            if isinstance(parsed, EngineRequest) and parsed.ignored and note_ignored is not None:
+                note_ignored(parsed.ignored)
             if isinstance(parsed, EngineRequest) and index in poison:
                 parsed = crashed_row(parsed)
             if isinstance(parsed, EngineRequest):
@@ -82,6 +89,11 @@ class ChunksInHand:
         self.keepers: dict[str, LeaseKeeper] = {}
         #: Leases taken whose chunk the store did not let us open yet.
         self.unopened: list[HeldLease] = []
+
+    def note_ignored(self, names: tuple[str, ...]) -> None:
+        """A request's body fields ignored under `requests.unknown_fields: warn`: counted in the totals."""
+        with self.lock:
+            self.totals.ignored(names)
 
     def hold(self, chunk: str, keeper: LeaseKeeper) -> None:
         with self.lock:

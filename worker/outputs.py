@@ -26,9 +26,10 @@ from worker.wire import EngineRequest
 @dataclass
 class TokenLogprob:
     token: str
-    logprob: float
+    #: None for a prompt's first token (completions' `echo` with `logprobs`): nothing comes before it.
+    logprob: float | None
     #: The most likely tokens at this position, most likely first (may include the chosen one).
-    top: list[tuple[str, float]]
+    top: list[tuple[str, float]] | None
 
 
 @dataclass
@@ -40,6 +41,8 @@ class Choice:
     #: Calls parsed out of the text (chat with tools): OpenAI's `message.tool_calls`; `text` is then
     #: what the parser left as content.
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    #: What completions' `echo` puts before the text: the prompt it answers.
+    echo: str = ""
 
 
 def success_line(
@@ -73,7 +76,6 @@ def success_line(
             "usage": usage,
         }
     else:
-        prefix = request.prompt if request.params.echo and request.prompt else ""
         body = {
             "id": f"cmpl-{request_id}",
             "object": "text_completion",
@@ -82,8 +84,8 @@ def success_line(
             "choices": [
                 {
                     "index": i,
-                    "text": prefix + c.text,
-                    "logprobs": _completion_logprobs(c.logprobs, len(prefix)) if c.logprobs is not None else None,
+                    "text": c.echo + c.text,
+                    "logprobs": _completion_logprobs(c.logprobs) if c.logprobs is not None else None,
                     "finish_reason": c.finish_reason,
                 }
                 for i, c in enumerate(choices)
@@ -181,21 +183,23 @@ def _chat_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
                 "token": t.token,
                 "logprob": t.logprob,
                 "bytes": list(t.token.encode()),
-                "top_logprobs": [{"token": s, "logprob": lp, "bytes": list(s.encode())} for s, lp in t.top],
+                "top_logprobs": [{"token": s, "logprob": lp, "bytes": list(s.encode())} for s, lp in t.top or ()],
             }
             for t in tokens
         ]
     }
 
 
-def _completion_logprobs(tokens: list[TokenLogprob], start: int) -> dict[str, Any]:
-    offsets, at = [], start
+def _completion_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
+    """OpenAI's completion logprobs; `text_offset` counts from the start of the choice's text
+    (echoed prompt included), as vLLM's server does."""
+    offsets, at = [], 0
     for t in tokens:
         offsets.append(at)
         at += len(t.token)
     return {
         "tokens": [t.token for t in tokens],
         "token_logprobs": [t.logprob for t in tokens],
-        "top_logprobs": [dict(t.top) for t in tokens],
+        "top_logprobs": [dict(t.top) if t.top is not None else None for t in tokens],
         "text_offset": offsets,
     }

@@ -14,6 +14,7 @@ for the template, images beside the text) joins `render` and `Prompt`, not a sec
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,18 @@ class PromptBuilder:
             ids = self._tokenize(request, tools)
         except Exception as e:  # a template that fails on this conversation fails this row only
             return error_row(request, "template_error", f"cannot apply the chat template: {e}")
+        keep = request.prompt_options.truncate_prompt_tokens
+        if keep is not None:
+            if keep > self.max_model_len:
+                return error_row(
+                    request,
+                    "invalid_parameter",
+                    f"truncate_prompt_tokens={keep} is more than this model's context ({self.max_model_len})",
+                    param="truncate_prompt_tokens",
+                )
+            side = request.prompt_options.truncation_side or "left"  # vLLM's default for generation: keep the end
+            # -1: as many as leave room for max_tokens (vLLM would shorten max_tokens instead).
+            ids = truncated(ids, keep if keep >= 0 else max(self.max_model_len - request.params.max_tokens, 0), side)
         max_tokens = request.params.max_tokens
         if len(ids) + max_tokens > self.max_model_len:
             too_long = "messages" if request.kind == "chat" else "prompt"
@@ -76,18 +89,39 @@ class PromptBuilder:
             )
         return Prompt(ids)
 
+    def echo_text(self, request: EngineRequest) -> str:
+        """What completions' `echo` puts before the answer: the prompt, decoded when given as token ids."""
+        if not request.params.echo or request.prompt is None:
+            return ""
+        return request.prompt if isinstance(request.prompt, str) else str(self.tokenizer.decode(list(request.prompt)))
+
     def _tokenize(self, request: EngineRequest, tools: list[dict[str, Any]] | None) -> list[int]:
+        options = request.prompt_options
         if request.kind == "chat":
             template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
             text = self.tokenizer.apply_chat_template(
                 for_template(request.messages or [], template),
-                add_generation_prompt=True,
+                add_generation_prompt=options.add_generation_prompt,
+                continue_final_message=options.continue_final_message,
                 tokenize=False,
                 chat_template=self.chat_template,
                 tools=tools,
+                **json.loads(options.chat_template_kwargs),
             )
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
-        return list(self.tokenizer.encode(request.prompt))
+            return list(self.tokenizer.encode(text, add_special_tokens=bool(options.add_special_tokens)))
+        if isinstance(request.prompt, tuple):  # token ids, as they are
+            return list(request.prompt)
+        return list(self.tokenizer.encode(request.prompt, add_special_tokens=options.add_special_tokens is not False))
+
+
+def truncated(ids: list[int], keep: int, side: str) -> list[int]:
+    """`keep` of the prompt's tokens, as vLLM truncates (`truncate_prompt_tokens`): the last ones
+    for side "left", the first for "right"."""
+    if keep >= len(ids):
+        return ids
+    if keep == 0:
+        return []
+    return ids[-keep:] if side == "left" else ids[:keep]
 
 
 def for_template(messages: list[dict[str, Any]], template: str | None) -> list[dict[str, Any]]:

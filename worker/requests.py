@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from orchestrator.core.spec import SamplingSpec
-from worker.bodies import ChatBody, CompletionBody, EmbeddingBody, RerankBody, ScoreBody
+from worker.bodies import ChatBody, CompletionBody, EmbeddingBody, RerankBody, ScoreBody, is_token
 from worker.images import content_parts
 from worker.tools import ToolError, tool_use
 from worker.wire import BadRequest, EngineRequest, RowResult, ToolUse, error_line
@@ -25,8 +25,12 @@ RERANK_URL = "/v1/rerank"
 URLS = (CHAT_URL, COMPLETION_URL, EMBEDDINGS_URL, SCORE_URL, RERANK_URL)
 
 
-def parse_request(line: bytes | str, index: int, defaults: SamplingSpec) -> EngineRequest | RowResult:
-    """An engine request, or an error row when the line cannot become one."""
+def parse_request(
+    line: bytes | str, index: int, defaults: SamplingSpec, unknown_fields: str = "error"
+) -> EngineRequest | RowResult:
+    """An engine request, or an error row when the line cannot become one. `unknown_fields`
+    (the spec's `requests.unknown_fields`): "error" refuses a body field no endpoint knows;
+    "warn" drops it, as vLLM's server does, and names it in `EngineRequest.ignored`."""
     custom_id: str | None = None
     try:
         try:
@@ -41,25 +45,50 @@ def parse_request(line: bytes | str, index: int, defaults: SamplingSpec) -> Engi
         body = obj.get("body")
         if not isinstance(body, dict):
             raise BadRequest("invalid_request", "the request has no body object", "body")
-        return _engine_request(obj.get("url"), body, index, custom_id, defaults)
+        return _engine_request(obj.get("url"), body, index, custom_id, defaults, unknown_fields == "warn")
     except BadRequest as e:
         return RowResult(index, custom_id, error_line(custom_id, e.code, str(e), param=e.param), 0, 0, True)
 
 
 def _engine_request(
-    url: Any, body: dict[str, Any], index: int, custom_id: str, defaults: SamplingSpec
+    url: Any, body: dict[str, Any], index: int, custom_id: str, defaults: SamplingSpec, warn: bool
 ) -> EngineRequest:
     model = body.get("model") if isinstance(body.get("model"), str) else None
     if url == CHAT_URL:
-        chat = ChatBody.parse(body)
-        params = chat.params(defaults)
+        ignored = ChatBody.unknown(body) if warn else ()
+        chat = ChatBody.parse(_without(body, ignored))
+        params, options = chat.params(defaults), chat.prompt_options()
         messages = _messages(chat.messages)
         tools = _tools(body)
-        return EngineRequest(index, custom_id, "chat", messages, None, params, tools=tools, model=model)
+        return EngineRequest(
+            index,
+            custom_id,
+            "chat",
+            messages,
+            None,
+            params,
+            tools=tools,
+            model=model,
+            prompt_options=options,
+            ignored=ignored,
+        )
     if url == COMPLETION_URL:
-        completion = CompletionBody.parse(body)
-        params = completion.params(defaults)
-        return EngineRequest(index, custom_id, "completion", None, _prompt(completion.prompt), params, model=model)
+        ignored = CompletionBody.unknown(body) if warn else ()
+        completion = CompletionBody.parse(_without(body, ignored))
+        params, options = completion.params(defaults), completion.prompt_options()
+        prompts = _prompts(completion.prompt)
+        return EngineRequest(
+            index,
+            custom_id,
+            "completion",
+            None,
+            prompts[0],
+            params,
+            model=model,
+            prompt_options=options,
+            ignored=ignored,
+            prompts=prompts if len(prompts) > 1 else (),
+        )
     if url == EMBEDDINGS_URL:
         embedding = EmbeddingBody.parse(body).embedding()
         params = CompletionBody().params(defaults)
@@ -72,6 +101,10 @@ def _engine_request(
         scoring = RerankBody.parse(body).scoring()
         return EngineRequest(index, custom_id, "rerank", None, None, params, model=model, scoring=scoring)
     raise BadRequest("unsupported_url", f"url {url!r} is not one of {', '.join(URLS)}", "url")
+
+
+def _without(body: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k not in names} if names else body
 
 
 def _tools(body: dict[str, Any]) -> ToolUse | None:
@@ -102,9 +135,17 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _prompt(prompt: Any) -> str:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise BadRequest("invalid_prompt", "prompt must be a string (or a list of one string)", "prompt")
-    return prompt
+def _prompts(prompt: Any) -> tuple[str | tuple[int, ...], ...]:
+    """A completion's prompts: a string or a list of token ids is one; a list of either is several."""
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(is_token(t) for t in prompt)):
+        prompt = [prompt]
+    if isinstance(prompt, list) and prompt:
+        texts = [p for p in prompt if isinstance(p, str)]
+        ids = [tuple(p) for p in prompt if isinstance(p, list) and p and all(is_token(t) for t in p)]
+        if len(texts) == len(prompt) or len(ids) == len(prompt):
+            return tuple(texts) or tuple(ids)
+    raise BadRequest(
+        "invalid_prompt",
+        "prompt must be a string, a list of token ids, or a non-empty list of strings or of token id lists",
+        "prompt",
+    )

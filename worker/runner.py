@@ -48,6 +48,7 @@ from orchestrator.core.protocol.outage import Outage, OutageTooLong
 from orchestrator.core.records import ManifestEntry, read_manifest, read_plan
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store, StoreUnavailable
+from worker.bodies import with_model_defaults
 from worker.chunks import ChunksInHand, OpenChunk, open_chunk
 from worker.engine.base import Engine
 from worker.heartbeat import HeartbeatThread, WorkerIdentity
@@ -317,7 +318,8 @@ class Worker:
         """
         while active is not None:
             chunk = active.entry.chunk
-            requests = active.requests(self.spec.sampling)
+            sampling = with_model_defaults(self.spec.sampling, engine.sampling_defaults)
+            requests = active.requests(sampling, self.spec.requests.unknown_fields, self.chunks.note_ignored)
             if active.careful:
                 yield from self._feed_carefully(active, requests)
             else:

@@ -22,6 +22,8 @@ class Totals:
     tokens_cached: int = 0
     chunks_done: int = 0
     chunks_lost: int = 0
+    #: Body fields ignored under `requests.unknown_fields: warn`: how many rows carried each.
+    ignored_fields: dict[str, int] = field(default_factory=dict)
     busy_s: float = 0.0  # engine time in pumps that ended; `busy()` adds the one under way
     busy_since: float | None = None  # time.monotonic() when the pump under way began
     load_s: float = 0.0  # loading the engine (imports and weights): part of wall_s, not of the work
@@ -40,6 +42,11 @@ class Totals:
         self.tokens_out += sum(r.tokens_out for r in rows)
         self.tokens_cached += sum(r.tokens_cached for r in rows)
         self.chunk_rows_done += sum(1 for r in rows if r.chunk == self.chunk)
+
+    def ignored(self, names: tuple[str, ...]) -> None:
+        """Count a request's ignored body fields (vLLM's server logs them; orch counts them)."""
+        for name in names:
+            self.ignored_fields[name] = self.ignored_fields.get(name, 0) + 1
 
     def busy(self) -> float:
         """Seconds the engine has been working so far, the pump under way included: rates read
@@ -75,6 +82,7 @@ class Totals:
             "busy_s": round(self.busy(), 3),
             "chunks_done": self.chunks_done,
             "chunks_lost": self.chunks_lost,
+            **({"ignored_fields": dict(sorted(self.ignored_fields.items()))} if self.ignored_fields else {}),
             "wall_s": round(wall_s, 3),
             "load_s": round(self.load_s, 3),
             "load_cpu_s": round(self.load_cpu_s, 3),

@@ -74,6 +74,35 @@ class GenerationParams:
     constraint: Constraint | None = None
     #: (token id, bias) pairs added to the logits.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # vLLM's extensions (its SamplingParams' names and defaults).
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stop_token_ids: tuple[int, ...] = ()
+    bad_words: tuple[str, ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
+
+    def extensions(self) -> list[str]:
+        """The vLLM extensions this request sets away from their defaults (those only vLLM honours)."""
+        d = GenerationParams.__dataclass_fields__
+        names: tuple[str, ...] = ("include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens")
+        names += ("stop_token_ids", "bad_words", "allowed_token_ids")
+        return [name for name in names if getattr(self, name) != d[name].default]
+
+
+@dataclass(frozen=True)
+class PromptOptions:
+    """How a request's prompt is built (vLLM's chat-template and tokenisation extensions)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    #: Extra variables for the chat template, as JSON (the request stays hashable).
+    chat_template_kwargs: str = "{}"
+    #: None: the endpoint's own (a chat's template writes its special tokens; a prompt gets the tokenizer's).
+    add_special_tokens: bool | None = None
+    #: Keep this many prompt tokens (-1: as many as the context leaves room for); None: all.
+    truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None
 
 
 @dataclass(frozen=True)
@@ -111,7 +140,7 @@ class EngineRequest:
     custom_id: str
     kind: Literal["chat", "completion", "embedding", "score", "rerank"]
     messages: list[dict[str, Any]] | None
-    prompt: str | None
+    prompt: str | tuple[int, ...] | None  # a completion's text, or its token ids
     params: GenerationParams  # for embeddings, score and rerank: the spec's defaults, unused
     chunk: str | None = None  # set by the worker: where the row's answer goes
     tools: ToolUse | None = None
@@ -119,6 +148,11 @@ class EngineRequest:
     model: str | None = None
     embedding: EmbeddingInput | None = None
     scoring: ScoringInput | None = None
+    prompt_options: PromptOptions = PromptOptions()
+    #: A completion line's prompts when it has several (`prompt` is then the first): n choices each.
+    prompts: tuple[str | tuple[int, ...], ...] = ()
+    #: Body fields nobody knows, ignored under `requests.unknown_fields: warn` (counted in the summary).
+    ignored: tuple[str, ...] = ()
 
 
 @dataclass

@@ -59,7 +59,7 @@ def unlocked_fields(store: Store, layout: RunLayout, spec: RunSpec, now: float |
 
     1. `input` and `chunking`, while the run is not prepared (no prepare record: a prepare that
        failed left nothing behind that was made with them).
-    2. `model` and `sampling`, while no chunk has outputs (parts or markers) and no worker ever
+    2. `model`, `sampling` and `requests`, while no chunk has outputs (parts or markers) and no worker ever
        loaded the model (its heartbeat says so) or is starting right now.
     """
     unlocked = set()
@@ -74,5 +74,5 @@ def unlocked_fields(store: Store, layout: RunLayout, spec: RunSpec, now: float |
             for hb in read_heartbeats(store, layout).values()
         )
         if not engaged:
-            unlocked |= {"model", "sampling"}
+            unlocked |= {"model", "sampling", "requests"}
     return unlocked

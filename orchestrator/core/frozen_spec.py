@@ -25,6 +25,7 @@ FROZEN_FIELDS: tuple[str, ...] = (
     "model.tool_parser",
     "model.lora",
     "sampling",
+    "requests",
     "input",
     "chunking",
 )

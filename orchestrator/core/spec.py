@@ -96,16 +96,28 @@ class SamplingSpec(StrictModel):
     """Defaults for requests that do not set their own parameters."""
 
     max_tokens: int = Field(256, ge=1)
-    # Greedy by default: a chunk redone after a preemption then gives the same answers.
-    temperature: float = Field(0.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # Unset (null): the model's generation_config.json, else OpenAI's default (1.0), as vLLM's
+    # server does. `temperature: 0` makes a chunk redone after a preemption give the same answers.
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, description="-1 or null: no top-k")
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
     n: int = Field(1, ge=1)
     stop: list[str] | None = None
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+
+
+class RequestsSpec(StrictModel):
+    """How the worker reads request bodies."""
+
+    unknown_fields: Literal["error", "warn"] = Field(
+        "error",
+        description="a body field no endpoint knows: the row's error (a typo never silently changes an answer), "
+        "or, as vLLM's server does, ignored and counted in the run summary",
+    )
 
 
 class InputSpec(StrictModel):
@@ -222,6 +234,7 @@ class RunSpec(StrictModel):
     backend: Literal["local", "skypilot"] = "local"
     model: ModelSpec = Field(default_factory=ModelSpec)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    requests: RequestsSpec = Field(default_factory=RequestsSpec)
     input: InputSpec = Field(default_factory=InputSpec)
     chunking: ChunkingSpec = Field(default_factory=ChunkingSpec)
     workers: WorkersSpec = Field(default_factory=WorkersSpec)

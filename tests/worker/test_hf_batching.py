@@ -11,6 +11,9 @@ from orchestrator.core.spec import ModelSpec, SamplingSpec
 from worker.requests import parse_request
 from worker.wire import EngineRequest
 
+#: Greedy unless a line says otherwise: the tests compare answers (OpenAI's default would sample).
+GREEDY = SamplingSpec(temperature=0)
+
 pytestmark = pytest.mark.slow
 
 
@@ -18,7 +21,7 @@ def requests(*bodies: dict, chunk: str | None = None) -> list[EngineRequest]:
     out = []
     for i, body in enumerate(bodies):
         line = json.dumps({"custom_id": f"r{i}", "url": "/v1/chat/completions", "body": body})
-        parsed = parse_request(line, i, SamplingSpec())
+        parsed = parse_request(line, i, GREEDY)
         assert isinstance(parsed, EngineRequest)
         parsed.chunk = chunk
         out.append(parsed)

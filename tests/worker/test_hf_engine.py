@@ -12,6 +12,9 @@ from worker.wire import EngineRequest
 
 pytestmark = pytest.mark.slow
 
+#: Greedy unless a line says otherwise: the tests compare answers (OpenAI's default would sample).
+GREEDY = SamplingSpec(temperature=0)
+
 
 @pytest.fixture(scope="module")
 def hf_engine(smollm2_model):
@@ -23,7 +26,7 @@ def hf_engine(smollm2_model):
 def run(engine, *bodies, url="/v1/chat/completions"):
     reqs = []
     for i, body in enumerate(bodies):
-        parsed = parse_request(json.dumps({"custom_id": f"r{i}", "url": url, "body": body}), i, SamplingSpec())
+        parsed = parse_request(json.dumps({"custom_id": f"r{i}", "url": url, "body": body}), i, GREEDY)
         assert isinstance(parsed, EngineRequest)
         reqs.append(parsed)
     out = {}

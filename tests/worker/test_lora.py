@@ -33,7 +33,7 @@ def test_lora_rows_use_the_adapter_they_name_in_the_same_run(tiny_model, tiny_lo
             "body": {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8},
         },
     ]
-    flags = {"model.lora": {"french": str(adapter)}, "model.max_lora_rank": 8}
+    flags = {"model.lora": {"french": str(adapter)}, "model.max_lora_rank": 8, "sampling.temperature": 0}
     layout = make_run(store, "lora", [rows], model=tiny_model, spec_flags=flags)
     spec = load_spec(
         None, {"run": "lora", "store": store_uri, "model.name": tiny_model, **flags}, env={}, default_file=False

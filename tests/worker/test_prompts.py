@@ -12,6 +12,9 @@ from worker.prompts import Prompt, read_chat_template
 from worker.requests import parse_request
 from worker.wire import EngineRequest, RowResult
 
+#: Greedy unless a line says otherwise: the tests compare answers (OpenAI's default would sample).
+GREEDY = SamplingSpec(temperature=0)
+
 pytestmark = pytest.mark.slow
 
 CHAT = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]}
@@ -22,7 +25,7 @@ FILE_TEMPLATE = "{% for m in messages %}### {{ m['role'] | upper }}: {{ m['conte
 
 def request(body: dict, url: str = "/v1/chat/completions", index: int = 0) -> EngineRequest:
     line = json.dumps({"custom_id": f"r{index}", "url": url, "body": {"max_tokens": 4, **body}})
-    parsed = parse_request(line, index, SamplingSpec())
+    parsed = parse_request(line, index, GREEDY)
     assert isinstance(parsed, EngineRequest)
     return parsed
 

@@ -98,8 +98,16 @@ def test_parse_request_text_content_parts_are_joined():
         (chat(temperature="hot"), "invalid_parameter"),
         (chat(top_logprobs=2), "invalid_parameter"),
         (completion(best_of=3), "unsupported_parameter"),
-        (completion(echo=True, logprobs=1), "unsupported_parameter"),
         (completion(prompt=5), "invalid_prompt"),
+        (completion(prompt=[1, -2]), "invalid_prompt"),
+        (completion(prompt=[]), "invalid_prompt"),
+        (chat(use_beam_search=True), "unsupported_parameter"),
+        (chat(echo=True), "unsupported_parameter"),
+        (chat(chat_template="{{ x }}"), "unsupported_parameter"),
+        (chat(add_generation_prompt=True, continue_final_message=True), "invalid_parameter"),
+        (completion(truncate_prompt_tokens=-2), "invalid_parameter"),
+        (completion(stop_token_ids=[-1]), "invalid_parameter"),
+        (chat(temprature=0.2), "unsupported_parameter"),
     ],
 )
 def test_parse_request_bad_rows_become_error_rows_with_a_code(line, code):
@@ -119,8 +127,8 @@ def test_parse_request_ignores_fields_that_change_nothing():
 
 
 def test_parse_request_refuses_n_samples_with_greedy_decoding_as_vllm_does():
-    # orch's default temperature is 0: `n: 2` alone asks for two copies of one greedy answer.
-    code, message = error_of(parse(chat(n=2), defaults=SamplingSpec()))
+    # A spec's `temperature: 0`: `n: 2` alone asks for two copies of one greedy answer.
+    code, message = error_of(parse(chat(n=2), defaults=SamplingSpec(temperature=0)))
     assert code == "invalid_parameter" and "n must be 1 when using greedy sampling, got 2" in message
     assert isinstance(parse(chat(n=2, temperature=0.7), defaults=SamplingSpec()), EngineRequest)
 
@@ -147,3 +155,69 @@ def test_for_template_maps_developer_to_system_like_vllms_server():
     assert for_template(mixed, None) == [{"role": "system", "content": "A.\n\nB."}, {"role": "user", "content": "hi"}]
     # A template that knows the developer role gets it as it is.
     assert for_template(developer, "{% if m.role == 'developer' %}") == developer
+
+
+def test_parse_request_absent_sampling_fields_follow_vllms_server():
+    """Neither line nor spec sets them: the model's generation_config.json, else OpenAI's defaults
+    (temperature 1, top_p 1); a spec default the user wrote wins over the model's."""
+    from worker.bodies import with_model_defaults
+
+    plain = parse(chat(), defaults=SamplingSpec())
+    assert (plain.params.temperature, plain.params.top_p, plain.params.top_k, plain.params.min_p) == (1.0, 1.0, 0, 0.0)
+    model = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.1, "max_tokens": 99}
+    modelled = parse(chat(), defaults=with_model_defaults(SamplingSpec(), model)).params
+    assert (modelled.temperature, modelled.top_p, modelled.top_k, modelled.repetition_penalty) == (0.6, 0.9, 20, 1.1)
+    written = parse(chat(), defaults=with_model_defaults(SamplingSpec(temperature=0, top_k=5), model)).params
+    assert (written.temperature, written.top_p, written.top_k) == (0.0, 0.9, 5)
+    assert parse(chat(temperature=0.2), defaults=with_model_defaults(SamplingSpec(), model)).params.temperature == 0.2
+
+
+def test_parse_request_takes_vllms_extensions():
+    r = parse(
+        chat(
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,
+            stop_token_ids=[5],
+            bad_words=["no"],
+            allowed_token_ids=[1, 2],
+            truncate_prompt_tokens=4,
+            truncation_side="left",
+            continue_final_message=True,
+            chat_template_kwargs={"flag": 1},
+            priority=3,
+            cache_salt="s",
+            use_beam_search=False,
+        )
+    )
+    assert isinstance(r, EngineRequest) and r.params.include_stop_str_in_output
+    assert r.params.extensions() == [
+        "include_stop_str_in_output",
+        "skip_special_tokens",
+        "stop_token_ids",
+        "bad_words",
+        "allowed_token_ids",
+    ]
+    o = r.prompt_options
+    assert (o.truncate_prompt_tokens, o.truncation_side, o.continue_final_message, o.add_generation_prompt) == (
+        4,
+        "left",
+        True,
+        False,
+    )
+    assert json.loads(o.chat_template_kwargs) == {"flag": 1}
+
+
+def test_parse_request_unknown_fields_error_or_ignored_with_their_names():
+    line = chat(temprature=0.2, foo=1)
+    code, message = error_of(parse(line))
+    assert code == "unsupported_parameter" and "temprature" in message
+    warned = parse_request(json.dumps(line).encode(), 0, DEFAULTS, "warn")
+    assert isinstance(warned, EngineRequest) and warned.ignored == ("temprature", "foo")
+    assert warned.params.temperature == DEFAULTS.temperature
+
+
+def test_parse_request_completion_prompts_as_text_or_token_ids():
+    assert parse(completion(prompt=[1, 2, 3])).prompt == (1, 2, 3)
+    assert parse(completion(prompt=[[4, 5]])).prompt == (4, 5)
+    assert parse(completion(prompt=["one"])).prompt == "one"
+    assert parse(completion(echo=True, logprobs=1)).params.echo

@@ -1,4 +1,4 @@
-"""One input file through vLLM's own `run_batch` and through orch's engine: greedy answers match token for token."""
+"""One input file through vLLM's own `run_batch` and through orch's engine: the answers match token for token."""
 
 from __future__ import annotations
 
@@ -10,53 +10,122 @@ import sys
 import pytest
 
 from model_builders import TOOLS_CHAT_TEMPLATE, WEATHER_TOOL
-from orchestrator.core.spec import ModelSpec
+from orchestrator.core.spec import ModelSpec, SamplingSpec
 from tests.worker.conftest import COMPACT_JSON
 from tests.worker.test_structured import SCHEMA, answer
 
 pytestmark = pytest.mark.slow
 
 CALL = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)"\}\}\n</tool_call>'
+PROMPTS = ["Hello", "What is 2+2?", "Name a colour.", "Tell me a joke.", "Translate cat to French.", "Why?"]
+
+
+def msg(i, **body):
+    return {"messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], "max_tokens": 16, **body}
+
+
+#: The differential's kind of file: greedy, stop strings, seeded sampling (with and without a
+#: temperature: absent means the model's default, else OpenAI's 1.0, in both), n with a seed,
+#: every kind of constraint, logit_bias, tools, vLLM's extensions, and an unknown key (vLLM
+#: ignores it; orch too under `requests.unknown_fields: warn`). 61 lines.
 BODIES = [
-    {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16, "temperature": 0},
+    *(msg(i, temperature=0) for i in range(6)),
+    *(msg(i, temperature=0, stop=stop) for i, stop in enumerate(["e", " ", ["a", "o"], "\n"])),
+    *(msg(i, temperature=t, seed=10 + i) for i, t in enumerate([0.5, 0.7, 1.0, 1.3])),
+    *(msg(i, temperature=0.8, top_p=0.9, seed=20 + i) for i in range(2)),
+    *(msg(i, seed=30 + i) for i in range(4)),  # no temperature
+    msg(0, top_p=0.8, seed=40),  # no temperature, a top_p
+    *(msg(i, temperature=0.9, n=2, seed=50 + i) for i in range(3)),
+    msg(1, n=3, seed=55),  # n without a temperature: sampled at 1.0 in both
     {
-        "messages": [{"role": "user", "content": "It broke after a day."}],
+        **msg(1, temperature=0),
         "max_tokens": 64,
-        "temperature": 0,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "triage", "schema": SCHEMA}},
+        "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}},
     },
     {
-        "messages": [{"role": "user", "content": "Spam?"}],
-        "max_tokens": 8,
-        "temperature": 0,
-        "structured_outputs": {"choice": ["spam", "ham"]},
+        **msg(2, temperature=0.7, seed=3),
+        "max_tokens": 64,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}},
     },
+    {**msg(3, temperature=0), "max_tokens": 32, "response_format": {"type": "json_object"}},
+    msg(4, temperature=0, max_tokens=8, structured_outputs={"choice": ["spam", "ham"]}),
+    msg(5, seed=4, max_tokens=8, structured_outputs={"choice": ["yes", "no", "maybe"]}),
+    msg(0, temperature=0, structured_outputs={"regex": "[0-9]{3}-[a-z]{2}"}),
+    msg(1, temperature=1.0, seed=5, structured_outputs={"regex": "(cat|dog)s?"}),
+    msg(2, temperature=0, structured_outputs={"grammar": 'root ::= "yes" | "no"'}),
+    msg(3, temperature=0, logit_bias={"5": 8, "17": 5}),
+    msg(4, temperature=0.8, seed=6, logit_bias={"9": -100}),
     {
+        **msg(0, temperature=0),
         "messages": [{"role": "user", "content": "Weather in Rome?"}],
         "max_tokens": 200,
-        "temperature": 0,
         "tools": [WEATHER_TOOL],
         "tool_choice": "auto",
         "structured_outputs": {"regex": CALL},
     },
-    # Embeddings (/v1/embeddings) join here once the pooling runner lands: run_batch serves them too.
+    {
+        **msg(0, temperature=0),
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "max_tokens": 64,
+        "tools": [WEATHER_TOOL],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    },
+    {**msg(0, temperature=0), "tools": [WEATHER_TOOL], "tool_choice": "none"},
+    msg(0, temperature=0, stop=["e"], include_stop_str_in_output=True),
+    msg(1, temperature=0, stop=" ", include_stop_str_in_output=True),
+    msg(2, temperature=0, min_tokens=12, stop=["e"]),
+    msg(3, temperature=0.9, seed=7, min_tokens=10),
+    msg(4, temperature=0, repetition_penalty=1.5),
+    msg(5, temperature=0.8, seed=8, repetition_penalty=0.8),
+    msg(0, temperature=1.0, seed=9, top_k=5),
+    msg(1, temperature=1.0, seed=10, min_p=0.1),
+    msg(2, temperature=0, stop_token_ids=[100, 101]),
+    msg(3, temperature=0, bad_words=["the", "a"]),
+    msg(4, temperature=0, ignore_eos=True),
+    msg(5, temperature=0, skip_special_tokens=False),
+    msg(0, temperature=0, spaces_between_special_tokens=False),
+    msg(1, temperature=0, presence_penalty=1.5),
+    msg(2, temperature=0.7, seed=11, frequency_penalty=-1.0),
+    {**msg(3, temperature=0), "max_completion_tokens": 9},
+    {
+        **msg(4, temperature=0),
+        "messages": [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Hi the"}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    },
+    msg(5, temperature=0, chat_template_kwargs={"unused": True}),
+    {**msg(0, temperature=0), "messages": [{"role": "user", "content": "word " * 40}], "truncate_prompt_tokens": 20},
+    msg(1, temperature=0, logprobs=True, top_logprobs=3),
+    msg(2, temperature=0.9, seed=12, logprobs=True),
+    msg(3, temperature=0, user="u-1", metadata={"k": "v"}, priority=2, cache_salt="salt", request_id="mine"),
+    msg(4, temperature=0, some_unknown_key=1),
 ]
+assert len(BODIES) == 61, len(BODIES)
 
 
 def comparable(line: dict) -> dict:
-    """What must agree: the text, the tool calls (ids are random), the finish reason, the token counts."""
+    """What must agree: every choice's text, tool calls (ids are random), finish reason and
+    logprobs (tokens exactly, values to 1e-4: another process, other batches), the token counts."""
     body = line["response"]["body"]
-    choice = body["choices"][0]
-    calls = [c["function"] for c in choice["message"].get("tool_calls") or []]
-    return {
-        "content": choice["message"]["content"] or "",
-        "tool_calls": calls,
-        "finish_reason": choice["finish_reason"],
-        "usage": {k: body["usage"][k] for k in ("prompt_tokens", "completion_tokens")},
-    }
+    choices = []
+    for choice in body["choices"]:
+        logprobs = (choice.get("logprobs") or {}).get("content")
+        choices.append(
+            {
+                "content": choice["message"]["content"] or "",
+                "tool_calls": [c["function"] for c in choice["message"].get("tool_calls") or []],
+                "finish_reason": choice["finish_reason"],
+                "logprobs": [
+                    (t["token"], round(t["logprob"], 4), [x["token"] for x in t["top_logprobs"]]) for t in logprobs
+                ]
+                if logprobs
+                else None,
+            }
+        )
+    return {"choices": choices, "usage": {k: body["usage"][k] for k in ("prompt_tokens", "completion_tokens")}}
 
 
-def test_run_batch_parity_greedy_answers_match(tiny_engine, tiny_model, tmp_path):
+def test_run_batch_parity_answers_match(tiny_engine, tiny_model, tmp_path):
     from worker.engine.vllm_engine import VllmEngine
 
     requests = tmp_path / "in.jsonl"
@@ -86,8 +155,14 @@ def test_run_batch_parity_greedy_answers_match(tiny_engine, tiny_model, tmp_path
     engine = VllmEngine(
         ModelSpec(name=tiny_model, tool_parser="hermes", chat_template=TOOLS_CHAT_TEMPLATE), llm=tiny_engine.llm
     )
-    ours = answer(engine, *BODIES)
-    for i, line in enumerate(ours):
-        assert theirs[f"r{i}"]["error"] is None, theirs[f"r{i}"]
-        assert comparable(line) == comparable(theirs[f"r{i}"]), i
-    assert comparable(ours[3])["tool_calls"], "the forced call was not parsed"
+    ours = answer(engine, *BODIES, defaults=SamplingSpec(), unknown_fields="warn")
+    assert sorted(theirs) == sorted(f"r{i}" for i in range(len(BODIES)))  # every custom_id once
+    refused = [i for i in range(len(BODIES)) if theirs[f"r{i}"]["error"] is not None or ours[i]["error"] is not None]
+    assert not refused, [(i, theirs[f"r{i}"]["error"], ours[i]["error"]) for i in refused]
+    differ = [i for i, line in enumerate(ours) if comparable(line) != comparable(theirs[f"r{i}"])]
+    assert not differ, [(i, BODIES[i], comparable(ours[i]), comparable(theirs[f"r{i}"])) for i in differ]
+    forced = [i for i, b in enumerate(BODIES) if b.get("structured_outputs") == {"regex": CALL}]
+    assert forced and all(comparable(ours[i])["choices"][0]["tool_calls"] for i in forced), "the call was not parsed"
+    # The lines exercise what they say: n choices, logprobs, an echoed stop string.
+    assert sum(len(comparable(line)["choices"]) > 1 for line in ours) == 4
+    assert sum(comparable(line)["choices"][0]["logprobs"] is not None for line in ours) == 2

@@ -28,12 +28,16 @@ SCHEMA = {
 PROMPTS = ["Great product!", "It broke after a day.", "Delivery was on time.", "1 2 3"]
 
 
-def answer(engine, *bodies, url="/v1/chat/completions"):
+def answer(engine, *bodies, url="/v1/chat/completions", defaults=None, unknown_fields="error"):
     """Each body's output line (checked against the openai SDK's types), in order: the engine's
-    answer, or the error row parsing gave."""
+    answer, or the error row parsing gave. `defaults`: the spec's sampling (greedy unless given);
+    `unknown_fields`: the spec's `requests.unknown_fields`."""
+    defaults = defaults or SamplingSpec(temperature=0)
     reqs, rows = [], {}
     for i, body in enumerate(bodies):
-        parsed = parse_request(json.dumps({"custom_id": f"r{i}", "url": url, "body": body}), i, SamplingSpec())
+        parsed = parse_request(
+            json.dumps({"custom_id": f"r{i}", "url": url, "body": body}), i, defaults, unknown_fields
+        )
         if isinstance(parsed, EngineRequest):
             reqs.append(parsed)
         else:

@@ -10,6 +10,9 @@ from orchestrator.core.spec import SamplingSpec
 from worker.requests import parse_request
 from worker.wire import EngineRequest, RowResult
 
+#: Greedy unless a line says otherwise: the tests compare answers (OpenAI's default would sample).
+GREEDY = SamplingSpec(temperature=0)
+
 pytestmark = pytest.mark.slow
 
 
@@ -17,7 +20,7 @@ def requests(*bodies, url="/v1/chat/completions"):
     out = []
     for i, body in enumerate(bodies):
         line = json.dumps({"custom_id": f"r{i}", "method": "POST", "url": url, "body": body}).encode()
-        parsed = parse_request(line, i, SamplingSpec())
+        parsed = parse_request(line, i, GREEDY)
         assert isinstance(parsed, EngineRequest), parsed.line
         out.append(parsed)
     return out

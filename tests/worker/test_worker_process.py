@@ -260,6 +260,17 @@ def test_worker_writes_parquet_parts_when_asked(tiny_engine, tiny_model, tmp_pat
     assert sum(answered(store, layout).values()) == 12
 
 
+def test_worker_ignores_unknown_fields_under_warn_and_counts_them(tiny_engine, tiny_model, tmp_path):
+    """`requests.unknown_fields: warn`: vLLM's way, the rows answered and the summary counting each field."""
+    store = open_store(str(tmp_path / "store"))
+    rows = [chat_request(f"u{i}", "Hello", max_tokens=4, temprature=0.3, **({"foo": 1} if i else {})) for i in range(3)]
+    layout = make_run(store, "warn", [rows], model=tiny_model, spec_flags={"requests.unknown_fields": "warn"})
+    summary = run_in_process(store, "warn", tiny_engine)
+    assert exit_code(summary) == 0 and summary["errors"] == 0
+    assert summary["ignored_fields"] == {"foo": 2, "temprature": 3}
+    assert sum(answered(store, layout).values()) == 3
+
+
 def test_worker_with_a_model_it_cannot_load_says_why_and_frees_the_chunk(tmp_path):
     store_uri = str(tmp_path / "store")
     store = open_store(store_uri)
@@ -288,7 +299,10 @@ def test_worker_with_smollm2_gives_real_answers(smollm2_model, tmp_path):
     store_uri = str(tmp_path / "store")
     store = open_store(store_uri)
     layout = make_run(
-        store, "real", [[chat_request("france", "What is the capital of France?", max_tokens=24)]], model=smollm2_model
+        store,
+        "real",
+        [[chat_request("france", "What is the capital of France?", max_tokens=24, temperature=0)]],
+        model=smollm2_model,
     )
     code, _ = WorkerProcess(store_uri, "real", "0", tmp_path).finish()
     assert code == 0

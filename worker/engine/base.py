@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from worker.wire import EngineRequest, RowResult
 
@@ -20,6 +20,11 @@ class Engine(Protocol):
     def capacity(self) -> int:
         """How many requests it works on at once (vLLM's max_num_seqs): the worker keeps at least
         this many in its hands before it claims another chunk."""
+
+    @property
+    def sampling_defaults(self) -> dict[str, Any]:
+        """The model's own sampling defaults (temperature, top_p... from its generation_config.json,
+        as vLLM's server reads them): what a request and the spec leave unset."""
 
     def run(self, requests: Iterator[EngineRequest | None]) -> Generator[list[RowResult], None, None]:
         """Pull requests as the engine has room (a bounded window, so a 100,000-row chunk never

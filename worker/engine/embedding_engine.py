@@ -67,10 +67,7 @@ class VllmEmbeddingEngine(VllmEngine):
                 line.waiting.add(request_id)
         except Exception as e:
             refusal = engine_refusal(e)
-            if line.waiting:  # the items added before the refused one
-                self._engine.abort_request(list(line.waiting))
-                for request_id in line.waiting:
-                    del self._in_flight[request_id]
+            self.abort_ids(list(line.waiting))  # the items added before the refused one
             if refusal is None:
                 raise  # not about this request: the engine itself is in trouble
             param = refusal[1] or ("dimensions" if "dimension" in refusal[0].lower() else None)

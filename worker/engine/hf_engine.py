@@ -99,6 +99,7 @@ class TransformersEngine:
         # generate stops at any of the model's end tokens (an instruct model often has several).
         stops = self.model.generation_config.eos_token_id
         self.eos_ids = {self.tokenizer.eos_token_id, *(stops if isinstance(stops, list) else [stops])} - {None}
+        self.sampling_defaults = _sampling_defaults(self.model.generation_config)
         self.max_model_len: int = spec.max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.prompts = PromptBuilder(self.tokenizer, spec.chat_template, self.max_model_len)
         self.limits = _limits(self.model, self.device, batch_args, batch_size)
@@ -173,9 +174,14 @@ class TransformersEngine:
                 f"{param} needs the vLLM engine (model.engine: vllm): transformers cannot constrain or parse output",
                 param,
             )
+        refused = "prompt" if request.prompts else _vllm_only(p)
+        if refused is not None:
+            return error_row(request, "unsupported_parameter", f"{refused} needs the vLLM engine", refused)
         vocab = self.model.config.vocab_size
         if any(not 0 <= token < vocab for token, _ in p.logit_bias):
             return error_row(request, "invalid_parameter", f"logit_bias: token ids are 0 to {vocab - 1}", "logit_bias")
+        if isinstance(request.prompt, tuple) and any(token >= vocab for token in request.prompt):
+            return error_row(request, "invalid_prompt", f"prompt: token ids are 0 to {vocab - 1}", "prompt")
         prompt = self.prompts.build(request)
         if isinstance(prompt, RowResult):
             return prompt
@@ -229,6 +235,8 @@ class TransformersEngine:
                 )
                 for j in range(p.n)
             ]
+            for choice in choices:
+                choice.echo = self.prompts.echo_text(request)
             line = success_line(request, choices, len(ready.ids), self.model_name)
             results.append(
                 RowResult(
@@ -300,6 +308,15 @@ class TransformersEngine:
         return (lo, at) if at is not None else None
 
 
+def _vllm_only(p: GenerationParams) -> str | None:
+    """The first parameter of the request only vLLM honours (its extensions; echo with logprobs;
+    a list of prompts, checked by the caller)."""
+    if p.echo and p.logprobs is not None:
+        return "echo"
+    extensions = p.extensions()
+    return extensions[0] if extensions else None
+
+
 def batch_key(p: GenerationParams) -> tuple[Any, ...] | None:
     """What requests must share to be generated in one call; None for a request generated alone.
 
@@ -361,6 +378,14 @@ class _RowLimits(StoppingCriteria):  # type: ignore[misc]
 
     def __call__(self, input_ids: torch.Tensor, _scores: Any, **_kwargs: Any) -> torch.Tensor:
         return (input_ids.shape[1] - self.prompt_len) >= self.limits
+
+
+def _sampling_defaults(config: Any) -> dict[str, Any]:
+    """The sampling defaults the model's generation_config.json sets, as vLLM reads them
+    (`ModelConfig.get_diff_sampling_param`): only what the file itself sets."""
+    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+    given = config.to_diff_dict()
+    return {k: given[k] for k in keys if given.get(k) is not None}
 
 
 def _split_engine_args(engine_args: dict[str, Any]) -> tuple[dict[str, int], dict[str, Any]]:

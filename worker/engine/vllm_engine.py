@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.core.errors import EngineLoadError
@@ -98,6 +98,8 @@ class VllmEngine:
         self._engine = engine
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = engine.model_config.max_model_len
+        # As vLLM's server: the model's generation_config.json for what a request leaves unset.
+        self.sampling_defaults: dict[str, Any] = engine.model_config.get_diff_sampling_param()
         self.prompts = PromptBuilder(self.tokenizer, spec.chat_template, self.max_model_len)
         self.capacity = engine.vllm_config.scheduler_config.max_num_seqs
         # Keep the scheduler's queue deeper than what it runs at once, so a finished sequence is
@@ -106,6 +108,8 @@ class VllmEngine:
         self.accelerator = _accelerator()
         self._tools = VllmTools(spec.tool_parser, self.tokenizer, engine.model_config)
         self._in_flight: dict[str, InFlight] = {}
+        #: Lines of several prompts in the engine: each prompt's (choices, prompt tokens, cached) once done.
+        self._parts: dict[str, list[tuple[list[Choice], int, int] | None]] = {}
         self._next_id = 0
         self._adapters = AdapterChooser(spec)
 
@@ -139,11 +143,15 @@ class VllmEngine:
             pending_errors = []
 
     def abort(self, chunk: str | None = None) -> None:
-        ids = [rid for rid, f in self._in_flight.items() if chunk is None or f.request.chunk == chunk]
+        self.abort_ids([rid for rid, f in self._in_flight.items() if chunk is None or f.request.chunk == chunk])
+
+    def abort_ids(self, ids: list[str]) -> None:
+        """Drop these engine requests (and the lines they are prompts of)."""
         if ids:
             self._engine.abort_request(ids)
             for rid in ids:
                 del self._in_flight[rid]
+                self._parts.pop(rid.partition(".")[0], None)
 
     def close(self) -> None:
         self.abort()
@@ -161,69 +169,115 @@ class VllmEngine:
         except BadRequest as e:
             return error_row(request, e.code, str(e), param=e.param)
         p = request.params
-        tools = None
-        if request.tools is not None:
-            try:
-                constraint = p.constraint.vllm_kwargs() if p.constraint else None
-                tools = self._tools.prepare(request.messages or [], request.tools, constraint)
-            except ToolError as e:
-                return error_row(request, "invalid_parameter", str(e), param=e.param)
-            except ValueError as e:  # vLLM's request model refused the row (pydantic's errors are ValueErrors)
-                return error_row(request, "invalid_request", f"vLLM refused the tools: {e}", param="tools")
-        built = self.prompts.build(request, tools.template_tools if tools else None)
-        if isinstance(built, RowResult):
-            return built
-        prompt: dict[str, Any] = {"prompt_token_ids": built.token_ids}
+        tools = self._prepared_tools(request)
+        if isinstance(tools, RowResult):
+            return tools
+        parts = [replace(request, prompt=text) for text in request.prompts] or [request]
+        ids = self._token_ids(parts, tools)
+        if isinstance(ids, RowResult):
+            return ids
+        prompt: dict[str, Any] = {}
         urls = image_urls(request.messages or [])
         if urls:
             try:
                 prompt["multi_modal_data"] = {"image": load_images(urls)}
             except BadRequest as e:
                 return error_row(request, e.code, str(e), param=e.param)
+        key = str(self._next_id)
+        self._next_id += 1
+        added: list[str] = []
         try:
             params = _sampling_params(p, tools.structured_outputs if tools else None)
-            request_id = str(self._next_id)
-            self._next_id += 1
-            self._engine.add_request(request_id, prompt, params, lora_request=lora)
+            for i, (part, tokens) in enumerate(zip(parts, ids, strict=True)):
+                request_id = key if len(parts) == 1 else f"{key}.{i}"
+                self._engine.add_request(request_id, {**prompt, "prompt_token_ids": tokens}, params, lora_request=lora)
+                self._in_flight[request_id] = InFlight(part, len(tokens), tools)
+                added.append(request_id)
         except Exception as e:
             refusal = engine_refusal(e)
+            self.abort_ids(added)
             if refusal is None:
                 raise  # not about this request: the engine itself is in trouble
             param = refusal[1] or (p.constraint.source if p.constraint else None)
             return error_row(request, "invalid_request", refusal[0], param=param)
-        self._in_flight[request_id] = InFlight(request, len(built.token_ids), tools)
+        if len(parts) > 1:
+            self._parts[key] = [None] * len(parts)
         return None
+
+    def _prepared_tools(self, request: EngineRequest) -> ToolCallRequest | RowResult | None:
+        if request.tools is None:
+            return None
+        p = request.params
+        try:
+            constraint = p.constraint.vllm_kwargs() if p.constraint else None
+            return self._tools.prepare(request.messages or [], request.tools, constraint)
+        except ToolError as e:
+            return error_row(request, "invalid_parameter", str(e), param=e.param)
+        except ValueError as e:  # vLLM's request model refused the row (pydantic's errors are ValueErrors)
+            return error_row(request, "invalid_request", f"vLLM refused the tools: {e}", param="tools")
+
+    def _token_ids(self, parts: list[EngineRequest], tools: ToolCallRequest | None) -> list[list[int]] | RowResult:
+        """Each part's prompt (a completion line with several prompts has a part per prompt,
+        answered as one line), or the first part's error row."""
+        ids = []
+        for part in parts:
+            built = self.prompts.build(part, tools.template_tools if tools else None)
+            if isinstance(built, RowResult):
+                return built
+            ids.append(built.token_ids)
+        return ids
 
     def _result(self, output: Any) -> RowResult | None:
         flight = self._in_flight.pop(output.request_id)
+        request, prompt_tokens = flight.request, flight.prompt_tokens
+        choices = self._choices(output, flight)
+        # The prompt tokens vLLM's prefix cache held (whole blocks only; None before vLLM counted any).
+        cached = output.num_cached_tokens or 0
+        key, _, part = output.request_id.partition(".")
+        if part:  # one prompt of several: the line is answered when all are, choices in prompt order
+            parts = self._parts[key]
+            parts[int(part)] = (choices, prompt_tokens, cached)
+            if any(done is None for done in parts):
+                return None
+            del self._parts[key]
+            done = [d for d in parts if d is not None]
+            choices = [c for d in done for c in d[0]]
+            prompt_tokens, cached = sum(d[1] for d in done), sum(d[2] for d in done)
+        # Like the API, the answer names the model the line asked for: the adapter, when one answered.
+        model = request.model if self._adapters.for_model(request.model) is not None else self.model_name
+        line = success_line(request, choices, prompt_tokens, model or self.model_name, cached_tokens=cached)
+        return RowResult(
+            request.index,
+            request.custom_id,
+            line,
+            prompt_tokens,
+            sum(c.tokens for c in choices),
+            False,
+            request.chunk,
+            tokens_cached=cached,
+        )
+
+    def _choices(self, output: Any, flight: InFlight) -> list[Choice]:
         request = flight.request
+        top = request.params.logprobs
+        # echo with logprobs: the prompt's tokens come first, the first one without a logprob.
+        echoed = _prompt_logprobs(output, top, self.tokenizer) if top is not None and request.params.echo else []
         choices = [
             Choice(
                 text=c.text,
                 finish_reason="length" if c.finish_reason == "length" else "stop",
                 tokens=len(c.token_ids),
-                logprobs=_logprobs(c, request.params.logprobs) if request.params.logprobs is not None else None,
+                logprobs=echoed + _logprobs(c.token_ids, c.logprobs, top, request.kind == "completion")
+                if top is not None
+                else None,
+                echo=self.prompts.echo_text(request),
             )
             for c in output.outputs
         ]
         if flight.tools is not None:
             for choice in choices:
                 self._with_tool_calls(choice, flight.tools)
-        # Like the API, the answer names the model the line asked for: the adapter, when one answered.
-        model = request.model if self._adapters.for_model(request.model) is not None else self.model_name
-        # The prompt tokens vLLM's prefix cache held (whole blocks only; None before vLLM counted any).
-        cached = output.num_cached_tokens or 0
-        line = success_line(request, choices, flight.prompt_tokens, model or self.model_name, cached_tokens=cached)
-        return RowResult(
-            request.index,
-            request.custom_id,
-            line,
-            flight.prompt_tokens,
-            sum(c.tokens for c in choices),
-            False,
-            request.chunk,
-            tokens_cached=cached,
-        )
+        return choices
 
     def _with_tool_calls(self, choice: Choice, tools: ToolCallRequest) -> None:
         content, choice.tool_calls = self._tools.parse(tools, choice.text)
@@ -272,23 +326,46 @@ def _sampling_params(p: GenerationParams, tool_constraint: Any = None) -> Any:
         min_tokens=p.min_tokens,
         ignore_eos=p.ignore_eos,
         logprobs=p.logprobs,
+        # echo with logprobs: the prompt's own, as vLLM's completions server asks for them.
+        prompt_logprobs=p.logprobs if p.echo and p.logprobs is not None else None,
         structured_outputs=structured,
         logit_bias=dict(p.logit_bias) or None,
+        include_stop_str_in_output=p.include_stop_str_in_output,
+        skip_special_tokens=p.skip_special_tokens,
+        spaces_between_special_tokens=p.spaces_between_special_tokens,
+        stop_token_ids=list(p.stop_token_ids) or None,
+        bad_words=list(p.bad_words) or None,
+        allowed_token_ids=list(p.allowed_token_ids) if p.allowed_token_ids is not None else None,
         # Only the finished output: no per-step copies of partial text.
         output_kind=RequestOutputKind.FINAL_ONLY,
     )
 
 
-def _logprobs(completion: Any, top: int) -> list[TokenLogprob]:
+def _prompt_logprobs(output: Any, top: int, tokenizer: Any) -> list[TokenLogprob]:
+    """The prompt's tokens with their logprobs; the first has none (`logprob` and `top` None),
+    its text decoded as vLLM's completions server does."""
+    ids, steps = list(output.prompt_token_ids or ()), list(output.prompt_logprobs or ())
+    if not ids or not steps or steps[0] is not None:
+        return _logprobs(ids, steps, top, with_chosen=True)
+    return [TokenLogprob(tokenizer.decode(ids[0]), None, None), *_logprobs(ids[1:], steps[1:], top, True)]
+
+
+def _logprobs(token_ids: Any, steps: Any, top: int, with_chosen: bool = False) -> list[TokenLogprob]:
+    """Each token's logprob and its `top` alternatives, most likely first; `with_chosen` (vLLM's
+    completions): the chosen token among them too, first, as vLLM gives them (top + 1 at most)."""
     out = []
-    for token_id, alternatives in zip(completion.token_ids, completion.logprobs or (), strict=False):
+    for token_id, alternatives in zip(token_ids, steps or (), strict=False):
         chosen = alternatives.get(token_id)
-        ranked = sorted(alternatives.items(), key=lambda item: item[1].rank or 0)
+        ranked = (
+            list(alternatives.items())[: top + 1]
+            if with_chosen
+            else sorted(alternatives.items(), key=lambda item: item[1].rank or 0)[:top]
+        )
         out.append(
             TokenLogprob(
                 token=(chosen.decoded_token if chosen else "") or "",
                 logprob=chosen.logprob if chosen else float("-inf"),
-                top=[(lp.decoded_token or "", lp.logprob) for _, lp in ranked[:top]],
+                top=[(lp.decoded_token or "", lp.logprob) for _, lp in ranked],
             )
         )
     return out
