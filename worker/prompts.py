@@ -66,7 +66,7 @@ class PromptBuilder:
             return error_row(request, "template_error", f"cannot apply the chat template: {e}")
         max_tokens = request.params.max_tokens
         if len(ids) + max_tokens > self.max_model_len:
-            too_long = "messages" if request.kind == "chat" else "prompt"
+            too_long = {"chat": "messages", "response": "input"}.get(request.kind, "prompt")
             return error_row(
                 request,
                 "context_length_exceeded",
@@ -77,7 +77,7 @@ class PromptBuilder:
         return Prompt(ids)
 
     def _tokenize(self, request: EngineRequest, tools: list[dict[str, Any]] | None) -> list[int]:
-        if request.kind == "chat":
+        if request.kind in ("chat", "response"):
             template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
             text = self.tokenizer.apply_chat_template(
                 for_template(request.messages or [], template),

@@ -109,7 +109,8 @@ class EngineRequest:
 
     index: int  # the row's position in its chunk
     custom_id: str
-    kind: Literal["chat", "completion", "embedding", "score", "rerank"]
+    #: "response": a /v1/responses line, generated as a chat and answered as a Response (worker/responses.py).
+    kind: Literal["chat", "completion", "embedding", "score", "rerank", "response"]
     messages: list[dict[str, Any]] | None
     prompt: str | None
     params: GenerationParams  # for embeddings, score and rerank: the spec's defaults, unused
@@ -119,6 +120,8 @@ class EngineRequest:
     model: str | None = None
     embedding: EmbeddingInput | None = None
     scoring: ScoringInput | None = None
+    #: A /v1/responses line's fields the Response object repeats (instructions, tools, text...).
+    response: dict[str, Any] | None = None
 
 
 @dataclass

@@ -104,7 +104,7 @@ class VllmEngine:
         # replaced in the very next step.
         self.max_in_flight = max_in_flight or max(4 * self.capacity, 256)
         self.accelerator = _accelerator()
-        self._tools = VllmTools(spec.tool_parser, self.tokenizer, engine.model_config)
+        self._tools = VllmTools(spec.tool_parser, self.tokenizer, engine.model_config, spec.reasoning_parser)
         self._in_flight: dict[str, InFlight] = {}
         self._next_id = 0
         self._adapters = AdapterChooser(spec)
@@ -162,7 +162,7 @@ class VllmEngine:
             return error_row(request, e.code, str(e), param=e.param)
         p = request.params
         tools = None
-        if request.tools is not None:
+        if request.tools is not None or (self._tools.parses_every_row and request.kind != "completion"):
             try:
                 constraint = p.constraint.vllm_kwargs() if p.constraint else None
                 tools = self._tools.prepare(request.messages or [], request.tools, constraint)
@@ -173,6 +173,8 @@ class VllmEngine:
         built = self.prompts.build(request, tools.template_tools if tools else None)
         if isinstance(built, RowResult):
             return built
+        if tools is not None:
+            tools.prompt_token_ids = built.token_ids
         prompt: dict[str, Any] = {"prompt_token_ids": built.token_ids}
         urls = image_urls(request.messages or [])
         if urls:
@@ -197,18 +199,17 @@ class VllmEngine:
     def _result(self, output: Any) -> RowResult | None:
         flight = self._in_flight.pop(output.request_id)
         request = flight.request
-        choices = [
-            Choice(
+        choices = []
+        for c in output.outputs:
+            choice = Choice(
                 text=c.text,
                 finish_reason="length" if c.finish_reason == "length" else "stop",
                 tokens=len(c.token_ids),
                 logprobs=_logprobs(c, request.params.logprobs) if request.params.logprobs is not None else None,
             )
-            for c in output.outputs
-        ]
-        if flight.tools is not None:
-            for choice in choices:
-                self._with_tool_calls(choice, flight.tools)
+            if flight.tools is not None:
+                self._parsed(choice, flight.tools, c.token_ids)
+            choices.append(choice)
         # Like the API, the answer names the model the line asked for: the adapter, when one answered.
         model = request.model if self._adapters.for_model(request.model) is not None else self.model_name
         # The prompt tokens vLLM's prefix cache held (whole blocks only; None before vLLM counted any).
@@ -225,9 +226,11 @@ class VllmEngine:
             tokens_cached=cached,
         )
 
-    def _with_tool_calls(self, choice: Choice, tools: ToolCallRequest) -> None:
-        content, choice.tool_calls = self._tools.parse(tools, choice.text)
-        choice.text = content or ""
+    def _parsed(self, choice: Choice, tools: ToolCallRequest, token_ids: Any) -> None:
+        """The choice as the run's parsers read it: content, tool calls, reasoning."""
+        parsed = self._tools.parse(tools, choice.text, token_ids)
+        choice.text, choice.tool_calls = parsed.content or "", parsed.tool_calls
+        choice.reasoning, choice.reasoning_tokens = parsed.reasoning, parsed.reasoning_tokens
         # As vLLM's server (and OpenAI): "tool_calls" when the model chose to call (auto) or had to
         # (required); a named tool_choice ends with "stop".
         named = not isinstance(tools.vllm_request.tool_choice, str)
@@ -307,6 +310,9 @@ def _build_llm(spec: ModelSpec) -> Any:
         dtype = "float32"  # 2.5x faster than bfloat16 on this kind of CPU (FACTS.md)
     kwargs.update(model=spec.name, dtype=dtype, tensor_parallel_size=spec.tensor_parallel_size, seed=0)
     kwargs.update(runner=spec.runner, **adapter_args(spec, cpu=cpu))
+    if spec.reasoning_parser:
+        # As vLLM's --reasoning-parser: a row's constraint holds the answer after the thinking.
+        kwargs["structured_outputs_config"] = {"reasoning_parser": spec.reasoning_parser}
     if spec.max_model_len:
         kwargs["max_model_len"] = spec.max_model_len
     elif cpu:
@@ -315,11 +321,20 @@ def _build_llm(spec: ModelSpec) -> Any:
         kv = cpu_kv_cache_size(spec)
         kwargs["kv_cache_memory_bytes"] = kv.bytes
         log.info("vLLM KV cache: %d MiB (%s)", kv.bytes // 2**20, kv.why)
-    kwargs.update(spec.engine_args)
+    _merge_engine_args(kwargs, spec.engine_args)
     try:
         return LLM(**kwargs)
     except Exception as e:  # vLLM's own message says what is wrong (path, memory, architecture)
         raise EngineLoadError(f"vLLM cannot load {spec.name!r}: {_first_line(e)}") from e
+
+
+def _merge_engine_args(kwargs: dict[str, Any], engine_args: dict[str, Any]) -> None:
+    """The spec's engine_args over orch's, a structured_outputs_config dict merged key by key."""
+    for key, value in engine_args.items():
+        if isinstance(value, dict) and isinstance(kwargs.get(key), dict):
+            kwargs[key] = {**kwargs[key], **value}
+        else:
+            kwargs[key] = value
 
 
 def _first_line(e: Exception) -> str:
