@@ -128,13 +128,13 @@ class VllmTools:
                 f"tool_choice {choice!r} needs a tool parser: set model.tool_parser in the spec (hermes, ...)",
                 "tool_choice",
             )
+        tooling = (
+            {"tools": json.loads(use.tools), "tool_choice": choice, "parallel_tool_calls": use.parallel_tool_calls}
+            if use is not None
+            else {}
+        )
         request = ChatCompletionRequest(
-            model=self.model_config.model,
-            messages=messages,
-            tools=json.loads(use.tools) if use is not None else None,
-            tool_choice=choice,
-            parallel_tool_calls=use.parallel_tool_calls if use is not None else None,
-            structured_outputs=constraint,
+            model=self.model_config.model, messages=messages, structured_outputs=constraint, **tooling
         )
         template_tools = [tool.model_dump() for tool in request.tools] if use is not None and request.tools else None
         # As vLLM's server: the parser adjusts the request unless tools are off for this row.

@@ -190,7 +190,7 @@ def test_reasoning_matches_vllm_serving(think_model, tmp_path):
         assert response_view(line["response"]["body"]) == response_view(theirs[f"r{i}"]), i
     full = response_view(response_lines[0]["response"]["body"])
     assert [item[0] for item in full["output"]] == ["reasoning", "message"], full
-    assert full["usage"][3] == len(full["output"][0][1]) > 0  # one token per letter of the tiny vocabulary
+    assert full["usage"][3] > 0, full  # the tokens between <think> and </think>
     cut = response_view(response_lines[1]["response"]["body"])
     assert cut["status"] == "incomplete" and cut["output"][0][0] == "reasoning", cut
 
