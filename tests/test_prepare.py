@@ -89,6 +89,18 @@ def test_prepare_openai_batch_keeps_per_request_parameters(store_dir, tmp_path):
     assert sum(e.max_output_tokens for e in manifest(store_dir)) == 35
 
 
+def test_prepare_takes_responses_lines_with_their_max_output_tokens(store_dir, tmp_path, capsys):
+    def line(custom_id: str, body: dict) -> dict:
+        return {"custom_id": custom_id, "method": "POST", "url": "/v1/responses", "body": body}
+
+    rows = [line("r0", {"input": "Hello", "max_output_tokens": 7}), line("r1", {"instructions": "Be brief."})]
+    write_jsonl(tmp_path / "b.jsonl", rows)
+    assert prepare(store_dir, tmp_path / "b.jsonl", "--format", "openai-batch", "--num-chunks", "1") == 0
+    assert [row["custom_id"] for row in chunk_lines(store_dir)] == ["r0"]
+    assert manifest(store_dir)[0].max_output_tokens == 7
+    assert "a responses request needs body.input" in capsys.readouterr().out
+
+
 def test_prepare_completion_objects_like_the_fm_runner(store_dir, tmp_path):
     row = {
         "best_of": 1,

@@ -32,6 +32,7 @@ import openai
 import pytest
 from openai.types import Batch, CreateEmbeddingResponse, FileObject
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 
 from orchestrator.cli import main
 from orchestrator.core.protocol.layout import RunLayout
@@ -48,6 +49,7 @@ TINY = REPO / ".cache" / "models" / "tiny-llama"
 TINY_EMBED = REPO / ".cache" / "models" / "tiny-embed"
 KEY, OTHER_KEY = "sk-orch-test-first-key", "sk-orch-test-second-key"
 CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 FINAL = {"completed", "failed", "expired", "cancelled"}
 #: Completion windows short enough for a test (OpenAI accepts only 24h; this server's spec adds these):
 #: the expiry test picks one from how long this machine takes to start a worker right now.
@@ -365,6 +367,11 @@ VALIDATION_CASES = {
         {("too_many_tasks", None)},
     ),
     "too-large": ([json.dumps(chat_line("q0", "x" * MAX_FILE_BYTES))], CHAT, {("file_too_large", None)}),
+    "responses-without-input": (
+        [json.dumps({"custom_id": "q0", "method": "POST", "url": RESPONSES, "body": {"model": "tiny"}})],
+        RESPONSES,
+        {("invalid_request", 1)},
+    ),
 }
 
 
@@ -418,6 +425,36 @@ def test_serve_create_refuses_bad_requests_as_openai_does(local_server, tmp_path
         create(client, "file-doesnotexist")
     with pytest.raises(openai.BadRequestError, match="purpose"), open(tmp_path / "ok.jsonl", "rb") as f:
         client.files.create(file=f, purpose="fine-tune")
+
+
+def test_serve_responses_batch_answers_each_line_with_a_response(local_server, tmp_path):
+    """A /v1/responses batch as openai-python's examples/responses/batch.py writes it."""
+    client = local_server.client()
+    bodies = [
+        {"input": "Hello", "max_output_tokens": 4, "temperature": 0},
+        {"instructions": "Be brief.", "input": [{"role": "user", "content": "Hi"}], "metadata": {"k": "v"}},
+    ]
+    requests = [
+        {"custom_id": f"r{i}", "method": "POST", "url": RESPONSES, "body": {"model": "tiny", **body}}
+        for i, body in enumerate(bodies)
+    ]
+    created = create(client, upload(client, write_requests(tmp_path / "r.jsonl", requests)).id, endpoint=RESPONSES)
+    assert created.endpoint == RESPONSES
+
+    batch, _ = wait_for(client, created.id, final)
+
+    assert batch.status == "completed" and batch.error_file_id is None, batch
+    output = {line["custom_id"]: line for line in lines_of(client, batch.output_file_id)}
+    answers = {cid: Response.model_validate(line["response"]["body"]) for cid, line in output.items()}
+    assert sorted(answers) == ["r0", "r1"]
+    # max_output_tokens 4 cuts the answer; the spec's max_tokens (8) does the same for the other.
+    assert all(r.status == "incomplete" and r.incomplete_details for r in answers.values())
+    assert answers["r0"].incomplete_details.reason == "max_output_tokens"  # type: ignore[union-attr]
+    assert answers["r0"].usage is not None and answers["r0"].usage.output_tokens == 4
+    assert answers["r1"].instructions == "Be brief." and answers["r1"].metadata == {"k": "v"}
+    assert all(r.model == "tiny" and r.output_text for r in answers.values())
+    assert batch.usage is not None
+    assert batch.usage.output_tokens == sum(r.usage.output_tokens for r in answers.values() if r.usage)
 
 
 def test_serve_a_key_sees_only_its_own_files_and_batches(local_server, tmp_path):

@@ -148,6 +148,7 @@ def test_freeze_spec_chunking_is_compared_as_a_whole(tmp_path):
         ("{engine: transformers, runner: pooling}", "model.runner"),
         ("{engine: transformers, lora: {fr: ./fr}}", "model.lora"),
         ("{engine: transformers, tool_parser: hermes}", "model.tool_parser"),
+        ("{engine: transformers, reasoning_parser: deepseek_r1}", "model.reasoning_parser"),
     ],
 )
 def test_spec_refuses_what_the_transformers_engine_cannot_run(tmp_path, model, field):

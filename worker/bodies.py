@@ -19,6 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.core.spec import SamplingSpec
+from worker.responses import response_format
 from worker.structured import StructuredError, constraint, logit_bias
 from worker.wire import BadRequest, Constraint, EmbeddingInput, GenerationParams, PromptOptions, ScoringInput
 
@@ -228,11 +229,14 @@ class _SamplingBody(_Body):
         raise NotImplementedError
 
     def _constraints(self) -> tuple[Constraint | None, tuple[tuple[int, float], ...]]:
-        body = {"response_format": self.response_format, "structured_outputs": self.structured_outputs}
+        body = {"response_format": self._response_format(), "structured_outputs": self.structured_outputs}
         try:
             return constraint(body), logit_bias(self.logit_bias)
         except StructuredError as e:
             raise BadRequest("invalid_parameter", str(e), e.param) from None
+
+    def _response_format(self) -> Any:
+        return self.response_format
 
 
 class ChatBody(_SamplingBody):
@@ -312,6 +316,59 @@ class CompletionBody(_SamplingBody):
 
     def _logprobs_echo(self) -> tuple[int | None, bool]:
         return self.logprobs, bool(self.echo)
+
+
+class ResponsesBody(_SamplingBody):
+    """A `/v1/responses` body (worker/responses.py turns it into a chat). `reasoning` is accepted and
+    repeated in the answer, not honoured (the chat template gets no effort); `store` changes nothing."""
+
+    endpoint: ClassVar[str] = "for /v1/responses"
+    #: Fields of the chat endpoints a Responses body spells otherwise (`max_output_tokens`, `text.format`).
+    _NOT_HERE: ClassVar[tuple[str, ...]] = ("n", "max_tokens", "response_format")
+
+    input: Any = None  # checked in worker/responses.py (its own error code)
+    instructions: str | None = Field(None, description="a string")
+    max_output_tokens: int | None = Field(None, ge=1, description="an integer >= 1")
+    text: dict[str, Any] | None = Field(None, description='an object such as {"format": {"type": "json_schema", ...}}')
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = Field(None, description="true or false")
+    reasoning: dict[str, Any] | None = Field(None, description='an object such as {"effort": "low"}')
+    truncation: Literal["disabled"] | None = Field(None, description="'disabled' (the prompt is never cut here)")
+    include: list[str] | None = Field(None, max_length=0, description="an empty list (no extra output here)")
+    background: Literal[False] | None = Field(None, description="false (a batch line has no background mode)")
+    previous_response_id: None = Field(None, description="null: no response is stored here, send the input whole")
+
+    def params(self, defaults: SamplingSpec) -> GenerationParams:
+        for name in self._NOT_HERE:
+            if name in self.model_fields_set:
+                raise BadRequest("unsupported_parameter", f"parameter {name!r} is not supported {self.endpoint}", name)
+        return super().params(defaults)
+
+    def _max_tokens(self) -> int | None:
+        return self.max_output_tokens
+
+    def _logprobs_echo(self) -> tuple[int | None, bool]:
+        return None, False
+
+    def _response_format(self) -> Any:
+        return response_format(self.text)
+
+    def echo(self) -> dict[str, Any]:
+        """The request fields a `Response` repeats, with OpenAI's values when a field was not given."""
+        return {
+            "instructions": self.instructions,
+            "metadata": self.metadata,
+            "max_output_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "tools": self.tools or [],
+            "tool_choice": self.tool_choice if self.tool_choice is not None else "auto",
+            "parallel_tool_calls": self.parallel_tool_calls is not False,
+            "text": self.text or {"format": {"type": "text"}},
+            "reasoning": self.reasoning,
+            "truncation": "disabled",
+        }
 
 
 class EmbeddingBody(_Body):

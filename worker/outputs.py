@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.lines import BatchOutputLine, BatchResponse, new_request_id
+from worker.responses import output_items, response_body
 from worker.wire import EngineRequest
 
 
@@ -43,6 +44,10 @@ class Choice:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     #: What completions' `echo` puts before the text: the prompt it answers.
     echo: str = ""
+    #: The model's reasoning, read off by the run's reasoning parser (None: the run has none, or the
+    #: model did not reason); `reasoning_tokens` how many generated tokens it took (None: no parser).
+    reasoning: str | None = None
+    reasoning_tokens: int | None = None
 
 
 def success_line(
@@ -51,15 +56,27 @@ def success_line(
     completion_tokens = sum(c.tokens for c in choices)
     # As vLLM's server writes it with --enable-prompt-tokens-details, always (OpenAI's Batch lines
     # always carry it): the prompt tokens its prefix cache already held.
-    usage = {
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    reasoning_counts = [c.reasoning_tokens for c in choices if c.reasoning_tokens is not None]
+    if reasoning_counts:  # as vLLM's server: given when the run has a reasoning parser
+        usage["completion_tokens_details"] = {"reasoning_tokens": sum(reasoning_counts)}
     request_id = new_request_id()
-    if request.kind == "chat":
-        body: dict[str, Any] = {
+    body: dict[str, Any]
+    if request.kind == "response":
+        assert request.response is not None and len(choices) == 1
+        c = choices[0]
+        items = output_items(c.reasoning, c.text, c.tool_calls)
+        cut = c.finish_reason == "length"
+        body = response_body(
+            request.response, model=model, items=items, cut=cut, usage=usage, reasoning_tokens=sum(reasoning_counts)
+        )
+    elif request.kind == "chat":
+        body = {
             "id": f"chatcmpl-{request_id}",
             "object": "chat.completion",
             "created": int(time.time()),
@@ -170,10 +187,12 @@ def _base64(vector: list[float]) -> str:
 
 
 def _message(choice: Choice) -> dict[str, Any]:
+    # vLLM's field for a reasoning model's thinking (its server's `message.reasoning`).
+    thought = {"reasoning": choice.reasoning} if choice.reasoning_tokens is not None else {}
     if not choice.tool_calls:
-        return {"role": "assistant", "content": choice.text}
+        return {"role": "assistant", "content": choice.text, **thought}
     # As OpenAI answers a call: no content unless the model wrote some beside it.
-    return {"role": "assistant", "content": choice.text or None, "tool_calls": choice.tool_calls}
+    return {"role": "assistant", "content": choice.text or None, **thought, "tool_calls": choice.tool_calls}
 
 
 def _chat_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:

@@ -79,7 +79,7 @@ class PromptBuilder:
             ids = truncated(ids, keep if keep >= 0 else max(self.max_model_len - request.params.max_tokens, 0), side)
         max_tokens = request.params.max_tokens
         if len(ids) + max_tokens > self.max_model_len:
-            too_long = "messages" if request.kind == "chat" else "prompt"
+            too_long = {"chat": "messages", "response": "input"}.get(request.kind, "prompt")
             return error_row(
                 request,
                 "context_length_exceeded",
@@ -97,7 +97,7 @@ class PromptBuilder:
 
     def _tokenize(self, request: EngineRequest, tools: list[dict[str, Any]] | None) -> list[int]:
         options = request.prompt_options
-        if request.kind == "chat":
+        if request.kind in ("chat", "response"):
             template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
             text = self.tokenizer.apply_chat_template(
                 for_template(request.messages or [], template),

@@ -12,8 +12,9 @@ import json
 from typing import Any
 
 from orchestrator.core.spec import SamplingSpec
-from worker.bodies import ChatBody, CompletionBody, EmbeddingBody, RerankBody, ScoreBody, is_token
+from worker.bodies import ChatBody, CompletionBody, EmbeddingBody, RerankBody, ResponsesBody, ScoreBody, is_token
 from worker.images import content_parts
+from worker.responses import chat_tools, input_messages
 from worker.tools import ToolError, tool_use
 from worker.wire import BadRequest, EngineRequest, RowResult, ToolUse, error_line
 
@@ -22,7 +23,8 @@ COMPLETION_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
 SCORE_URL = "/v1/score"
 RERANK_URL = "/v1/rerank"
-URLS = (CHAT_URL, COMPLETION_URL, EMBEDDINGS_URL, SCORE_URL, RERANK_URL)
+RESPONSES_URL = "/v1/responses"
+URLS = (CHAT_URL, COMPLETION_URL, RESPONSES_URL, EMBEDDINGS_URL, SCORE_URL, RERANK_URL)
 
 
 def parse_request(
@@ -100,11 +102,37 @@ def _engine_request(
             return EngineRequest(index, custom_id, "score", None, None, params, model=model, scoring=scoring)
         scoring = RerankBody.parse(body).scoring()
         return EngineRequest(index, custom_id, "rerank", None, None, params, model=model, scoring=scoring)
+    if url == RESPONSES_URL:
+        return _responses_request(body, index, custom_id, defaults, model, warn)
     raise BadRequest("unsupported_url", f"url {url!r} is not one of {', '.join(URLS)}", "url")
 
 
 def _without(body: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in names} if names else body
+
+
+def _responses_request(
+    body: dict[str, Any], index: int, custom_id: str, defaults: SamplingSpec, model: str | None, warn: bool
+) -> EngineRequest:
+    """A /v1/responses line as the chat it is generated as, with what its Response repeats."""
+    ignored = ResponsesBody.unknown(body) if warn else ()
+    parsed = ResponsesBody.parse(_without(body, ignored))
+    params = parsed.params(defaults)
+    messages = _messages(input_messages(parsed.instructions, parsed.input))
+    tools, choice = chat_tools(parsed.tools, parsed.tool_choice)
+    use = _tools({"tools": tools, "tool_choice": choice, "parallel_tool_calls": parsed.parallel_tool_calls})
+    return EngineRequest(
+        index,
+        custom_id,
+        "response",
+        messages,
+        None,
+        params,
+        tools=use,
+        model=model,
+        response=parsed.echo(),
+        ignored=ignored,
+    )
 
 
 def _tools(body: dict[str, Any]) -> ToolUse | None:

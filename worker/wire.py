@@ -138,7 +138,8 @@ class EngineRequest:
 
     index: int  # the row's position in its chunk
     custom_id: str
-    kind: Literal["chat", "completion", "embedding", "score", "rerank"]
+    #: "response": a /v1/responses line, generated as a chat and answered as a Response (worker/responses.py).
+    kind: Literal["chat", "completion", "embedding", "score", "rerank", "response"]
     messages: list[dict[str, Any]] | None
     prompt: str | tuple[int, ...] | None  # a completion's text, or its token ids
     params: GenerationParams  # for embeddings, score and rerank: the spec's defaults, unused
@@ -153,6 +154,8 @@ class EngineRequest:
     prompts: tuple[str | tuple[int, ...], ...] = ()
     #: Body fields nobody knows, ignored under `requests.unknown_fields: warn` (counted in the summary).
     ignored: tuple[str, ...] = ()
+    #: A /v1/responses line's fields the Response object repeats (instructions, tools, text...).
+    response: dict[str, Any] | None = None
 
 
 @dataclass

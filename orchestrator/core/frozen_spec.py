@@ -23,6 +23,7 @@ FROZEN_FIELDS: tuple[str, ...] = (
     "model.chat_template",
     "model.runner",
     "model.tool_parser",
+    "model.reasoning_parser",
     "model.lora",
     "sampling",
     "requests",

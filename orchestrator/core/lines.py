@@ -74,7 +74,19 @@ class BatchOutputLine(LineModel):
     def usage(self) -> Usage:
         body = self.response.body if self.response is not None else None
         usage = body.get("usage") if body else None
-        return Usage.model_validate(usage) if isinstance(usage, dict) else Usage()
+        if not isinstance(usage, dict):
+            return Usage()
+        if "input_tokens" in usage:  # a Response's usage (/v1/responses), in the chat names
+            details = usage.get("input_tokens_details")
+            usage = {
+                "prompt_tokens": usage.get("input_tokens") or 0,
+                "completion_tokens": usage.get("output_tokens") or 0,
+                "total_tokens": usage.get("total_tokens") or 0,
+                "prompt_tokens_details": {"cached_tokens": details.get("cached_tokens")}
+                if isinstance(details, dict)
+                else None,
+            }
+        return Usage.model_validate(usage)
 
     def first_choice(self) -> dict[str, Any]:
         """The first choice of a completion body (empty for errors and other endpoints)."""
@@ -83,7 +95,11 @@ class BatchOutputLine(LineModel):
         return choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
 
     def text(self) -> str | None:
-        """The first choice's text: a chat message's content, or a completion's text."""
+        """The first choice's text: a chat message's content, or a completion's text (a Response's
+        output_text)."""
+        body = self.response.body if self.response is not None else None
+        if body and body.get("object") == "response":
+            return _output_text(body.get("output"))
         choice = self.first_choice()
         if isinstance(choice.get("text"), str):
             return str(choice["text"])
@@ -142,3 +158,17 @@ def request_id(chunk: str, index: int) -> str:
 
 def row_of(line_id: str) -> int:
     return int(line_id.rsplit("-", 1)[1])
+
+
+def _output_text(output: Any) -> str | None:
+    """A Response's `output_text`: the text parts of its message items, joined (as the SDK does)."""
+    if not isinstance(output, list):
+        return None
+    texts = [
+        part["text"]
+        for item in output
+        if isinstance(item, dict) and item.get("type") == "message"
+        for part in item.get("content") or []
+        if isinstance(part, dict) and part.get("type") == "output_text" and isinstance(part.get("text"), str)
+    ]
+    return "".join(texts)

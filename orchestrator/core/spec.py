@@ -51,13 +51,19 @@ class ModelSpec(StrictModel):
     )
     runner: Literal["generate", "pooling"] = Field(
         "generate",
-        description="generate: /v1/chat/completions and /v1/completions lines; pooling: /v1/embeddings lines "
-        "(vLLM's pooling runner). A run is one or the other",
+        description="generate: /v1/chat/completions, /v1/completions and /v1/responses lines; "
+        "pooling: /v1/embeddings lines (vLLM's pooling runner). A run is one or the other",
     )
     tool_parser: str | None = Field(
         None,
         description="vLLM's tool parser for lines with `tools` (hermes, llama3_json, mistral, ...): "
         "it reads the model's tool calls back into message.tool_calls",
+    )
+    reasoning_parser: str | None = Field(
+        None,
+        description="vLLM's reasoning parser for a reasoning model (deepseek_r1, qwen3, ...): the text before "
+        "the end of thinking becomes message.reasoning (a reasoning item in /v1/responses lines), counted in "
+        "usage as reasoning tokens; a JSON constraint applies to the answer after it",
     )
     lora: dict[str, str] = Field(
         default_factory=dict,
@@ -83,6 +89,7 @@ class ModelSpec(StrictModel):
                 ("runner", self.runner == "pooling"),
                 ("lora", self.lora),
                 ("tool_parser", self.tool_parser),
+                ("reasoning_parser", self.reasoning_parser),
             ):
                 if wanted:
                     raise ValueError(f"model.{name} needs the vLLM engine (model.engine: vllm)")

@@ -20,8 +20,9 @@ EMBEDDINGS_URL = "/v1/embeddings"
 #: similarity of two texts' embeddings.
 SCORE_URL = "/v1/score"
 RERANK_URL = "/v1/rerank"
+RESPONSES_URL = "/v1/responses"
 #: The lines a run takes, by its model's runner: a run generates or pools (embeds, scores), never both.
-URLS = {"generate": (CHAT_URL, COMPLETION_URL), "pooling": (EMBEDDINGS_URL, SCORE_URL, RERANK_URL)}
+URLS = {"generate": (CHAT_URL, COMPLETION_URL, RESPONSES_URL), "pooling": (EMBEDDINGS_URL, SCORE_URL, RERANK_URL)}
 
 
 def runner_of(url: str) -> str:
@@ -161,6 +162,8 @@ def _openai_batch(record: dict[str, Any], sampling: SamplingSpec, urls: tuple[st
         raise BadRow("a rerank request needs body.query and body.documents")
     if url == SCORE_URL and not any(a in body and b in body for a, b in SCORE_PAIRS):
         raise BadRow(f"a score request needs one of {' / '.join(f'{a} and {b}' for a, b in SCORE_PAIRS)}")
+    if url == RESPONSES_URL and not isinstance(body.get("input"), (str, list)):
+        raise BadRow("a responses request needs body.input (a string or a list of input items)")
     return _request(custom_id, url, body, sampling, _named_model(body))
 
 
@@ -240,7 +243,12 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
 
 
 def _output_budget(body: dict[str, Any], sampling: SamplingSpec) -> int:
-    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or sampling.max_tokens
+    max_tokens = (
+        body.get("max_tokens")
+        or body.get("max_completion_tokens")
+        or body.get("max_output_tokens")
+        or sampling.max_tokens
+    )
     n = body.get("n") or sampling.n
     try:
         return int(max_tokens) * int(n)

@@ -9,7 +9,10 @@ BODY_TYPES = {
     "chat.completion": ("openai.types.chat", "ChatCompletion"),
     "text_completion": ("openai.types", "Completion"),
     "list": ("openai.types", "CreateEmbeddingResponse"),
+    "response": ("openai.types.responses", "Response"),
 }
+#: vLLM's extensions a body may carry beyond the SDK's fields: a reasoning model's `message.reasoning`.
+VLLM_EXTRAS = {"reasoning"}
 
 
 def check_line(line: dict[str, Any]) -> Any:
@@ -38,7 +41,7 @@ def check_line(line: dict[str, Any]) -> Any:
 def _extras(model: Any) -> list[str]:
     from pydantic import BaseModel
 
-    found = list((model.model_extra or {}).keys()) if isinstance(model, BaseModel) else []
+    found = list(set(model.model_extra or {}) - VLLM_EXTRAS) if isinstance(model, BaseModel) else []
     if isinstance(model, BaseModel):
         for value in model.__dict__.values():
             for item in value if isinstance(value, list) else [value]:

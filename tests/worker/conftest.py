@@ -32,6 +32,16 @@ def smollm2_model() -> str:
 
 
 @pytest.fixture(scope="session")
+def keep_alive():
+    """Hold an engine a test opens beside the session's until the session ends. Collecting a vLLM
+    engine tears down vLLM's process-wide parallel state ("pipeline model parallel group is not
+    initialized"), which breaks every engine the session still uses."""
+    kept: list[object] = []
+    yield kept.append
+    kept.clear()
+
+
+@pytest.fixture(scope="session")
 def tiny_engine(tiny_model):
     from orchestrator.core.spec import ModelSpec
     from worker.engine.vllm_engine import VllmEngine

@@ -66,7 +66,7 @@ def test_kv_cache_fraction_out_of_range_is_refused():
 
 
 @pytest.mark.slow
-def test_the_engine_gets_the_cache_it_was_given(tiny_model, caplog):
+def test_the_engine_gets_the_cache_it_was_given(tiny_model, caplog, keep_alive):
     """The size logged is the size vLLM used: its cache config says so, and its block count is that
     size over the tiny Llama's block (2 layers x K and V x 4 heads x 32 dims x 4 bytes x 128 tokens)."""
     from worker.engine.vllm_engine import VllmEngine
@@ -74,6 +74,7 @@ def test_the_engine_gets_the_cache_it_was_given(tiny_model, caplog):
     free = meminfo_available()
     with caplog.at_level(logging.INFO, logger="orch.worker.vllm"):
         engine = VllmEngine(ModelSpec(name=tiny_model, kv_cache_fraction=0.01))
+    keep_alive(engine)
     try:
         (note,) = [r.getMessage() for r in caplog.records if r.name == "orch.worker.vllm"]
         mib = int(note.split("vLLM KV cache: ")[1].split(" MiB")[0])

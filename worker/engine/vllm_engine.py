@@ -106,7 +106,7 @@ class VllmEngine:
         # replaced in the very next step.
         self.max_in_flight = max_in_flight or max(4 * self.capacity, 256)
         self.accelerator = _accelerator()
-        self._tools = VllmTools(spec.tool_parser, self.tokenizer, engine.model_config)
+        self._tools = VllmTools(spec.tool_parser, self.tokenizer, engine.model_config, spec.reasoning_parser)
         self._in_flight: dict[str, InFlight] = {}
         #: Lines of several prompts in the engine: each prompt's (choices, prompt tokens, cached) once done.
         self._parts: dict[str, list[tuple[list[Choice], int, int] | None]] = {}
@@ -176,6 +176,8 @@ class VllmEngine:
         ids = self._token_ids(parts, tools)
         if isinstance(ids, RowResult):
             return ids
+        if tools is not None:  # the parsers read the prompt too (did it open a reasoning block?)
+            tools.prompt_token_ids = ids[0]
         prompt: dict[str, Any] = {}
         urls = image_urls(request.messages or [])
         if urls:
@@ -205,7 +207,8 @@ class VllmEngine:
         return None
 
     def _prepared_tools(self, request: EngineRequest) -> ToolCallRequest | RowResult | None:
-        if request.tools is None:
+        """The row's tools and parsers (a reasoning parser reads every row but completions), or None."""
+        if request.tools is None and not (self._tools.parses_every_row and request.kind != "completion"):
             return None
         p = request.params
         try:
@@ -275,13 +278,15 @@ class VllmEngine:
             for c in output.outputs
         ]
         if flight.tools is not None:
-            for choice in choices:
-                self._with_tool_calls(choice, flight.tools)
+            for choice, c in zip(choices, output.outputs, strict=True):
+                self._parsed(choice, flight.tools, c.token_ids)
         return choices
 
-    def _with_tool_calls(self, choice: Choice, tools: ToolCallRequest) -> None:
-        content, choice.tool_calls = self._tools.parse(tools, choice.text)
-        choice.text = content or ""
+    def _parsed(self, choice: Choice, tools: ToolCallRequest, token_ids: Any) -> None:
+        """The choice as the run's parsers read it: content, tool calls, reasoning."""
+        parsed = self._tools.parse(tools, choice.text, token_ids)
+        choice.text, choice.tool_calls = parsed.content or "", parsed.tool_calls
+        choice.reasoning, choice.reasoning_tokens = parsed.reasoning, parsed.reasoning_tokens
         # As vLLM's server (and OpenAI): "tool_calls" when the model chose to call (auto) or had to
         # (required); a named tool_choice ends with "stop".
         named = not isinstance(tools.vllm_request.tool_choice, str)
@@ -384,6 +389,9 @@ def _build_llm(spec: ModelSpec) -> Any:
         dtype = "float32"  # 2.5x faster than bfloat16 on this kind of CPU (FACTS.md)
     kwargs.update(model=spec.name, dtype=dtype, tensor_parallel_size=spec.tensor_parallel_size, seed=0)
     kwargs.update(runner=spec.runner, **adapter_args(spec, cpu=cpu))
+    if spec.reasoning_parser:
+        # As vLLM's --reasoning-parser: a row's constraint holds the answer after the thinking.
+        kwargs["structured_outputs_config"] = {"reasoning_parser": spec.reasoning_parser}
     if spec.max_model_len:
         kwargs["max_model_len"] = spec.max_model_len
     elif cpu:
@@ -392,11 +400,20 @@ def _build_llm(spec: ModelSpec) -> Any:
         kv = cpu_kv_cache_size(spec)
         kwargs["kv_cache_memory_bytes"] = kv.bytes
         log.info("vLLM KV cache: %d MiB (%s)", kv.bytes // 2**20, kv.why)
-    kwargs.update(spec.engine_args)
+    _merge_engine_args(kwargs, spec.engine_args)
     try:
         return LLM(**kwargs)
     except Exception as e:  # vLLM's own message says what is wrong (path, memory, architecture)
         raise EngineLoadError(f"vLLM cannot load {spec.name!r}: {_first_line(e)}") from e
+
+
+def _merge_engine_args(kwargs: dict[str, Any], engine_args: dict[str, Any]) -> None:
+    """The spec's engine_args over orch's, a structured_outputs_config dict merged key by key."""
+    for key, value in engine_args.items():
+        if isinstance(value, dict) and isinstance(kwargs.get(key), dict):
+            kwargs[key] = {**kwargs[key], **value}
+        else:
+            kwargs[key] = value
 
 
 def _first_line(e: Exception) -> str:
