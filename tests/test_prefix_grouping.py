@@ -13,8 +13,8 @@ from orchestrator.cli import main
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_manifest
 from orchestrator.core.store import open_store
-from orchestrator.prepare.grouping import PrefixSorter
 from orchestrator.prepare.formats import Request
+from orchestrator.prepare.grouping import PrefixSorter
 from tests.support.datasets import write_jsonl
 from tests.support.runs import Answer, answer_chunk
 
@@ -44,7 +44,7 @@ def chunk_ids(store, layout, entry):
     return [json.loads(line)["custom_id"] for line in store.get(layout.chunk(entry.chunk)).data.splitlines()]
 
 
-def test_grouped_chunks_hold_few_prefixes_and_collect_keeps_input_order(store_dir, tmp_path, capsys):
+def test_grouped_chunks_hold_few_prefixes_and_collect_keeps_input_order(store_dir, tmp_path):
     rows = shared_prefix_rows(240)
     lines = [*rows[:100], b"{not json", *rows[100:]]  # a bad row: set aside, answered in its place
     write_jsonl(tmp_path / "in.jsonl", lines)
@@ -84,7 +84,7 @@ def test_grouped_chunks_hold_few_prefixes_and_collect_keeps_input_order(store_di
         ids = chunk_ids(store, layout, entry)
         answer_chunk(store, layout, entry.chunk, [[Answer(i, cid, f"a {cid}") for i, cid in enumerate(ids)]])
     assert main(["collect", "--run", "g", "--store", store_dir, "--out", str(tmp_path / "o.jsonl")]) == 0
-    written = [json.loads(line) for line in open(tmp_path / "o.jsonl")]
+    written = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     expected = [r["id"] for r in rows[:100]] + [None] + [r["id"] for r in rows[100:]]
     assert [line["custom_id"] for line in written] == expected
     assert written[101]["response"]["body"]["choices"][0]["message"]["content"] == f"a {rows[100]['id']}"

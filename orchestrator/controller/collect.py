@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.controller.input_order import InputOrder, LineSink
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.controller.token_cost import TokenCounts
 from orchestrator.core.errors import CorruptOutput, CorruptRecord, OutputError
-from orchestrator.controller.input_order import InputOrder, LineSink
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.parts import iter_part_lines
@@ -198,26 +198,7 @@ def _collect_chunk(
     report: CollectReport,
     set_aside: _SetAside,
 ) -> None:
-    marker = _marker(store, layout, entry.chunk)
-    answers: dict[int, BatchOutputLine] = {}
-    if marker is None:
-        report.missing_chunks.append(entry.chunk)
-    else:
-        report.chunks_complete += 1
-        for part in marker.parts:
-            data = store.get(part.key).data
-            if hashlib.sha256(data).hexdigest() != part.sha256:
-                raise CorruptOutput(
-                    f"{part.key} does not match the checksum in its done marker",
-                    where=layout.done(entry.chunk),
-                    hint=f"the store was changed outside orch: {_redo(layout, entry.chunk)}",
-                )
-            for part_line in iter_part_lines(data, marker.output_format):
-                if part_line.row in answers:
-                    report.duplicates += 1
-                    report.note("duplicates", part_line.custom_id)
-                    continue
-                answers[part_line.row] = part_line
+    answers = _answers(store, layout, entry, report)
     position = entry.first
     positions = _positions(store, layout, entry)
     for row, request_line, request in _input_rows(store, layout, entry):
@@ -289,6 +270,33 @@ class _SetAside:
         r.errors += 1
         r.set_aside += 1
         r.note("errors", row.custom_id or row.location)
+
+
+def _answers(
+    store: Store, layout: RunLayout, entry: ManifestEntry, report: CollectReport
+) -> dict[int, BatchOutputLine]:
+    """Steps 1-2: the chunk's output lines by row, from the parts its done marker lists."""
+    marker = _marker(store, layout, entry.chunk)
+    answers: dict[int, BatchOutputLine] = {}
+    if marker is None:
+        report.missing_chunks.append(entry.chunk)
+        return answers
+    report.chunks_complete += 1
+    for part in marker.parts:
+        data = store.get(part.key).data
+        if hashlib.sha256(data).hexdigest() != part.sha256:
+            raise CorruptOutput(
+                f"{part.key} does not match the checksum in its done marker",
+                where=layout.done(entry.chunk),
+                hint=f"the store was changed outside orch: {_redo(layout, entry.chunk)}",
+            )
+        for part_line in iter_part_lines(data, marker.output_format):
+            if part_line.row in answers:
+                report.duplicates += 1
+                report.note("duplicates", part_line.custom_id)
+                continue
+            answers[part_line.row] = part_line
+    return answers
 
 
 def _positions(store: Store, layout: RunLayout, entry: ManifestEntry) -> list[int] | None:

@@ -366,13 +366,11 @@ class _ChunkWriter:
 
     def write_sorted(self, rows: Iterator[Row]) -> None:
         """Grouped: the rows in prefix order, `boundaries` rows to a chunk."""
-        written = 0
-        for head, position, request in rows:
+        for written, (head, position, request) in enumerate(rows):
             if self.index < self.total - 1 and written >= self.boundaries[self.index + 1]:
                 self.next_chunk()
             self.add(request)
             self.prefixes.add(head, position)
-            written += 1
 
     def _seal(self) -> None:
         self.file.close()

@@ -13,7 +13,6 @@ that collect writes the outputs back in input order; custom_ids are untouched.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import os
 import struct
@@ -21,6 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from orchestrator.core.prefix import prefix_hash, prefix_head
 from orchestrator.prepare.formats import CHARS_PER_TOKEN, Request
 
 #: Bytes of rows held in memory before a sorted run is spilled to disk.
@@ -29,18 +29,6 @@ RUN_BYTES = 64 << 20
 _HEADER = struct.Struct("<IIqqq")
 #: Python's own cost of a row held in memory (tuple, bytes objects, Request), roughly.
 _ROW_OVERHEAD = 300
-_BODY = b',"body":'
-
-
-def prefix_head(line: bytes, prefix_bytes: int) -> bytes:
-    """The start of a canonical request line's body: the row's prefix key. Canonical lines put the
-    body last (custom_id, method and url first), and a JSON string never holds `,"body":` unescaped."""
-    at = line.find(_BODY)
-    return line[at + len(_BODY) : at + len(_BODY) + prefix_bytes] if at >= 0 else line[:prefix_bytes]
-
-
-def prefix_hash(head: bytes) -> str:
-    return hashlib.blake2b(head, digest_size=8).hexdigest()
 
 
 Row = tuple[bytes, int, Request]  # (prefix head, input position, request)
