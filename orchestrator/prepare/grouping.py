@@ -55,7 +55,7 @@ class PrefixSorter:
             self._spill()
 
     def _spill(self) -> None:
-        self.rows.sort(key=_order)
+        self.rows.sort()  # (head, position): positions are unique, so requests are never compared
         path = os.path.join(self.dir, f"run-{len(self.runs):05d}")
         with open(path, "wb", buffering=1 << 20) as f:
             for head, position, r in self.rows:
@@ -68,22 +68,18 @@ class PrefixSorter:
     def sorted_rows(self) -> Iterator[Row]:
         """Every row added, in (prefix, position) order."""
         if not self.runs:
-            self.rows.sort(key=_order)
+            self.rows.sort()
             yield from self.rows
             return
         if self.rows:
             self._spill()
-        yield from heapq.merge(*(_read_run(p) for p in self.runs), key=_order)
+        yield from heapq.merge(*(_read_run(p) for p in self.runs))
 
     def discard(self) -> None:
         self.rows = []
         for name in os.listdir(self.dir):
             os.unlink(os.path.join(self.dir, name))
         os.rmdir(self.dir)
-
-
-def _order(row: Row) -> tuple[bytes, int]:
-    return row[0], row[1]
 
 
 def _read_run(path: str) -> Iterator[Row]:
