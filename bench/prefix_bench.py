@@ -4,8 +4,8 @@ TEMPLATES system prompts (labelling instructions of 300-500 tokens), ROWS rows e
 short question under one of them, shuffled; greedy, MAX_TOKENS tokens each (ignore_eos). The
 worker's CPU default cache (256 MiB: 45 blocks of 128 tokens on SmolLM2-135M) holds a handful of
 these prefixes at once. Variants, every one with orch's CPU engine settings:
-(a) vLLM's own `run_batch` over the input file (its own process: its engine start-up is measured
-    on a one-row file in the same run and subtracted; the figure with start-up is reported too);
+(a) vLLM's own `run_batch` over the input file (its own process; timed from when it starts
+    its progress bar, its engine loaded; the figure with start-up is reported too);
 (b) orch, prepared without grouping, 2 workers;
 (c) orch, prepared with `--group-by-prefix`, 2 workers.
 orch's 2 workers run one after the other on one loaded engine (this machine has 2 cores), each
@@ -87,27 +87,36 @@ def _common(a: list[int], b: list[int]) -> int:
 
 
 def run_batch(model: str, lines: list[dict[str, Any]], max_tokens: int, work: Path) -> dict[str, Any]:
-    """vLLM's run_batch over the file, and over one row (its start-up), in separate processes."""
-    results = {}
-    for name, subset in (("startup", lines[:1]), ("all", lines)):
-        src, out = work / f"rb-{name}.jsonl", work / f"rb-{name}-out.jsonl"
-        src.write_text("".join(json.dumps(_with_max(line, max_tokens)) + "\n" for line in subset))
-        command = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(out)]
-        command += ["--model", model, "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
-        command += ["--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--no-enable-chunked-prefill", "--seed", "0"]
-        command += ["--enable-prompt-tokens-details"]
-        started = time.monotonic()
-        subprocess.run(command, check=True, env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
-        results[name] = time.monotonic() - started
-        if name == "all":
-            usage = [json.loads(x)["response"]["body"]["usage"] for x in out.read_text().splitlines()]
+    """vLLM's run_batch over the file in its own process. Its engine start-up ends when it first
+    draws its progress bar ("Running batch"), read from its stderr as it comes."""
+    src, out = work / "rb.jsonl", work / "rb-out.jsonl"
+    src.write_text("".join(json.dumps(_with_max(line, max_tokens)) + "\n" for line in lines))
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(out)]
+    command += ["--model", model, "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
+    command += ["--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--no-enable-chunked-prefill", "--seed", "0"]
+    command += ["--enable-prompt-tokens-details"]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    started = time.monotonic()
+    ready: float | None = None
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    seen = b""
+    while block := proc.stderr.read1(1 << 16):
+        if ready is None:
+            seen = seen[-64:] + block
+            if b"Running batch" in seen:
+                ready = time.monotonic()
+    if proc.wait():
+        raise subprocess.CalledProcessError(proc.returncode, command)
+    ended = time.monotonic()
+    usage = [json.loads(x)["response"]["body"]["usage"] for x in out.read_text().splitlines()]
     prompt = sum(u["prompt_tokens"] for u in usage)
     generated = sum(u["completion_tokens"] for u in usage)
     cached = sum((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0 for u in usage)
-    seconds = results["all"] - results["startup"]
+    seconds = ended - (ready if ready is not None else started)
     return {
         "seconds": seconds,
-        "with_startup_s": results["all"],
+        "with_startup_s": ended - started,
         "prompt": prompt,
         "generated": generated,
         "cached": cached,
