@@ -191,7 +191,6 @@ def main() -> None:
     src = work / "in.jsonl"
     src.write_text("".join(json.dumps(_with_max(line, max_tokens)) + "\n" for line in lines))
     print(f"{rows} rows over {templates} system prompts (300-500 tokens), {max_tokens} tokens each", flush=True)
-    results = {"run_batch": run_batch(model, lines, max_tokens, work)}
     llm = LLM(
         model=model,
         dtype="float32",
@@ -202,39 +201,33 @@ def main() -> None:
         seed=0,
     )
     total_prompt, ideal = ideal_cached(llm, lines)
-    results["orch, no grouping"] = orch(llm, model, src, False, work)
-    results["orch --group-by-prefix"] = orch(llm, model, src, True, work)
+    results = {
+        "orch, no grouping": orch(llm, model, src, False, work),
+        "orch --group-by-prefix": orch(llm, model, src, True, work),
+    }
+    del llm  # run_batch's engine is its own, in its own process
+    try:
+        results["run_batch"] = run_batch(model, lines, max_tokens, work)
+    except subprocess.CalledProcessError as e:  # a loaded machine: its engine core may not start in time
+        print(f"run_batch failed (exit {e.returncode}): no run_batch figure this time", file=sys.stderr)
     for r in results.values():
         r["tokens_per_s"] = (r["prompt"] + r["generated"]) / r["seconds"]
         r["cached_of_ideal"] = r["cached"] / ideal if ideal else 0.0
-    print(
-        table(
-            [
-                [
-                    k,
-                    round(v["seconds"], 1),
-                    round(v["tokens_per_s"]),
-                    v["prompt"],
-                    v["cached"],
-                    round(v["cached_of_ideal"], 2),
-                ]
-                for k, v in results.items()
-            ],
-            ["", "seconds", "tokens/s", "prompt tokens", "cached", "cached/ideal"],
-        )
-    )
-    grouped, plain, rb = (
-        results[k]["tokens_per_s"] for k in ("orch --group-by-prefix", "orch, no grouping", "run_batch")
-    )
-    rb_with_startup = (results["run_batch"]["prompt"] + results["run_batch"]["generated"]) / results["run_batch"][
-        "with_startup_s"
+    rows_out = [
+        [k, round(v["seconds"], 1), round(v["tokens_per_s"]), v["prompt"], v["cached"], round(v["cached_of_ideal"], 2)]
+        for k, v in results.items()
     ]
+    print(table(rows_out, ["", "seconds", "tokens/s", "prompt tokens", "cached", "cached/ideal"]))
+    grouped = results["orch --group-by-prefix"]
     ratios = {
-        "grouped_over_run_batch": round(grouped / rb, 2),
-        "grouped_over_run_batch_with_its_startup": round(grouped / rb_with_startup, 2),
-        "grouped_over_ungrouped": round(grouped / plain, 2),
-        "grouped_cached_of_ideal": round(results["orch --group-by-prefix"]["cached_of_ideal"], 3),
+        "grouped_over_ungrouped": round(grouped["tokens_per_s"] / results["orch, no grouping"]["tokens_per_s"], 2),
+        "grouped_cached_of_ideal": round(grouped["cached_of_ideal"], 3),
     }
+    if "run_batch" in results:
+        rb = results["run_batch"]
+        with_startup = (rb["prompt"] + rb["generated"]) / rb["with_startup_s"]
+        ratios["grouped_over_run_batch"] = round(grouped["tokens_per_s"] / rb["tokens_per_s"], 2)
+        ratios["grouped_over_run_batch_with_its_startup"] = round(grouped["tokens_per_s"] / with_startup, 2)
     print(json.dumps(ratios))
     save(
         "prefix_bench",
