@@ -67,7 +67,7 @@ def ideal_cached(llm: Any, lines: list[dict[str, Any]]) -> tuple[int, int]:
     total = 0
     for line in lines:
         ids = tokenizer.apply_chat_template(line["body"]["messages"], tokenize=True, add_generation_prompt=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in transformers 5
         total += len(ids)
         by_system.setdefault(line["body"]["messages"][0]["content"], []).append(ids)
     ideal = 0
