@@ -15,12 +15,13 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from orchestrator.core.framed import read_framed, write_framed
 from orchestrator.core.lines import BatchOutputLine
 
 MAX_OPEN = 200
 #: A line without a position (recorded by an older prepare) goes after every positioned one.
 _LAST = 2**62
-_HEADER = struct.Struct("<qqI")  # position, arrival (ties keep arrival order), line length
+_HEADER = struct.Struct("<Iqq")  # line length, position, arrival (ties keep arrival order)
 
 Entry = tuple[int, int, bytes]
 
@@ -52,10 +53,7 @@ class InputOrder:
 
     def _spill(self, entries: Iterator[Entry]) -> str:
         path = os.path.join(self.dir, f"run-{len(os.listdir(self.dir)):06d}")
-        with open(path, "wb", buffering=1 << 20) as f:
-            for position, arrival, data in entries:
-                f.write(_HEADER.pack(position, arrival, len(data)))
-                f.write(data)
+        write_framed(path, _HEADER, (((position, arrival), (data,)) for position, arrival, data in entries))
         return path
 
     def __enter__(self) -> InputOrder:
@@ -80,8 +78,5 @@ class InputOrder:
 
 
 def _read(path: str) -> Iterator[Entry]:
-    size = _HEADER.size
-    with open(path, "rb", buffering=1 << 20) as f:
-        while header := f.read(size):
-            position, arrival, length = _HEADER.unpack(header)
-            yield position, arrival, f.read(length)
+    for (position, arrival), (data,) in read_framed(path, _HEADER, 1):
+        yield position, arrival, data

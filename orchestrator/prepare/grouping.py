@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from orchestrator.core.framed import read_framed, write_framed
 from orchestrator.core.prefix import prefix_hash, prefix_head
 from orchestrator.prepare.formats import CHARS_PER_TOKEN, Request
 
@@ -57,11 +58,10 @@ class PrefixSorter:
     def _spill(self) -> None:
         self.rows.sort()  # (head, position): positions are unique, so requests are never compared
         path = os.path.join(self.dir, f"run-{len(self.runs):05d}")
-        with open(path, "wb", buffering=1 << 20) as f:
-            for head, position, r in self.rows:
-                f.write(_HEADER.pack(len(head), len(r.line), position, r.est_prompt_tokens, r.max_output_tokens))
-                f.write(head)
-                f.write(r.line)
+        records = (
+            ((position, r.est_prompt_tokens, r.max_output_tokens), (head, r.line)) for head, position, r in self.rows
+        )
+        write_framed(path, _HEADER, records)
         self.runs.append(path)
         self.rows, self.held = [], 0
 
@@ -83,13 +83,8 @@ class PrefixSorter:
 
 
 def _read_run(path: str) -> Iterator[Row]:
-    size = _HEADER.size
-    with open(path, "rb", buffering=1 << 20) as f:
-        while header := f.read(size):
-            head_len, line_len, position, prompt_tokens, output_tokens = _HEADER.unpack(header)
-            head = f.read(head_len)
-            line = f.read(line_len)
-            yield head, position, Request("", line, prompt_tokens, output_tokens)
+    for (position, prompt_tokens, output_tokens), (head, line) in read_framed(path, _HEADER, 2):
+        yield head, position, Request("", line, prompt_tokens, output_tokens)
 
 
 @dataclass
