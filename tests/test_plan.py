@@ -111,3 +111,38 @@ def test_plan_of_an_unprepared_run_says_what_to_do(tmp_path, monkeypatch, capsys
     assert main(["plan", "--run", "nothing", "--store", str(tmp_path / "s"), "--workers", "2"]) == 5
     err = capsys.readouterr().err
     assert "no manifest" in err and "orch prepare" in err
+
+
+def test_plan_of_prefix_grouped_chunks_keeps_each_prefix_on_few_workers_and_balances():
+    """24 chunks in prefix order, 8 prompt prefixes of 3 chunks each, 4 workers: every prefix on at
+    most 2 workers (the spread greedy balancing gives them is wider), loads within one chunk."""
+    chunks = []
+    for i in range(24):
+        edges = [f"p{i // 3}"] if i % 3 else [f"p{(i - 1) // 3}", f"p{i // 3}"] if i else ["p0"]
+        chunks.append(
+            ManifestEntry(
+                chunk=chunk_id(i, 24),
+                key="k",
+                rows=10,
+                bytes=1,
+                est_prompt_tokens=100 + (i % 5) * 10,
+                max_output_tokens=50,
+                edge_prefixes=edges,
+            )
+        )
+    plan = plan_chunks(chunks, 4)
+    assert sorted(c for a in plan.workers for c in a.chunks) == [e.chunk for e in chunks]
+    workers_of: dict[str, set[int]] = {}
+    for a in plan.workers:
+        for c in a.chunks:
+            for p in chunks[int(c.split("_")[1])].edge_prefixes:
+                workers_of.setdefault(p, set()).add(a.worker)
+    assert max(len(w) for w in workers_of.values()) <= 2
+    loads = [a.est_tokens for a in plan.workers]
+    assert max(loads) - min(loads) <= max(e.est_tokens for e in chunks)
+    greedy = plan_chunks([e.model_copy(update={"edge_prefixes": []}) for e in chunks], 4)
+    spread = {
+        p: {a.worker for a in greedy.workers for c in a.chunks if f"p{int(c.split('_')[1]) // 3}" == p}
+        for p in workers_of
+    }
+    assert sum(map(len, spread.values())) > sum(map(len, workers_of.values()))

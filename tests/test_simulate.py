@@ -254,3 +254,21 @@ def test_the_estimate_grows_with_chunks_renewals_and_workers():
     assert 20 < estimate_seconds(issue, 1) < 60  # the benchmark's size, measured at 27-45 s
     default_rows = issue.model_copy(update={"rows_per_chunk": 5000})
     assert estimate_seconds(default_rows, 5) > 5 * estimate_seconds(issue, 1)
+
+
+def test_shared_prefixes_save_prefill_per_cache_hit():
+    """One L4, 4 chunks of 3,000 rows over 2 prefixes (prefix_fraction 0.5): orch's chunks (in prefix
+    order, rows fed by prefix) prefill each prefix once per machine and halve the rest of the work;
+    the example's rows come in input order and hit only as often as the cache holds their prefix."""
+    config = one_l4(chunks=4, preemptions_per_hour=0, prefixes=2, cache_prefixes=1)
+    entries = synthetic_manifest(config, random.Random(0))
+    assert [e.edge_prefixes for e in entries] == [["p0"], ["p0"], ["p1"], ["p1"]]
+    orch = simulate(config, ORCH, seed=0)
+    # 12,000 rows, 2 of them misses: the rest at half the work.
+    assert orch.makespan_s == pytest.approx(2 + 11_998 * 0.5 + 600, abs=30)
+    assert orch.lower_bound_s == pytest.approx(orch.makespan_s, abs=30)
+    example = simulate(config, SKYPILOT_EXAMPLE, seed=0)
+    # Half the rows hit (1 prefix cached of 2): 0.75 of the work.
+    assert example.makespan_s == pytest.approx(12_000 * 0.75 + 600, abs=30)
+    # No prefixes: every row is work, as before.
+    assert simulate(one_l4(chunks=4, preemptions_per_hour=0), ORCH, seed=0).makespan_s == pytest.approx(12_600)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
+from orchestrator.core.prefix import prefix_head
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import HeldLease, LeaseKeeper
@@ -52,27 +53,56 @@ class OpenChunk:
         """The chunk's lines as engine requests, streamed; bad lines, and rows that killed two
         holders (core/protocol/crashes.py), go to `side_errors` instead.
 
+        Lines are read ORDER_WINDOW at a time and handed over by prompt prefix (rows sharing one
+        together, so the engine's prefix cache serves them), the longest first within a prefix (a
+        short tail). A careful chunk keeps its order (crash groups follow row order).
+
         The chunk can be dropped while this generator is suspended at its `yield` (a lease lost
         at the engine step in between): it then stops before reading the closed source again."""
         entry, skip = self.entry, self.skip
         poison = set(self.keeper.held.lease.poison)
         if self.dropped:
             return
-        for index, line in enumerate(self.source):
-            if index in skip:
-                continue
-            parsed = parse_request(line, index, sampling, unknown_fields)
-            if isinstance(parsed, EngineRequest) and parsed.ignored and note_ignored is not None:
-                note_ignored(parsed.ignored)
-            if isinstance(parsed, EngineRequest) and index in poison:
-                parsed = crashed_row(parsed)
-            if isinstance(parsed, EngineRequest):
-                yield parsed
-                if self.dropped:
-                    return
-            else:
-                parsed.chunk = entry.chunk
-                self.side_errors.append(parsed)
+        for window in _windows(self.source, skip, 1 if self.careful else ORDER_WINDOW):
+            for index, line in window:
+                parsed = parse_request(line, index, sampling, unknown_fields)
+                if isinstance(parsed, EngineRequest) and parsed.ignored and note_ignored is not None:
+                    note_ignored(parsed.ignored)
+                if isinstance(parsed, EngineRequest) and index in poison:
+                    parsed = crashed_row(parsed)
+                if isinstance(parsed, EngineRequest):
+                    yield parsed
+                    if self.dropped:
+                        return
+                else:
+                    parsed.chunk = entry.chunk
+                    self.side_errors.append(parsed)
+            if self.dropped:
+                return
+
+
+#: Lines of a chunk ordered by prefix at a time: bounds the lines held in memory.
+ORDER_WINDOW = 4096
+
+
+def _windows(source: IO[bytes], skip: set[int], size: int) -> Iterator[list[tuple[int, bytes]]]:
+    """The lines not in `skip`, `size` at a time, each window in prefix order (longest first within one)."""
+    window: list[tuple[int, bytes]] = []
+    for index, line in enumerate(source):
+        if index in skip:
+            continue
+        window.append((index, line))
+        if len(window) >= size:
+            yield _by_prefix(window)
+            window = []
+    if window:
+        yield _by_prefix(window)
+
+
+def _by_prefix(window: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    if len(window) > 1:
+        window.sort(key=lambda row: (prefix_head(row[1]), -len(row[1]), row[0]))
+    return window
 
 
 class ChunksInHand:

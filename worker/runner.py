@@ -172,7 +172,9 @@ class Worker:
         plan = read_plan(self.store, self.layout)
         if plan is None:
             raise RunNotFound(f"run {self.layout.run!r} has no plan in {self.store.uri}", hint="run `orch plan` first")
-        index = PlanIndex.build(plan, {e.chunk: float(e.est_tokens) for e in manifest})
+        index = PlanIndex.build(
+            plan, {e.chunk: float(e.est_tokens) for e in manifest}, {e.chunk: e.edge_prefixes for e in manifest}
+        )
         return ChunkClaimer(
             store=self.store,
             layout=self.layout,

@@ -139,6 +139,11 @@ def input_options(func: Callable[..., Any]) -> Callable[..., Any]:
             ),
             click.option("--num-chunks", type=int, default=None, help="split into this many chunks"),
             click.option("--rows-per-chunk", type=int, default=None, help="...or into chunks of this many rows"),
+            click.option(
+                "--group-by-prefix/--no-group-by-prefix",
+                default=None,
+                help="order rows by shared prompt prefix across chunks (prefix-cache hits; collect keeps input order)",
+            ),
             click.option("--id-column", default=None, help="column with a stable id, used as custom_id"),
             click.option(
                 "--turns",
@@ -160,6 +165,7 @@ def input_flags(
     fmt: str | None,
     num_chunks: int | None,
     rows_per_chunk: int | None,
+    group_by_prefix: bool | None,
     id_column: str | None,
     turns: str | None,
     conversation_column: str | None,
@@ -184,6 +190,8 @@ def input_flags(
         flags.update({"chunking.num_chunks": num_chunks, "chunking.rows_per_chunk": None})
     if rows_per_chunk is not None:
         flags.update({"chunking.rows_per_chunk": rows_per_chunk, "chunking.num_chunks": None})
+    if group_by_prefix is not None:
+        flags["chunking.group_by_prefix"] = group_by_prefix
     return flags
 
 

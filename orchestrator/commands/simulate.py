@@ -41,6 +41,15 @@ if TYPE_CHECKING:
 @click.option("--checkpoint-interval", type=float, default=60.0, show_default=True, help="seconds")
 @click.option("--lease-ttl", type=float, default=300.0, show_default=True, help="seconds")
 @click.option("--base-rows-per-s", type=float, default=1.0, show_default=True, help="an L4's speed")
+@click.option(
+    "--prefixes",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="shared prompt prefixes in the workload (orch groups by them; the example's rows come in input order)",
+)
+@click.option("--prefix-fraction", type=float, default=0.5, show_default=True, help="a row's work saved by a cache hit")
+@click.option("--cache-prefixes", type=click.IntRange(min=1), default=8, show_default=True, help="per worker")
 @click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--policy", type=click.Choice(["orch", "skypilot-example"]), default="orch", show_default=True)
 @click.option("--compare", is_flag=True, help="both policies on the same seeds and traces")
@@ -71,6 +80,9 @@ def simulate_command(
     checkpoint_interval: float,
     lease_ttl: float,
     base_rows_per_s: float,
+    prefixes: int,
+    prefix_fraction: float,
+    cache_prefixes: int,
     seeds: int,
     policy: str,
     compare: bool,
@@ -99,6 +111,9 @@ def simulate_command(
         prices=prices,
         outages=outages,
         outage_s=outage_hours * 3600,
+        prefixes=prefixes,
+        prefix_fraction=prefix_fraction,
+        cache_prefixes=cache_prefixes,
     )
     entries = None
     if use_run:

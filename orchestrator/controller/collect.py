@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.controller.input_order import InputOrder, LineSink
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.controller.token_cost import TokenCounts
 from orchestrator.core.errors import CorruptOutput, CorruptRecord, OutputError
@@ -152,10 +153,18 @@ def collect(
         retry_out=str(retry_out) if retry_out else None,
     )
     with _Writer(out, fmt) as writer, _RetryWriter(retry_out) as retry:
-        set_aside = _SetAside(store, layout, writer, retry, report)
-        for entry in entries:
-            _collect_chunk(store, layout, entry, writer, retry, report, set_aside)
-        set_aside.rest()
+        if any(e.positions for e in entries):
+            with InputOrder(writer.add) as ordered:
+                set_aside = _SetAside(store, layout, ordered, retry, report)
+                for entry in entries:
+                    _collect_chunk(store, layout, entry, ordered, retry, report, set_aside)
+                    ordered.end_run()
+                set_aside.rest()
+        else:
+            set_aside = _SetAside(store, layout, writer, retry, report)
+            for entry in entries:
+                _collect_chunk(store, layout, entry, writer, retry, report, set_aside)
+            set_aside.rest()
         report.retry_rows = retry.count
     if prices is not None:
         from orchestrator.controller.status import status_of
@@ -184,34 +193,18 @@ def _collect_chunk(
     store: Store,
     layout: RunLayout,
     entry: ManifestEntry,
-    writer: _Writer,
+    writer: LineSink,
     retry: _RetryWriter,
     report: CollectReport,
     set_aside: _SetAside,
 ) -> None:
-    marker = _marker(store, layout, entry.chunk)
-    answers: dict[int, BatchOutputLine] = {}
-    if marker is None:
-        report.missing_chunks.append(entry.chunk)
-    else:
-        report.chunks_complete += 1
-        for part in marker.parts:
-            data = store.get(part.key).data
-            if hashlib.sha256(data).hexdigest() != part.sha256:
-                raise CorruptOutput(
-                    f"{part.key} does not match the checksum in its done marker",
-                    where=layout.done(entry.chunk),
-                    hint=f"the store was changed outside orch: {_redo(layout, entry.chunk)}",
-                )
-            for part_line in iter_part_lines(data, marker.output_format):
-                if part_line.row in answers:
-                    report.duplicates += 1
-                    report.note("duplicates", part_line.custom_id)
-                    continue
-                answers[part_line.row] = part_line
+    answers = _answers(store, layout, entry, report)
     position = entry.first
+    positions = _positions(store, layout, entry)
     for row, request_line, request in _input_rows(store, layout, entry):
-        if position is not None:  # rows set aside before this one take their places first
+        if positions is not None:  # grouped by prefix: the row's place is in its chunk's positions file
+            position = positions[row] if row < len(positions) else None
+        elif position is not None:  # rows set aside before this one take their places first
             position = set_aside.before(position) + 1
         line = answers.pop(row) if row in answers else None
         if line is None:
@@ -224,7 +217,7 @@ def _collect_chunk(
             report.note("missing", request.get("custom_id"))
             retry.add(request_line)
             continue
-        writer.add(line)
+        writer.add(line, position)
         report.rows_written += 1
         usage = line.usage()
         report.tokens.add(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
@@ -240,7 +233,7 @@ class _SetAside:
     """Step 5: the rows set aside at prepare (prepare-errors.jsonl, in input order), each answered
     with an error line at its input position, and its input line sent to the retry file."""
 
-    def __init__(self, store: Store, layout: RunLayout, writer: _Writer, retry: _RetryWriter, report: CollectReport):
+    def __init__(self, store: Store, layout: RunLayout, writer: LineSink, retry: _RetryWriter, report: CollectReport):
         self.writer, self.retry, self.report = writer, retry, report
         try:
             data = store.get(layout.prepare_errors).data
@@ -268,7 +261,8 @@ class _SetAside:
     def _answer(self, row: PrepareError) -> None:
         message = f"{row.location}: {row.error} (set aside at prepare)"
         line_id = f"batch_req_prepare-{row.position if row.position is not None else 0}"
-        self.writer.add(BatchOutputLine.error_row(row.custom_id, "invalid_request", message, line_id=line_id))
+        line = BatchOutputLine.error_row(row.custom_id, "invalid_request", message, line_id=line_id)
+        self.writer.add(line, row.position)
         self.retry.add(((row.text if row.text is not None else row.excerpt) + "\n").encode())
         r = self.report
         r.rows_total += 1
@@ -276,6 +270,47 @@ class _SetAside:
         r.errors += 1
         r.set_aside += 1
         r.note("errors", row.custom_id or row.location)
+
+
+def _answers(
+    store: Store, layout: RunLayout, entry: ManifestEntry, report: CollectReport
+) -> dict[int, BatchOutputLine]:
+    """Steps 1-2: the chunk's output lines by row, from the parts its done marker lists."""
+    marker = _marker(store, layout, entry.chunk)
+    answers: dict[int, BatchOutputLine] = {}
+    if marker is None:
+        report.missing_chunks.append(entry.chunk)
+        return answers
+    report.chunks_complete += 1
+    for part in marker.parts:
+        data = store.get(part.key).data
+        if hashlib.sha256(data).hexdigest() != part.sha256:
+            raise CorruptOutput(
+                f"{part.key} does not match the checksum in its done marker",
+                where=layout.done(entry.chunk),
+                hint=f"the store was changed outside orch: {_redo(layout, entry.chunk)}",
+            )
+        for part_line in iter_part_lines(data, marker.output_format):
+            if part_line.row in answers:
+                report.duplicates += 1
+                report.note("duplicates", part_line.custom_id)
+                continue
+            answers[part_line.row] = part_line
+    return answers
+
+
+def _positions(store: Store, layout: RunLayout, entry: ManifestEntry) -> list[int] | None:
+    """A chunk grouped by prefix: each row's input position (None for a chunk in input order)."""
+    if not entry.positions:
+        return None
+    try:
+        return [int(p) for p in store.get(layout.chunk_positions(entry.chunk)).data.split()]
+    except (NotFound, ValueError):
+        raise CorruptOutput(
+            f"the positions file of {entry.chunk} is missing or damaged: collect cannot restore input order",
+            where=layout.chunk_positions(entry.chunk),
+            hint="prepare the input again under a new --run name",
+        ) from None
 
 
 def _input_rows(store: Store, layout: RunLayout, entry: ManifestEntry) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
@@ -302,7 +337,7 @@ class _Writer:
         self.rows: list[BatchOutputLine] = []
         self.parquet: Any = None  # a pyarrow ParquetWriter, opened at the first row group
 
-    def add(self, line: BatchOutputLine) -> None:
+    def add(self, line: BatchOutputLine, _position: int | None = None) -> None:
         if self.fmt == "jsonl":
             self.file.write(line.to_json() + b"\n")
         else:

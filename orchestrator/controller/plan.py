@@ -4,6 +4,12 @@ Balancing is greedy longest-processing-time: chunks from the heaviest down, each
 with the least work so far (a heap). It is within 4/3 of the best possible makespan in theory and
 within a fraction of a percent in practice when chunks are many and of varied size. Each list is
 then sorted by chunk id, the shape of the SkyPilot example's workers/<i>.txt.
+
+Chunks prepared with `--group-by-prefix` come in prompt-prefix order (a prefix's rows fill
+consecutive chunks). Their plan is prefix-affine: contiguous runs of chunks cut where the running
+work estimate crosses each worker's share, so a prefix's chunks go to one worker, or two where a
+cut falls inside it, and loads are within half a chunk of even. Each worker's engine then keeps a
+few prefixes cached instead of every prefix of the run.
 """
 
 from __future__ import annotations
@@ -22,14 +28,11 @@ from orchestrator.core.store import Store
 def plan_chunks(entries: Sequence[ManifestEntry], workers: int) -> PlanRecord:
     if workers < 1:
         raise ValueError("at least one worker")
-    heap = [(0, w) for w in range(workers)]  # (est tokens so far, worker): ties go to the lower worker
-    lists: list[list[ManifestEntry]] = [[] for _ in range(workers)]
-    loads = [0] * workers
-    for entry in sorted(entries, key=lambda e: (-e.est_tokens, e.chunk)):
-        load, w = heapq.heappop(heap)
-        lists[w].append(entry)
-        loads[w] = load + entry.est_tokens
-        heapq.heappush(heap, (loads[w], w))
+    if any(e.edge_prefixes for e in entries):
+        lists = _prefix_affine(entries, workers)
+    else:
+        lists = _longest_first(entries, workers)
+    loads = [sum(e.est_tokens for e in chosen) for chosen in lists]
     assignments = []
     for w, chosen in enumerate(lists):
         chosen.sort(key=lambda e: e.chunk)
@@ -45,6 +48,29 @@ def plan_chunks(entries: Sequence[ManifestEntry], workers: int) -> PlanRecord:
         est_tokens=sum(e.est_tokens for e in entries),
         created_at=time.time(),
     )
+
+
+def _longest_first(entries: Sequence[ManifestEntry], workers: int) -> list[list[ManifestEntry]]:
+    heap = [(0, w) for w in range(workers)]  # (est tokens so far, worker): ties go to the lower worker
+    lists: list[list[ManifestEntry]] = [[] for _ in range(workers)]
+    for entry in sorted(entries, key=lambda e: (-e.est_tokens, e.chunk)):
+        load, w = heapq.heappop(heap)
+        lists[w].append(entry)
+        heapq.heappush(heap, (load + entry.est_tokens, w))
+    return lists
+
+
+def _prefix_affine(entries: Sequence[ManifestEntry], workers: int) -> list[list[ManifestEntry]]:
+    """Chunks in prefix order, cut into `workers` contiguous runs of about equal work: a chunk
+    goes to the worker whose share holds the middle of its work."""
+    total = sum(e.est_tokens for e in entries) or 1
+    lists: list[list[ManifestEntry]] = [[] for _ in range(workers)]
+    done = 0
+    for entry in sorted(entries, key=lambda e: e.chunk):
+        middle = done + entry.est_tokens / 2
+        lists[min(workers - 1, int(middle * workers / total))].append(entry)
+        done += entry.est_tokens
+    return lists
 
 
 def skypilot_example_split(chunks: Sequence[str], workers: int) -> list[list[str]]:

@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.core.errors import SpecError
+from orchestrator.core.prefix import PREFIX_BYTES
 from orchestrator.core.protocol.layout import RunLayout, check_run_name
 from orchestrator.core.store import StoreSettings
 
@@ -147,6 +148,12 @@ class InputSpec(StrictModel):
 class ChunkingSpec(StrictModel):
     rows_per_chunk: int | None = Field(None, ge=1)
     num_chunks: int | None = Field(None, ge=1)
+    group_by_prefix: bool = Field(
+        False,
+        description="sort rows by their prompt's first prefix_chars characters, so that a chunk holds few "
+        "shared prefixes and rows of one prefix sit together (collect still writes input order)",
+    )
+    prefix_chars: int = Field(PREFIX_BYTES, ge=16, description="how much of the prompt's start names its prefix group")
 
     @model_validator(mode="after")
     def _one_of(self) -> ChunkingSpec:

@@ -26,6 +26,7 @@ from orchestrator.core.protocol.layout import chunk_id
 from orchestrator.core.records import ManifestEntry, PrepareError, PrepareRecord, read_jsonl, read_record, write_jsonl
 from orchestrator.core.spec import ChunkingSpec, InputSpec
 from orchestrator.prepare.formats import BadRow, Request, fallback_custom_id, make_converter, needed_columns
+from orchestrator.prepare.grouping import PrefixSorter, PrefixStats, Row
 from orchestrator.prepare.sources import (
     RawRow,
     SourceFile,
@@ -83,15 +84,22 @@ def prepare_run(
         progress(
             f"WARNING: the input has no rows ({', '.join(f.uri for f in files)}): nothing to run, the output is empty"
         )
-    boundaries = _chunk_boundaries(spec.chunking, total)
-    chunks_total = len(boundaries) - 1
-    progress(f"{total:,} rows in {len(files)} file(s) -> {chunks_total} chunks")
-
-    writer = _ChunkWriter(ctx, chunks_total, boundaries)
     errors = _ErrorWriter(strict)
-    rows_in = _Conversion(ctx, files, writer, errors, strict)
+    sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix else None
+    writer: _ChunkWriter | None = None
     try:
-        _convert_rows(files, spec.input, boundaries, writer, rows_in, progress)
+        if sorter is None:
+            writer = _ChunkWriter(ctx, _chunk_boundaries(spec.chunking, total))
+            progress(f"{total:,} rows in {len(files)} file(s) -> {writer.total} chunks")
+            rows_in = _Conversion(ctx, files, writer.add, errors, strict)
+            _convert_rows(files, spec.input, total, writer.advance_to, rows_in, progress)
+            writer.advance_to(total)
+        else:
+            progress(f"{total:,} rows in {len(files)} file(s), grouped by prompt prefix")
+            rows_in = _Conversion(ctx, files, sorter.add, errors, strict)
+            _convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
+            writer = _ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), grouped=True)
+            writer.write_sorted(sorter.sorted_rows())
         entries = writer.close()
         if not entries and total > 0:
             missing_column = bool(errors.first) and ": no column " in errors.first[0]
@@ -110,7 +118,10 @@ def prepare_run(
         ctx.freeze()
         errors_key = errors.upload(ctx)
     finally:
-        writer.discard()
+        if writer is not None:
+            writer.discard()
+        if sorter is not None:
+            sorter.discard()
         errors.discard()
     record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in)
     return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
@@ -119,27 +130,23 @@ def prepare_run(
 def _convert_rows(
     files: list[SourceFile],
     mapping: InputSpec,
-    boundaries: list[int],
-    writer: _ChunkWriter,
+    total: int,
+    before_row: Callable[[int], None],
     rows_in: _Conversion,
     progress: Progress,
 ) -> None:
-    """Every row of the input, converted, into its chunk; then the chunks after the last row."""
+    """Every row of the input, converted; `before_row(position)` is called before each row."""
     columns = needed_columns(mapping)
     started = last_note = time.monotonic()
-    row_index, total = 0, boundaries[-1]
+    row_index = 0
     for file_index, source in enumerate(files):
         for raw in _rows(source, mapping, columns):
-            # Chunk boundaries are positions in the input, so bad rows never shift them.
-            while row_index >= boundaries[writer.index + 1]:
-                writer.next_chunk()
+            before_row(row_index)
             rows_in.take(file_index, source, raw, row_index)
             row_index += 1
             if time.monotonic() - last_note > 5:
                 last_note = time.monotonic()
                 progress(f"{row_index:,}/{total:,} rows ({row_index / (last_note - started):,.0f} rows/s)")
-    while writer.index < len(boundaries) - 2:
-        writer.next_chunk()
 
 
 def _record_prepare(
@@ -221,6 +228,8 @@ def _names(files: list[Any]) -> str:
 def _first_difference(ctx: RunContext, files: list[SourceFile]) -> str | None:
     """The first input row (file:line) whose request is not the one in the prepared chunks."""
     spec, store, layout = ctx.spec, ctx.store, ctx.layout
+    if spec.chunking.group_by_prefix:
+        return None  # chunks hold rows in prefix order: the files' differences are all there is to say
     convert = make_converter(spec.input, spec.sampling, spec.model.name, spec.model.runner)
     columns = needed_columns(spec.input)
 
@@ -284,12 +293,17 @@ class _Conversion:
     """Step 2 for one row at a time: a request for its chunk, or a bad row set aside, and the counts."""
 
     def __init__(
-        self, ctx: RunContext, files: list[SourceFile], writer: _ChunkWriter, errors: _ErrorWriter, strict: bool
+        self,
+        ctx: RunContext,
+        files: list[SourceFile],
+        keep: Callable[[Request, int], None],
+        errors: _ErrorWriter,
+        strict: bool,
     ):
         self.spec_input = ctx.spec.input
         self.convert = make_converter(ctx.spec.input, ctx.spec.sampling, ctx.spec.model.name, ctx.spec.model.runner)
         self.files = files
-        self.writer = writer
+        self.keep = keep  # a good request and its input position
         self.errors = errors
         self.seen: dict[str, tuple[int, int]] = {}  # custom_id -> (file, row) where it first appeared
         self.models: collections.Counter[str] = collections.Counter()
@@ -311,17 +325,21 @@ class _Conversion:
             return bad(f"duplicate custom_id {request.custom_id!r} (first at {where})")
         if request.named_model is not None:
             self.models[request.named_model] += 1
-        self.writer.add(request)
+        self.keep(request, position)
         return None
 
 
 class _ChunkWriter:
-    """Fills one local temp file per chunk and uploads it when the chunk is complete."""
+    """Fills one local temp file per chunk and uploads it when the chunk is complete.
 
-    def __init__(self, ctx: RunContext, total: int, boundaries: list[int]):
+    Ungrouped, chunk boundaries are input positions (bad rows never shift them); grouped by prefix,
+    they are counts of sorted good rows, and each chunk also gets its rows' input positions."""
+
+    def __init__(self, ctx: RunContext, boundaries: list[int], *, grouped: bool = False):
         self.ctx = ctx
-        self.total = total
+        self.total = len(boundaries) - 1
         self.boundaries = boundaries
+        self.grouped = grouped
         self.dir = tempfile.mkdtemp(prefix="orch-prepare-")
         self.entries: list[ManifestEntry] = []
         self.index = 0
@@ -332,13 +350,27 @@ class _ChunkWriter:
         self.path = os.path.join(self.dir, f"{self.chunk}.jsonl")
         self.file = open(self.path, "wb", buffering=1 << 20)  # noqa: SIM115 - spans add() calls; closed by _seal/discard
         self.rows = self.bytes = self.prompt_tokens = self.output_tokens = 0
+        self.prefixes = PrefixStats()
 
-    def add(self, request: Request) -> None:
+    def add(self, request: Request, _position: int = 0) -> None:
         self.file.write(request.line)
         self.rows += 1
         self.bytes += len(request.line)
         self.prompt_tokens += request.est_prompt_tokens
         self.output_tokens += request.max_output_tokens
+
+    def advance_to(self, position: int) -> None:
+        """Ungrouped: close the chunks that end before this input position."""
+        while self.index < self.total - 1 and position >= self.boundaries[self.index + 1]:
+            self.next_chunk()
+
+    def write_sorted(self, rows: Iterator[Row]) -> None:
+        """Grouped: the rows in prefix order, `boundaries` rows to a chunk."""
+        for written, (head, position, request) in enumerate(rows):
+            if self.index < self.total - 1 and written >= self.boundaries[self.index + 1]:
+                self.next_chunk()
+            self.add(request)
+            self.prefixes.add(head, position)
 
     def _seal(self) -> None:
         self.file.close()
@@ -348,6 +380,16 @@ class _ChunkWriter:
         layout = self.ctx.layout
         self.ctx.store.put_file(layout.chunk(self.chunk), self.path)
         os.unlink(self.path)
+        grouped: dict[str, Any] = {}
+        if self.grouped:
+            stats = self.prefixes
+            self.ctx.store.put(layout.chunk_positions(self.chunk), stats.positions_file())
+            grouped = {
+                "positions": layout.chunk_positions(self.chunk).removeprefix(layout.root),
+                "prefix_groups": stats.groups,
+                "est_shared_tokens": stats.shared_tokens,
+                "edge_prefixes": stats.edge_prefixes(),
+            }
         self.entries.append(
             ManifestEntry(
                 chunk=self.chunk,
@@ -356,7 +398,8 @@ class _ChunkWriter:
                 bytes=self.bytes,
                 est_prompt_tokens=self.prompt_tokens,
                 max_output_tokens=self.output_tokens,
-                first=self.boundaries[self.index],
+                first=None if self.grouped else self.boundaries[self.index],
+                **grouped,
             )
         )
 

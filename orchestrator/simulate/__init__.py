@@ -11,6 +11,7 @@ import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.controller.deadline import DeadlineSettings
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
@@ -36,11 +37,21 @@ __all__ = [
 
 
 def synthetic_manifest(config: SimConfig, rng: random.Random) -> list[ManifestEntry]:
-    """Chunks of rows_per_chunk rows (times a factor in [1/sqrt(spread), sqrt(spread)])."""
+    """Chunks of rows_per_chunk rows (times a factor in [1/sqrt(spread), sqrt(spread)]). With
+    `prefixes`, rows are spread evenly over them, and the chunks are as `--group-by-prefix`
+    prepares them (rows in prefix order): each records its first and last prefix."""
     out = []
-    for i in range(config.chunks):
+    sizes = []
+    for _ in range(config.chunks):
         factor = config.rows_spread ** rng.uniform(-0.5, 0.5) if config.rows_spread > 1 else 1.0
-        rows = max(1, round(config.rows_per_chunk * factor))
+        sizes.append(max(1, round(config.rows_per_chunk * factor)))
+    total, before = sum(sizes), 0
+    for i, rows in enumerate(sizes):
+        prefixes: dict[str, Any] = {}
+        if config.prefixes:
+            first, last = before * config.prefixes // total, (before + rows - 1) * config.prefixes // total
+            prefixes = {"prefix_groups": last - first + 1, "edge_prefixes": sorted({f"p{first}", f"p{last}"})}
+        before += rows
         cid = chunk_id(i, config.chunks)
         out.append(
             ManifestEntry(
@@ -50,6 +61,7 @@ def synthetic_manifest(config: SimConfig, rng: random.Random) -> list[ManifestEn
                 bytes=rows * 300,
                 est_prompt_tokens=rows * 60,
                 max_output_tokens=rows * 256,
+                **prefixes,
             )
         )
     return out

@@ -35,6 +35,11 @@ class SimConfig(BaseModel):
     prices: str | None = Field(None, description="GPU price table (default: orchestrator/data/gpus.yaml)")
     control_interval_s: float = Field(60.0, gt=0, description="how often the deadline policy decides")
     horizon_s: float = Field(30 * 86400.0, gt=0, description="stop a run that has not finished by then")
+    prefixes: int = Field(0, ge=0, description="distinct shared prompt prefixes in the workload (0: none)")
+    prefix_fraction: float = Field(
+        0.5, ge=0, lt=1, description="share of a row's work that is its prefix's prefill: saved on a cache hit"
+    )
+    cache_prefixes: int = Field(8, ge=1, description="prefixes one worker's KV cache holds at once")
 
     @model_validator(mode="after")
     def _gpus(self) -> SimConfig:

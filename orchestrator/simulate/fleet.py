@@ -43,7 +43,7 @@ from orchestrator.core.store.memory import MemoryStore
 from orchestrator.simulate.config import SimConfig
 from orchestrator.simulate.policies import Policy
 from orchestrator.simulate.results import FleetResult, Segment
-from orchestrator.simulate.sim_worker import Session, SimClock, SimWorker, UnitCodec
+from orchestrator.simulate.sim_worker import Session, SimClock, SimWorker, UnitCodec, prefix_speedup
 from orchestrator.simulate.traces import Trace
 
 
@@ -98,7 +98,10 @@ class Fleet:
             recheck_every_s=config.lease_ttl_s,
             rng=random.Random(seed),
         )
-        self.lower_bound_s = sum(e.rows for e in entries) / sum(speeds) + config.restart_overhead_s
+        rows: float = sum(e.rows for e in entries)
+        if config.prefixes:  # at best, each prefix is prefilled once in the whole run
+            rows -= config.prefix_fraction * max(0, rows - config.prefixes)
+        self.lower_bound_s = rows / sum(speeds) + config.restart_overhead_s
         self.segments: list[Segment] = []
         self.markers = 0
         self.last_marker = 0.0
@@ -186,9 +189,10 @@ class Fleet:
         job = ChunkJob(self.store, self.layout, keeper, UnitCodec(), self.clock, chunk_rows=self.units[held.chunk])
         point = job.resume()
         remaining = [i for i in range(self.units[held.chunk]) if i not in point.done_rows]
-        w.session = Session(job, keeper, self.clock.now, remaining)
+        speedup = prefix_speedup(self.config, self.policy.prefix_aware, self.entries[held.chunk], w.cached)
+        w.session = Session(job, keeper, self.clock.now, remaining, speedup=speedup)
         w.epoch += 1
-        self._at(self.clock.now + len(remaining) / w.rate, "finish", w)
+        self._at(self.clock.now + len(remaining) / (w.rate * speedup), "finish", w)
         self._at(self.clock.now + self.config.lease_ttl_s / 3, "renew", w)
         if self.end_game and self.policy.checkpoints:
             self._at(self.clock.now + self.config.checkpoint_interval_s, "checkpoint", w)
@@ -256,6 +260,7 @@ class Fleet:
                     self._flush(w, self._units_done(w, boundary), max(boundary, s.keeper.held.lease.renewed_at))
             self._close_session(w, now)
         w.up = False
+        w.cached = []  # a new machine: nothing cached
         w.epoch += 1
         w.restarts += 1
         self._bill(w, now)
@@ -349,7 +354,7 @@ class Fleet:
     def _units_done(self, w: SimWorker, t: float) -> int:
         s = w.session
         assert s is not None
-        return min(len(s.remaining), int((t - s.start) * w.rate + 1e-9))
+        return min(len(s.remaining), int((t - s.start) * w.rate * s.speedup + 1e-9))
 
     def _flush(self, w: SimWorker, upto: int, at: float) -> None:
         s = w.session

@@ -19,6 +19,9 @@ class Policy:
     steal: bool
     rescue: RescuePolicy | None
     checkpoints: bool
+    #: Prepared with --group-by-prefix and rows fed by prefix: a chunk's rows of one prefix share its
+    #: prefill. Otherwise rows come in input order: a row hits the cache only if its prefix is held.
+    prefix_aware: bool = False
 
 
 def _static_plan(entries: Sequence[ManifestEntry], workers: int) -> PlanRecord:
@@ -39,7 +42,7 @@ def _static_plan(entries: Sequence[ManifestEntry], workers: int) -> PlanRecord:
 
 
 #: orch: balanced plan, row-level checkpoints, stealing, lease takeover, rescue of slow chunks.
-ORCH = Policy("orch", plan_chunks, steal=True, rescue=RescuePolicy(), checkpoints=True)
+ORCH = Policy("orch", plan_chunks, steal=True, rescue=RescuePolicy(), checkpoints=True, prefix_aware=True)
 #: The SkyPilot example: static contiguous lists (without its chunk-dropping bug), a success marker
 #: per chunk and nothing inside one, a preempted worker resumes its own list after restart.
 SKYPILOT_EXAMPLE = Policy("skypilot-example", _static_plan, steal=False, rescue=None, checkpoints=False)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.protocol.checkpoints import ChunkJob, RowStat
 from orchestrator.core.protocol.claims import ChunkClaimer
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.leases import LeaseKeeper
+from orchestrator.core.records import ManifestEntry
+from orchestrator.simulate.config import SimConfig
 
 
 class SimClock:
@@ -48,6 +50,8 @@ class Session:
     start: float
     remaining: list[int]
     flushed: int = 0
+    #: How much faster than the worker's rate this chunk goes: prefill saved by prefix-cache hits.
+    speedup: float = 1.0
 
 
 @dataclass
@@ -72,3 +76,29 @@ class SimWorker:
     retired: bool = False
     #: When its machine is provisioned (capacity found): from then on it is coming up.
     provisioning_since: float | None = 0.0
+    #: Prompt prefixes in its KV cache, least recently used first (emptied by a preemption).
+    cached: list[str] = field(default_factory=list)
+
+
+def prefix_speedup(config: SimConfig, prefix_aware: bool, entry: ManifestEntry, cached: list[str]) -> float:
+    """rows / work left once prefix-cache hits are taken off (each hit saves `prefix_fraction` of a row).
+
+    Prefix-aware (chunks in prefix order, rows fed by prefix): every row of a prefix after its
+    first hits, and the first too when the worker's cache still holds the prefix (an edge prefix
+    it served in its last chunks; `cached` is updated, least recent first). Otherwise rows come
+    in input order over `prefixes` prefixes, and a row hits when its prefix is among the
+    `cache_prefixes` held: about cache_prefixes / prefixes of them."""
+    if not config.prefixes or entry.rows == 0:
+        return 1.0
+    if prefix_aware and entry.edge_prefixes:
+        inner = max(0, (entry.prefix_groups or len(entry.edge_prefixes)) - len(entry.edge_prefixes))
+        misses = inner + sum(p not in cached for p in entry.edge_prefixes)
+        for p in entry.edge_prefixes:
+            if p in cached:
+                cached.remove(p)
+            cached.append(p)
+        del cached[: max(0, len(cached) - config.cache_prefixes)]
+        hits: float = max(0, entry.rows - misses)
+    else:
+        hits = entry.rows * min(1.0, config.cache_prefixes / config.prefixes)
+    return entry.rows / (entry.rows - config.prefix_fraction * hits)

@@ -289,3 +289,21 @@ def test_claimers_sharing_a_view_share_one_listing_of_the_markers_per_interval()
     got = [c.next_chunk() for c in claimers[:3]]
     # Both reopened chunks are handed out, each once, though one listing found them.
     assert sorted(h.chunk for h in got if h is not None) == ["a1", "c0"] and got[2] is None
+
+
+def test_a_thief_prefers_chunks_sharing_a_prompt_prefix_it_has_served():
+    """Chunks prepared with --group-by-prefix: c1 and a1 share prefix "p"; once worker 2 took c1,
+    it steals a1 (its engine has "p" cached) before the tail of the busiest list."""
+    prefixes = {"c1": ["p"], "a1": ["p"], "a2": ["q"], "b4": ["r"]}
+    index = PlanIndex.build(PLAN, WORK, prefixes)
+    store = MemoryStore()
+    finish(store, "c0")
+    c = claimer(store, 2, own=2, view=RunView(store, L, index, rng=random.Random(0)))
+    assert c.next_chunk().chunk == "c1" and c.served == {"p"}
+    assert c.next_chunk().chunk == "a1"  # affine, though list 1 is the busiest
+    assert c.next_chunk().chunk == "b4"  # nothing affine left open: the busiest tail
+    # A chunk with a served prefix that someone holds is not taken.
+    other = claimer(store, 0, own=None, view=RunView(store, L, index, rng=random.Random(0)))
+    other.served.add("q")
+    acquire(store, L, "a2", worker="9", holder="h9", ttl=60, now=99.0)
+    assert other.next_chunk().chunk != "a2"

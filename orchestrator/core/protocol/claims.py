@@ -2,8 +2,10 @@
 
 Static plan, dynamic finish. Each worker starts on its planned list (what users and the SkyPilot
 example expect). When the list runs out it steals:
-1. untouched chunks (nobody leased them yet) of the worker with the most unfinished work, last
-   chunk first: the owner works front to back and would reach its tail last;
+1. untouched chunks (nobody leased them yet): first those sharing a prompt prefix with a chunk
+   this worker took (chunks prepared with `--group-by-prefix`: its engine has the prefix cached),
+   then those of the worker with the most unfinished work, last chunk first: the owner works
+   front to back and would reach its tail last;
 2. chunks whose lease looks expired (not rewritten for a TTL: the holder died), and chunks the
    view took for done whose marker is gone (`orch redo`: markers, not stats, say what is done);
 3. at the end of a run, the chunk of a live worker so much slower that finishing it here, from its
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.core.protocol.heartbeats import read_heartbeats
@@ -40,9 +42,14 @@ class PlanIndex:
     lists: Mapping[int, tuple[str, ...]]
     owner: Mapping[str, int]
     work: Mapping[str, float]
+    #: Grouped by prefix: each chunk's edge prefixes, and the chunks of each prefix (ManifestEntry.edge_prefixes).
+    prefixes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    by_prefix: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, plan: PlanRecord, work: Mapping[str, float]) -> PlanIndex:
+    def build(
+        cls, plan: PlanRecord, work: Mapping[str, float], prefixes: Mapping[str, Sequence[str]] | None = None
+    ) -> PlanIndex:
         lists = {a.worker: tuple(a.chunks) for a in plan.workers}
         owner = {chunk: worker for worker, chunks in lists.items() for chunk in chunks}
         # Chunks outside the plan (a plan older than the manifest) belong to no one: anyone steals them.
@@ -50,7 +57,12 @@ class PlanIndex:
         if orphans:
             lists[-1] = orphans
             owner.update({c: -1 for c in orphans})
-        return cls(lists, owner, dict(work))
+        edges = {chunk: tuple(p) for chunk, p in (prefixes or {}).items() if p}
+        by_prefix: dict[str, list[str]] = {}
+        for chunk, names in sorted(edges.items()):
+            for name in names:
+                by_prefix.setdefault(name, []).append(chunk)
+        return cls(lists, owner, dict(work), edges, {p: tuple(c) for p, c in by_prefix.items()})
 
 
 class RunView:
@@ -283,6 +295,8 @@ class ChunkClaimer:
     #: (the simulator flushes live workers' due checkpoints there).
     on_end_game: Callable[[], None] | None = None
     _own_next: int = 0
+    #: Prompt prefixes of the chunks we took: our engine likely has them cached.
+    served: set[str] = field(default_factory=set)
 
     def next_chunk(self, working_on: Collection[str] = ()) -> HeldLease | None:
         """A lease on the next chunk to work on, or None when nothing is left for us.
@@ -322,6 +336,9 @@ class ChunkClaimer:
         return None
 
     def _from_untouched(self, working_on: Collection[str]) -> HeldLease | None:
+        held = self._affine(working_on)
+        if held is not None:
+            return held
         for chunk in self.view.untouched(exclude=self.own):
             if chunk in working_on:
                 continue
@@ -332,6 +349,15 @@ class ChunkClaimer:
                 raise
             if held is not None:
                 return held
+        return None
+
+    def _affine(self, working_on: Collection[str]) -> HeldLease | None:
+        """An open chunk sharing a prefix with one we took, if any is left (nobody holds it)."""
+        index = self.view.index
+        for name in sorted(self.served):
+            for chunk in index.by_prefix.get(name, ()):
+                if chunk not in working_on and self.view.is_open(chunk) and (held := self._take(chunk)) is not None:
+                    return held
         return None
 
     def _take(self, chunk: str, may_take: Callable[[Lease], bool] | None = None) -> HeldLease | None:
@@ -355,6 +381,8 @@ class ChunkClaimer:
             self.view.mark_done(chunk)
             self.store.delete(self.layout.lease(chunk))
             return None
+        if held is not None:
+            self.served.update(self.view.index.prefixes.get(chunk, ()))
         return held
 
     def _rescue(self, now: float, working_on: Collection[str]) -> HeldLease | None:

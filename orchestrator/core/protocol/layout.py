@@ -69,6 +69,10 @@ class RunLayout:
     def chunk(self, chunk: str) -> str:
         return f"{self.root}chunks/{chunk}.jsonl"
 
+    def chunk_positions(self, chunk: str) -> str:
+        """Grouped by prefix: the input position of each of the chunk's rows, one a line."""
+        return f"{self.root}chunks/{chunk}.positions"
+
     def chunk_path(self, chunk: str) -> str:
         """The chunk's path relative to the run, as metadata.txt and workers/<i>.txt list it."""
         return f"chunks/{chunk}.jsonl"

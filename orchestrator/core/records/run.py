@@ -48,6 +48,19 @@ class ManifestEntry(Record):
     first: int | None = Field(
         None, description="position in the whole input of the chunk's first row (rows set aside counted)"
     )
+    positions: str | None = Field(
+        None,
+        description="grouped by prefix: path (relative to the run) of the file giving each row's input position",
+    )
+    prefix_groups: int | None = Field(None, description="grouped by prefix: distinct prompt prefixes in the chunk")
+    est_shared_tokens: int = Field(
+        0, description="grouped by prefix: prompt tokens estimated shared with the row before"
+    )
+    edge_prefixes: list[str] = Field(
+        default_factory=list,
+        description="grouped by prefix: hashes of the chunk's first and last prefix groups, "
+        "the only ones it can share with other chunks",
+    )
 
     @property
     def est_tokens(self) -> int:
