@@ -147,7 +147,10 @@ def test_launch_never_duplicates_a_live_worker_and_cancel_stops_them(workdir, ti
 def test_watch_gives_up_when_the_retry_budget_is_spent(workdir, capsys):
     data = questions(workdir / "q.jsonl", 4)
     assert main(["prepare", str(data), "--run", "bad", "--num-chunks", "1"]) == 0
-    assert main(["launch", "--run", "bad", "--model", str(workdir / "no-model"), "--workers", "1"]) == 0
+    broken = workdir / "no-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # passes launch's model check; no engine loads it
+    assert main(["launch", "--run", "bad", "--model", str(broken), "--workers", "1"]) == 0
     code = main(["watch", "--run", "bad", "--interval", "0.5", "--retries", "1"])
     out, err = capsys.readouterr()
     assert code == 7
