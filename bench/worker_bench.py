@@ -14,6 +14,8 @@ in one process. Three workloads of 2 chunks x max_num_seqs conversations:
       while the last rows of the current one generate is worth.
 - structured output (response_format json_schema, SCHEMA) at fixed lengths: (a), with the same
   StructuredOutputsParams in every SamplingParams, and (c). Target: (c)/(a) at least 0.95.
+- responses: the fixed-length chats as /v1/responses lines, (a) and (c): what parsing a Responses
+  body and answering with a Response object costs. Target: (c)/(a) at least 0.95.
 The machine is shared and drifts: the variants run in rounds, in a rotated order each round,
 and each keeps its best time.
 
@@ -90,9 +92,11 @@ def engine_variants(
     names: list[str],
     rounds: int,
     schema: dict[str, Any] | None = None,
+    url: str = "/v1/chat/completions",
 ) -> dict[str, Any]:
     """Each prompt i is answered with exactly lengths[i] tokens in every variant: ignore_eos, or
-    under `schema` (response_format json_schema) one that cannot close within lengths[i]."""
+    under `schema` (response_format json_schema) one that cannot close within lengths[i]. The orch
+    worker reads its rows as `url` lines (chat, or /v1/responses: the same chat, answered as a Response)."""
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
@@ -121,7 +125,7 @@ def engine_variants(
         return tokens
 
     def orch_worker(chunks_in_engine: int | None = None) -> int:
-        store, spec = bench_run(prompts, model, lengths, checkpoint_s, chunks=chunks, fields=fields)
+        store, spec = bench_run(prompts, model, lengths, checkpoint_s, chunks=chunks, fields=fields, url=url)
         options = {} if chunks_in_engine is None else {"chunks_in_engine": chunks_in_engine}
         engine_spec = ModelSpec(name=model, engine_args=COMPACT_JSON)
         summary = run_worker(store, spec, lambda: VllmEngine(engine_spec, llm=llm), **options)
@@ -169,22 +173,25 @@ def bench_run(
     checkpoint_s: float,
     chunks: int = 4,
     fields: dict[str, Any] | None = None,
+    url: str = "/v1/chat/completions",
 ):
     """A prepared and planned run in a fresh local store: (store, spec). Row i asks for lengths[i]
-    tokens, greedy, with the body `fields` (ignore_eos by default)."""
+    tokens, greedy, with the body `fields` (ignore_eos by default), as a chat or a /v1/responses line."""
     from orchestrator.core.spec import load_spec
     from orchestrator.core.store import open_store
     from tests.support.runs import chat_request, make_run
 
     store = open_store(tempfile.mkdtemp(prefix="orch-bench-worker-"))
     per = -(-len(prompts) // chunks)
-    rows = [
-        [
-            chat_request(f"r{i}", p, max_tokens=lengths[i], temperature=0.0, **(fields or {"ignore_eos": True}))
-            for i, p in enumerate(prompts[c * per : (c + 1) * per], start=c * per)
-        ]
-        for c in range(chunks)
-    ]
+
+    def line(i: int, prompt: str) -> dict[str, Any]:
+        extra = fields or {"ignore_eos": True}
+        if url == "/v1/chat/completions":
+            return chat_request(f"r{i}", prompt, max_tokens=lengths[i], temperature=0.0, **extra)
+        body = {"model": "orch", "input": prompt, "max_output_tokens": lengths[i], "temperature": 0.0, **extra}
+        return {"custom_id": f"r{i}", "method": "POST", "url": url, "body": body}
+
+    rows = [[line(i, p) for i, p in enumerate(prompts[c * per : (c + 1) * per], start=c * per)] for c in range(chunks)]
     flags = {"workers.checkpoint_interval": checkpoint_s}
     make_run(store, "bench", rows, model=model, workers=1, spec_flags=flags)
     spec = load_spec(
@@ -335,7 +342,7 @@ def embeddings_row(model: str, count: int, rounds: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    """Usage: python -m bench.worker_bench [--quick] [--embeddings | fixed|varied|structured|memory ...]."""
+    """Usage: python -m bench.worker_bench [--quick] [--embeddings | fixed|varied|structured|responses|memory ...]."""
     quick = "--quick" in sys.argv
     if "--embeddings" in sys.argv:
         from model_builders import build_smollm2
@@ -369,6 +376,8 @@ def main() -> None:
             None,
         ),
         "structured": ([max_tokens] * count, ["(a)", "(c)"], 1 if quick else 3, SCHEMA),
+        # /v1/responses lines: the same chats, each answered as a Response object.
+        "responses": ([max_tokens] * count, ["(a)", "(c)"], 1 if quick else 3, None),
     }
     results: dict[str, Any] = {
         "model": "SmolLM2-135M-Instruct",
@@ -386,7 +395,16 @@ def main() -> None:
             f"{count} conversations x {min(lengths)}-{max(lengths)} tokens, {chunks} chunks, best of {rounds}"
         )
         res = engine_variants(
-            llm, model, prompts, lengths, checkpoint_s=5.0, chunks=chunks, names=variants, rounds=rounds, schema=schema
+            llm,
+            model,
+            prompts,
+            lengths,
+            checkpoint_s=5.0,
+            chunks=chunks,
+            names=variants,
+            rounds=rounds,
+            schema=schema,
+            url="/v1/responses" if name == "responses" else "/v1/chat/completions",
         )
         ceiling = next(iter(res.values()))["tokens_per_s"]
         print(
@@ -411,8 +429,9 @@ def main() -> None:
         results["c_over_a"] = results["fixed"]["c_over_a"]
         results["c_over_b"] = round(c["tokens_per_s"] / b["tokens_per_s"], 3)
         print(f"fixed lengths: (c)/(a) = {results['c_over_a']} (target >= 0.95); (c)/(b) = {results['c_over_b']}")
-    if "structured" in results:
-        print(f"structured output: (c)/(a) = {results['structured']['c_over_a']} (target >= 0.95)")
+    for name in ("structured", "responses"):
+        if name in results:
+            print(f"{name}: (c)/(a) = {results[name]['c_over_a']} (target >= 0.95)")
     if not selected or "memory" in selected:
         print("worker memory beyond the engine:")
         results["memory"] = worker_memory(20_000 if quick else 100_000)
