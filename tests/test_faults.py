@@ -49,7 +49,7 @@ def workdir(tmp_path: Path) -> Path:
     work = tmp_path / "work"
     work.mkdir()
     (work / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 48\n"
+        "sampling:\n  max_tokens: 48\n  temperature: 0\n"
         "workers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 60\n"
         "store_settings:\n  worker_attempts: 2\n"
     )
@@ -327,7 +327,7 @@ def test_damaged_and_stray_objects_are_named_redone_and_never_halt_the_fleet(sea
     store = open_store(store_uri)
     layout = RunLayout("d")
     (workdir / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 16\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 6\n"
+        "sampling:\n  max_tokens: 16\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 6\n"
     )
     prepare_questions(workdir, "d", store_uri, rows=120, chunks=6)
     orch_ok(

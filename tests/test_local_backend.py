@@ -47,7 +47,7 @@ def workdir(tmp_path, monkeypatch):
     """A project directory: orch.yaml with small generations, logs under ./.orch."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 24\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
+        "sampling:\n  max_tokens: 24\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
     )
     return tmp_path
 
@@ -59,7 +59,7 @@ def questions(path: Path, n: int) -> Path:
 
 
 def collected_ids(path: Path) -> list[str]:
-    return [json.loads(line)["custom_id"] for line in path.read_text().splitlines()]
+    return [json.loads(line)["custom_id"] for line in path.read_text().split("\n") if line]
 
 
 def test_orch_run_on_the_local_backend_answers_everything(workdir, tiny_model, capsys):
@@ -124,7 +124,9 @@ def test_orch_run_on_the_local_backend_answers_everything(workdir, tiny_model, c
 
 def test_launch_never_duplicates_a_live_worker_and_cancel_stops_them(workdir, tiny_model, capsys):
     data = questions(workdir / "q.jsonl", 400)
-    (workdir / "orch.yaml").write_text("sampling:\n  max_tokens: 256\n  n: 1\nworkers:\n  heartbeat_interval: 1\n")
+    (workdir / "orch.yaml").write_text(
+        "sampling:\n  max_tokens: 256\n  temperature: 0\n  n: 1\nworkers:\n  heartbeat_interval: 1\n"
+    )
     assert main(["prepare", str(data), "--run", "c", "--num-chunks", "4", "--id-column", "id"]) == 0
     assert main(["launch", "--run", "c", "--model", tiny_model, "--workers", "2"]) == 0
     assert main(["launch", "--run", "c", "--model", tiny_model, "--workers", "2"]) == 0
@@ -162,7 +164,7 @@ def test_chaos_workers_killed_again_and_again_still_answer_every_row_once(workdi
     them: nothing lost, nothing twice."""
     data = questions(workdir / "q.jsonl", 2400)
     (workdir / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 160\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 6\n"
+        "sampling:\n  max_tokens: 160\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 6\n"
     )
     assert main(["prepare", str(data), "--run", "chaos", "--num-chunks", "6", "--id-column", "id"]) == 0
     ctx = resolve_spec(None, {"run": "chaos", "model.name": tiny_model}, freeze=True)
@@ -252,7 +254,7 @@ def test_ctrl_c_on_orch_run_says_what_still_runs_and_a_second_one_stops_it(workd
     data = questions(workdir / "q.jsonl", 300)
     # Eight sequences at a time: the tiny model would otherwise finish before the first Ctrl-C on an idle machine.
     (workdir / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 200\nworkers:\n  heartbeat_interval: 1\nmodel:\n  engine_args: {max_num_seqs: 8}\n"
+        "sampling:\n  max_tokens: 200\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\nmodel:\n  engine_args: {max_num_seqs: 8}\n"
     )
     common = ["--model", tiny_model, "--num-chunks", "4", "--workers", "2", "--id-column", "id", "--interval", "1"]
     once = ["run", str(data), "--run", "once", "--out", "once.jsonl", *common]

@@ -200,7 +200,7 @@ def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]
         return []
     meta = FileObject.model_validate(json.loads(client.files.with_raw_response.retrieve(file_id).text))
     assert meta.purpose == "batch_output"
-    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+    return [json.loads(line) for line in client.files.content(file_id).text.split("\n") if line]
 
 
 def chat_line(custom_id: str, content: str, model: str = "tiny", url: str = CHAT, **params: Any) -> dict[str, Any]:
@@ -272,7 +272,7 @@ def test_serve_mixed_batch_splits_good_rows_into_output_and_bad_into_errors(kind
     collect = ["collect", "--run", batch.id, "--store", server.store_uri, "--out", str(tmp_path / "all.jsonl")]
     assert main(collect) == 9  # a third of the rows are errors: above the default --max-error-rate
     assert main([*collect, "--max-error-rate", "1.0"]) == 0
-    collected = [json.loads(line)["custom_id"] for line in (tmp_path / "all.jsonl").read_text().splitlines()]
+    collected = [json.loads(line)["custom_id"] for line in (tmp_path / "all.jsonl").read_text().split("\n") if line]
     assert collected == [r["custom_id"] for r in requests]
 
 

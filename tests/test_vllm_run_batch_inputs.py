@@ -58,14 +58,14 @@ def run(workdir: Path, name: str, rows: list[dict]) -> tuple[int, str, list[dict
     code = main(args)
     assert code == 0
     text = (workdir / f"{name}.out.jsonl").read_text()
-    return code, text, [json.loads(line) for line in text.splitlines()]
+    return code, text, [json.loads(line) for line in text.split("\n") if line]
 
 
 def valid_for_vllm(text: str) -> None:
     """Every answered line read by vLLM's own `BatchRequestOutput`, as its tests read run_batch's
     output. An error line is OpenAI's shape (the error body in `response.body`, as the openai SDK
     reads it), which vLLM's type, with a null body and the error beside it, does not take."""
-    text = "".join(line + "\n" for line in text.splitlines() if json.loads(line)["error"] is None)
+    text = "".join(line + "\n" for line in text.split("\n") if line and json.loads(line)["error"] is None)
     script = (
         "import sys\nfrom vllm.entrypoints.launchers.run_batch import BatchRequestOutput\n"
         "for line in sys.stdin.read().splitlines():\n    BatchRequestOutput.model_validate_json(line)\n"

@@ -128,7 +128,7 @@ def test_names_are_shown_as_text_never_run_as_markup(tmp_path):
 def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 24\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
+        "sampling:\n  max_tokens: 24\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
         "model:\n  engine_args: {max_num_seqs: 1}\n"
     )
     return tmp_path
