@@ -162,7 +162,7 @@ def test_pooling_worker_matches_vllm_run_batch(tiny_embed_model, tmp_path):
                 assert vector == pytest.approx(vllm_vector, abs=1e-5), custom_id
 
 
-def test_cross_encoder_scores_and_reranks_as_vllm_run_batch(tiny_reranker_model, tmp_path):
+def test_cross_encoder_scores_and_reranks_as_vllm_run_batch(tiny_reranker_model, tmp_path, keep_alive):
     """A one-label classifier (a reranker): each (query, document) pair rendered by vLLM's own
     cross-encoder and classified; the same scores, ranking and usage as vLLM's run_batch, every line
     valid as vLLM's response model; an embeddings line is an error row."""
@@ -185,6 +185,7 @@ def test_cross_encoder_scores_and_reranks_as_vllm_run_batch(tiny_reranker_model,
     ]
     urls = {line["custom_id"]: line["url"] for line in lines}
     engine = load_engine(ModelSpec(name=tiny_reranker_model, runner="pooling", max_model_len=1024))
+    keep_alive(engine)
     try:
         parsed = [parse_request(json.dumps(line), i, SamplingSpec()) for i, line in enumerate(lines)]
         ours = {cid: row.line.response.body for cid, row in run(engine, parsed).items()}
