@@ -75,43 +75,38 @@ def success_line(
         body = response_body(
             request.response, model=model, items=items, cut=cut, usage=usage, reasoning_tokens=sum(reasoning_counts)
         )
-    elif request.kind == "chat":
-        body = {
-            "id": f"chatcmpl-{request_id}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [
-                {
-                    "index": i,
-                    "message": _message(c),
-                    "logprobs": _chat_logprobs(c.logprobs) if c.logprobs is not None else None,
-                    "finish_reason": c.finish_reason,
-                }
-                for i, c in enumerate(choices)
-            ],
-            "usage": usage,
-        }
     else:
-        body = {
-            "id": f"cmpl-{request_id}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [
-                {
-                    "index": i,
-                    "text": c.echo + c.text,
-                    "logprobs": _completion_logprobs(c.logprobs) if c.logprobs is not None else None,
-                    "finish_reason": c.finish_reason,
-                }
-                for i, c in enumerate(choices)
-            ],
-            "usage": usage,
-        }
+        body = _choices_body(request.kind, choices, model, usage, request_id)
     return BatchOutputLine(
         custom_id=request.custom_id, response=BatchResponse(status_code=200, request_id=request_id, body=body)
     )
+
+
+def _choices_body(
+    kind: str, choices: list[Choice], model: str, usage: dict[str, Any], request_id: str
+) -> dict[str, Any]:
+    """A chat completion's or a text completion's body, as vLLM's server writes it."""
+    chat = kind == "chat"
+    return {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                **({"message": _message(c)} if chat else {"text": c.echo + c.text}),
+                "logprobs": None
+                if c.logprobs is None
+                else _chat_logprobs(c.logprobs)
+                if chat
+                else _completion_logprobs(c.logprobs),
+                "finish_reason": c.finish_reason,
+            }
+            for i, c in enumerate(choices)
+        ],
+        "usage": usage,
+    }
 
 
 def embedding_line(request: EngineRequest, vectors: list[Any], prompt_tokens: int, model: str) -> BatchOutputLine:

@@ -12,11 +12,10 @@ One `Worker` is one process with one engine. Per chunk:
    as a part (renewing its lease first); on SIGTERM/SIGINT flush what is finished, give the
    leases back and stop.
 5. When every row of a chunk is flushed, write its done marker (create-if-absent).
-A background thread (worker/heartbeat.py) renews the leases and publishes the heartbeat (at once
-after a flush or a new chunk, as the loop asks; the loop itself never waits on a heartbeat's
-store request, so a slow store costs heartbeats, not engine time); if a lease is lost, the loop drops that chunk (and
-aborts its requests in the engine) at the next engine step. The loop's own store requests are
-the checkpoints and markers of steps 1-5: each renews the lease first, which fences its rows.
+A background thread (worker/heartbeat.py) renews the leases and publishes the heartbeat (at once after
+a flush or a new chunk; the loop never waits on it, so a slow store costs heartbeats, not engine time);
+if a lease is lost, the loop drops that chunk (and aborts its requests) at the next engine step. The
+loop's own store requests, steps 1-5's, each renew the lease first, which fences their rows.
 
 A store that does not answer (core/protocol/outage.py) stops nothing that can go on without it:
 a chunk's input is copied to local disk when the chunk is opened, so the engine finishes every
@@ -61,8 +60,7 @@ log = logging.getLogger("orch.worker")
 #: Finished rows held between checkpoints, at most: bounds the worker's memory when the engine
 #: outruns the checkpoint interval (a fast GPU, short answers), whatever the chunk's size.
 MAX_BUFFERED_ROWS = 4096
-#: Chunks with rows in the engine at once: the one finishing and the next, which fills the batch
-#: as the first one's last rows drain.
+#: Chunks with rows in the engine at once: the one finishing, and the next that fills the batch as it drains.
 MAX_CHUNKS_IN_ENGINE = 2
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -66,55 +66,20 @@ if TYPE_CHECKING:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="write a Gantt chart (PNG)")
 def simulate_command(
     inv: Invocation,
-    workers: int,
-    chunks: int,
-    rows_per_chunk: int,
-    rows_spread: float,
-    gpus: str | None,
-    on_demand: bool,
-    preemptions_per_hour: float,
-    outages: int,
-    outage_hours: float,
-    trace: str | None,
-    restart_overhead: float,
-    checkpoint_interval: float,
-    lease_ttl: float,
-    base_rows_per_s: float,
-    prefixes: int,
-    prefix_fraction: float,
-    cache_prefixes: int,
     seeds: int,
     policy: str,
     compare: bool,
     deadline_factor: float | None,
     use_run: bool,
-    prices: str | None,
     as_json: bool,
     plot_path: str | None,
+    **knobs: Any,
 ) -> int:
-    """Simulate a run: how long, how much, what preemptions cost (driving orch's own protocol code)."""
-    from orchestrator.simulate import MARKETS, POLICIES, SimConfig
+    """Simulate a run: how long, how much, what preemptions cost (driving orch's own protocol code).
+    `knobs`: the options that describe the fleet and the workload (`_sim_config`)."""
+    from orchestrator.simulate import MARKETS, POLICIES
 
-    config = SimConfig(
-        workers=workers,
-        chunks=chunks,
-        rows_per_chunk=rows_per_chunk,
-        rows_spread=rows_spread,
-        gpus=[g.strip() for g in gpus.split(",")] if gpus else SimConfig().gpus,
-        spot=not on_demand,
-        preemptions_per_hour=0 if on_demand else preemptions_per_hour,
-        trace=trace,
-        restart_overhead_s=restart_overhead,
-        checkpoint_interval_s=checkpoint_interval,
-        lease_ttl_s=lease_ttl,
-        base_rows_per_s=base_rows_per_s,
-        prices=prices,
-        outages=outages,
-        outage_s=outage_hours * 3600,
-        prefixes=prefixes,
-        prefix_fraction=prefix_fraction,
-        cache_prefixes=cache_prefixes,
-    )
+    config = _sim_config(**knobs)
     entries = None
     if use_run:
         from orchestrator.core.records import read_manifest
@@ -127,6 +92,34 @@ def simulate_command(
     if deadline_factor is not None:
         return _deadline_study(config, seeds, deadline_factor, entries, as_json)
     return _policy_study(config, names, seeds, entries, as_json, plot_path)
+
+
+def _sim_config(
+    *,
+    gpus: str | None,
+    on_demand: bool,
+    preemptions_per_hour: float,
+    outage_hours: float,
+    restart_overhead: float,
+    checkpoint_interval: float,
+    lease_ttl: float,
+    **same: Any,
+) -> SimConfig:
+    """The simulation's configuration from the options; `same`: options named as SimConfig's fields
+    (workers, chunks, rows_per_chunk, rows_spread, trace, base_rows_per_s, prices, outages, prefixes,
+    prefix_fraction, cache_prefixes)."""
+    from orchestrator.simulate import SimConfig
+
+    return SimConfig(
+        gpus=[g.strip() for g in gpus.split(",")] if gpus else SimConfig().gpus,
+        spot=not on_demand,
+        preemptions_per_hour=0 if on_demand else preemptions_per_hour,
+        restart_overhead_s=restart_overhead,
+        checkpoint_interval_s=checkpoint_interval,
+        lease_ttl_s=lease_ttl,
+        outage_s=outage_hours * 3600,
+        **same,
+    )
 
 
 def _policy_study(

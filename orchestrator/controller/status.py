@@ -22,7 +22,7 @@ JSON shape (stable for scripts):
            errors (error rows in finished chunks), set_aside (input rows prepare set aside: not in
            total; collect answers them with error lines)},
     timeline: [[unix time, chunks done], ...] (the first launch at 0, then finished chunks; at most
-              TIMELINE_POINTS points, the last one exact),
+              pace.TIMELINE_POINTS points, the last one exact),
     throughput: {rows_per_s, tokens_per_s} (sum over running workers), eta_s (null when unknown),
     overall: {wall_s, rows_per_s, tokens_per_s} | null (the finished chunks' pace, from the first
              launch, or the first chunk's start without one, to the last chunk's end),
@@ -58,6 +58,7 @@ from typing import Any
 
 from orchestrator.backends.base import JobState, JobStatus, Launcher, attempt_statuses
 from orchestrator.controller.activity import run_state, worker_activity
+from orchestrator.controller.pace import overall_pace, timeline
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.token_cost import realised_cost, tokens_of
 from orchestrator.core import worker_ids
@@ -84,9 +85,6 @@ from orchestrator.core.records import (
     read_record,
 )
 from orchestrator.core.store import Store
-
-#: The most points `timeline` keeps (a chart's worth, whatever the number of chunks).
-TIMELINE_POINTS = 200
 
 
 @dataclass
@@ -264,14 +262,8 @@ def derive_status(
     in_progress = sum(v.chunk_rows_done for v in working)
     rows_per_s = sum(v.rows_per_s for v in working)
     tokens_per_s = sum(v.tokens_per_s for v in working)
-    hours = sum(v.uptime_s for v in workers) / 3600
-    cost_by_worker = {
-        v.worker: (_cost_so_far(v, prices, default_spot), v.spot if v.spot is not None else default_spot)
-        for v in workers
-    }
-    cost = sum(usd for usd, _ in cost_by_worker.values())
     finished = [s for c, (_, s) in facts.stats.items() if c in done]
-    per_m = realised_cost(finished, cost_by_worker)
+    cost, per_m = _costs(workers, finished, prices, default_spot)
     total_rows = sum(rows_by_chunk.values())
     remaining = total_rows - rows_done - in_progress
     eta = remaining / rows_per_s if rows_per_s > 0 and remaining > 0 else (0.0 if remaining <= 0 else None)
@@ -291,21 +283,16 @@ def derive_status(
         },
         throughput={"rows_per_s": round(rows_per_s, 3), "tokens_per_s": round(tokens_per_s, 1)},
         eta_s=round(eta, 1) if eta is not None else None,
-        cost={
-            "so_far_usd": round(cost, 2),
-            "worker_hours": round(hours, 3),
-            "spot_usd": round(per_m["spot"]["usd"], 2),
-            "on_demand_usd": round(per_m["on_demand"]["usd"], 2),
-        },
+        cost=cost,
         workers=workers,
         estimate=_estimate(facts, prices, gpus, workers_planned) if gpus else None,
         deadline=facts.decision.model_dump() if facts.decision is not None else None,
-        overall=_overall([s for c, s in facts.stats.items() if c in done], facts.jobs),
+        overall=overall_pace([s for c, s in facts.stats.items() if c in done], facts.jobs),
         damaged=dict(facts.damaged),
         corrupt_leases=dict(facts.corrupt_leases),
         tokens=tokens_of(finished).to_dict(),
         cost_per_m_tokens=per_m,
-        timeline=_timeline(sorted(at for c, (at, _) in facts.stats.items() if c in done), facts.jobs),
+        timeline=timeline(sorted(at for c, (at, _) in facts.stats.items() if c in done), facts.jobs),
         state=run_state(
             complete=complete,
             damaged=bool(facts.damaged),
@@ -371,6 +358,24 @@ def _worker_views(facts: RunFacts, done: set[str], *, now: float, heartbeat_inte
     return views
 
 
+def _costs(
+    workers: list[WorkerView], finished: list[ChunkStats], prices: GpuTable, default_spot: bool
+) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """The money so far (the status's `cost`) and what it bought: $ per million tokens, spot and on-demand apart."""
+    by_worker = {
+        v.worker: (_cost_so_far(v, prices, default_spot), v.spot if v.spot is not None else default_spot)
+        for v in workers
+    }
+    per_m = realised_cost(finished, by_worker)
+    cost = {
+        "so_far_usd": round(sum(usd for usd, _ in by_worker.values()), 2),
+        "worker_hours": round(sum(v.uptime_s for v in workers) / 3600, 3),
+        "spot_usd": round(per_m["spot"]["usd"], 2),
+        "on_demand_usd": round(per_m["on_demand"]["usd"], 2),
+    }
+    return cost, per_m
+
+
 def _cost_so_far(view: WorkerView, prices: GpuTable, default_spot: bool) -> float:
     """The worker's machine time at its GPU's price (spot or on-demand as it runs); 0 for a GPU
     the price table does not know."""
@@ -386,33 +391,6 @@ def _failure(status: JobStatus | None, attempt: JobAttempt | None) -> str | None
     if status is None or not status.state.value.startswith("FAILED"):
         return None
     return status.failure_reason or (attempt.failure_reason if attempt else None) or status.state.value
-
-
-def _overall(finished: Sequence[tuple[float, ChunkStats]], jobs: JobsRecord) -> dict[str, float] | None:
-    """The run's pace as its user lived it: from the first launch (workers start, load the model)
-    to the last chunk's end. Workers started by hand leave no launch: then from the first chunk's start."""
-    if not finished:
-        return None
-    launches = [a.launched_at for w in jobs.workers.values() for a in w.attempts]
-    began = min([at - s.seconds for at, s in finished] + launches)
-    wall = max(max(at for at, _ in finished) - began, 1e-3)
-    return {
-        "wall_s": round(wall, 1),
-        "rows_per_s": round(sum(s.rows for _, s in finished) / wall, 3),
-        "tokens_per_s": round(sum(s.tokens_out for _, s in finished) / wall, 1),
-    }
-
-
-def _timeline(finished_at: Sequence[float], jobs: JobsRecord) -> list[list[float]]:
-    """Chunks done over time: 0 at the first launch, then finished chunks' times, thinned to about
-    TIMELINE_POINTS evenly spaced by count (the latest finish always kept)."""
-    launches = [a.launched_at for w in jobs.workers.values() for a in w.attempts]
-    first = min(launches) if launches else None
-    points = [[round(first, 1), 0.0]] if first is not None and (not finished_at or first <= finished_at[0]) else []
-    n = len(finished_at)
-    step = max(n / TIMELINE_POINTS, 1.0)
-    picks = sorted({int(i * step) for i in range(TIMELINE_POINTS) if int(i * step) < n} | ({n - 1} if n else set()))
-    return points + [[round(finished_at[i], 1), float(i + 1)] for i in picks]
 
 
 def _estimate(facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: int | None) -> dict[str, Any] | None:

@@ -1,0 +1,38 @@
+"""A run's pace as its user lived it, from the finished chunks' times: the overall rate and the
+chunks-done timeline (the status's `overall` and `timeline`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.core.records import ChunkStats, JobsRecord
+
+#: The most points `timeline` keeps (a chart's worth, whatever the number of chunks).
+TIMELINE_POINTS = 200
+
+
+def overall_pace(finished: Sequence[tuple[float, ChunkStats]], jobs: JobsRecord) -> dict[str, float] | None:
+    """The run's pace as its user lived it: from the first launch (workers start, load the model)
+    to the last chunk's end. Workers started by hand leave no launch: then from the first chunk's start."""
+    if not finished:
+        return None
+    launches = [a.launched_at for w in jobs.workers.values() for a in w.attempts]
+    began = min([at - s.seconds for at, s in finished] + launches)
+    wall = max(max(at for at, _ in finished) - began, 1e-3)
+    return {
+        "wall_s": round(wall, 1),
+        "rows_per_s": round(sum(s.rows for _, s in finished) / wall, 3),
+        "tokens_per_s": round(sum(s.tokens_out for _, s in finished) / wall, 1),
+    }
+
+
+def timeline(finished_at: Sequence[float], jobs: JobsRecord) -> list[list[float]]:
+    """Chunks done over time: 0 at the first launch, then finished chunks' times, thinned to about
+    TIMELINE_POINTS evenly spaced by count (the latest finish always kept)."""
+    launches = [a.launched_at for w in jobs.workers.values() for a in w.attempts]
+    first = min(launches) if launches else None
+    points = [[round(first, 1), 0.0]] if first is not None and (not finished_at or first <= finished_at[0]) else []
+    n = len(finished_at)
+    step = max(n / TIMELINE_POINTS, 1.0)
+    picks = sorted({int(i * step) for i in range(TIMELINE_POINTS) if int(i * step) < n} | ({n - 1} if n else set()))
+    return points + [[round(finished_at[i], 1), float(i + 1)] for i in picks]

@@ -1,0 +1,178 @@
+"""Where prepare's rows go: good requests into chunk files (uploaded as each closes, with their
+manifest entries), bad rows into the run's errors file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from orchestrator.core.context import RunContext
+from orchestrator.core.errors import InputError
+from orchestrator.core.protocol.layout import chunk_id
+from orchestrator.core.records import ManifestEntry, PrepareError
+from orchestrator.core.spec import InputSpec
+from orchestrator.prepare.formats import Request, fallback_custom_id
+from orchestrator.prepare.grouping import PrefixStats, Row
+from orchestrator.prepare.sources import RawRow, SourceFile
+
+#: How much of a bad row its error record and the report quote.
+EXCERPT = 200
+
+
+def excerpt(record: dict[str, Any], limit: int | None = EXCERPT) -> str:
+    return json.dumps(record, ensure_ascii=False, default=str)[:limit]
+
+
+class ChunkWriter:
+    """Fills one local temp file per chunk and uploads it when the chunk is complete.
+
+    Ungrouped, chunk boundaries are input positions (bad rows never shift them); grouped by prefix,
+    they are counts of sorted good rows, and each chunk also gets its rows' input positions."""
+
+    def __init__(self, ctx: RunContext, boundaries: list[int], *, grouped: bool = False):
+        self.ctx = ctx
+        self.total = len(boundaries) - 1
+        self.boundaries = boundaries
+        self.grouped = grouped
+        self.dir = tempfile.mkdtemp(prefix="orch-prepare-")
+        self.entries: list[ManifestEntry] = []
+        self.index = 0
+        self._open()
+
+    def _open(self) -> None:
+        self.chunk = chunk_id(self.index, self.total)
+        self.path = os.path.join(self.dir, f"{self.chunk}.jsonl")
+        self.file = open(self.path, "wb", buffering=1 << 20)  # noqa: SIM115 - spans add() calls; closed by _seal/discard
+        self.rows = self.bytes = self.prompt_tokens = self.output_tokens = 0
+        self.prefixes = PrefixStats()
+
+    def add(self, request: Request, _position: int = 0) -> None:
+        self.file.write(request.line)
+        self.rows += 1
+        self.bytes += len(request.line)
+        self.prompt_tokens += request.est_prompt_tokens
+        self.output_tokens += request.max_output_tokens
+
+    def advance_to(self, position: int) -> None:
+        """Ungrouped: close the chunks that end before this input position."""
+        while self.index < self.total - 1 and position >= self.boundaries[self.index + 1]:
+            self.next_chunk()
+
+    def write_sorted(self, rows: Iterator[Row]) -> None:
+        """Grouped: the rows in prefix order, `boundaries` rows to a chunk."""
+        for written, (head, position, request) in enumerate(rows):
+            if self.index < self.total - 1 and written >= self.boundaries[self.index + 1]:
+                self.next_chunk()
+            self.add(request)
+            self.prefixes.add(head, position)
+
+    def _seal(self) -> None:
+        self.file.close()
+        if self.rows == 0:  # every row of it was bad: nothing to run, nothing to upload
+            os.unlink(self.path)
+            return
+        layout = self.ctx.layout
+        self.ctx.store.put_file(layout.chunk(self.chunk), self.path)
+        os.unlink(self.path)
+        grouped: dict[str, Any] = {}
+        if self.grouped:
+            stats = self.prefixes
+            self.ctx.store.put(layout.chunk_positions(self.chunk), stats.positions_file())
+            grouped = {
+                "positions": layout.chunk_positions(self.chunk).removeprefix(layout.root),
+                "prefix_groups": stats.groups,
+                "est_shared_tokens": stats.shared_tokens,
+                "edge_prefixes": stats.edge_prefixes(),
+            }
+        self.entries.append(
+            ManifestEntry(
+                chunk=self.chunk,
+                key=layout.chunk_path(self.chunk),
+                rows=self.rows,
+                bytes=self.bytes,
+                est_prompt_tokens=self.prompt_tokens,
+                max_output_tokens=self.output_tokens,
+                first=None if self.grouped else self.boundaries[self.index],
+                **grouped,
+            )
+        )
+
+    def next_chunk(self) -> None:
+        self._seal()
+        self.index += 1
+        self._open()
+
+    def close(self) -> list[ManifestEntry]:
+        self._seal()
+        return self.entries
+
+    def discard(self) -> None:
+        if not self.file.closed:
+            self.file.close()
+        for name in os.listdir(self.dir):
+            os.unlink(os.path.join(self.dir, name))
+        os.rmdir(self.dir)
+
+
+class ErrorWriter:
+    """Bad rows, each with its file and line, kept in the run's errors file; --strict stops at the first."""
+
+    #: How many bad rows the report shows on the console.
+    SHOWN = 5
+
+    def __init__(self, strict: bool):
+        self.strict = strict
+        self.count = 0
+        self.first: list[str] = []
+        fd, self.path = tempfile.mkstemp(prefix="orch-prepare-errors-", suffix=".jsonl")
+        self.file = os.fdopen(fd, "w")
+
+    def row(self, source: SourceFile, raw: RawRow, position: int, spec_input: InputSpec) -> Callable[[str], None]:
+        """What sets this row aside, saying why (called only for a bad row)."""
+
+        def set_aside(problem: str) -> None:
+            text = raw.raw or excerpt(raw.record or {}, limit=None)
+            custom_id = fallback_custom_id(raw.record, spec_input, source.name, raw.number)
+            self.add(source, raw.number, problem, text, position, custom_id)
+
+        return set_aside
+
+    def add(
+        self, source: SourceFile, number: int, problem: str, raw: str, position: int, custom_id: str | None
+    ) -> None:
+        if self.strict:
+            raise InputError(
+                problem, where=f"{source.uri}:{number}", hint="fix the row, or drop --strict to set bad rows aside"
+            )
+        self.count += 1
+        if len(self.first) < self.SHOWN:
+            self.first.append(f"{source.uri}:{number}: {problem}")
+        at = {"row": number} if source.kind == "parquet" else {"line": number}
+        record = PrepareError(
+            source=source.uri,
+            error=problem,
+            excerpt=raw[:EXCERPT],
+            position=position,
+            custom_id=custom_id,
+            text=raw,
+            **at,
+        )
+        self.file.write(record.model_dump_json(exclude_none=True) + "\n")
+
+    def upload(self, ctx: RunContext) -> str | None:
+        self.file.close()
+        key = ctx.layout.prepare_errors
+        if self.count:
+            ctx.store.put_file(key, self.path)
+            return key
+        ctx.store.delete(key)
+        return None
+
+    def discard(self) -> None:
+        if not self.file.closed:
+            self.file.close()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
