@@ -84,8 +84,11 @@ def test_grouped_chunks_hold_few_prefixes_and_collect_keeps_input_order(store_di
     assert first.positions is None and chunk_ids(store, RunLayout("p"), first) == [r["id"] for r in rows[:20]]
 
 
-def test_the_external_sort_spills_runs_and_merges_them_in_order():
-    sorter = PrefixSorter(prefix_chars=64, run_bytes=4096)
+@pytest.mark.parametrize("fan_in", [128, 4])
+def test_the_external_sort_spills_runs_and_merges_them_in_order(fan_in):
+    """Runs spilled as memory fills, merged in order; more runs than the fan-in (open files at
+    once) are merged in rounds first."""
+    sorter = PrefixSorter(prefix_chars=64, run_bytes=4096, fan_in=fan_in)
     rng = random.Random(3)
     expected = []
     for position in range(2000):
@@ -95,7 +98,7 @@ def test_the_external_sort_spills_runs_and_merges_them_in_order():
         expected.append((template, position))
     try:
         assert len(sorter.runs) > 10  # spilled: memory bounded by run_bytes
-        got = [(int(json.loads(r.line)["body"]["p"]), pos) for _head, pos, r in sorter.sorted_rows()]
+        got = [(int(json.loads(line)["body"]["p"]), pos) for _head, pos, line, *_ in sorter.sorted_rows()]
         assert got == sorted(expected)
     finally:
         sorter.discard()

@@ -17,7 +17,7 @@ import heapq
 import os
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from orchestrator.core.framed import read_framed, write_framed
@@ -26,44 +26,58 @@ from orchestrator.prepare.formats import CHARS_PER_TOKEN, Request
 
 #: Bytes of rows held in memory before a sorted run is spilled to disk.
 RUN_BYTES = 64 << 20
-#: Per row on disk: head length, line length, position, est. prompt tokens, output budget.
-_HEADER = struct.Struct("<IIqqq")
-#: Python's own cost of a row held in memory (tuple, bytes objects, Request), roughly.
-_ROW_OVERHEAD = 300
+#: Per row on disk: line length, position, est. prompt tokens, output budget (the head is the
+#: line's own start: found again when the run is read back, not stored twice).
+_HEADER = struct.Struct("<Iqqq")
+#: The most runs merged at once (each an open file): more are first merged in groups into longer runs.
+FAN_IN = 128
+#: Python's own cost of a row held in memory (a tuple and two bytes objects), roughly.
+_ROW_OVERHEAD = 200
 
-
-Row = tuple[bytes, int, Request]  # (prefix head, input position, request)
+#: (prefix head, input position, request line, est. prompt tokens, output budget). A plain tuple
+#: of bytes and ints on purpose: Python's garbage collector stops tracking such tuples, so the
+#: rows held for a sorted run cost it nothing (a Request object each made it walk every held row
+#: again and again: 10 s of 30 on a million rows).
+Row = tuple[bytes, int, bytes, int, int]
 
 
 class PrefixSorter:
     """Collects (request, input position) pairs; gives them back sorted by (prefix, position)."""
 
-    def __init__(self, prefix_chars: int, run_bytes: int = RUN_BYTES):
+    def __init__(self, prefix_chars: int, run_bytes: int = RUN_BYTES, fan_in: int = FAN_IN):
         self.prefix_bytes = prefix_chars
         self.run_bytes = run_bytes
+        self.fan_in = fan_in
         self.dir = tempfile.mkdtemp(prefix="orch-prefix-")
         self.rows: list[Row] = []
         self.held = 0
         self.runs: list[str] = []
+        self.spilled = 0
         self.count = 0
 
     def add(self, request: Request, position: int) -> None:
-        head = prefix_head(request.line, self.prefix_bytes)
-        self.rows.append((head, position, request))
+        line = request.line
+        head = prefix_head(line, self.prefix_bytes)
+        self.rows.append((head, position, line, request.est_prompt_tokens, request.max_output_tokens))
         self.count += 1
-        self.held += len(request.line) + len(head) + _ROW_OVERHEAD
+        self.held += len(line) + len(head) + _ROW_OVERHEAD
         if self.held >= self.run_bytes:
             self._spill()
 
     def _spill(self) -> None:
-        self.rows.sort()  # (head, position): positions are unique, so requests are never compared
-        path = os.path.join(self.dir, f"run-{len(self.runs):05d}")
-        records = (
-            ((position, r.est_prompt_tokens, r.max_output_tokens), (head, r.line)) for head, position, r in self.rows
-        )
+        self.rows.sort()  # (head, position): positions are unique, so nothing after them is compared
+        self._write_run(self.rows)
+        self.rows, self.held = [], 0
+
+    def _write_run(self, rows: Iterable[Row]) -> None:
+        path = os.path.join(self.dir, f"run-{self.spilled:05d}")
+        self.spilled += 1
+        records = (((position, tokens, budget), (line,)) for _, position, line, tokens, budget in rows)
         write_framed(path, _HEADER, records)
         self.runs.append(path)
-        self.rows, self.held = [], 0
+
+    def _merged(self, runs: list[str]) -> Iterator[Row]:
+        return heapq.merge(*(_read_run(p, self.prefix_bytes) for p in runs))
 
     def sorted_rows(self) -> Iterator[Row]:
         """Every row added, in (prefix, position) order."""
@@ -73,7 +87,12 @@ class PrefixSorter:
             return
         if self.rows:
             self._spill()
-        yield from heapq.merge(*(_read_run(p) for p in self.runs))
+        while len(self.runs) > self.fan_in:  # a huge input: merge the oldest runs into one longer run
+            first, self.runs = self.runs[: self.fan_in], self.runs[self.fan_in :]
+            self._write_run(self._merged(first))
+            for path in first:
+                os.unlink(path)
+        yield from self._merged(self.runs)
 
     def discard(self) -> None:
         self.rows = []
@@ -82,9 +101,9 @@ class PrefixSorter:
         os.rmdir(self.dir)
 
 
-def _read_run(path: str) -> Iterator[Row]:
-    for (position, prompt_tokens, output_tokens), (head, line) in read_framed(path, _HEADER, 2):
-        yield head, position, Request("", line, prompt_tokens, output_tokens)
+def _read_run(path: str, prefix_bytes: int) -> Iterator[Row]:
+    for (position, prompt_tokens, output_tokens), (line,) in read_framed(path, _HEADER, 1):
+        yield prefix_head(line, prefix_bytes), position, line, prompt_tokens, output_tokens
 
 
 @dataclass

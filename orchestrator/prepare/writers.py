@@ -50,11 +50,14 @@ class ChunkWriter:
         self.prefixes = PrefixStats()
 
     def add(self, request: Request, _position: int = 0) -> None:
-        self.file.write(request.line)
+        self._write(request.line, request.est_prompt_tokens, request.max_output_tokens)
+
+    def _write(self, line: bytes, prompt_tokens: int, output_tokens: int) -> None:
+        self.file.write(line)
         self.rows += 1
-        self.bytes += len(request.line)
-        self.prompt_tokens += request.est_prompt_tokens
-        self.output_tokens += request.max_output_tokens
+        self.bytes += len(line)
+        self.prompt_tokens += prompt_tokens
+        self.output_tokens += output_tokens
 
     def advance_to(self, position: int) -> None:
         """Ungrouped: close the chunks that end before this input position."""
@@ -63,10 +66,10 @@ class ChunkWriter:
 
     def write_sorted(self, rows: Iterator[Row]) -> None:
         """Grouped: the rows in prefix order, `boundaries` rows to a chunk."""
-        for written, (head, position, request) in enumerate(rows):
+        for written, (head, position, line, prompt_tokens, output_tokens) in enumerate(rows):
             if self.index < self.total - 1 and written >= self.boundaries[self.index + 1]:
                 self.next_chunk()
-            self.add(request)
+            self._write(line, prompt_tokens, output_tokens)
             self.prefixes.add(head, position)
 
     def _seal(self) -> None:
