@@ -14,11 +14,12 @@ the time is the sum of both (start-up excluded). Reported: prompt + generated to
 cached prompt tokens (vLLM's `num_cached_tokens`; run_batch's usage.prompt_tokens_details) and
 what an ideal order could cache: every row of a template after its first, its whole 128-token
 blocks of the shared prefix. Targets: (c) >= 1.5x (a), (c) >= 1.3x (b), (c) cached >= 90% ideal.
-`--quick`: 12 templates, 48 rows.
+`--quick`: 12 templates, 48 rows; `--templates N --rows M` another size (the issue's example: 48, 1024).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -183,8 +184,14 @@ def main() -> None:
     from model_builders import build_smollm2
     from tests.worker.conftest import MODELS
 
-    quick = "--quick" in sys.argv or os.environ.get("QUICK") == "1"
+    parser = argparse.ArgumentParser(prog="python -m bench.prefix_bench")
+    parser.add_argument("--quick", action="store_true", help="12 templates, 48 rows")
+    parser.add_argument("--templates", type=int, help="system prompts (default 24)")
+    parser.add_argument("--rows", type=int, help="rows over them (default 192)")
+    args = parser.parse_args()
+    quick = args.quick or os.environ.get("QUICK") == "1"
     templates, rows, max_tokens = (12, 48, 8) if quick else (24, 192, 8)
+    templates, rows = args.templates or templates, args.rows or rows
     model = str(build_smollm2(MODELS / "smollm2-135m-instruct"))
     lines = workload(templates, rows)
     work = Path(tempfile.mkdtemp(prefix="orch-bench-prefix-"))

@@ -303,23 +303,28 @@ class _Conversion:
         self.not_utf8 = _NotUtf8(strict)
 
     def take(self, file_index: int, source: SourceFile, raw: RawRow, position: int) -> None:
-        bad = self.errors.row(source, raw, position, self.spec_input)
-        if raw.record is None:
-            return bad(raw.problem or "unreadable")
-        if raw.replaced and self.not_utf8.add(source, raw) is not None:
-            return bad(f"{raw.replaced} byte(s) of the line are not UTF-8")
-        try:
-            request = self.convert(raw.record, source.name, raw.number)
-        except BadRow as e:
-            return bad(str(e))
-        first = self.seen.setdefault(request.custom_id, (file_index, raw.number))
-        if first != (file_index, raw.number):
-            where = f"{self.files[first[0]].uri}:{first[1]}"
-            return bad(f"duplicate custom_id {request.custom_id!r} (first at {where})")
+        request = self._request(file_index, source, raw)
+        if isinstance(request, str):
+            self.errors.set_aside(source, raw, position, self.spec_input, request)
+            return
         if request.named_model is not None:
             self.models[request.named_model] += 1
         self.keep(request, position)
-        return None
+
+    def _request(self, file_index: int, source: SourceFile, raw: RawRow) -> Request | str:
+        """The row's request, or what is wrong with it."""
+        if raw.record is None:
+            return raw.problem or "unreadable"
+        if raw.replaced and self.not_utf8.add(source, raw) is not None:
+            return f"{raw.replaced} byte(s) of the line are not UTF-8"
+        try:
+            request = self.convert(raw.record, source.name, raw.number)
+        except BadRow as e:
+            return str(e)
+        first = self.seen.setdefault(request.custom_id, (file_index, raw.number))
+        if first != (file_index, raw.number):
+            return f"duplicate custom_id {request.custom_id!r} (first at {self.files[first[0]].uri}:{first[1]})"
+        return request
 
 
 class _NotUtf8:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from orchestrator.core.spec import InputSpec, SamplingSpec
 
 CHAT_URL = "/v1/chat/completions"
@@ -128,16 +130,28 @@ def _custom_id(record: dict[str, Any], id_column: str | None, source: str, numbe
     return str(value)
 
 
-#: One encoder for every line: json.dumps with non-default options builds a new one per call.
+#: The standard library's encoder, for what orjson refuses (an int beyond 64 bits, a key that is
+#: not a string): one for every line, as json.dumps with non-default options builds one per call.
 _ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def encode_line(record: dict[str, Any]) -> bytes:
+    """A canonical request line: compact JSON, text as UTF-8, a newline. orjson writes it several
+    times faster than the standard library, byte for byte the same on text and ints (a float may be
+    spelt otherwise with the same value, 1e-7 for 1e-07; a NaN becomes null, valid JSON, where
+    json.dumps wrote NaN, which is not)."""
+    try:
+        return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:  # orjson.JSONEncodeError
+        return _ENCODE(record).encode() + b"\n"
 
 
 def _request(
     custom_id: str, url: str, body: dict[str, Any], sampling: SamplingSpec, named_model: str | None = None
 ) -> Request:
-    line = _ENCODE({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+    line = encode_line({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
     budget = 0 if url in URLS["pooling"] else _output_budget(body, sampling)  # pooling generates nothing
-    return Request(custom_id, line.encode() + b"\n", _prompt_tokens(body), budget, named_model)
+    return Request(custom_id, line, _prompt_tokens(body), budget, named_model)
 
 
 def _openai_batch(record: dict[str, Any], sampling: SamplingSpec, urls: tuple[str, ...]) -> Request:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from orchestrator.core.context import RunContext
@@ -133,15 +133,11 @@ class ErrorWriter:
         fd, self.path = tempfile.mkstemp(prefix="orch-prepare-errors-", suffix=".jsonl")
         self.file = os.fdopen(fd, "w")
 
-    def row(self, source: SourceFile, raw: RawRow, position: int, spec_input: InputSpec) -> Callable[[str], None]:
-        """What sets this row aside, saying why (called only for a bad row)."""
-
-        def set_aside(problem: str) -> None:
-            text = raw.raw or excerpt(raw.record or {}, limit=None)
-            custom_id = fallback_custom_id(raw.record, spec_input, source.name, raw.number)
-            self.add(source, raw.number, problem, text, position, custom_id)
-
-        return set_aside
+    def set_aside(self, source: SourceFile, raw: RawRow, position: int, spec_input: InputSpec, problem: str) -> None:
+        """A bad row, with why."""
+        text = raw.raw or excerpt(raw.record or {}, limit=None)
+        custom_id = fallback_custom_id(raw.record, spec_input, source.name, raw.number)
+        self.add(source, raw.number, problem, text, position, custom_id)
 
     def add(
         self, source: SourceFile, number: int, problem: str, raw: str, position: int, custom_id: str | None
