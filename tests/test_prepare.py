@@ -393,7 +393,7 @@ def test_prepare_lines_naming_an_adapter_are_not_another_model(store_dir, tmp_pa
 @pytest.mark.parametrize(
     "body",
     [
-        {"messages": [{"role": "user", "content": "é 𝄞 \u2028 \x7f \x00 \x1f \" \\ / tab\there"}], "max_tokens": 9},
+        {"messages": [{"role": "user", "content": 'é 𝄞 \u2028 \x7f \x00 \x1f " \\ / tab\there'}], "max_tokens": 9},
         {"prompt": "p", "temperature": 0.7, "top_p": 1, "seed": 2**63 - 1, "logit_bias": {"50256": -100}},
         {"prompt": "a number orjson cannot hold", "seed": 2**70},
     ],
