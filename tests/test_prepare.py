@@ -408,3 +408,20 @@ def test_canonical_lines_are_compact_utf8_json_as_the_standard_library_writes_th
     line = encode_line(record)
     assert line == (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
     assert json.loads(line) == record
+
+
+def test_a_canonical_line_holds_no_more_memory_than_its_length():
+    """A grouped prepare holds a run of lines in memory, counted by their length: orjson's own bytes
+    keep the whole buffer it wrote into (a 500-byte line held about 4 KiB), so lines are copied."""
+    import tracemalloc
+
+    from orchestrator.prepare.formats import encode_line
+
+    record = {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p" * 400}}
+    tracemalloc.start()
+    try:
+        lines = [encode_line(record) for _ in range(1000)]
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 1000 * (len(lines[0]) + 100), held

@@ -141,7 +141,10 @@ def encode_line(record: dict[str, Any]) -> bytes:
     spelt otherwise with the same value, 1e-7 for 1e-07; a NaN becomes null, valid JSON, where
     json.dumps wrote NaN, which is not)."""
     try:
-        return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        # Copied to a bytes object of its own length: orjson's keeps the whole buffer it wrote
+        # into (200,000 lines of 500 bytes held 786 MiB, copied 114 MiB), and a grouped prepare
+        # holds a run of lines in memory.
+        return bytes(memoryview(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)))
     except TypeError:  # orjson.JSONEncodeError
         return _ENCODE(record).encode() + b"\n"
 
