@@ -49,6 +49,8 @@ $(MODELS)/tiny-llama/.built: $(WVENV)/.installed model_builders.py
 # The tiny embedding model, reranker, LoRA adapter and vision-language model the request-surface tests use.
 $(MODELS)/tiny-embed/.built $(MODELS)/tiny-reranker/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built: $(WVENV)/.installed model_builders.py
 	$(WVENV)/bin/python -m model_builders $(patsubst $(MODELS)/%/.built,%,$@) $(dir $@)
+# These start from the tiny Llama: built after it, never beside it.
+$(MODELS)/tiny-embed/.built $(MODELS)/tiny-reranker/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built: $(MODELS)/tiny-llama/.built
 
 # rsync, for SkyPilot's local jobs controller in the tests (apt, when missing).
 system-deps:
@@ -61,12 +63,14 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-# The two suites side by side: the worker suite keeps the cores busy with its one engine while the
-# controller suite mostly waits on real worker processes and servers, three test files at a time.
-# Each suite's output is shown whole when it ends; `make test` fails if either does.
-test: lint setup models system-deps
+# Set-up first (the small models built side by side), then the gates and the two suites side by
+# side: the worker suite keeps the cores busy with its one engine while the controller suite
+# mostly waits on real worker processes and servers, three test files at a time. Each one's
+# output is shown whole when it ends; `make test` fails if any of them does.
+test: setup system-deps
+	$(MAKE) --no-print-directory -j4 models
 	$(VENV)/bin/python -m compileall -q orchestrator worker tests bench model_builders.py
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-controller test-worker
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint test-controller test-worker
 
 test-controller: setup models system-deps
 	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -n 3 --dist loadfile

@@ -367,7 +367,7 @@ def test_status_live_rates_and_eta_agree_with_the_workers_own_summary(workdir, t
     unknown), and once complete the run's pace from launch to the last chunk (engine start-up
     included); the figures agree with the worker's own JSON summary line."""
     # Answers of different lengths, so rows finish one after another, not in bursts.
-    count = 240
+    count = 160
     rows = [chat_request(f"r{i}", f"Item {i}", max_tokens=16 + (i * 37) % 64, ignore_eos=True) for i in range(count)]
     data = write_jsonl(workdir / "b.jsonl", rows)
     # One sequence at a time, so that the run lasts long enough to sample on a fast, idle machine

@@ -120,8 +120,8 @@ def test_worker_answers_every_row_exactly_once(store_uri, tiny_engine, tiny_mode
 def test_worker_killed_mid_chunk_resumes_losing_at_most_one_interval(store_uri, tiny_model, tmp_path):
     """kill -9 after a few checkpoints; a new process of the same worker resumes from the parts."""
     store = open_store(store_uri)
-    rows, interval = 2000, 1.0  # about 15 s of work for the tiny model on 2 cores
-    layout = make_run(store, "kill", [chunk_of("k", rows, max_tokens=64)], model=tiny_model)
+    rows, interval = 2000, 1.0  # about 8 s of work for the tiny model on 2 cores
+    layout = make_run(store, "kill", [chunk_of("k", rows, max_tokens=32)], model=tiny_model)
     first = WorkerProcess(store_uri, "kill", "0", tmp_path, "--checkpoint-interval", str(interval))
     wait_for_parts(store, layout, "part_00000", 2)
     first.proc.send_signal(signal.SIGKILL)
@@ -148,7 +148,7 @@ def test_worker_sigterm_flushes_and_gives_the_lease_back(store_uri, tiny_model, 
     layout = make_run(
         store,
         "term",
-        [chunk_of("t", 2000, max_tokens=64)],
+        [chunk_of("t", 2000, max_tokens=32)],
         model=tiny_model,
         workers=2,
         spec_flags={"workers.heartbeat_interval": 0.5},
