@@ -92,21 +92,17 @@ def _choices_body(
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": i,
-                **({"message": _message(c)} if chat else {"text": c.echo + c.text}),
-                "logprobs": None
-                if c.logprobs is None
-                else _chat_logprobs(c.logprobs)
-                if chat
-                else _completion_logprobs(c.logprobs),
-                "finish_reason": c.finish_reason,
-            }
-            for i, c in enumerate(choices)
-        ],
+        "choices": [_choice(i, c, chat) for i, c in enumerate(choices)],
         "usage": usage,
     }
+
+
+def _choice(index: int, c: Choice, chat: bool) -> dict[str, Any]:
+    if chat:
+        logprobs = _chat_logprobs(c.logprobs) if c.logprobs is not None else None
+        return {"index": index, "message": _message(c), "logprobs": logprobs, "finish_reason": c.finish_reason}
+    logprobs = _completion_logprobs(c.logprobs) if c.logprobs is not None else None
+    return {"index": index, "text": c.echo + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason}
 
 
 def embedding_line(request: EngineRequest, vectors: list[Any], prompt_tokens: int, model: str) -> BatchOutputLine:
