@@ -146,6 +146,28 @@ def test_launch_never_duplicates_a_live_worker_and_cancel_stops_them(workdir, ti
     assert main(["collect", "--run", "c", "--out", str(workdir / "c.jsonl")]) == 0
 
 
+def test_launch_starts_only_the_workers_unfinished_chunks_need(workdir, capsys):
+    """Machines that would find nothing to claim are not started: one chunk needs one worker, an
+    empty run none."""
+    broken = workdir / "no-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # passes launch's model check; the worker fails at once
+    assert main(["prepare", str(questions(workdir / "q.jsonl", 4)), "--run", "one", "--num-chunks", "1"]) == 0
+    assert main(["launch", "--run", "one", "--model", str(broken), "--workers", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "2 planned worker(s) not launched: 1 unfinished chunk(s) need 1" in out, out
+    ctx = resolve_spec(None, {"run": "one"})
+    assert list(read_jobs(ctx.store, ctx.layout)[0].workers) == ["0"]
+
+    (workdir / "empty.jsonl").write_text("")
+    assert main(["prepare", str(workdir / "empty.jsonl"), "--run", "empty", "--num-chunks", "2"]) == 0
+    assert main(["launch", "--run", "empty", "--model", str(broken), "--workers", "2"]) == 0
+    assert "nothing to launch: the run has no chunks" in capsys.readouterr().out
+    ctx = resolve_spec(None, {"run": "empty"})
+    record, etag = read_jobs(ctx.store, ctx.layout)
+    assert etag is None and not record.workers  # no job was ever recorded
+
+
 def test_watch_gives_up_when_the_retry_budget_is_spent(workdir, capsys):
     data = questions(workdir / "q.jsonl", 4)
     assert main(["prepare", str(data), "--run", "bad", "--num-chunks", "1"]) == 0

@@ -32,10 +32,11 @@ def launch_command(
     follow: bool,
     interval: float,
 ) -> int:
-    """Launch one worker per planned list (never a second copy of a live worker)."""
+    """Launch one worker per planned list with unfinished chunks (never a second copy of a live
+    worker; none at all when every chunk is done)."""
     from orchestrator.backends import backend_for
     from orchestrator.controller.launch import launch_workers
-    from orchestrator.controller.plan import ensure_plan
+    from orchestrator.controller.plan import ensure_plan, workers_needed
 
     if spot_only and on_demand_only:
         raise click.UsageError("--spot and --on-demand together mean both: leave both out for that")
@@ -66,13 +67,23 @@ def launch_command(
             click.echo(str(path))
         click.echo(f"{len(paths)} task file(s) written; nothing launched.")
         return 0
+    needed, remaining = workers_needed(ctx)
+    if not remaining:
+        # Machines that would find nothing to claim cost their start-up and earn nothing.
+        done = f"all {plan.chunks} chunk(s) have a marker" if plan.chunks else "the run has no chunks"
+        click.echo(f"nothing to launch: {done} (orch collect gives the output)")
+        return 0
     launcher = backend_for(ctx)
-    launched = launch_workers(ctx, launcher, [a.worker for a in plan.workers])
-    skipped = len(plan.workers) - len(launched)
+    launched = launch_workers(ctx, launcher, needed)
     for worker, job_id in sorted(launched.items()):
         click.echo(f"worker {worker}: job {job_id}")
-    if skipped:
-        click.echo(f"{skipped} worker(s) already running: not launched again.")
+    if len(needed) > len(launched):
+        click.echo(f"{len(needed) - len(launched)} worker(s) already running: not launched again.")
+    if len(plan.workers) > len(needed):
+        click.echo(
+            f"{len(plan.workers) - len(needed)} planned worker(s) not launched: {len(remaining)} unfinished "
+            f"chunk(s) need {len(needed)} (the others' lists are done or empty)."
+        )
     if follow:
         return follow_run(ctx, launcher, interval)
     return 0
