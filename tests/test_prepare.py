@@ -162,6 +162,20 @@ def test_prepare_sets_bad_rows_aside_with_file_and_line(store_dir, tmp_path, cap
     assert "not valid JSON" in errors[0]["error"] and "no user turn" in errors[2]["error"]
 
 
+def test_prepare_refuses_nan_and_infinity_which_json_has_not(store_dir, tmp_path):
+    """Python's json reads them; written out again a NaN became null, so the row would have run
+    with the parameter's default instead of failing."""
+    line = '{"custom_id":"%s","method":"POST","url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"hi"}],"temperature":%s}}'
+    rows = [(line % ("ok", "0.5")).encode(), (line % ("nan", "NaN")).encode(), (line % ("inf", "-Infinity")).encode()]
+    write_jsonl(tmp_path / "in.jsonl", rows)
+    assert prepare(store_dir, tmp_path / "in.jsonl", "--format", "openai-batch", "--num-chunks", "1") == 0
+    assert [r["custom_id"] for r in chunk_lines(store_dir)] == ["ok"]
+    errors = [json.loads(e) for e in open_store(store_dir).get(RunLayout("r").prepare_errors).data.splitlines()]
+    assert [e["line"] for e in errors] == [2, 3]
+    assert "not valid JSON: NaN is not a JSON value" in errors[0]["error"]
+    assert "-Infinity is not a JSON value" in errors[1]["error"]
+
+
 def test_prepare_strict_stops_at_the_first_bad_row(store_dir, tmp_path, capsys):
     write_jsonl(tmp_path / "bad.jsonl", [{"conversation": [{"role": "user", "content": "hi"}]}, b"[1, 2]"])
     assert prepare(store_dir, tmp_path / "bad.jsonl", "--num-chunks", "1", "--strict") == 4

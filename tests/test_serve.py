@@ -333,6 +333,12 @@ def test_serve_embeddings_and_score_batches_run_on_pooling_workers(local_server,
 
 VALIDATION_CASES = {
     "not-jsonl": (["custom_id,content", "q0,hello"], CHAT, {("invalid_json_line", 1), ("invalid_json_line", 2)}),
+    # Python's json reads and writes NaN; JSON, the Batch API and prepare do not.
+    "nan-parameter": (
+        [json.dumps(chat_line("q0", "a")), json.dumps({**chat_line("q1", "b"), "body": {"temperature": float("nan")}})],
+        CHAT,
+        {("invalid_json_line", 2)},
+    ),
     "no-custom-id": (
         [
             json.dumps(chat_line("q0", "hi")),

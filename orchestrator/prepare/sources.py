@@ -105,7 +105,7 @@ def iter_rows(source: SourceFile, columns: list[str] | None = None) -> Iterator[
                 text = line.decode("utf-8", errors="replace").rstrip("\r\n")
                 replaced = _invalid_utf8_bytes(line)
             try:
-                record = json.loads(text)
+                record = loads_json(text)
             except ValueError as e:
                 yield RawRow(number, None, text, f"not valid JSON: {e}", replaced)
                 continue
@@ -113,6 +113,17 @@ def iter_rows(source: SourceFile, columns: list[str] | None = None) -> Iterator[
                 yield RawRow(number, None, text, "a line must be a JSON object", replaced)
                 continue
             yield RawRow(number, record, text, None, replaced)
+
+
+def loads_json(text: str | bytes) -> Any:
+    """JSON text read as JSON is written: Python's json also reads NaN, Infinity and -Infinity,
+    and a row holding one would reach the engine changed (written out again, a NaN is null, the
+    parameter's default). ValueError for them, as for any other text that is not JSON."""
+    return json.loads(text, parse_constant=_not_json)
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value (JSON has no NaN or Infinity: write a number, or null)")
 
 
 def _invalid_utf8_bytes(line: bytes) -> int:

@@ -17,7 +17,6 @@ the batches' work. Errors take OpenAI's shape, so the official SDK raises its us
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import socket
@@ -36,6 +35,7 @@ from starlette.exceptions import HTTPException
 from orchestrator.core.errors import OrchError
 from orchestrator.core.records import StoredFile
 from orchestrator.core.store import Store, StoreError
+from orchestrator.prepare.sources import loads_json
 from orchestrator.serve.batch_api import BatchAPI, batch_object
 from orchestrator.serve.driver import BatchSteps, Driver
 from orchestrator.serve.errors import APIError, not_found
@@ -245,7 +245,7 @@ def get_models(_who: Owner, request: Request) -> dict[str, Any]:
 def _json_body(model: type[M], raw: bytes) -> M:
     """The body as `model`: invalid JSON as OpenAI words it, invalid fields as FastAPI's own checks report them."""
     try:
-        data = json.loads(raw)
+        data = loads_json(raw)
     except ValueError:
         data = None
     if not isinstance(data, dict):

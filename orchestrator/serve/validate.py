@@ -24,7 +24,6 @@ After the first 1,000 problems only the count grows: the batch object stays smal
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -32,6 +31,7 @@ from typing import Any, BinaryIO
 from orchestrator.core.records import BatchRequestError
 from orchestrator.core.spec import InputSpec, SamplingSpec
 from orchestrator.prepare.formats import URLS, BadRow, make_converter, runner_of
+from orchestrator.prepare.sources import loads_json
 
 MAX_LISTED = 1000
 
@@ -78,7 +78,7 @@ def validate_input(stream: BinaryIO, *, endpoint: str, models: Mapping[str, str]
             continue
         result.requests += 1
         try:
-            request = json.loads(raw)
+            request = loads_json(raw)
         except ValueError:
             result.add("invalid_json_line", "This line is not parseable as valid JSON.", number)
             continue
