@@ -275,8 +275,12 @@ def test_ctrl_c_on_orch_run_says_what_still_runs_and_a_second_one_stops_it(workd
     Two SIGINTs stop the local workers, which flush first; `orch resume --follow` finishes that run."""
     data = questions(workdir / "q.jsonl", 300)
     # Eight sequences at a time: the tiny model would otherwise finish before the first Ctrl-C on an idle machine.
+    # A flush every second: the workers show rows done after their first few answers, not at their
+    # first chunk's end, so the Ctrl-C comes with most of the run still ahead (a loaded CI machine's
+    # polling once took long enough, from halfway, for the run to end first).
     (workdir / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 200\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\nmodel:\n  engine_args: {max_num_seqs: 8}\n"
+        "sampling:\n  max_tokens: 200\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n"
+        "model:\n  engine_args: {max_num_seqs: 8}\n"
     )
     common = ["--model", tiny_model, "--num-chunks", "4", "--workers", "2", "--id-column", "id", "--interval", "1"]
     once = ["run", str(data), "--run", "once", "--out", "once.jsonl", *common]
@@ -415,12 +419,21 @@ def test_status_live_rates_and_eta_agree_with_the_workers_own_summary(workdir, t
     assert summary["requests"] == count and summary["busy_s"] > 0
     assert len(samples) >= 3, samples
     generating = summary["tokens_out"] / summary["busy_s"]  # the worker's pace while its engine worked
+    answering = summary["requests"] / summary["busy_s"]
     for _, doc in samples:
         assert doc["throughput"]["tokens_per_s"] > 0 and doc["throughput"]["rows_per_s"] > 0, doc
-        assert doc["eta_s"] is not None, doc
-    at, mid = samples[len(samples) // 2]
-    assert 0.5 < mid["throughput"]["tokens_per_s"] / generating < 2, (mid["throughput"], summary)
-    assert 0.33 < mid["eta_s"] / (ended - at) < 3, (mid["eta_s"], ended - at)
+        # The ETA: the rows not yet answered, at the pace shown.
+        rows, pace = doc["rows"], doc["throughput"]["rows_per_s"]
+        left = rows["total"] - rows["done"] - rows["in_progress"]
+        assert doc["eta_s"] == pytest.approx(max(left, 0) / pace, rel=0.02, abs=0.2), doc
+    # The live rates are the worker's running averages per engine second: by the last sample they
+    # have come to its summary's, however the machine's speed varied before (a mid-run sample read
+    # 0.28x on a loaded CI machine). How well an ETA foretells the end likewise depends on the
+    # machine keeping its speed: asserted only as the ETA falling while the rows get done.
+    at, last = samples[-1]
+    assert 0.5 < last["throughput"]["tokens_per_s"] / generating < 2, (last["throughput"], summary)
+    assert 0.5 < last["throughput"]["rows_per_s"] / answering < 2, (last["throughput"], summary)
+    assert samples[0][1]["eta_s"] > last["eta_s"], (samples[0][1]["eta_s"], last["eta_s"])
     assert main(["status", "--run", "pace", "--json"]) == 0
     overall = json.loads(capsys.readouterr().out)["overall"]
     # From launch to the last chunk: the worker's whole life (model load included), not its chunks alone.
@@ -429,7 +442,7 @@ def test_status_live_rates_and_eta_agree_with_the_workers_own_summary(workdir, t
     assert abs(overall["rows_per_s"] * overall["wall_s"] - count) < 2
     assert main(["status", "--run", "pace"]) == 0
     assert f"finished in {_duration(overall['wall_s'])}: {overall['rows_per_s']:,.2f} rows/s" in capsys.readouterr().out
-    print(len(samples), "samples; live", mid["throughput"], mid["eta_s"], ended - at, "overall", overall, summary)
+    print(len(samples), "samples; live", last["throughput"], last["eta_s"], ended - at, "overall", overall, summary)
 
 
 def test_status_names_a_failed_workers_last_error_line_and_its_log(workdir, tmp_path_factory, monkeypatch, capsys):
