@@ -237,16 +237,23 @@ def test_chaos_workers_killed_again_and_again_still_answer_every_row_once(workdi
 
 
 def orch_process(workdir: Path, *args: str) -> subprocess.Popen:
-    """`orch` as the user runs it, a process of its own (stderr read as it comes)."""
+    """`orch` as the user runs it, a process of its own (stderr read as it comes), Ctrl-C delivered
+    as a terminal delivers it: where these tests run in the background of a shell without job
+    control, SIGINT is ignored, and a child inherits that (a handler, unlike SIG_IGN, is reset at
+    exec), so orch would never see the tests' Ctrl-C."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
-        [str(ROOT / ".venv" / "bin" / "orch"), *args],
-        cwd=workdir,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(
+            [str(ROOT / ".venv" / "bin" / "orch"), *args],
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def wait_for_running_workers(run: str, count: int, proc: subprocess.Popen) -> None:
@@ -275,12 +282,8 @@ def test_ctrl_c_on_orch_run_says_what_still_runs_and_a_second_one_stops_it(workd
     Two SIGINTs stop the local workers, which flush first; `orch resume --follow` finishes that run."""
     data = questions(workdir / "q.jsonl", 300)
     # Eight sequences at a time: the tiny model would otherwise finish before the first Ctrl-C on an idle machine.
-    # A flush every second: the workers show rows done after their first few answers, not at their
-    # first chunk's end, so the Ctrl-C comes with most of the run still ahead (a loaded CI machine's
-    # polling once took long enough, from halfway, for the run to end first).
     (workdir / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 200\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n"
-        "model:\n  engine_args: {max_num_seqs: 8}\n"
+        "sampling:\n  max_tokens: 200\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\nmodel:\n  engine_args: {max_num_seqs: 8}\n"
     )
     common = ["--model", tiny_model, "--num-chunks", "4", "--workers", "2", "--id-column", "id", "--interval", "1"]
     once = ["run", str(data), "--run", "once", "--out", "once.jsonl", *common]
