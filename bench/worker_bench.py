@@ -188,7 +188,7 @@ def best_of_rounds(
     steps: dict[str, tuple[int, int]] = {}
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            if schedule:
+            if schedule is not None:
                 schedule.take()
             started = time.perf_counter()
             tokens = variants[name]()
@@ -196,7 +196,7 @@ def best_of_rounds(
             assert tokens == expected_tokens, (name, tokens)
             seconds[name].append(wall)
             work = ""
-            if schedule:
+            if schedule is not None:
                 steps[name] = schedule.take()
                 work = f", {steps[name][0]} engine steps, {steps[name][1]:,} tokens scheduled"
             print(f"  round {r + 1}: {name}: {wall:.1f} s, {tokens / wall:,.0f} tok/s{work}", flush=True)
@@ -493,13 +493,14 @@ def main() -> None:
                 ["", "best s", "tokens/s", "x ceiling, best", "x ceiling, median"],
             )
         )
-        ratios = {f"{n[1]}_over_a": round(r["tokens_per_s"] / ceiling, 3) for n, r in res.items() if n[1] != "a"}
-        medians = {f"{n[1]}_over_a_median": round(r["median_ratio"], 3) for n, r in res.items() if n[1] != "a"}
+        others = {n[1]: r for n, r in res.items() if n[1] != "a"}
+        ratios = {f"{k}_over_a": round(r["tokens_per_s"] / ceiling, 3) for k, r in others.items()}
+        medians = {f"{k}_over_a_median": round(r["median_ratio"], 3) for k, r in others.items()}
         print(
             "  "
             + ", ".join(
-                f"({k[0]})/(a) = {v} median of rounds, {ratios[k.removesuffix('_median')]} best"
-                for k, v in medians.items()
+                f"({k})/(a) = {medians[f'{k}_over_a_median']} median of rounds, {ratios[f'{k}_over_a']} best"
+                for k in others
             )
         )
         results[name] = {

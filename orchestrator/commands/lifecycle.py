@@ -67,7 +67,7 @@ def launch_command(
             click.echo(str(path))
         click.echo(f"{len(paths)} task file(s) written; nothing launched.")
         return 0
-    needed, remaining = workers_needed(ctx)
+    needed, remaining = workers_needed(ctx, plan)
     if not remaining:
         # Machines that would find nothing to claim cost their start-up and earn nothing.
         done = f"all {plan.chunks} chunk(s) have a marker" if plan.chunks else "the run has no chunks"

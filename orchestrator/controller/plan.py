@@ -112,11 +112,11 @@ def ensure_plan(
     return plan
 
 
-def workers_needed(ctx: RunContext) -> tuple[list[int], list[str]]:
-    """(workers to launch, unfinished chunks). Workers whose own lists hold unfinished chunks come
-    first; if the unfinished chunks are fewer than the workers, fewer workers are enough (the
-    others' leftovers are stolen)."""
-    plan = read_plan(ctx.store, ctx.layout) or ensure_plan(ctx, ctx.spec.workers.count)
+def workers_needed(ctx: RunContext, plan: PlanRecord | None = None) -> tuple[list[int], list[str]]:
+    """(workers to launch, unfinished chunks) of `plan`, the run's own when not given. Workers whose
+    own lists hold unfinished chunks come first; if the unfinished chunks are fewer than the
+    workers, fewer workers are enough (the others' leftovers are stolen)."""
+    plan = plan or read_plan(ctx.store, ctx.layout) or ensure_plan(ctx, ctx.spec.workers.count)
     done = list_done(ctx.store, ctx.layout)
     remaining = [c for a in plan.workers for c in a.chunks if c not in done]
     with_work = [a.worker for a in plan.workers if any(c not in done for c in a.chunks)]

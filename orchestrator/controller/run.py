@@ -56,7 +56,7 @@ def start_run(
     if at_most_one_worker_per_chunk:
         workers = max(1, min(workers, prepared.record.chunks))
     plan = ensure_plan(ctx, workers, echo=echo)
-    needed, remaining = workers_needed(ctx)
+    needed, remaining = workers_needed(ctx, plan)
     launcher = backend_for(ctx)
     launched = launch_workers(ctx, launcher, needed) if remaining else {}
     return StartedRun(prepared, plan, launcher, launched, remaining)
