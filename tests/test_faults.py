@@ -11,6 +11,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.base import LaunchRequest
+from orchestrator.backends.local import LocalLauncher
+from orchestrator.core.exits import WorkerExit
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_jobs
@@ -204,8 +208,13 @@ def test_worker_out_of_outage_budget_exits_75_and_is_relaunched_for_free(weed, w
     exits = workdir / ".orch" / "logs" / "b"
     # A hang guard, not a pace limit: a worker still loading its engine gives up once the load ends
     # (139 s at load 25).
-    poll(lambda: len(list(exits.glob("*.exit"))) == 2, "both workers to give up", timeout=1000)
-    assert sorted(p.read_text().strip() for p in exits.glob("*.exit")) == ["75", "75"]
+
+    def codes() -> list[str]:
+        """The workers' exit files: each holds a placeholder ("?") from launch until its worker ends."""
+        return sorted(p.read_text().strip() for p in exits.glob("*.exit"))
+
+    poll(lambda: len(codes()) == 2 and "?" not in codes(), "both workers to give up", timeout=1000)
+    assert codes() == ["75", "75"]
     assert all("has not answered for" in log for log in worker_logs(workdir, "b").values())
     weed.start()
     assert watch.wait() == 0, watch.text
@@ -408,6 +417,47 @@ def small_disk(tmp_path: Path):
     """A real file system of 4 MiB (tmpfs): writes fail with ENOSPC once it is full."""
     with small_tmpfs(tmp_path, "4m") as mount:
         yield mount
+
+
+@pytest.mark.parametrize("code", [WorkerExit.STORE_UNREACHABLE, WorkerExit.FAILED])
+def test_local_job_keeps_its_exit_code_when_the_disk_fills_while_it_runs(tmp_path, code):
+    """The program the job runs fills the disk under the logs, then exits: the job's exit code is
+    still the one it exited with (75 is then a relaunch that spends no retry), for a controller
+    started later as much as for the parent, and the reason says the disk is full. A stand-in
+    program (a shell script in the worker Python's place): the backend's shell is what is tested,
+    and the code a real worker ends with on a full disk depends on where its writes first fail."""
+    with small_tmpfs(tmp_path, "256k") as disk:
+        program = tmp_path / "fill-the-disk-then-exit"
+        program.write_text(f"#!/bin/sh\ndd if=/dev/zero of={disk}/filler bs=4k 2>/dev/null\nexit {int(code)}\n")
+        program.chmod(0o755)
+        launcher = LocalLauncher(disk / "logs", python=str(program), workers=1)
+        job = launcher.launch([LaunchRequest(worker=0, name="w0", envs={})])[0]
+        poll(lambda: launcher.statuses([job])[job].state.is_terminal(), "the job to end", timeout=60)
+        assert shutil.disk_usage(disk).free < 64 * 1024
+        # A controller started since: not the shell's parent, it has only the exit file to go by.
+        later = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from orchestrator.backends.local import LocalLauncher as L\n"
+                "s = L(sys.argv[1]).statuses([sys.argv[2]])[sys.argv[2]]\n"
+                "print(s.state.value, s.exit_code, s.failure_reason, sep='|')",
+                str(disk / "logs"),
+                job,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env_with(),
+        )
+        parent = launcher.statuses([job])[job]
+        seen = [
+            (parent.state.value, str(parent.exit_code), parent.failure_reason),
+            tuple(later.stdout.strip().split("|")),
+        ]
+        for state, exit_code, reason in seen:
+            assert (state, exit_code) == ("FAILED", str(int(code))), seen
+            assert f"worker exited with {int(code)}" in str(reason) and "is full" in str(reason), seen
 
 
 def test_watch_says_what_is_full_and_keeps_watching(small_disk, workdir, tiny_model):

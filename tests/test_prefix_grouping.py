@@ -12,6 +12,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_manifest
+from orchestrator.core.records import write_jsonl as records_jsonl
 from orchestrator.core.store import open_store
 from orchestrator.prepare.formats import Request
 from orchestrator.prepare.grouping import PrefixSorter
@@ -82,6 +83,66 @@ def test_grouped_chunks_hold_few_prefixes_and_collect_keeps_input_order(store_di
     assert main([*plain, "--num-chunks", "12"]) == 0
     first = read_manifest(store, RunLayout("p"))[0]
     assert first.positions is None and chunk_ids(store, RunLayout("p"), first) == [r["id"] for r in rows[:20]]
+
+
+def answered_grouped_run(tmp_path, store_dir, run: str):
+    """A grouped run of 60 rows in 3 chunks (one bad row set aside), every chunk answered."""
+    rows = shared_prefix_rows(60)
+    write_jsonl(tmp_path / "in.jsonl", [*rows[:30], b"{not json", *rows[30:]])
+    args = ["prepare", str(tmp_path / "in.jsonl"), "--run", run, "--store", store_dir, *CHATS]
+    assert main([*args, "--num-chunks", "3", "--group-by-prefix"]) == 0
+    store, layout = open_store(store_dir), RunLayout(run)
+    for entry in read_manifest(store, layout):
+        ids = chunk_ids(store, layout, entry)
+        answer_chunk(store, layout, entry.chunk, [[Answer(i, cid, f"a {cid}") for i, cid in enumerate(ids)]])
+    return store, layout
+
+
+#: Ways a positions file gets damaged (its data, the first chunk's): each leaves a file collect could still parse.
+DAMAGES = {
+    "cut in half": lambda data, _first: data[: len(data) // 2],
+    "rewritten as zeros": lambda data, _first: b"0\n" * data.count(b"\n"),
+    "two lines swapped": lambda data, _first: b"\n".join([*reversed(data.split(b"\n")[:2]), *data.split(b"\n")[2:]]),
+    "a row of another chunk": lambda data, first: first.split(b"\n")[0] + data[data.index(b"\n") :],
+    "the place of a set-aside row": lambda data, _first: b"30" + data[data.index(b"\n") :],
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize("recorded", [True, False], ids=["checksum", "prepared-before-checksums"])
+def test_collect_refuses_a_damaged_positions_file(store_dir, tmp_path, capsys, damage, recorded):
+    """A positions file cut short, zeroed or reordered: exit 8 naming the file, no output written.
+    Runs prepared before the manifest recorded a checksum still get the permutation check (a
+    reordering within the file is then all that can pass, as it could not be told from the input)."""
+    store, layout = answered_grouped_run(tmp_path, store_dir, "d")
+    entries = read_manifest(store, layout)
+    assert all(e.positions_sha256 for e in entries)
+    if not recorded:
+        store.put(layout.manifest, records_jsonl([e.model_copy(update={"positions_sha256": None}) for e in entries]))
+    key = layout.chunk_positions(entries[1].chunk)
+    first = store.get(layout.chunk_positions(entries[0].chunk)).data
+    store.put(key, DAMAGES[damage](store.get(key).data, first))
+    out = tmp_path / "o.jsonl"
+    code = main(
+        ["collect", "--run", "d", "--store", store_dir, "--out", str(out), "--retry-out", str(tmp_path / "r.jsonl")]
+    )
+    if damage == "two lines swapped" and not recorded:
+        assert code == 0  # a permutation still: without a checksum nothing tells it from the original
+        return
+    err = capsys.readouterr().err
+    assert code == 8, err
+    assert key in err and "positions file of" in err and "input order" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "store"]  # no output, no temp left
+
+
+def test_collect_of_a_grouped_run_prepared_before_checksums_keeps_input_order(store_dir, tmp_path):
+    store, layout = answered_grouped_run(tmp_path, store_dir, "old")
+    entries = read_manifest(store, layout)
+    store.put(layout.manifest, records_jsonl([e.model_copy(update={"positions_sha256": None}) for e in entries]))
+    assert main(["collect", "--run", "old", "--store", store_dir, "--out", str(tmp_path / "o.jsonl")]) == 0
+    written = [json.loads(line)["custom_id"] for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    rows = shared_prefix_rows(60)
+    assert written == [r["id"] for r in rows[:30]] + [None] + [r["id"] for r in rows[30:]]
 
 
 @pytest.mark.parametrize("fan_in", [128, 4])

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -744,11 +744,9 @@ def test_serve_create_batch_reads_its_body_only_after_the_key_and_bounds_it(guar
         guarded_server.client().post("/batches", body={"input_file_id": "file-x", "endpoint": CHAT}, cast_to=Batch)
 
 
-def test_serve_sigterm_stops_the_server_during_a_slow_upload(tmp_path):
-    """An upload trickling in at 64 KB/s does not hold the server up: SIGTERM stops it within the
-    grace period (serve.shutdown_timeout, 5 s), and the part spooled is removed."""
-    server = start_spooling_server(tmp_path / "server")
-    spool, stop_sending = spool_of(server), threading.Event()
+def start_slow_upload(server: Server, stop_sending: threading.Event, spooled: Callable[[], bool]) -> threading.Thread:
+    """An upload trickling in at 64 KB/s, from a thread; returns once `spooled()` says its first
+    bytes reached the server's temp folder."""
     head, tail = raw_http.multipart(BOUNDARY, "slow.jsonl")
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
     body = itertools.chain([head], raw_http.pieces(64 * MiB, 8 * 1024, every=0.125, stop=stop_sending), [tail])
@@ -758,12 +756,22 @@ def test_serve_sigterm_stops_the_server_during_a_slow_upload(tmp_path):
             raw_http.post(server.port, "/v1/files", headers, body, chunked=True, timeout=120)
 
     sender = threading.Thread(target=trickle, daemon=True)
+    sender.start()
+    deadline = time.monotonic() + 60
+    while not spooled():
+        assert time.monotonic() < deadline, "the slow upload never reached the server's temp folder"
+        time.sleep(0.05)
+    return sender
+
+
+def test_serve_sigterm_stops_the_server_during_a_slow_upload(tmp_path):
+    """An upload trickling in at 64 KB/s does not hold the server up: SIGTERM stops it within the
+    grace period (serve.shutdown_timeout, 5 s), and the part spooled is removed."""
+    server = start_spooling_server(tmp_path / "server")
+    spool, stop_sending = spool_of(server), threading.Event()
+    sender = None
     try:
-        sender.start()
-        deadline = time.monotonic() + 60
-        while raw_http.folder_bytes(spool) == 0:  # the upload is under way: its first bytes are spooled
-            assert time.monotonic() < deadline, "the slow upload never reached the server's temp folder"
-            time.sleep(0.05)
+        sender = start_slow_upload(server, stop_sending, lambda: raw_http.folder_bytes(spool) > 0)
         sent_at = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -775,4 +783,49 @@ def test_serve_sigterm_stops_the_server_during_a_slow_upload(tmp_path):
     finally:
         stop_sending.set()
         server.stop(signal.SIGKILL)
-        sender.join(timeout=30)
+        if sender is not None:
+            sender.join(timeout=30)
+
+
+def test_serve_restart_removes_the_upload_a_killed_server_left(tmp_path):
+    """SIGKILL during a slow upload leaves its spooled part behind (nothing runs to remove it); the
+    next server started with the same TMPDIR removes it, and leaves alone the upload another server,
+    still serving, is spooling there."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env, store = {"TMPDIR": str(tmp)}, str(tmp_path / "store")
+    stop_live, stop_killed = threading.Event(), threading.Event()
+    servers: list[Server] = []
+    senders: list[threading.Thread] = []
+
+    def files() -> set[Path]:
+        return {path for path in tmp.rglob("*") if path.is_file()}
+
+    def uploads(paths: set[Path]) -> bool:
+        return any(path.name.startswith("orch-upload-") and path.stat().st_size for path in paths)
+
+    try:
+        live = start_server(tmp_path / "live", store, SPEC, env)
+        servers.append(live)
+        senders.append(start_slow_upload(live, stop_live, lambda: uploads(files())))
+        live_files = files()
+        killed = start_server(tmp_path / "killed", store, SPEC, env)
+        servers.append(killed)
+        senders.append(start_slow_upload(killed, stop_killed, lambda: uploads(files() - live_files)))
+        killed.proc.kill()
+        killed.proc.wait()
+        left = files() - live_files
+
+        restarted = start_server(tmp_path / "restarted", store, SPEC, env)
+        servers.append(restarted)
+        assert restarted.client().files.list().data == []  # serving
+        assert not left & files(), f"left by the killed server, still there: {sorted(map(str, left & files()))}"
+        assert live_files <= files(), "the live server's upload in flight was removed"
+        assert senders[0].is_alive(), "the live server's upload was cut off"
+    finally:
+        stop_live.set()
+        stop_killed.set()
+        for server in servers:
+            server.stop(signal.SIGKILL)
+        for sender in senders:
+            sender.join(timeout=30)

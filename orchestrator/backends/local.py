@@ -5,11 +5,15 @@ any command finds them from any directory; with an S3/R2 store, in ORCH_HOME/log
 A failed job's reason quotes its log's last error line.
 
 A job is a small shell that runs the worker with the worker environment's Python and then writes
-the worker's exit code to a file. A controller restarted later (not the parent any more) still
-tells a clean exit, a crash and a kill apart:
+the worker's exit code to a file, and exits with that code itself. The file is written at launch
+with a placeholder, and the shell overwrites it in place: a disk filled while the worker ran
+cannot keep the code out (rewriting allocated bytes needs no new block). A controller restarted
+later (not the parent any more) still tells a clean exit, a crash and a kill apart:
 - process alive (same PID and start time) -> RUNNING;
 - exit file 0 -> SUCCEEDED; 143/130 (SIGTERM/SIGINT) -> CANCELLED; other codes -> FAILED;
-- no process and no exit file (the shell was killed too, e.g. kill -9 of the process group) -> FAILED.
+- no code in the exit file: the shell's own exit status when this process is its parent; else
+  (the shell was killed too, e.g. kill -9 of the process group) FAILED, with no code invented.
+A failure on a disk that is full says so: the worker's log could not take its last error then.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store
 from orchestrator.core.store.local import LOGS_DIR, LocalStore
 
+#: An exit file before its worker ends: room for any exit code, which the shell writes over it in place.
+EXIT_PLACEHOLDER = b"?" + b" " * 7 + b"\n"
+#: Less room than this left on the log folder's disk counts as full (a log line may not fit).
+_FULL_BYTES = 64 * 1024
 #: How much of a log's end is searched for its last error line.
 _LOG_TAIL_BYTES = 64 * 1024
 #: The last line of a Python traceback: the exception, e.g. `OSError: ...` or `vllm.x.SomeError: ...`.
@@ -170,7 +178,12 @@ class LocalLauncher:
         # The shell outlives the worker to record its exit code, even when the worker is killed.
         # Its TERM/INT trap keeps it alive when the whole group is signalled (a trap with a command
         # is not inherited: the worker still gets the signal and flushes).
-        script = f'trap "true" TERM INT; {shlex.quote(self.python)} -m worker; echo $? > "$ORCH_EXIT_FILE"'
+        # `1<>` opens the exit file without truncating it, so printf rewrites the placeholder's bytes.
+        script = (
+            f'trap "true" TERM INT; {shlex.quote(self.python)} -m worker; code=$?; '
+            'printf "%-8s\\n" "$code" 1<>"$ORCH_EXIT_FILE"; exit $code'
+        )
+        exit_file.write_bytes(EXIT_PLACEHOLDER)
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", script],
@@ -220,13 +233,14 @@ class LocalLauncher:
         if _start_ticks(pid) == ticks and _alive(pid):
             return JobStatus(job_id, JobState.RUNNING, accelerator=None, spot=None, started_at=started, log=log)
         exit_file = next(self.log_dir.glob(f"worker-*-{stamp}.exit"), None)
-        if exit_file is None:
-            return self._failed(job_id, "killed (no exit code recorded)", started)
-        try:
-            code = int(exit_file.read_text().strip())
-        except ValueError:
-            code = -1
-        ended = exit_file.stat().st_mtime
+        code = _recorded_code(exit_file)
+        ended = exit_file.stat().st_mtime if exit_file is not None and code is not None else None
+        if code is None and child is not None and child.returncode is not None:
+            code = child.returncode  # the shell exits with the worker's code (negative: the shell was killed)
+        if code is None:
+            return self._failed(job_id, "killed (no exit code recorded)" + self._disk_note(), started)
+        if code < 0:
+            return self._failed(job_id, f"killed by signal {-code}" + self._disk_note(), started)
         if code == 0:
             return JobStatus(job_id, JobState.SUCCEEDED, exit_code=0, started_at=started, ended_at=ended, log=log)
         if code in (WorkerExit.STOPPED, WorkerExit.INTERRUPTED):
@@ -237,7 +251,16 @@ class LocalLauncher:
             why = f"worker killed by signal {code - 128}"
         else:
             why = f"worker exited with {code}"
-        return self._failed(job_id, why, started, code=code, ended=ended)
+        return self._failed(job_id, why + self._disk_note(), started, code=code, ended=ended)
+
+    def _disk_note(self) -> str:
+        """That the log folder's disk is full (its log could not take the worker's last words), or nothing."""
+        try:
+            found = os.statvfs(self.log_dir)
+        except OSError:
+            return ""
+        free = found.f_bavail * found.f_frsize
+        return f"; the disk of {self.log_dir} is full ({free:,} bytes free)" if free < _FULL_BYTES else ""
 
     def _live_pid(self, job_id: str) -> int | None:
         try:
@@ -249,6 +272,16 @@ class LocalLauncher:
 
 
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _recorded_code(exit_file: Path | None) -> int | None:
+    """The exit code in a job's exit file; None while it holds the placeholder (or nothing readable)."""
+    if exit_file is None:
+        return None
+    try:
+        return int(exit_file.read_bytes().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _terminate(pids: list[int], *, group: bool, grace_s: float = 30.0) -> None:

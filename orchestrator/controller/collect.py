@@ -7,6 +7,8 @@ For every chunk, in manifest order:
    the store changed under the run, and a silently wrong output is the worst outcome).
 3. Read the chunk's input, line by line, and put each output line in its input row's place (the
    line's id names its row). Each row must be answered once, by a line with the row's custom_id.
+   Grouped by prefix, a row's place comes from its chunk's positions file, checked first against
+   the manifest's checksum and for being a permutation (input_order.InputPositions).
 4. Write the lines in input order; rows that failed or are missing go to the report, and their
    original request lines to the retry file, ready for `orch prepare --format openai-batch`.
 5. Rows set aside at prepare are answered too, in their input place: an error line naming the
@@ -27,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.controller.input_order import InputOrder, LineSink
+from orchestrator.controller.input_order import InputOrder, InputPositions, LineSink
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.controller.token_cost import TokenCounts
 from orchestrator.core.errors import CorruptOutput, CorruptRecord, OutputError
@@ -156,9 +158,11 @@ def collect(
         if any(e.positions for e in entries):
             with InputOrder(writer.add) as ordered:
                 set_aside = _SetAside(store, layout, ordered, retry, report)
+                positions = InputPositions(store, layout, report.rows_total + set_aside.count)
                 for entry in entries:
-                    _collect_chunk(store, layout, entry, ordered, retry, report, set_aside)
+                    _collect_chunk(store, layout, entry, ordered, retry, report, set_aside, positions)
                     ordered.end_run()
+                positions.finish(set_aside.positions())
                 set_aside.rest()
         else:
             set_aside = _SetAside(store, layout, writer, retry, report)
@@ -197,12 +201,13 @@ def _collect_chunk(
     retry: _RetryWriter,
     report: CollectReport,
     set_aside: _SetAside,
+    input_positions: InputPositions | None = None,
 ) -> None:
     answers = _answers(store, layout, entry, report)
     position = entry.first
-    positions = _positions(store, layout, entry)
+    positions = input_positions.of(entry) if input_positions is not None and entry.positions else None
     for row, request_line, request in _input_rows(store, layout, entry):
-        if positions is not None:  # grouped by prefix: the row's place is in its chunk's positions file
+        if positions is not None:  # grouped by prefix: the row's place is in its chunk's checked positions file
             position = positions[row] if row < len(positions) else None
         elif position is not None:  # rows set aside before this one take their places first
             position = set_aside.before(position) + 1
@@ -239,7 +244,9 @@ class _SetAside:
             data = store.get(layout.prepare_errors).data
         except NotFound:
             data = b""
+        self.data, self.key = data, layout.prepare_errors
         self.rows = iter_jsonl(PrepareError, data.splitlines(), layout.prepare_errors)
+        self.count = sum(1 for line in data.splitlines() if line.strip())
         self.next = next(self.rows, None)
 
     def before(self, position: int) -> int:
@@ -251,6 +258,10 @@ class _SetAside:
             self._answer(self.next)
             self.next = next(self.rows, None)
         return position
+
+    def positions(self) -> Iterator[int | None]:
+        """The input position of each row set aside (None where an older prepare kept none)."""
+        return (row.position for row in iter_jsonl(PrepareError, self.data.splitlines(), self.key))
 
     def rest(self) -> None:
         """Those after the last chunk's rows (or recorded without positions)."""
@@ -297,20 +308,6 @@ def _answers(
                 continue
             answers[part_line.row] = part_line
     return answers
-
-
-def _positions(store: Store, layout: RunLayout, entry: ManifestEntry) -> list[int] | None:
-    """A chunk grouped by prefix: each row's input position (None for a chunk in input order)."""
-    if not entry.positions:
-        return None
-    try:
-        return [int(p) for p in store.get(layout.chunk_positions(entry.chunk)).data.split()]
-    except (NotFound, ValueError):
-        raise CorruptOutput(
-            f"the positions file of {entry.chunk} is missing or damaged: collect cannot restore input order",
-            where=layout.chunk_positions(entry.chunk),
-            hint="prepare the input again under a new --run name",
-        ) from None
 
 
 def _input_rows(store: Store, layout: RunLayout, entry: ManifestEntry) -> Iterator[tuple[int, bytes, dict[str, Any]]]:

@@ -79,7 +79,7 @@ class TooManyErrors(OrchError):
 
 
 class CorruptOutput(OrchError):
-    """A part's bytes do not match its done marker."""
+    """A part's bytes do not match its done marker, or a positions file is missing or damaged."""
 
     exit_code = 8
 

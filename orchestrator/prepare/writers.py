@@ -3,6 +3,7 @@ manifest entries), bad rows into the run's errors file."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -83,9 +84,11 @@ class ChunkWriter:
         grouped: dict[str, Any] = {}
         if self.grouped:
             stats = self.prefixes
-            self.ctx.store.put(layout.chunk_positions(self.chunk), stats.positions_file())
+            positions = stats.positions_file()
+            self.ctx.store.put(layout.chunk_positions(self.chunk), positions)
             grouped = {
                 "positions": layout.chunk_positions(self.chunk).removeprefix(layout.root),
+                "positions_sha256": hashlib.sha256(positions).hexdigest(),
                 "prefix_groups": stats.groups,
                 "est_shared_tokens": stats.shared_tokens,
                 "edge_prefixes": stats.edge_prefixes(),

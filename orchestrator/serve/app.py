@@ -18,9 +18,7 @@ the batches' work. Errors take OpenAI's shape, so the official SDK raises its us
 from __future__ import annotations
 
 import logging
-import shutil
 import socket
-import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal, TypeVar
@@ -50,6 +48,7 @@ from orchestrator.serve.files import (
 from orchestrator.serve.pages import router as pages_router
 from orchestrator.serve.pages import run_snapshots
 from orchestrator.serve.settings import ServeSettings
+from orchestrator.serve.spool import open_spool
 from orchestrator.serve.uploads import read_body, receive_upload
 
 log = logging.getLogger("orch.serve")
@@ -82,15 +81,16 @@ def create_app(settings: ServeSettings) -> FastAPI:
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
         # Uploads are spooled in a folder of the server's own, removed at shutdown with whatever the
         # uploads cut off there left: uvicorn re-raises SIGTERM once shut down, so their own cleanup
-        # never runs.
-        api.state.spool = tempfile.mkdtemp(prefix="orch-serve-uploads-")
+        # never runs. What a killed server left is removed as the next one starts (spool.py).
+        spool = open_spool()
+        api.state.spool = spool.path
         driver.start()
         try:
             yield
         finally:
             # A step cut short is taken again by the next server (driver.py): no need to wait it out.
             driver.stop(timeout=DRIVER_STOP_S)
-            shutil.rmtree(api.state.spool, ignore_errors=True)
+            spool.close()
 
     app = FastAPI(title="orch serve", summary="The OpenAI Batch API over orch runs", lifespan=lifespan)
     app.state.settings, app.state.batches, app.state.driver = settings, batches, driver

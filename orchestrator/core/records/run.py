@@ -52,6 +52,11 @@ class ManifestEntry(Record):
         None,
         description="grouped by prefix: path (relative to the run) of the file giving each row's input position",
     )
+    positions_sha256: str | None = Field(
+        None,
+        description="grouped by prefix: SHA-256 of the positions file as written, checked at collect "
+        "(None in runs prepared before it was recorded: collect then checks only that positions are a permutation)",
+    )
     prefix_groups: int | None = Field(None, description="grouped by prefix: distinct prompt prefixes in the chunk")
     est_shared_tokens: int = Field(
         0, description="grouped by prefix: prompt tokens estimated shared with the row before"
