@@ -101,7 +101,8 @@ def make_converter(
 
 def fallback_custom_id(record: dict[str, Any] | None, spec_input: InputSpec, source: str, number: int) -> str | None:
     """The custom_id a row set aside at prepare is answered under: its own, or the one its format
-    would have given it; None when it has none (a line that is not JSON, with an id column)."""
+    would have given it; None when it has none (a line that is not JSON, with an id column: the
+    errors file then gives it a stand-in, `line-<n>`)."""
     if record is None:
         return None if spec_input.format == "openai-batch" or spec_input.id_column else f"{source}:{number}"
     if spec_input.format == "openai-batch":
