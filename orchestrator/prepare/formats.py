@@ -202,7 +202,8 @@ def _chat_messages(record: dict[str, Any], spec_input: InputSpec) -> list[dict[s
         raise BadRow(f"no column {spec_input.conversation_column!r} (the row has {_columns(record)})")
     conversation = record.get(spec_input.conversation_column)
     if not isinstance(conversation, list) or not conversation:
-        raise BadRow(f"column {spec_input.conversation_column!r} is not a list of turns")
+        holds = "nothing" if conversation is None else f"a {type(conversation).__name__}"
+        raise BadRow(f"column {spec_input.conversation_column!r} is not a list of turns ({holds})")
     turns = []
     for i, turn in enumerate(conversation):
         if (
