@@ -64,14 +64,14 @@ def test_prepare_sets_aside_json_nested_too_deep_with_file_and_line(project, cap
 
 
 @pytest.mark.parametrize(
-    ("where", "line"),
+    "line",
     [
-        ("content", json.dumps(chat_request("s", "a\ud800b"))),
-        ("custom_id", json.dumps(chat_request("\udc00", "hi"))),
-        ("key", json.dumps(chat_request("k", "hi")).replace('"content"', '"\\ud83d"')),
+        pytest.param(json.dumps(chat_request("s", "a\ud800b")), id="content"),
+        pytest.param(json.dumps(chat_request("\udc00", "hi")), id="custom_id"),
+        pytest.param(json.dumps(chat_request("k", "hi")).replace('"content"', '"\\ud83d"'), id="key"),
     ],
 )
-def test_prepare_sets_aside_a_lone_surrogate_escape_with_file_and_line(where, line, project, capsys):
+def test_prepare_sets_aside_a_lone_surrogate_escape_with_file_and_line(line, project, capsys):
     """json.dumps writes a lone surrogate as the escape `\\udXXX`: valid JSON grammar, no UTF-8 text."""
     assert "\\ud" in line
     write_jsonl(project / "in.jsonl", [chat_request("ok", "hi"), line.encode(), chat_request("pair", "\U0001f600")])
@@ -100,7 +100,9 @@ def test_prepare_rows_without_an_id_are_answered_under_a_line_stand_in(project, 
     (entry,) = read_manifest(store, layout)
     answer_chunk(store, layout, entry.chunk, [[Answer(0, "a0", "answer")]])
     out = project / "o.jsonl"
-    assert main(["collect", "--run", "r", "--store", str(project / "s"), "--out", str(out), "--max-error-rate", "1"]) == 0
+    assert (
+        main(["collect", "--run", "r", "--store", str(project / "s"), "--out", str(out), "--max-error-rate", "1"]) == 0
+    )
     assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["a0", "line-2", "line-3"]
     capsys.readouterr()
 
@@ -154,7 +156,17 @@ def test_prepare_memory_stays_bounded_by_the_line_limit_not_the_line(project):
     )
 
     def peak_mib(data: Path, run: str) -> float:
-        args = ["prepare", str(data), "--run", run, "--store", str(project / "s"), *BATCH, "--max-line-bytes", "1048576"]
+        args = [
+            "prepare",
+            str(data),
+            "--run",
+            run,
+            "--store",
+            str(project / "s"),
+            *BATCH,
+            "--max-line-bytes",
+            "1048576",
+        ]
         done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=project)
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
         return int(done.stdout.split()[-1]) / 1024
@@ -200,3 +212,84 @@ def test_prepare_parquet_damaged_midway_is_exit_4_saying_how_far_it_read(turns, 
     assert "Traceback" not in err
     assert f"ERROR {project / 'damaged.parquet'}: cannot read the file as Parquet after its first " in err
     assert open_store(str(project / "s")).head(RunLayout("r").manifest) is None
+
+
+# -- orch serve: the same inputs fail their batch once, in one round, with the line ------------------
+@pytest.fixture(scope="module")
+def limited_server(tmp_path_factory):
+    """A real `orch serve` reading lines of at most 1 MiB, taking files of up to 64 MiB."""
+    from tests.test_serve import MAX_FILE_BYTES, SPEC, running_server
+
+    spec = SPEC.replace(f"max_file_bytes: {MAX_FILE_BYTES}", f"max_file_bytes: {64 * 2**20}")
+    workdir = tmp_path_factory.mktemp("serve-hostile")
+    with running_server(workdir, str(workdir / "store"), spec + "input: {max_line_bytes: 1048576}\n") as server:
+        yield server
+
+
+def served_line(custom_id: str, content: str) -> str:
+    from tests.test_serve import chat_line
+
+    return json.dumps(chat_line(custom_id, content))
+
+
+SERVED_CASES = {
+    "nested-too-deep": (served_line("deep", "@").replace('"@"', "[" * DEEP + "]" * DEEP), "invalid_json_line"),
+    "lone-surrogate-in-content": (served_line("s", "a\ud800b"), "invalid_json_line"),
+    "lone-surrogate-in-custom-id": (served_line("\udc00", "hi"), "invalid_json_line"),
+    "line-over-the-limit": (served_line("big", "x" * (3 * 2**20)), "line_too_large"),
+}
+
+
+def peak_kib(pid: int) -> int:
+    return int(next(line.split()[1] for line in open(f"/proc/{pid}/status") if line.startswith("VmHWM:")))
+
+
+def fail_in_one_round(server, path: Path):
+    """Upload and create a batch of the file; returns it once final, and the server's log lines about it."""
+    from tests.test_serve import create, final, upload, wait_for
+
+    client = server.client()
+    created = create(client, upload(client, path).id)
+    batch, _ = wait_for(client, created.id, final, timeout=60)
+    log = (server.workdir / "server.log").read_text()
+    return batch, [line for line in log.splitlines() if created.id in line], log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(SERVED_CASES))
+def test_serve_hostile_line_fails_its_batch_once_naming_the_line(case, limited_server, tmp_path):
+    line, code = SERVED_CASES[case]
+    path = tmp_path / "input.jsonl"
+    path.write_text(served_line("ok", "hi") + "\n" + line + "\n")
+
+    batch, about, log = fail_in_one_round(limited_server, path)
+
+    assert batch.status == "failed" and batch.errors is not None
+    assert [(e.code, e.line) for e in batch.errors.data] == [(code, 2)]
+    message = batch.errors.data[0].message or ""
+    assert ("lone surrogate" in message) if "surrogate" in case else True
+    assert ("nested more than 200 levels" in message) if "deep" in case else True
+    assert (f"{len(line):,} bytes" in message) if "limit" in case else True
+    # Checked once: one verdict in the log, no traceback, no "trying again"; nothing launched.
+    assert sum("failed validation" in entry for entry in about) == 1, about
+    assert "Traceback" not in log and not any("trying again" in entry for entry in about), about
+    assert list(open_store(limited_server.store_uri).list(RunLayout(batch.id).root)) == []
+
+
+@pytest.mark.slow
+def test_serve_validation_memory_stays_bounded_by_the_line_limit(limited_server, tmp_path):
+    """A 48 MiB line under the 1 MiB limit: the server's peak RSS grows by far less than the line
+    (read whole, it grew by 223 MiB)."""
+    warm_up = tmp_path / "warm-up.jsonl"  # the first batch imports the code that every batch runs
+    warm_up.write_text(served_line("ok", "hi") + "\n" + served_line("big", "x" * 2**21) + "\n")
+    fail_in_one_round(limited_server, warm_up)
+    path = tmp_path / "input.jsonl"
+    path.write_text(served_line("ok", "hi") + "\n" + served_line("big", "x" * (48 * 2**20)) + "\n")
+    before = peak_kib(limited_server.proc.pid)
+
+    batch, _, _ = fail_in_one_round(limited_server, path)
+
+    assert batch.errors is not None and [(e.code, e.line) for e in batch.errors.data] == [("line_too_large", 2)]
+    grown_mib = (peak_kib(limited_server.proc.pid) - before) / 1024
+    print(f"server peak RSS grew {grown_mib:.1f} MiB")
+    assert grown_mib < 12, grown_mib
