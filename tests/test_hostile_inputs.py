@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -251,8 +252,13 @@ def fail_in_one_round(server, path: Path):
     client = server.client()
     created = create(client, upload(client, path).id)
     batch, _ = wait_for(client, created.id, final, timeout=60)
-    log = (server.workdir / "server.log").read_text()
-    return batch, [line for line in log.splitlines() if created.id in line], log
+    deadline = time.monotonic() + 30  # the server logs its verdict just after recording it
+    while True:
+        log = (server.workdir / "server.log").read_text()
+        about = [line for line in log.splitlines() if created.id in line]
+        if any("failed validation" in line for line in about) or time.monotonic() > deadline:
+            return batch, about, log
+        time.sleep(0.1)
 
 
 @pytest.mark.slow
