@@ -74,7 +74,7 @@ def test_grouped_chunks_hold_few_prefixes_and_collect_keeps_input_order(store_di
         answer_chunk(store, layout, entry.chunk, [[Answer(i, cid, f"a {cid}") for i, cid in enumerate(ids)]])
     assert main(["collect", "--run", "g", "--store", store_dir, "--out", str(tmp_path / "o.jsonl")]) == 0
     written = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().split("\n") if line]
-    expected = [r["id"] for r in rows[:100]] + [None] + [r["id"] for r in rows[100:]]
+    expected = [r["id"] for r in rows[:100]] + ["line-101"] + [r["id"] for r in rows[100:]]
     assert [line["custom_id"] for line in written] == expected
     assert written[101]["response"]["body"]["choices"][0]["message"]["content"] == f"a {rows[100]['id']}"
     # The same input again: already prepared; ungrouped, the same rows give input-order chunks.

@@ -72,6 +72,7 @@ FLAG_OF_FIELD = {
     "input.text_column": "--text-column",
     "input.template": "--template",
     "input.system_prompt": "--system-prompt",
+    "input.max_line_bytes": "--max-line-bytes",
     "chunking.num_chunks": "--num-chunks",
     "chunking.rows_per_chunk": "--rows-per-chunk",
     "workers.count": "--workers",
@@ -155,6 +156,12 @@ def input_options(func: Callable[..., Any]) -> Callable[..., Any]:
             click.option("--text-column", default=None, help="text: the column to fill the template with"),
             click.option("--template", default=None, help="text: a str.format template, e.g. 'Summarise: {text}'"),
             click.option("--system-prompt", default=None, help="chat/text: a system message put first"),
+            click.option(
+                "--max-line-bytes",
+                type=int,
+                default=None,
+                help="the longest JSONL line read (default 64 MiB): a longer one is set aside unread",
+            ),
         ]
     ):
         func = option(func)
@@ -172,6 +179,7 @@ def input_flags(
     text_column: str | None,
     template: str | None,
     system_prompt: str | None,
+    max_line_bytes: int | None,
 ) -> dict[str, Any]:
     """The spec flags the input options give (dotted paths)."""
     flags: dict[str, Any] = {
@@ -182,6 +190,7 @@ def input_flags(
         "input.text_column": text_column,
         "input.template": template,
         "input.system_prompt": system_prompt,
+        "input.max_line_bytes": max_line_bytes,
     }
     flags = {k: v for k, v in flags.items() if v is not None}
     if num_chunks is not None and rows_per_chunk is not None:

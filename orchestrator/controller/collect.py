@@ -274,7 +274,8 @@ class _SetAside:
         line_id = f"batch_req_prepare-{row.position if row.position is not None else 0}"
         line = BatchOutputLine.error_row(row.custom_id, "invalid_request", message, line_id=line_id)
         self.writer.add(line, row.position)
-        self.retry.add(((row.text if row.text is not None else row.excerpt) + "\n").encode())
+        if row.line_bytes is None:  # a line over the size limit was never read: there is no line to retry
+            self.retry.add(((row.text if row.text is not None else row.excerpt) + "\n").encode())
         r = self.report
         r.rows_total += 1
         r.rows_written += 1

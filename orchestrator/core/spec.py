@@ -128,6 +128,10 @@ class RequestsSpec(StrictModel):
     )
 
 
+#: The longest input line read by default (input.max_line_bytes).
+MAX_LINE_BYTES = 64 * 1024**2
+
+
 class InputSpec(StrictModel):
     format: Literal["openai-batch", "completion", "chat", "text"] = Field(
         "chat", description="how input rows become requests"
@@ -142,6 +146,12 @@ class InputSpec(StrictModel):
     template: str = Field("{text}", description="text: a str.format template over the row's columns")
     text_as: Literal["chat", "completion"] = Field(
         "chat", description="text: send the filled template as a user message or as a raw prompt"
+    )
+    max_line_bytes: int = Field(
+        MAX_LINE_BYTES,
+        ge=1024,
+        description="the longest JSONL line read, in bytes: a longer one is set aside unread (prepare) or fails "
+        "its batch (orch serve), so memory stays bounded whatever the input",
     )
 
 

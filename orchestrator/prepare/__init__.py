@@ -75,13 +75,13 @@ def prepare_run(
     if spec.chunking.num_chunks is None and spec.chunking.rows_per_chunk is None:
         raise InputError("say how to chunk the data", hint="--num-chunks N or --rows-per-chunk K")
 
-    total = sum(count_rows(f) for f in files)
+    total = sum(count_rows(f, spec.input.max_line_bytes) for f in files)
     if total == 0:
         # As vLLM's run_batch and OpenAI's Batch API do: an empty input is an empty run, not an error.
         progress(
             f"WARNING: the input has no rows ({', '.join(f.uri for f in files)}): nothing to run, the output is empty"
         )
-    errors = ErrorWriter(strict)
+    errors = ErrorWriter(strict, several_files=len(files) > 1)
     sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix else None
     writer: ChunkWriter | None = None
     try:
@@ -269,7 +269,7 @@ def _chunk_boundaries(chunking: ChunkingSpec, total: int) -> list[int]:
 def _rows(source: SourceFile, spec_input: InputSpec, columns: list[str] | None) -> Iterator[RawRow]:
     if source.kind == "parquet" and spec_input.format == "chat" and spec_input.turns == "first":
         return parquet_first_user_turns(source, spec_input.conversation_column, spec_input.id_column)
-    return iter_rows(source, columns)
+    return iter_rows(source, columns, spec_input.max_line_bytes)
 
 
 def _existing_record(ctx: RunContext) -> PrepareRecord | None:

@@ -101,7 +101,8 @@ def make_converter(
 
 def fallback_custom_id(record: dict[str, Any] | None, spec_input: InputSpec, source: str, number: int) -> str | None:
     """The custom_id a row set aside at prepare is answered under: its own, or the one its format
-    would have given it; None when it has none (a line that is not JSON, with an id column)."""
+    would have given it; None when it has none (a line that is not JSON, with an id column: the
+    errors file then gives it a stand-in, `line-<n>`)."""
     if record is None:
         return None if spec_input.format == "openai-batch" or spec_input.id_column else f"{source}:{number}"
     if spec_input.format == "openai-batch":
@@ -201,7 +202,8 @@ def _chat_messages(record: dict[str, Any], spec_input: InputSpec) -> list[dict[s
         raise BadRow(f"no column {spec_input.conversation_column!r} (the row has {_columns(record)})")
     conversation = record.get(spec_input.conversation_column)
     if not isinstance(conversation, list) or not conversation:
-        raise BadRow(f"column {spec_input.conversation_column!r} is not a list of turns")
+        holds = "nothing" if conversation is None else f"a {type(conversation).__name__}"
+        raise BadRow(f"column {spec_input.conversation_column!r} is not a list of turns ({holds})")
     turns = []
     for i, turn in enumerate(conversation):
         if (

@@ -1,7 +1,9 @@
 """Input datasets: local or S3/R2 files (.jsonl, .jsonl.gz, .parquet) or directories of them, read as a stream.
 
 Rows come out numbered as a user would find them again: the 1-based line of a JSONL file, the
-0-based row of a Parquet file.
+0-based row of a Parquet file. A line longer than `input.max_line_bytes` is never held whole: it
+is skipped to its newline and comes back as a problem row with its size; a file pyarrow cannot
+read is an InputError naming it.
 """
 
 from __future__ import annotations
@@ -12,20 +14,28 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
 from orchestrator.core.errors import InputError
+from orchestrator.core.spec import MAX_LINE_BYTES
 from orchestrator.core.store import Store
 
 SUFFIXES = (".jsonl.gz", ".jsonl", ".parquet")
 #: Parquet rows are read this many at a time: memory stays bounded whatever the file's size.
 PARQUET_BATCH = 8192
+#: Arrays and objects within each other that a line may hold: about where pydantic's JSON parser
+#: (vLLM's run_batch reads its lines with it) stops, far below where Python's json and orjson
+#: run out of recursion, so nothing that walks a row later (encoding, hashing) can.
+MAX_JSON_DEPTH = 200
+#: How much of a line too long to read is kept, to show which line it was.
+HEAD_BYTES = 200
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,8 @@ class RawRow:
     raw: str
     problem: str | None = None
     replaced: int = 0
+    #: The size of a line too long to read (input.max_line_bytes): `raw` is then only its start.
+    too_long: int | None = None
 
 
 def resolve_sources(sources: list[str]) -> list[SourceFile]:
@@ -74,28 +86,63 @@ def resolve_sources(sources: list[str]) -> list[SourceFile]:
     return files
 
 
-def count_rows(source: SourceFile) -> int:
+def count_rows(source: SourceFile, max_line_bytes: int = MAX_LINE_BYTES) -> int:
     """Rows in the file: Parquet metadata (free), or a pass over the lines of a JSONL file."""
     if source.kind == "parquet":
         import pyarrow.parquet as pq
 
-        with _local_copy(source) as path:
+        with _local_copy(source) as path, _parquet_errors(source):
             return int(pq.ParquetFile(path).metadata.num_rows)
     count = 0
     with _open_text_bytes(source) as f:
-        for line in f:
-            if line.strip():
+        for _number, line, too_long in read_lines(f, max_line_bytes):
+            if too_long is not None or line.strip():
                 count += 1
     return count
 
 
-def iter_rows(source: SourceFile, columns: list[str] | None = None) -> Iterator[RawRow]:
-    """Every row of the file, streamed. JSONL lines that are not a JSON object come back as problems."""
+#: A line as `read_lines` gives it: its 1-based number; its bytes, newline included (only its first
+#: HEAD_BYTES when it is too long); and the size in bytes (newline not counted) of a line over the
+#: limit, else None. A plain tuple: a named one costs a microsecond a line, a tenth of prepare's time.
+Line = tuple[int, bytes, int | None]
+
+
+def read_lines(f: BinaryIO, max_bytes: int) -> Iterator[Line]:
+    """The file's lines, none longer than `max_bytes` (its newline not counted) held in memory:
+    a longer one is read past in 1 MiB pieces and given as its size and its first bytes."""
+    readline, number = f.readline, 0
+    while data := readline(max_bytes + 1):
+        number += 1
+        if len(data) <= max_bytes or data.endswith(b"\n"):
+            yield number, data, None
+            continue
+        size, head = len(data), data[:HEAD_BYTES]
+        del data  # the limit's worth of bytes, freed before reading on
+        while (rest := readline(1 << 20)) and not rest.endswith(b"\n"):
+            size += len(rest)
+        size += len(rest.rstrip(b"\r\n"))
+        yield number, head, size
+
+
+def line_too_long(size: int, max_bytes: int) -> str:
+    """What is wrong with a line over the limit, for prepare's errors file."""
+    return f"the line is {size:,} bytes, over the {max_bytes:,}-byte limit (input.max_line_bytes): skipped unread"
+
+
+def iter_rows(
+    source: SourceFile, columns: list[str] | None = None, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[RawRow]:
+    """Every row of the file, streamed. JSONL lines that are not a JSON object, or too long to
+    read, come back as problems."""
     if source.kind == "parquet":
         yield from _parquet_rows(source, columns)
         return
     with _open_text_bytes(source) as f:
-        for number, line in enumerate(f, 1):
+        for number, line, too_long in read_lines(f, max_line_bytes):
+            if too_long is not None:
+                head = line.decode("utf-8", errors="replace")
+                yield RawRow(number, None, head, line_too_long(too_long, max_line_bytes), too_long=too_long)
+                continue
             if not line.strip():
                 continue
             replaced = 0
@@ -118,8 +165,54 @@ def iter_rows(source: SourceFile, columns: list[str] | None = None) -> Iterator[
 def loads_json(text: str | bytes) -> Any:
     """JSON text read as JSON is written: Python's json also reads NaN, Infinity and -Infinity,
     and a row holding one would reach the engine changed (written out again, a NaN is null, the
-    parameter's default). ValueError for them, as for any other text that is not JSON."""
-    return json.loads(text, parse_constant=_not_json)
+    parameter's default). ValueError for them, as for any other text that is not JSON; and for
+    text nested deeper than MAX_JSON_DEPTH, or holding a lone surrogate escape (`"\\ud800"`),
+    which JSON's grammar allows but no UTF-8 text can hold, so the row could not be written out."""
+    if isinstance(text, bytes):  # decoded as json.loads decodes bytes, but strictly: no surrogate passes
+        text = text.decode(json.detect_encoding(text))
+    try:
+        value = json.loads(text, parse_constant=_not_json)
+    except RecursionError:
+        raise ValueError(_too_deep()) from None
+    # Walked only when it could be either: so many brackets, or an escape in the surrogate range.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH or _SURROGATE_ESCAPE.search(text):
+        _check_parsed(value)
+    return value
+
+
+#: A `\\uD800`-`\\uDFFF` escape: half of a pair, or a lone surrogate. (A regular expression that
+#: starts with a literal is searched for at the speed of `in`; one with an alternative is not.)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _check_parsed(value: Any) -> None:
+    """ValueError for a value nested deeper than MAX_JSON_DEPTH or holding a lone surrogate, found
+    without recursion (a stack of the containers still to look at)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            strings: Any = (*item.keys(), *(v for v in item.values() if isinstance(v, str)))
+            children = [v for v in item.values() if isinstance(v, (dict, list))]
+        elif isinstance(item, list):
+            strings = [v for v in item if isinstance(v, str)]
+            children = [v for v in item if isinstance(v, (dict, list))]
+        else:
+            strings, children = [item] if isinstance(item, str) else [], []
+        for string in strings:
+            if found := _LONE_SURROGATE.search(string):
+                raise ValueError(
+                    f"a lone surrogate escape \\u{ord(found.group()):04x} (half of a UTF-16 pair) in {string[:40]!r}: "
+                    "JSON text must be valid Unicode"
+                )
+        if children and depth >= MAX_JSON_DEPTH:
+            raise ValueError(_too_deep())
+        stack.extend((child, depth + 1) for child in children)
+
+
+def _too_deep() -> str:
+    return f"arrays and objects nested more than {MAX_JSON_DEPTH} levels deep"
 
 
 def _not_json(name: str) -> Any:
@@ -144,7 +237,8 @@ def parquet_batches(source: SourceFile, columns: list[str] | None) -> Iterator[A
     import pyarrow.parquet as pq
 
     with _local_copy(source) as path:
-        parquet = pq.ParquetFile(path)
+        with _parquet_errors(source):
+            parquet = pq.ParquetFile(path)
         missing = [c for c in columns or [] if c not in parquet.schema_arrow.names]
         if missing:
             raise InputError(
@@ -152,7 +246,28 @@ def parquet_batches(source: SourceFile, columns: list[str] | None) -> Iterator[A
                 where=source.uri,
                 hint="name the right columns (--id-column, input.conversation_column, input.text_column)",
             )
-        yield from _read_ahead(parquet.iter_batches(batch_size=PARQUET_BATCH, columns=columns))
+        rows = 0
+        with _parquet_errors(source, lambda: rows):
+            for batch in _read_ahead(parquet.iter_batches(batch_size=PARQUET_BATCH, columns=columns)):
+                yield batch
+                rows += batch.num_rows
+
+
+@contextlib.contextmanager
+def _parquet_errors(source: SourceFile, rows_read: Callable[[], int] | None = None) -> Iterator[None]:
+    """pyarrow's errors on a file that is not Parquet, or is damaged, as an InputError naming it
+    (and the rows read before the damage)."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (pa.ArrowException, OSError) as e:
+        after = f" after its first {rows_read():,} row(s)" if rows_read is not None else ""
+        raise InputError(
+            f"cannot read the file as Parquet{after}: {' '.join(str(e).split())}",
+            where=source.uri,
+            hint="is it a whole .parquet file? Write it again, or leave it out of the inputs",
+        ) from None
 
 
 def _read_ahead(batches: Iterator[Any], depth: int = 2) -> Iterator[Any]:
@@ -194,30 +309,50 @@ def _read_ahead(batches: Iterator[Any], depth: int = 2) -> Iterator[Any]:
 def parquet_first_user_turns(source: SourceFile, conversation: str, id_column: str | None) -> Iterator[RawRow]:
     """Rows reduced to their first user turn, picked with Arrow compute: the rest of each
     conversation (long assistant answers) is never turned into Python objects. A row without a
-    user turn keeps an empty conversation, which the converter reports as a bad row."""
+    user turn keeps an empty conversation, which the converter reports as a bad row. A column of
+    another type (strings, say) is read row by row instead, each row then set aside saying why."""
+    number = 0
+    for batch in parquet_batches(source, [conversation, *([id_column] if id_column else [])]):
+        if _holds_turns(batch.schema.field(conversation).type):
+            records = _first_turns(batch, conversation, id_column)
+        else:
+            records = batch.to_pylist()
+        for record in records:
+            yield RawRow(number, record, "")
+            number += 1
+
+
+def _first_turns(batch: Any, conversation: str, id_column: str | None) -> list[dict[str, Any]]:
+    """The batch's rows, each with its conversation reduced to its first user turn."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    number = 0
-    for batch in parquet_batches(source, [conversation, *([id_column] if id_column else [])]):
-        turns = batch.column(conversation)
-        flat = pc.list_flatten(turns)
-        parents = pc.list_parent_indices(turns).to_numpy()
-        is_user = pc.fill_null(pc.equal(pc.struct_field(flat, "role"), "user"), False).to_numpy(zero_copy_only=False)
-        user_at = np.nonzero(is_user)[0]
-        rows_with_user, first = np.unique(parents[user_at], return_index=True)
-        contents = pc.struct_field(flat, "content").take(pa.array(user_at[first])).to_pylist()
-        first_turn: list[list[dict[str, Any]]] = [[] for _ in range(batch.num_rows)]
-        for row, content in zip(rows_with_user.tolist(), contents, strict=True):
-            first_turn[row] = [{"role": "user", "content": content}]
-        ids = batch.column(id_column).to_pylist() if id_column else None
-        for i in range(batch.num_rows):
-            record: dict[str, Any] = {conversation: first_turn[i]}
-            if id_column is not None and ids is not None:
-                record[id_column] = ids[i]
-            yield RawRow(number, record, "")
-            number += 1
+    turns = batch.column(conversation)
+    flat = pc.list_flatten(turns)
+    parents = pc.list_parent_indices(turns).to_numpy()
+    is_user = pc.fill_null(pc.equal(pc.struct_field(flat, "role"), "user"), False).to_numpy(zero_copy_only=False)
+    user_at = np.nonzero(is_user)[0]
+    rows_with_user, first = np.unique(parents[user_at], return_index=True)
+    contents = pc.struct_field(flat, "content").take(pa.array(user_at[first])).to_pylist()
+    first_turn: list[list[dict[str, Any]]] = [[] for _ in range(batch.num_rows)]
+    for row, content in zip(rows_with_user.tolist(), contents, strict=True):
+        first_turn[row] = [{"role": "user", "content": content}]
+    records: list[dict[str, Any]] = [{conversation: turn} for turn in first_turn]
+    if id_column is not None:
+        for record, value in zip(records, batch.column(id_column).to_pylist(), strict=True):
+            record[id_column] = value
+    return records
+
+
+def _holds_turns(kind: Any) -> bool:
+    """Whether an Arrow type is a list of structs with `role` and `content` fields: the shape
+    Arrow compute picks first turns from."""
+    import pyarrow as pa
+
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_struct(kind.value_type):
+        return False
+    return {"role", "content"} <= {field.name for field in kind.value_type}
 
 
 def _parquet_rows(source: SourceFile, columns: list[str] | None) -> Iterator[RawRow]:

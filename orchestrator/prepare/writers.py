@@ -129,8 +129,9 @@ class ErrorWriter:
     #: How many bad rows the report shows on the console.
     SHOWN = 5
 
-    def __init__(self, strict: bool):
+    def __init__(self, strict: bool, *, several_files: bool = False):
         self.strict = strict
+        self.several_files = several_files
         self.count = 0
         self.first: list[str] = []
         fd, self.path = tempfile.mkstemp(prefix="orch-prepare-errors-", suffix=".jsonl")
@@ -139,11 +140,27 @@ class ErrorWriter:
     def set_aside(self, source: SourceFile, raw: RawRow, position: int, spec_input: InputSpec, problem: str) -> None:
         """A bad row, with why."""
         text = raw.raw or excerpt(raw.record or {}, limit=None)
-        custom_id = fallback_custom_id(raw.record, spec_input, source.name, raw.number)
-        self.add(source, raw.number, problem, text, position, custom_id)
+        custom_id = fallback_custom_id(raw.record, spec_input, source.name, raw.number) or self.stand_in(
+            source, raw.number
+        )
+        self.add(source, raw.number, problem, text, position, custom_id, raw.too_long)
+
+    def stand_in(self, source: SourceFile, number: int) -> str:
+        """The custom_id of a row that has none (not JSON, no custom_id, no id value), as OpenAI batch
+        consumers expect a string: `line-<n>` (`row-<n>` in Parquet), after `<file>:` when the input
+        has several files, so that it names one row."""
+        stand_in = f"{'row' if source.kind == 'parquet' else 'line'}-{number}"
+        return f"{source.name}:{stand_in}" if self.several_files else stand_in
 
     def add(
-        self, source: SourceFile, number: int, problem: str, raw: str, position: int, custom_id: str | None
+        self,
+        source: SourceFile,
+        number: int,
+        problem: str,
+        raw: str,
+        position: int,
+        custom_id: str | None,
+        too_long: int | None = None,
     ) -> None:
         if self.strict:
             raise InputError(
@@ -159,7 +176,8 @@ class ErrorWriter:
             excerpt=raw[:EXCERPT],
             position=position,
             custom_id=custom_id,
-            text=raw,
+            text=None if too_long is not None else raw,  # only its start was read
+            line_bytes=too_long,
             **at,
         )
         self.file.write(record.model_dump_json(exclude_none=True) + "\n")

@@ -44,7 +44,7 @@ from orchestrator.core.spec import ModelSpec, RunSpec
 from orchestrator.serve.batch_states import LAYOUT, Outcome, ending_state, transition
 from orchestrator.serve.files import save_file
 from orchestrator.serve.settings import ServeSettings
-from orchestrator.serve.validate import too_large, validate_input
+from orchestrator.serve.validate import Validation, too_large, validate_input
 
 log = logging.getLogger("orch.serve")
 
@@ -103,7 +103,7 @@ class BatchSteps:
         data.update(
             run=batch_id,
             model=served.model_dump(mode="json"),
-            input={"format": "openai-batch"},
+            input={"format": "openai-batch", "max_line_bytes": self.settings.spec.input.max_line_bytes},
             chunking={"rows_per_chunk": self.settings.spec.serve.rows_per_chunk},
         )
         spec = freeze_spec(self.store, layout, RunSpec.model_validate(data))
@@ -126,10 +126,9 @@ class BatchSteps:
             path = Path(tmp) / "input.jsonl"
             with self.store.open(LAYOUT.file_content(record.id)) as src, open(path, "wb") as dst:
                 shutil.copyfileobj(src, dst)
-            with open(path, "rb") as f:
-                result = validate_input(
-                    f, endpoint=batch.endpoint, models=self.settings.runners, max_requests=limits.max_requests
-                )
+            result = self._check_lines(batch, path)
+            if result is None:
+                return
             if result.errors:
                 self._fail(batch, result.errors)
                 return
@@ -147,6 +146,25 @@ class BatchSteps:
         self._update(batch.id, lambda doc: _set(doc, model=model, request_counts=BatchCounts(total=total)))
         transition(self.store, batch.id, "in_progress", now=int(self.clock()))  # not if cancelled meanwhile
         log.info("%s: %d requests for %s; %d worker(s) launched", batch.id, total, model, workers)
+
+    def _check_lines(self, batch: BatchDocument, path: Path) -> Validation | None:
+        """The file's problems, line by line; None when checking it failed, the batch then failed:
+        the file would fail the same way at every round, so it is not checked again."""
+        spec = self.settings.spec
+        try:
+            with open(path, "rb") as f:
+                return validate_input(
+                    f,
+                    endpoint=batch.endpoint,
+                    models=self.settings.runners,
+                    max_requests=spec.serve.max_requests,
+                    max_line_bytes=spec.input.max_line_bytes,
+                )
+        except Exception as e:
+            log.exception("%s: checking the input file failed", batch.id)
+            message = f"The input file could not be checked ({type(e).__name__}: {e}); nothing was run."
+            self._fail(batch, [BatchRequestError(code="invalid_request", message=message)])
+            return None
 
     def _complete_empty(self, batch: BatchDocument) -> None:
         """A batch of 0 requests completes at once, with no files and no run, as OpenAI's does."""

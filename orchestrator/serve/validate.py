@@ -4,7 +4,11 @@ Unlike `orch prepare`, which sets bad rows aside and runs the rest, the Batch AP
 batch (status `failed`, `errors.data`) when any line is wrong, so a client never pays for half a
 file it got wrong. The codes and messages are OpenAI's where OpenAI has them:
 
-    invalid_json_line            a line that is not JSON
+    invalid_json_line            a line that is not JSON (nested deeper than 200 levels, or holding a
+                                 lone surrogate escape such as "\\ud800", counts as not JSON: orch
+                                 could not write it out again)
+    line_too_large               a line longer than input.max_line_bytes (64 MiB unless set), never read
+                                 whole: memory stays bounded whatever the file holds
     missing_required_parameter   no custom_id, method, url, body or body.model
     duplicate_custom_id          a custom_id seen on an earlier line
     invalid_url                  a url other than the batch's endpoint
@@ -29,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from orchestrator.core.records import BatchRequestError
-from orchestrator.core.spec import InputSpec, SamplingSpec
+from orchestrator.core.spec import MAX_LINE_BYTES, InputSpec, SamplingSpec
 from orchestrator.prepare.formats import URLS, BadRow, make_converter, runner_of
-from orchestrator.prepare.sources import loads_json
+from orchestrator.prepare.sources import loads_json, read_lines
 
 MAX_LISTED = 1000
 
@@ -66,21 +70,32 @@ def too_large(size: int, max_bytes: int) -> BatchRequestError | None:
     )
 
 
-def validate_input(stream: BinaryIO, *, endpoint: str, models: Mapping[str, str], max_requests: int) -> Validation:
+def validate_input(
+    stream: BinaryIO,
+    *,
+    endpoint: str,
+    models: Mapping[str, str],
+    max_requests: int,
+    max_line_bytes: int = MAX_LINE_BYTES,
+) -> Validation:
     """Read the file line by line (blank lines are skipped, as `prepare` does) and list its problems.
     `models` maps each served name to its runner: a batch's model must answer its endpoint."""
     result = Validation()
     # The converter `orch prepare` runs on this file: a line it would set aside fails validation here.
     convert = make_converter(InputSpec(format="openai-batch"), SamplingSpec(), None, runner_of(endpoint))
     seen: set[str] = set()
-    for number, raw in enumerate(stream, 1):
+    for number, raw, too_long in read_lines(stream, max_line_bytes):
+        if too_long is not None:
+            result.requests += 1
+            result.add("line_too_large", _too_large_line(too_long, max_line_bytes), number)
+            continue
         if not raw.strip():
             continue
         result.requests += 1
         try:
             request = loads_json(raw)
-        except ValueError:
-            result.add("invalid_json_line", "This line is not parseable as valid JSON.", number)
+        except ValueError as e:
+            result.add("invalid_json_line", f"This line is not parseable as valid JSON: {e}.", number)
             continue
         if not isinstance(request, dict):
             result.add("invalid_request", "Each line must be a JSON object (a request).", number)
@@ -99,6 +114,13 @@ def validate_input(stream: BinaryIO, *, endpoint: str, models: Mapping[str, str]
             "server accepts in one batch. Please split it into smaller batches.",
         )
     return result
+
+
+def _too_large_line(size: int, max_bytes: int) -> str:
+    return (
+        f"This line is {size:,} bytes, longer than the {max_bytes:,} bytes this server reads in one line "
+        "(input.max_line_bytes). Please shorten the request, or raise the limit."
+    )
 
 
 def _check_request(

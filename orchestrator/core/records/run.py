@@ -104,6 +104,9 @@ class PrepareError(Record):
     position: int | None = Field(None, description="0-based position in the whole input: where collect answers it")
     custom_id: str | None = Field(None, description="the row's custom_id, when it has one")
     text: str | None = Field(None, description="the whole row as read: what a retry file gets")
+    line_bytes: int | None = Field(
+        None, description="a line over input.max_line_bytes: its size; never read whole, it has no `text`"
+    )
 
     @property
     def location(self) -> str:
