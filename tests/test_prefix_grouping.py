@@ -142,7 +142,7 @@ def test_collect_of_a_grouped_run_prepared_before_checksums_keeps_input_order(st
     assert main(["collect", "--run", "old", "--store", store_dir, "--out", str(tmp_path / "o.jsonl")]) == 0
     written = [json.loads(line)["custom_id"] for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     rows = shared_prefix_rows(60)
-    assert written == [r["id"] for r in rows[:30]] + [None] + [r["id"] for r in rows[30:]]
+    assert written == [r["id"] for r in rows[:30]] + ["line-31"] + [r["id"] for r in rows[30:]]
 
 
 @pytest.mark.parametrize("fan_in", [128, 4])
