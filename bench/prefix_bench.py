@@ -101,7 +101,7 @@ def _common(a: list[int], b: list[int]) -> int:
 
 def run_batch(model: str, lines: list[dict[str, Any]], max_tokens: int, work: Path) -> dict[str, Any]:
     """vLLM's run_batch over the file in its own process. Its engine start-up ends when it first
-    draws its progress bar ("Running batch"), read from its stderr as it comes."""
+    draws its progress bar ("Running batch"); its engine's torch threads are read off its log."""
     src, out = work / "rb.jsonl", work / "rb-out.jsonl"
     src.write_text("".join(json.dumps(_with_max(line, max_tokens)) + "\n" for line in lines))
     command = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(out)]
@@ -113,10 +113,12 @@ def run_batch(model: str, lines: list[dict[str, Any]], max_tokens: int, work: Pa
     started = time.monotonic()
     ready: float | None = None
     threads: int | None = None
-    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    seen = b""
-    while block := proc.stderr.read1(1 << 16):
+    # vLLM logs to stdout and draws its progress bar on stderr: both read here, as they come.
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    seen = tail = b""
+    while block := proc.stdout.read1(1 << 16):
+        tail = (tail + block)[-2000:]  # what it said last, shown if it fails
         if ready is None:
             seen = seen[-200:] + block
             # vLLM's engine says its torch threads before it serves (a warning: OMP_NUM_THREADS is set).
@@ -125,7 +127,7 @@ def run_batch(model: str, lines: list[dict[str, Any]], max_tokens: int, work: Pa
             if b"Running batch" in seen:
                 ready = time.monotonic()
     if proc.wait():
-        raise subprocess.CalledProcessError(proc.returncode, command)
+        raise subprocess.CalledProcessError(proc.returncode, command, output=tail)
     ended = time.monotonic()
     usage = [json.loads(x)["response"]["body"]["usage"] for x in out.read_text().splitlines()]
     prompt = sum(u["prompt_tokens"] for u in usage)
@@ -242,7 +244,8 @@ def main() -> None:
     try:
         results["run_batch"] = run_batch(model, lines, max_tokens, work)
     except subprocess.CalledProcessError as e:  # a loaded machine: its engine core may not start in time
-        print(f"run_batch failed (exit {e.returncode}): no run_batch figure this time", file=sys.stderr)
+        said = e.output.decode(errors="replace")
+        print(f"{said}\nrun_batch failed (exit {e.returncode}): no run_batch figure this time", file=sys.stderr)
     report(
         results, {"templates": templates, "rows": rows, "max_tokens": max_tokens, "prompt_tokens": total_prompt}, ideal
     )
