@@ -113,7 +113,8 @@ THINK_TOKENS = ("<think>", "</think>")
 
 
 #: A Hermes-style chat template for the tiny Llama that takes `tools`: what vLLM's `hermes` tool
-#: parser reads back (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`).
+#: parser reads back (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`). Earlier calls
+#: render their arguments with `tojson`, as Hugging Face templates do: they reach the template as a dict.
 TOOLS_CHAT_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\nYou may call these functions:\n<tools>\n"
     "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n"
@@ -121,7 +122,7 @@ TOOLS_CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant\n"
     "{%- for call in message.tool_calls %}<tool_call>"
-    '{"name": {{ call.function.name | tojson }}, "arguments": {{ call.function.arguments }}}</tool_call>'
+    '{"name": {{ call.function.name | tojson }}, "arguments": {{ call.function.arguments | tojson }}}</tool_call>'
     "{%- endfor %}<|im_end|>\n"
     "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>{{ message.content }}</tool_response>"
     "<|im_end|>\n"

@@ -15,6 +15,15 @@ cached prompt tokens (vLLM's `num_cached_tokens`; run_batch's usage.prompt_token
 what an ideal order could cache: every row of a template after its first, its whole 128-token
 blocks of the shared prefix. Targets: (c) >= 1.5x (a), (c) >= 1.3x (b), (c) cached >= 90% ideal.
 `--quick`: 12 templates, 48 rows; `--templates N --rows M` another size (the issue's example: 48, 1024).
+
+Every engine gets the same cores: all this process may use, as OMP_NUM_THREADS torch threads.
+run_batch's engine runs in a process of its own. Under vLLM's default multiprocess executor,
+vLLM-CPU would reserve one core of two for the front end (VLLM_CPU_NUM_OF_RESERVED_CPU; its log:
+"OpenMP thread binding info ... core ids=[0] ... reserved_cpus=[1]"). Here that process runs
+the in-process executor (VLLM_ENABLE_V1_MULTIPROCESSING=0, as orch's engine does), which binds
+nothing, and VLLM_CPU_NUM_OF_RESERVED_CPU=0 holds should it take the other one. Each engine's
+torch threads are printed, run_batch's as its own log says them. run_batch's front end
+(tokenising, the API layer) is a second process on the same cores: its design, and counted.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,6 +43,8 @@ from typing import Any
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+#: The cores every variant's engine computes on (set before torch loads; run_batch inherits it).
+os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
 from bench.common import save, table
 
@@ -89,26 +101,33 @@ def _common(a: list[int], b: list[int]) -> int:
 
 def run_batch(model: str, lines: list[dict[str, Any]], max_tokens: int, work: Path) -> dict[str, Any]:
     """vLLM's run_batch over the file in its own process. Its engine start-up ends when it first
-    draws its progress bar ("Running batch"), read from its stderr as it comes."""
+    draws its progress bar ("Running batch"); its engine's torch threads are read off its log."""
     src, out = work / "rb.jsonl", work / "rb-out.jsonl"
     src.write_text("".join(json.dumps(_with_max(line, max_tokens)) + "\n" for line in lines))
     command = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(out)]
     command += ["--model", model, "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
     command += ["--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--no-enable-chunked-prefill", "--seed", "0"]
     command += ["--enable-prompt-tokens-details"]
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # Its engine gets every core, as orch's does: no core reserved for its front end.
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     started = time.monotonic()
     ready: float | None = None
-    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    seen = b""
-    while block := proc.stderr.read1(1 << 16):
+    threads: int | None = None
+    # vLLM logs to stdout and draws its progress bar on stderr: both read here, as they come.
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    seen = tail = b""
+    while block := proc.stdout.read1(1 << 16):
+        tail = (tail + block)[-2000:]  # what it said last, shown if it fails
         if ready is None:
-            seen = seen[-64:] + block
+            seen = seen[-200:] + block
+            # vLLM's engine says its torch threads before it serves (a warning: OMP_NUM_THREADS is set).
+            found = re.search(rb"leaving Torch threads at (\d+)", seen)
+            threads = int(found.group(1)) if found else threads
             if b"Running batch" in seen:
                 ready = time.monotonic()
     if proc.wait():
-        raise subprocess.CalledProcessError(proc.returncode, command)
+        raise subprocess.CalledProcessError(proc.returncode, command, output=tail)
     ended = time.monotonic()
     usage = [json.loads(x)["response"]["body"]["usage"] for x in out.read_text().splitlines()]
     prompt = sum(u["prompt_tokens"] for u in usage)
@@ -121,6 +140,7 @@ def run_batch(model: str, lines: list[dict[str, Any]], max_tokens: int, work: Pa
         "prompt": prompt,
         "generated": generated,
         "cached": cached,
+        "threads": threads,
     }
 
 
@@ -175,7 +195,15 @@ def orch(llm: Any, model: str, src: Path, grouped: bool, work: Path) -> dict[str
             seconds += time.monotonic() - started
         prompt += summary["tokens_in"]
         generated += summary["tokens_out"]
-    return {"seconds": seconds, "prompt": prompt, "generated": generated, "cached": Counted.cached}
+    import torch
+
+    return {
+        "seconds": seconds,
+        "prompt": prompt,
+        "generated": generated,
+        "cached": Counted.cached,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def main() -> None:
@@ -216,15 +244,24 @@ def main() -> None:
     try:
         results["run_batch"] = run_batch(model, lines, max_tokens, work)
     except subprocess.CalledProcessError as e:  # a loaded machine: its engine core may not start in time
-        print(f"run_batch failed (exit {e.returncode}): no run_batch figure this time", file=sys.stderr)
+        said = e.output.decode(errors="replace")
+        print(f"{said}\nrun_batch failed (exit {e.returncode}): no run_batch figure this time", file=sys.stderr)
+    report(
+        results, {"templates": templates, "rows": rows, "max_tokens": max_tokens, "prompt_tokens": total_prompt}, ideal
+    )
+
+
+def report(results: dict[str, dict[str, Any]], size: dict[str, int], ideal: int) -> None:
+    """Print the variants side by side with their ratios, and save them (bench/results)."""
     for r in results.values():
         r["tokens_per_s"] = (r["prompt"] + r["generated"]) / r["seconds"]
         r["cached_of_ideal"] = r["cached"] / ideal if ideal else 0.0
-    rows_out = [
-        [k, round(v["seconds"], 1), round(v["tokens_per_s"]), v["prompt"], v["cached"], round(v["cached_of_ideal"], 2)]
-        for k, v in results.items()
-    ]
-    print(table(rows_out, ["", "seconds", "tokens/s", "prompt tokens", "cached", "cached/ideal"]))
+    rows_out = []
+    for k, v in results.items():
+        row = [k, v["threads"] or "?", round(v["seconds"], 1), round(v["tokens_per_s"]), v["prompt"], v["cached"]]
+        rows_out.append([*row, round(v["cached_of_ideal"], 2)])
+    print(f"every engine: OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} on cores {sorted(os.sched_getaffinity(0))}")
+    print(table(rows_out, ["", "threads", "seconds", "tokens/s", "prompt tokens", "cached", "cached/ideal"]))
     grouped = results["orch --group-by-prefix"]
     ratios = {
         "grouped_over_ungrouped": round(grouped["tokens_per_s"] / results["orch, no grouping"]["tokens_per_s"], 2),
@@ -239,10 +276,7 @@ def main() -> None:
     save(
         "prefix_bench",
         {
-            "templates": templates,
-            "rows": rows,
-            "max_tokens": max_tokens,
-            "prompt_tokens": total_prompt,
+            **size,
             "ideal_cached": ideal,
             "results": results,
             "ratios": ratios,

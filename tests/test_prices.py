@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.controller.pricing import Offering, load_gpu_table, table_from_offerings
+from orchestrator.backends.base import Offering
+from orchestrator.controller.pricing import load_gpu_table, table_from_offerings
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 

@@ -3,7 +3,8 @@
 Both engines hand each request to one `PromptBuilder` and feed the engine the token ids it
 returns, so the same request becomes the same prompt whichever engine runs it. The steps, in order:
 1. render: a chat request's messages through the chat template (the spec's, else the model's;
-   `developer` messages become `system` where the template knows no such role, as in vLLM's server);
+   `developer` messages become `system` where the template knows no such role, and an assistant
+   turn's tool-call `arguments` become the object they spell, as in vLLM's server);
    a completion request's prompt as it is;
 2. tokenise: the rendered chat text without adding special tokens (the template wrote the ones it
    wants), a completion prompt with the tokenizer's own;
@@ -15,12 +16,15 @@ for the template, images beside the text) joins `render` and `Prompt`, not a sec
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.errors import ChatTemplateError
 from worker.wire import EngineRequest, RowResult, error_row
+
+log = logging.getLogger("orch.worker")
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,7 @@ class PromptBuilder:
         if request.kind in ("chat", "response"):
             template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
             text = self.tokenizer.apply_chat_template(
-                for_template(request.messages or [], template),
+                for_template(with_argument_objects(request.messages or [], request.custom_id), template),
                 add_generation_prompt=options.add_generation_prompt,
                 continue_final_message=options.continue_final_message,
                 tokenize=False,
@@ -137,3 +141,48 @@ def for_template(messages: list[dict[str, Any]], template: str | None) -> list[d
         return mapped
     merged = {"role": "system", "content": "\n\n".join(m["content"] for m in systems if m["content"])}
     return [merged, *(m for m in mapped if m["role"] != "system")]
+
+
+def with_argument_objects(messages: list[dict[str, Any]], custom_id: str) -> list[dict[str, Any]]:
+    """The messages with each assistant tool call's `arguments` as a dict, as vLLM's server hands
+    them to the chat template (the Hugging Face convention: templates render them with `tojson`).
+    As vLLM does: absent or empty arguments become {}, and so do arguments that are not a JSON
+    object (a warning names the row), so a bad call in the history does not fail the row; an
+    empty `tool_calls` list is dropped, keeping the template on its plain assistant path."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if message["role"] != "assistant" or not isinstance(calls, list):
+            out.append(message)
+        elif not calls:
+            out.append({k: v for k, v in message.items() if k != "tool_calls"})
+        else:
+            parsed = [_with_argument_object(call, custom_id) for call in calls]
+            out.append({**message, "tool_calls": parsed})
+    return out
+
+
+def _with_argument_object(call: dict[str, Any], custom_id: str) -> dict[str, Any]:
+    function = call["function"]  # requests.py let through only calls with a function object
+    arguments = function.get("arguments")
+    if isinstance(arguments, str) and arguments:
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            log.warning(
+                "row %s: tool call %r: arguments are not JSON; the chat template gets {} (as vLLM's server)",
+                custom_id,
+                function.get("name"),
+            )
+            arguments = {}
+    if not isinstance(arguments, dict):
+        if arguments:
+            log.warning(
+                "row %s: tool call %r: arguments are a %s, not a JSON object; the chat template gets {} "
+                "(as vLLM's server)",
+                custom_id,
+                function.get("name"),
+                type(arguments).__name__,
+            )
+        arguments = {}
+    return {**call, "function": {**function, "arguments": arguments}}

@@ -155,12 +155,30 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
         # An assistant turn that called tools may have no content; the calls and the tool answers'
         # ids go to the chat template as they are.
         kept = {k: m[k] for k in ("tool_calls", "tool_call_id", "name") if m.get(k) is not None}
+        if m["role"] == "assistant" and "tool_calls" in kept:
+            _check_tool_calls(kept["tool_calls"], i)
         if content is None and "tool_calls" in kept:
             content = ""
         if not isinstance(content, (str, list)):
             raise BadRequest("invalid_messages", f"messages[{i}].content must be text", "messages")
         out.append({"role": m["role"], "content": content, **kept})
     return out
+
+
+def _check_tool_calls(calls: Any, i: int) -> None:
+    """An assistant turn's `tool_calls`: function calls only, each with its `function` object (as
+    vLLM's server requires before it reads their arguments for the chat template)."""
+    if not isinstance(calls, list):
+        raise BadRequest("invalid_messages", f"messages[{i}].tool_calls must be a list", "messages")
+    for j, call in enumerate(calls):
+        if not isinstance(call, dict) or call.get("type", "function") != "function":
+            raise BadRequest(
+                "invalid_messages", f"messages[{i}].tool_calls[{j}] must be an object of type 'function'", "messages"
+            )
+        if not isinstance(call.get("function"), dict):
+            raise BadRequest(
+                "invalid_messages", f"messages[{i}].tool_calls[{j}].function must be an object", "messages"
+            )
 
 
 def _prompts(prompt: Any) -> tuple[str | tuple[int, ...], ...]:

@@ -138,3 +138,16 @@ def attempt_statuses(launcher: Launcher, attempts: Iterable[JobAttempt], now: fl
                 a.job_id, JobState.FAILED, failure_reason="its launch was never recorded: the controller stopped"
             )
     return out
+
+
+@dataclass(frozen=True)
+class Offering:
+    """One machine type with a GPU, in one region of one cloud, as a cloud's catalog lists it: what a
+    backend's catalog reader gives `orch prices --refresh` (controller.pricing) to build its table from."""
+
+    gpu: str
+    cloud: str
+    region: str
+    gpus: int  # per machine
+    on_demand: float  # USD per machine-hour
+    spot: float | None  # None where the catalog has no spot price

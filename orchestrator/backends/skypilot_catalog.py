@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.controller.pricing import Offering
+from orchestrator.backends.base import Offering
 
 
 def catalog_offerings(gpus: Sequence[str], clouds: Sequence[str]) -> tuple[list[Offering], dict[str, str]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator import orch_home
+from orchestrator.backends.base import Offering
 from orchestrator.core.errors import SpecError
 
 DEFAULT_TABLE = Path(__file__).parents[1] / "data" / "gpus.yaml"
@@ -117,18 +117,6 @@ def _load(path: str) -> GpuTable:
 
 
 # -- refreshing the prices from a cloud catalog ------------------------------------------------
-@dataclass(frozen=True)
-class Offering:
-    """One machine type with a GPU, in one region of one cloud, as a catalog lists it."""
-
-    gpu: str
-    cloud: str
-    region: str
-    gpus: int  # per machine
-    on_demand: float  # USD per machine-hour
-    spot: float | None  # None where the catalog has no spot price
-
-
 def table_from_offerings(base: GpuTable, offerings: Iterable[Offering], *, date: str, source: str) -> GpuTable:
     """`base` with the prices the offerings give: per GPU and cloud, the cheapest GPU-hour over the
     regions (what SkyPilot's any_of picks when capacity allows), on the machines with the fewest

@@ -17,6 +17,7 @@ from functools import cache
 from typing import Any
 
 import jinja2
+from markupsafe import Markup
 
 from orchestrator.controller.status import RunStatus, duration
 
@@ -94,7 +95,7 @@ def render_page(
         chart=chart(status, now),
         workers=[_worker_row(w) for w in status.workers],
         by_state=_by_state(status),
-        script=jinja2.utils.markupsafe.Markup(script),
+        script=Markup(script),
         refresh_s=max(int(refresh_s), 1),
         taken=time.strftime("%H:%M:%S", time.localtime(taken_at if taken_at is not None else now)),
         taken_at=f"{taken_at if taken_at is not None else now:.3f}",

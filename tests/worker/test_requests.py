@@ -7,7 +7,7 @@ import json
 import pytest
 
 from orchestrator.core.spec import SamplingSpec
-from worker.prompts import for_template
+from worker.prompts import for_template, with_argument_objects
 from worker.requests import parse_request
 from worker.wire import EngineRequest, RowResult
 
@@ -155,6 +155,41 @@ def test_for_template_maps_developer_to_system_like_vllms_server():
     assert for_template(mixed, None) == [{"role": "system", "content": "A.\n\nB."}, {"role": "user", "content": "hi"}]
     # A template that knows the developer role gets it as it is.
     assert for_template(developer, "{% if m.role == 'developer' %}") == developer
+
+
+def weather_call(arguments, kind="function"):
+    return {"id": "call_1", "type": kind, "function": {"name": "get_weather", "arguments": arguments}}
+
+
+def test_with_argument_objects_parses_tool_call_arguments_like_vllms_server(caplog):
+    calls = [weather_call(a) for a in ('{"city": "Paris"}', '{"city": Paris', "[1]", "", None, "null")]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": calls},
+        {"role": "assistant", "content": "ok", "tool_calls": []},
+    ]
+    before = json.dumps(messages)
+    parsed = with_argument_objects(messages, "row-7")
+    assert [c["function"]["arguments"] for c in parsed[1]["tool_calls"]] == [{"city": "Paris"}, {}, {}, {}, {}, {}]
+    assert parsed[0] == messages[0] and parsed[2] == {"role": "assistant", "content": "ok"}  # [] dropped
+    assert json.dumps(messages) == before  # the request keeps what the user sent
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2 and all("row row-7" in m and "get_weather" in m for m in warned), warned
+
+
+@pytest.mark.parametrize(
+    "calls, where",
+    [
+        ("call_1", "messages[1].tool_calls must be a list"),
+        ([1], "messages[1].tool_calls[0] must be an object of type 'function'"),
+        ([weather_call("{}", kind="custom")], "messages[1].tool_calls[0] must be an object of type 'function'"),
+        ([{"id": "call_1", "type": "function"}], "messages[1].tool_calls[0].function must be an object"),
+    ],
+)
+def test_parse_request_refuses_tool_calls_that_are_not_function_calls(calls, where):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": calls}]
+    code, message = error_of(parse(chat(messages=messages)))
+    assert code == "invalid_messages" and message == where
 
 
 def test_parse_request_absent_sampling_fields_follow_vllms_server():

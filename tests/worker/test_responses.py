@@ -26,7 +26,7 @@ import pytest
 from model_builders import TOOLS_CHAT_TEMPLATE, WEATHER_TOOL
 from orchestrator.core.spec import ModelSpec, SamplingSpec
 from tests.worker.conftest import COMPACT_JSON, MODELS
-from tests.worker.test_structured import SCHEMA, answer
+from tests.worker.test_structured import SCHEMA, answer, prompt_ids
 from worker.requests import parse_request
 from worker.wire import EngineRequest, RowResult
 
@@ -62,7 +62,22 @@ RESPONSES = [
         "temperature": 0,
         "structured_outputs": {"regex": CALL},
     },
+    {  # two calls in one assistant turn, the second's arguments not JSON (the template gets {})
+        "input": [
+            {"role": "user", "content": "Weather in Paris and Rome?"},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+            {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": '{"city": Rome'},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+            {"type": "function_call_output", "call_id": "call_2", "output": "rain"},
+            {"role": "user", "content": "Which is warmer?"},
+        ],
+        "tools": [FLAT_TOOL],
+        "max_output_tokens": 16,
+        "temperature": 0,
+    },
 ]
+#: What vLLM's lines add: the prompt's token ids in the answer (orch's are read off its engine).
+IDS = {"enable_response_messages": True}
 #: Thinking then an answer, with the think tokens themselves (ids of model_builders.THINK_TOKENS).
 THINK = {"structured_outputs": {"regex": "<think>[a-z ]{4,20}</think>[a-z ]{4,20}"}, "temperature": 0}
 REASONING_CHAT = [{"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 80, **THINK}]
@@ -136,10 +151,12 @@ def test_responses_lines_match_vllm_serving(tiny_engine, tiny_model, tmp_path):
         "--structured-outputs-config",
         json.dumps(COMPACT_JSON["structured_outputs_config"]),
     ]
-    theirs = reference(tmp_path, tiny_model, [("/v1/responses", b) for b in RESPONSES], *flags)
+    theirs = reference(tmp_path, tiny_model, [("/v1/responses", b | IDS) for b in RESPONSES], *flags)
     engine = VllmEngine(
         ModelSpec(name=tiny_model, tool_parser="hermes", chat_template=TOOLS_CHAT_TEMPLATE), llm=tiny_engine.llm
     )
+    for i, body in enumerate(RESPONSES):  # the prompts, token for token
+        assert prompt_ids(engine, body, "/v1/responses") == theirs[f"r{i}"]["input_messages"][0]["tokens"], i
     ours = [line["response"]["body"] for line in answer(engine, *RESPONSES, url="/v1/responses")]
     for i, body in enumerate(ours):
         assert response_view(body) == response_view(theirs[f"r{i}"]), i

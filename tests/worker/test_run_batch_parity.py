@@ -12,11 +12,13 @@ import pytest
 from model_builders import TOOLS_CHAT_TEMPLATE, WEATHER_TOOL
 from orchestrator.core.spec import ModelSpec, SamplingSpec
 from tests.worker.conftest import COMPACT_JSON
-from tests.worker.test_structured import SCHEMA, answer
+from tests.worker.test_structured import SCHEMA, answer, prompt_ids
 
 pytestmark = pytest.mark.slow
 
 CALL = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)"\}\}\n</tool_call>'
+#: What vLLM's lines add: their prompt token ids in the answer (orch's are read off its engine).
+IDS = {"return_token_ids": True}
 PROMPTS = ["Hello", "What is 2+2?", "Name a colour.", "Tell me a joke.", "Translate cat to French.", "Why?"]
 
 
@@ -24,10 +26,31 @@ def msg(i, **body):
     return {"messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], "max_tokens": 16, **body}
 
 
+def called(*arguments: str, then: str = "And in Rome?", **body) -> dict:
+    """A greedy line whose history holds an assistant turn calling get_weather once per `arguments`
+    (the JSON text OpenAI's API carries), each call's answer, and a user turn."""
+    calls = [
+        {"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": a}}
+        for i, a in enumerate(arguments)
+    ]
+    answers = [{"role": "tool", "tool_call_id": c["id"], "content": "sunny"} for c in calls]
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+    ]
+    return {
+        "messages": [*history, *answers, {"role": "user", "content": then}],
+        "max_tokens": 16,
+        "temperature": 0,
+        **body,
+    }
+
+
 #: The differential's kind of file: greedy, stop strings, seeded sampling (with and without a
 #: temperature: absent means the model's default, else OpenAI's 1.0, in both), n with a seed,
-#: every kind of constraint, logit_bias, tools, vLLM's extensions, and an unknown key (vLLM
-#: ignores it; orch too under `requests.unknown_fields: warn`). 61 lines.
+#: every kind of constraint, logit_bias, tools, earlier tool calls in the history (one, two, and
+#: arguments that are not JSON or not an object: the template gets {}), vLLM's extensions, and an
+#: unknown key (vLLM ignores it; orch too under `requests.unknown_fields: warn`). 65 lines.
 BODIES = [
     *(msg(i, temperature=0) for i in range(6)),
     *(msg(i, temperature=0, stop=stop) for i, stop in enumerate(["e", " ", ["a", "o"], "\n"])),
@@ -71,6 +94,10 @@ BODIES = [
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
     },
     {**msg(0, temperature=0), "tools": [WEATHER_TOOL], "tool_choice": "none"},
+    called('{"city": "Paris"}', tools=[WEATHER_TOOL]),
+    called('{"city": "Paris"}', '{"city": "Rome"}', then="Which is warmer?", tools=[WEATHER_TOOL]),
+    called('{"city": Paris'),
+    called('["Paris"]', ""),
     msg(0, temperature=0, stop=["e"], include_stop_str_in_output=True),
     msg(1, temperature=0, stop=" ", include_stop_str_in_output=True),
     msg(2, temperature=0, min_tokens=12, stop=["e"]),
@@ -100,7 +127,7 @@ BODIES = [
     msg(3, temperature=0, user="u-1", metadata={"k": "v"}, priority=2, cache_salt="salt", request_id="mine"),
     msg(4, temperature=0, some_unknown_key=1),
 ]
-assert len(BODIES) == 61, len(BODIES)
+assert len(BODIES) == 65, len(BODIES)
 
 
 def comparable(line: dict) -> dict:
@@ -131,7 +158,7 @@ def test_run_batch_parity_answers_match(tiny_engine, tiny_model, tmp_path):
     requests = tmp_path / "in.jsonl"
     requests.write_text(
         "".join(
-            json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": b}) + "\n"
+            json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": b | IDS}) + "\n"
             for i, b in enumerate(BODIES)
         )
     )
@@ -159,6 +186,12 @@ def test_run_batch_parity_answers_match(tiny_engine, tiny_model, tmp_path):
     assert sorted(theirs) == sorted(f"r{i}" for i in range(len(BODIES)))  # every custom_id once
     refused = [i for i in range(len(BODIES)) if theirs[f"r{i}"]["error"] is not None or ours[i]["error"] is not None]
     assert not refused, [(i, theirs[f"r{i}"]["error"], ours[i]["error"]) for i in refused]
+    # The prompts, token for token (vLLM's lines carry theirs under return_token_ids).
+    prompts = [prompt_ids(engine, b) for b in BODIES]
+    differ = [i for i, ids in enumerate(prompts) if ids != theirs[f"r{i}"]["response"]["body"]["prompt_token_ids"]]
+    assert not differ, [
+        (i, len(prompts[i]), len(theirs[f"r{i}"]["response"]["body"]["prompt_token_ids"])) for i in differ
+    ]
     differ = [i for i, line in enumerate(ours) if comparable(line) != comparable(theirs[f"r{i}"])]
     assert not differ, [(i, BODIES[i], comparable(ours[i]), comparable(theirs[f"r{i}"])) for i in differ]
     forced = [i for i, b in enumerate(BODIES) if b.get("structured_outputs") == {"regex": CALL}]

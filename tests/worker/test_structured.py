@@ -49,6 +49,15 @@ def answer(engine, *bodies, url="/v1/chat/completions", defaults=None, unknown_f
     return lines
 
 
+def prompt_ids(engine, body, url="/v1/chat/completions"):
+    """The prompt token ids orch's vLLM engine generates from for this body (its tools included)."""
+    request = parse_request(json.dumps({"custom_id": "p", "url": url, "body": body}), 0, SamplingSpec(), "warn")
+    assert isinstance(request, EngineRequest), request
+    tools = engine._prepared_tools(request)
+    prompt = engine.prompts.build(request, tools.template_tools if tools else None)
+    return prompt.token_ids
+
+
 def chat(text, **params):
     return {"messages": [{"role": "user", "content": text}], "max_tokens": 64, **params}
 
