@@ -16,7 +16,7 @@ margin is one tick (the policy decides once a tick).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.controller.deadline import DeadlineSettings, FleetState, OnDemandWorker, decide
 from orchestrator.controller.spot_zones import SpotDeadlinePolicy, ZoneModel
@@ -64,8 +64,12 @@ class UniformProgress:
 
     greedy: bool = False
     pick_zone: Callable[[View], int] = first_zone_up
+    #: Only the first zone listed: the published single-region baseline, for reference.
+    one_zone: bool = False
 
     def choose(self, view: View) -> Choice:
+        if self.one_zone:
+            view = replace(view, up=view.up[:1])
         decision = decide(fleet_of_one(view), deadline_settings(view, greedy=self.greedy))
         if decision.action == "launch" or (decision.action == "hold" and view.market == "on-demand"):
             return Choice("on-demand")
@@ -104,6 +108,7 @@ def zone_aware(**knobs: float) -> PolicyFactory:
 #: The policies the scorer compares, by name.
 POLICIES: dict[str, PolicyFactory] = {
     "uniform-progress": UniformProgress,
+    "uniform-progress-one-zone": lambda: UniformProgress(one_zone=True),
     "greedy": lambda: UniformProgress(greedy=True),
     "zone-aware": zone_aware(),
 }
