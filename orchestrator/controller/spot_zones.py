@@ -13,7 +13,8 @@ back only what the rest of the run is expected to need:
    Bayesian estimate of the mean length of each zone's up spells (exponential spells, a conjugate
    Gamma prior: a prior spell of `prior_up_s`, updated with every spell seen, the running one as a
    censored observation). A machine stays where it runs while its zone has capacity (moving is a
-   restart); otherwise it goes to the zone with capacity whose up spells are longest.
+   restart); otherwise it goes to the zone with capacity whose running up spell should last longest:
+   its learned mean, or its age if longer (the traces' spells are heavy-tailed).
 3. The reserve: every preemption costs one restart of slack. Over the time left, a machine on the
    best zone expects time_left / mean_up preemptions; the reserve is the commit threshold plus that
    many restarts (times `restarts_factor`).
