@@ -22,6 +22,7 @@ BENCHMARKS = {
     "status_bench": CONTROLLER,
     "launch_bench": CONTROLLER,
     "simulate_bench": CONTROLLER,
+    "spot_bench": CONTROLLER,
     "worker_bench": WORKER,
     "prefix_bench": WORKER,
     # On a CPU, a smoke run of `make bench-gpu` and the transformers engine's CPU target.

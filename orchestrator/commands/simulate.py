@@ -30,6 +30,15 @@ if TYPE_CHECKING:
 @click.option("--preemptions-per-hour", type=float, default=0.25, show_default=True, help="per spot worker")
 @click.option("--trace", type=click.Path(dir_okay=False, exists=True), default=None, help="a preemption trace file")
 @click.option(
+    "--traces",
+    "traces_dir",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="score the spot/deadline policies on the published AWS spot traces unpacked in this folder "
+    "(docs/BENCHMARKS.md, spot traces)",
+)
+@click.option("--quick", is_flag=True, help="with --traces: one restart overhead, 6 single-zone traces per machine")
+@click.option(
     "--outages",
     type=int,
     default=0,
@@ -73,12 +82,16 @@ def simulate_command(
     use_run: bool,
     as_json: bool,
     plot_path: str | None,
+    traces_dir: str | None,
+    quick: bool,
     **knobs: Any,
 ) -> int:
     """Simulate a run: how long, how much, what preemptions cost (driving orch's own protocol code).
     `knobs`: the options that describe the fleet and the workload (`_sim_config`)."""
     from orchestrator.simulate import MARKETS, POLICIES
 
+    if traces_dir is not None:
+        return _spot_traces(traces_dir, quick, as_json)
     config = _sim_config(**knobs)
     entries = None
     if use_run:
@@ -232,6 +245,45 @@ def _deadline_study(
         f"{factor:g}x the on-demand makespan, {seeds} seed(s)"
     )
     console().print(Group(Text(head), grid))
+    return 0
+
+
+def _spot_traces(folder: str, quick: bool, as_json: bool) -> int:
+    """The spot/deadline policies scored on the published traces: one table per setting."""
+    from pathlib import Path
+
+    from orchestrator.commands.console import Group, Text, console, table
+    from orchestrator.simulate.spot_policies import POLICIES as SPOT_POLICIES
+    from orchestrator.simulate.spot_score import score
+
+    result = score(Path(folder), SPOT_POLICIES, quick=quick)
+    if as_json:
+        click.echo(json.dumps(result))
+        return 0
+    parts: list[Any] = [Text(f"traces: {result['meaning']}")]
+    scenarios = table("scenario", "zones", "availability", "any zone up", right=("availability", "any zone up"))
+    for name, s in result["scenarios"].items():
+        scenarios.add_row(name, ", ".join(s["zones"]), f"{s['availability']:.0%}", f"{s['any_zone_up']:.0%}")
+    parts.append(scenarios)
+    numbers = ("missed", "x on-demand", "saving vs UP", "gap to optimum", "held-out: saving, gap")
+    for setting in ("multi-zone", "single-zone"):
+        grid = table(f"{setting} variant", "policy", *numbers, right=numbers)
+        blocks = {**result[setting]["variants"], "total": result[setting]["total"]}
+        for variant, block in blocks.items():
+            grid.add_row(variant, "optimum", "", f"{block['optimum_cost_vs_on_demand']:.3f}", "", "", "")
+            for name, m in block["policies"].items():
+                held = m["halves"].get("held-out", m)
+                grid.add_row(
+                    "",
+                    name,
+                    f"{m['missed_deadlines']}/{m['runs']}",
+                    f"{m['cost_vs_on_demand']:.3f}",
+                    f"{m['saving_vs_up']:.1%}",
+                    f"{m['gap_to_optimum']:.1%}",
+                    f"{held['saving_vs_up']:.1%}, {held['gap_to_optimum']:.1%}",
+                )
+        parts.append(grid)
+    console().print(Group(*parts))
     return 0
 
 

@@ -1,0 +1,182 @@
+"""Scores spot/deadline policies on the published traces: missed deadlines, cost against on-demand, against
+Uniform Progress and against the hindsight optimum, per benchmark variant and in total.
+
+Every policy replays the same jobs over the same traces (`spot_replay`); the optimum of each is
+computed exactly (`spot_optimum`). Each setting's traces are split in two halves, scored apart:
+"tune" (the first half of each zone's traces, the only ones a policy's knobs may be set on) and
+"held-out" (the rest).
+- multi-zone: the benchmark's 10 scenarios x traces 0..7 (tune 0..3, held-out 4..7), in 8 variants:
+  the scenarios' availability label (high/low) x deadline 36/48 h x restart 0.05/0.20 h, 24 h jobs.
+- single zone: 48 h jobs, deadline 52 or 70 h, restart 0.02 or 0.20 h, 30 traces of each of six
+  (zone, machine) environments (tune: the first 15 of each).
+
+Measures, per group of runs: `missed_deadlines` (count), `cost_vs_on_demand` (mean of each run's
+cost over on-demand's), `saving_vs_up` (1 - mean cost / Uniform Progress's mean cost on the same
+runs), `gap_to_optimum` (mean cost / the optimum's mean cost - 1) and, for reference,
+`saving_vs_up_one_zone` (against Uniform Progress kept to the first zone listed).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.simulate import spot_traces as st
+from orchestrator.simulate.spot_optimum import optimum_costs
+from orchestrator.simulate.spot_replay import PolicyFactory, deadline_ticks, on_demand_cost, replay
+
+BASELINE = "uniform-progress"
+#: Uniform Progress kept to the first zone listed: what the published multi-zone savings were quoted against.
+ONE_ZONE_BASELINE = "uniform-progress-one-zone"
+HALVES = ("tune", "held-out")
+
+
+@dataclass
+class Run:
+    """One job over one trace: every policy's cost and punctuality, on-demand's cost and the optimum."""
+
+    setting: str  # "multi-zone" or "single-zone"
+    variant: str
+    half: str
+    trace: str
+    on_demand: float
+    optimum: float
+    cost: dict[str, float]
+    met: dict[str, bool]
+
+
+def _runs_for(
+    setting: str,
+    variant: str,
+    job: st.Job,
+    traces: list[st.Trace],
+    halves: list[str],
+    policies: Mapping[str, PolicyFactory],
+) -> list[Run]:
+    optimum = optimum_costs(job, traces)
+    out = []
+    for trace, half, best in zip(traces, halves, optimum, strict=True):
+        outcomes = {name: replay(job, trace, make()) for name, make in policies.items()}
+        out.append(
+            Run(
+                setting,
+                variant,
+                half,
+                trace.name,
+                on_demand_cost(job, trace.gap_s),
+                best,
+                {n: o.cost_usd for n, o in outcomes.items()},
+                {n: o.met for n, o in outcomes.items()},
+            )
+        )
+    return out
+
+
+def multi_zone_runs(root: Path, policies: Mapping[str, PolicyFactory], *, quick: bool = False) -> list[Run]:
+    runs: list[Run] = []
+    traces_of = {s.name: [st.multi_zone_trace(root, s.zones, k) for k in st.MULTI_TRACES] for s in st.SCENARIOS}
+    halves = ["tune" if k < len(st.MULTI_TRACES) // 2 else "held-out" for k in st.MULTI_TRACES]
+    for deadline_h in st.MULTI_DEADLINES_H:
+        for overhead_h in st.MULTI_OVERHEADS_H[:1] if quick else st.MULTI_OVERHEADS_H:
+            job = st.Job(st.MULTI_WORK_H * st.H, deadline_h * st.H, overhead_h * st.H)
+            for scenario in st.SCENARIOS:
+                variant = f"{scenario.availability}/{deadline_h:g}h/{overhead_h:g}h"
+                runs += _runs_for("multi-zone", variant, job, traces_of[scenario.name], halves, policies)
+    return runs
+
+
+def single_zone_runs(root: Path, policies: Mapping[str, PolicyFactory], *, quick: bool = False) -> list[Run]:
+    runs: list[Run] = []
+    count = 6 if quick else st.SINGLE_TRACES
+    for deadline_h in st.SINGLE_DEADLINES_H:
+        traces, halves = [], []
+        for env in st.SINGLE_ENVS:
+            some = st.single_zone_traces(root, env, max(st.SINGLE_DEADLINES_H), count)
+            traces += some
+            halves += ["tune" if i < len(some) // 2 else "held-out" for i in range(len(some))]
+        for overhead_h in st.SINGLE_OVERHEADS_H:
+            job = st.Job(st.SINGLE_WORK_H * st.H, deadline_h * st.H, overhead_h * st.H)
+            runs += _runs_for("single-zone", f"{deadline_h:g}h/{overhead_h:g}h", job, traces, halves, policies)
+    return runs
+
+
+def measures(runs: list[Run], policy: str) -> dict[str, Any]:
+    """The four measures of one policy over a group of runs."""
+    mean_cost = statistics.fmean(r.cost[policy] for r in runs)
+    out = {
+        "runs": len(runs),
+        "missed_deadlines": sum(not r.met[policy] for r in runs),
+        "cost_vs_on_demand": statistics.fmean(r.cost[policy] / r.on_demand for r in runs),
+        "saving_vs_up": 1 - mean_cost / statistics.fmean(r.cost[BASELINE] for r in runs),
+        "gap_to_optimum": mean_cost / statistics.fmean(r.optimum for r in runs) - 1,
+    }
+    if ONE_ZONE_BASELINE in runs[0].cost:
+        out["saving_vs_up_one_zone"] = 1 - mean_cost / statistics.fmean(r.cost[ONE_ZONE_BASELINE] for r in runs)
+    return out
+
+
+def _grouped(runs: Iterable[Run], key: Callable[[Run], str]) -> dict[str, list[Run]]:
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(key(r), []).append(r)
+    return groups
+
+
+def summary(runs: list[Run], policies: Iterable[str]) -> dict[str, Any]:
+    """Per setting: per variant and in total, per policy, over all runs and per half; the optimum's own
+    share of on-demand beside them."""
+    names = list(policies)
+    out: dict[str, Any] = {}
+    for setting, in_setting in _grouped(runs, lambda r: r.setting).items():
+
+        def block(group: list[Run]) -> dict[str, Any]:
+            return {
+                "optimum_cost_vs_on_demand": statistics.fmean(r.optimum / r.on_demand for r in group),
+                "policies": {
+                    n: {**measures(group, n), "halves": {h: measures(g, n) for h, g in _halves(group).items()}}
+                    for n in names
+                },
+            }
+
+        variants = _grouped(in_setting, lambda r: r.variant)
+        out[setting] = {"variants": {v: block(g) for v, g in variants.items()}, "total": block(in_setting)}
+    return out
+
+
+def _halves(runs: list[Run]) -> dict[str, list[Run]]:
+    groups = _grouped(runs, lambda r: r.half)
+    return {h: groups[h] for h in HALVES if h in groups}
+
+
+def scenario_availability(root: Path) -> dict[str, dict[str, Any]]:
+    """Each multi-zone scenario's measured share of (zone, tick) with spot capacity, over its 8 traces
+    and the longest deadline (the simulator's meaning: a 1 is a tick without capacity)."""
+    out = {}
+    for s in st.SCENARIOS:
+        traces = [st.multi_zone_trace(root, s.zones, k) for k in st.MULTI_TRACES]
+        limit = deadline_ticks(st.Job(0, max(st.MULTI_DEADLINES_H) * st.H, 0), traces[0].gap_s)
+        up = [sum(u[:limit]) / limit for t in traces for u in t.up]
+        any_up = [sum(any(col) for col in zip(*(u[:limit] for u in t.up), strict=True)) / limit for t in traces]
+        out[s.name] = {
+            "label": s.availability,
+            "zones": list(s.zones),
+            "availability": statistics.fmean(up),
+            "any_zone_up": statistics.fmean(any_up),
+        }
+    return out
+
+
+def score(root: Path, policies: Mapping[str, PolicyFactory], *, quick: bool = False) -> dict[str, Any]:
+    """The whole benchmark: per setting, variant and policy, the four measures; the scenarios' availability."""
+    st.check_layout(root)
+    if BASELINE not in policies:
+        raise ValueError(f"the scorer needs {BASELINE!r} among the policies: savings are quoted against it")
+    runs = multi_zone_runs(root, policies, quick=quick) + single_zone_runs(root, policies, quick=quick)
+    return {
+        "meaning": "1 in a trace = spot NOT available in that tick (the benchmark simulator's reading)",
+        "scenarios": scenario_availability(root),
+        **summary(runs, policies),
+    }
