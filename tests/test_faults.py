@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.leases import read_lease
 from orchestrator.core.records import read_jobs
 from orchestrator.core.store import open_store
 from tests.support.disks import small_tmpfs
@@ -251,14 +253,14 @@ class HandWorker:
     """A worker started by hand, as a lost launch would have left it: no job records it. One
     thread, as the local launcher gives each of two workers (more only oversubscribes 2 cores)."""
 
-    def __init__(self, store: str, run: str, worker: str, workdir: Path):
+    def __init__(self, store: str, run: str, worker: str, workdir: Path, **env: str):
         stamp = time.monotonic_ns()
         self.log, self.out = workdir / f"hand-{worker}-{stamp}.log", workdir / f"hand-{worker}-{stamp}.out"
         with open(self.log, "wb") as err, open(self.out, "wb") as out:
             self.proc = subprocess.Popen(
                 [WORKER_PYTHON, "-m", "worker", "--run", run, "--store", store, "--worker", worker],
                 cwd=workdir,
-                env=env_with(OMP_NUM_THREADS="1"),
+                env=env_with(OMP_NUM_THREADS="1", **env),
                 stdout=out,
                 stderr=err,
             )
@@ -272,8 +274,8 @@ def hand_workers():
     """Starts HandWorkers; whatever still runs when the test ends is killed."""
     started: list[HandWorker] = []
 
-    def start(store: str, run: str, worker: str, workdir: Path) -> HandWorker:
-        started.append(HandWorker(store, run, worker, workdir))
+    def start(store: str, run: str, worker: str, workdir: Path, **env: str) -> HandWorker:
+        started.append(HandWorker(store, run, worker, workdir, **env))
         return started[-1]
 
     yield start
@@ -425,3 +427,88 @@ def test_watch_says_what_is_full_and_keeps_watching(small_disk, workdir, tiny_mo
     assert "store reachable again" in watch.text
     assert list((small_disk / "store" / ".orch-tmp").iterdir()) == []
     assert collect_ids(workdir, "f", store) == [f"q{i}" for i in range(160)]
+
+
+# -- issue 31, item 1: no healthy row blamed for a crash ----------------------------------------------
+def collect_lines(workdir: Path, run: str, store: str) -> list[dict]:
+    out = workdir / f"{run}.jsonl"
+    orch_ok("collect", "--run", run, "--store", store, "--out", out, cwd=workdir)
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def crashed_ids(lines: list[dict]) -> list[str]:
+    return [x["custom_id"] for x in lines if x.get("error") and x["error"].get("code") == "worker_crashed"]
+
+
+def holding_a_chunk(store: str, run: str, worker: str) -> bool:
+    """The worker's process runs a chunk: its heartbeat says so and it holds that chunk's lease."""
+    client, layout = open_store(store), RunLayout(run)
+    beat = read_heartbeats(client, layout).get(worker)
+    if beat is None or beat.state != "running" or not beat.chunk:
+        return False
+    lease = read_lease(client, layout, beat.chunk)
+    return lease is not None and lease[0].holder == beat.holder and not lease[0].released
+
+
+def test_kill_storm_blames_no_row(tmp_path, workdir, tiny_model, hand_workers):
+    """Ten SIGKILLs at random moments mid-chunk, each worker started again at once (its lease is
+    taken over as a death's: its chunk goes careful, the rows in flight become suspects and run
+    alone). Before, a kill landing while a suspect ran alone made it poison: healthy rows answered
+    `worker_crashed`. Now a row needs two quick deaths alone in the engine: none is blamed."""
+    store, run = str(tmp_path / "store"), "storm"
+    prepare_questions(workdir, run, store, rows=1600, chunks=8)
+    orch_ok("plan", "--run", run, "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
+    workers = {w: hand_workers(store, run, w, workdir) for w in ("0", "1")}
+    rng = random.Random(31)
+    for kill in range(10):
+        # Kill the worker on a careful chunk when there is one (where old rules blamed rows), at a random moment.
+        poll(lambda: any(holding_a_chunk(store, run, w) for w in workers), f"a worker mid-chunk (kill {kill})", 600)
+        live = [w for w in workers if holding_a_chunk(store, run, w)]
+        careful = [w for w in live if careful_chunk(store, run, w)]
+        victim = rng.choice(careful or live)
+        time.sleep(rng.uniform(0.0, 1.5))  # the random moment of the kill, not a wait for anything
+        assert workers[victim].proc.poll() is None, f"worker {victim} ended before kill {kill}: the run is too short"
+        workers[victim].proc.kill()
+        workers[victim].proc.wait()
+        workers[victim] = hand_workers(store, run, victim, workdir)
+    assert [hand.proc.wait(900) for hand in workers.values()] == [0, 0]
+    lines = collect_lines(workdir, run, store)
+    assert [x["custom_id"] for x in lines] == [f"q{i}" for i in range(1600)]  # every row, exactly once
+    assert crashed_ids(lines) == []
+
+
+def careful_chunk(store: str, run: str, worker: str) -> bool:
+    client, layout = open_store(store), RunLayout(run)
+    beat = read_heartbeats(client, layout).get(worker)
+    lease = read_lease(client, layout, beat.chunk) if beat is not None and beat.chunk else None
+    return lease is not None and lease[0].crashes > 0
+
+
+FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+
+def test_clock_skew_trades_no_lease_and_names_the_skewed_worker(tmp_path, workdir, tiny_model, hand_workers):
+    """Worker 1 runs on a clock 120 s fast (libfaketime; TTL 60 s, so every live lease of worker 0
+    looks expired to it). Before, it took them over, each takeover counted as a crash, and rows
+    ended `worker_crashed`. Now leases are judged by the store's clock: no lease changes hands,
+    no row is blamed, and the log and `orch status` say whose clock is off, and by how much."""
+    if not FAKETIME.exists():
+        pytest.fail(f"{FAKETIME} is missing: run scripts/system-deps (it installs faketime)")
+    store, run = str(tmp_path / "store"), "skew"
+    prepare_questions(workdir, run, store, rows=1600, chunks=8)
+    orch_ok("plan", "--run", run, "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
+    normal = hand_workers(store, run, "0", workdir)
+    fast = hand_workers(
+        store, run, "1", workdir, LD_PRELOAD=str(FAKETIME), FAKETIME="+120s", NO_FAKE_STAT="1", DONT_FAKE_MONOTONIC="1"
+    )
+    assert [normal.proc.wait(900), fast.proc.wait(900)] == [0, 0], fast.log.read_text()[-3000:]
+    summaries = [normal.summary(), fast.summary()]
+    assert [s["chunks_lost"] for s in summaries] == [0, 0], summaries  # no lease taken from a live holder
+    lines = collect_lines(workdir, run, store)
+    assert [x["custom_id"] for x in lines] == [f"q{i}" for i in range(1600)] and crashed_ids(lines) == []
+    said = re.search(r"worker 1: this worker's clock is (\d+) s ahead of the store's", fast.log.read_text())
+    assert said and 115 <= int(said[1]) <= 125, fast.log.read_text()[-3000:]
+    status = orch_ok("status", "--run", run, "--store", store, cwd=workdir)
+    shown = re.search(r"worker 1's clock is (\d+) s ahead of the store's", " ".join(status.split()))
+    assert shown and 115 <= int(shown[1]) <= 125, status
+    assert "worker 0's clock" not in status
