@@ -440,14 +440,19 @@ def crashed_ids(lines: list[dict]) -> list[str]:
     return [x["custom_id"] for x in lines if x.get("error") and x["error"].get("code") == "worker_crashed"]
 
 
-def holding_a_chunk(store: str, run: str, worker: str) -> bool:
-    """The worker's process runs a chunk: its heartbeat says so and it holds that chunk's lease."""
+def mid_chunk(store: str, run: str, gone: set[str]) -> list[tuple[str, str, bool]]:
+    """(worker, holder, careful) of each live process working a chunk: its heartbeat says so and it
+    holds that chunk's lease (`careful`: a holder of it died before). Processes in `gone` are dead
+    (their last heartbeat still says running)."""
     client, layout = open_store(store), RunLayout(run)
-    beat = read_heartbeats(client, layout).get(worker)
-    if beat is None or beat.state != "running" or not beat.chunk:
-        return False
-    lease = read_lease(client, layout, beat.chunk)
-    return lease is not None and lease[0].holder == beat.holder and not lease[0].released
+    found = []
+    for worker, beat in read_heartbeats(client, layout).items():
+        if beat.state != "running" or not beat.chunk or beat.holder in gone:
+            continue
+        lease = read_lease(client, layout, beat.chunk)
+        if lease is not None and lease[0].holder == beat.holder and not lease[0].released:
+            found.append((worker, beat.holder, lease[0].crashes > 0))
+    return found
 
 
 def test_kill_storm_blames_no_row(tmp_path, workdir, tiny_model, hand_workers):
@@ -455,33 +460,26 @@ def test_kill_storm_blames_no_row(tmp_path, workdir, tiny_model, hand_workers):
     taken over as a death's: its chunk goes careful, the rows in flight become suspects and run
     alone). Before, a kill landing while a suspect ran alone made it poison: healthy rows answered
     `worker_crashed`. Now a row needs two quick deaths alone in the engine: none is blamed."""
-    store, run = str(tmp_path / "store"), "storm"
-    prepare_questions(workdir, run, store, rows=1600, chunks=8)
+    store, run, rows = str(tmp_path / "store"), "storm", 6000
+    prepare_questions(workdir, run, store, rows=rows, chunks=12)
     orch_ok("plan", "--run", run, "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
     workers = {w: hand_workers(store, run, w, workdir) for w in ("0", "1")}
-    rng = random.Random(31)
+    rng, killed = random.Random(31), set()
     for kill in range(10):
-        # Kill the worker on a careful chunk when there is one (where old rules blamed rows), at a random moment.
-        poll(lambda: any(holding_a_chunk(store, run, w) for w in workers), f"a worker mid-chunk (kill {kill})", 600)
-        live = [w for w in workers if holding_a_chunk(store, run, w)]
-        careful = [w for w in live if careful_chunk(store, run, w)]
-        victim = rng.choice(careful or live)
-        time.sleep(rng.uniform(0.0, 1.5))  # the random moment of the kill, not a wait for anything
-        assert workers[victim].proc.poll() is None, f"worker {victim} ended before kill {kill}: the run is too short"
-        workers[victim].proc.kill()
-        workers[victim].proc.wait()
-        workers[victim] = hand_workers(store, run, victim, workdir)
+        poll(lambda: mid_chunk(store, run, killed), f"a worker mid-chunk for kill {kill + 1}", timeout=600)
+        working = mid_chunk(store, run, killed)
+        # A careful chunk's holder when there is one (where the old rule blamed rows), at a random moment.
+        worker, holder, _ = rng.choice([w for w in working if w[2]] or working)
+        time.sleep(rng.uniform(0.0, 6.0))  # the moment of the kill, not a wait for anything
+        assert workers[worker].proc.poll() is None, f"worker {worker} ended before kill {kill + 1}: run too short"
+        workers[worker].proc.kill()
+        workers[worker].proc.wait()
+        killed.add(holder)
+        workers[worker] = hand_workers(store, run, worker, workdir)
     assert [hand.proc.wait(900) for hand in workers.values()] == [0, 0]
     lines = collect_lines(workdir, run, store)
-    assert [x["custom_id"] for x in lines] == [f"q{i}" for i in range(1600)]  # every row, exactly once
+    assert [x["custom_id"] for x in lines] == [f"q{i}" for i in range(rows)]  # every row, exactly once
     assert crashed_ids(lines) == []
-
-
-def careful_chunk(store: str, run: str, worker: str) -> bool:
-    client, layout = open_store(store), RunLayout(run)
-    beat = read_heartbeats(client, layout).get(worker)
-    lease = read_lease(client, layout, beat.chunk) if beat is not None and beat.chunk else None
-    return lease is not None and lease[0].crashes > 0
 
 
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")

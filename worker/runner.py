@@ -353,7 +353,8 @@ class Worker:
         in the engine, each group noted in the lease before it is handed over. The rows of the
         group before are flushed first: a later holder never runs a finished suspect again."""
         chunk = active.entry.chunk
-        for group in careful_groups(requests, lambda r: r.index, set(active.keeper.held.lease.suspects)):
+        lease = active.keeper.held.lease
+        for group in careful_groups(requests, lambda r: r.index, set(lease.suspects), set(lease.lone_deaths)):
             # Rows of other chunks in the engine would share this group's fate: let them finish first.
             while not self._shutdown_requested and any(a.outstanding for a in self.chunks.open.values()):
                 yield None

@@ -132,3 +132,12 @@ def test_careful_groups_put_each_suspect_alone_and_keep_order():
     assert [3] in groups and [40] in groups
     assert all(len(g) <= CAREFUL_GROUP for g in groups)
     assert groups[0] == [0, 1, 2]
+
+
+def test_careful_groups_run_rows_with_evidence_last():
+    """A row one death names runs after the rest: a kill at the same moment of each process's life
+    (seconds after it starts) then falls on another row, not on the same one twice."""
+    rows = list(range(40))
+    groups = list(careful_groups(rows, lambda r: r, {2, 3, 5}, last={3}))
+    assert [r for g in groups for r in g] == [r for r in rows if r != 3] + [3]
+    assert groups[:3] == [[0, 1], [2], [4]] and groups[-1] == [3]

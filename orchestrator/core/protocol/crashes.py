@@ -22,7 +22,10 @@ The chunk's lease (records.Lease) carries the record, at no cost while no holder
 3. A careful holder dies: the rows of its note become `suspects` (they were in flight during a
    death: from now on each runs alone). If the note named one row, and the lease was not marked
    alive (the death came within about QUICK_DEATH_S of the row starting, alone in the engine),
-   the dead holder is evidence against that row (`lone_deaths`).
+   the dead holder is evidence against that row (`lone_deaths`). A row with evidence runs last,
+   after the rest of the chunk: deaths that come at the same moment of every process's life (a
+   kill storm, a crash while warming up) then fall on different rows, while a poison row kills
+   wherever it runs.
 4. A row with evidence from POISON_DEATHS holders (each a fresh process, started after the death
    before) becomes `poison`: every later holder answers it with a `worker_crashed` error row that
    names this evidence, instead of running it; the rest of the chunk completes.
@@ -95,11 +98,18 @@ def poison_evidence(lease: Lease, row: int) -> str:
     )
 
 
-def careful_groups(items: Iterable[T], index: Callable[[T], int], suspects: Collection[int]) -> Iterator[list[T]]:
+def careful_groups(
+    items: Iterable[T], index: Callable[[T], int], suspects: Collection[int], last: Collection[int] = ()
+) -> Iterator[list[T]]:
     """Items in the groups a careful holder hands to the engine (step 2): each suspect alone, the
-    others `CAREFUL_GROUP` at a time, in order."""
+    others `CAREFUL_GROUP` at a time, in order; rows with evidence against them (`last`) alone
+    after all others (step 3)."""
     group: list[T] = []
+    deferred: list[T] = []
     for item in items:
+        if index(item) in last:
+            deferred.append(item)
+            continue
         if index(item) in suspects:
             if group:
                 yield group
@@ -112,3 +122,5 @@ def careful_groups(items: Iterable[T], index: Callable[[T], int], suspects: Coll
             group = []
     if group:
         yield group
+    for item in deferred:
+        yield [item]
