@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -26,6 +27,7 @@ from orchestrator.backends.local import LocalLauncher
 from orchestrator.core.exits import WorkerExit
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.leases import read_lease
 from orchestrator.core.records import read_jobs
 from orchestrator.core.store import open_store
 from tests.support.disks import small_tmpfs
@@ -260,14 +262,14 @@ class HandWorker:
     """A worker started by hand, as a lost launch would have left it: no job records it. One
     thread, as the local launcher gives each of two workers (more only oversubscribes 2 cores)."""
 
-    def __init__(self, store: str, run: str, worker: str, workdir: Path):
+    def __init__(self, store: str, run: str, worker: str, workdir: Path, **env: str):
         stamp = time.monotonic_ns()
         self.log, self.out = workdir / f"hand-{worker}-{stamp}.log", workdir / f"hand-{worker}-{stamp}.out"
         with open(self.log, "wb") as err, open(self.out, "wb") as out:
             self.proc = subprocess.Popen(
                 [WORKER_PYTHON, "-m", "worker", "--run", run, "--store", store, "--worker", worker],
                 cwd=workdir,
-                env=env_with(OMP_NUM_THREADS="1"),
+                env=env_with(OMP_NUM_THREADS="1", **env),
                 stdout=out,
                 stderr=err,
             )
@@ -281,8 +283,8 @@ def hand_workers():
     """Starts HandWorkers; whatever still runs when the test ends is killed."""
     started: list[HandWorker] = []
 
-    def start(store: str, run: str, worker: str, workdir: Path) -> HandWorker:
-        started.append(HandWorker(store, run, worker, workdir))
+    def start(store: str, run: str, worker: str, workdir: Path, **env: str) -> HandWorker:
+        started.append(HandWorker(store, run, worker, workdir, **env))
         return started[-1]
 
     yield start
@@ -475,3 +477,86 @@ def test_watch_says_what_is_full_and_keeps_watching(small_disk, workdir, tiny_mo
     assert "store reachable again" in watch.text
     assert list((small_disk / "store" / ".orch-tmp").iterdir()) == []
     assert collect_ids(workdir, "f", store) == [f"q{i}" for i in range(160)]
+
+
+# -- issue 31, item 1: no healthy row blamed for a crash ----------------------------------------------
+def collect_lines(workdir: Path, run: str, store: str) -> list[dict]:
+    out = workdir / f"{run}.jsonl"
+    orch_ok("collect", "--run", run, "--store", store, "--out", out, cwd=workdir)
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def crashed_ids(lines: list[dict]) -> list[str]:
+    return [x["custom_id"] for x in lines if x.get("error") and x["error"].get("code") == "worker_crashed"]
+
+
+def mid_chunk(store: str, run: str, gone: set[str]) -> list[tuple[str, str, bool]]:
+    """(worker, holder, careful) of each live process working a chunk: its heartbeat says so and it
+    holds that chunk's lease (`careful`: a holder of it died before). Processes in `gone` are dead
+    (their last heartbeat still says running)."""
+    client, layout = open_store(store), RunLayout(run)
+    found = []
+    for worker, beat in read_heartbeats(client, layout).items():
+        if beat.state != "running" or not beat.chunk or beat.holder in gone:
+            continue
+        lease = read_lease(client, layout, beat.chunk)
+        if lease is not None and lease[0].holder == beat.holder and not lease[0].released:
+            found.append((worker, beat.holder, lease[0].crashes > 0))
+    return found
+
+
+def test_kill_storm_blames_no_row(tmp_path, workdir, tiny_model, hand_workers):
+    """Ten SIGKILLs at random moments mid-chunk, each worker started again at once (its lease is
+    taken over as a death's: its chunk goes careful, the rows in flight become suspects and run
+    alone). Before, a kill landing while a suspect ran alone made it poison: healthy rows answered
+    `worker_crashed`. Now a row needs two quick deaths alone in the engine: none is blamed."""
+    store, run, rows = str(tmp_path / "store"), "storm", 6000
+    prepare_questions(workdir, run, store, rows=rows, chunks=12)
+    orch_ok("plan", "--run", run, "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
+    workers = {w: hand_workers(store, run, w, workdir) for w in ("0", "1")}
+    rng, killed = random.Random(31), set()
+    for kill in range(10):
+        poll(lambda: mid_chunk(store, run, killed), f"a worker mid-chunk for kill {kill + 1}", timeout=600)
+        working = mid_chunk(store, run, killed)
+        # A careful chunk's holder when there is one (where the old rule blamed rows), at a random moment.
+        worker, holder, _ = rng.choice([w for w in working if w[2]] or working)
+        time.sleep(rng.uniform(0.0, 6.0))  # the moment of the kill, not a wait for anything
+        assert workers[worker].proc.poll() is None, f"worker {worker} ended before kill {kill + 1}: run too short"
+        workers[worker].proc.kill()
+        workers[worker].proc.wait()
+        killed.add(holder)
+        workers[worker] = hand_workers(store, run, worker, workdir)
+    assert [hand.proc.wait(900) for hand in workers.values()] == [0, 0]
+    lines = collect_lines(workdir, run, store)
+    assert [x["custom_id"] for x in lines] == [f"q{i}" for i in range(rows)]  # every row, exactly once
+    assert crashed_ids(lines) == []
+
+
+FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+
+def test_clock_skew_trades_no_lease_and_names_the_skewed_worker(tmp_path, workdir, tiny_model, hand_workers):
+    """Worker 1 runs on a clock 120 s fast (libfaketime; TTL 60 s, so every live lease of worker 0
+    looks expired to it). Before, it took them over, each takeover counted as a crash, and rows
+    ended `worker_crashed`. Now leases are judged by the store's clock: no lease changes hands,
+    no row is blamed, and the log and `orch status` say whose clock is off, and by how much."""
+    if not FAKETIME.exists():
+        pytest.fail(f"{FAKETIME} is missing: run scripts/system-deps (it installs faketime)")
+    store, run = str(tmp_path / "store"), "skew"
+    prepare_questions(workdir, run, store, rows=1600, chunks=8)
+    orch_ok("plan", "--run", run, "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
+    normal = hand_workers(store, run, "0", workdir)
+    fast = hand_workers(
+        store, run, "1", workdir, LD_PRELOAD=str(FAKETIME), FAKETIME="+120s", NO_FAKE_STAT="1", DONT_FAKE_MONOTONIC="1"
+    )
+    assert [normal.proc.wait(900), fast.proc.wait(900)] == [0, 0], fast.log.read_text()[-3000:]
+    summaries = [normal.summary(), fast.summary()]
+    assert [s["chunks_lost"] for s in summaries] == [0, 0], summaries  # no lease taken from a live holder
+    lines = collect_lines(workdir, run, store)
+    assert [x["custom_id"] for x in lines] == [f"q{i}" for i in range(1600)] and crashed_ids(lines) == []
+    said = re.search(r"worker 1: this worker's clock is (\d+) s ahead of the store's", fast.log.read_text())
+    assert said and 115 <= int(said[1]) <= 125, fast.log.read_text()[-3000:]
+    status = orch_ok("status", "--run", run, "--store", store, cwd=workdir)
+    shown = re.search(r"worker 1's clock is (\d+) s ahead of the store's", " ".join(status.split()))
+    assert shown and 115 <= int(shown[1]) <= 125, status
+    assert "worker 0's clock" not in status

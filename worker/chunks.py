@@ -11,6 +11,7 @@ from typing import IO
 
 from orchestrator.core.prefix import prefix_head
 from orchestrator.core.protocol.checkpoints import ChunkJob
+from orchestrator.core.protocol.crashes import poison_evidence
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import HeldLease, LeaseKeeper
 from orchestrator.core.protocol.parts import part_codec
@@ -50,8 +51,9 @@ class OpenChunk:
         unknown_fields: str = "error",
         note_ignored: Callable[[tuple[str, ...]], None] | None = None,
     ) -> Iterator[EngineRequest]:
-        """The chunk's lines as engine requests, streamed; bad lines, and rows that killed two
-        holders (core/protocol/crashes.py), go to `side_errors` instead.
+        """The chunk's lines as engine requests, streamed; bad lines, and poison rows (each alone in
+        the engine of two holders that died soon after starting it: core/protocol/crashes.py), go
+        to `side_errors` instead.
 
         Lines are read ORDER_WINDOW at a time and handed over by prompt prefix (rows sharing one
         together, so the engine's prefix cache serves them), the longest first within a prefix (a
@@ -60,7 +62,8 @@ class OpenChunk:
         The chunk can be dropped while this generator is suspended at its `yield` (a lease lost
         at the engine step in between): it then stops before reading the closed source again."""
         entry, skip = self.entry, self.skip
-        poison = set(self.keeper.held.lease.poison)
+        lease = self.keeper.held.lease
+        poison = set(lease.poison)
         if self.dropped:
             return
         for window in _windows(self.source, skip, 1 if self.careful else ORDER_WINDOW):
@@ -69,7 +72,7 @@ class OpenChunk:
                 if isinstance(parsed, EngineRequest) and parsed.ignored and note_ignored is not None:
                     note_ignored(parsed.ignored)
                 if isinstance(parsed, EngineRequest) and index in poison:
-                    parsed = crashed_row(parsed)
+                    parsed = crashed_row(parsed, poison_evidence(lease, index))
                 if isinstance(parsed, EngineRequest):
                     yield parsed
                     if self.dropped:
@@ -223,11 +226,8 @@ def copy_input(store: Store, layout: RunLayout, chunk: str) -> IO[bytes]:
     return local
 
 
-def crashed_row(request: EngineRequest) -> RowResult:
-    """The answer to a row in flight during two deaths of its worker: an error row, never run again."""
-    message = (
-        "the worker process died twice while this row was being generated (the second time with this row "
-        "alone in the engine), so it is not run again; check its parameters and prompt, and the worker logs"
-    )
+def crashed_row(request: EngineRequest, evidence: str) -> RowResult:
+    """The answer to a poison row: an error row naming the evidence against it, never run again."""
+    message = f"{evidence}, so it is not run again; check its parameters and prompt, and the worker logs"
     line = error_line(request.custom_id, "worker_crashed", message, status=500)
     return RowResult(request.index, request.custom_id, line, 0, 0, True)

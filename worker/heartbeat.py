@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.exits import WorkerStatus
+from orchestrator.core.protocol.clocks import StoreClock
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher, older_twin
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
@@ -84,10 +85,12 @@ class HeartbeatThread:
         store_ok: Callable[[], None],
         stopping: Callable[[], bool],
         request_stop: Callable[[str | None, WorkerStatus], None],
+        store_clock: StoreClock | None = None,
     ):
         self.store = store
         self.layout = layout
-        self.publisher = HeartbeatPublisher(store, layout, heartbeat)
+        #: Each heartbeat written also measures our clock against the store's (protocol/clocks.py).
+        self.publisher = HeartbeatPublisher(store, layout, heartbeat, store_clock)
         #: Seconds between two beats: a lease is renewed at least twice before it expires.
         self.interval = min(settings.heartbeat_interval, settings.lease_ttl / 3)
         self.totals = totals

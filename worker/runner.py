@@ -40,6 +40,7 @@ from orchestrator.core.errors import RunNotFound
 from orchestrator.core.exits import WorkerStatus
 from orchestrator.core.frozen_spec import spec_hash
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView
+from orchestrator.core.protocol.clocks import StoreClock
 from orchestrator.core.protocol.crashes import careful_groups
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
@@ -109,6 +110,8 @@ class Worker:
         #: engine loop never waits on the network for the heartbeat thread.
         self._lock = threading.Lock()
         self.chunks = ChunksInHand(self.totals, self._lock)
+        #: Our clock against the store's: leases are judged by the store's (protocol/clocks.py).
+        self.store_clock = StoreClock(clock, report=self._clock_note)
         self.heartbeat = HeartbeatThread(
             store,
             self.layout,
@@ -123,6 +126,7 @@ class Worker:
             store_ok=self._store_ok,
             stopping=lambda: self._shutdown_requested,
             request_stop=self.request_stop,
+            store_clock=self.store_clock,
         )
 
     # -- the loop ----------------------------------------------------------------------------
@@ -145,6 +149,7 @@ class Worker:
         if self._shutdown_requested:
             raise Shutdown(self._stop_status)  # SIGTERM while we waited on a twin: nothing in hand
         self.heartbeat.start()
+        self.heartbeat.publish()  # measures our clock against the store's before any lease is judged
         status = WorkerStatus.SUCCESS
         try:
             self._work(claimer, entries)
@@ -183,6 +188,7 @@ class Worker:
             clock=self.clock,
             own=self.identity.own,
             rows_per_s=self.totals.measured_rows_per_s,
+            store_clock=self.store_clock,
         )
 
     def _work(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> None:
@@ -215,6 +221,10 @@ class Worker:
         self._shutdown_requested = True
 
     _shutdown_requested = False
+
+    def _clock_note(self, line: str) -> None:
+        """A clock found off the store's (ours, or a peer's through its lease): in the worker's log."""
+        self.progress.note(f"worker {self.identity.worker}: {line}")
 
     def abandon_loading(self) -> dict[str, Any]:
         """Stopped while the engine is built: the chunks claimed go back at once (not at their
@@ -343,7 +353,8 @@ class Worker:
         in the engine, each group noted in the lease before it is handed over. The rows of the
         group before are flushed first: a later holder never runs a finished suspect again."""
         chunk = active.entry.chunk
-        for group in careful_groups(requests, lambda r: r.index, set(active.keeper.held.lease.suspects)):
+        lease = active.keeper.held.lease
+        for group in careful_groups(requests, lambda r: r.index, set(lease.suspects), set(lease.lone_deaths)):
             # Rows of other chunks in the engine would share this group's fate: let them finish first.
             while not self._shutdown_requested and any(a.outstanding for a in self.chunks.open.values()):
                 yield None

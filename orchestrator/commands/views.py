@@ -12,6 +12,7 @@ from orchestrator.controller.estimate import Estimate
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.controller.status import RunStatus, WorkerView
 from orchestrator.controller.status import duration as _duration
+from orchestrator.core.protocol.clocks import SKEW_WARN_S, describe_offset
 from orchestrator.core.records import PlanRecord
 
 
@@ -114,7 +115,21 @@ def status_view(status: RunStatus) -> Group:
         head.append(Text(f"  run them again: orch redo --run {status.run} {chunks}, then orch resume --follow"))
     for key, why in sorted(status.corrupt_leases.items()):
         head.append(Text(f"warning: {key} is not a lease ({why})", style="yellow"))
+    head.extend(_clock_warnings(status))
     return Group(*head, Text(""), *([_workers_table(status)] if status.workers else []), *_failures(status))
+
+
+def _clock_warnings(status: RunStatus) -> list[Text]:
+    """A line per worker whose clock is off the store's by SKEW_WARN_S or more."""
+    return [
+        Text(
+            f"warning: worker {w.worker}'s clock is {describe_offset(w.clock_offset_s)} the store's "
+            "(leases are judged by the store's clock; fix the machine's clock: NTP)",
+            style="yellow",
+        )
+        for w in status.workers
+        if w.clock_offset_s is not None and abs(w.clock_offset_s) >= SKEW_WARN_S
+    ]
 
 
 def _workers_table(status: RunStatus) -> Table:

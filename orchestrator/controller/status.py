@@ -38,7 +38,8 @@ JSON shape (stable for scripts):
                heartbeat_age_s, uptime_s, failure_reason (why its current job failed) | null,
                log (its log file, or the command that shows it) | null, activity (what it does, in words:
                controller/activity.py), activity_s (how long: loading since its process started, silent since
-               its last heartbeat) | null}],
+               its last heartbeat) | null, clock_offset_s (its clock minus the store's, as its heartbeat
+               measured: core/protocol/clocks.py) | null}],
     estimate: {gpu, workers, tokens_per_s_per_worker, measured, basis (which speed, in words), spot_hours,
                spot_usd, on_demand_hours, on_demand_usd} | null (what is left, on the fleet any_of picks, or
                on what the run measured where the price table has no price: a local cpu;
@@ -206,6 +207,8 @@ class WorkerView:
     #: How long it has been at it, where that is known: loading (since its process started), or
     #: silent (since its last heartbeat).
     activity_s: float | None = None
+    #: Its clock minus the store's, as its last heartbeat measured (core/protocol/clocks.py).
+    clock_offset_s: float | None = None
 
 
 @dataclass
@@ -349,6 +352,7 @@ def _worker_views(facts: RunFacts, done: set[str], *, now: float, heartbeat_inte
                 uptime_s=round(hb.uptime_s, 1) if hb else 0.0,
                 failure_reason=_failure(status, attempt),
                 log=status.log if status else None,
+                clock_offset_s=hb.clock_offset_s if hb else None,
             )
         )
         view = views[-1]

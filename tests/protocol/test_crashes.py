@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.core.protocol.crashes import CAREFUL_GROUP, careful_groups
+from orchestrator.core.protocol.crashes import CAREFUL_GROUP, QUICK_DEATH_S, careful_groups, poison_evidence
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost, acquire, read_lease
 from orchestrator.core.store import open_store
@@ -56,7 +56,7 @@ def test_crash_engine_failure_gives_the_chunk_up_as_a_death(store):
     assert successor.held.lease.crashes == 1
 
 
-def test_crash_notes_narrow_down_to_the_row_in_flight_during_two_deaths(store):
+def test_crash_notes_narrow_down_to_the_row_alone_in_two_quick_deaths(store):
     hold(store, "a", now=0.0)  # dies with no note: not careful yet
     b = hold(store, "b", now=100.0)
     assert b.held.lease.crashes == 1 and b.held.lease.suspects == []
@@ -66,13 +66,46 @@ def test_crash_notes_narrow_down_to_the_row_in_flight_during_two_deaths(store):
     assert c.held.lease.crashes == 2
     assert c.held.lease.suspects == [3, 4, 5] and c.held.lease.poison == []
     c.note_in_flight([3])  # suspects run alone: 3 finishes
-    c.note_in_flight([4])  # ...and 4 kills c too
+    c.note_in_flight([4])  # ...and 4 kills c at once: one piece of evidence, not yet a verdict
     d = hold(store, "d", now=300.0)
-    assert d.held.lease.poison == [4] and d.held.lease.suspects == [3, 5]
-    assert d.held.lease.in_flight is None
+    assert d.held.lease.lone_deaths == {4: ["c"]} and d.held.lease.poison == []
+    assert d.held.lease.suspects == [3, 4, 5] and d.held.lease.in_flight is None
+    d.note_in_flight([4])  # alone again, in another fresh process, and it dies again at once
+    e = hold(store, "e", now=400.0)
+    assert e.held.lease.poison == [4] and e.held.lease.suspects == [3, 5]
+    assert poison_evidence(e.held.lease, 4) == (
+        "row 4 of chunk c was alone in the engine of 2 worker processes (c, d) that each died "
+        f"within {QUICK_DEATH_S:g} s (and a heartbeat) of starting it"
+    )
     # Poison stays poison whoever holds the chunk next, a death or not.
-    d.release()
-    assert hold(store, "e", now=301.0).held.lease.poison == [4]
+    e.release()
+    assert hold(store, "f", now=401.0).held.lease.poison == [4]
+
+
+def test_crash_a_row_that_outlived_a_quick_death_is_no_evidence(store):
+    hold(store, "a", now=0.0)
+    b = hold(store, "b", now=100.0)
+    b.note_in_flight([4])
+    b.renew_if_due()  # not yet: the row has not run for QUICK_DEATH_S
+    assert lease(store).renewed_at == 100.0
+    later = LeaseKeeper(store, L, b.held, ttl=TTL, clock=lambda: 100.0 + QUICK_DEATH_S)
+    later.renew_if_due()  # the alive mark: 4 outlived a quick death
+    # b is killed from outside while 4 runs on: 4 is a suspect (it runs alone), not a culprit.
+    c = hold(store, "c", now=300.0)
+    assert c.held.lease.suspects == [4] and c.held.lease.lone_deaths == {} and c.held.lease.poison == []
+
+
+def test_crash_deaths_with_rows_in_company_are_no_evidence(store):
+    """Kills from outside while careful groups run (a kill storm): suspects, never poison."""
+    hold(store, "a", now=0.0)
+    now = 100.0
+    for holder in "bcdefg":
+        keeper = hold(store, holder, now=now)
+        keeper.note_in_flight([7, 8])
+        now += 100.0
+    successor = hold(store, "h", now=now)
+    assert successor.held.lease.crashes == 7 and successor.held.lease.poison == []
+    assert successor.held.lease.lone_deaths == {} and successor.held.lease.suspects == [7, 8]
 
 
 def test_crash_record_survives_a_clean_handover_but_the_note_does_not(store):
@@ -99,3 +132,12 @@ def test_careful_groups_put_each_suspect_alone_and_keep_order():
     assert [3] in groups and [40] in groups
     assert all(len(g) <= CAREFUL_GROUP for g in groups)
     assert groups[0] == [0, 1, 2]
+
+
+def test_careful_groups_run_rows_with_evidence_last():
+    """A row one death names runs after the rest: a kill at the same moment of each process's life
+    (seconds after it starts) then falls on another row, not on the same one twice."""
+    rows = list(range(40))
+    groups = list(careful_groups(rows, lambda r: r, {2, 3, 5}, last={3}))
+    assert [r for g in groups for r in g] == [r for r in rows if r != 3] + [3]
+    assert groups[:3] == [[0, 1], [2], [4]] and groups[-1] == [3]

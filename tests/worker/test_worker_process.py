@@ -474,12 +474,13 @@ def test_worker_looks_for_work_again_after_its_last_rows_drain(tiny_engine, tiny
     assert DoneMarker.model_validate_json(store.get(layout.done("part_00001")).data).holder.startswith("0.")
 
 
-@pytest.mark.timeout(3600)  # four engine loads: a hang guard, not a pace
-def test_worker_a_row_in_flight_during_two_deaths_is_answered_as_worker_crashed(tiny_model, tmp_path):
-    """kill -9 the worker three times, the way a row that kills its process would: first anywhere
-    in the chunk, then while the row is in a careful holder's noted group, then while it is alone
-    in the engine. The fourth process answers that row with a `worker_crashed` error row and
-    completes the chunk; no other row is lost or answered twice."""
+@pytest.mark.timeout(3600)  # five engine loads: a hang guard, not a pace
+def test_worker_a_row_alone_in_two_quick_deaths_is_answered_as_worker_crashed(tiny_model, tmp_path):
+    """kill -9 the worker four times, the way a row that kills its process would: first anywhere
+    in the chunk, then while the row is in a careful holder's noted group, then twice while it is
+    alone in the engine (two pieces of evidence, from two processes). The fifth process answers
+    that row with a `worker_crashed` error row naming the evidence and completes the chunk; no
+    other row is lost or answered twice."""
     store_uri = str(tmp_path / "store")
     store = open_store(store_uri)
     rows, victim = 40, 35  # careful groups are rows 0-31, then 32-39: the victim's has 8 rows
@@ -489,23 +490,30 @@ def test_worker_a_row_in_flight_during_two_deaths_is_answered_as_worker_crashed(
     # loaded one: what the test waits for is the state, never a time.
     requests[victim]["body"]["max_tokens"] = 900
     layout = make_run(store, "poison", [requests], model=tiny_model)
+    killed: list[str] = []
 
     def kill_when(ready, what: str) -> None:
         worker = WorkerProcess(store_uri, "poison", "0", tmp_path)
         hang_guard = time.monotonic() + 1200  # loading the engine takes minutes on a loaded machine
-        while not ready(lease := read_lease(store, layout, "part_00000")):
+        # The lease of the process killed before still shows its note: only this process's counts.
+        while not (
+            (lease := read_lease(store, layout, "part_00000")) and lease[0].holder not in killed and ready(lease[0])
+        ):
             assert worker.proc.poll() is None, f"the worker ended before {what}: {worker.stderr}"
             assert time.monotonic() < hang_guard, f"never saw {what}: {lease}"
             time.sleep(0.01)
         worker.proc.send_signal(signal.SIGKILL)
         worker.proc.wait()
+        killed.append(lease[0].holder)
 
-    kill_when(lambda found: found is not None, "the chunk taken")  # 1. unexplained: no note yet
-    kill_when(lambda found: found and victim in (found[0].in_flight or ()), "the row in a noted group")
-    kill_when(lambda found: found and found[0].in_flight == [victim], "the row alone in the engine")
-    # The third holder knew of two deaths, and ran the rows of the second one's group one by one.
+    kill_when(lambda found: found.crashes == 0, "the chunk taken")  # 1. unexplained: no note yet
+    kill_when(lambda found: victim in (found.in_flight or ()), "the row in a noted group")
+    kill_when(lambda found: found.in_flight == [victim], "the row alone in the engine")
+    kill_when(lambda found: found.in_flight == [victim], "the row alone in the engine again")
+    # The fourth holder knew of three deaths, one of them with the row alone: evidence, no verdict.
     lease, _ = read_lease(store, layout, "part_00000")
-    assert lease.crashes == 2 and victim in lease.suspects and len(lease.suspects) > 1 and not lease.poison
+    assert lease.crashes == 3 and victim in lease.suspects and len(lease.suspects) > 1
+    assert lease.lone_deaths == {victim: [killed[2]]} and not lease.poison
 
     code, summary = WorkerProcess(store_uri, "poison", "0", tmp_path).finish()
     assert code == 0 and summary["errors"] == 1
@@ -516,4 +524,6 @@ def test_worker_a_row_in_flight_during_two_deaths_is_answered_as_worker_crashed(
     assert [(c.custom_id, c.error.code, c.response.status_code) for c in crashed] == [
         (f"p-{victim}", "worker_crashed", 500)
     ]
-    assert "died twice" in crashed[0].error.message
+    assert f"row {victim} of chunk part_00000 was alone in the engine of 2 worker processes ({killed[2]}, " in (
+        crashed[0].error.message
+    )

@@ -28,6 +28,7 @@ import random
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.core.protocol.clocks import StoreClock
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import Clock, HeldLease, acquire
@@ -238,14 +239,17 @@ def pick_rescue(
     now: float,
     policy: RescuePolicy,
 ) -> RescueCandidate | None:
-    """The live chunk whose holder we would beat by the widest margin, if any (step 3)."""
+    """The live chunk whose holder we would beat by the widest margin, if any (step 3).
+
+    `now` is the store's time; each heartbeat's time is brought to the store's clock by the offset
+    it carries (a peer whose clock runs behind must not look busy for longer than it is)."""
     best: RescueCandidate | None = None
     for worker, hb in heartbeats.items():
         if worker == our_worker or hb.state != "running" or not hb.chunk:
             continue
         rate = hb.rows_per_s
         left = max(hb.chunk_rows - hb.chunk_rows_done, 0)
-        age = now - hb.updated_at
+        age = now - (hb.updated_at - (hb.clock_offset_s or 0.0))
         if rate <= 0 or left == 0 or age > policy.max_heartbeat_age_s:
             continue
         theirs = left / rate - age
@@ -260,7 +264,8 @@ def pick_rescue(
 def expired_lease_chunks(store: Store, layout: RunLayout, view: RunView, *, now: float, ttl: float) -> list[str]:
     """Unfinished chunks whose lease was last written more than a TTL ago, oldest first (step 2).
 
-    The listing's write time is a hint; `acquire` reads the lease itself before taking it over.
+    `now` is the store's time (StoreClock.now): the listing's times are the store's. They are a
+    hint; `acquire` reads the lease itself before taking it over.
     """
     stale = []
     for info in store.list(layout.leases_prefix):
@@ -297,6 +302,8 @@ class ChunkClaimer:
     _own_next: int = 0
     #: Prompt prefixes of the chunks we took: our engine likely has them cached.
     served: set[str] = field(default_factory=set)
+    #: Our offset from the store's clock (a worker's; None: `clock` is the store's, as in the simulator).
+    store_clock: StoreClock | None = None
 
     def next_chunk(self, working_on: Collection[str] = ()) -> HeldLease | None:
         """A lease on the next chunk to work on, or None when nothing is left for us.
@@ -318,10 +325,11 @@ class ChunkClaimer:
             if chunk not in working_on and (held := self._take(chunk)) is not None:
                 return held
         now = self.clock()
-        for chunk in expired_lease_chunks(self.store, self.layout, self.view, now=now, ttl=self.ttl):
+        store_now = self.store_clock.now() if self.store_clock is not None else now
+        for chunk in expired_lease_chunks(self.store, self.layout, self.view, now=store_now, ttl=self.ttl):
             if chunk not in working_on and (held := self._take(chunk)) is not None:
                 return held
-        return self._rescue(now, working_on)
+        return self._rescue(store_now, working_on)
 
     def _from_own_list(self, working_on: Collection[str]) -> HeldLease | None:
         own_list = self.view.index.lists.get(self.own, ()) if self.own is not None else ()
@@ -375,6 +383,7 @@ class ChunkClaimer:
             ttl=self.ttl,
             now=self.clock(),
             may_take=may_take,
+            store_clock=self.store_clock,
         )
         self.view.mark_taken(chunk)
         if held is not None and self.store.head(self.layout.done(chunk)) is not None:
@@ -386,6 +395,7 @@ class ChunkClaimer:
         return held
 
     def _rescue(self, now: float, working_on: Collection[str]) -> HeldLease | None:
+        """A live, slower worker's chunk (step 3); `now` is the store's time."""
         speed = self.rows_per_s()
         if self.rescue is None or not speed:
             return None

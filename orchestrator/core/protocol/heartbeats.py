@@ -6,6 +6,7 @@ import contextlib
 from functools import lru_cache
 from typing import Any
 
+from orchestrator.core.protocol.clocks import MEASURE_EVERY_S, StoreClock
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import Heartbeat, HeartbeatSummary
 from orchestrator.core.store import Store, StoreError, ignore_stray
@@ -23,13 +24,17 @@ def is_beating(beat: HeartbeatSummary | Heartbeat, *, now: float, heartbeat_inte
 class HeartbeatPublisher:
     """Rewrites one worker's heartbeat: the new key first, then the previous one is deleted.
 
-    A crash between the two leaves two keys for a worker; readers keep the newest.
+    A crash between the two leaves two keys for a worker; readers keep the newest. With a
+    `store_clock`, the key just written measures our clock against the store's (clocks.py) every
+    MEASURE_EVERY_S, and the next heartbeat carries the offset.
     """
 
-    def __init__(self, store: Store, layout: RunLayout, heartbeat: Heartbeat):
+    def __init__(self, store: Store, layout: RunLayout, heartbeat: Heartbeat, store_clock: StoreClock | None = None):
         self.store = store
         self.layout = layout
         self.heartbeat = heartbeat
+        self.store_clock = store_clock
+        self._measured_at: float | None = None
         self._key: str | None = None
         # Keys left by an earlier process of this worker id describe a process that is gone; its
         # uptime is carried over, so the worker's billed time survives restarts.
@@ -48,9 +53,19 @@ class HeartbeatPublisher:
         )
 
     def publish(self, **updates: Any) -> Heartbeat:
+        clock = self.store_clock
+        if clock is not None and clock.offset_s is not None:
+            updates = {"clock_offset_s": round(clock.offset_s, 1), **updates}
         self.heartbeat = self.heartbeat.model_copy(update=updates)
         key = self.layout.heartbeat(self.heartbeat.worker, self.heartbeat.summary().key_values())
+        before = clock.clock() if clock is not None else 0.0
         self.store.put(key, self.heartbeat.to_bytes())
+        if clock is not None and (self._measured_at is None or before - self._measured_at >= MEASURE_EVERY_S):
+            after = clock.clock()
+            info = self.store.head(key)
+            if info is not None:
+                clock.observe(before, after, info.modified)
+                self._measured_at = before
         old, self._key = [*self._stale, self._key], key
         self._stale = []
         for stale in old:

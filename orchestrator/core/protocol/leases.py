@@ -5,8 +5,10 @@ Correctness never rests on a lease alone: the done marker is written create-if-a
 exactly the parts it is made of, so a worker that lost its lease without noticing only leaves
 garbage behind. Leases are about not doing work twice, and about knowing when to stop.
 
-Expiry compares the writer's clock (expires_at) with the reader's: keep the TTL well above the
-clock skew between machines (NTP keeps it under a second; the default TTL is 300 s).
+Expiry is judged on the store's clock (core/protocol/clocks.py): a lease that looks expired by
+the reader's clock (`expires_at`, by the writer's, is past) is taken over only if the store says
+nobody wrote it for a TTL. So a reader whose clock runs ahead, or a holder whose clock runs
+behind, never takes a live lease: skew costs at most a later takeover of a dead holder's lease.
 
 A lease object that does not parse (garbage bytes) names no holder: it is treated as held until
 the object is older than the TTL (by the store's clock, from a HEAD), then taken over like an
@@ -21,7 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from orchestrator.core.errors import CorruptRecord
-from orchestrator.core.protocol.crashes import inherit
+from orchestrator.core.protocol.clocks import StoreClock
+from orchestrator.core.protocol.crashes import alive_mark_due, inherit
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import Lease, cas_update, read_record
 from orchestrator.core.store import NotFound, PreconditionFailed, Store, ignore_stray
@@ -62,17 +65,19 @@ def acquire(
     ttl: float,
     now: float,
     may_take: Callable[[Lease], bool] | None = None,
+    store_clock: StoreClock | None = None,
 ) -> HeldLease | None:
     """Take the chunk's lease, or return None when someone else holds it.
 
     1. No lease yet: create it (put-if-absent; tried first, since most claims are of chunks
        nobody has touched).
-    2. A lease exists: take it over by compare-and-swap when it is released, expired, held by an
-       earlier process of the same worker (that process is gone: a worker id runs in one place at
-       a time), or when `may_take` says so (a faster worker taking over from a slow one at the end
-       of a run). A lease that is ours already is kept as it is. Taking over the lease of a holder
-       that died (expired, or our own earlier process, never released) counts a crash of the
-       chunk (crashes.inherit).
+    2. A lease exists: take it over by compare-and-swap when it is released or given up, expired
+       (by our clock, and by the store's: not written for a TTL; `store_clock` knows our offset
+       from it), held by an earlier process of the same worker (that process is gone: a worker id
+       runs in one place at a time), or when `may_take` says so (a faster worker taking over from
+       a slow one at the end of a run). A lease that is ours already is kept as it is. Taking over
+       the lease of a holder that died (expired, given up, or our own earlier process) counts a
+       crash of the chunk (crashes.inherit).
     3. Someone else changed it first: their lease is read again and judged by the same rules.
     """
     mine = Lease(chunk=chunk, worker=worker, holder=holder, acquired_at=now, renewed_at=now, expires_at=now + ttl)
@@ -84,8 +89,11 @@ def acquire(
             return None
         if current.released:
             return inherit(current, mine, died=False)
-        if current.is_free(now) or current.worker == worker:
+        if current.gave_up or current.worker == worker:
             return inherit(current, mine, died=True)
+        if current.expires_at <= now:
+            alive = store_clock is not None and _renewed_lately(store, layout.lease(chunk), current, ttl, store_clock)
+            return None if alive else inherit(current, mine, died=True)
         if may_take is not None and may_take(current):
             return inherit(current, mine, died=False)
         return None
@@ -93,14 +101,26 @@ def acquire(
     try:
         lease, etag = cas_update(store, layout.lease(chunk), Lease, take, expect_new=True)
     except CorruptRecord as e:
-        return _take_corrupt(store, layout.lease(chunk), mine, str(e), ttl=ttl, now=now)
+        store_now = store_clock.now() if store_clock is not None else now
+        return _take_corrupt(store, layout.lease(chunk), mine, str(e), ttl=ttl, now=store_now)
     if lease is None or etag is None or lease.holder != holder:
         return None
     return HeldLease(lease, etag)
 
 
+def _renewed_lately(store: Store, key: str, lease: Lease, ttl: float, store_clock: StoreClock) -> bool:
+    """The lease looks expired by our clock: did the store see it written within a TTL? Then its
+    holder is alive, on a clock that differs from ours (the peer's offset is reported). Without a
+    `store_clock` (the simulator, whose store and workers share one clock) ours decides alone."""
+    info = store.head(key)
+    if info is None:
+        return False
+    store_clock.peer(lease.worker, lease.holder, lease.renewed_at, info.modified)
+    return store_clock.now() - info.modified <= ttl
+
+
 def _take_corrupt(store: Store, key: str, mine: Lease, problem: str, *, ttl: float, now: float) -> HeldLease | None:
-    """A lease object of garbage: ours by compare-and-swap once it is older than the TTL."""
+    """A lease object of garbage: ours by compare-and-swap once it is older than the TTL (`now`: the store's clock)."""
     info = store.head(key)
     if info is not None and now - info.modified <= ttl:
         ignore_stray(key, f"{problem}; treated as held until it is {ttl:g}s old")
@@ -135,13 +155,13 @@ def renew(
 
 def release(store: Store, layout: RunLayout, held: HeldLease, *, now: float, died: bool = False) -> None:
     """Give the chunk back (shutdown before finishing it): mark the lease released, if it is still ours.
-    With `died` (the engine failed under us), it is only expired: free at once, and the next holder
-    counts a crash of the chunk, as if we had died holding it (crashes.py).
+    With `died` (the engine failed under us), it is given up instead: free at once, and the next
+    holder counts a crash of the chunk, as if we had died holding it (crashes.py).
 
     A compare-and-swap, not a delete: R2 has no conditional delete, and an unconditional one could
     remove a lease another worker took over in the meantime.
     """
-    freed = held.lease.model_copy(update={"released": not died, "renewed_at": now, "expires_at": now})
+    freed = held.lease.model_copy(update={"released": not died, "gave_up": died, "renewed_at": now, "expires_at": now})
     with contextlib.suppress(PreconditionFailed):  # not ours any more: nothing to give back
         store.compare_and_swap(layout.lease(held.chunk), freed.to_bytes(), held.etag)
 
@@ -178,7 +198,7 @@ class LeaseKeeper:
     def note_in_flight(self, rows: list[int]) -> None:
         """A careful holder's note (core/protocol/crashes.py): these rows go to the engine now.
         Written with a renewal, before the rows are handed over. Raises LeaseLost."""
-        self._renew({"in_flight": rows})
+        self._renew({"in_flight": rows, "noted_at": self.clock()})
 
     def _renew(self, changes: Mapping[str, object] | None) -> None:
         with self._lock:
@@ -191,8 +211,10 @@ class LeaseKeeper:
                 raise
 
     def renew_if_due(self) -> None:
-        """Renew when a third of the TTL has passed since the last renewal."""
-        if self.clock() - self._held.lease.renewed_at >= self.ttl / 3:
+        """Renew when a third of the TTL has passed since the last renewal, or to mark the rows in
+        flight alive once they outlived a quick death (crashes.alive_mark_due)."""
+        lease, now = self._held.lease, self.clock()
+        if now - lease.renewed_at >= self.ttl / 3 or alive_mark_due(lease, now):
             self.renew()
 
     def expired(self) -> bool:

@@ -255,17 +255,26 @@ class Lease(Document):
     renewed_at: float
     expires_at: float
     released: bool = False
+    #: The holder's engine failed under it (LeaseKeeper.release(died=True)): free at once, as a death.
+    gave_up: bool = False
     #: Holders that died holding this chunk; from 1 on, holders work carefully (core/protocol/crashes.py).
     crashes: int = 0
     #: A careful holder's note: the rows it handed to the engine and that have not finished yet.
     in_flight: list[int] | None = None
+    #: When the note was written, by the holder's clock (as `renewed_at`, which a renewal after
+    #: crashes.QUICK_DEATH_S moves on: the rows then outlived a quick death).
+    noted_at: float | None = None
     #: Rows in flight when a careful holder died: each runs alone from then on.
     suspects: list[int] = Field(default_factory=list)
-    #: Rows in flight during two deaths: answered with a `worker_crashed` error row, never run again.
+    #: The evidence against rows: row -> the holders that died within crashes.QUICK_DEATH_S of
+    #: starting it alone in their engine.
+    lone_deaths: dict[int, list[str]] = Field(default_factory=dict)
+    #: Rows with evidence from two deaths: answered with a `worker_crashed` error row, never run again.
     poison: list[int] = Field(default_factory=list)
 
     def is_free(self, now: float) -> bool:
-        return self.released or self.expires_at <= now
+        """Released, given up, or expired by the clock of `now` (leases.acquire also asks the store's)."""
+        return self.released or self.gave_up or self.expires_at <= now
 
 
 class PartRef(Record):
@@ -357,6 +366,8 @@ class HeartbeatSummary(KeyRecord):
     #: A process of this worker id loaded the model (carried over like the uptime): from then on
     #: the run's model may have produced outputs, so it stays frozen (core/context.py).
     loaded: bool = False
+    #: This process's clock minus the store's, measured at its last heartbeat (core/protocol/clocks.py).
+    clock_offset_s: float | None = None
 
     @property
     def uptime_s(self) -> float:
