@@ -13,6 +13,7 @@ import base64
 import html
 import http.client
 import json
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -80,7 +81,10 @@ def test_foreign_origin_refuses_changes_from_other_origins_and_lets_reads_and_ot
 
 def test_serve_refuses_a_bad_allowed_host_saying_where(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("ORCH_SERVE_ALLOWED_HOSTS", "ok.example,http://bad.example")
-    code = main(["serve", "--model", f"tiny={TINY}", "--store", str(tmp_path / "store"), "--port", "1"])
+    with socket.socket() as taken:  # were the setting not checked first, the server could not listen either
+        taken.bind(("127.0.0.1", 0))
+        port = str(taken.getsockname()[1])
+        code = main(["serve", "--model", f"tiny={TINY}", "--store", str(tmp_path / "store"), "--port", port])
     err = capsys.readouterr().err
     assert code == 2 and "'http://bad.example' is not a host name" in err and "ORCH_SERVE_ALLOWED_HOSTS" in err
 
@@ -121,15 +125,17 @@ def stored(server: Server) -> set[str]:
     return {info.key for info in open_store(server.store_uri).list("")}
 
 
-def big_upload(port: int, headers: dict[str, str]) -> raw_http.Answer:
-    """An upload announcing 600 MB and sending 64 MiB of it, or less if answered first."""
-    head, _ = raw_http.multipart(BOUNDARY, "big.jsonl")
+def form_upload(port: int, headers: dict[str, str]) -> raw_http.Answer:
+    """A whole, valid upload of 16 MiB, as a form sends it (a server that took it would store it), sent
+    a MiB at a time and cut short once answered: what was spooled by then was read before the answer."""
+    head, tail = raw_http.multipart(BOUNDARY, "form.jsonl")
+    size = 16 * MiB
     headers = {
         "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
-        "Content-Length": str(600 * 10**6),
+        "Content-Length": str(len(head) + size + len(tail)),
         **headers,
     }
-    return raw_http.post(port, "/v1/files", headers, [head, *raw_http.pieces(64 * MiB, MiB)], chunked=False)
+    return raw_http.post(port, "/v1/files", headers, [head, *raw_http.pieces(size, MiB), tail], chunked=False)
 
 
 def create_body(file_id: str) -> bytes:
@@ -153,7 +159,7 @@ def test_serve_refuses_a_forged_host_before_reading_anything(open_server, tmp_pa
             code, body = send(port, "GET", path, {"Host": host})
             assert (code, body["error"]["code"]) == (400, "invalid_host"), (host, path, code, body)
     with raw_http.FolderPeak(spool) as peak:
-        refused = big_upload(port, {"Host": f"attacker.example:{port}"})
+        refused = form_upload(port, {"Host": f"attacker.example:{port}"})
     assert refused.status == 400 and "Invalid Host header" in refused.message, refused
     assert peak.bytes < MiB, f"{peak.bytes:,} bytes spooled for a forged Host"
     code, _ = send(
@@ -212,7 +218,7 @@ def test_serve_refuses_changes_from_another_origin_and_writes_nothing(open_serve
     ]
     for headers in foreign:
         with raw_http.FolderPeak(spool) as peak:
-            refused = big_upload(port, headers)
+            refused = form_upload(port, headers)
         assert refused.status == 403 and refused.body["error"]["code"] == "cross_origin", (headers, refused)
         assert peak.bytes < MiB, f"{peak.bytes:,} bytes spooled for {headers}"
         json_headers = {"Content-Type": "application/json", **headers}
@@ -242,7 +248,7 @@ def test_serve_api_refuses_basic_auth_which_only_the_run_page_takes(keyed_server
     code, _ = send(port, "POST", "/v1/batches", {"Content-Type": "application/json", **basic}, create_body(file_id))
     assert code == 401
     with raw_http.FolderPeak(spool) as peak:
-        assert big_upload(port, basic).status == 401
+        assert form_upload(port, basic).status == 401
     assert peak.bytes < MiB
     assert stored(keyed_server) == before and keyed_server.client().batches.list().data == []
     assert send(port, "GET", "/v1/files", {"Authorization": f"Bearer {KEY}"})[0] == 200
