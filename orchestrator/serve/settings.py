@@ -15,7 +15,7 @@ from orchestrator.core.spec import ModelSpec, RunSpec
 from orchestrator.core.store import Store, open_store
 from orchestrator.serve.auth import Keys, check_exposure, load_owners
 from orchestrator.serve.uploads import UploadLimits
-from orchestrator.web.hosts import AllowedHosts
+from orchestrator.web.hosts import AllowedHosts, is_loopback
 
 #: Where the names the server answers to come from, for errors about them.
 ALLOWED_HOSTS_FLAG = "--allowed-host / ORCH_SERVE_ALLOWED_HOSTS"
@@ -70,7 +70,7 @@ def load_settings(
     windows = {w: parse_duration(w, where="serve.completion_windows") for w in spec.serve.completion_windows}
     owners = load_owners(api_keys, api_keys_file)
     check_exposure(host, owners)
-    named = [host] if host not in EVERY_INTERFACE else []
+    named = [host] if host not in EVERY_INTERFACE and not is_loopback(host) else []
     hosts = AllowedHosts.parse([*named, *allowed_hosts], where=ALLOWED_HOSTS_FLAG)
     store = open_store(spec.store)
     probe = RunLayout("orch-serve")
