@@ -135,10 +135,23 @@ def workdir(tmp_path, monkeypatch):
 
 
 @contextlib.contextmanager
-def status_web(run: str, workdir: Path):
-    """`orch status --web --port 0` in its own process; yields the page's address."""
+def status_web(run: str, workdir: Path, *args: str):
+    """`orch status --web --port 0` (and `args`) in its own process; yields the page's address."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "status", "--run", run, "--web", "--port", "0", "--interval", "0.5"],
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "status",
+            "--run",
+            run,
+            "--web",
+            "--port",
+            "0",
+            "--interval",
+            "0.5",
+            *args,
+        ],
         cwd=workdir,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,

@@ -29,6 +29,14 @@ from orchestrator.commands.shared import backend_option
     default=None,
     help="API keys, one per line (with ORCH_API_KEYS=K1,K2); without keys, loopback only",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="a name clients reach the server by, besides localhost and --host: orch.example.com, .example.com "
+    "(and names under it), 10.0.0.5 (repeatable; with ORCH_SERVE_ALLOWED_HOSTS=N1,N2)",
+)
 def serve_command(
     spec_file: str | None,
     store: str | None,
@@ -37,6 +45,7 @@ def serve_command(
     port: int,
     models: tuple[str, ...],
     api_keys_file: str | None,
+    allowed_hosts: tuple[str, ...],
 ) -> int:
     """Serve OpenAI's Batch API: code written for OpenAI's Files and Batches endpoints runs
     unchanged against this server, changing only base_url (and the key).
@@ -48,19 +57,29 @@ def serve_command(
     """
     from orchestrator.core.spec import load_spec
     from orchestrator.serve.app import serve
-    from orchestrator.serve.settings import load_settings
+    from orchestrator.serve.settings import EVERY_INTERFACE, load_settings
 
     flags = {k: v for k, v in {"store": store, "backend": backend}.items() if v is not None}
     spec = load_spec(spec_file, flags)
     # Read once, then out of the environment: the workers started from here never inherit the keys.
     api_keys = os.environ.pop("ORCH_API_KEYS", None)
-    settings = load_settings(spec, models, host=host, api_keys=api_keys, api_keys_file=api_keys_file)
+    hosts = [*os.environ.get("ORCH_SERVE_ALLOWED_HOSTS", "").split(","), *allowed_hosts]
+    settings = load_settings(
+        spec, models, host=host, api_keys=api_keys, api_keys_file=api_keys_file, allowed_hosts=hosts
+    )
     _log_to_stderr()
     keys = f"{len(settings.keys.owners)} API key(s)" if not settings.keys.open else "no API keys (open, loopback only)"
     click.echo(
-        f"orch serve: {', '.join(sorted(settings.models))} on the {spec.backend} backend, store {spec.store}, {keys}",
+        f"orch serve: {', '.join(sorted(settings.models))} on the {spec.backend} backend, store {spec.store}, {keys}; "
+        f"answers to Host {settings.allowed_hosts.describe()}",
         err=True,
     )
+    if not settings.allowed_hosts.names and host in EVERY_INTERFACE:
+        click.echo(
+            f"orch serve: listening on every interface ({host or '*'}), but other machines reach it only by a "
+            "name given with --allowed-host NAME (or ORCH_SERVE_ALLOWED_HOSTS): requests naming others are refused",
+            err=True,
+        )
     serve(settings, host, port)
     return 0
 

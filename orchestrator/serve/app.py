@@ -9,9 +9,13 @@
     GET    /v1/models                 the names a batch's `model` may take
     GET    /runs/{run}, /runs/{run}/status.json, /metrics: a run's page and metrics (serve/pages.py)
 
-Every route needs `Authorization: Bearer KEY` (unless the server runs without keys) and sees only
-the key's own files and batches; a route reads its body only after the key is accepted, a read at a
-time and bounded (serve/uploads.py). The routes only read and write the store; the driver thread does
+Before any route, a request must name this server in its Host header, and one that changes
+something must not come from another origin's page (serve/guard.py: what a web page the user
+visits could otherwise do to a server on 127.0.0.1). Every route needs `Authorization: Bearer KEY`
+(unless the server runs without keys; never HTTP Basic, the run page's) and sees only the key's own
+files and batches; a JSON route takes only `Content-Type: application/json`, which no page can send
+to another origin unasked; a route reads its body only after all that, a read at a time and
+bounded (serve/uploads.py). The routes only read and write the store; the driver thread does
 the batches' work. Errors take OpenAI's shape, so the official SDK raises its usual exceptions.
 """
 
@@ -27,6 +31,7 @@ from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
+from python_multipart.multipart import parse_options_header
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
@@ -45,6 +50,7 @@ from orchestrator.serve.files import (
     owned_file,
     save_file,
 )
+from orchestrator.serve.guard import RequestGuard
 from orchestrator.serve.pages import router as pages_router
 from orchestrator.serve.pages import run_snapshots
 from orchestrator.serve.settings import ServeSettings
@@ -96,6 +102,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
     app.state.settings, app.state.batches, app.state.driver = settings, batches, driver
     app.state.snapshots = run_snapshots(settings)
     _error_handlers(app)
+    app.add_middleware(RequestGuard, hosts=settings.allowed_hosts)
     app.include_router(router)
     app.include_router(pages_router)
     return app
@@ -104,7 +111,23 @@ def create_app(settings: ServeSettings) -> FastAPI:
 def _owner(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
     """The owner the request's key stands for (401 without a known key)."""
     settings: ServeSettings = request.app.state.settings
-    return settings.keys.owner(authorization)
+    return settings.keys.owner(authorization, basic=False)
+
+
+def _json_only(request: Request, *, required: bool) -> None:
+    """415 unless the body is declared JSON (or, where `required` is False, no type is declared).
+
+    A page may post text/plain and form types to any site without asking it first (no CORS preflight);
+    a JSON body parsed whatever its declared type would take such a post as an API call."""
+    declared = request.headers.get("content-type")
+    if declared is None and not required:
+        return
+    kind, _ = parse_options_header(declared)
+    if kind != b"application/json":
+        raise APIError(
+            415,
+            f"Unsupported Content-Type {declared!r}: send the body as JSON, with Content-Type: application/json.",
+        )
 
 
 def _store(request: Request) -> Store:
@@ -200,6 +223,7 @@ async def create_batch(
     """The body is read here, after `Owner` checked the key (as for uploads), and at most MAX_JSON_BYTES of it.
     A request resent with the same Idempotency-Key gets the batch the first one made (batch_api.py)."""
     settings: ServeSettings = request.app.state.settings
+    _json_only(request, required=True)
     body = _json_body(CreateBatch, await read_body(request, settings.upload_limits, MAX_JSON_BYTES))
     batch = await run_in_threadpool(
         batches.create,
@@ -228,7 +252,9 @@ def get_batch(batch_id: str, who: Owner, batches: BatchesDep) -> dict[str, Any]:
 
 
 @router.post("/batches/{batch_id}/cancel")
-def cancel_batch(batch_id: str, who: Owner, batches: BatchesDep, driver: DriverDep) -> dict[str, Any]:
+def cancel_batch(batch_id: str, request: Request, who: Owner, batches: BatchesDep, driver: DriverDep) -> dict[str, Any]:
+    """No body is read; one declared of a type a form sends is refused all the same."""
+    _json_only(request, required=False)
     batch = batches.cancel(who, batch_id)
     driver.wake()
     return batch_object(batch)

@@ -1,7 +1,9 @@
 """Who may do what: API keys, known to the server only by their hashes, and the owner each one is.
 
-A request carries its key as `Authorization: Bearer KEY`, or (a browser opening a run's page) as
-the password of HTTP Basic auth. Keys come from ORCH_API_KEYS (comma-separated) and
+A request carries its key as `Authorization: Bearer KEY`. A browser opening a run's page may send it
+as the password of HTTP Basic auth instead, and only there: a browser attaches the Basic credentials
+it remembers to any request for this server, a form posted by another site's page included, so the
+API (`/v1`) refuses Basic auth outright. Keys come from ORCH_API_KEYS (comma-separated) and
 --api-keys-file (one per line, `#` comments).
 The server hashes them as it reads them and forgets the keys; a file or batch records the hash of
 the key that made it (its owner), so a key sees only its own objects and the store never holds a
@@ -13,11 +15,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import ipaddress
 from pathlib import Path
 
 from orchestrator.core.errors import SpecError
 from orchestrator.serve.errors import APIError
+from orchestrator.web.hosts import is_loopback
 
 #: The owner of every object when the server runs without keys.
 OPEN_OWNER = "open"
@@ -44,15 +46,6 @@ def load_owners(env_value: str | None, keys_file: str | None) -> frozenset[str]:
     return frozenset(owner_of(k) for k in keys if k)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_exposure(host: str, owners: frozenset[str]) -> None:
     """Without keys anyone who reaches the port may run batches: only this machine, then."""
     if not owners and not is_loopback(host):
@@ -73,10 +66,17 @@ class Keys:
     def open(self) -> bool:
         return not self.owners
 
-    def owner(self, authorization: str | None) -> str:
+    def owner(self, authorization: str | None, *, basic: bool = False) -> str:
+        """The owner of the request's key; `basic`: HTTP Basic credentials are taken too (the run page's)."""
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() == "basic" and not basic:
+            raise APIError(
+                401,
+                "HTTP Basic auth is not accepted on the API: send the key as Authorization: Bearer KEY.",
+                code="basic_auth_refused",
+            )
         if self.open:
             return OPEN_OWNER
-        scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() == "basic":  # a browser's: the key as the password (or as the user name)
             token = _basic_key(token)
             scheme = "bearer"

@@ -7,9 +7,10 @@
 Who sees what, as for the API: with keys, a key sees the runs of its own batches (another key's
 run answers 404, as an unknown one does); the key goes in `Authorization: Bearer KEY` (scripts,
 Prometheus' `authorization`), or as the password of HTTP Basic auth, which a browser asks for
-(the user name is not checked). Without keys (loopback only) every run in the store is shown,
-batches or not. Statuses come from the snapshots (orchestrator/web/snapshots.py): a request costs
-the store nothing when a reading younger than the poll interval is there.
+(the user name is not checked); Basic auth is taken here only, never by the API (serve/auth.py).
+Without keys (loopback only) every run in the store is shown, batches or not. Statuses come from
+the snapshots (orchestrator/web/snapshots.py): a request costs the store nothing when a reading
+younger than the poll interval is there.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _viewer(request: Request, authorization: Annotated[str | None, Header()] = N
     """The owner of the request's key; a 401 asks a browser for it (HTTP Basic: the key as password)."""
     settings: ServeSettings = request.app.state.settings
     try:
-        return settings.keys.owner(authorization)
+        return settings.keys.owner(authorization, basic=True)
     except APIError as e:
         e.headers = {"WWW-Authenticate": 'Basic realm="orch serve", charset="UTF-8"'}
         raise

@@ -1,4 +1,4 @@
-"""What `orch serve` runs with, resolved once at start: the spec, the store, the served models, keys, limits."""
+"""What `orch serve` runs with, resolved once at start: the spec, the store, the served models, keys, hosts, limits."""
 
 from __future__ import annotations
 
@@ -15,6 +15,12 @@ from orchestrator.core.spec import ModelSpec, RunSpec
 from orchestrator.core.store import Store, open_store
 from orchestrator.serve.auth import Keys, check_exposure, load_owners
 from orchestrator.serve.uploads import UploadLimits
+from orchestrator.web.hosts import AllowedHosts, is_loopback
+
+#: Where the names the server answers to come from, for errors about them.
+ALLOWED_HOSTS_FLAG = "--allowed-host / ORCH_SERVE_ALLOWED_HOSTS"
+#: Addresses that listen on every interface: they name no host a client would use.
+EVERY_INTERFACE = ("", "0.0.0.0", "::")
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,8 @@ class ServeSettings:
     keys: Keys
     #: The completion_window values accepted -> seconds.
     windows: dict[str, float]
+    #: The names a request's Host header may give (loopback ones, --host, --allowed-host).
+    allowed_hosts: AllowedHosts
 
     @property
     def runners(self) -> dict[str, str]:
@@ -50,20 +58,24 @@ def load_settings(
     host: str,
     api_keys: str | None,
     api_keys_file: str | None,
+    allowed_hosts: Sequence[str] = (),
 ) -> ServeSettings:
     """1. The served models: `serve.models`, then `--model NAME=PATH` (a flag wins over the spec).
     2. The completion windows, each a duration.
     3. The keys (hashed here; the keys themselves go no further), and no open server off loopback.
-    4. The store, and the backend checked against it now rather than at the first batch.
+    4. The host names requests may give: loopback ones, the address listened on, and `allowed_hosts`.
+    5. The store, and the backend checked against it now rather than at the first batch.
     """
     models = served_models(spec, model_flags)
     windows = {w: parse_duration(w, where="serve.completion_windows") for w in spec.serve.completion_windows}
     owners = load_owners(api_keys, api_keys_file)
     check_exposure(host, owners)
+    named = [host] if host not in EVERY_INTERFACE and not is_loopback(host) else []
+    hosts = AllowedHosts.parse([*named, *allowed_hosts], where=ALLOWED_HOSTS_FLAG)
     store = open_store(spec.store)
     probe = RunLayout("orch-serve")
     backend_for(RunContext(spec.model_copy(update={"run": probe.run}), store, probe))
-    return ServeSettings(spec=spec, store=store, models=models, keys=Keys(owners), windows=windows)
+    return ServeSettings(spec=spec, store=store, models=models, keys=Keys(owners), windows=windows, allowed_hosts=hosts)
 
 
 def served_models(spec: RunSpec, model_flags: Sequence[str]) -> dict[str, ModelSpec]:

@@ -1,6 +1,7 @@
 """`orch status --web`: one run's page (and its /metrics) from a small server on this machine, for a
 store no `orch serve` watches. The same page code as `orch serve`'s; loopback only (no keys here:
-reach it from elsewhere through `ssh -L`)."""
+reach it from elsewhere through `ssh -L`), and only under a loopback name: a request whose Host
+names another (a DNS-rebinding page's) is refused (web/hosts.py). It answers GET only."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import quote, unquote, urlsplit
 
 from orchestrator.controller.status import to_json
+from orchestrator.web.hosts import AllowedHosts
 from orchestrator.web.metrics import CONTENT_TYPE, exposition
 from orchestrator.web.page import render_page
 from orchestrator.web.snapshots import Snapshots
 
 HOST = "127.0.0.1"
+#: The loopback names only: through `ssh -L` a browser names the forwarded port on its own localhost.
+LOOPBACK_ONLY = AllowedHosts()
 
 
 def page_server(snapshots: Snapshots, run: str, port: int, refresh_s: float) -> ThreadingHTTPServer:
@@ -24,7 +28,10 @@ def page_server(snapshots: Snapshots, run: str, port: int, refresh_s: float) -> 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = unquote(urlsplit(self.path).path).rstrip("/") or "/"
-            if path in ("/", page_path):
+            if not LOOPBACK_ONLY.allows(self.headers.get("Host")):
+                message = f"Invalid Host header: this page answers to {LOOPBACK_ONLY.describe()} only\n"
+                self._send(400, "text/plain; charset=utf-8", message.encode(), {})
+            elif path in ("/", page_path):
                 snap = snapshots.get(run)
                 page = snap.view("page", lambda s: render_page(s.status, refresh_s=refresh_s, taken_at=s.taken_at))
                 self._send(200, "text/html; charset=utf-8", page.html.encode(), page.headers)

@@ -36,9 +36,11 @@ class Answer:
 def post(
     port: int, path: str, headers: dict[str, str], body: Iterable[bytes], *, chunked: bool, timeout: float = 60
 ) -> Answer:
-    """POST `body` (Transfer-Encoding: chunked, or as it comes under the caller's Content-Length)."""
+    """POST `body` (Transfer-Encoding: chunked, or as it comes under the caller's Content-Length); the
+    Host header says 127.0.0.1 unless `headers` give one."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", *(f"{k}: {v}" for k, v in headers.items())]
+        host = [] if any(k.lower() == "host" for k in headers) else ["Host: 127.0.0.1"]
+        lines = [f"POST {path} HTTP/1.1", *host, *(f"{k}: {v}" for k, v in headers.items())]
         if chunked:
             lines.append("Transfer-Encoding: chunked")
         sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
