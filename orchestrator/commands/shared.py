@@ -389,10 +389,11 @@ def max_error_rate_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def print_collect_report(report: CollectReport) -> None:
     r = report
-    click.echo(
-        f"wrote {r.rows_written:,} of {r.rows_total:,} rows to {r.out} ({r.format}); "
-        f"{r.chunks_complete}/{r.chunks_total} chunks complete"
-    )
+    chunks = f"{r.chunks_complete}/{r.chunks_total} chunks complete"
+    if r.out_written:
+        click.echo(f"wrote {r.rows_written:,} of {r.rows_total:,} rows to {r.out} ({r.format}); {chunks}")
+    else:
+        click.echo(f"collected {r.rows_written:,} of {r.rows_total:,} rows; {chunks}; {r.out} not written")
     if r.errors:
         set_aside = f" ({r.set_aside:,} set aside at prepare)" if r.set_aside else ""
         click.echo(
