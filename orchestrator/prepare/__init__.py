@@ -267,7 +267,12 @@ def _chunk_boundaries(chunking: ChunkingSpec, total: int) -> list[int]:
 
 
 def _rows(source: SourceFile, spec_input: InputSpec, columns: list[str] | None) -> Iterator[RawRow]:
-    if source.kind == "parquet" and spec_input.format == "chat" and spec_input.turns == "first":
+    if (
+        source.kind == "parquet"
+        and spec_input.format == "chat"
+        and spec_input.turns == "first"
+        and not spec_input.template
+    ):
         return parquet_first_user_turns(source, spec_input.conversation_column, spec_input.id_column)
     return iter_rows(source, columns, spec_input.max_line_bytes)
 
