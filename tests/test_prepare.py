@@ -224,8 +224,6 @@ def test_prepare_missing_inputs_and_columns_are_clear_errors(store_dir, tmp_path
     write_lmsys_parquet(tmp_path / "d", 10, files=1)
     assert prepare(store_dir, tmp_path / "d", "--num-chunks", "1", "--id-column", "nope") == 4
     assert "column(s) nope not in the file" in capsys.readouterr().err
-    assert main(["prepare", str(tmp_path / "d"), "--run", "r2", "--store", store_dir]) == 4
-    assert "--num-chunks N or --rows-per-chunk K" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -515,3 +513,13 @@ def test_prepare_missing_id_column_names_the_row_columns(store_dir, tmp_path, ca
     args = ["--format", "text", "--template", "{subject}", "--id-column", "priority", "--strict", "--num-chunks", "1"]
     assert prepare(store_dir, tmp_path / "tickets.jsonl", *args) == 4
     assert "tickets.jsonl:3: no id column 'priority' (the row has ticket, subject, body)" in capsys.readouterr().err
+
+
+def test_prepare_without_chunking_flags_takes_the_default_size(store_dir, tmp_path, capsys):
+    write_jsonl(tmp_path / "t.jsonl", [{"text": f"row {i}"} for i in range(3)])
+    assert prepare(store_dir, tmp_path / "t.jsonl", "--format", "text") == 0
+    assert "no chunking given: chunks of 1,000 rows" in capsys.readouterr().err
+    assert [e.rows for e in manifest(store_dir)] == [3]
+    # Recorded with the run: later commands chunk alike, and the same command again changes nothing.
+    assert prepare(store_dir, tmp_path / "t.jsonl", "--format", "text") == 0
+    assert "already prepared" in capsys.readouterr().out

@@ -193,8 +193,13 @@ class InputSpec(StrictModel):
         return None if self.template is None else template_columns(self.template)
 
 
+#: The chunk size prepare takes when neither rows_per_chunk nor num_chunks is given: a chunk is what a
+#: worker claims and a lease guards, so small enough to spread over a fleet and to redo cheaply.
+DEFAULT_ROWS_PER_CHUNK = 1000
+
+
 class ChunkingSpec(StrictModel):
-    rows_per_chunk: int | None = Field(None, ge=1)
+    rows_per_chunk: int | None = Field(None, ge=1, description=f"default: {DEFAULT_ROWS_PER_CHUNK} (prepare)")
     num_chunks: int | None = Field(None, ge=1)
     group_by_prefix: bool = Field(
         False,
