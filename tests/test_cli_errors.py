@@ -180,6 +180,7 @@ def error_paths(project: Path) -> list[tuple[list[str], int, str, str]]:
             "--format text",
         ),
         (["status", "--run", "nope"], 5, "run 'nope' has no manifest", "orch prepare"),
+        (["status", "--run", "frozn"], 5, "run 'frozn' has no manifest", "did you mean --run frozen?"),
         (["collect", "--run", "unanswered", "--out", "o.jsonl"], 7, "1 row(s) missing", "orch resume"),
         (["collect", "--run", "corrupt", "--out", "o.jsonl"], 8, "does not match the checksum", "orch redo"),
         (["collect", "--run", "errors", "--out", "o.jsonl"], 9, "2 of 4 rows are errors", "error.message"),

@@ -229,3 +229,29 @@ def test_collect_embeddings_to_parquet_as_a_list_column(tmp_path):
     table = pq.read_table(tmp_path / "o.parquet")
     assert table.column("embeddings").to_pylist() == vectors  # base64 vectors decoded
     assert table.column("prompt_tokens").to_pylist() == [3, 3, 3]
+
+
+@pytest.mark.parametrize("name", ["o.jsonl", "o.parquet"])
+def test_collect_failed_leaves_no_output_and_keeps_the_previous_one(tmp_path, capsys, name):
+    """A collect that fails (rows missing: exit 7; a part changed under the run: exit 8) writes no
+    output, leaves no temporary file, and a good output already at that path stays as it was."""
+    store_uri = str(tmp_path / "s")
+    store, layout = build(store_uri, answered=(0,))
+    out = tmp_path / "out" / name
+    base = ["collect", "--run", "c", "--store", store_uri, "--out", str(out), "--max-error-rate", "1"]
+    assert main(base) == 7
+    assert not out.exists() and list(out.parent.iterdir()) == []
+    assert f"{out} was not written" in capsys.readouterr().err
+    out.write_bytes(b"the good output of an earlier collect\n")
+    retry = tmp_path / "out" / "retry.jsonl"
+    retry.write_bytes(b"an earlier retry file\n")
+    assert main(base) == 7
+    assert out.read_bytes() == b"the good output of an earlier collect\n"
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted([name, "retry.jsonl"])
+    # A part that no longer matches its marker stops collect half way: output and retry file kept.
+    part = DoneMarker.model_validate_json(store.get(layout.done("part_00000")).data).parts[0]
+    store.put(part.key, store.get(part.key).data.replace(b"zero", b"ZERO"))
+    assert main([*base, "--allow-partial", "--retry-out", str(retry)]) == 8
+    assert out.read_bytes() == b"the good output of an earlier collect\n"
+    assert retry.read_bytes() == b"an earlier retry file\n"
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted([name, "retry.jsonl"])

@@ -224,8 +224,6 @@ def test_prepare_missing_inputs_and_columns_are_clear_errors(store_dir, tmp_path
     write_lmsys_parquet(tmp_path / "d", 10, files=1)
     assert prepare(store_dir, tmp_path / "d", "--num-chunks", "1", "--id-column", "nope") == 4
     assert "column(s) nope not in the file" in capsys.readouterr().err
-    assert main(["prepare", str(tmp_path / "d"), "--run", "r2", "--store", store_dir]) == 4
-    assert "--num-chunks N or --rows-per-chunk K" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -439,3 +437,89 @@ def test_a_canonical_line_holds_no_more_memory_than_its_length():
     finally:
         tracemalloc.stop()
     assert held < 1000 * (len(lines[0]) + 100), held
+
+
+TICKETS = [
+    {"ticket": "T1", "subject": "Refund", "body": "I was charged twice", "priority": "high"},
+    {"ticket": "T2", "subject": "Login", "body": "Cannot log in", "priority": "low"},
+    {"ticket": "T3", "subject": "Hello", "body": "no priority here"},
+]
+LABEL_SCHEMA = {
+    "type": "object",
+    "properties": {"category": {"enum": ["billing", "account", "other"]}, "urgent": {"type": "boolean"}},
+    "required": ["category", "urgent"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("fmt", ["text", "chat"])
+def test_prepare_template_over_any_columns_with_a_json_schema(store_dir, tmp_path, capsys, fmt):
+    """Tickets to labelling requests: the template names any columns (no text or conversation column
+    needed), the schema file becomes OpenAI's response_format on every line, and a row without a
+    column the template names is set aside with its file, line and columns."""
+    write_jsonl(tmp_path / "tickets.jsonl", TICKETS)
+    (tmp_path / "ticket-label.json").write_text(json.dumps(LABEL_SCHEMA))
+    template = "Subject: {subject}\nBody: {body}\nPriority: {priority}"
+    args = ["--format", fmt, "--template", template, "--json-schema", tmp_path / "ticket-label.json"]
+    args += ["--system-prompt", "Label the ticket.", "--id-column", "ticket", "--num-chunks", "1"]
+    assert prepare(store_dir, tmp_path / "tickets.jsonl", *args) == 0
+    assert (
+        "tickets.jsonl:3: the template names column(s) 'priority', which the row lacks (the row has ticket, subject, body)"
+        in capsys.readouterr().out
+    )
+    lines = chunk_lines(store_dir)
+    assert [line["custom_id"] for line in lines] == ["T1", "T2"]
+    assert lines[0]["url"] == "/v1/chat/completions"
+    assert lines[0]["body"]["messages"] == [
+        {"role": "system", "content": "Label the ticket."},
+        {"role": "user", "content": "Subject: Refund\nBody: I was charged twice\nPriority: high"},
+    ]
+    expected = {"name": "ticket-label", "schema": LABEL_SCHEMA, "strict": True}
+    assert all(line["body"]["response_format"] == {"type": "json_schema", "json_schema": expected} for line in lines)
+
+
+def test_prepare_response_format_from_the_spec_file(store_dir, tmp_path):
+    write_jsonl(tmp_path / "tickets.jsonl", TICKETS[:2])
+    (tmp_path / "orch.yaml").write_text(
+        "input:\n  format: text\n  template: 'About {subject}: {body}'\n  response_format: {type: json_object}\n"
+    )
+    assert prepare(store_dir, tmp_path / "tickets.jsonl", "--num-chunks", "1") == 0
+    body = chunk_lines(store_dir)[0]["body"]
+    assert body["messages"] == [{"role": "user", "content": "About Refund: I was charged twice"}]
+    assert body["response_format"] == {"type": "json_object"}
+
+
+def test_prepare_refuses_a_bad_schema_or_template_before_reading_a_row(store_dir, tmp_path, capsys):
+    write_jsonl(tmp_path / "tickets.jsonl", TICKETS)
+    (tmp_path / "wrong.json").write_text('{"type": "object",\n "properties": {"a": {"type": "strin"}}}\n')
+    (tmp_path / "broken.json").write_text('{"type": "object",\n "properties": }\n')
+    base = [tmp_path / "tickets.jsonl", "--format", "text", "--num-chunks", "1"]
+    assert prepare(store_dir, *base, "--template", "{subject}", "--json-schema", tmp_path / "wrong.json") == 2
+    assert "wrong.json: not a valid JSON Schema at properties/a/type:" in capsys.readouterr().err
+    assert prepare(store_dir, *base, "--template", "{subject}", "--json-schema", tmp_path / "broken.json") == 2
+    assert "broken.json:2: not valid JSON" in capsys.readouterr().err
+    assert prepare(store_dir, *base, "--template", "{subject} {0}") == 2
+    assert "the template's field {0} names no column" in capsys.readouterr().err
+    assert prepare(store_dir, *base, "--response-format", "json_schema") == 2
+    assert "needs its schema" in capsys.readouterr().err
+    openai_batch = [tmp_path / "tickets.jsonl", "--format", "openai-batch", "--num-chunks", "1"]
+    assert prepare(store_dir, *openai_batch, "--response-format", "json_object") == 2
+    assert "response_format applies to format text or chat, not openai-batch" in capsys.readouterr().err
+    assert not os.path.exists(store_dir)
+
+
+def test_prepare_missing_id_column_names_the_row_columns(store_dir, tmp_path, capsys):
+    write_jsonl(tmp_path / "tickets.jsonl", TICKETS)
+    args = ["--format", "text", "--template", "{subject}", "--id-column", "priority", "--strict", "--num-chunks", "1"]
+    assert prepare(store_dir, tmp_path / "tickets.jsonl", *args) == 4
+    assert "tickets.jsonl:3: no id column 'priority' (the row has ticket, subject, body)" in capsys.readouterr().err
+
+
+def test_prepare_without_chunking_flags_takes_the_default_size(store_dir, tmp_path, capsys):
+    write_jsonl(tmp_path / "t.jsonl", [{"text": f"row {i}"} for i in range(3)])
+    assert prepare(store_dir, tmp_path / "t.jsonl", "--format", "text") == 0
+    assert "no chunking given: chunks of 1,000 rows" in capsys.readouterr().err
+    assert [e.rows for e in manifest(store_dir)] == [3]
+    # Recorded with the run: later commands chunk alike, and the same command again changes nothing.
+    assert prepare(store_dir, tmp_path / "t.jsonl", "--format", "text") == 0
+    assert "already prepared" in capsys.readouterr().out

@@ -272,3 +272,11 @@ def test_shared_prefixes_save_prefill_per_cache_hit():
     assert example.makespan_s == pytest.approx(12_000 * 0.75 + 600, abs=30)
     # No prefixes: every row is work, as before.
     assert simulate(one_l4(chunks=4, preemptions_per_hour=0), ORCH, seed=0).makespan_s == pytest.approx(12_600)
+
+
+def test_simulate_help_shows_options_not_internals(capsys):
+    from orchestrator.cli import main
+
+    assert main(["simulate", "--help"]) == 0
+    shown = capsys.readouterr().out
+    assert "--preemptions-per-hour" in shown and "_sim_config" not in shown and "knobs" not in shown

@@ -51,6 +51,7 @@ def collect_command(
         retry_out=retry_out,
         prices=load_gpu_table(),
         default_spot=ctx.spec.resources.spot,
+        partial=allow_partial,
     )
     if as_json:
         click.echo(json.dumps(report.to_dict()))
@@ -58,8 +59,8 @@ def collect_command(
         print_collect_report(report)
     if not report.complete and not allow_partial:
         raise IncompleteRun(
-            f"run {ctx.layout.run!r} is incomplete: {report.missing:,} row(s) missing",
-            hint="orch resume --follow finishes it; --allow-partial takes what is there",
+            f"run {ctx.layout.run!r} is incomplete: {report.missing:,} row(s) missing; {out} was not written",
+            hint="orch resume --follow finishes it; --allow-partial writes what is there",
         )
     check_error_rate(report, max_error_rate)
     return 0

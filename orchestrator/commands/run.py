@@ -86,11 +86,20 @@ def run_command(
         follow_run(ctx, started.launcher, interval)
     # 5. collect
     result = collect(
-        ctx.store, ctx.layout, out, retry_out=retry_out, prices=load_gpu_table(), default_spot=ctx.spec.resources.spot
+        ctx.store,
+        ctx.layout,
+        out,
+        retry_out=retry_out,
+        prices=load_gpu_table(),
+        default_spot=ctx.spec.resources.spot,
+        partial=False,
     )
     print_collect_report(result)
     if not result.complete:
-        raise IncompleteRun(f"run {ctx.layout.run!r}: {result.missing:,} row(s) missing", hint="orch resume --follow")
+        raise IncompleteRun(
+            f"run {ctx.layout.run!r}: {result.missing:,} row(s) missing; {out} was not written",
+            hint="orch resume --follow finishes it (then orch collect)",
+        )
     check_error_rate(result, max_error_rate)
     return 0
 

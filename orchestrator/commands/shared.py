@@ -153,8 +153,25 @@ def input_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 help="chat: the first user turn, or everything up to the last user turn",
             ),
             click.option("--conversation-column", default=None, help="chat: the column of role/content turns"),
-            click.option("--text-column", default=None, help="text: the column to fill the template with"),
-            click.option("--template", default=None, help="text: a str.format template, e.g. 'Summarise: {text}'"),
+            click.option("--text-column", default=None, help="text: the column sent when there is no --template"),
+            click.option(
+                "--template",
+                default=None,
+                help="text/chat: the user message, a str.format template over any columns, "
+                "e.g. 'Subject: {subject}\\nBody: {body}'",
+            ),
+            click.option(
+                "--response-format",
+                type=click.Choice(["text", "json_object", "json_schema"]),
+                default=None,
+                help="text/chat: OpenAI's response_format for every request (json_schema: give --json-schema)",
+            ),
+            click.option(
+                "--json-schema",
+                type=click.Path(dir_okay=False),
+                default=None,
+                help="text/chat: answers hold to this JSON Schema file (response_format json_schema, strict)",
+            ),
             click.option("--system-prompt", default=None, help="chat/text: a system message put first"),
             click.option(
                 "--max-line-bytes",
@@ -178,11 +195,16 @@ def input_flags(
     conversation_column: str | None,
     text_column: str | None,
     template: str | None,
+    response_format: str | None,
+    json_schema: str | None,
     system_prompt: str | None,
     max_line_bytes: int | None,
 ) -> dict[str, Any]:
     """The spec flags the input options give (dotted paths)."""
+    from orchestrator.core.request_format import response_format_of
+
     flags: dict[str, Any] = {
+        "input.response_format": response_format_of(response_format, json_schema),
         "input.format": fmt,
         "input.id_column": id_column,
         "input.turns": turns,
@@ -389,10 +411,11 @@ def max_error_rate_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def print_collect_report(report: CollectReport) -> None:
     r = report
-    click.echo(
-        f"wrote {r.rows_written:,} of {r.rows_total:,} rows to {r.out} ({r.format}); "
-        f"{r.chunks_complete}/{r.chunks_total} chunks complete"
-    )
+    chunks = f"{r.chunks_complete}/{r.chunks_total} chunks complete"
+    if r.out_written:
+        click.echo(f"wrote {r.rows_written:,} of {r.rows_total:,} rows to {r.out} ({r.format}); {chunks}")
+    else:
+        click.echo(f"collected {r.rows_written:,} of {r.rows_total:,} rows; {chunks}; {r.out} not written")
     if r.errors:
         set_aside = f" ({r.set_aside:,} set aside at prepare)" if r.set_aside else ""
         click.echo(

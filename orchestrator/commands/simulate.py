@@ -86,8 +86,8 @@ def simulate_command(
     quick: bool,
     **knobs: Any,
 ) -> int:
-    """Simulate a run: how long, how much, what preemptions cost (driving orch's own protocol code).
-    `knobs`: the options that describe the fleet and the workload (`_sim_config`)."""
+    """Simulate a run: how long, how much, what preemptions cost (driving orch's own protocol code)."""
+    # `knobs`: the options that describe the fleet and the workload (_sim_config reads them).
     from orchestrator.simulate import MARKETS, POLICIES
 
     if traces_dir is not None:

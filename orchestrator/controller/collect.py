@@ -14,7 +14,8 @@ For every chunk, in manifest order:
 5. Rows set aside at prepare are answered too, in their input place: an error line naming the
    input's file:line and the problem (code `invalid_request`), and their input lines in the
    retry file (as they were read: fixed, they prepare again in the run's input format).
-Memory stays bounded by one chunk. The output appears only when complete (temp file, rename).
+Memory stays bounded by one chunk. The output appears only when written whole (temp file, rename),
+and not at all for an incomplete run unless partial output was asked for.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +47,7 @@ from orchestrator.core.records import (
     read_marker,
 )
 from orchestrator.core.store import NotFound, Store
-from orchestrator.core.tempfiles import make_temp
+from orchestrator.core.tempfiles import AtomicFile
 
 EXAMPLES = 5
 
@@ -54,6 +56,8 @@ EXAMPLES = 5
 class CollectReport:
     out: str
     format: str
+    #: False when the output was withheld because rows are missing (collect's `partial`).
+    out_written: bool = True
     chunks_total: int = 0
     chunks_complete: int = 0
     #: Every input row: the requests in the chunks and the rows set aside at prepare.
@@ -141,8 +145,12 @@ def collect(
     retry_out: str | os.PathLike[str] | None = None,
     prices: GpuTable | None = None,
     default_spot: bool = True,
+    partial: bool = True,
 ) -> CollectReport:
-    """With `prices`, the report also says what the run's tokens cost (status's cost so far)."""
+    """With `prices`, the report also says what the run's tokens cost (status's cost so far).
+    Without `partial`, an incomplete run's output is not written (a pipeline that waits for the
+    file must not take a failed collect for a finished one); the retry file still is: it lists
+    the rows left to do."""
     fmt = check_output(out, fmt)
     if retry_out:
         check_output(retry_out, "jsonl")
@@ -170,6 +178,9 @@ def collect(
                 _collect_chunk(store, layout, entry, writer, retry, report, set_aside)
             set_aside.rest()
         report.retry_rows = retry.count
+        if not (partial or report.complete):
+            writer.output.discard()
+            report.out_written = False
     if prices is not None:
         from orchestrator.controller.status import status_of
 
@@ -322,16 +333,13 @@ def _input_rows(store: Store, layout: RunLayout, entry: ManifestEntry) -> Iterat
 
 
 class _Writer:
-    """JSONL lines, or Parquet row groups (the part codec's columns plus a few flattened ones)."""
+    """JSONL lines, or Parquet row groups (the part codec's columns plus a few flattened ones), into a
+    file that takes the output's name only when everything was written (core/tempfiles.AtomicFile)."""
 
     def __init__(self, out: str | os.PathLike[str], fmt: str):
-        self.out = Path(out)
         self.fmt = fmt
-        try:
-            fd, self.tmp = make_temp(self.out.parent, prefix=f".{self.out.name}.")
-        except OSError as e:
-            raise _unwritable(out, e) from None
-        self.file = os.fdopen(fd, "wb")
+        self.output = _atomic(out)
+        self.file = self.output.file
         self.rows: list[BatchOutputLine] = []
         self.parquet: Any = None  # a pyarrow ParquetWriter, opened at the first row group
 
@@ -359,56 +367,56 @@ class _Writer:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        try:
-            if exc_type is None and self.fmt == "parquet":
+        with _published(self.output):
+            if exc_type is not None:
+                self.output.discard()
+            elif self.fmt == "parquet":
                 self._flush_parquet()
                 if self.parquet is None:  # no rows at all: still a valid, empty file
                     import pyarrow.parquet as pq
 
                     self.parquet = pq.ParquetWriter(self.file, _parquet_schema())
                 self.parquet.close()
-            self.file.close()
-            if exc_type is None:
-                try:
-                    os.replace(self.tmp, self.out)
-                except OSError as e:  # a directory of that name, say
-                    raise _unwritable(self.out, e) from None
-        finally:
-            if os.path.exists(self.tmp):
-                os.unlink(self.tmp)
 
 
 class _RetryWriter:
+    """The failed and missing requests, published like the output (AtomicFile)."""
+
     def __init__(self, path: str | os.PathLike[str] | None):
-        self.path = Path(path) if path else None
         self.count = 0
-        self.file = None
-        if self.path:
-            try:
-                fd, self.tmp = make_temp(self.path.parent, prefix=f".{self.path.name}.")
-            except OSError as e:
-                raise _unwritable(self.path, e) from None
-            self.file = os.fdopen(fd, "wb")
+        self.output = _atomic(path) if path else None
 
     def add(self, request_line: bytes) -> None:
         self.count += 1
-        if self.file:
-            self.file.write(request_line)
+        if self.output:
+            self.output.file.write(request_line)
 
     def __enter__(self) -> _RetryWriter:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if self.file and self.path:
-            self.file.close()
-            if exc_type is None:
-                try:
-                    os.replace(self.tmp, self.path)
-                except OSError as e:
-                    os.unlink(self.tmp)
-                    raise _unwritable(self.path, e) from None
-            elif os.path.exists(self.tmp):
-                os.unlink(self.tmp)
+        if self.output:
+            with _published(self.output):
+                if exc_type is not None:
+                    self.output.discard()
+
+
+def _atomic(path: str | os.PathLike[str]) -> AtomicFile:
+    try:
+        return AtomicFile(path)
+    except OSError as e:
+        raise _unwritable(path, e) from None
+
+
+@contextmanager
+def _published(output: AtomicFile) -> Iterator[None]:
+    """Finish the file in the block, then rename it into place; any failure drops it, and an
+    OSError (a full disk, a directory of that name) becomes a user's error naming the path."""
+    try:
+        with output:
+            yield
+    except OSError as e:
+        raise _unwritable(output.path, e) from None
 
 
 def _parquet_schema() -> Any:

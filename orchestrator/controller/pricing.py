@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from orchestrator import orch_home
 from orchestrator.backends.base import Offering
 from orchestrator.core.errors import SpecError
+from orchestrator.core.tempfiles import AtomicFile
 
 DEFAULT_TABLE = Path(__file__).parents[1] / "data" / "gpus.yaml"
 
@@ -153,5 +154,6 @@ def write_gpu_table(prices: GpuTable, path: str | os.PathLike[str]) -> None:
         "gpus": {name: g.model_dump(exclude={"name"}) for name, g in prices.gpus.items()},
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(yaml.safe_dump(doc, sort_keys=False))
+    with AtomicFile(path) as out:  # a failed refresh keeps the table that was there
+        out.file.write(yaml.safe_dump(doc, sort_keys=False).encode())
     _load.cache_clear()

@@ -1,8 +1,6 @@
 """The runs a store holds, and where their workers' logs are: what `orch runs` and `orch logs` read.
 
-1. `run_names` finds the runs with one listing request per run: each listing asks for the keys
-   after the previous run's (`runs/<name>0` sorts after every `runs/<name>/...` key and before
-   the next run's), and stops at the first.
+1. `run_names` (core/records/run.py) finds the runs, one listing request per run.
 2. `list_runs` gives each run's status (controller/status.py: the same derivation `orch status`
    shows), read from the store alone: no backend is asked, so a job that is queued without a
    heartbeat yet reads as stopped until it beats.
@@ -22,22 +20,8 @@ from orchestrator.controller.status import RunStatus, status_of
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError
 from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records.run import run_names
 from orchestrator.core.store import Store
-
-RUNS_PREFIX = "runs/"
-
-
-def run_names(store: Store) -> list[str]:
-    """Every run in the store, in name order: one listing request per run."""
-    names: list[str] = []
-    after: str | None = None
-    while True:
-        first = next(iter(store.list(RUNS_PREFIX, start_after=after)), None)
-        if first is None:
-            return names
-        name = first.key[len(RUNS_PREFIX) :].partition("/")[0]
-        names.append(name)
-        after = f"{RUNS_PREFIX}{name}0"  # "0" follows "/": past every key of this run
 
 
 def list_runs(store: Store, prices: GpuTable, now: float | None = None) -> list[RunStatus | tuple[str, str]]:

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from orchestrator.core.errors import SpecError
 from orchestrator.core.prefix import PREFIX_BYTES
 from orchestrator.core.protocol.layout import RunLayout, check_run_name
+from orchestrator.core.request_format import check_response_format, template_columns
 from orchestrator.core.store import StoreSettings
 
 DEFAULT_SPEC_FILE = "orch.yaml"
@@ -142,8 +143,18 @@ class InputSpec(StrictModel):
         "first", description="chat: the first user turn only, or the conversation up to the last user turn"
     )
     system_prompt: str | None = Field(None, description="chat/text: a system message to prepend")
-    text_column: str = Field("text", description="text: the column fed to the template")
-    template: str = Field("{text}", description="text: a str.format template over the row's columns")
+    text_column: str = Field("text", description="text: the column sent when there is no template")
+    template: str | None = Field(
+        None,
+        description="text/chat: a str.format template whose {fields} name any of the row's columns "
+        "('Subject: {subject}\\nBody: {body}'); its text is the user message (chat: instead of the conversation "
+        "column). text's default: {<text_column>}",
+    )
+    response_format: dict[str, Any] | None = Field(
+        None,
+        description="text/chat: OpenAI's response_format put into every request body: {type: json_object}, or "
+        "{type: json_schema, json_schema: {name, schema, strict}} (`--json-schema FILE` writes this one)",
+    )
     text_as: Literal["chat", "completion"] = Field(
         "chat", description="text: send the filled template as a user message or as a raw prompt"
     )
@@ -154,9 +165,41 @@ class InputSpec(StrictModel):
         "its batch (orch serve), so memory stays bounded whatever the input",
     )
 
+    @field_validator("template")
+    @classmethod
+    def _template_fields(cls, template: str | None) -> str | None:
+        if template is not None:
+            template_columns(template)
+        return template
+
+    @field_validator("response_format")
+    @classmethod
+    def _openai_response_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            check_response_format(value)
+        return value
+
+    @model_validator(mode="after")
+    def _response_format_where_built(self) -> InputSpec:
+        if self.response_format is not None and self.format not in ("text", "chat"):
+            raise ValueError(
+                f"response_format applies to format text or chat, not {self.format} "
+                "(an openai-batch line carries its own body.response_format)"
+            )
+        return self
+
+    def columns(self) -> list[str] | None:
+        """The columns the template names, in order (None without a template)."""
+        return None if self.template is None else template_columns(self.template)
+
+
+#: The chunk size prepare takes when neither rows_per_chunk nor num_chunks is given: a chunk is what a
+#: worker claims and a lease guards, so small enough to spread over a fleet and to redo cheaply.
+DEFAULT_ROWS_PER_CHUNK = 1000
+
 
 class ChunkingSpec(StrictModel):
-    rows_per_chunk: int | None = Field(None, ge=1)
+    rows_per_chunk: int | None = Field(None, ge=1, description=f"default: {DEFAULT_ROWS_PER_CHUNK} (prepare)")
     num_chunks: int | None = Field(None, ge=1)
     group_by_prefix: bool = Field(
         False,

@@ -35,3 +35,42 @@ def make_temp(directory: str | os.PathLike[str], prefix: str = "") -> tuple[int,
         os.unlink(path)
         raise
     return fd, path
+
+
+class AtomicFile:
+    """A user's output file, written under a temporary name beside it and renamed into place only
+    when the writing succeeded: a failure (or `discard()`) leaves neither a partial file nor the
+    temporary one, and whatever good file had the name before stays as it was.
+
+    `OSError`s from making the temporary file or from the rename propagate; callers turn them into
+    their own message (they know the option that named the path)."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = os.fspath(path)
+        directory, name = os.path.split(os.path.abspath(self.path))
+        fd, self.tmp = make_temp(directory, prefix=f".{name}.")
+        self.file = os.fdopen(fd, "wb")
+        self.keep = True
+
+    def discard(self) -> None:
+        """Do not publish the file, even if the writing ends well."""
+        self.keep = False
+
+    def close(self) -> None:
+        """Rename into place (unless discarded); the temporary file is gone afterwards in every case."""
+        try:
+            self.file.close()
+            if self.keep:
+                os.replace(self.tmp, self.path)
+        finally:
+            self.keep = False
+            if os.path.exists(self.tmp):
+                os.unlink(self.tmp)
+
+    def __enter__(self) -> AtomicFile:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:
+            self.discard()
+        self.close()

@@ -21,7 +21,7 @@ from typing import Any
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
 from orchestrator.core.records import ManifestEntry, PrepareRecord, read_jsonl, read_record, write_jsonl
-from orchestrator.core.spec import ChunkingSpec, InputSpec
+from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, ChunkingSpec, InputSpec
 from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
 from orchestrator.prepare.grouping import PrefixSorter
 from orchestrator.prepare.sources import (
@@ -73,7 +73,9 @@ def prepare_run(
     if done is not None:
         return _already_prepared(ctx, done, files, started)
     if spec.chunking.num_chunks is None and spec.chunking.rows_per_chunk is None:
-        raise InputError("say how to chunk the data", hint="--num-chunks N or --rows-per-chunk K")
+        # Recorded with the spec when the prepare succeeds, so later commands chunk alike.
+        spec.chunking.rows_per_chunk = DEFAULT_ROWS_PER_CHUNK
+        progress(f"no chunking given: chunks of {DEFAULT_ROWS_PER_CHUNK:,} rows (--rows-per-chunk K or --num-chunks N)")
 
     total = sum(count_rows(f, spec.input.max_line_bytes) for f in files)
     if total == 0:
@@ -267,7 +269,12 @@ def _chunk_boundaries(chunking: ChunkingSpec, total: int) -> list[int]:
 
 
 def _rows(source: SourceFile, spec_input: InputSpec, columns: list[str] | None) -> Iterator[RawRow]:
-    if source.kind == "parquet" and spec_input.format == "chat" and spec_input.turns == "first":
+    if (
+        source.kind == "parquet"
+        and spec_input.format == "chat"
+        and spec_input.turns == "first"
+        and not spec_input.template
+    ):
         return parquet_first_user_turns(source, spec_input.conversation_column, spec_input.id_column)
     return iter_rows(source, columns, spec_input.max_line_bytes)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from orchestrator.core.errors import SpecError
 from orchestrator.core.spec import InputSpec, SamplingSpec
 
 CHAT_URL = "/v1/chat/completions"
@@ -66,6 +67,7 @@ def make_converter(
     """The function turning (record, source name, row number) into a Request, for the spec's format
     and the run's runner (a pooling run embeds: openai-batch embeddings lines, or text to embed)."""
     fmt = spec_input.format
+    _check_response_format(spec_input, runner)
     if fmt == "openai-batch":
         return lambda record, _source, _number: _openai_batch(record, sampling, URLS[runner])
     if runner == "pooling" and fmt != "text":
@@ -84,6 +86,8 @@ def make_converter(
             url, body = build(record)
             if model and "model" not in body:
                 body = {"model": model, **body}
+            if spec_input.response_format is not None:
+                body["response_format"] = spec_input.response_format
             return _request(custom_id, url, body, sampling, named(record))
 
         return convert
@@ -118,14 +122,17 @@ def needed_columns(spec_input: InputSpec) -> list[str] | None:
     """The Parquet columns a format reads (None: all of them)."""
     id_cols = [spec_input.id_column] if spec_input.id_column else []
     if spec_input.format == "chat":
-        return [spec_input.conversation_column, *id_cols]
+        read = spec_input.columns() or [spec_input.conversation_column]
+        return [*read, *(c for c in id_cols if c not in read)]
     return None
 
 
 def _custom_id(record: dict[str, Any], id_column: str | None, source: str, number: int) -> str:
     if id_column is None:
         return f"{source}:{number}"
-    value = record.get(id_column)
+    if id_column not in record:
+        raise BadRow(f"no id column {id_column!r} (the row has {_columns(record)})")
+    value = record[id_column]
     if value is None or value == "":
         raise BadRow(f"no value in the id column {id_column!r}")
     return str(value)
@@ -197,7 +204,15 @@ def _completion_body(record: dict[str, Any], id_column: str | None) -> dict[str,
     return {k: v for k, v in record.items() if k not in _COMPLETION_NOT_PARAMS and k != id_column and v is not None}
 
 
+def _check_response_format(spec_input: InputSpec, runner: str) -> None:
+    """input.response_format asks for generation (the spec checks its format): refused at once on a pooling run."""
+    if spec_input.response_format is not None and runner == "pooling":
+        raise SpecError("input.response_format asks for generation; a pooling run embeds", hint="drop --json-schema")
+
+
 def _chat_messages(record: dict[str, Any], spec_input: InputSpec) -> list[dict[str, str]]:
+    if spec_input.template is not None:  # the template's text is the user turn: no conversation column
+        return _with_system([{"role": "user", "content": _text(record, spec_input)}], spec_input)
     if spec_input.conversation_column not in record:
         raise BadRow(f"no column {spec_input.conversation_column!r} (the row has {_columns(record)})")
     conversation = record.get(spec_input.conversation_column)
@@ -218,18 +233,30 @@ def _chat_messages(record: dict[str, Any], spec_input: InputSpec) -> list[dict[s
         raise BadRow("the conversation has no user turn")
     # "first": the SkyPilot example's choice; "all": everything up to the last user turn.
     messages = [turns[users[0]]] if spec_input.turns == "first" else turns[: users[-1] + 1]
+    return _with_system(messages, spec_input)
+
+
+def _with_system(messages: list[dict[str, str]], spec_input: InputSpec) -> list[dict[str, str]]:
     if spec_input.system_prompt:
-        messages = [{"role": "system", "content": spec_input.system_prompt}, *messages]
+        return [{"role": "system", "content": spec_input.system_prompt}, *messages]
     return messages
 
 
 def _text(record: dict[str, Any], spec_input: InputSpec) -> str:
-    if spec_input.text_column not in record:
-        raise BadRow(f"no column {spec_input.text_column!r} (the row has {_columns(record)})")
+    """The template filled from the row's columns; without a template, the text column's value."""
+    if spec_input.template is None:
+        if spec_input.text_column not in record:
+            raise BadRow(f"no column {spec_input.text_column!r} (the row has {_columns(record)})")
+        value = record[spec_input.text_column]
+        return "" if value is None else str(value)
+    missing = [c for c in spec_input.columns() or [] if c not in record]
+    if missing:
+        names = ", ".join(map(repr, missing))
+        raise BadRow(f"the template names column(s) {names}, which the row lacks (the row has {_columns(record)})")
     try:
         return spec_input.template.format(**{k: ("" if v is None else v) for k, v in record.items()})
-    except (KeyError, IndexError, ValueError) as e:
-        raise BadRow(f"the template cannot be filled from this row: {e!r}") from None
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError) as e:
+        raise BadRow(f"the template cannot be filled from this row ({e}; the row has {_columns(record)})") from None
 
 
 def _columns(record: dict[str, Any]) -> str:
@@ -242,10 +269,7 @@ def _text_body(record: dict[str, Any], spec_input: InputSpec) -> tuple[str, dict
     text = _text(record, spec_input)
     if spec_input.text_as == "completion":
         return COMPLETION_URL, {"prompt": text}
-    messages = [{"role": "user", "content": text}]
-    if spec_input.system_prompt:
-        messages.insert(0, {"role": "system", "content": spec_input.system_prompt})
-    return CHAT_URL, {"messages": messages}
+    return CHAT_URL, {"messages": _with_system([{"role": "user", "content": text}], spec_input)}
 
 
 def _prompt_tokens(body: dict[str, Any]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from orchestrator.core.tempfiles import AtomicFile
 from orchestrator.simulate.results import FleetResult
 
 COLOURS = {"work": "#4c9f70", "lost": "#d1495b", "restart": "#edae49", "wait": "#8d99ae", "idle": "#e9ecef"}
@@ -65,6 +66,7 @@ def plot_gantt(results: Sequence[FleetResult], path: str | Path) -> Path:
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with AtomicFile(path) as out:  # never a half-drawn PNG under the name
+        fig.savefig(out.file, dpi=110, format="png")
     plt.close(fig)
     return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -406,10 +407,32 @@ def read_manifest(store: Store, layout: RunLayout) -> list[ManifestEntry]:
                 hint="check --store (or ORCH_STORE, or `store:` in orch.yaml); "
                 f"or prepare the run first: orch prepare DATA --run {layout.run} --num-chunks N",
             ) from None
+        close = difflib.get_close_matches(layout.run, run_names(store), n=1)
         raise RunNotFound(
             f"run {layout.run!r} has no manifest in {store.uri}",
-            hint=f"prepare it first: orch prepare DATA --run {layout.run} --num-chunks N",
+            hint=f"did you mean --run {close[0]}?"
+            if close
+            else f"prepare it first: orch prepare DATA --run {layout.run} --num-chunks N",
         ) from None
+
+
+#: Where every run's keys start.
+RUNS_PREFIX = "runs/"
+
+
+def run_names(store: Store) -> list[str]:
+    """Every run in the store, in name order, with one listing request per run: each asks for the
+    keys after the previous run's (`runs/<name>0` sorts after every `runs/<name>/...` key and
+    before the next run's), and stops at the first."""
+    names: list[str] = []
+    after: str | None = None
+    while True:
+        first = next(iter(store.list(RUNS_PREFIX, start_after=after)), None)
+        if first is None:
+            return names
+        name = first.key[len(RUNS_PREFIX) :].partition("/")[0]
+        names.append(name)
+        after = f"{RUNS_PREFIX}{name}0"  # "0" follows "/": past every key of this run
 
 
 def read_plan(store: Store, layout: RunLayout) -> PlanRecord | None:

@@ -1,0 +1,105 @@
+"""What the input spec adds to every request it builds: a template over the row's columns and OpenAI's
+response_format (a JSON schema checked against its metaschema), both checked when the spec loads."""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.errors import SpecError
+
+
+def template_columns(template: str) -> list[str]:
+    """The columns a str.format template names ({subject}, {body}); a template that is not one, or
+    that asks for positions ({}, {0}), is refused with what is wrong."""
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        raise ValueError(f"not a str.format template: {e} (write a literal brace as {{{{ or }}}})") from None
+    columns: list[str] = []
+    for name in fields:
+        column = name.split(".")[0].split("[")[0]
+        if not column or column.isdigit():
+            raise ValueError(f"the template's field {{{name}}} names no column: write {{column_name}}")
+        if column not in columns:
+            columns.append(column)
+    return columns
+
+
+def check_response_format(value: dict[str, Any]) -> None:
+    """OpenAI's response_format, checked before anything is prepared: a known type, and for
+    json_schema a name and a schema that is itself a valid JSON Schema."""
+    kind = value.get("type")
+    if kind in ("text", "json_object"):
+        if set(value) != {"type"}:
+            raise ValueError(f"type {kind} takes no other keys (got {', '.join(sorted(set(value) - {'type'}))})")
+        return
+    if kind != "json_schema":
+        raise ValueError(f"type {kind!r}: expected text, json_object or json_schema")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or set(value) != {"type", "json_schema"}:
+        raise ValueError("type json_schema takes one more key, json_schema: {name, schema, strict}")
+    unknown = set(spec) - {"name", "schema", "strict", "description"}
+    if unknown:
+        raise ValueError(f"json_schema: unknown key(s) {', '.join(sorted(unknown))} (known: name, schema, strict)")
+    name = spec.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        raise ValueError(f"json_schema.name {name!r}: 1-64 letters, digits, _ or - (OpenAI's rule)")
+    if not isinstance(spec.get("strict", False), bool):
+        raise ValueError("json_schema.strict: true or false")
+    check_json_schema(spec.get("schema"))
+
+
+def check_json_schema(schema: Any) -> None:
+    """A JSON Schema, checked against its own metaschema (jsonschema, where installed; else only
+    that it is an object, which is what the worker's engine needs to compile it)."""
+    if not isinstance(schema, dict):
+        raise ValueError(f"a JSON schema is an object, not {type(schema).__name__}")
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        at = "/".join(map(str, e.absolute_path)) or "the top level"
+        raise ValueError(f"not a valid JSON Schema at {at}: {e.message}") from None
+
+
+def response_format_of(kind: str | None, schema_file: str | None) -> dict[str, Any] | None:
+    """The response_format `--response-format KIND` and `--json-schema FILE` ask for (None: neither)."""
+    if schema_file is None:
+        if kind == "json_schema":
+            raise SpecError("--response-format json_schema needs its schema", hint="add --json-schema FILE")
+        return None if kind is None else {"type": kind}
+    if kind not in (None, "json_schema"):
+        raise SpecError(f"--response-format {kind} and --json-schema: choose one")
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": _schema_name(schema_file), "schema": load_json_schema(schema_file), "strict": True},
+    }
+
+
+def load_json_schema(path: str) -> dict[str, Any]:
+    """A JSON Schema file, read and checked against its metaschema; every fault names the file (and line)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"cannot read the JSON schema: {getattr(e, 'strerror', None) or e}", where=path) from None
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SpecError(f"not valid JSON: {e.msg} (column {e.colno})", where=f"{path}:{e.lineno}") from None
+    try:
+        check_json_schema(schema)
+    except ValueError as e:
+        raise SpecError(str(e), where=path, hint="https://json-schema.org/understanding-json-schema") from None
+    return schema  # type: ignore[no-any-return]
+
+
+def _schema_name(path: str) -> str:
+    """json_schema.name from the file's name: OpenAI allows 1-64 letters, digits, _ and -."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", Path(path).stem)[:64] or "schema"
