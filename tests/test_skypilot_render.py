@@ -108,7 +108,7 @@ def test_render_keeps_what_the_user_wrote_in_the_template():
     task = render_worker_task(template, spec, request())
     assert task["resources"]["image_id"] == "docker:vllm/vllm-openai:latest"
     assert task["file_mounts"] == {"/data": "s3://my-bucket/data"}
-    assert "pip install" in task["setup"] and "python -m worker" in task["run"]
+    assert "uv pip install" in task["setup"] and '/bin/python" -m worker' in task["run"]
 
 
 def test_skypilot_loader_catches_a_misspelled_template_key():
@@ -177,3 +177,38 @@ def test_dry_run_changes_nothing_in_the_run(tmp_path, monkeypatch, capsys):
     assert snapshot() == before
     spec = yaml.safe_load((Path(store) / "runs/dr/spec.yaml").read_text())["spec"]
     assert spec["backend"] == "local" and spec["resources"]["gpus"] != ["A100"] and spec["resources"]["on_demand"]
+
+
+def test_render_puts_cpu_workers_on_a_slurm_cluster_with_no_spot_and_a_ready_environment():
+    flags = {"run": "r", "resources.infra": "slurm/orchlocal", "resources.gpus": [], "resources.cpus": 2}
+    spec = load_spec(
+        None, {**flags, "resources.memory": 4, "resources.worker_env": "/shared/env"}, env={}, default_file=False
+    )
+    task = render_worker_task(load_template(), spec, request())
+    resources = task["resources"]
+    assert resources["infra"] == "slurm/orchlocal" and resources["cpus"] == 2 and resources["memory"] == 4
+    assert not {"accelerators", "any_of", "use_spot", "ordered"} & set(resources)
+    assert task["envs"]["ORCH_WORKER_ENV"] == "/shared/env" and task["envs"]["ORCH_WORKER_EXTRA"] == "worker-cpu"
+    assert task["envs"]["OMP_NUM_THREADS"] == "2"
+    (sky_resources,) = load_task(to_yaml(task)).resources
+    assert str(sky_resources.cloud) == "Slurm" and sky_resources.region == "orchlocal"
+    assert not sky_resources.use_spot and sky_resources.accelerators is None
+
+
+def test_render_tries_the_slurm_cluster_first_then_cloud_spot_then_on_demand():
+    flags = {"run": "r", "resources.infra": ["slurm/onprem", "aws"], "resources.gpus": ["L4", "A100"]}
+    spec = load_spec(None, flags, env={}, default_file=False)
+    task = render_worker_task(load_template(), spec, request())
+    assert [(o["infra"], *o["accelerators"], o.get("use_spot")) for o in task["resources"]["ordered"]] == [
+        ("slurm/onprem", "L4", None),
+        ("slurm/onprem", "A100", None),
+        ("aws", "L4", True),
+        ("aws", "L4", False),
+        ("aws", "A100", True),
+        ("aws", "A100", False),
+    ]
+    loaded = load_task(to_yaml(task))
+    candidates = list(loaded.resources)  # SkyPilot keeps an ordered preference as a list
+    assert isinstance(loaded.resources, list) and len(candidates) == 6
+    assert [str(c.cloud) for c in candidates] == ["Slurm", "Slurm", "AWS", "AWS", "AWS", "AWS"]
+    assert [c.use_spot for c in candidates] == [False, False, True, False, True, False]

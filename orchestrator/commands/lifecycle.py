@@ -14,6 +14,11 @@ from orchestrator.commands.shared import Invocation, backend_option, common_opti
 @backend_option
 @click.option("--workers", type=int, default=None, help="number of workers (replans if it differs from the plan)")
 @click.option("--gpus", default=None, help="GPU candidates, comma-separated (default L4,L40S,A10G,A100,A100-80GB)")
+@click.option(
+    "--infra",
+    default=None,
+    help="where workers run, comma-separated, tried in order: slurm/CLUSTER, aws, gcp/us-central1, k8s",
+)
 @click.option("--spot", "spot_only", is_flag=True, help="spot instances only")
 @click.option("--on-demand", "on_demand_only", is_flag=True, help="on-demand instances only")
 @click.option("--dry-run", is_flag=True, help="render the SkyPilot task of every worker and launch nothing")
@@ -25,6 +30,7 @@ def launch_command(
     backend: str | None,
     workers: int | None,
     gpus: str | None,
+    infra: str | None,
     spot_only: bool,
     on_demand_only: bool,
     dry_run: bool,
@@ -45,6 +51,7 @@ def launch_command(
         **{
             "workers.count": workers,
             "resources.gpus": [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None,
+            "resources.infra": [i.strip() for i in infra.split(",") if i.strip()] if infra else None,
             "resources.spot": False if on_demand_only else None,
             "resources.on_demand": False if spot_only else None,
         },
