@@ -212,3 +212,30 @@ def test_render_tries_the_slurm_cluster_first_then_cloud_spot_then_on_demand():
     assert isinstance(loaded.resources, list) and len(candidates) == 6
     assert [str(c.cloud) for c in candidates] == ["Slurm", "Slurm", "AWS", "AWS", "AWS", "AWS"]
     assert [c.use_spot for c in candidates] == [False, False, True, False, True, False]
+
+
+def test_dry_run_renders_slurm_first_and_says_which_prerequisites_are_missing(tmp_path, monkeypatch, capsys):
+    """`--infra slurm/onprem,aws`: one task SkyPilot's loader accepts, the cluster tried first; and
+    each prerequisite a real launch needs, checked from here (no API server started for it)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("SKYPILOT_API_SERVER_LOCAL_PORT", "1")  # none answers there: never start one
+    (tmp_path / "d.jsonl").write_text('{"conversation": [{"role": "user", "content": "hi"}]}\n' * 4)
+    store = str(tmp_path / "store")
+    assert main(["prepare", str(tmp_path / "d.jsonl"), "--run", "op", "--store", store, "--num-chunks", "2"]) == 0
+    args = ["--run", "op", "--store", store, "--model", "org/model", "--gpus", "L4", "--dry-run"]
+    assert main(["launch", *args, "--infra", "slurm/onprem,aws", "--out", str(tmp_path / "t")]) == 0
+    printed = capsys.readouterr().out
+    task = load_task((tmp_path / "t" / "worker-0.yaml").read_text())
+    assert [(str(r.cloud), r.use_spot) for r in task.resources] == [("Slurm", False), ("AWS", True), ("AWS", False)]
+    assert "missing slurm login: no ~/.slurm/config" in printed
+    assert "missing hub token: HF_TOKEN not set" in printed and "missing sky check: no SkyPilot API server" in printed
+    assert "4 prerequisite(s) missing for a real launch." in printed  # and the store: a local directory
+
+    (Path(os.environ["HOME"]) / ".slurm").mkdir()
+    (Path(os.environ["HOME"]) / ".slurm" / "config").write_text("Host onprem\n  HostName 10.0.0.1\n  User me\n")
+    monkeypatch.setenv("HF_TOKEN", CANARY)
+    assert main(["launch", *args, "--infra", "slurm/onprem", "--out", str(tmp_path / "t2")]) == 0
+    printed = capsys.readouterr().out
+    assert "ok      slurm login: ~/.slurm/config names onprem" in printed and "ok      hub token" in printed
+    assert CANARY not in printed

@@ -72,15 +72,19 @@ def squeue(env: dict[str, str]) -> list[tuple[str, str]]:
     return [tuple(line.split(" ", 1)) for line in out.stdout.splitlines() if line.strip()]  # type: ignore[misc]
 
 
-def holders(store: Any, layout: RunLayout, worker: int) -> dict[str, float]:
-    """Processes of `worker` that flushed output (the holder in each part's key), each with the
-    time this test first saw one of its parts."""
-    found: dict[str, float] = {}
+def parts(store: Any, layout: RunLayout, worker: int) -> dict[str, str]:
+    """Output parts flushed by processes of `worker`: key -> holder (the process, named in the key)."""
+    found: dict[str, str] = {}
     for info in store.list(layout.outputs_root):
         holder = info.key.rsplit("/", 1)[1].rsplit("-", 1)[0]
         if holder.startswith(f"{worker}."):
-            found.setdefault(holder, time.monotonic())
+            found[info.key] = holder
     return found
+
+
+def holders(store: Any, layout: RunLayout, worker: int) -> dict[str, float]:
+    """Processes of `worker` that flushed output, each with when this test first saw one of its parts."""
+    return {holder: time.monotonic() for holder in parts(store, layout, worker).values()}
 
 
 class Watcher:
@@ -126,7 +130,7 @@ def test_slurm_workers_answer_survive_a_lost_allocation_and_cancel_leaves_nothin
         "  job_recovery: {strategy: FAILOVER, max_restarts_on_errors: 1}\n"
     )
     env = dict(env, PWD=str(tmp_path), PYTHONPATH=str(ROOT))
-    rows = 480
+    rows = 800
     data = write_jsonl(
         tmp_path / "q.jsonl",
         [{"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}?"}]} for i in range(rows)],
@@ -137,7 +141,8 @@ def test_slurm_workers_answer_survive_a_lost_allocation_and_cancel_leaves_nothin
     shutil.copytree(ROOT / ".cache" / "models" / "tiny-llama", model)
     for path in [model, *model.iterdir()]:
         path.chmod(0o755 if path.is_dir() else 0o644)
-    prepared = orch(env, "prepare", str(data), *run, "--num-chunks", "4", "--id-column", "id", "--model", str(model))
+    # One chunk per worker: the lost worker's chunk is its only one, and its lease keeps it for it.
+    prepared = orch(env, "prepare", str(data), *run, "--num-chunks", "2", "--id-column", "id", "--model", str(model))
     assert prepared.returncode == 0, prepared.stderr
     store, layout = open_store(store_uri), RunLayout("sl")
     watch = Watcher(env, run, store, layout)
@@ -147,18 +152,19 @@ def test_slurm_workers_answer_survive_a_lost_allocation_and_cancel_leaves_nothin
     started = time.monotonic()
     launched = orch(env, "launch", *run, "--backend", "skypilot", "--workers", "2", "--infra", f"slurm/{cluster}")
     assert launched.returncode == 0, launched.stdout + launched.stderr
-    wait_for("worker 0's first rows", lambda: watch.poll() and any(h.startswith("0.") for h in watch.first_rows))
-    first_startup = min(at for h, at in watch.first_rows.items() if h.startswith("0.")) - started
-    w0 = watch.worker(0)
+    first_part = wait_for("worker 0's first rows", lambda: next(iter(parts(store, layout, 0)), None))
+    first_startup = time.monotonic() - started
+
+    w0 = watch.poll() and watch.worker(0)
     assert w0["state"] == "RUNNING" and w0["cloud"] == "Slurm" and w0["region"] == cluster, w0
 
     # 2. Take worker 0's allocation away mid-chunk, with no warning (SIGKILL to everything in it).
     (alloc,) = [job for job, name in squeue(env) if name.startswith("orch-sl-w0")]
-    chunk = w0["chunk"]
-    assert chunk and store.head(layout.done(chunk)) is None, f"chunk {chunk} finished before the loss: make it bigger"
-    lost = time.monotonic()
     subprocess.run(["scancel", "--signal=KILL", "--full", alloc], env=env, check=True)
-    old_holders = set(holders(store, layout, 0))
+    lost = time.monotonic()
+    chunk = first_part.split("/")[-2]
+    assert store.head(layout.done(chunk)) is None, f"chunk {chunk} finished before the loss: make it bigger"
+    old_holders = set(parts(store, layout, 0).values())
 
     # 3. SkyPilot's controller notices, provisions a new allocation, and the worker answers again.
     wait_for("worker 0 recovering", lambda: watch.poll() and watch.worker(0)["state"] == "RECOVERING", 300)

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from orchestrator.commands.shared import Invocation, backend_option, common_options, follow_run, warn
+from orchestrator.core.spec import RunSpec
 
 
 @click.command("launch")
@@ -73,6 +74,7 @@ def launch_command(
         for path in paths:
             click.echo(str(path))
         click.echo(f"{len(paths)} task file(s) written; nothing launched.")
+        say_prerequisites(ctx.spec)
         return 0
     needed, remaining = workers_needed(ctx, plan)
     if not remaining:
@@ -94,6 +96,20 @@ def launch_command(
     if follow:
         return follow_run(ctx, launcher, interval)
     return 0
+
+
+def say_prerequisites(spec: RunSpec) -> None:
+    """What a real launch needs that can be checked from here, each met or what is missing."""
+    import os
+
+    from orchestrator.backends.skypilot_checks import prerequisites
+
+    checks = prerequisites(spec, os.environ)
+    for check in checks:
+        mark = click.style("ok     ", fg="green") if check.ok else click.style("missing", fg="yellow")
+        click.echo(f"{mark} {check.name}: {check.detail}")
+    missing = sum(not c.ok for c in checks)
+    click.echo(f"{missing} prerequisite(s) missing for a real launch." if missing else "every prerequisite met.")
 
 
 @click.command("watch")
@@ -120,7 +136,7 @@ def launch_command(
     type=float,
     default=None,
     metavar="SECONDS",
-    help="with --deadline: provision + setup + model load of a new machine (default 600)",
+    help="with --deadline: provision + setup + model load of a new machine (default: as measured on the run, else 600)",
 )
 def watch_command(
     inv: Invocation,
@@ -149,11 +165,14 @@ def watch_command(
     if deadline is not None:
         from orchestrator.controller.deadline import DeadlineSettings, parse_duration
         from orchestrator.controller.estimate import RESTART_OVERHEAD_S
+        from orchestrator.controller.startup import measured_startup_s
 
+        if restart_overhead is None:  # the run's own workers' start-up, once any has answered
+            restart_overhead = measured_startup_s(ctx.store, ctx.layout) or RESTART_OVERHEAD_S
         settings = DeadlineSettings(
             deadline_s=parse_duration(deadline),
             budget_usd=budget,
-            restart_overhead_s=RESTART_OVERHEAD_S if restart_overhead is None else restart_overhead,
+            restart_overhead_s=restart_overhead,
             max_on_demand=max_on_demand if max_on_demand is not None else ctx.spec.workers.count,
             commit_margin_s=ctx.spec.workers.lease_ttl + interval,
         )
