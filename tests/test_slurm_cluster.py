@@ -88,7 +88,7 @@ class StatusWatch(threading.Thread):
 
     def __init__(self, env: dict[str, str], run: list[str]):
         super().__init__(daemon=True)
-        self.env, self.run = env, run
+        self.env, self.run_args = env, run
         self.states: dict[str, list[tuple[str, float]]] = {}
         self.workers: list[dict[str, Any]] = []
         self.errors: list[str] = []
@@ -96,7 +96,7 @@ class StatusWatch(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set():
-            status = orch(self.env, "status", *self.run, "--json")
+            status = orch(self.env, "status", *self.run_args, "--json")
             if status.returncode != 0:
                 self.errors.append(status.stderr)
                 continue
@@ -126,7 +126,7 @@ def test_slurm_workers_answer_survive_a_lost_allocation_and_cancel_leaves_nothin
     store_uri = seaweedfs_server.store_uri(seaweedfs_server.new_bucket(), "orch")
     run = ["--run", "sl", "--store", store_uri]
     (tmp_path / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 48\n  temperature: 0\n"
+        "sampling:\n  max_tokens: 32\n  temperature: 0\n"
         "model:\n  engine_args: {max_num_seqs: 4}\n"
         # A lease outlives the lost worker's recovery: no one takes its chunk for an expired lease.
         "workers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 900\n"
@@ -134,7 +134,7 @@ def test_slurm_workers_answer_survive_a_lost_allocation_and_cancel_leaves_nothin
         f"  worker_env: {(ROOT / '.venv-worker').resolve()}\n"
         "  job_recovery: {strategy: FAILOVER, max_restarts_on_errors: 1}\n"
     )
-    rows = 800
+    rows = 400
     data = write_jsonl(
         tmp_path / "q.jsonl",
         [{"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}?"}]} for i in range(rows)],
