@@ -239,3 +239,13 @@ def test_dry_run_renders_slurm_first_and_says_which_prerequisites_are_missing(tm
     printed = capsys.readouterr().out
     assert "ok      slurm login: ~/.slurm/config names onprem" in printed and "ok      hub token" in printed
     assert CANARY not in printed
+
+
+def test_spot_only_on_a_slurm_cluster_is_refused_where_it_is_asked(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.jsonl").write_text('{"conversation": [{"role": "user", "content": "hi"}]}\n')
+    store = str(tmp_path / "store")
+    assert main(["prepare", str(tmp_path / "d.jsonl"), "--run", "sp", "--store", store, "--num-chunks", "1"]) == 0
+    args = ["launch", "--run", "sp", "--store", store, "--model", "m", "--dry-run", "--out", str(tmp_path / "t")]
+    assert main([*args, "--infra", "slurm/c", "--spot"]) == 2
+    assert "slurm/c has no spot market" in capsys.readouterr().err

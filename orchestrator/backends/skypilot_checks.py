@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-from orchestrator.backends.skypilot_render import is_on_prem
 from orchestrator.core.model_source import is_local_path
-from orchestrator.core.spec import RunSpec
+from orchestrator.core.spec import RunSpec, is_on_prem
 
 SLURM_CONFIG = "~/.slurm/config"
 

@@ -18,7 +18,7 @@ import yaml
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.core.errors import BackendError
 from orchestrator.core.exits import WorkerExit
-from orchestrator.core.spec import RunSpec
+from orchestrator.core.spec import RunSpec, is_on_prem
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "task_templates" / "worker.yaml"
 
@@ -51,14 +51,6 @@ def _local_path(value: str, base: Path) -> str:
     if "://" in value or value.startswith(("~", "/")):
         return value
     return os.path.normpath(base / value)
-
-
-#: SkyPilot infra kinds that are machines of one's own: no spot market there, tried before clouds.
-ON_PREM_INFRA = ("slurm", "k8s", "kubernetes", "ssh")
-
-
-def is_on_prem(infra: str) -> bool:
-    return infra.split("/", 1)[0].lower() in ON_PREM_INFRA
 
 
 def render_worker_task(template: dict[str, Any], spec: RunSpec, request: LaunchRequest) -> dict[str, Any]:

@@ -215,7 +215,17 @@ class ResourcesSpec(StrictModel):
             raise ValueError("name at least one GPU type, or set cpus for workers without a GPU")
         if self.infra and (self.cloud or self.region):
             raise ValueError("give infra, or cloud and region, not both")
+        if self.infra and all(is_on_prem(p) for p in self.infra) and not self.on_demand:
+            raise ValueError(f"{', '.join(self.infra)} has no spot market: allow on-demand (drop --spot)")
         return self
+
+
+#: SkyPilot infra kinds that are machines of one's own: no spot market there, tried before clouds.
+ON_PREM_INFRA = ("slurm", "k8s", "kubernetes", "ssh")
+
+
+def is_on_prem(infra: str) -> bool:
+    return infra.split("/", 1)[0].lower() in ON_PREM_INFRA
 
 
 class ServeSpec(StrictModel):
