@@ -208,3 +208,20 @@ def test_slurm_workers_answer_survive_a_lost_allocation_and_cancel_leaves_nothin
         f"states {watch.states}"
     )
     assert recovered <= 2 * first_startup
+
+
+def test_slurm_dry_run_checks_the_cluster_through_the_running_api_server(slurm_env, tmp_path):
+    """`orch launch --dry-run` asks the API server that answers which infra `sky check` enabled:
+    the local cluster is, a cloud is not; `~/.slurm/config` names the cluster."""
+    env = dict(slurm_env, PWD=str(tmp_path), PYTHONPATH=str(ROOT))
+    data = write_jsonl(tmp_path / "q.jsonl", [{"conversation": [{"role": "user", "content": "hi"}]}] * 4)
+    run = ["--run", "dr", "--store", str(tmp_path / "store")]
+    assert orch(env, "prepare", str(data), *run, "--num-chunks", "2").returncode == 0
+    cluster = env["ORCH_LOCAL_SLURM_NAME"]
+    args = ["launch", *run, "--model", "org/m", "--gpus", "L4", "--dry-run", "--out", str(tmp_path / "t")]
+    on_prem = orch(env, *args, "--infra", f"slurm/{cluster}")
+    assert on_prem.returncode == 0, on_prem.stderr
+    assert "ok      sky check: enabled: slurm" in on_prem.stdout
+    assert f"ok      slurm login: ~/.slurm/config names {cluster}" in on_prem.stdout
+    overflow = orch(env, *args, "--infra", f"slurm/{cluster},aws")
+    assert "missing sky check: not enabled: aws (enabled: slurm)" in overflow.stdout, overflow.stdout

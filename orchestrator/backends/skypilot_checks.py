@@ -98,8 +98,9 @@ def _enabled_infra(places: list[str]) -> Check:
         if common.get_api_server_status().status.value != "healthy":
             raise ConnectionError
         import sky
+        from sky.client import sdk
 
-        enabled = {c.lower() for c in sky.get(sky.enabled_clouds())}
+        enabled = {str(c).lower() for c in sky.get(sdk.enabled_clouds())}
     except Exception:  # no server, or one that cannot answer: say how to find out
         return Check("sky check", False, "no SkyPilot API server answers: `sky check` says which infra is enabled")
     kinds = {p.split("/", 1)[0].lower().replace("k8s", "kubernetes") for p in places}
