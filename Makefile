@@ -52,7 +52,9 @@ $(MODELS)/tiny-embed/.built $(MODELS)/tiny-reranker/.built $(MODELS)/tiny-lora/.
 # These start from the tiny Llama: built after it, never beside it.
 $(MODELS)/tiny-embed/.built $(MODELS)/tiny-reranker/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built: $(MODELS)/tiny-llama/.built
 
-# rsync, for SkyPilot's local jobs controller in the tests (apt, when missing).
+# rsync, for SkyPilot's local jobs controller in the tests (apt, when missing). The Slurm cluster
+# tests/test_slurm_cluster.py runs on is set up by that test itself (scripts/local-slurm up: root,
+# Debian's slurm-wlm, munge and openssh-server) and stopped after it (scripts/local-slurm down).
 system-deps:
 	scripts/system-deps
 

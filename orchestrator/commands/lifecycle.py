@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from orchestrator.commands.shared import Invocation, backend_option, common_options, follow_run, warn
+from orchestrator.core.spec import RunSpec
 
 
 @click.command("launch")
@@ -14,6 +15,11 @@ from orchestrator.commands.shared import Invocation, backend_option, common_opti
 @backend_option
 @click.option("--workers", type=int, default=None, help="number of workers (replans if it differs from the plan)")
 @click.option("--gpus", default=None, help="GPU candidates, comma-separated (default L4,L40S,A10G,A100,A100-80GB)")
+@click.option(
+    "--infra",
+    default=None,
+    help="where workers run, comma-separated, tried in order: slurm/CLUSTER, aws, gcp/us-central1, k8s",
+)
 @click.option("--spot", "spot_only", is_flag=True, help="spot instances only")
 @click.option("--on-demand", "on_demand_only", is_flag=True, help="on-demand instances only")
 @click.option("--dry-run", is_flag=True, help="render the SkyPilot task of every worker and launch nothing")
@@ -25,6 +31,7 @@ def launch_command(
     backend: str | None,
     workers: int | None,
     gpus: str | None,
+    infra: str | None,
     spot_only: bool,
     on_demand_only: bool,
     dry_run: bool,
@@ -45,6 +52,7 @@ def launch_command(
         **{
             "workers.count": workers,
             "resources.gpus": [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None,
+            "resources.infra": [i.strip() for i in infra.split(",") if i.strip()] if infra else None,
             "resources.spot": False if on_demand_only else None,
             "resources.on_demand": False if spot_only else None,
         },
@@ -66,6 +74,7 @@ def launch_command(
         for path in paths:
             click.echo(str(path))
         click.echo(f"{len(paths)} task file(s) written; nothing launched.")
+        say_prerequisites(ctx.spec)
         return 0
     needed, remaining = workers_needed(ctx, plan)
     if not remaining:
@@ -87,6 +96,20 @@ def launch_command(
     if follow:
         return follow_run(ctx, launcher, interval)
     return 0
+
+
+def say_prerequisites(spec: RunSpec) -> None:
+    """What a real launch needs that can be checked from here, each met or what is missing."""
+    import os
+
+    from orchestrator.backends.skypilot_checks import prerequisites
+
+    checks = prerequisites(spec, os.environ)
+    for check in checks:
+        mark = click.style("ok     ", fg="green") if check.ok else click.style("missing", fg="yellow")
+        click.echo(f"{mark} {check.name}: {check.detail}")
+    missing = sum(not c.ok for c in checks)
+    click.echo(f"{missing} prerequisite(s) missing for a real launch." if missing else "every prerequisite met.")
 
 
 @click.command("watch")
@@ -113,7 +136,7 @@ def launch_command(
     type=float,
     default=None,
     metavar="SECONDS",
-    help="with --deadline: provision + setup + model load of a new machine (default 600)",
+    help="with --deadline: provision + setup + model load of a new machine (default: as measured on the run, else 600)",
 )
 def watch_command(
     inv: Invocation,
@@ -142,11 +165,14 @@ def watch_command(
     if deadline is not None:
         from orchestrator.controller.deadline import DeadlineSettings, parse_duration
         from orchestrator.controller.estimate import RESTART_OVERHEAD_S
+        from orchestrator.controller.startup import measured_startup_s
 
+        if restart_overhead is None:  # the run's own workers' start-up, once any has answered
+            restart_overhead = measured_startup_s(ctx.store, ctx.layout) or RESTART_OVERHEAD_S
         settings = DeadlineSettings(
             deadline_s=parse_duration(deadline),
             budget_usd=budget,
-            restart_overhead_s=RESTART_OVERHEAD_S if restart_overhead is None else restart_overhead,
+            restart_overhead_s=restart_overhead,
             max_on_demand=max_on_demand if max_on_demand is not None else ctx.spec.workers.count,
             commit_margin_s=ctx.spec.workers.lease_ttl + interval,
         )

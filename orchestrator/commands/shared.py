@@ -77,6 +77,7 @@ FLAG_OF_FIELD = {
     "chunking.rows_per_chunk": "--rows-per-chunk",
     "workers.count": "--workers",
     "resources.gpus": "--gpus",
+    "resources.infra": "--infra",
 }
 
 

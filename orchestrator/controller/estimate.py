@@ -195,7 +195,11 @@ def estimate(
 
 
 def estimate_run(ctx: RunContext, manifest: Sequence[ManifestEntry]) -> Estimate:
-    """The estimate for this run as it stands: finished chunks' stats replace the table's speeds."""
+    """The estimate for this run as it stands: finished chunks' stats replace the table's speeds,
+    and the start-up its workers took replaces the assumed one."""
+    from orchestrator.controller.startup import measured_startup_s
+
+    startup = measured_startup_s(ctx.store, ctx.layout)
     return estimate(
         load_gpu_table(),
         ctx.spec.resources.gpus,
@@ -204,4 +208,5 @@ def estimate_run(ctx: RunContext, manifest: Sequence[ManifestEntry]) -> Estimate
         read_chunk_stats(ctx.store, ctx.layout),
         set(list_done(ctx.store, ctx.layout)),
         checkpoint_interval_s=ctx.spec.workers.checkpoint_interval,
+        restart_overhead_s=RESTART_OVERHEAD_S if startup is None else startup,
     )

@@ -239,17 +239,46 @@ class ResourcesSpec(StrictModel):
     on_demand: bool = True
     cloud: str | None = None
     region: str | None = None
+    infra: list[str] = Field(
+        default_factory=list,
+        description="where workers run, in SkyPilot's words (slurm/<cluster>, aws, gcp/us-central1, k8s), "
+        "tried in this order: an on-prem cluster first, clouds after it; empty: any enabled cloud",
+    )
+    cpus: int | None = Field(None, ge=1, description="CPUs per worker; with gpus: [] workers run on CPUs")
+    memory: int | None = Field(None, ge=1, description="GB of memory per worker")
+    worker_env: str | None = Field(
+        None,
+        description="a Python environment with orch's worker installed, already on the machines (a shared "
+        "path on a Slurm cluster, or in the image): set-up installs nothing and a recovery rebuilds nothing",
+    )
     disk_size: int | None = Field(None, ge=10)
     image_id: str | None = None
     job_recovery: JobRecoverySpec = Field(default_factory=JobRecoverySpec)
+
+    @field_validator("infra", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _some_pricing(self) -> ResourcesSpec:
         if not (self.spot or self.on_demand):
             raise ValueError("allow spot, on-demand or both")
-        if not self.gpus:
-            raise ValueError("name at least one GPU type")
+        if not self.gpus and self.cpus is None:
+            raise ValueError("name at least one GPU type, or set cpus for workers without a GPU")
+        if self.infra and (self.cloud or self.region):
+            raise ValueError("give infra, or cloud and region, not both")
+        if self.infra and all(is_on_prem(p) for p in self.infra) and not self.on_demand:
+            raise ValueError(f"{', '.join(self.infra)} has no spot market: allow on-demand (drop --spot)")
         return self
+
+
+#: SkyPilot infra kinds that are machines of one's own: no spot market there, tried before clouds.
+ON_PREM_INFRA = ("slurm", "k8s", "kubernetes", "ssh")
+
+
+def is_on_prem(infra: str) -> bool:
+    return infra.split("/", 1)[0].lower() in ON_PREM_INFRA
 
 
 class ServeSpec(StrictModel):
