@@ -532,23 +532,26 @@ def test_kill_storm_blames_no_row(tmp_path, workdir, tiny_model, hand_workers):
     assert crashed_ids(lines) == []
 
 
-FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+def clock_shift_library(folder: Path) -> Path:
+    """tests/support/clock_shift.c built with the system's C compiler: LD_PRELOAD it with
+    CLOCK_SHIFT_S=N and the process's wall clock runs N seconds off (its sleeps and monotonic
+    clock untouched)."""
+    library = folder / "clock_shift.so"
+    source = Path(__file__).parent / "support" / "clock_shift.c"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(library), str(source), "-ldl"], check=True)
+    return library
 
 
 def test_clock_skew_trades_no_lease_and_names_the_skewed_worker(tmp_path, workdir, tiny_model, hand_workers):
-    """Worker 1 runs on a clock 120 s fast (libfaketime; TTL 60 s, so every live lease of worker 0
+    """Worker 1 runs on a clock 120 s fast (tests/support/clock_shift.c; TTL 60 s, so every live lease of worker 0
     looks expired to it). Before, it took them over, each takeover counted as a crash, and rows
     ended `worker_crashed`. Now leases are judged by the store's clock: no lease changes hands,
     no row is blamed, and the log and `orch status` say whose clock is off, and by how much."""
-    if not FAKETIME.exists():
-        pytest.fail(f"{FAKETIME} is missing: run scripts/system-deps (it installs faketime)")
     store, run = str(tmp_path / "store"), "skew"
     prepare_questions(workdir, run, store, rows=1600, chunks=8)
     orch_ok("plan", "--run", run, "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
     normal = hand_workers(store, run, "0", workdir)
-    fast = hand_workers(
-        store, run, "1", workdir, LD_PRELOAD=str(FAKETIME), FAKETIME="+120s", NO_FAKE_STAT="1", DONT_FAKE_MONOTONIC="1"
-    )
+    fast = hand_workers(store, run, "1", workdir, LD_PRELOAD=str(clock_shift_library(tmp_path)), CLOCK_SHIFT_S="120")
     assert [normal.proc.wait(900), fast.proc.wait(900)] == [0, 0], fast.log.read_text()[-3000:]
     summaries = [normal.summary(), fast.summary()]
     assert [s["chunks_lost"] for s in summaries] == [0, 0], summaries  # no lease taken from a live holder
