@@ -192,9 +192,21 @@ def test_workers_racing_over_the_same_chunks_write_one_marker_each(store_uri, ti
 
 def test_worker_takes_over_an_expired_lease_and_reuses_its_parts(store_uri, tiny_engine, tiny_model):
     store = open_store(store_uri)
-    layout = make_run(store, "expired", [chunk_of("e", 10), chunk_of("x", 10)], model=tiny_model, lists=[[0], [1]])
-    # Worker 1 died holding chunk 1 after flushing its first three rows; its lease has expired.
-    acquire(store, layout, "part_00001", worker="1", holder="1.dead", ttl=60, now=time.time() - 600)
+    ttl = 2.0
+    layout = make_run(
+        store,
+        "expired",
+        [chunk_of("e", 10), chunk_of("x", 10)],
+        model=tiny_model,
+        lists=[[0], [1]],
+        spec_flags={"workers.lease_ttl": ttl, "workers.heartbeat_interval": 0.5},
+    )
+    # Worker 1 died holding chunk 1 after flushing its first three rows. Its lease expires a TTL
+    # after it was written, by the store's clock too (a lease the store saw written lately is a
+    # live holder's, whatever the times inside it say): the test waits that out.
+    acquire(store, layout, "part_00001", worker="1", holder="1.dead", ttl=ttl, now=time.time())
+    while time.time() - store.head(layout.lease("part_00001")).modified <= ttl + 1:  # S3 stamps whole seconds
+        time.sleep(0.1)
     dead_rows = [Answer(i, f"x-{i}", "flushed before the worker died") for i in range(3)]
     store.put(layout.output_part("part_00001", "1.dead", 1), part_codec("jsonl", "part_00001").encode(dead_rows))
     summary = run_in_process(store, "expired", tiny_engine)
