@@ -407,7 +407,8 @@ def read_manifest(store: Store, layout: RunLayout) -> list[ManifestEntry]:
                 hint="check --store (or ORCH_STORE, or `store:` in orch.yaml); "
                 f"or prepare the run first: orch prepare DATA --run {layout.run} --num-chunks N",
             ) from None
-        close = difflib.get_close_matches(layout.run, run_names(store), n=1)
+        others = [name for name in run_names(store) if name != layout.run]  # itself: begun, never prepared
+        close = difflib.get_close_matches(layout.run, others, n=1)
         raise RunNotFound(
             f"run {layout.run!r} has no manifest in {store.uri}",
             hint=f"did you mean --run {close[0]}?"
