@@ -55,6 +55,7 @@ def test_status_on_an_endpoint_that_never_answers_fails_within_20s(tmp_path):
         assert "Traceback" not in done.stderr
         # The spec's store_settings bound it further.
         (tmp_path / "orch.yaml").write_text("store_settings:\n  read_timeout: 1\n  attempts: 1\n")
+        _, startup = orch("status", "--run", "r", "--store", refusing, cwd=tmp_path, timeout=300)  # start-up now
         done, took = orch("status", "--run", "r", "--store", store, cwd=tmp_path, timeout=300)
         assert done.returncode != 0 and took - startup < 5, f"status took {took:.1f}s: {done.stderr}"
         # ...and an unknown key there is refused with file, line and field.
