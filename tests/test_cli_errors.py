@@ -140,7 +140,7 @@ def answered_run(project: Path, run: str, errors: int = 0):
 
 
 def error_paths(project: Path) -> list[tuple[list[str], int, str, str]]:
-    """What the README's "When something goes wrong" lists, each exit code by a mistake that gets
+    """What docs/operations.md's "When something goes wrong" lists, each exit code by a mistake that gets
     it: (argv, exit code, in the ERROR line, in the hint line)."""
     data = write_jsonl(project / "d.jsonl", [{"text": "a"}, {"text": "b"}])
     (project / "typo.yaml").write_text("chunking:\n  num_chunk: 3\n")
@@ -162,7 +162,7 @@ def error_paths(project: Path) -> list[tuple[list[str], int, str, str]]:
             ["prepare", str(data), "--run", "a", "-f", "negative.yaml"],
             2,
             "negative.yaml:2: chunking.num_chunks",
-            "README",
+            "docs/spec.md",
         ),
         (["prepare", str(data), "--run", "a", "--format", "nope"], 2, "'--format'", "--help"),
         (["launch", "--run", "frozen", "--model", "/no/model", "--workers", "1"], 2, "ERROR --model: ", "config.json"),
@@ -187,7 +187,7 @@ def error_paths(project: Path) -> list[tuple[list[str], int, str, str]]:
     ]
 
 
-def test_every_error_path_the_readme_lists_gives_an_error_line_and_a_hint(project, capsys):
+def test_every_error_path_the_docs_list_gives_an_error_line_and_a_hint(project, capsys):
     paths = error_paths(project)
     capsys.readouterr()
     for argv, code, said, hinted in paths:

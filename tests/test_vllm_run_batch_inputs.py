@@ -6,7 +6,7 @@ a valid `BatchRequestOutput` (vLLM's own type, read in the worker's environment)
 valid line for the openai SDK, and each custom_id comes back once.
 
 Where orch answers otherwise, on purpose: a line naming another model is answered by the run's
-model (no adapters: README "The worker by hand"); a line without a custom_id does not fail the
+model (no adapters: docs/requests.md); a line without a custom_id does not fail the
 whole file as in vLLM (its test expects a non-zero exit): it is set aside at prepare and answered
 with an `invalid_request` line naming file and line, and the other lines are answered; error lines
 carry OpenAI's error body in `response.body`, where vLLM's carry none.

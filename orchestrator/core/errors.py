@@ -1,6 +1,6 @@
 """The one exception family orch raises for users, and the one place that turns them into what users read.
 
-Each error carries a ready message, an optional hint and an exit code (see the README's table);
+Each error carries a ready message, an optional hint and an exit code (see the table in docs/operations.md);
 `render_error` prints `ERROR <where>: <message>` and `hint: ...` on stderr for every program that
 talks to users: the `orch` CLI, the worker, the API server.
 """

@@ -468,7 +468,7 @@ def _spec_error(e: ValidationError, source: str, lines: Any) -> SpecError:
     loc = [str(p) for p in err.get("loc", ()) if not str(p).startswith("function-")]
     field = ".".join(loc) or "(top level)"
     msg = err.get("msg", "invalid")
-    hint = "the README's section on orch.yaml lists every field and what it takes"
+    hint = "docs/spec.md (the spec: orch.yaml) lists every field and what it takes"
     if err.get("type") == "extra_forbidden":
         parent = _model_at(loc[:-1])
         known = ", ".join(parent.model_fields) if parent else ""

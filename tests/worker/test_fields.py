@@ -1,4 +1,4 @@
-"""The README's request-field table, driven: every field fed to both real engines, each answer what the table says."""
+"""The request-field table of docs/requests.md, driven: every field fed to both real engines, each answer what the table says."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.worker.test_structured import answer
 
 pytestmark = pytest.mark.slow
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+FIELD_TABLE = Path(__file__).resolve().parents[2] / "docs" / "requests.md"
 URLS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 
@@ -166,9 +166,9 @@ UNSEEN = {
 
 
 def table() -> list[tuple[str, list[str], str, str]]:
-    """(field, endpoints, vLLM, transformers) for each row of the README's field table."""
+    """(field, endpoints, vLLM, transformers) for each row of docs/requests.md's field table."""
     rows = []
-    for line in README.read_text().splitlines():
+    for line in FIELD_TABLE.read_text().splitlines():
         m = re.fullmatch(r"\| `(\w+)` \| ([\w, ]+) \| ([\w ]+) \| ([\w ]+) \|", line)
         if m:
             rows.append((m[1], [e.strip() for e in m[2].split(",")], m[3], m[4]))
@@ -200,7 +200,7 @@ def test_fields_table_covers_every_sample():
 
 @pytest.mark.parametrize("engine_name", ["vLLM", "transformers"])
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
-def test_fields_each_does_what_the_readme_says(engines, engine_name, endpoint):
+def test_fields_each_does_what_the_docs_say(engines, engine_name, endpoint):
     rows = [(field, said[engine_name == "transformers"]) for field, eps, *said in table() if endpoint in eps]
     lines = answer(engines[engine_name], *(body(field, endpoint) for field, _ in rows), url=URLS[endpoint])
     wrong = []
