@@ -32,12 +32,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.controller.collect_table import KeptColumns, TableSpec, TableWriter
+from orchestrator.controller.collect_table import TableSpec, TableWriter, table_spec
 from orchestrator.controller.input_order import InputOrder, InputPositions, LineSink
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.controller.token_cost import TokenCounts
 from orchestrator.core.errors import CorruptOutput, CorruptRecord, OutputError
-from orchestrator.core.frozen_spec import read_stored_spec
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.parts import iter_part_lines
@@ -170,7 +169,7 @@ def collect(
     shape = output_shape(fmt, container)
     if retry_out:
         check_output(retry_out, "jsonl")
-    table = _table(store, layout, container, keep_columns) if shape == "table" else None
+    table = table_spec(store, layout, container, keep_columns) if shape == "table" else None
     entries = read_manifest(store, layout)
     report = CollectReport(
         out=str(out),
@@ -350,14 +349,6 @@ def _input_rows(store: Store, layout: RunLayout, entry: ManifestEntry) -> Iterat
             except ValueError:
                 request = {}
             yield row, raw if raw.endswith(b"\n") else raw + b"\n", request if isinstance(request, dict) else {}
-
-
-def _table(store: Store, layout: RunLayout, container: str, keep_columns: list[str] | None) -> TableSpec:
-    """The table's columns, from the run's frozen spec; the kept columns checked against its input."""
-    found = read_stored_spec(store, layout)
-    spec = TableSpec.of(found[0] if found is not None else {})
-    kept = [name for name in keep_columns or [] if name != spec.id_column]  # the id is there once
-    return spec if not kept else spec.keeping(KeptColumns(store, layout, kept, typed_columns=container == "parquet"))
 
 
 class _Writer:

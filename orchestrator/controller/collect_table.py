@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from orchestrator.core.errors import InputError, OutputError
+from orchestrator.core.frozen_spec import read_stored_spec
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.model_source import served_name
 from orchestrator.core.protocol.layout import RunLayout
@@ -60,6 +61,14 @@ class TableSpec:
             engine_args=model.get("engine_args") or {},
             response_format=spec_input.get("response_format"),
         )
+
+
+def table_spec(store: Store, layout: RunLayout, container: str, keep_columns: list[str] | None) -> TableSpec:
+    """The table's columns, from the run's frozen spec; the kept columns checked against its input."""
+    found = read_stored_spec(store, layout)
+    spec = TableSpec.of(found[0] if found is not None else {})
+    kept = [name for name in keep_columns or [] if name != spec.id_column]  # the id is there once
+    return spec if not kept else spec.keeping(KeptColumns(store, layout, kept, typed_columns=container == "parquet"))
 
 
 def column_kind(schema: Any) -> str:
