@@ -255,3 +255,137 @@ def test_collect_failed_leaves_no_output_and_keeps_the_previous_one(tmp_path, ca
     assert out.read_bytes() == b"the good output of an earlier collect\n"
     assert retry.read_bytes() == b"an earlier retry file\n"
     assert sorted(p.name for p in out.parent.iterdir()) == sorted([name, "retry.jsonl"])
+
+
+LABEL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "label": {"enum": ["billing", "account", "other"]},
+        "urgent": {"type": "boolean"},
+        "score": {"type": "integer"},
+        "topics": {"type": "array", "items": {"type": "string"}},
+        "text": {"type": "string"},  # a field named as a fixed column: answer_text
+    },
+    "required": ["label", "urgent"],
+}
+TICKETS = [
+    {"ticket": f"T{i}", "subject": f"Subject {i}", "body": f"Body {i}", "priority": i, "tags": ["a", str(i)]}
+    for i in range(6)
+]
+TICKETS[2] = {"ticket": "T2", "body": "no subject", "priority": 2, "tags": []}  # set aside: the template needs it
+ANSWERS = {
+    "T0": '{"label": "billing", "urgent": true, "score": 3, "topics": ["refund"], "text": "t"}',
+    "T1": '{"label": "acc',  # cut at max_tokens
+    "T3": '{"label": "spam", "urgent": false}',  # not one of the enum
+    "T5": '{"label": "other", "urgent": false}',
+}
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["input-order", "grouped-by-prefix"])
+def test_collect_writes_a_typed_table_of_a_json_schema_run(tmp_path, capsys, monkeypatch, grouped):
+    """The labelling job's table: one row per ticket in input order, the ticket id once, the kept
+    input columns, the schema's fields typed, parse_error where the answer does not parse or hold
+    to the schema, usage, the failed row's error, and the served name instead of a path."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.chdir(tmp_path)
+    store_uri = str(tmp_path / "s")
+    write_jsonl(tmp_path / "tickets.jsonl", TICKETS)
+    (tmp_path / "label.json").write_text(json.dumps(LABEL_SCHEMA))
+    prepare = ["prepare", "tickets.jsonl", "--run", "t", "--store", store_uri, "--format", "text"]
+    prepare += [
+        "--template",
+        "Subject: {subject}\nBody: {body}",
+        "--id-column",
+        "ticket",
+        "--json-schema",
+        "label.json",
+    ]
+    prepare += ["--num-chunks", "2", *(["--group-by-prefix"] if grouped else [])]
+    assert main(prepare) == 0, capsys.readouterr().err
+    store, layout = open_store(store_uri), RunLayout("t")
+    for entry in read_manifest(store, layout):
+        ids = [json.loads(line)["custom_id"] for line in store.get(layout.chunk(entry.chunk)).data.splitlines()]
+        answers = [
+            Answer(i, cid, ANSWERS.get(cid), error=None if cid in ANSWERS else "server_error")
+            for i, cid in enumerate(ids)
+        ]
+        for answer in answers:
+            if answer.line.response.body:  # as an older worker wrote it: the weights' path
+                answer.line.response.body["model"] = "/models/SmolLM2-135M-Instruct"
+        answer_chunk(store, layout, entry.chunk, [answers])
+    base = ["collect", "--run", "t", "--store", store_uri, "--max-error-rate", "1"]
+    assert main([*base, "--out", "t.parquet", "--keep-columns", "subject,priority,tags,ticket"]) == 0
+    assert "(parquet table)" in capsys.readouterr().out
+    table = pq.read_table("t.parquet")
+    assert table.schema.names == [
+        "ticket", "subject", "priority", "tags", "text", "label", "urgent", "score", "topics", "answer_text",
+        "parse_error", "finish_reason", "prompt_tokens", "completion_tokens", "error_code", "error_message", "model",
+    ]  # fmt: skip
+    types = {f.name: f.type for f in table.schema}
+    assert types["priority"] == pa.int64() and types["urgent"] == pa.bool_() and types["score"] == pa.int64()
+    assert types["topics"] == pa.list_(pa.string()) and types["tags"] == pa.string()  # an array column: JSON text
+    rows = table.to_pylist()
+    assert [r["ticket"] for r in rows] == ["T0", "T1", "T2", "T3", "T4", "T5"]
+    assert [r["subject"] for r in rows] == ["Subject 0", "Subject 1", None, "Subject 3", "Subject 4", "Subject 5"]
+    assert [r["priority"] for r in rows] == [0, 1, 2, 3, 4, 5] and rows[0]["tags"] == '["a", "0"]'
+    assert {k: rows[0][k] for k in ("label", "urgent", "score", "topics", "answer_text", "parse_error")} == {
+        "label": "billing",
+        "urgent": True,
+        "score": 3,
+        "topics": ["refund"],
+        "answer_text": "t",
+        "parse_error": None,
+    }
+    assert rows[0]["prompt_tokens"] == 3 and rows[0]["completion_tokens"] == 2 and rows[0]["finish_reason"] == "stop"
+    assert rows[0]["model"] == "SmolLM2-135M-Instruct"
+    assert rows[1]["label"] is None and rows[1]["parse_error"].startswith("not JSON")
+    assert rows[2]["error_code"] == "invalid_request" and "names column(s) 'subject'" in rows[2]["error_message"]
+    assert rows[3]["label"] is None and "does not hold to the schema at label" in rows[3]["parse_error"]
+    assert rows[4]["error_code"] == "server_error" and rows[4]["text"] is None and rows[4]["parse_error"] is None
+    assert (rows[5]["label"], rows[5]["urgent"], rows[5]["score"]) == ("other", False, None)
+    # The wire format stays: OpenAI Batch lines, custom_id and all.
+    assert main([*base, "--out", "wire.parquet.jsonl", "--format", "openai"]) == 0
+    wire = read_lines(tmp_path / "wire.parquet.jsonl")
+    assert [line["custom_id"] for line in wire] == ["T0", "T1", "T2", "T3", "T4", "T5"] and "response" in wire[0]
+    # The table as JSON lines, when asked for.
+    assert main([*base, "--out", "t.jsonl", "--format", "table", "--keep-columns", "tags"]) == 0
+    lines = read_lines(tmp_path / "t.jsonl")
+    assert lines[0]["tags"] == ["a", "0"] and lines[0]["topics"] == ["refund"] and "custom_id" not in lines[0]
+
+
+def test_collect_refuses_a_kept_column_the_input_does_not_have(tmp_path, capsys, monkeypatch):
+    """Named before anything is written, with the columns there are; and the input must be the one
+    prepared."""
+    monkeypatch.chdir(tmp_path)
+    store_uri = str(tmp_path / "s")
+    write_jsonl(tmp_path / "tickets.jsonl", TICKETS)
+    prepare = ["prepare", "tickets.jsonl", "--run", "t", "--store", store_uri, "--format", "text"]
+    assert main([*prepare, "--text-column", "body", "--id-column", "ticket"]) == 0
+    store, layout = open_store(store_uri), RunLayout("t")
+    answer_chunk(store, layout, "part_00000", [[Answer(i, f"T{i}", "x") for i in range(6)]])
+    capsys.readouterr()
+    base = ["collect", "--run", "t", "--store", store_uri, "--out", "t.parquet"]
+    assert main([*base, "--keep-columns", "subjet"]) == 1
+    err = capsys.readouterr().err
+    assert "no column 'subjet' in the run's input (tickets.jsonl)" in err
+    assert "body, priority, subject, tags, ticket" in err and not (tmp_path / "t.parquet").exists()
+    (tmp_path / "tickets.jsonl").write_text((tmp_path / "tickets.jsonl").read_text().replace("Body 1", "Body 9"))
+    assert main([*base, "--keep-columns", "subject"]) == 1
+    assert "changed since prepare" in capsys.readouterr().err and not (tmp_path / "t.parquet").exists()
+    # Without kept columns the input is not read: the table is written from the run alone.
+    assert main(base) == 0
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "t.parquet")
+    assert "embeddings" not in table.schema.names and "parse_error" not in table.schema.names
+
+
+def test_served_name_is_never_a_path():
+    from orchestrator.core.model_source import served_name
+
+    assert served_name("/data/models/Llama-3.1-8B/", {}) == "Llama-3.1-8B"
+    assert served_name("./q/SmolLM2.Q4_1.gguf", {}) == "SmolLM2.Q4_1"
+    assert served_name("meta-llama/Llama-3.1-8B", {}) == "meta-llama/Llama-3.1-8B"
+    assert served_name("/data/m", {"served_model_name": ["llama", "alias"]}) == "llama"

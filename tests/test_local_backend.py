@@ -516,6 +516,7 @@ def test_orch_run_labels_tickets_through_a_template_and_a_json_schema(workdir, t
     schema is one label: within an object, the tiny random model writes whitespace until
     max_tokens (still under the grammar, but never valid JSON to check)."""
     import jsonschema
+    import pyarrow.parquet as pq
 
     (workdir / "orch.yaml").write_text(
         "sampling:\n  max_tokens: 64\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n"
@@ -526,10 +527,20 @@ def test_orch_run_labels_tickets_through_a_template_and_a_json_schema(workdir, t
     data = write_jsonl(workdir / "tickets.jsonl", tickets)
     args = ["--model", tiny_model, "--format", "text", "--id-column", "ticket", "--workers", "1"]
     args += ["--template", "Subject: {subject}\nBody: {body}", "--json-schema", "label.json"]
-    code = main(["run", str(data), "--run", "labels", "--out", "labels.jsonl", "--interval", "1", *args])
-    out, err = capsys.readouterr()
-    assert code == 0, out + err
+    out = ["--out", "labels.parquet", "--keep-columns", "subject"]
+    code = main(["run", str(data), "--run", "labels", *out, "--interval", "1", *args])
+    stdout, err = capsys.readouterr()
+    assert code == 0, stdout + err
+    # A table: the ticket id once, the kept column, the answer as the schema's typed column (named
+    # after the schema file), and the model's served name, not the worker's path to it.
+    table = pq.read_table(workdir / "labels.parquet").to_pylist()
+    assert [(r["ticket"], r["subject"]) for r in table] == [(f"T{i}", f"Subject {i}") for i in range(4)]
+    assert all(r["label"] in schema["enum"] and r["parse_error"] is None for r in table), table
+    assert {r["model"] for r in table} == {"tiny-llama"} and "custom_id" not in table[0]
+    # The OpenAI Batch lines stay one flag away, with the served name in body.model too.
+    assert main(["collect", "--run", "labels", "--out", "labels.jsonl", "--format", "openai"]) == 0
     lines = [json.loads(x) for x in (workdir / "labels.jsonl").read_text().splitlines()]
     assert [x["custom_id"] for x in lines] == ["T0", "T1", "T2", "T3"]
     for line in lines:
+        assert line["response"]["body"]["model"] == "tiny-llama"
         jsonschema.validate(json.loads(line["response"]["body"]["choices"][0]["message"]["content"]), schema)

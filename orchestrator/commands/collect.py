@@ -9,6 +9,7 @@ import click
 from orchestrator.commands.shared import (
     Invocation,
     common_options,
+    keep_columns_option,
     max_error_rate_option,
     print_collect_report,
 )
@@ -17,7 +18,15 @@ from orchestrator.commands.shared import (
 @click.command("collect")
 @common_options
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="output file (.jsonl or .parquet)")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default=None, help="default: from --out")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "openai", "jsonl", "parquet"]),
+    default=None,
+    help="table: a row per input row, typed columns; openai: OpenAI Batch output lines (the wire format); "
+    "jsonl/parquet: the file format, for a name without the ending. Default: .parquet a table, .jsonl openai",
+)
+@keep_columns_option
 @click.option(
     "--retry-out",
     type=click.Path(dir_okay=False),
@@ -35,6 +44,7 @@ def collect_command(
     allow_partial: bool,
     max_error_rate: float,
     as_json: bool,
+    keep_columns: list[str] | None,
 ) -> int:
     """Merge outputs into one file in input order; check every custom_id appears exactly once."""
     from orchestrator.controller.collect import collect
@@ -52,6 +62,7 @@ def collect_command(
         prices=load_gpu_table(),
         default_spot=ctx.spec.resources.spot,
         partial=allow_partial,
+        keep_columns=keep_columns,
     )
     if as_json:
         click.echo(json.dumps(report.to_dict()))

@@ -12,6 +12,7 @@ from orchestrator.commands.shared import (
     follow_run,
     input_flags,
     input_options,
+    keep_columns_option,
     max_error_rate_option,
     print_collect_report,
     print_prepare_report,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 @click.option("--retry-out", type=click.Path(dir_okay=False), default=None, help="failed requests, for a retry run")
 @click.option("--interval", type=float, default=5.0, show_default=True, help="seconds between checks")
 @click.option("--strict", is_flag=True, help="stop at the first bad input row")
+@keep_columns_option
 @max_error_rate_option
 def run_command(
     inv: Invocation,
@@ -43,6 +45,7 @@ def run_command(
     interval: float,
     strict: bool,
     max_error_rate: float,
+    keep_columns: list[str] | None,
     **input_args: Any,
 ) -> int:
     """Run SOURCES through the model end to end and write one complete output to --out.
@@ -93,6 +96,7 @@ def run_command(
         prices=load_gpu_table(),
         default_spot=ctx.spec.resources.spot,
         partial=False,
+        keep_columns=keep_columns,
     )
     print_collect_report(result)
     if not result.complete:

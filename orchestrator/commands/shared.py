@@ -410,11 +410,23 @@ def max_error_rate_option(func: Callable[..., Any]) -> Callable[..., Any]:
     )(func)
 
 
+def keep_columns_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`--keep-columns a,b`: input columns a table output carries beside the answers."""
+    return click.option(
+        "--keep-columns",
+        callback=lambda _ctx, _param, value: [c.strip() for c in value.split(",") if c.strip()] if value else None,
+        default=None,
+        metavar="A,B",
+        help="input columns to carry into a table output (read again from the run's input), beside the answers",
+    )(func)
+
+
 def print_collect_report(report: CollectReport) -> None:
     r = report
     chunks = f"{r.chunks_complete}/{r.chunks_total} chunks complete"
     if r.out_written:
-        click.echo(f"wrote {r.rows_written:,} of {r.rows_total:,} rows to {r.out} ({r.format}); {chunks}")
+        shape = " table" if r.shape == "table" else ""
+        click.echo(f"wrote {r.rows_written:,} of {r.rows_total:,} rows to {r.out} ({r.format}{shape}); {chunks}")
     else:
         click.echo(f"collected {r.rows_written:,} of {r.rows_total:,} rows; {chunks}; {r.out} not written")
     if r.errors:

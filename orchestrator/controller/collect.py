@@ -9,8 +9,9 @@ For every chunk, in manifest order:
    line's id names its row). Each row must be answered once, by a line with the row's custom_id.
    Grouped by prefix, a row's place comes from its chunk's positions file, checked first against
    the manifest's checksum and for being a permutation (input_order.InputPositions).
-4. Write the lines in input order; rows that failed or are missing go to the report, and their
-   original request lines to the retry file, ready for `orch prepare --format openai-batch`.
+4. Write the lines in input order, as OpenAI Batch lines (`--format openai`, a .jsonl's default) or
+   as a table (collect_table.py, a .parquet's default); rows that failed or are missing go to the
+   report, and their original request lines to the retry file, ready for `orch prepare --format openai-batch`.
 5. Rows set aside at prepare are answered too, in their input place: an error line naming the
    input's file:line and the problem (code `invalid_request`), and their input lines in the
    retry file (as they were read: fixed, they prepare again in the run's input format).
@@ -31,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.controller.collect_table import TableSpec, TableWriter, table_spec
 from orchestrator.controller.input_order import InputOrder, InputPositions, LineSink
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.controller.token_cost import TokenCounts
@@ -55,7 +57,9 @@ EXAMPLES = 5
 @dataclass
 class CollectReport:
     out: str
+    #: The file's format (jsonl, parquet); `shape` what its rows are (openai lines, or a table).
     format: str
+    shape: str = "openai"
     #: False when the output was withheld because rows are missing (collect's `partial`).
     out_written: bool = True
     chunks_total: int = 0
@@ -98,12 +102,21 @@ class CollectReport:
 
 #: File name endings and the format each one means.
 OUTPUT_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
+#: What the rows are: OpenAI Batch output lines (the wire format), or a table (collect_table.py).
+SHAPES = ("openai", "table")
+
+
+def output_shape(fmt: str | None, container: str) -> str:
+    """--format openai|table, else a table for Parquet and the wire lines for JSONL (as before)."""
+    if fmt in SHAPES:
+        return fmt
+    return "table" if container == "parquet" else "openai"
 
 
 def output_format(out: str | os.PathLike[str], fmt: str | None) -> str:
-    """The format to write: --format, else the file name's ending (anything else is refused, never
-    silently written as JSONL)."""
-    if fmt:
+    """The file format to write: --format jsonl|parquet, else the file name's ending (anything else
+    is refused, never silently written as JSONL)."""
+    if fmt and fmt not in SHAPES:
         return fmt
     for suffix, named in OUTPUT_SUFFIXES.items():
         if str(out).endswith(suffix):
@@ -146,23 +159,27 @@ def collect(
     prices: GpuTable | None = None,
     default_spot: bool = True,
     partial: bool = True,
+    keep_columns: list[str] | None = None,
 ) -> CollectReport:
     """With `prices`, the report also says what the run's tokens cost (status's cost so far).
     Without `partial`, an incomplete run's output is not written (a pipeline that waits for the
     file must not take a failed collect for a finished one); the retry file still is: it lists
-    the rows left to do."""
-    fmt = check_output(out, fmt)
+    the rows left to do. `keep_columns`: input columns a table carries."""
+    container = check_output(out, fmt)
+    shape = output_shape(fmt, container)
     if retry_out:
         check_output(retry_out, "jsonl")
+    table = table_spec(store, layout, container, keep_columns) if shape == "table" else None
     entries = read_manifest(store, layout)
     report = CollectReport(
         out=str(out),
-        format=fmt,
+        format=container,
+        shape=shape,
         chunks_total=len(entries),
         rows_total=sum(e.rows for e in entries),
         retry_out=str(retry_out) if retry_out else None,
     )
-    with _Writer(out, fmt) as writer, _RetryWriter(retry_out) as retry:
+    with _Writer(out, container, table) as writer, _RetryWriter(retry_out) as retry:
         if any(e.positions for e in entries):
             with InputOrder(writer.add) as ordered:
                 set_aside = _SetAside(store, layout, ordered, retry, report)
@@ -218,10 +235,12 @@ def _collect_chunk(
     position = entry.first
     positions = input_positions.of(entry) if input_positions is not None and entry.positions else None
     for row, request_line, request in _input_rows(store, layout, entry):
+        here = None  # the row's place in the input
         if positions is not None:  # grouped by prefix: the row's place is in its chunk's checked positions file
-            position = positions[row] if row < len(positions) else None
+            here = positions[row] if row < len(positions) else None
         elif position is not None:  # rows set aside before this one take their places first
-            position = set_aside.before(position) + 1
+            here = set_aside.before(position)
+            position = here + 1
         line = answers.pop(row) if row in answers else None
         if line is None:
             report.missing += 1
@@ -233,7 +252,7 @@ def _collect_chunk(
             report.note("missing", request.get("custom_id"))
             retry.add(request_line)
             continue
-        writer.add(line, position)
+        writer.add(line, here)
         report.rows_written += 1
         usage = line.usage()
         report.tokens.add(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
@@ -333,18 +352,22 @@ def _input_rows(store: Store, layout: RunLayout, entry: ManifestEntry) -> Iterat
 
 
 class _Writer:
-    """JSONL lines, or Parquet row groups (the part codec's columns plus a few flattened ones), into a
-    file that takes the output's name only when everything was written (core/tempfiles.AtomicFile)."""
+    """JSONL lines, or Parquet row groups (the part codec's columns plus a few flattened ones), or the
+    table's rows, into a file that takes the output's name only when everything was written
+    (core/tempfiles.AtomicFile)."""
 
-    def __init__(self, out: str | os.PathLike[str], fmt: str):
+    def __init__(self, out: str | os.PathLike[str], fmt: str, table: TableSpec | None = None):
         self.fmt = fmt
         self.output = _atomic(out)
         self.file = self.output.file
         self.rows: list[BatchOutputLine] = []
         self.parquet: Any = None  # a pyarrow ParquetWriter, opened at the first row group
+        self.table = TableWriter(self.file, fmt, table) if table is not None else None
 
-    def add(self, line: BatchOutputLine, _position: int | None = None) -> None:
-        if self.fmt == "jsonl":
+    def add(self, line: BatchOutputLine, position: int | None = None) -> None:
+        if self.table is not None:
+            self.table.add(line, position)
+        elif self.fmt == "jsonl":
             self.file.write(line.to_json() + b"\n")
         else:
             self.rows.append(line)
@@ -370,6 +393,8 @@ class _Writer:
         with _published(self.output):
             if exc_type is not None:
                 self.output.discard()
+            elif self.table is not None:
+                self.table.finish()
             elif self.fmt == "parquet":
                 self._flush_parquet()
                 if self.parquet is None:  # no rows at all: still a valid, empty file

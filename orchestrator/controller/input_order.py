@@ -114,9 +114,10 @@ _HINT = "prepare the input again under a new --run name"
 
 
 class InputOrder:
-    """A LineSink that writes to `write` in input-position order once closed."""
+    """A LineSink that writes to `write` in input-position order once closed (with each line's
+    position, None for a line that came without one)."""
 
-    def __init__(self, write: Callable[[BatchOutputLine], None]):
+    def __init__(self, write: Callable[[BatchOutputLine, int | None], None]):
         self.write = write
         self.dir = tempfile.mkdtemp(prefix="orch-collect-")
         self.lines: list[Entry] = []
@@ -152,8 +153,8 @@ class InputOrder:
                         self._spill(heapq.merge(*map(_read, runs[i : i + MAX_OPEN])))
                         for i in range(0, len(runs), MAX_OPEN)
                     ]
-                for _position, _arrival, data in heapq.merge(*map(_read, runs)):
-                    self.write(BatchOutputLine.model_validate_json(data))
+                for position, _arrival, data in heapq.merge(*map(_read, runs)):
+                    self.write(BatchOutputLine.model_validate_json(data), None if position == _LAST else position)
         finally:
             for name in os.listdir(self.dir):
                 os.unlink(os.path.join(self.dir, name))

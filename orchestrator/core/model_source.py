@@ -48,3 +48,18 @@ def local_adapter_problem(name: str) -> str | None:
     if not (path / "adapter_config.json").is_file():
         return f"{name} has no adapter_config.json: not a LoRA adapter directory"
     return None
+
+
+def served_name(name: str, engine_args: dict[str, object]) -> str:
+    """The name outputs carry in `body.model`, never a path of the worker's disk: vLLM's
+    `served_model_name` when the spec gives one (engine_args), else a hub id as it is, else the
+    local model's directory (or .gguf file) name."""
+    given = engine_args.get("served_model_name")
+    if isinstance(given, list) and given and isinstance(given[0], str):
+        given = given[0]  # vLLM's list form: the first is the one its server answers with
+    if isinstance(given, str) and given:
+        return given
+    if not is_local_path(name):
+        return name
+    path = Path(name).expanduser()
+    return (path.stem if path.suffix == ".gguf" else path.name) or name

@@ -190,7 +190,7 @@ def _identity(ctx: RunContext, files: list[SourceFile]) -> dict[str, Any]:
 def _already_prepared(ctx: RunContext, done: PrepareRecord, files: list[SourceFile], started: float) -> PrepareReport:
     """The report of a prepare that already happened, if it was of the same input; refused otherwise,
     saying what differs: which file, its size, the first row whose request is not the one prepared."""
-    differences = _differences(done.identity, files)
+    differences = input_differences(done.identity, files)
     if differences:
         where = _first_difference(ctx, files)
         raise InputError(
@@ -202,7 +202,7 @@ def _already_prepared(ctx: RunContext, done: PrepareRecord, files: list[SourceFi
     return PrepareReport(ctx.layout.run, done, already_prepared=True, seconds=time.monotonic() - started)
 
 
-def _differences(identity: dict[str, Any], files: list[SourceFile]) -> list[str]:
+def input_differences(identity: dict[str, Any], files: list[SourceFile]) -> list[str]:
     """How the files now differ from those recorded, file by file (content, not paths)."""
     before = identity.get("sources", [])
     out = []

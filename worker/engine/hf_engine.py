@@ -34,6 +34,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, StoppingCriteria
 
 from orchestrator.core.errors import SpecError
+from orchestrator.core.model_source import served_name
 from orchestrator.core.spec import ModelSpec
 from worker.outputs import Choice, TokenLogprob, success_line
 from worker.prompts import PromptBuilder
@@ -83,7 +84,7 @@ class TransformersEngine:
     def __init__(self, spec: ModelSpec, *, max_in_flight: int | None = None, batch_size: int | None = None):
         if not spec.name:
             raise ValueError("no model to load")
-        self.model_name = spec.name
+        self.model_name = served_name(spec.name, spec.engine_args)  # what outputs say in body.model
         batch_args, load_args = _split_engine_args(spec.engine_args)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.tokenizer = AutoTokenizer.from_pretrained(spec.name)
@@ -391,6 +392,8 @@ def _sampling_defaults(config: Any) -> dict[str, Any]:
 def _split_engine_args(engine_args: dict[str, Any]) -> tuple[dict[str, int], dict[str, Any]]:
     batch, load = {}, {}
     for key, value in engine_args.items():
+        if key == "served_model_name":
+            continue  # the name outputs carry (served_name), not an argument of from_pretrained
         if key in BATCH_ARGS:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpecError(f"model.engine_args.{key}: expected a positive integer, got {value!r}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.core.errors import EngineLoadError
+from orchestrator.core.model_source import served_name
 from orchestrator.core.spec import ModelSpec
 from worker.adapters import AdapterChooser
 from worker.adapters import engine_args as adapter_args
@@ -92,7 +93,7 @@ class VllmEngine:
     def __init__(self, spec: ModelSpec, *, max_in_flight: int | None = None, llm: Any = None):
         if not spec.name:
             raise ValueError("no model to load")
-        self.model_name = spec.name
+        self.model_name = served_name(spec.name, spec.engine_args)  # what outputs say in body.model
         self.llm = llm if llm is not None else _build_llm(spec)
         engine = self.llm.llm_engine
         self._engine = engine
