@@ -280,3 +280,16 @@ def test_simulate_help_shows_options_not_internals(capsys):
     assert main(["simulate", "--help"]) == 0
     shown = capsys.readouterr().out
     assert "--preemptions-per-hour" in shown and "_sim_config" not in shown and "knobs" not in shown
+
+
+def test_fleet_zones_steered_by_the_launch_ranking_dodge_the_zone_that_preempts():
+    """The simulator's spot zones go through the ranking and the history of real launches
+    (controller/zone_steering.py, zone_history.py): listed first, the bad zone is left once seen."""
+    zones = {"aws/us-east-1/us-east-1a": 2.0, "aws/us-east-1/us-east-1b": 0.05}
+    totals = {}
+    for order in ("ranked", "listed"):
+        config = SimConfig(workers=8, chunks=80, rows_per_chunk=3000, gpus=["L4"], zones=zones, zone_order=order)
+        results = [simulate(config, ORCH, seed=s) for s in range(3)]
+        assert all(r.complete and r.markers == 80 for r in results)
+        totals[order] = sum(r.preemptions for r in results)
+    assert totals["ranked"] * 3 < totals["listed"], totals

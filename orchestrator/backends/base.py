@@ -78,6 +78,8 @@ class LaunchRequest:
     secrets: dict[str, str] = field(default_factory=dict)
     #: Only for the deadline policy: force spot (True) or on-demand (False); None = the spec's choice.
     use_spot: bool | None = None
+    #: The spec's zones, best first (controller/zone_steering.py); empty: as the spec lists them.
+    zones: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -90,6 +92,7 @@ class JobStatus:
     accelerator: str | None = None
     cloud: str | None = None
     region: str | None = None
+    zone: str | None = None
     spot: bool | None = None
     failure_reason: str | None = None
     exit_code: int | None = None

@@ -19,7 +19,8 @@ from orchestrator.core.errors import BackendError, LaunchFailed
 from orchestrator.core.records import Heartbeat
 from orchestrator.core.spec import RunSpec
 
-#: What `status` shows of each job; queue_v2's default fields leave out cloud, region and reasons.
+#: What `status` and the zone history read of each job; queue_v2's default fields leave out cloud,
+#: region, zone and reasons.
 QUEUE_FIELDS = [
     "job_id",
     "job_name",
@@ -27,6 +28,7 @@ QUEUE_FIELDS = [
     "recovery_count",
     "cloud",
     "region",
+    "zone",
     "cluster_resources",
     "accelerators",
     "failure_reason",
@@ -170,6 +172,7 @@ def _status(job_id: str, record: Any) -> JobStatus:
         accelerator=next(iter(accelerators), None),
         cloud=_get(record, "cloud"),
         region=_get(record, "region"),
+        zone=_get(record, "zone"),
         spot=("[spot]" in resources.lower()) if resources else None,
         failure_reason=_ANSI.sub("", reason) if reason else None,  # SkyPilot colours its hints
         started_at=_get(record, "start_at"),

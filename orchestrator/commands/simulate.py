@@ -46,6 +46,20 @@ if TYPE_CHECKING:
     help="bursts with no spot capacity at all, on top of the Poisson preemptions",
 )
 @click.option("--outage-hours", type=float, default=2.0, show_default=True, help="length of each burst")
+@click.option(
+    "--zones",
+    default=None,
+    metavar="ZONE=RATE,...",
+    help="spot zones, each with its preemptions per hour (replaces --preemptions-per-hour): spot workers "
+    "are placed by the zone ranking of real launches (resources.zones)",
+)
+@click.option(
+    "--zone-order",
+    type=click.Choice(["ranked", "listed"]),
+    default="ranked",
+    show_default=True,
+    help="with --zones: orch's ranking, or always the first zone listed",
+)
 @click.option("--restart-overhead", type=float, default=600.0, show_default=True, help="seconds")
 @click.option("--checkpoint-interval", type=float, default=60.0, show_default=True, help="seconds")
 @click.option("--lease-ttl", type=float, default=300.0, show_default=True, help="seconds")
@@ -116,11 +130,12 @@ def _sim_config(
     restart_overhead: float,
     checkpoint_interval: float,
     lease_ttl: float,
+    zones: str | None,
     **same: Any,
 ) -> SimConfig:
     """The simulation's configuration from the options; `same`: options named as SimConfig's fields
     (workers, chunks, rows_per_chunk, rows_spread, trace, base_rows_per_s, prices, outages, prefixes,
-    prefix_fraction, cache_prefixes)."""
+    prefix_fraction, cache_prefixes, zone_order)."""
     from orchestrator.simulate import SimConfig
 
     return SimConfig(
@@ -131,8 +146,21 @@ def _sim_config(
         checkpoint_interval_s=checkpoint_interval,
         lease_ttl_s=lease_ttl,
         outage_s=outage_hours * 3600,
+        zones=_zone_rates(zones) if zones else {},
         **same,
     )
+
+
+def _zone_rates(text: str) -> dict[str, float]:
+    """`aws/us-east-1/us-east-1a=2,aws/us-east-1/us-east-1b=0.05` -> zone: preemptions per hour."""
+    rates = {}
+    for item in text.split(","):
+        zone, _, rate = item.strip().partition("=")
+        try:
+            rates[zone] = float(rate)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: write ZONE=PREEMPTIONS_PER_HOUR", param_hint="--zones") from None
+    return rates
 
 
 def _policy_study(

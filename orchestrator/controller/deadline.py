@@ -95,6 +95,7 @@ class Decision:
     have_rows_per_s: float = 0.0
     slack_s: float | None = None
     speed: str = ""  # which speed a new worker was reckoned at (measured or the table's)
+    zone: str = ""  # with resources.zones: the zone order new workers try, and why the first
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

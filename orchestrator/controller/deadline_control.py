@@ -24,6 +24,7 @@ from orchestrator.controller.estimate import throughput
 from orchestrator.controller.launch import launch_workers
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.status import RunFacts, RunStatus, derive_status, gather
+from orchestrator.controller.zone_steering import describe, zone_order
 from orchestrator.core.context import RunContext
 from orchestrator.core.records import DecisionRecord, JobsRecord, update_jobs
 
@@ -70,6 +71,8 @@ class DeadlineControl:
         if decision.launch:
             first = max([int(w) for w in record.workers] + [len(facts.plan.workers) - 1 if facts.plan else -1]) + 1
             workers = list(range(first, first + decision.launch))
+            order = zone_order(self.ctx, now)
+            decision.zone = describe(order)
             launched = launch_workers(
                 self.ctx,
                 self.launcher,
@@ -78,6 +81,7 @@ class DeadlineControl:
                 use_spot=False,
                 env=self.env,
                 clock=self.clock,
+                zones=[z.place for z in order],
             )
             decision.launch = len(launched)
             for w, job in sorted(launched.items()):
@@ -161,4 +165,5 @@ class DeadlineControl:
             at=now, deadline_s=self.settings.deadline_s, budget_usd=self.settings.budget_usd, **decision.to_dict()
         )
         self.ctx.store.put(self.ctx.layout.decision(now), record.to_bytes())
-        self.on_event(f"deadline [{decision.mode}] {decision.action}: {decision.reason}")
+        where = f" ({decision.zone})" if decision.zone else ""
+        self.on_event(f"deadline [{decision.mode}] {decision.action}: {decision.reason}{where}")

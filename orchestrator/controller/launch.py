@@ -15,12 +15,13 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.backends import backend_for
 from orchestrator.backends.base import JobStatus, Launcher, LaunchRequest, attempt_statuses
+from orchestrator.controller.zone_steering import zone_order
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import LaunchFailed
 from orchestrator.core.protocol.adapters import ship_adapters
@@ -58,14 +59,21 @@ def worker_secrets(env: Mapping[str, str]) -> dict[str, str]:
     return {k: env[k] for k in SECRET_NAMES if env.get(k)}
 
 
-def launch_request(ctx: RunContext, worker: int, env: Mapping[str, str], use_spot: bool | None = None) -> LaunchRequest:
-    """What the backend needs to start one worker: its job name, settings and secrets."""
+def launch_request(
+    ctx: RunContext,
+    worker: int,
+    env: Mapping[str, str],
+    use_spot: bool | None = None,
+    zones: Sequence[str] = (),
+) -> LaunchRequest:
+    """What the backend needs to start one worker: its job name, settings, secrets and zone order."""
     return LaunchRequest(
         worker=worker,
         name=f"orch-{ctx.layout.run}-w{worker}",
         envs=worker_envs(ctx, worker, env),
         secrets=worker_secrets(env),
         use_spot=use_spot,
+        zones=list(zones),
     )
 
 
@@ -88,8 +96,10 @@ def launch_workers(
     count_as_relaunch: bool = False,
     env: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.time,
+    zones: Sequence[str] | None = None,
 ) -> dict[int, str]:
     """Launch the given workers, except those already live. Returns worker -> new job id.
+    `zones`: the spec's zones in the order to try (default: ranked now, controller/zone_steering.py).
 
     1. Ship the run's LoRA adapters given as local directories into the store (once): workers
        anywhere load them from there.
@@ -114,7 +124,9 @@ def launch_workers(
     reserved = _reserve(ctx, launcher.name, judged, token, now, reason, use_spot, count_as_relaunch)
     if not reserved:
         return {}
-    requests = [launch_request(ctx, w, env, use_spot) for w in reserved]
+    if zones is None:
+        zones = [z.place for z in zone_order(ctx, now)]
+    requests = [launch_request(ctx, w, env, use_spot, zones) for w in reserved]
     failure: BaseException | None = None
     try:
         launched = launcher.launch(requests)
@@ -234,5 +246,6 @@ def dry_run_requests(
     from orchestrator.backends.skypilot_render import write_dry_run
 
     env = os.environ if env is None else env
-    requests = [launch_request(ctx, w, env) for w in sorted(set(workers))]
+    zones = [z.place for z in zone_order(ctx, time.time())]
+    requests = [launch_request(ctx, w, env, zones=zones) for w in sorted(set(workers))]
     return write_dry_run(ctx.spec, requests, out_dir)

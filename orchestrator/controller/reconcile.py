@@ -12,6 +12,9 @@ Each tick:
    that exited because the store stayed unreachable past its outage budget (exit 75) is
    relaunched without spending it. Relaunches go through the same launcher as every launch.
 4. When no worker is live, none may be relaunched, and chunks remain: give up (exit non-zero).
+Between 2 and 3, where the backend says where jobs run (SkyPilot), each spot job's zone, preemptions
+and time to capacity go into the run's zones.json (controller/zone_history.py); relaunches try the
+spec's zones in the order that history ranks them (controller/zone_steering.py), said with the reason.
 With a deadline (`orch watch --deadline`), step 3 is preceded by the deadline policy's round
 (controller/deadline_control.py): on-demand workers added or retired, and a budget that, once
 reached, stops every launch.
@@ -32,6 +35,8 @@ from orchestrator.controller.deadline import DeadlineSettings, Decision
 from orchestrator.controller.deadline_control import DeadlineControl
 from orchestrator.controller.launch import launch_workers
 from orchestrator.controller.pricing import GpuTable
+from orchestrator.controller.zone_history import place_of, record_zones
+from orchestrator.controller.zone_steering import describe, zone_order
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import BackendError, CorruptRecord, LaunchFailed
 from orchestrator.core.exits import WorkerExit
@@ -106,6 +111,7 @@ class Reconciler:
             else None
         )
         self._manifest: list[str] | None = None
+        self._zones_seen = False
 
     @property
     def _chunks(self) -> list[str]:
@@ -140,6 +146,10 @@ class Reconciler:
         }
         if ended:
             self._record_ends(ended)
+        if self._zones_seen or any(place_of(s) for s in report.statuses.values()):
+            self._zones_seen = True  # a backend that says where jobs run (SkyPilot): keep zones.json
+            for event in record_zones(self.ctx, current, report.statuses, self.clock()):
+                self.on_event(event)
         report.live = sum(
             1 for a in current.values() if a.job_id in report.statuses and report.statuses[a.job_id].state.is_live()
         )
@@ -231,6 +241,8 @@ class Reconciler:
     def _relaunch(self, wanted: dict[int, tuple[str, bool]]) -> dict[int, str]:
         """Relaunch workers, grouped by reason; (reason, counted against the retry budget)."""
         done: dict[int, str] = {}
+        order = zone_order(self.ctx, self.clock())  # the zones as they rank now, for every relaunch
+        where = f" ({describe(order)})" if order else ""
         for reason, counted in sorted(set(wanted.values())):
             workers = [w for w, why in wanted.items() if why == (reason, counted)]
             try:
@@ -242,6 +254,7 @@ class Reconciler:
                     count_as_relaunch=counted,
                     env=self.env,
                     clock=self.clock,
+                    zones=[z.place for z in order],
                 )
             except LaunchFailed as e:
                 launched = e.launched
@@ -249,7 +262,7 @@ class Reconciler:
                     self.on_event(f"worker {w}: relaunch failed: {why}")
             for w, job_id in launched.items():
                 done[w] = reason
-                self.on_event(f"worker {w}: {reason} -> job {job_id}")
+                self.on_event(f"worker {w}: {reason} -> job {job_id}{where}")
         return done
 
     def _record_ends(self, ended: Mapping[int, JobStatus]) -> None:

@@ -33,11 +33,14 @@ Market = Literal["none", "spot", "on-demand"]
 
 
 @dataclass
-class _Zone:
+class ZoneSpells:
+    """What is known of one zone's spot capacity: from a trace tick by tick (`ZoneModel.observe`), or
+    from a real fleet's launches and preemptions (controller/zone_steering.py)."""
+
     up: bool = True
     spell_s: float = 0.0  # length of the running spell
     up_s: float = 0.0  # time seen up, ended spells and the running one
-    up_spells: int = 0  # up spells seen to their end
+    up_spells: float = 0  # up spells seen to their end (preemptions); fractional for older evidence
 
 
 @dataclass
@@ -48,12 +51,12 @@ class ZoneModel:
     #: (set on the tune half of the traces: 0.5-1 h and 0.6-0.75 restarts scored alike, 3-6 h worse).
     prior_up_s: float = 3600.0
     prior_spells: float = 1.0
-    zones: list[_Zone] = field(default_factory=list)
+    zones: list[ZoneSpells] = field(default_factory=list)
 
     def observe(self, up: tuple[bool, ...], tick_s: float) -> None:
         """One tick's capacity per zone."""
         if not self.zones:
-            self.zones = [_Zone(up=u) for u in up]
+            self.zones = [ZoneSpells(up=u) for u in up]
         for zone, now in zip(self.zones, up, strict=True):
             if zone.up and not now:
                 zone.up_spells += 1
@@ -76,6 +79,10 @@ class ZoneModel:
 
     def longest_up_s(self) -> float:
         return max(self.mean_up_s(z) for z in range(len(self.zones)))
+
+    def ranking(self) -> list[int]:
+        """Every zone, the longest expected rest of an up spell first; ties keep the listed order."""
+        return sorted(range(len(self.zones)), key=lambda z: -self.remaining_up_s(z))
 
     def best(self, up: tuple[bool, ...]) -> int:
         """The zone with capacity whose up spells are expected to last longest."""

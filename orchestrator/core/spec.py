@@ -244,6 +244,11 @@ class ResourcesSpec(StrictModel):
         description="where workers run, in SkyPilot's words (slurm/<cluster>, aws, gcp/us-central1, k8s), "
         "tried in this order: an on-prem cluster first, clouds after it; empty: any enabled cloud",
     )
+    zones: list[str] = Field(
+        default_factory=list,
+        description="spot zones (or regions) to steer between, as cloud/region/zone (aws/us-east-1/us-east-1a): "
+        "tried in the order of what each did so far (preemptions, time to capacity), on-demand after them",
+    )
     cpus: int | None = Field(None, ge=1, description="CPUs per worker; with gpus: [] workers run on CPUs")
     memory: int | None = Field(None, ge=1, description="GB of memory per worker")
     worker_env: str | None = Field(
@@ -268,6 +273,11 @@ class ResourcesSpec(StrictModel):
             raise ValueError("name at least one GPU type, or set cpus for workers without a GPU")
         if self.infra and (self.cloud or self.region):
             raise ValueError("give infra, or cloud and region, not both")
+        if self.zones and (self.infra or self.cloud or self.region):
+            raise ValueError("zones name the places already: give zones, or infra, or cloud and region")
+        bad = [z for z in self.zones if z.count("/") not in (1, 2) or is_on_prem(z)]
+        if bad:
+            raise ValueError(f"zones are cloud/region[/zone] of a cloud with a spot market, not {', '.join(bad)}")
         if self.infra and all(is_on_prem(p) for p in self.infra) and not self.on_demand:
             raise ValueError(f"{', '.join(self.infra)} has no spot market: allow on-demand (drop --spot)")
         return self

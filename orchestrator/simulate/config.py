@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.controller.estimate import RESTART_OVERHEAD_S
@@ -29,6 +31,14 @@ class SimConfig(BaseModel):
     )
     outage_s: float = Field(7200.0, gt=0, description="length of each burst")
     outage_window_s: float = Field(6 * 3600.0, gt=0, description="bursts start uniformly within this window")
+    zones: dict[str, float] = Field(
+        default_factory=dict,
+        description="spot zones and each one's preemptions per hour (replaces the Poisson model and the trace): "
+        "workers go where the zone ranking of real launches sends them",
+    )
+    zone_order: Literal["ranked", "listed"] = Field(
+        "ranked", description="ranked: orch's zone steering; listed: always the first zone listed"
+    )
     restart_overhead_s: float = Field(RESTART_OVERHEAD_S, ge=0, description="provision + setup + model load")
     checkpoint_interval_s: float = Field(60.0, gt=0)
     lease_ttl_s: float = Field(300.0, gt=0)

@@ -41,6 +41,7 @@ from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
 from orchestrator.core.records import Heartbeat, ManifestEntry
 from orchestrator.core.store.memory import MemoryStore
 from orchestrator.simulate.config import SimConfig
+from orchestrator.simulate.fleet_zones import FleetZones
 from orchestrator.simulate.policies import Policy
 from orchestrator.simulate.results import FleetResult, Segment
 from orchestrator.simulate.sim_worker import Session, SimClock, SimWorker, UnitCodec, prefix_speedup
@@ -109,6 +110,8 @@ class Fleet:
         self.rescues = 0
         self.end_game = False
         self._events: list[tuple[float, int, str, int, int]] = []
+        zones = FleetZones(config.zones, ranked=config.zone_order == "ranked", rng=random.Random(seed * 17 + 3))
+        self.zones = zones if config.zones else None
         self._seq = itertools.count()
 
     # -- the event loop ------------------------------------------------------------------------
@@ -117,7 +120,7 @@ class Fleet:
             self._at(self.config.restart_overhead_s, "ready", w)
             w.billed_since = 0.0
             self.segments.append(Segment(w.index, "restart", 0.0, self.config.restart_overhead_s))
-            if w.spot:
+            if w.spot and self.zones is None:  # with zones, each zone preempts what runs there
                 for t in self.trace.preemptions.get(w.index, ()):
                     self._at(t, "preempt", w, epoch=-1)
         if self.deadline is not None:
@@ -129,6 +132,7 @@ class Fleet:
             "checkpoint": self._checkpoint,
             "preempt": self._preempt,
             "control": self._control,
+            "zone-preempt": self._zone_preempt,
         }
         while self._events and self.markers < len(self.entries):
             t, _, kind, index, epoch = heapq.heappop(self._events)
@@ -149,6 +153,8 @@ class Fleet:
         """A (new) worker process starts: its own claimer and heartbeat, a shared view of the run."""
         w.up = True
         w.provisioning_since = None
+        if self.zones is not None and w.spot:
+            self._at(self.zones.arrive(w.index, self.clock.now), "zone-preempt", w, epoch=-1)
         holder = f"{w.index}.{w.restarts}"
         w.claimer = ChunkClaimer(
             store=self.store,
@@ -247,6 +253,8 @@ class Fleet:
             return  # down already (restarting, or waiting for capacity), or finished
         self.preemptions += 1
         now = self.clock.now
+        if self.zones is not None:
+            self.zones.leave(w.index, now, by_preemption=True)
         s = w.session
         if s is not None:
             if self.policy.checkpoints:
@@ -271,6 +279,10 @@ class Fleet:
         w.billed_since = back
         w.provisioning_since = back
         self._at(back + self.config.restart_overhead_s, "ready", w)
+
+    def _zone_preempt(self, w: SimWorker) -> None:
+        if self.zones is not None and self.zones.due(w.index, self.clock.now):
+            self._preempt(w)
 
     # -- the deadline policy: the controller's decisions, every control interval --------------------
     def _control(self, _worker: SimWorker) -> None:
@@ -401,6 +413,8 @@ class Fleet:
 
     def _exit(self, w: SimWorker) -> None:
         w.exited_at = self.clock.now
+        if self.zones is not None and w.spot:
+            self.zones.leave(w.index, self.clock.now, by_preemption=False)
         w.up = False
         self._bill(w, self.clock.now)
         assert w.heartbeat is not None

@@ -145,6 +145,11 @@ class RunLayout:
         return f"{self.root}jobs.json"
 
     @property
+    def zones(self) -> str:
+        """What each zone did for the run's spot workers (records/zones.py)."""
+        return f"{self.root}zones.json"
+
+    @property
     def cancel(self) -> str:
         """Present from `orch cancel` until the next launch: every worker of the run stops."""
         return f"{self.root}cancel.json"

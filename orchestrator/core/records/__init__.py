@@ -13,6 +13,7 @@ there, by who writes it:
                          adapters/<name>.json   AdapterManifest: a LoRA adapter shipped with the run
                          adapters/<name>/<file> its files (core/protocol/adapters.py)
                          decisions/<ms>.json    DecisionRecord: the deadline policy's log
+                         zones.json             ZoneHistory: each zone's up spells, preemptions, waits
     workers              leases/<chunk>.json    Lease
                          outputs/<chunk>/<part> OpenAI Batch output lines (core/lines.py)
                          done/<chunk>.json      DoneMarker: the authoritative list of a chunk's parts
@@ -88,6 +89,13 @@ from orchestrator.core.records.serve import (
     read_batch,
     read_file_record,
 )
+from orchestrator.core.records.zones import (
+    ZoneHistory,
+    ZoneTally,
+    ZoneWatch,
+    read_zone_history,
+    update_zone_history,
+)
 
 __all__ = [
     "CAS_ATTEMPTS",
@@ -123,6 +131,9 @@ __all__ = [
     "WorkerAssignment",
     "WorkerJobs",
     "WorkerState",
+    "ZoneHistory",
+    "ZoneTally",
+    "ZoneWatch",
     "cas_update",
     "dumps",
     "iter_jsonl",
@@ -135,6 +146,8 @@ __all__ = [
     "read_marker",
     "read_plan",
     "read_record",
+    "read_zone_history",
     "update_jobs",
+    "update_zone_history",
     "write_jsonl",
 ]

@@ -243,6 +243,7 @@ class DecisionRecord(Record):
     have_rows_per_s: float = 0.0
     slack_s: float | None = None
     speed: str = Field("", description="which speed a new worker was reckoned at: measured, or the table's")
+    zone: str = Field("", description="with resources.zones: the zone order launches tried, and why the first")
 
 
 # -- written by workers -------------------------------------------------------------------------
