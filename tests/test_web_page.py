@@ -142,8 +142,8 @@ def details_run(tmp_path: Path, answer: str, log_line: str) -> tuple[Any, Any]:
     uri = str(tmp_path / "store")
     store = open_store(uri)
     layout = make_run(store, "d", [[chat_request(f"c{c}-{i}", "q") for i in range(4)] for c in range(2)], model="m")
-    answers = [Answer(0, "c0-0", answer), Answer(1, "c0-1", "plain"), Answer(2, "c0-2", error="<i>bad</i> row")]
-    answer_chunk(store, layout, "part_00000", [answers + [Answer(3, "c0-3", "last")]], worker="0")
+    later = [Answer(1, "c0-1", "plain"), Answer(2, "c0-2", error="<i>bad</i> row"), Answer(3, "c0-3", "last")]
+    answer_chunk(store, layout, "part_00000", [[Answer(0, "c0-0", answer)], later], worker="0")  # two parts
     logs = tmp_path / "store" / "logs" / "d"
     logs.mkdir(parents=True)
     (logs / "worker-0-100.log").write_text("an older attempt\n")
@@ -267,9 +267,10 @@ def test_page_in_chromium_during_a_real_run_shows_what_orch_status_says(workdir,
             for w in after["workers"]:
                 seen = {x["state"] for x in before["workers"] + after["workers"] if x["worker"] == w["worker"]}
                 assert shown.workers[w["worker"]] in seen, (shown.workers, seen)
-            assert shown.text["state"] == "IN PROGRESS"
-            screenshot = workdir / "page.png"
-            browse(url, f"--screenshot={screenshot}")
+            assert shown.text["state"] in {x["state"].upper() for x in (before, after)}  # RUNNING, as orch status
+            # The README's screenshot (docs/run-page.png) is this one: ORCH_PAGE_SCREENSHOT=PATH keeps it.
+            screenshot = Path(os.environ.get("ORCH_PAGE_SCREENSHOT") or workdir / "page.png")
+            browse(url, f"--screenshot={screenshot}", "--window-size=1280,1700")
             assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
             while not status_json("web", capsys)["complete"]:  # the page's own end: COMPLETE, all chunks
                 time.sleep(0.5)
@@ -279,6 +280,9 @@ def test_page_in_chromium_during_a_real_run_shows_what_orch_status_says(workdir,
                 shown = Shown(browse(url, "--dump-dom"))
             assert shown.chunks() == (final["chunks"]["done"], final["chunks"]["total"]) == (16, 16)
             assert shown.text["rows"].strip() == "320/320"
+            per_m = final["cost_per_m_tokens"]["all"]["usd_per_m_tokens"]
+            assert shown.text["per-m"] == f"${per_m:,.4f}" and "generated" in shown.text["tokens-line"]
+            assert {"log-0", "log-1"} <= set(shown.text) and len(shown.text["samples"]) > 0
             metrics = urllib.request.urlopen(url.rsplit("/runs/", 1)[0] + "/metrics", timeout=30).read().decode()
             families = {f.name: f for f in text_string_to_metric_families(metrics)}
             assert families["orch_chunks_done"].samples[0].value == 16
@@ -357,6 +361,10 @@ def test_serve_shows_a_batchs_page_to_its_key_and_metrics_prometheus_can_parse(t
         code, headers, body = get(page, {"Authorization": basic})  # as a browser sends it
         assert code == 200 and headers["content-type"].startswith("text/html"), body
         assert f"run {batch.id}" in Shown(body).text["run"]
+        index = Shown(get(f"{base}/runs/", {"Authorization": basic})[2])  # the key's runs, each a link
+        assert batch.id in index.runs and f"/runs/{batch.id}" in index.links
+        assert get(f"{base}/runs/")[0] == 401
+        assert batch.id not in get(f"{base}/runs/", {"Authorization": f"Bearer {OTHER_KEY}"})[2]
         code, _, text = get(f"{base}/metrics", {"Authorization": f"Bearer {KEY}"})
         assert code == 200
         _, _, doc = get(f"{page}/status.json", {"Authorization": f"Bearer {KEY}"})

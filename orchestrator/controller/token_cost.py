@@ -1,5 +1,6 @@
 """Tokens a run used and what they cost: prompt, cached and generated tokens, and the realised
-dollars per million tokens, spot and on-demand apart.
+dollars per million tokens, spot and on-demand apart; `tokens_line` says it in one line (`orch
+status`, collect's report and the run's page show it).
 
 The cost is what `orch status` calls cost so far: each worker's machine time (its heartbeats'
 uptime, restarts included) at its GPU's price, spot or on-demand as it ran (controller/pricing.py).

@@ -27,7 +27,7 @@ from orchestrator.core.errors import OrchError
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.protocol.checkpoints import read_chunk_stats
 from orchestrator.core.protocol.parts import iter_part_lines
-from orchestrator.core.records import DoneMarker, PrepareError, read_marker
+from orchestrator.core.records import PrepareError, read_marker
 from orchestrator.core.records.base import iter_jsonl
 from orchestrator.core.store import NotFound, StoreError
 
@@ -100,29 +100,30 @@ def _tail(worker: str, path: Path) -> WorkerLog:
 
 def _outputs(ctx: RunContext, status: RunStatus) -> tuple[list[Row], list[Row]]:
     """Steps 2 and 3: answers of the first finished chunk, then error rows."""
-    samples: list[Row] = []
-    errors: list[Row] = []
     stats = sorted(read_chunk_stats(ctx.store, ctx.layout).items(), key=lambda item: item[1][0])
-    if stats:
-        marker = read_marker(ctx.store, ctx.layout, stats[0][0])
-        if marker is not None and marker.parts:
-            lines = _lines(ctx, marker, marker.parts[0].key)
-            samples = [_row(line, marker.chunk) for line in itertools.islice(lines, SAMPLES)]
+    samples = _rows_of(ctx, stats[0][0], SAMPLES, errors_only=False) if stats else []
+    errors: list[Row] = []
     for chunk, _ in [item for item in stats if item[1][1].errors][:ERROR_CHUNKS]:
-        marker = read_marker(ctx.store, ctx.layout, chunk)
-        if marker is None:  # stats without a marker: not done (stats are only a cache)
-            continue
-        for part in marker.parts:
-            if len(errors) < ERRORS and part.errors:
-                failed = (line for line in _lines(ctx, marker, part.key) if line.failed)
-                errors.extend(_row(line, chunk) for line in itertools.islice(failed, ERRORS - len(errors)))
+        errors += _rows_of(ctx, chunk, ERRORS - len(errors), errors_only=True)
     if len(errors) < ERRORS and status.rows.get("set_aside"):
-        errors.extend(_set_aside(ctx, ERRORS - len(errors)))
+        errors += _set_aside(ctx, ERRORS - len(errors))
     return samples, errors
 
 
-def _lines(ctx: RunContext, marker: DoneMarker, key: str) -> list[BatchOutputLine]:
-    return list(iter_part_lines(ctx.store.get(key).data, marker.output_format))
+def _rows_of(ctx: RunContext, chunk: str, want: int, *, errors_only: bool) -> list[Row]:
+    """The first `want` rows (or error rows) of a done chunk, reading its parts (one per
+    checkpoint) only until there are enough; none for a chunk without a marker (stats are a cache)."""
+    marker = read_marker(ctx.store, ctx.layout, chunk) if want > 0 else None
+    if marker is None:
+        return []
+    rows: list[Row] = []
+    for part in marker.parts:
+        if len(rows) >= want or (errors_only and not part.errors):
+            continue
+        lines = iter_part_lines(ctx.store.get(part.key).data, marker.output_format)
+        chosen = (line for line in lines if line.failed or not errors_only)
+        rows += [_row(line, chunk) for line in itertools.islice(chosen, want - len(rows))]
+    return rows
 
 
 def _row(line: BatchOutputLine, chunk: str) -> Row:
