@@ -122,6 +122,8 @@ def page_views(store, layout, prices, chunks: int, done: int) -> dict:
     import urllib.request
 
     from orchestrator.controller.status import derive_status, gather
+    from orchestrator.core.context import RunContext
+    from orchestrator.core.spec import RunSpec
     from orchestrator.web.local import page_server
     from orchestrator.web.snapshots import Snapshots
 
@@ -133,7 +135,8 @@ def page_views(store, layout, prices, chunks: int, done: int) -> dict:
         readings.append(sum(store.requests.by_op.values()) - before)
         return status
 
-    server = page_server(Snapshots(read, max_age=2.0), layout.run, 0, 2.0)
+    ctx = RunContext(RunSpec(run=layout.run), store, layout)
+    server = page_server(Snapshots(read, max_age=2.0), ctx, 0, 2.0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
 

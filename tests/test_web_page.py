@@ -65,6 +65,9 @@ class Shown(html.parser.HTMLParser):
         self.attrs_of: dict[str, dict[str, str | None]] = {}
         self.workers: dict[str, str] = {}
         self.scripts: list[dict[str, str | None]] = []
+        self.links: list[str] = []
+        self.runs: dict[str, str] = {}  # the runs index: each row's state, by run
+        self._run: str | None = None
         self._open: list[str | None] = []  # every open element's id (None without one)
         self._worker: str | None = None
         self.feed(dom)
@@ -73,10 +76,14 @@ class Shown(html.parser.HTMLParser):
         a = dict(attrs)
         if tag == "script":
             self.scripts.append(a)
+        if tag == "a" and a.get("href"):
+            self.links.append(str(a["href"]))
         if tag == "tr":
-            self._worker = a.get("data-worker")
+            self._worker, self._run = a.get("data-worker"), a.get("data-run")
         if tag == "td" and a.get("data-state") is not None and self._worker is not None:
             self.workers[self._worker] = str(a["data-state"])
+        if tag == "td" and a.get("data-state") is not None and self._run is not None:
+            self.runs[self._run] = str(a["data-state"])
         if tag in VOID:
             return
         ident = a.get("id")
@@ -121,6 +128,58 @@ def test_names_are_shown_as_text_never_run_as_markup(tmp_path):
     assert shown.text["run"] == "run <script>alert('run')</script>"
     assert '"><img src=x onerror=alert(1)>' in shown.workers
     assert f"script-src '{page.script_hash}'" in page.headers["Content-Security-Policy"]
+
+
+def details_run(tmp_path: Path, answer: str, log_line: str) -> tuple[Any, Any]:
+    """A run whose first chunk answered `answer` (and one error row), and worker 0's log ending in
+    `log_line`, an ERROR line and a last line; returns (its context, its status)."""
+    from orchestrator.core.context import RunContext
+    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.spec import RunSpec
+    from orchestrator.core.store import open_store
+    from tests.support.runs import Answer, answer_chunk, make_run
+
+    uri = str(tmp_path / "store")
+    store = open_store(uri)
+    layout = make_run(store, "d", [[chat_request(f"c{c}-{i}", "q") for i in range(4)] for c in range(2)], model="m")
+    later = [Answer(1, "c0-1", "plain"), Answer(2, "c0-2", error="<i>bad</i> row"), Answer(3, "c0-3", "last")]
+    answer_chunk(store, layout, "part_00000", [[Answer(0, "c0-0", answer)], later], worker="0")  # two parts
+    logs = tmp_path / "store" / "logs" / "d"
+    logs.mkdir(parents=True)
+    (logs / "worker-0-100.log").write_text("an older attempt\n")
+    lines = [f"line {i}" for i in range(40)] + [log_line, "ERROR worker 0: <b>engine</b> died", "exiting"]
+    (logs / "worker-0-200.log").write_text("\n".join(lines) + "\n")
+    status = derive_status(gather(store, RunLayout("d"), None), now=time.time(), prices=load_gpu_table())
+    return RunContext(RunSpec(run="d", store=uri), store, layout), status
+
+
+def test_page_details_show_log_tail_last_error_samples_and_error_rows_as_text(tmp_path):
+    from orchestrator.web.details import LOG_LINES, read_details
+
+    ctx, status = details_run(tmp_path, "<script>alert('answer')</script>", "<script>alert('log')</script>")
+    details = read_details(ctx, status)
+    page = render_page(status, details=details)
+    shown = Shown(page.html)
+    assert len(shown.scripts) == 1  # the page's own, none of the user's
+    assert "<script>alert" not in page.html and "<b>engine" not in page.html and "<i>bad" not in page.html
+    tail = shown.text["log-0"].splitlines()
+    assert tail[-3:] == ["<script>alert('log')</script>", "ERROR worker 0: <b>engine</b> died", "exiting"]
+    assert len(tail) == LOG_LINES and "an older attempt" not in page.html  # the newest attempt's end only
+    assert shown.text["last-error-0"] == "last error: ERROR worker 0: <b>engine</b> died"
+    samples = shown.text["samples"]
+    assert "<script>alert('answer')</script>" in samples and "plain" in samples and "last" not in samples
+    assert "c0-2" in shown.text["error-rows"] and "<i>bad</i> row" in shown.text["error-rows"]
+    assert shown.text["per-m"].startswith("$") and "generated" in shown.text["tokens-line"]
+
+
+def test_page_state_is_the_word_orch_status_shows(tmp_path):
+    from tests.test_status import build
+
+    store, layout = build(str(tmp_path / "store"))
+    status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
+    assert status.state == "running"
+    shown = Shown(render_page(status).html)
+    assert shown.text["state"] == "RUNNING" == shown.attrs_of["status"]["data-state"]
 
 
 # -- the page in Chromium during a real run (`orch status --web`) ----------------------------------
@@ -208,9 +267,10 @@ def test_page_in_chromium_during_a_real_run_shows_what_orch_status_says(workdir,
             for w in after["workers"]:
                 seen = {x["state"] for x in before["workers"] + after["workers"] if x["worker"] == w["worker"]}
                 assert shown.workers[w["worker"]] in seen, (shown.workers, seen)
-            assert shown.text["state"] == "IN PROGRESS"
-            screenshot = workdir / "page.png"
-            browse(url, f"--screenshot={screenshot}")
+            assert shown.text["state"] in {x["state"].upper() for x in (before, after)}  # RUNNING, as orch status
+            # The README's screenshot (docs/run-page.png) is this one: ORCH_PAGE_SCREENSHOT=PATH keeps it.
+            screenshot = Path(os.environ.get("ORCH_PAGE_SCREENSHOT") or workdir / "page.png")
+            browse(url, f"--screenshot={screenshot}", "--window-size=1280,1700")
             assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
             while not status_json("web", capsys)["complete"]:  # the page's own end: COMPLETE, all chunks
                 time.sleep(0.5)
@@ -220,11 +280,47 @@ def test_page_in_chromium_during_a_real_run_shows_what_orch_status_says(workdir,
                 shown = Shown(browse(url, "--dump-dom"))
             assert shown.chunks() == (final["chunks"]["done"], final["chunks"]["total"]) == (16, 16)
             assert shown.text["rows"].strip() == "320/320"
+            per_m = final["cost_per_m_tokens"]["all"]["usd_per_m_tokens"]
+            assert shown.text["per-m"] == f"${per_m:,.4f}" and "generated" in shown.text["tokens-line"]
+            assert {"log-0", "log-1"} <= set(shown.text) and len(shown.text["samples"]) > 0
             metrics = urllib.request.urlopen(url.rsplit("/runs/", 1)[0] + "/metrics", timeout=30).read().decode()
             families = {f.name: f for f in text_string_to_metric_families(metrics)}
             assert families["orch_chunks_done"].samples[0].value == 16
     finally:
         main(["cancel", "--run", "web"])
+
+
+def test_runs_index_in_chromium_lists_the_stores_runs_and_links_to_their_pages(tmp_path, workdir):
+    ctx, _ = details_run(tmp_path, "<script>alert('answer')</script>", "<script>alert('log')</script>")
+    write_jsonl(workdir / "tickets.jsonl", [chat_request("o-0", "q")])
+    prepare = ["prepare", "tickets.jsonl", "--run", "other", "--store", ctx.spec.store, "--format", "openai-batch"]
+    assert main([*prepare, "--num-chunks", "1"]) == 0
+    with status_web("d", workdir, "--store", ctx.spec.store) as url:
+        base = url.rsplit("/runs/", 1)[0]
+        index = Shown(browse(f"{base}/runs/", "--dump-dom"))
+        assert index.runs == {"d": status_json_of("d", ctx.spec.store)["state"].upper(), "other": "PREPARED"}
+        assert "/runs/d" in index.links and "/runs/other" in index.links
+        assert index.text["model-d"] == "m" and index.text["input-other"] == "tickets.jsonl"
+        page = Shown(browse(base + "/runs/other", "--dump-dom"))  # a link followed: the other run's page
+        assert page.text["run"] == "run other" and page.text["state"] == "PREPARED" and "/runs/" in page.links
+        page = Shown(browse(base + "/runs/d", "--dump-dom"))
+        assert len(page.scripts) == 1 and "alert('answer')" not in str(page.scripts)
+        assert page.text["log-0"].splitlines()[-3] == "<script>alert('log')</script>"
+        assert page.text["last-error-0"] == "last error: ERROR worker 0: <b>engine</b> died"
+        assert "<script>alert('answer')</script>" in page.text["samples"]
+        assert "<i>bad</i> row" in page.text["error-rows"]
+        assert get(f"{base}/runs/nope")[0] == 404
+
+
+def status_json_of(run: str, store: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "status", "--run", run, "--store", store, "--json"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(json.loads(out.stdout))
 
 
 # -- orch serve: the page behind keys, /metrics scraped and parsed ---------------------------------
@@ -265,6 +361,10 @@ def test_serve_shows_a_batchs_page_to_its_key_and_metrics_prometheus_can_parse(t
         code, headers, body = get(page, {"Authorization": basic})  # as a browser sends it
         assert code == 200 and headers["content-type"].startswith("text/html"), body
         assert f"run {batch.id}" in Shown(body).text["run"]
+        index = Shown(get(f"{base}/runs/", {"Authorization": basic})[2])  # the key's runs, each a link
+        assert batch.id in index.runs and f"/runs/{batch.id}" in index.links
+        assert get(f"{base}/runs/")[0] == 401
+        assert batch.id not in get(f"{base}/runs/", {"Authorization": f"Bearer {OTHER_KEY}"})[2]
         code, _, text = get(f"{base}/metrics", {"Authorization": f"Bearer {KEY}"})
         assert code == 200
         _, _, doc = get(f"{page}/status.json", {"Authorization": f"Bearer {KEY}"})

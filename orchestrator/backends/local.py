@@ -57,15 +57,24 @@ def local_log_dir(spec: RunSpec, store: Store) -> Path:
     return (base / spec.layout.run).absolute()
 
 
+def read_log_end(log: Path, nbytes: int = _LOG_TAIL_BYTES) -> str | None:
+    """The last `nbytes` of a worker's log as text (None when it cannot be read)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - nbytes, 0))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
 def last_error_line(log: Path) -> str | None:
     """The line of a worker's log that says why it stopped: the last `ERROR` line (orch's own
     errors and logged failures), or the exception line that ends a traceback; None if neither."""
-    try:
-        with open(log, "rb") as f:
-            f.seek(max(f.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES, 0))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
+    return last_error_in(read_log_end(log) or "")
+
+
+def last_error_in(text: str) -> str | None:
+    """`last_error_line` of a log's text already read."""
     for line in reversed(re.split(r"[\r\n]+", text)):  # tqdm redraws with \r
         line = line.strip()
         if line.startswith("ERROR ") or _EXCEPTION_LINE.match(line):

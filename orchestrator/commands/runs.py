@@ -56,7 +56,7 @@ def logs_command(inv: Invocation, worker: str | None, follow: bool, every: bool,
     s3:// or r2:// store); a SkyPilot worker's log is shown by `sky jobs logs JOB` (orch status
     names the job).
     """
-    from orchestrator.controller.runs import follow_logs, log_files
+    from orchestrator.controller.runs import follow_logs, latest_logs, log_files
     from orchestrator.controller.status import current_status
     from orchestrator.core.errors import RunNotFound
     from orchestrator.core.records import read_jobs, read_manifest
@@ -76,10 +76,7 @@ def logs_command(inv: Invocation, worker: str | None, follow: bool, every: bool,
             f"no worker logs for run {ctx.layout.run!r}" + (f" worker {worker}" if worker else "") + " on this machine",
             hint=hint,
         )
-    latest: dict[str, Path] = {}
-    for path in files:
-        latest[path.name.rsplit("-", 1)[0]] = path  # worker-<i>: its newest attempt wins
-    for path in files if every else sorted(latest.values()):
+    for path in files if every else sorted(latest_logs(files).values()):
         click.echo(f"==> {path} <==")
         click.echo(path.read_text(errors="replace"), nl=False)
     if not follow:

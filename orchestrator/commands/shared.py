@@ -444,7 +444,7 @@ def print_collect_report(report: CollectReport) -> None:
     if r.duplicates or r.mismatched:
         click.echo(click.style(f"{r.duplicates} duplicate and {r.mismatched} mismatched line(s) left out", fg="red"))
     if r.tokens.total:
-        from orchestrator.commands.views import tokens_line
+        from orchestrator.controller.token_cost import tokens_line
 
         click.echo(tokens_line(r.tokens.to_dict(), r.cost_per_m_tokens or {}))
     if r.retry_out:

@@ -51,17 +51,19 @@ def status_command(
 
 def _serve_web(ctx: RunContext, prices: str | None, port: int, interval: float) -> int:
     """The page of the run, read at most every --interval seconds, until Ctrl-C."""
+    from orchestrator.controller.runs import context_in_store
     from orchestrator.controller.status import current_status
     from orchestrator.core.errors import SpecError
     from orchestrator.web.local import serve_page
     from orchestrator.web.snapshots import Snapshots
 
-    snapshots = Snapshots(lambda _run: current_status(ctx, prices), max_age=interval)
+    # Any run of the store: the page links to the runs index and its runs' pages.
+    snapshots = Snapshots(lambda run: current_status(context_in_store(ctx, run), prices), max_age=interval)
     snapshots.get(ctx.layout.run)  # a run that is not there fails here, not in the browser
     try:
         serve_page(
             snapshots,
-            ctx.layout.run,
+            ctx,
             port,
             interval,
             lambda url: click.echo(f"the page of run {ctx.layout.run}: {url} (metrics: /metrics; Ctrl-C stops)"),

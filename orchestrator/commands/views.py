@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from orchestrator.backends.base import STATE_COLOURS, JobState
 from orchestrator.commands.console import Group, Table, Text, table
@@ -12,6 +11,7 @@ from orchestrator.controller.estimate import Estimate
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.controller.status import RunStatus, WorkerView
 from orchestrator.controller.status import duration as _duration
+from orchestrator.controller.token_cost import tokens_line
 from orchestrator.core.protocol.clocks import SKEW_WARN_S, describe_offset
 from orchestrator.core.records import PlanRecord
 
@@ -181,25 +181,6 @@ def _failures(status: RunStatus) -> list[Text]:
         for w in status.workers
         if w.failure_reason
     ]
-
-
-def tokens_line(tokens: Mapping[str, int], per_m: Mapping[str, Mapping[str, Any]]) -> str:
-    """Prompt (cached) and generated tokens, and what a million of them cost, spot and on-demand apart."""
-    prompt, cached = tokens["prompt_tokens"], tokens["cached_tokens"]
-    share = f", {cached / prompt:.0%}" if prompt else ""
-    line = f"tokens {prompt:,} prompt ({cached:,} cached{share}) + {tokens['generated_tokens']:,} generated"
-    rates = [
-        f"{label} {_per_m(per_m[kind])}"
-        for kind, label in (("all", "cost"), ("spot", "spot"), ("on_demand", "on-demand"))
-        if kind in per_m and (kind == "all" or per_m[kind]["usd"])
-    ]
-    return line + ("   " + "; ".join(rates) if rates else "")
-
-
-def _per_m(cost: Mapping[str, Any]) -> str:
-    if cost["usd_per_m_tokens"] is None:
-        return f"${cost['usd']:,.2f} (no tokens yet)"
-    return f"${cost['usd_per_m_tokens']:,.4f}/M tokens (${cost['usd_per_m_generated'] or 0:,.4f}/M generated)"
 
 
 def _pace_line(status: RunStatus, eta: str) -> str:

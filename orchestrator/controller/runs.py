@@ -3,7 +3,8 @@
 1. `run_names` (core/records/run.py) finds the runs, one listing request per run.
 2. `list_runs` gives each run's status (controller/status.py: the same derivation `orch status`
    shows), read from the store alone: no backend is asked, so a job that is queued without a
-   heartbeat yet reads as stopped until it beats.
+   heartbeat yet reads as stopped until it beats. The page's runs index reads its statuses
+   through `statuses_of` too, and `run_origin` for each run's model and input.
 3. `log_files` and `follow_logs`: the local backend's worker logs, `<store>/logs/<run>/` for a
    directory store and ORCH_HOME/logs/<run>/ on this machine for an s3:// or r2:// one.
 """
@@ -12,28 +13,60 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.controller.status import RunStatus, status_of
 from orchestrator.core.context import RunContext
-from orchestrator.core.errors import OrchError
+from orchestrator.core.errors import OrchError, RunNotFound
+from orchestrator.core.frozen_spec import read_stored_spec
 from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import PrepareRecord, read_record
 from orchestrator.core.records.run import run_names
+from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store
 
 
 def list_runs(store: Store, prices: GpuTable, now: float | None = None) -> list[RunStatus | tuple[str, str]]:
     """Each run's status, or (name, what is wrong) for a run whose records cannot be read."""
     now = time.time() if now is None else now
+    return statuses_of(run_names(store), lambda name: status_of(store, RunLayout(name), None, now=now, prices=prices))
+
+
+def statuses_of(names: Iterable[str], read: Callable[[str], RunStatus]) -> list[RunStatus | tuple[str, str]]:
+    """`read(name)` of each run, or (name, what is wrong) where it fails: a run that was never
+    prepared, or a record that does not parse."""
     out: list[RunStatus | tuple[str, str]] = []
-    for name in run_names(store):
+    for name in names:
         try:
-            out.append(status_of(store, RunLayout(name), None, now=now, prices=prices))
-        except OrchError as e:  # a run that was never prepared, or a record that does not parse
+            out.append(read(name))
+        except OrchError as e:
             out.append((name, e.message))
     return out
+
+
+def run_origin(store: Store, layout: RunLayout) -> tuple[str | None, str | None]:
+    """The run's model (its frozen spec's `model.name`) and input (the files prepare read, by
+    name): 2 GETs. None where a record does not say (a run not launched names no model yet)."""
+    stored = read_stored_spec(store, layout)
+    model = (stored[0].get("model") or {}).get("name") if stored is not None else None
+    found = read_record(store, layout.prepare_record, PrepareRecord)
+    sources = found[0].identity.get("sources", []) if found is not None else []
+    names = [str(s.get("name") or s.get("uri")) for s in sources if isinstance(s, dict)]
+    return (str(model) if model else None), (", ".join(names) or None)
+
+
+def context_in_store(ctx: RunContext, run: str) -> RunContext:
+    """Another run of `ctx`'s store, with the spec frozen into it (`ctx` itself for its own run):
+    what a page of any run in the store needs to find its logs."""
+    if run == ctx.layout.run:
+        return ctx
+    layout = RunLayout(run)
+    stored = read_stored_spec(ctx.store, layout)
+    if stored is None:
+        raise RunNotFound(f"no run {run!r} in {ctx.spec.store}", hint="orch runs lists the store's runs")
+    return RunContext(RunSpec.model_validate({**stored[0], "store": ctx.spec.store}), ctx.store, layout)
 
 
 _LOG_NAME = re.compile(r"^worker-(?P<worker>.+)-(?P<ms>\d+)\.log$")
@@ -50,6 +83,16 @@ def log_files(ctx: RunContext, worker: str | None = None) -> list[Path]:
         if m and (worker is None or m["worker"] == worker):
             found.append((int(m["ms"]), path))
     return [path for _, path in sorted(found)]
+
+
+def latest_logs(files: list[Path]) -> dict[str, Path]:
+    """Each worker's newest log among `files` (oldest first, as `log_files` gives them), by worker."""
+    latest: dict[str, Path] = {}
+    for path in files:
+        m = _LOG_NAME.match(path.name)
+        if m:
+            latest[m["worker"]] = path  # a later attempt of the same worker wins
+    return latest
 
 
 def follow_logs(

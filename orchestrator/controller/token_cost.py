@@ -1,5 +1,6 @@
 """Tokens a run used and what they cost: prompt, cached and generated tokens, and the realised
-dollars per million tokens, spot and on-demand apart.
+dollars per million tokens, spot and on-demand apart; `tokens_line` says it in one line (`orch
+status`, collect's report and the run's page show it).
 
 The cost is what `orch status` calls cost so far: each worker's machine time (its heartbeats'
 uptime, restarts included) at its GPU's price, spot or on-demand as it ran (controller/pricing.py).
@@ -78,3 +79,22 @@ def realised_cost(
         if s.worker in cost_by_worker:  # a worker no heartbeat names: neither spot nor on-demand known
             tokens["spot" if cost_by_worker[s.worker][1] else "on_demand"].add_stats(s)
     return {kind: per_million(usd[kind], tokens[kind]) for kind in tokens}
+
+
+def tokens_line(tokens: Mapping[str, int], per_m: Mapping[str, Mapping[str, Any]]) -> str:
+    """Prompt (cached) and generated tokens, and what a million of them cost, spot and on-demand apart."""
+    prompt, cached = tokens["prompt_tokens"], tokens["cached_tokens"]
+    share = f", {cached / prompt:.0%}" if prompt else ""
+    line = f"tokens {prompt:,} prompt ({cached:,} cached{share}) + {tokens['generated_tokens']:,} generated"
+    rates = [
+        f"{label} {_per_m_text(per_m[kind])}"
+        for kind, label in (("all", "cost"), ("spot", "spot"), ("on_demand", "on-demand"))
+        if kind in per_m and (kind == "all" or per_m[kind]["usd"])
+    ]
+    return line + ("   " + "; ".join(rates) if rates else "")
+
+
+def _per_m_text(cost: Mapping[str, Any]) -> str:
+    if cost["usd_per_m_tokens"] is None:
+        return f"${cost['usd']:,.2f} (no tokens yet)"
+    return f"${cost['usd_per_m_tokens']:,.4f}/M tokens (${cost['usd_per_m_generated'] or 0:,.4f}/M generated)"

@@ -1,5 +1,6 @@
 """What a person and Prometheus see of the server's runs: a page per run, its JSON, and /metrics.
 
+    GET /runs/                    the runs index: the viewer's runs, a row and a link each (web/runs_index.py)
     GET /runs/{run}               the run's page (orchestrator/web/page.py), refreshing itself
     GET /runs/{run}/status.json   `orch status --json` of the run
     GET /metrics                  Prometheus metrics of the active batches' runs (orchestrator/web/metrics.py)
@@ -16,6 +17,7 @@ younger than the poll interval is there.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
@@ -24,7 +26,9 @@ from fastapi.responses import HTMLResponse, Response
 from orchestrator.controller.status import RunStatus, current_status, to_json
 from orchestrator.core.errors import OrchError, RunNotFound
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.records import read_batch
+from orchestrator.core.records import BatchDocument, read_batch
+from orchestrator.core.records.run import run_names
+from orchestrator.core.store import Store
 from orchestrator.serve.auth import OPEN_OWNER
 from orchestrator.serve.batch_states import LAYOUT
 from orchestrator.serve.driver import BatchSteps
@@ -32,8 +36,9 @@ from orchestrator.serve.errors import APIError, not_found
 from orchestrator.serve.files import valid_id
 from orchestrator.serve.settings import ServeSettings
 from orchestrator.web.metrics import CONTENT_TYPE, exposition
-from orchestrator.web.page import render_page
-from orchestrator.web.snapshots import Snapshots
+from orchestrator.web.page import page_of
+from orchestrator.web.runs_index import index_rows, render_index
+from orchestrator.web.snapshots import Snapshot, Snapshots
 
 #: How often an open page fetches itself again.
 REFRESH_S = 5.0
@@ -89,11 +94,43 @@ def _snapshots(request: Request) -> Snapshots:
     return snapshots
 
 
+@router.get("/runs/", response_class=HTMLResponse)
+@router.get("/runs", response_class=HTMLResponse, include_in_schema=False)
+def runs_index(who: Viewer, request: Request) -> HTMLResponse:
+    """The viewer's batches' runs, newest first; on a server without keys every run in the store."""
+    settings: ServeSettings = request.app.state.settings
+    store = settings.store
+    names = run_names(store) if settings.keys.open else _owned_runs(store, who)
+    snapshots = _snapshots(request)
+
+    def snapshot(run: str) -> Snapshot:
+        try:
+            return snapshots.get(run)
+        except APIError as e:  # a batch whose run was never prepared (it failed validation)
+            raise RunNotFound(f"batch {run} has no run: {e.message}") from None
+
+    page = render_index(index_rows(names, snapshot, store), "orch serve")
+    return HTMLResponse(page.html, headers=page.headers)
+
+
+def _owned_runs(store: Store, who: str) -> Iterator[str]:
+    """The runs of `who`'s batches, newest first (their owner's index), once past validating."""
+    for info in store.list(LAYOUT.owned_prefix(who, "batches")):
+        batch = read_batch(store, LAYOUT, LAYOUT.id_of(info.key))
+        if _has_run(batch):
+            yield LAYOUT.id_of(info.key)
+
+
+def _has_run(batch: BatchDocument | None) -> bool:
+    return batch is not None and batch.status != "validating"
+
+
 @router.get("/runs/{run}", response_class=HTMLResponse)
 def run_page(run: str, who: Viewer, request: Request) -> HTMLResponse:
     _visible(request, who, run)
     snap = _snapshots(request).get(run)
-    page = snap.view("page", lambda s: render_page(s.status, refresh_s=REFRESH_S, taken_at=s.taken_at))
+    steps = BatchSteps(request.app.state.settings)
+    page = page_of(snap, lambda: steps.run_context(run), REFRESH_S)
     return HTMLResponse(page.html, headers=page.headers)
 
 
@@ -112,7 +149,7 @@ def metrics(who: Viewer, request: Request) -> Response:
     runs = []
     for info in settings.store.list(LAYOUT.active_prefix):
         batch = read_batch(settings.store, LAYOUT, LAYOUT.id_of(info.key))
-        if batch is not None and (settings.keys.open or batch.owner == who) and batch.status != "validating":
+        if batch is not None and (settings.keys.open or batch.owner == who) and _has_run(batch):
             runs.append(batch.id)
 
     def statuses() -> list[RunStatus]:

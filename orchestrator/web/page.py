@@ -1,7 +1,10 @@
-"""A run's web page: the status object (`orchestrator.controller.status.derive_status`) as HTML.
+"""A run's web page: the status object (`orchestrator.controller.status.derive_status`) as HTML,
+with the details read beside it (each worker's log tail and last error, sample answers, error rows:
+web/details.py).
 
-One template (templates/run.html, Jinja2 with autoescape: a run or worker named `<script>` is shown
-as text), a chart drawn here as inline SVG, and a few lines of inline script that fetch the page
+One template (templates/run.html, Jinja2 with autoescape: a run or worker named `<script>`, a log
+line or a model's answer are shown as text), the run's state in the word `orch status` shows
+(RUNNING, COMPLETE...), a chart drawn here as inline SVG, and a few lines of inline script that fetch the page
 again and swap its body every `refresh_s` (a `<noscript>` meta refresh without JavaScript), the
 only script the Content-Security-Policy lets run (by its hash). No
 build step and nothing fetched from elsewhere: clusters without internet see the same page.
@@ -12,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -20,6 +24,10 @@ import jinja2
 from markupsafe import Markup
 
 from orchestrator.controller.status import RunStatus, duration
+from orchestrator.controller.token_cost import tokens_line
+from orchestrator.core.context import RunContext
+from orchestrator.web.details import RunDetails, read_details
+from orchestrator.web.snapshots import Snapshot
 
 #: The chart's drawing area, in SVG units.
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP, RIGHT = 1200.0, 260.0, 64.0, 30.0, 14.0, 16.0
@@ -38,10 +46,8 @@ SCRIPT = """
     }).then(function (text) {
       var next = new DOMParser().parseFromString(text, "text/html").getElementById("status");
       if (next) { document.getElementById("status").replaceWith(next); }
-      if (next && next.dataset.complete === "true") {
-        document.getElementById("state").textContent = "COMPLETE";
-        return;
-      }
+      if (next) { document.getElementById("state").textContent = next.dataset.state; }
+      if (next && next.dataset.complete === "true") { return; }
       setTimeout(again, REFRESH);
     }).catch(function () { setTimeout(again, REFRESH); });
   }
@@ -53,14 +59,15 @@ SCRIPT = """
 @dataclass(frozen=True)
 class Page:
     html: str
-    #: The hash of the page's script: the Content-Security-Policy allows that script and no other.
+    #: The hash of the page's script: the Content-Security-Policy allows that script and no other
+    #: (none without one).
     script_hash: str
 
     @property
     def headers(self) -> dict[str, str]:
         return {
             "Content-Security-Policy": (
-                f"default-src 'none'; script-src '{self.script_hash}'; style-src 'unsafe-inline'; "
+                f"default-src 'none'; script-src '{self.script_hash or 'none'}'; style-src 'unsafe-inline'; "
                 "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'"
             ),
             "Cache-Control": "no-store",
@@ -69,7 +76,8 @@ class Page:
 
 
 @cache
-def _template() -> jinja2.Template:
+def template(name: str) -> jinja2.Template:
+    """One of templates/: autoescaped (every value shown as text), strict about missing names."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("orchestrator.web", "templates"),
         autoescape=True,
@@ -78,19 +86,38 @@ def _template() -> jinja2.Template:
         lstrip_blocks=True,
     )
     env.filters["duration"] = duration
-    return env.get_template("run.html")
+    return env.get_template(name)
+
+
+def page_of(snap: Snapshot, context: Callable[[], RunContext | None], refresh_s: float) -> Page:
+    """The page of a reading, made once per reading with its details (log tails, samples, error
+    rows: web/details.py) read from the run's `context()` (None: the status alone)."""
+
+    def make(s: Snapshot) -> Page:
+        ctx = context()
+        details = read_details(ctx, s.status) if ctx is not None else None
+        return render_page(s.status, details=details, refresh_s=refresh_s, taken_at=s.taken_at)
+
+    return snap.view("page", make)
 
 
 def render_page(
-    status: RunStatus, *, now: float | None = None, refresh_s: float = 5.0, taken_at: float | None = None
+    status: RunStatus,
+    *,
+    details: RunDetails | None = None,
+    now: float | None = None,
+    refresh_s: float = 5.0,
+    taken_at: float | None = None,
 ) -> Page:
     """The page of one run, as of `taken_at` (when its status was read). The same status gives the
     same page: a server renders a reading once, however many views it answers."""
     now = time.time() if now is None else now
     script = SCRIPT.replace("REFRESH", str(int(refresh_s * 1000)))
     script_hash = "sha256-" + base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
-    html = _template().render(
+    html = template("run.html").render(
         s=status,
+        d=details or RunDetails(),
+        per_m=_per_m(status),
         pct=100 * status.chunks["done"] / status.chunks["total"] if status.chunks["total"] else 100.0,
         chart=chart(status, now),
         workers=[_worker_row(w) for w in status.workers],
@@ -101,6 +128,18 @@ def render_page(
         taken_at=f"{taken_at if taken_at is not None else now:.3f}",
     )
     return Page(html, script_hash)
+
+
+def _per_m(status: RunStatus) -> dict[str, Any] | None:
+    """What a million tokens cost, and `orch status`'s tokens line (controller/token_cost.py)."""
+    if not (status.tokens.get("prompt_tokens") or status.tokens.get("generated_tokens")):
+        return None
+    every = status.cost_per_m_tokens.get("all", {})
+    rate = every.get("usd_per_m_tokens")
+    return {
+        "value": f"${rate:,.4f}" if rate is not None else "-",
+        "line": tokens_line(status.tokens, status.cost_per_m_tokens),
+    }
 
 
 def _worker_row(w: Any) -> dict[str, Any]:
