@@ -4,24 +4,33 @@
 2. `list_runs` gives each run's status (controller/status.py: the same derivation `orch status`
    shows), read from the store alone: no backend is asked, so a job that is queued without a
    heartbeat yet reads as stopped until it beats.
-3. `log_files` and `follow_logs`: the local backend's worker logs, `<store>/logs/<run>/` for a
+3. `delete_run`: every object under the run's prefix, through the store (a directory or S3 alike),
+   and the local backend's logs of it.
+4. `log_files` and `follow_logs`: the local backend's worker logs, `<store>/logs/<run>/` for a
    directory store and ORCH_HOME/logs/<run>/ on this machine for an s3:// or r2:// one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.controller.status import RunStatus, status_of
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError
+from orchestrator.core.frozen_spec import read_stored_spec
 from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import PrepareRecord, read_record
 from orchestrator.core.records.run import run_names
-from orchestrator.core.store import Store
+from orchestrator.core.spec import RunSpec
+from orchestrator.core.store import ObjectInfo, Store
 
 
 def list_runs(store: Store, prices: GpuTable, now: float | None = None) -> list[RunStatus | tuple[str, str]]:
@@ -29,11 +38,51 @@ def list_runs(store: Store, prices: GpuTable, now: float | None = None) -> list[
     now = time.time() if now is None else now
     out: list[RunStatus | tuple[str, str]] = []
     for name in run_names(store):
+        layout = RunLayout(name)
         try:
-            out.append(status_of(store, RunLayout(name), None, now=now, prices=prices))
+            status = status_of(store, layout, None, now=now, prices=prices)
+            out.append(dataclasses.replace(status, model=_frozen_model(store, layout), input=_input_of(store, layout)))
         except OrchError as e:  # a run that was never prepared, or a record that does not parse
             out.append((name, e.message))
     return out
+
+
+def _frozen_model(store: Store, layout: RunLayout) -> str | None:
+    """The model the run froze: None until prepare, launch or run named one."""
+    stored = read_stored_spec(store, layout)
+    model: dict[str, Any] = (stored[0].get("model") or {}) if stored is not None else {}
+    name = model.get("name")
+    return name if isinstance(name, str) else None
+
+
+def _input_of(store: Store, layout: RunLayout) -> str | None:
+    """What the run was prepared from: the file, or the folder the files share and how many."""
+    found = read_record(store, layout.prepare_record, PrepareRecord)
+    uris = [str(s.get("uri")) for s in found[0].identity.get("sources", [])] if found is not None else []
+    if len(uris) <= 1:
+        return uris[0] if uris else None
+    # By "/"-separated parts, not os.path: `s3://bucket/x` keeps its double slash.
+    parts = [uri.split("/")[:-1] for uri in uris]
+    shared = [p[0] for p in itertools.takewhile(lambda p: len(set(p)) == 1, zip(*parts, strict=False))]
+    folder = "/".join(shared) or "."
+    return f"{folder}/ ({len(uris)} files)"
+
+
+def run_objects(store: Store, layout: RunLayout) -> list[ObjectInfo]:
+    """Every object under the run's prefix (what `orch delete` removes)."""
+    return list(store.list(layout.root))
+
+
+def delete_run(store: Store, spec: RunSpec, objects: list[ObjectInfo]) -> None:
+    """Delete the run's objects and the local backend's logs of it. The manifest and prepare record
+    go first: a deletion cut short leaves a run that reads as unprepared, never as an intact one
+    with outputs missing, and `orch delete` again finishes it."""
+    from orchestrator.backends.local import local_log_dir
+
+    first = {spec.layout.manifest, spec.layout.prepare_record}
+    for info in sorted(objects, key=lambda info: info.key not in first):
+        store.delete(info.key)
+    shutil.rmtree(local_log_dir(spec, store), ignore_errors=True)
 
 
 _LOG_NAME = re.compile(r"^worker-(?P<worker>.+)-(?P<ms>\d+)\.log$")

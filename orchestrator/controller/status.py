@@ -244,6 +244,10 @@ class RunStatus:
     state: str = "prepared"
     #: When prepare finished (`orch runs` shows the run's age), None when not known.
     prepared_at: float | None = None
+    #: The model the run froze (None until a command named one) and its input, in a few words:
+    #: what `orch runs` shows beside each run (filled by controller/runs.py's list_runs).
+    model: str | None = None
+    input: str | None = None
 
 
 def derive_status(
