@@ -233,7 +233,12 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
     `model.name`. On the skypilot backend a local path is only warned about: the worker's image
     may hold it, though this machine's disk is out of the cloud machines' reach."""
     from orchestrator.core.errors import SpecError
-    from orchestrator.core.model_source import is_local_path, local_adapter_problem, local_model_problem
+    from orchestrator.core.model_source import (
+        is_bucket_url,
+        is_local_path,
+        local_adapter_problem,
+        local_model_problem,
+    )
 
     name = ctx.spec.model.name
     if not name:
@@ -243,6 +248,12 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
             )
         return
     where = "--model" if from_flag else "model.name"
+    if is_bucket_url(name) and ctx.spec.backend != "skypilot":
+        raise SpecError(
+            f"{name} is a bucket: SkyPilot workers mount it, {ctx.spec.backend} workers cannot read it",
+            hint="use --backend skypilot, or give a local copy of the model (or its hub id)",
+            where=where,
+        )
     if ctx.spec.backend == "skypilot":
         if is_local_path(name):
             warn(
