@@ -15,6 +15,7 @@
 JSON shape (stable for scripts):
     run, backend, complete (bool: every chunk has a marker, and none is damaged), backend_note (str|null),
     state (the run in a word: controller/activity.py), prepared_at (when prepare finished) | null,
+    model, input (the frozen model and what was prepared, for `orch runs`; null in `orch status`),
     damaged: {chunk: what is wrong} (corrupt markers, parts that do not match them; `orch redo` each),
     corrupt_leases: {key: what is wrong} (treated as expired once older than the lease TTL),
     chunks: {total, done},
