@@ -14,6 +14,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.core.records import JobAttempt, update_jobs
 from orchestrator.core.store import open_store
+from tests.support.datasets import write_jsonl
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,3 +120,54 @@ def make_run_launched(project: Path):
 
     update_jobs(store, layout, launched)
     return store, layout
+
+
+def test_run_again_after_ctrl_c_says_it_re_attached_to_the_running_workers(project, capsys):
+    """`orch run` again while its workers run on (after a Ctrl-C) launches nothing and says it
+    re-attached to them, not `launched 0 worker(s)`; it follows them to the end and collects.
+    The running worker is a process the local backend judges live as it judges any (its pid and
+    start time); the test finishes its chunk through the protocol's own objects."""
+    from orchestrator.backends.local import _start_ticks
+    from orchestrator.core.protocol.layout import RunLayout
+
+    write_jsonl(project / "q.jsonl", [{"id": f"q{i}", "text": f"Question {i}?"} for i in range(3)])
+    prepare = ["q.jsonl", "--run", "again", "--format", "text", "--id-column", "id", "--num-chunks", "1"]
+    prepare += ["--model", "org/some-model"]
+    run = ["run", *prepare, "--workers", "1", "--out", "out.jsonl", "--interval", "0.2"]
+    assert main(["prepare", *prepare]) == 0
+    store, layout = open_store(str(project / ".orch")), RunLayout("again")
+    worker = subprocess.Popen(["sleep", "600"])  # the worker that ran on after the Ctrl-C
+    again = None
+    try:
+
+        def running(rec):
+            rec.backend = "local"
+            job_id = f"local-{worker.pid}-{_start_ticks(worker.pid)}-{int(time.time() * 1000)}"
+            rec.worker(0).attempts.append(JobAttempt(job_id=job_id, backend="local", launched_at=time.time()))
+
+        update_jobs(store, layout, running)
+        capsys.readouterr()
+        assert main(["resume", "--run", "again"]) == 0
+        assert capsys.readouterr().out == "1 chunk(s) left; 1 worker(s) already running (0) on the local backend\n"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        again = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", *run],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert again.stdout is not None
+        said = [again.stdout.readline()]
+        while "backend" not in said[-1] and said[-1]:  # until the line about the workers (or the end)
+            said.append(again.stdout.readline())
+        assert said[-1].strip() == "re-attached to 1 running worker(s) (0) on the local backend", said
+        answer_chunk(store, layout, "part_00000", [[Answer(i, f"q{i}", "x") for i in range(3)]])
+        out, err = again.communicate(timeout=120)
+        assert again.returncode == 0, err
+        assert "wrote 3 of 3 rows" in out and "launched" not in "".join(said) + out
+    finally:
+        for proc in (again, worker):
+            if proc is not None:
+                proc.kill()
+                proc.wait()

@@ -515,6 +515,38 @@ def test_prepare_missing_id_column_names_the_row_columns(store_dir, tmp_path, ca
     assert "tickets.jsonl:3: no id column 'priority' (the row has ticket, subject, body)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            ["--id-column", "tikcet"],
+            "no id column 'tikcet' (the row has ticket, subject, body, priority; did you mean 'ticket'?)",
+        ),
+        (
+            ["--template", "{Subject}: {bodi}"],
+            "the template names column(s) 'Subject', 'bodi', which the row lacks (the row has ticket, subject, body, "
+            "priority; did you mean 'subject' for 'Subject', 'body' for 'bodi'?)",
+        ),
+        (
+            ["--template", "{zzz}"],
+            "the template names column(s) 'zzz', which the row lacks (the row has ticket, subject, body, priority)",
+        ),
+    ],
+)
+def test_prepare_missing_column_suggests_the_closest_of_the_rows(store_dir, tmp_path, capsys, flags, expected):
+    """A mistyped column name is answered with the row's columns and, when one is close, which it meant."""
+    write_jsonl(tmp_path / "tickets.jsonl", TICKETS[:1])
+    args = ["--format", "text", "--template", "{subject}", *flags, "--num-chunks", "1"]
+    assert prepare(store_dir, tmp_path / "tickets.jsonl", *args) == 4
+    assert f"tickets.jsonl:1: {expected}" in capsys.readouterr().err
+
+
+def test_prepare_parquet_missing_column_suggests_the_closest(store_dir, tmp_path, capsys):
+    write_lmsys_parquet(tmp_path / "chats", 2, files=1)
+    assert prepare(store_dir, tmp_path / "chats", "--format", "chat", "--conversation-column", "conversaton") == 4
+    assert "did you mean 'conversation'?" in capsys.readouterr().err
+
+
 def test_prepare_without_chunking_flags_takes_the_default_size(store_dir, tmp_path, capsys):
     write_jsonl(tmp_path / "t.jsonl", [{"text": f"row {i}"} for i in range(3)])
     assert prepare(store_dir, tmp_path / "t.jsonl", "--format", "text") == 0

@@ -61,6 +61,47 @@ def test_runs_lists_every_run_with_its_state_and_progress(store_uri, capsys):
     ]
 
 
+def test_runs_shows_each_runs_model_and_input(tmp_path, capsys):
+    store_uri = str(tmp_path / "store")
+    (tmp_path / "tickets.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "many").mkdir()
+    for name in ("x.jsonl", "y.jsonl"):
+        (tmp_path / "many" / name).write_text('{"text": "b"}\n')
+    prepare = ["prepare", "--store", store_uri, "--format", "text"]
+    assert main([*prepare, str(tmp_path / "tickets.jsonl"), "--run", "one", "--model", "org/Model-8B"]) == 0
+    assert main([*prepare, str(tmp_path / "many"), "--run", "two"]) == 0
+    capsys.readouterr()
+    assert main(["runs", "--store", store_uri, "--json"]) == 0
+    docs = {d["run"]: d for d in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert (docs["one"]["model"], docs["one"]["input"]) == ("org/Model-8B", str(tmp_path / "tickets.jsonl"))
+    assert (docs["two"]["model"], docs["two"]["input"]) == (None, f"{tmp_path / 'many'}/ (2 files)")
+    assert main(["runs", "--store", store_uri]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:5] == ["run", "state", "backend", "model", "input"]
+    assert table[1].split()[3] == "org/Model-8B"
+
+
+def test_delete_removes_every_object_of_the_run_only_with_yes_and_not_under_live_workers(store_uri, capsys):
+    three_runs(store_uri)
+    store = open_store(store_uri)
+    from orchestrator.controller.runs import run_names
+
+    before = {info.key for info in store.list("runs/done/")}
+    assert main(["delete", "--run", "done", "--store", store_uri]) == 1  # no --yes: says, deletes nothing
+    out, err = capsys.readouterr()
+    assert f"would delete {len(before)} object(s)" in out and "add --yes" in err
+    assert {info.key for info in store.list("runs/done/")} == before
+    assert main(["delete", "--run", "done", "--store", store_uri, "--yes"]) == 0
+    assert f"deleted run 'done': {len(before)} object(s)" in capsys.readouterr().out
+    assert run_names(store) == ["going", "stopped"] and not list(store.list("runs/done/"))
+    # A worker of `going` beats: its run is kept unless --force says otherwise.
+    assert main(["delete", "--run", "going", "--store", store_uri, "--yes"]) == 1
+    assert "run 'going' is running" in capsys.readouterr().err and run_names(store) == ["going", "stopped"]
+    assert main(["delete", "--run", "going", "--store", store_uri, "--yes", "--force"]) == 0
+    assert run_names(store) == ["stopped"]
+    assert main(["delete", "--run", "gone", "--store", store_uri, "--yes"]) == 5
+
+
 def test_runs_of_an_empty_store_says_so(tmp_path, capsys):
     assert main(["runs", "--store", str(tmp_path / "empty")]) == 0
     assert capsys.readouterr().out.strip() == f"no runs in {tmp_path / 'empty'}"

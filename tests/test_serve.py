@@ -92,8 +92,13 @@ class Server:
                 self.proc.wait()
 
 
+#: OpenAI code naming OpenAI's model runs unchanged: the shared servers answer it with `tiny`.
+ALIAS = "gpt-4o-mini"
+ALIAS_FLAG = ("--model-alias", f"{ALIAS}=tiny")
+
+
 def start_server(workdir: Path, store_uri: str, spec: str = SPEC, env: dict[str, str] | None = None) -> Server:
-    """`orch serve` in its own process, with two keys; returns once it accepts connections."""
+    """`orch serve` in its own process, with two keys and an alias of `tiny`; returns once it accepts connections."""
     if not all((model / ".built").exists() for model in (TINY, TINY_EMBED)):
         pytest.fail("the tiny models are missing: run `make models` (make test does it)")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -110,7 +115,7 @@ def start_server(workdir: Path, store_uri: str, spec: str = SPEC, env: dict[str,
     }
     log = open(workdir / "server.log", "ab")  # noqa: SIM115 - the server process writes it until stopped
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "serve", "--store", store_uri, "--port", str(port)],
+        [sys.executable, "-m", "orchestrator", "serve", "--store", store_uri, "--port", str(port), *ALIAS_FLAG],
         cwd=workdir,
         env=env,
         stdout=log,
@@ -274,6 +279,21 @@ def test_serve_mixed_batch_splits_good_rows_into_output_and_bad_into_errors(kind
     assert main([*collect, "--max-error-rate", "1.0"]) == 0
     collected = [json.loads(line)["custom_id"] for line in (tmp_path / "all.jsonl").read_text().split("\n") if line]
     assert collected == [r["custom_id"] for r in requests]
+
+
+def test_serve_answers_a_model_alias_under_the_name_the_client_asked_for(local_server, tmp_path):
+    """`--model-alias gpt-4o-mini=tiny`: the SDK's batch naming gpt-4o-mini runs on tiny, and every
+    answer names gpt-4o-mini; the server said at start-up which base_url to give the SDK."""
+    log = (local_server.workdir / "server.log").read_text()
+    assert f"orch serve: listening on http://127.0.0.1:{local_server.port}/v1 (the SDK's base_url)" in log
+    client = local_server.client()
+    source = upload(
+        client, write_requests(tmp_path / "alias.jsonl", [chat_line(f"a{i}", "Hi?", ALIAS) for i in range(2)])
+    )
+    batch, _ = wait_for(client, create(client, source.id).id, final)
+    assert (batch.status, batch.model) == ("completed", ALIAS), batch
+    output = lines_of(client, batch.output_file_id)
+    assert [ChatCompletion.model_validate(line["response"]["body"]).model for line in output] == [ALIAS, ALIAS]
 
 
 def pooling_line(custom_id: str, url: str, **body: Any) -> dict[str, Any]:
@@ -556,6 +576,10 @@ def test_serve_refuses_a_bad_configuration_saying_where(tmp_path, capsys):
     assert f"{spec}:3" in err and "serve.max_request: unknown field" in err
     assert main(["serve", "--model", "tiny", "--store", str(tmp_path / "store")]) == 2
     assert "is not NAME=PATH_OR_HUB_ID" in capsys.readouterr().err
+    alias = ["serve", "--model", f"tiny={TINY}", "--store", str(tmp_path / "store"), "--model-alias"]
+    assert main([*alias, "gpt-4o-mini=tiyn"]) == 2
+    err = capsys.readouterr().err
+    assert "no served model 'tiyn' (served: tiny)" in err and "did you mean gpt-4o-mini=tiny?" in err
 
 
 def test_serve_killed_mid_batch_and_restarted_completes_every_row_exactly_once(tmp_path):

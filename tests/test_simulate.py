@@ -293,3 +293,38 @@ def test_fleet_zones_steered_by_the_launch_ranking_dodge_the_zone_that_preempts(
         assert all(r.complete and r.markers == 80 for r in results)
         totals[order] = sum(r.preemptions for r in results)
     assert totals["ranked"] * 3 < totals["listed"], totals
+
+
+def test_simulate_for_a_run_takes_the_start_up_it_measured_and_says_so(tmp_path, capsys):
+    """`orch simulate --run R`: a machine's start-up is the run's own measurement (launch to first
+    answer), not the flat default, and the output says which it used; a run no worker has answered
+    yet, and no run at all, take the default and say so too."""
+    import time
+
+    from orchestrator.core.records import JobAttempt, update_jobs
+    from orchestrator.core.store import open_store
+    from tests.support.runs import Answer, answer_chunk, chat_request, make_run
+
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    layout = make_run(store, "measured", [[chat_request("a", "q")], [chat_request("b", "q")]], model="m")
+    make_run(store, "fresh", [[chat_request("c", "q")]], model="m")
+
+    def launched(rec):
+        rec.worker(0).attempts.append(JobAttempt(job_id="1", backend="local", launched_at=time.time() - 1200))
+
+    update_jobs(store, layout, launched)
+    answer_chunk(store, layout, "part_00000", [[Answer(0, "a", "x")]])
+    small = ["simulate", "--workers", "2", "--chunks", "4", "--rows-per-chunk", "50", "--seeds", "1", "--json"]
+    assert main([*small, "--run", "measured", "--store", store_uri]) == 0
+    out, err = capsys.readouterr()
+    startup = json.loads(out)["config"]["restart_overhead_s"]
+    assert 1200 <= startup < 1300  # the part was written now, the job launched 1,200 s ago
+    assert f"start-up per machine: {startup:,.0f} s (measured on run 'measured'" in err
+    assert main([*small, "--run", "fresh", "--store", store_uri]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["config"]["restart_overhead_s"] == 600
+    assert "start-up per machine: 600 s (default: no worker of run 'fresh' has answered yet)" in err
+    assert main([*small, "--restart-overhead", "30"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["config"]["restart_overhead_s"] == 30 and "30 s (--restart-overhead)" in err

@@ -249,3 +249,28 @@ def test_spot_only_on_a_slurm_cluster_is_refused_where_it_is_asked(tmp_path, mon
     args = ["launch", "--run", "sp", "--store", store, "--model", "m", "--dry-run", "--out", str(tmp_path / "t")]
     assert main([*args, "--infra", "slurm/c", "--spot"]) == 2
     assert "slurm/c has no spot market" in capsys.readouterr().err
+
+
+def test_dry_run_mounts_a_bucket_model_cached_and_points_the_worker_at_it(tmp_path, monkeypatch, capsys):
+    """`--model s3://bucket/models/llama`: the task mounts the bucket MOUNT_CACHED (read once per
+    machine, not from the hub on every restart), SkyPilot's loader accepts it, and the worker's
+    engine is told the mount's path; a local worker, which cannot read a bucket, is refused."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SKYPILOT_API_SERVER_LOCAL_PORT", "1")  # none answers there: never start one
+    (tmp_path / "d.jsonl").write_text('{"conversation": [{"role": "user", "content": "hi"}]}\n' * 2)
+    store = str(tmp_path / "store")
+    assert main(["prepare", str(tmp_path / "d.jsonl"), "--run", "b", "--store", store, "--num-chunks", "1"]) == 0
+    bucket = "s3://my-weights/models/llama-8b"
+    args = ["--run", "b", "--store", store, "--model", bucket]
+    assert main(["launch", *args, "--dry-run", "--out", str(tmp_path / "t")]) == 0
+    text = (tmp_path / "t" / "worker-0.yaml").read_text()
+    doc = yaml.safe_load(text)
+    assert doc["file_mounts"]["/orch-model"] == {"source": bucket, "mode": "MOUNT_CACHED"}
+    assert doc["envs"]["ORCH_MODEL_PATH"] == "/orch-model"
+    task = load_task(text)
+    (storage,) = task.storage_mounts.values()
+    assert (storage.source, storage.mode.value) == (bucket, "MOUNT_CACHED")
+    printed = capsys.readouterr().out
+    assert f"ok      model weights: {bucket} mounted at /orch-model" in printed and "hub token" not in printed
+    assert main(["launch", *args, "--backend", "local"]) == 2
+    assert f"{bucket} is a bucket: SkyPilot workers mount it, local workers cannot read it" in capsys.readouterr().err

@@ -23,6 +23,7 @@ import click
 from orchestrator.core.errors import OrchError, RunNotFound, render_error
 from orchestrator.core.exits import WorkerExit, WorkerStatus
 from orchestrator.core.frozen_spec import read_stored_spec
+from orchestrator.core.model_source import MODEL_MOUNT_ENV, is_bucket_url
 from orchestrator.core.protocol.adapters import fetch_adapters
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.spec import RunSpec, load_spec
@@ -124,6 +125,9 @@ def _load_engine(store: Store, spec: RunSpec) -> Engine:
     from worker.engine import load_engine
 
     model = spec.model
+    mounted = os.environ.get(MODEL_MOUNT_ENV)
+    if mounted and is_bucket_url(model.name or ""):  # the task mounted the bucket (MOUNT_CACHED): read there
+        model = model.model_copy(update={"name": mounted})
     if model.lora:
         cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orch" / "adapters"
         model = model.model_copy(update={"lora": fetch_adapters(store, spec.layout, model.lora, cache)})

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-from orchestrator.core.model_source import is_local_path
+from orchestrator.core.model_source import MODEL_MOUNT, is_bucket_url, is_local_path
 from orchestrator.core.spec import RunSpec, is_on_prem
 
 SLURM_CONFIG = "~/.slurm/config"
@@ -34,7 +34,10 @@ def prerequisites(spec: RunSpec, env: Mapping[str, str]) -> list[Check]:
     checks = [_store_credentials(spec.store, env), _store_reachable(spec.store, places)]
     checks += [_slurm_login(place) for place in places if place.lower().startswith("slurm")]
     checks.append(_enabled_infra(places))
-    if not is_local_path(spec.model.name or ""):
+    if is_bucket_url(spec.model.name or ""):
+        detail = f"{spec.model.name} mounted at {MODEL_MOUNT} (MOUNT_CACHED): read from the bucket, not the hub"
+        checks.append(Check("model weights", True, detail))
+    elif not is_local_path(spec.model.name or ""):
         has_token = bool(env.get("HF_TOKEN"))
         detail = (
             "HF_TOKEN set: passed to the workers as a secret"

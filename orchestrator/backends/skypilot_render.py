@@ -18,6 +18,7 @@ import yaml
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.core.errors import BackendError
 from orchestrator.core.exits import WorkerExit
+from orchestrator.core.model_source import MODEL_MOUNT, MODEL_MOUNT_ENV, is_bucket_url
 from orchestrator.core.spec import RunSpec, is_on_prem
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "task_templates" / "worker.yaml"
@@ -67,6 +68,13 @@ def render_worker_task(template: dict[str, Any], spec: RunSpec, request: LaunchR
         envs["ORCH_WORKER_ENV"] = r.worker_env
     if not r.gpus and r.cpus:
         envs["OMP_NUM_THREADS"] = str(r.cpus)  # vLLM-CPU sizes its threads for the machine, not the allocation
+    if is_bucket_url(spec.model.name or ""):
+        # Weights from the bucket, cached on the machine's disk as they are read: a restart on the
+        # same machine reads them from there, never from the hub. The worker's engine loads the mount.
+        mounts = dict(task.get("file_mounts") or {})
+        mounts[MODEL_MOUNT] = {"source": spec.model.name, "mode": "MOUNT_CACHED"}
+        task["file_mounts"] = mounts
+        envs[MODEL_MOUNT_ENV] = MODEL_MOUNT
     task["envs"] = envs
     task["resources"] = _resources(dict(task.get("resources") or {}), spec, request.use_spot, request.zones)
     # Only names, and only of secrets we can fill: a null secret left unfilled fails the launch.

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
-from orchestrator.commands.shared import Invocation, backend_option, common_options, follow_run, warn
+from orchestrator.commands.shared import (
+    Invocation,
+    backend_option,
+    common_options,
+    follow_run,
+    warn,
+    workers_line,
+)
 from orchestrator.core.spec import RunSpec
 
 
@@ -197,10 +204,8 @@ def resume_command(inv: Invocation, backend: str | None, follow: bool, interval:
         click.echo("every chunk has a marker: nothing to resume (orch collect gives the output)")
         return 0
     launched = launch_workers(ctx, launcher, needed, reason="resume")
-    click.echo(
-        f"{len(remaining)} chunk(s) left; launched {len(launched)} worker(s): "
-        f"{', '.join(str(w) for w in sorted(launched)) or 'none (all needed workers are live)'}"
-    )
+    running = sorted(w for w in needed if w not in launched)
+    click.echo(f"{len(remaining)} chunk(s) left; {workers_line(launched, running, launcher.name, attach=follow)}")
     if follow:
         return follow_run(ctx, launcher, interval)
     return 0

@@ -17,6 +17,7 @@ from orchestrator.commands.shared import (
     print_collect_report,
     print_prepare_report,
     say_spec_changes,
+    workers_line,
 )
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def run_command(
         echo=click.echo,
     )
     if started.remaining:
-        click.echo(f"launched {len(started.launched)} worker(s) on the {started.launcher.name} backend")
+        click.echo(workers_line(started.launched, started.running, started.launcher.name))
         # 4. watch until every chunk has a marker
         follow_run(ctx, started.launcher, interval)
     # 5. collect

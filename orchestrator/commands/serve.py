@@ -24,6 +24,13 @@ from orchestrator.commands.shared import backend_option
     help="serve this model under NAME (repeatable; next to serve.models in the spec)",
 )
 @click.option(
+    "--model-alias",
+    "aliases",
+    multiple=True,
+    metavar="ALIAS=NAME",
+    help="also answer batches naming ALIAS with the served model NAME, e.g. gpt-4o-mini=smol (repeatable)",
+)
+@click.option(
     "--api-keys-file",
     type=click.Path(dir_okay=False),
     default=None,
@@ -44,6 +51,7 @@ def serve_command(
     host: str,
     port: int,
     models: tuple[str, ...],
+    aliases: tuple[str, ...],
     api_keys_file: str | None,
     allowed_hosts: tuple[str, ...],
 ) -> int:
@@ -65,7 +73,7 @@ def serve_command(
     api_keys = os.environ.pop("ORCH_API_KEYS", None)
     hosts = [*os.environ.get("ORCH_SERVE_ALLOWED_HOSTS", "").split(","), *allowed_hosts]
     settings = load_settings(
-        spec, models, host=host, api_keys=api_keys, api_keys_file=api_keys_file, allowed_hosts=hosts
+        spec, models, host=host, api_keys=api_keys, api_keys_file=api_keys_file, allowed_hosts=hosts, aliases=aliases
     )
     _log_to_stderr()
     keys = f"{len(settings.keys.owners)} API key(s)" if not settings.keys.open else "no API keys (open, loopback only)"
@@ -80,7 +88,12 @@ def serve_command(
             "name given with --allowed-host NAME (or ORCH_SERVE_ALLOWED_HOSTS): requests naming others are refused",
             err=True,
         )
-    serve(settings, host, port)
+    serve(
+        settings,
+        host,
+        port,
+        announce=lambda url: click.echo(f"orch serve: listening on {url} (the SDK's base_url)", err=True),
+    )
     return 0
 
 

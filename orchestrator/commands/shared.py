@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -233,7 +233,12 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
     `model.name`. On the skypilot backend a local path is only warned about: the worker's image
     may hold it, though this machine's disk is out of the cloud machines' reach."""
     from orchestrator.core.errors import SpecError
-    from orchestrator.core.model_source import is_local_path, local_adapter_problem, local_model_problem
+    from orchestrator.core.model_source import (
+        is_bucket_url,
+        is_local_path,
+        local_adapter_problem,
+        local_model_problem,
+    )
 
     name = ctx.spec.model.name
     if not name:
@@ -243,6 +248,12 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
             )
         return
     where = "--model" if from_flag else "model.name"
+    if is_bucket_url(name) and ctx.spec.backend != "skypilot":
+        raise SpecError(
+            f"{name} is a bucket: SkyPilot workers mount it, {ctx.spec.backend} workers cannot read it",
+            hint="use --backend skypilot, or give a local copy of the model (or its hub id)",
+            where=where,
+        )
     if ctx.spec.backend == "skypilot":
         if is_local_path(name):
             warn(
@@ -267,6 +278,19 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
 def warn(message: str) -> None:
     """A yellow `warning:` line on stderr: something that works, but likely not as the user meant."""
     click.echo(click.style("warning", fg="yellow") + f": {message}", err=True)
+
+
+def workers_line(launched: Mapping[int, str], running: Sequence[int], backend: str, *, attach: bool = True) -> str:
+    """What a (re-)run or resume did with the workers: `launched 2 worker(s)`, and for workers that
+    were running already (a re-run after Ctrl-C) `re-attached to 2 running worker(s) (0, 1)` when
+    the command follows them, else `2 worker(s) already running (0, 1)`."""
+    said = [f"launched {len(launched)} worker(s)"] if launched or not running else []
+    ids = ", ".join(map(str, running))
+    if running and attach:
+        said.append(f"re-attached to {len(running)} running worker(s) ({ids})")
+    elif running:
+        said.append(f"{len(running)} worker(s) already running ({ids})")
+    return f"{' and '.join(said)} on the {backend} backend"
 
 
 def follow_run(

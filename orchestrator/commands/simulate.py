@@ -60,7 +60,12 @@ if TYPE_CHECKING:
     show_default=True,
     help="with --zones: orch's ranking, or always the first zone listed",
 )
-@click.option("--restart-overhead", type=float, default=600.0, show_default=True, help="seconds")
+@click.option(
+    "--restart-overhead",
+    type=float,
+    default=None,
+    help="seconds a machine takes to answer after launch (default: as measured on --run, else 600)",
+)
 @click.option("--checkpoint-interval", type=float, default=60.0, show_default=True, help="seconds")
 @click.option("--lease-ttl", type=float, default=300.0, show_default=True, help="seconds")
 @click.option("--base-rows-per-s", type=float, default=1.0, show_default=True, help="an L4's speed")
@@ -106,6 +111,7 @@ def simulate_command(
 
     if traces_dir is not None:
         return _spot_traces(traces_dir, quick, as_json)
+    knobs["restart_overhead"] = _startup_s(inv, knobs["restart_overhead"], measured=use_run or "run" in inv.flags)
     config = _sim_config(**knobs)
     entries = None
     if use_run:
@@ -119,6 +125,30 @@ def simulate_command(
     if deadline_factor is not None:
         return _deadline_study(config, seeds, deadline_factor, entries, as_json)
     return _policy_study(config, names, seeds, entries, as_json, plot_path)
+
+
+def _startup_s(inv: Invocation, given: float | None, *, measured: bool) -> float:
+    """A machine's start-up: --restart-overhead, else what the run measured (its workers' median
+    from launch to first answer, as its estimate and deadline use), else the default; said on
+    stderr, with where it came from (--json output stays clean)."""
+    from orchestrator.controller.estimate import RESTART_OVERHEAD_S
+    from orchestrator.controller.startup import measured_startup_s
+
+    if given is not None:
+        seconds, source = given, "--restart-overhead"
+    elif measured:
+        ctx = inv.context()
+        found = measured_startup_s(ctx.store, ctx.layout)
+        seconds = found if found is not None else RESTART_OVERHEAD_S
+        source = (
+            f"measured on run {ctx.layout.run!r}: its workers' median from launch to first answer"
+            if found is not None
+            else f"default: no worker of run {ctx.layout.run!r} has answered yet"
+        )
+    else:
+        seconds, source = RESTART_OVERHEAD_S, "default; --run NAME uses the start-up a run measured"
+    click.echo(f"start-up per machine: {seconds:,.0f} s ({source})", err=True)
+    return seconds
 
 
 def _sim_config(

@@ -200,17 +200,20 @@ RUN_STATE_COLOURS = {"complete": "green", "damaged": "red", "cancelled": "yellow
 
 
 def render_runs(runs: Sequence[RunStatus | tuple[str, str]], *, now: float) -> Table:
-    """One row per run: its state, chunks and rows done, cost so far, and how long ago it was prepared."""
+    """One row per run: its state, model and input, chunks and rows done, cost so far, and how long
+    ago it was prepared."""
     numbers = ("chunks", "rows", "errors", "cost", "age")
-    grid = table("run", "state", "backend", *numbers, right=numbers)
+    grid = table("run", "state", "backend", "model", "input", *numbers, right=numbers)
     for r in runs:
         if not isinstance(r, RunStatus):
-            grid.add_row(r[0], Text("unreadable", style="red"), r[1], "", "", "", "", "")
+            grid.add_row(r[0], Text("unreadable", style="red"), r[1], "", "", "", "", "", "", "")
             continue
         grid.add_row(
             r.run,
             Text(r.state, style=RUN_STATE_COLOURS.get(r.state, "white")),
             r.backend or "-",
+            r.model or "-",
+            r.input or "-",
             f"{r.chunks['done']}/{r.chunks['total']}",
             f"{r.rows['done']:,}/{r.rows['total']:,}",
             f"{r.rows['errors']:,}",

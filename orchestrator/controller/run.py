@@ -7,7 +7,7 @@ for each batch it validated.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.backends import backend_for
 from orchestrator.backends.base import Launcher
@@ -29,6 +29,9 @@ class StartedRun:
     launched: dict[int, str]
     #: The chunks without a done marker: none means the run needs no worker.
     remaining: list[str]
+    #: Workers the remaining chunks need that were running already (a re-run after Ctrl-C): not
+    #: launched again, and followed like the ones launched now.
+    running: list[int] = field(default_factory=list)
 
 
 def start_run(
@@ -59,4 +62,5 @@ def start_run(
     needed, remaining = workers_needed(ctx, plan)
     launcher = backend_for(ctx)
     launched = launch_workers(ctx, launcher, needed) if remaining else {}
-    return StartedRun(prepared, plan, launcher, launched, remaining)
+    running = sorted(w for w in needed if w not in launched) if remaining else []
+    return StartedRun(prepared, plan, launcher, launched, remaining, running)

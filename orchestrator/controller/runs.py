@@ -3,18 +3,24 @@
 1. `run_names` (core/records/run.py) finds the runs, one listing request per run.
 2. `list_runs` gives each run's status (controller/status.py: the same derivation `orch status`
    shows), read from the store alone: no backend is asked, so a job that is queued without a
-   heartbeat yet reads as stopped until it beats. The page's runs index reads its statuses
-   through `statuses_of` too, and `run_origin` for each run's model and input.
-3. `log_files` and `follow_logs`: the local backend's worker logs, `<store>/logs/<run>/` for a
+   heartbeat yet reads as stopped until it beats; with each one's model and input (`run_origin`),
+   which the page's runs index reads too.
+3. `delete_run`: every object under the run's prefix, through the store (a directory or S3 alike),
+   and the local backend's logs of it.
+4. `log_files` and `follow_logs`: the local backend's worker logs, `<store>/logs/<run>/` for a
    directory store and ORCH_HOME/logs/<run>/ on this machine for an s3:// or r2:// one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.controller.status import RunStatus, status_of
@@ -25,13 +31,19 @@ from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import PrepareRecord, read_record
 from orchestrator.core.records.run import run_names
 from orchestrator.core.spec import RunSpec
-from orchestrator.core.store import Store
+from orchestrator.core.store import ObjectInfo, Store
 
 
 def list_runs(store: Store, prices: GpuTable, now: float | None = None) -> list[RunStatus | tuple[str, str]]:
     """Each run's status, or (name, what is wrong) for a run whose records cannot be read."""
     now = time.time() if now is None else now
-    return statuses_of(run_names(store), lambda name: status_of(store, RunLayout(name), None, now=now, prices=prices))
+
+    def read(name: str) -> RunStatus:
+        layout = RunLayout(name)
+        model, source = run_origin(store, layout)
+        return dataclasses.replace(status_of(store, layout, None, now=now, prices=prices), model=model, input=source)
+
+    return statuses_of(run_names(store), read)
 
 
 def statuses_of(names: Iterable[str], read: Callable[[str], RunStatus]) -> list[RunStatus | tuple[str, str]]:
@@ -47,14 +59,26 @@ def statuses_of(names: Iterable[str], read: Callable[[str], RunStatus]) -> list[
 
 
 def run_origin(store: Store, layout: RunLayout) -> tuple[str | None, str | None]:
-    """The run's model (its frozen spec's `model.name`) and input (the files prepare read, by
-    name): 2 GETs. None where a record does not say (a run not launched names no model yet)."""
+    """The run's model (its frozen spec's `model.name`) and input (the file prepare read, or the
+    folder its files share and how many): 2 GETs. None where a record does not say (a run not
+    launched names no model yet)."""
     stored = read_stored_spec(store, layout)
-    model = (stored[0].get("model") or {}).get("name") if stored is not None else None
+    model: dict[str, Any] = (stored[0].get("model") or {}) if stored is not None else {}
+    name = model.get("name")
+    return (name if isinstance(name, str) else None), _input_of(store, layout)
+
+
+def _input_of(store: Store, layout: RunLayout) -> str | None:
+    """What the run was prepared from: the file, or the folder the files share and how many."""
     found = read_record(store, layout.prepare_record, PrepareRecord)
-    sources = found[0].identity.get("sources", []) if found is not None else []
-    names = [str(s.get("name") or s.get("uri")) for s in sources if isinstance(s, dict)]
-    return (str(model) if model else None), (", ".join(names) or None)
+    uris = [str(s.get("uri")) for s in found[0].identity.get("sources", [])] if found is not None else []
+    if len(uris) <= 1:
+        return uris[0] if uris else None
+    # By "/"-separated parts, not os.path: `s3://bucket/x` keeps its double slash.
+    parts = [uri.split("/")[:-1] for uri in uris]
+    shared = [p[0] for p in itertools.takewhile(lambda p: len(set(p)) == 1, zip(*parts, strict=False))]
+    folder = "/".join(shared) or "."
+    return f"{folder}/ ({len(uris)} files)"
 
 
 def context_in_store(ctx: RunContext, run: str) -> RunContext:
@@ -67,6 +91,23 @@ def context_in_store(ctx: RunContext, run: str) -> RunContext:
     if stored is None:
         raise RunNotFound(f"no run {run!r} in {ctx.spec.store}", hint="orch runs lists the store's runs")
     return RunContext(RunSpec.model_validate({**stored[0], "store": ctx.spec.store}), ctx.store, layout)
+
+
+def run_objects(store: Store, layout: RunLayout) -> list[ObjectInfo]:
+    """Every object under the run's prefix (what `orch delete` removes)."""
+    return list(store.list(layout.root))
+
+
+def delete_run(store: Store, spec: RunSpec, objects: list[ObjectInfo]) -> None:
+    """Delete the run's objects and the local backend's logs of it. The manifest and prepare record
+    go first: a deletion cut short leaves a run that reads as unprepared, never as an intact one
+    with outputs missing, and `orch delete` again finishes it."""
+    from orchestrator.backends.local import local_log_dir
+
+    first = {spec.layout.manifest, spec.layout.prepare_record}
+    for info in sorted(objects, key=lambda info: info.key not in first):
+        store.delete(info.key)
+    shutil.rmtree(local_log_dir(spec, store), ignore_errors=True)
 
 
 _LOG_NAME = re.compile(r"^worker-(?P<worker>.+)-(?P<ms>\d+)\.log$")

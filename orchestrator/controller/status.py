@@ -15,6 +15,7 @@
 JSON shape (stable for scripts):
     run, backend, complete (bool: every chunk has a marker, and none is damaged), backend_note (str|null),
     state (the run in a word: controller/activity.py), prepared_at (when prepare finished) | null,
+    model, input (the frozen model and what was prepared, for `orch runs`; null in `orch status`),
     damaged: {chunk: what is wrong} (corrupt markers, parts that do not match them; `orch redo` each),
     corrupt_leases: {key: what is wrong} (treated as expired once older than the lease TTL),
     chunks: {total, done},
@@ -244,6 +245,10 @@ class RunStatus:
     state: str = "prepared"
     #: When prepare finished (`orch runs` shows the run's age), None when not known.
     prepared_at: float | None = None
+    #: The model the run froze (None until a command named one) and its input, in a few words:
+    #: what `orch runs` shows beside each run (filled by controller/runs.py's list_runs).
+    model: str | None = None
+    input: str | None = None
 
 
 def derive_status(

@@ -11,6 +11,19 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+#: Buckets a SkyPilot worker mounts the model from (`file_mounts`, MOUNT_CACHED): read from the
+#: bucket once per machine and kept on its disk, instead of the hub on every (re)start.
+BUCKET_SCHEMES = ("s3://", "gs://", "r2://")
+#: Where a SkyPilot worker finds a bucket model mounted, and the variable that tells its engine so.
+MODEL_MOUNT = "/orch-model"
+MODEL_MOUNT_ENV = "ORCH_MODEL_PATH"
+
+
+def is_bucket_url(name: str) -> bool:
+    """A model in a bucket (`s3://bucket/models/llama-8b`): mounted on SkyPilot workers."""
+    return name.startswith(BUCKET_SCHEMES)
+
+
 #: What the hub accepts as an id: `name` or `org/name`, of letters, digits, `-`, `_` and `.`.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
@@ -18,7 +31,9 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?
 def is_local_path(name: str) -> bool:
     """A name the worker reads from its disk: one that exists here, or that only a path can be
     (absolute, `./`, `../`, `~`, more than one `/`, a .gguf file). `org/name` and `name` that do
-    not exist here are hub ids."""
+    not exist here are hub ids; a bucket URL is neither."""
+    if is_bucket_url(name):
+        return False
     if Path(name).expanduser().exists():
         return True
     return name.startswith(("/", "./", "../", "~", ".\\")) or name.endswith(".gguf") or not _HUB_ID.match(name)

@@ -6,8 +6,9 @@ applied by the worker at run time, so a default changed before launch is not bak
 
 from __future__ import annotations
 
+import difflib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,7 +132,7 @@ def _custom_id(record: dict[str, Any], id_column: str | None, source: str, numbe
     if id_column is None:
         return f"{source}:{number}"
     if id_column not in record:
-        raise BadRow(f"no id column {id_column!r} (the row has {_columns(record)})")
+        raise BadRow(f"no id column {id_column!r} (the row has {_columns(record, [id_column])})")
     value = record[id_column]
     if value is None or value == "":
         raise BadRow(f"no value in the id column {id_column!r}")
@@ -214,7 +215,10 @@ def _chat_messages(record: dict[str, Any], spec_input: InputSpec) -> list[dict[s
     if spec_input.template is not None:  # the template's text is the user turn: no conversation column
         return _with_system([{"role": "user", "content": _text(record, spec_input)}], spec_input)
     if spec_input.conversation_column not in record:
-        raise BadRow(f"no column {spec_input.conversation_column!r} (the row has {_columns(record)})")
+        raise BadRow(
+            f"no column {spec_input.conversation_column!r} "
+            f"(the row has {_columns(record, [spec_input.conversation_column])})"
+        )
     conversation = record.get(spec_input.conversation_column)
     if not isinstance(conversation, list) or not conversation:
         holds = "nothing" if conversation is None else f"a {type(conversation).__name__}"
@@ -246,23 +250,40 @@ def _text(record: dict[str, Any], spec_input: InputSpec) -> str:
     """The template filled from the row's columns; without a template, the text column's value."""
     if spec_input.template is None:
         if spec_input.text_column not in record:
-            raise BadRow(f"no column {spec_input.text_column!r} (the row has {_columns(record)})")
+            raise BadRow(
+                f"no column {spec_input.text_column!r} (the row has {_columns(record, [spec_input.text_column])})"
+            )
         value = record[spec_input.text_column]
         return "" if value is None else str(value)
     missing = [c for c in spec_input.columns() or [] if c not in record]
     if missing:
         names = ", ".join(map(repr, missing))
-        raise BadRow(f"the template names column(s) {names}, which the row lacks (the row has {_columns(record)})")
+        raise BadRow(
+            f"the template names column(s) {names}, which the row lacks (the row has {_columns(record, missing)})"
+        )
     try:
         return spec_input.template.format(**{k: ("" if v is None else v) for k, v in record.items()})
     except (KeyError, IndexError, AttributeError, TypeError, ValueError) as e:
         raise BadRow(f"the template cannot be filled from this row ({e}; the row has {_columns(record)})") from None
 
 
-def _columns(record: dict[str, Any]) -> str:
-    """The row's columns, for a message: `text, id` (the first 10)."""
-    names = list(record)
-    return (", ".join(map(str, names[:10])) + (", ..." if len(names) > 10 else "")) if names else "no columns"
+def _columns(record: dict[str, Any], missing: Sequence[str] = ()) -> str:
+    """The row's columns, for a message: `text, id` (the first 10), and the closest to a missing
+    name (`; did you mean 'priority'?`), as the spec checker suggests a close field."""
+    names = [str(name) for name in record]
+    listed = (", ".join(names[:10]) + (", ..." if len(names) > 10 else "")) if names else "no columns"
+    return listed + close_names(missing, names)
+
+
+def close_names(missing: Sequence[str], names: Sequence[str]) -> str:
+    """`; did you mean 'priority'?` for a missing name close to one of `names` (several missing:
+    `'subject' for 'Subject', ...`); empty when none is close."""
+    pairs = [(name, c[0]) for name in missing if (c := difflib.get_close_matches(name, names, n=1))]
+    if not pairs:
+        return ""
+    if len(missing) == 1:
+        return f"; did you mean {pairs[0][1]!r}?"
+    return "; did you mean " + ", ".join(f"{close!r} for {name!r}" for name, close in pairs) + "?"
 
 
 def _text_body(record: dict[str, Any], spec_input: InputSpec) -> tuple[str, dict[str, Any]]:

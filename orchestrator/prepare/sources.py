@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 from orchestrator.core.errors import InputError
 from orchestrator.core.spec import MAX_LINE_BYTES
 from orchestrator.core.store import Store
+from orchestrator.prepare.formats import close_names
 
 SUFFIXES = (".jsonl.gz", ".jsonl", ".parquet")
 #: Parquet rows are read this many at a time: memory stays bounded whatever the file's size.
@@ -249,7 +250,8 @@ def parquet_batches(source: SourceFile, columns: list[str] | None) -> Iterator[A
         missing = [c for c in columns or [] if c not in parquet.schema_arrow.names]
         if missing:
             raise InputError(
-                f"column(s) {', '.join(missing)} not in the file (it has: {', '.join(parquet.schema_arrow.names)})",
+                f"column(s) {', '.join(missing)} not in the file (it has: {', '.join(parquet.schema_arrow.names)}"
+                f"{close_names(missing, parquet.schema_arrow.names)})",
                 where=source.uri,
                 hint="name the right columns (--id-column, input.conversation_column, input.text_column)",
             )

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -333,11 +333,15 @@ def _error_handlers(app: FastAPI) -> None:
         return JSONResponse(body, status_code=500)
 
 
-def serve(settings: ServeSettings, host: str, port: int) -> None:
-    """Run the API with uvicorn until stopped (Ctrl-C, SIGTERM); the batches' workers run on."""
+def serve(settings: ServeSettings, host: str, port: int, announce: Callable[[str], None] = print) -> None:
+    """Run the API with uvicorn until stopped (Ctrl-C, SIGTERM); the batches' workers run on.
+    `announce` is told the base URL clients give the SDK, once the port is held (`--port 0`: the
+    port the system chose)."""
     import uvicorn
 
     sock = listening_socket(host, port)
+    bound = sock.getsockname()[1]
+    announce(f"http://{f'[{host}]' if ':' in host else host or '0.0.0.0'}:{bound}/v1")
     # A request still under way at shutdown (an upload trickling in) is cut off after the grace period:
     # uvicorn would otherwise wait for it as long as its client keeps sending.
     config = uvicorn.Config(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,14 +60,16 @@ def load_settings(
     api_keys: str | None,
     api_keys_file: str | None,
     allowed_hosts: Sequence[str] = (),
+    aliases: Sequence[str] = (),
 ) -> ServeSettings:
-    """1. The served models: `serve.models`, then `--model NAME=PATH` (a flag wins over the spec).
+    """1. The served models: `serve.models`, then `--model NAME=PATH` (a flag wins over the spec),
+       then `--model-alias ALIAS=NAME`.
     2. The completion windows, each a duration.
     3. The keys (hashed here; the keys themselves go no further), and no open server off loopback.
     4. The host names requests may give: loopback ones, the address listened on, and `allowed_hosts`.
     5. The store, and the backend checked against it now rather than at the first batch.
     """
-    models = served_models(spec, model_flags)
+    models = with_aliases(served_models(spec, model_flags), aliases)
     windows = {w: parse_duration(w, where="serve.completion_windows") for w in spec.serve.completion_windows}
     owners = load_owners(api_keys, api_keys_file)
     check_exposure(host, owners)
@@ -104,3 +107,25 @@ def served_models(spec: RunSpec, model_flags: Sequence[str]) -> dict[str, ModelS
             model.name = str(local.resolve())
         models[name] = model
     return models
+
+
+def with_aliases(models: dict[str, ModelSpec], alias_flags: Sequence[str]) -> dict[str, ModelSpec]:
+    """`--model-alias gpt-4o-mini=smol`: the alias is served as the model it names, so OpenAI code
+    that names `gpt-4o-mini` runs unchanged; its batches are answered under the alias it asked for."""
+    out = dict(models)
+    for flag in alias_flags:
+        alias, sep, name = (part.strip() for part in flag.partition("="))
+        if not sep or not alias or not name:
+            raise SpecError(
+                f"--model-alias {flag!r} is not ALIAS=SERVED_NAME", hint="e.g. --model-alias gpt-4o-mini=smol"
+            )
+        if name not in models:
+            close = difflib.get_close_matches(name, list(models), n=1)
+            raise SpecError(
+                f"--model-alias {flag!r}: no served model {name!r} (served: {', '.join(sorted(models))})",
+                hint=f"did you mean {alias}={close[0]}?" if close else "name one of the served models after the =",
+            )
+        if alias in out:
+            raise SpecError(f"--model-alias {flag!r}: {alias!r} is already a served name", hint="choose another alias")
+        out[alias] = models[name].model_copy(deep=True)
+    return out

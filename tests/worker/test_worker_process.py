@@ -539,3 +539,19 @@ def test_worker_a_row_alone_in_two_quick_deaths_is_answered_as_worker_crashed(ti
     assert f"row {victim} of chunk part_00000 was alone in the engine of 2 worker processes ({killed[2]}, " in (
         crashed[0].error.message
     )
+
+
+def test_worker_loads_a_bucket_model_from_the_mount_the_task_gave_it(tiny_model, tmp_path, monkeypatch):
+    """A run whose model is `s3://...` keeps that name (and its spec hash); the SkyPilot task mounts
+    the bucket and says where (ORCH_MODEL_PATH), and the engine loads the weights from there."""
+    from orchestrator.core.spec import load_spec
+    from worker.__main__ import _load_engine
+
+    flags = {"run": "b", "store": str(tmp_path), "model.name": "s3://weights/tiny", "model.engine": "transformers"}
+    spec = load_spec(None, flags, env={}, default_file=False)
+    monkeypatch.setenv("ORCH_MODEL_PATH", tiny_model)
+    engine = _load_engine(open_store(str(tmp_path)), spec)
+    try:
+        assert spec.model.name == "s3://weights/tiny" and engine.model_name == tiny_model
+    finally:
+        engine.close()
