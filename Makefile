@@ -25,7 +25,7 @@ setup: $(VENV)/.installed $(WVENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	test -x $(UV) || $(VENV)/bin/pip install -q uv
-	$(UV) pip install -q --compile-bytecode --python $(VENV)/bin/python -e '.[controller,serve,plot,test,lint]'
+	$(UV) pip install -q --compile-bytecode --python $(VENV)/bin/python -e '.[controller,serve,plot,test,lint,lake]'
 	touch $@
 
 $(WVENV)/.installed: pyproject.toml scripts/worker-overrides.txt $(VENV)/.installed
