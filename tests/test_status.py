@@ -15,8 +15,10 @@ from orchestrator.controller.activity import WORKER_ACTIVITIES
 from orchestrator.controller.plan import plan_chunks, write_plan
 from orchestrator.controller.pricing import load_gpu_table
 from orchestrator.controller.status import derive_status, gather
+from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
-from orchestrator.core.protocol.leases import acquire
+from orchestrator.core.protocol.leases import LeaseKeeper, acquire
+from orchestrator.core.protocol.parts import part_codec
 from orchestrator.core.records import Heartbeat, JobAttempt, read_manifest, update_jobs
 from orchestrator.core.store import open_store
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
@@ -62,7 +64,16 @@ def build(store_uri):
             cloud="gcp",
             region="us-central1",
         ),
-    ).publish(chunk="part_00001", chunk_rows=10, chunk_rows_done=4, rows_per_s=0.5, tokens_per_s=120.0, updated_at=now)
+    ).publish(
+        chunk="part_00001",
+        chunk_rows=10,
+        chunk_rows_done=4,
+        rows_saved=1,
+        rows_unsaved=3,
+        rows_per_s=0.5,
+        tokens_per_s=120.0,
+        updated_at=now,
+    )
     update_jobs(
         store,
         layout,
@@ -76,10 +87,23 @@ def build(store_uri):
 
 def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
     store, layout = build(str(tmp_path / "store"))
+    # Worker 0 checkpointed one row of its chunk (its heartbeat: 1 saved, 3 more in memory).
+    held = acquire(store, layout, "part_00002", worker="0", holder="0.old", ttl=600, now=time.time() - 1200)
+    keeper = LeaseKeeper(store, layout, held, ttl=600, clock=lambda: time.time() - 1200)
+    job = ChunkJob(store, layout, keeper, part_codec("jsonl", "part_00002"), time.time, chunk_rows=10)
+    job.checkpoint([Answer(0, "c2-0", "x")])
     facts = gather(store, layout, Backend())
     status = derive_status(facts, now=time.time(), prices=load_gpu_table())
     assert status.chunks == {"total": 4, "done": 1}
-    assert status.rows == {"total": 40, "done": 10, "in_progress": 4, "errors": 1, "set_aside": 0}
+    assert status.rows == {
+        "total": 40,
+        "done": 11,
+        "finished": 10,
+        "checkpointed": 1,
+        "in_progress": 3,
+        "errors": 1,
+        "set_aside": 0,
+    }
     assert status.throughput["rows_per_s"] == 0.5 and status.eta_s == (40 - 10 - 4) / 0.5
     w0 = status.workers[0]
     assert (w0.worker, w0.state, w0.recovery_count, w0.chunk, w0.spot) == ("0", "RECOVERING", 2, "part_00001", True)
@@ -145,7 +169,8 @@ def test_status_reads_markers_with_list_calls_not_one_request_per_chunk(store_ur
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
     assert status.chunks["done"] == 3
     assert store.requests.by_op.get("get", 0) == 4  # manifest, plan, jobs, prepare record
-    assert store.requests.by_op.get("list", 0) == 5  # done/, stats/, heartbeats/, leases/, decisions/
+    # done/, stats/, heartbeats/, leases/, decisions/, and outputs/ (checkpointed rows of unfinished chunks)
+    assert store.requests.by_op.get("list", 0) == 6
 
 
 def test_status_survives_a_backend_that_cannot_be_asked(tmp_path):
