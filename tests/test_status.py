@@ -235,3 +235,54 @@ def test_every_job_state_and_heartbeat_reads_as_a_word_status_can_explain():
     assert {"queued", "provisioning", "recovering", "loading", "working", "draining", "silent", "failed"} <= seen
     assert run_state(complete=False, damaged=False, cancelled=False, activities=["loading"], launched=True) == "running"
     assert run_state(complete=False, damaged=False, cancelled=False, activities=["failed"], launched=True) in RUN_STATES
+
+
+def test_status_trusts_a_job_that_ended_over_a_fresh_heartbeat_and_shows_final_states(tmp_path):
+    """A worker whose job the backend says failed is not `working` however fresh its last beat; one
+    whose heartbeat said it exited 0 reads SUCCEEDED while its process winds down; under a complete
+    run no job reads RUNNING."""
+    store, layout = build(str(tmp_path / "store"))
+    now = time.time()
+
+    class Ended:
+        name = "local"
+
+        def statuses(self, _job_ids):
+            return {
+                "11": JobStatus("11", JobState.FAILED),
+                "12": JobStatus("12", JobState.RUNNING, started_at=now - 60),
+            }
+
+    HeartbeatPublisher(
+        store, layout, Heartbeat(worker="1", holder="1.done", state="running", started_at=now - 50, updated_at=now)
+    ).publish(state="exited", exit_code=0, updated_at=now)
+    w0, w1 = derive_status(gather(store, layout, Ended()), now=now, prices=load_gpu_table()).workers
+    assert (w0.state, w0.activity, w0.chunk, w0.tokens_per_s) == ("FAILED", "failed", None, 0.0)
+    assert (w1.state, w1.activity) == ("SUCCEEDED", "finished")
+    for c in (1, 2, 3):
+        answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "x") for i in range(10)]])
+
+    class Running:
+        name = "local"
+
+        def statuses(self, _job_ids):
+            return {j: JobStatus(j, JobState.RUNNING, started_at=now - 60) for j in ("11", "12")}
+
+    HeartbeatPublisher(
+        store, layout, Heartbeat(worker="1", holder="1.late", state="running", started_at=now - 50, updated_at=now)
+    ).publish()
+    status = derive_status(gather(store, layout, Running()), now=now, prices=load_gpu_table())
+    assert status.complete and [w.state for w in status.workers] == ["WINDING_DOWN", "WINDING_DOWN"]
+
+
+def test_run_time_leaves_out_the_time_the_run_sat_cancelled():
+    from orchestrator.controller.pace import run_time_s
+    from orchestrator.core.records import JobsRecord
+
+    jobs = JobsRecord()
+    jobs.worker(0).attempts.append(JobAttempt(job_id="1", backend="local", launched_at=1000.0))
+    jobs.pauses.append((1100.0, 1400.0))  # cancelled for 300 s, then resumed
+    assert run_time_s(jobs, now=1500.0, finished_at=None) == 200.0
+    assert run_time_s(jobs, now=9999.0, finished_at=1450.0) == 150.0
+    jobs.cancelled_at = 1480.0  # cancelled again, not resumed: the clock stops there
+    assert run_time_s(jobs, now=2000.0, finished_at=None) == 180.0

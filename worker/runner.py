@@ -459,10 +459,8 @@ class Worker:
             with self._lock:
                 first = self.totals.requests == 0
                 self.totals.add(rows)
-            if first:
-                # Said at once, in the log and the heartbeat: `status` shows the row within a beat.
-                took = self.clock() - self.totals.started_at
-                self.progress.note(f"first row answered ({rows[0].chunk}), {took:.1f}s after the worker started")
+            if first:  # at once, in the log and the heartbeat: `status` shows it within a beat
+                self.progress.first_row(rows[0].chunk, self.clock() - self.totals.started_at)
                 self.heartbeat.soon()
             self.progress.advance(self.totals)
 
