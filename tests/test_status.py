@@ -15,8 +15,10 @@ from orchestrator.controller.activity import WORKER_ACTIVITIES
 from orchestrator.controller.plan import plan_chunks, write_plan
 from orchestrator.controller.pricing import load_gpu_table
 from orchestrator.controller.status import derive_status, gather
+from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
-from orchestrator.core.protocol.leases import acquire
+from orchestrator.core.protocol.leases import LeaseKeeper, acquire
+from orchestrator.core.protocol.parts import part_codec
 from orchestrator.core.records import Heartbeat, JobAttempt, read_manifest, update_jobs
 from orchestrator.core.store import open_store
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
@@ -62,7 +64,16 @@ def build(store_uri):
             cloud="gcp",
             region="us-central1",
         ),
-    ).publish(chunk="part_00001", chunk_rows=10, chunk_rows_done=4, rows_per_s=0.5, tokens_per_s=120.0, updated_at=now)
+    ).publish(
+        chunk="part_00001",
+        chunk_rows=10,
+        chunk_rows_done=4,
+        rows_saved=1,
+        rows_unsaved=3,
+        rows_per_s=0.5,
+        tokens_per_s=120.0,
+        updated_at=now,
+    )
     update_jobs(
         store,
         layout,
@@ -76,10 +87,23 @@ def build(store_uri):
 
 def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
     store, layout = build(str(tmp_path / "store"))
+    # Worker 0 checkpointed one row of its chunk (its heartbeat: 1 saved, 3 more in memory).
+    held = acquire(store, layout, "part_00002", worker="0", holder="0.old", ttl=600, now=time.time() - 1200)
+    keeper = LeaseKeeper(store, layout, held, ttl=600, clock=lambda: time.time() - 1200)
+    job = ChunkJob(store, layout, keeper, part_codec("jsonl", "part_00002"), time.time, chunk_rows=10)
+    job.checkpoint([Answer(0, "c2-0", "x")])
     facts = gather(store, layout, Backend())
     status = derive_status(facts, now=time.time(), prices=load_gpu_table())
     assert status.chunks == {"total": 4, "done": 1}
-    assert status.rows == {"total": 40, "done": 10, "in_progress": 4, "errors": 1, "set_aside": 0}
+    assert status.rows == {
+        "total": 40,
+        "done": 11,
+        "finished": 10,
+        "checkpointed": 1,
+        "in_progress": 3,
+        "errors": 1,
+        "set_aside": 0,
+    }
     assert status.throughput["rows_per_s"] == 0.5 and status.eta_s == (40 - 10 - 4) / 0.5
     w0 = status.workers[0]
     assert (w0.worker, w0.state, w0.recovery_count, w0.chunk, w0.spot) == ("0", "RECOVERING", 2, "part_00001", True)
@@ -145,7 +169,8 @@ def test_status_reads_markers_with_list_calls_not_one_request_per_chunk(store_ur
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
     assert status.chunks["done"] == 3
     assert store.requests.by_op.get("get", 0) == 4  # manifest, plan, jobs, prepare record
-    assert store.requests.by_op.get("list", 0) == 5  # done/, stats/, heartbeats/, leases/, decisions/
+    # done/, stats/, heartbeats/, leases/, decisions/, and outputs/ (checkpointed rows of unfinished chunks)
+    assert store.requests.by_op.get("list", 0) == 6
 
 
 def test_status_survives_a_backend_that_cannot_be_asked(tmp_path):
@@ -210,3 +235,54 @@ def test_every_job_state_and_heartbeat_reads_as_a_word_status_can_explain():
     assert {"queued", "provisioning", "recovering", "loading", "working", "draining", "silent", "failed"} <= seen
     assert run_state(complete=False, damaged=False, cancelled=False, activities=["loading"], launched=True) == "running"
     assert run_state(complete=False, damaged=False, cancelled=False, activities=["failed"], launched=True) in RUN_STATES
+
+
+def test_status_trusts_a_job_that_ended_over_a_fresh_heartbeat_and_shows_final_states(tmp_path):
+    """A worker whose job the backend says failed is not `working` however fresh its last beat; one
+    whose heartbeat said it exited 0 reads SUCCEEDED while its process winds down; under a complete
+    run no job reads RUNNING."""
+    store, layout = build(str(tmp_path / "store"))
+    now = time.time()
+
+    class Ended:
+        name = "local"
+
+        def statuses(self, _job_ids):
+            return {
+                "11": JobStatus("11", JobState.FAILED),
+                "12": JobStatus("12", JobState.RUNNING, started_at=now - 60),
+            }
+
+    HeartbeatPublisher(
+        store, layout, Heartbeat(worker="1", holder="1.done", state="running", started_at=now - 50, updated_at=now)
+    ).publish(state="exited", exit_code=0, updated_at=now)
+    w0, w1 = derive_status(gather(store, layout, Ended()), now=now, prices=load_gpu_table()).workers
+    assert (w0.state, w0.activity, w0.chunk, w0.tokens_per_s) == ("FAILED", "failed", None, 0.0)
+    assert (w1.state, w1.activity) == ("SUCCEEDED", "finished")
+    for c in (1, 2, 3):
+        answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "x") for i in range(10)]])
+
+    class Running:
+        name = "local"
+
+        def statuses(self, _job_ids):
+            return {j: JobStatus(j, JobState.RUNNING, started_at=now - 60) for j in ("11", "12")}
+
+    HeartbeatPublisher(
+        store, layout, Heartbeat(worker="1", holder="1.late", state="running", started_at=now - 50, updated_at=now)
+    ).publish()
+    status = derive_status(gather(store, layout, Running()), now=now, prices=load_gpu_table())
+    assert status.complete and [w.state for w in status.workers] == ["WINDING_DOWN", "WINDING_DOWN"]
+
+
+def test_run_time_leaves_out_the_time_the_run_sat_cancelled():
+    from orchestrator.controller.pace import run_time_s
+    from orchestrator.core.records import JobsRecord
+
+    jobs = JobsRecord()
+    jobs.worker(0).attempts.append(JobAttempt(job_id="1", backend="local", launched_at=1000.0))
+    jobs.pauses.append((1100.0, 1400.0))  # cancelled for 300 s, then resumed
+    assert run_time_s(jobs, now=1500.0, finished_at=None) == 200.0
+    assert run_time_s(jobs, now=9999.0, finished_at=1450.0) == 150.0
+    jobs.cancelled_at = 1480.0  # cancelled again, not resumed: the clock stops there
+    assert run_time_s(jobs, now=2000.0, finished_at=None) == 180.0

@@ -155,6 +155,14 @@ class ChunksInHand:
                 self.totals.chunk_rows_done = (len(other.skip) + other.rows_done) if other else 0
         return active
 
+    def rows_in_hand(self) -> tuple[int, int]:
+        """(rows checkpointed, rows answered and held in memory) over the chunks in hand: the
+        heartbeat's `rows_saved` and `rows_unsaved`. The caller holds the lock (the heartbeat
+        thread, reading the totals under it): the engine loop adds and drops chunks under it."""
+        chunks = list(self.open.values())
+        saved = sum(a.job.rows_done for a in chunks)
+        return saved, sum(len(a.buffer) + len(a.side_errors) for a in chunks)
+
     def drop_all(self) -> list[OpenChunk]:
         return [a for a in (self.drop(c) for c in list(self.open)) if a is not None]
 

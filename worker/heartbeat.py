@@ -67,7 +67,9 @@ class HeartbeatThread:
     """One worker's lease renewals and heartbeats, published from a thread of their own.
 
     `lock` is the worker's: it guards `totals` and `keepers` (the leases held, by chunk), which
-    the engine loop changes; it is never held across a store request."""
+    the engine loop changes; it is never held across a store request. Every beat carries the rows
+    answered so far, flushed or only in memory (`in_hand`), and the live tokens/s: `status` shows
+    progress between checkpoints within one interval."""
 
     def __init__(
         self,
@@ -78,6 +80,7 @@ class HeartbeatThread:
         settings: WorkersSpec,
         totals: Totals,
         keepers: dict[str, LeaseKeeper],
+        in_hand: Callable[[], tuple[int, int]],
         lock: threading.Lock,
         clock: Callable[[], float],
         progress: ProgressReporter,
@@ -95,6 +98,8 @@ class HeartbeatThread:
         self.interval = min(settings.heartbeat_interval, settings.lease_ttl / 3)
         self.totals = totals
         self.keepers = keepers
+        #: (checkpointed, answered in memory) rows of the chunks in hand, read under `lock`.
+        self.in_hand = in_hand
         self.lock = lock
         self.clock = clock
         self.progress = progress
@@ -142,6 +147,7 @@ class HeartbeatThread:
         with self._publishing:  # the figures read and their PUT, one publisher at a time
             with self.lock:
                 t = self.totals
+                saved, unsaved = self.in_hand()
                 fields: dict[str, Any] = dict(
                     chunk=t.chunk,
                     chunk_rows=t.chunk_rows,
@@ -154,6 +160,8 @@ class HeartbeatThread:
                     tokens_cached=t.tokens_cached,
                     tokens_per_s=t.tokens_per_s(),
                     rows_per_s=t.rows_per_s() or 0.0,
+                    rows_saved=saved,
+                    rows_unsaved=unsaved,
                     updated_at=self.clock(),
                 )
                 fields.update(self._pending)

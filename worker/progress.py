@@ -35,6 +35,10 @@ class ProgressReporter:
         resumed = f", resuming after {already_done} flushed rows" if already_done else ""
         self.note(f"{chunk}: {rows} rows{resumed}")
 
+    def first_row(self, chunk: str | None, after_s: float) -> None:
+        """The process's first answered row: the moment `orch status` can show progress."""
+        self.note(f"first row answered ({chunk}), {after_s:.1f}s after the worker started")
+
     def advance(self, totals: Any) -> None:
         """Rows finished: move the bar, or print a line every `every_s` seconds."""
         if self.interactive:

@@ -119,6 +119,7 @@ class Worker:
             settings=self.settings,
             totals=self.totals,
             keepers=self.chunks.keepers,
+            in_hand=self.chunks.rows_in_hand,
             lock=self._lock,
             clock=clock,
             progress=self.progress,
@@ -456,7 +457,11 @@ class Worker:
     def _count(self, rows: list[RowResult]) -> None:
         if rows:
             with self._lock:
+                first = self.totals.requests == 0
                 self.totals.add(rows)
+            if first:  # at once, in the log and the heartbeat: `status` shows it within a beat
+                self.progress.first_row(rows[0].chunk, self.clock() - self.totals.started_at)
+                self.heartbeat.soon()
             self.progress.advance(self.totals)
 
     def _flush(self, active: OpenChunk) -> None:

@@ -72,8 +72,7 @@ def status_view(status: RunStatus) -> Group:
     head: list[Text] = [
         title,
         Text(
-            f"chunks {c['done']}/{c['total']} ({pct:.0f}%)   rows {r['done']:,}/{r['total']:,} done"
-            f" (+{r['in_progress']:,} in progress)   errors {r['errors']:,}"
+            f"chunks {c['done']}/{c['total']} ({pct:.0f}%)   {rows_line(r)}   errors {r['errors']:,}"
             + (f"   set aside at prepare {r['set_aside']:,}" if r.get("set_aside") else "")
         ),
         Text(_pace_line(status, eta)),
@@ -117,6 +116,17 @@ def status_view(status: RunStatus) -> Group:
         head.append(Text(f"warning: {key} is not a lease ({why})", style="yellow"))
     head.extend(_clock_warnings(status))
     return Group(*head, Text(""), *([_workers_table(status)] if status.workers else []), *_failures(status))
+
+
+def rows_line(rows: Mapping[str, int]) -> str:
+    """`rows 12/200 done (2 of them checkpointed in unfinished chunks) (+6 answered, not yet saved)`:
+    rows kept whatever happens, then those only in the workers' memory until their next checkpoint."""
+    saved = rows.get("checkpointed", 0)
+    return (
+        f"rows {rows['done']:,}/{rows['total']:,} done"
+        + (f" ({saved:,} of them checkpointed in unfinished chunks)" if saved else "")
+        + f" (+{rows['in_progress']:,} answered, not yet saved)"
+    )
 
 
 def _clock_warnings(status: RunStatus) -> list[Text]:
@@ -192,7 +202,8 @@ def _pace_line(status: RunStatus, eta: str) -> str:
             f" over the run   {cost}"
         )
     t = status.throughput
-    return f"throughput {t['rows_per_s']:.2f} rows/s, {t['tokens_per_s']:,.0f} tok/s   ETA {eta}   {cost}"
+    ran = f"   run time {_duration(status.run_time_s)}" if status.run_time_s is not None else ""
+    return f"throughput {t['rows_per_s']:.2f} rows/s, {t['tokens_per_s']:,.0f} tok/s   ETA {eta}{ran}   {cost}"
 
 
 #: How a run's state is coloured, here and in `orch status`'s header.

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from orchestrator.backends.base import JobState, JobStatus
 from orchestrator.core.records import HeartbeatSummary, JobAttempt
@@ -64,6 +65,20 @@ def run_state(*, complete: bool, damaged: bool, cancelled: bool, activities: Ite
     if any(a in _GOING for a in activities):
         return "running"
     return "stopped" if launched else "prepared"
+
+
+def shown_status(status: JobStatus | None, hb: HeartbeatSummary | None, *, complete: bool) -> JobStatus | None:
+    """The job's state as status shows it, the worker's own last word taken over the backend's:
+    a process that published its exit 0 has finished (SUCCEEDED) while its machine or shell still
+    winds down; under a complete run a job still running winds down (WINDING_DOWN), never RUNNING."""
+    if status is None or status.state not in (JobState.RUNNING, JobState.WINDING_DOWN):
+        return status
+    this_job = hb is not None and (status.started_at is None or hb.updated_at >= status.started_at)
+    if this_job and hb is not None and hb.state == "exited" and hb.exit_code == 0:
+        return replace(status, state=JobState.SUCCEEDED)
+    if complete and status.state is JobState.RUNNING:
+        return replace(status, state=JobState.WINDING_DOWN)
+    return status
 
 
 def worker_activity(

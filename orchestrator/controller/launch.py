@@ -186,7 +186,9 @@ def _reserve(
     def reserve(rec: JobsRecord) -> None:
         reserved.clear()  # applied again when another controller wrote first
         rec.backend = backend
-        rec.cancelled = False
+        if rec.cancelled_at is not None:  # launched again after a cancel: the time between is a pause
+            rec.pauses.append((rec.cancelled_at, now))
+        rec.cancelled, rec.cancelled_at = False, None
         for w, seen in sorted(judged.items()):
             jobs = rec.worker(w)
             if (jobs.current.job_id if jobs.current else None) != seen:
@@ -226,7 +228,7 @@ def cancel_workers(ctx: RunContext) -> Cancelled:
     4. Stop what the record does not know: local worker processes found by the pid and host in
        their heartbeats; SkyPilot jobs named like the run's workers.
     """
-    record = update_jobs(ctx.store, ctx.layout, lambda rec: setattr(rec, "cancelled", True))
+    record = update_jobs(ctx.store, ctx.layout, _mark_cancelled)
     by = f"{socket.gethostname()}:{os.getpid()}"
     ctx.store.put(ctx.layout.cancel, CancelRecord(at=time.time(), by=by).to_bytes())
     job_ids = [a.job_id for a in record.current_jobs().values() if not a.pending]
@@ -237,6 +239,13 @@ def cancel_workers(ctx: RunContext) -> Cancelled:
     beats = live_heartbeats(ctx.store, ctx.layout, now=time.time(), heartbeat_interval=interval)
     strays = launcher.stop_strays(ctx.layout.run, job_ids, beats)
     return Cancelled(live=live, strays=strays, recorded=len(record.current_jobs()))
+
+
+def _mark_cancelled(rec: JobsRecord) -> None:
+    """The run is cancelled from now (a second cancel keeps the first one's time)."""
+    if not rec.cancelled or rec.cancelled_at is None:
+        rec.cancelled_at = time.time()
+    rec.cancelled = True
 
 
 def dry_run_requests(

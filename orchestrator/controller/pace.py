@@ -1,5 +1,8 @@
-"""A run's pace as its user lived it, from the finished chunks' times: the overall rate and the
-chunks-done timeline (the status's `overall` and `timeline`)."""
+"""A run's pace as its user lived it, from the finished chunks' times: the overall rate, the
+chunks-done timeline and the run time (the status's `overall`, `timeline` and `run_time_s`).
+
+Run time leaves out the time a run sat cancelled: from `orch cancel` to the launch that resumed it
+(JobsRecord.pauses), and from a cancel not resumed yet to now."""
 
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ def overall_pace(finished: Sequence[tuple[float, ChunkStats]], jobs: JobsRecord)
         return None
     launches = [a.launched_at for w in jobs.workers.values() for a in w.attempts]
     began = min([at - s.seconds for at, s in finished] + launches)
-    wall = max(max(at for at, _ in finished) - began, 1e-3)
+    ended = max(at for at, _ in finished)
+    wall = max(ended - began - paused_s(jobs, began, ended), 1e-3)
     return {
         "wall_s": round(wall, 1),
         "rows_per_s": round(sum(s.rows for _, s in finished) / wall, 3),
@@ -36,3 +40,20 @@ def timeline(finished_at: Sequence[float], jobs: JobsRecord) -> list[list[float]
     step = max(n / TIMELINE_POINTS, 1.0)
     picks = sorted({int(i * step) for i in range(TIMELINE_POINTS) if int(i * step) < n} | ({n - 1} if n else set()))
     return points + [[round(finished_at[i], 1), float(i + 1)] for i in picks]
+
+
+def paused_s(jobs: JobsRecord, began: float, ended: float) -> float:
+    """Seconds between `began` and `ended` the run sat cancelled (a cancel not resumed: until `ended`)."""
+    pauses = [*jobs.pauses, *([(jobs.cancelled_at, ended)] if jobs.cancelled_at is not None else [])]
+    return sum(max(min(to, ended) - max(since, began), 0.0) for since, to in pauses)
+
+
+def run_time_s(jobs: JobsRecord, *, now: float, finished_at: float | None) -> float | None:
+    """How long the run has run: from its first launch to now (to its last chunk's end once
+    complete, `finished_at`), less the time it sat cancelled. None before any launch."""
+    launches = [a.launched_at for w in jobs.workers.values() for a in w.attempts]
+    if not launches:
+        return None
+    began = min(launches)
+    ended = max(finished_at if finished_at is not None else now, began)
+    return round(max(ended - began - paused_s(jobs, began, ended), 0.0), 1)

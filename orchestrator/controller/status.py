@@ -1,13 +1,14 @@
 """`orch status`: one view of a run, from a handful of requests: listings, never one request per chunk.
 
-1. `gather` reads the manifest, the plan, the jobs and prepare records (4 GETs), and lists `done/`,
-   `stats/` (each finished chunk's numbers are in its stats key), `heartbeats/` (each worker's
-   state is in its key), `leases/` and `decisions/` (plus one GET of the latest, if any): one
-   request per 1,000 objects. Markers say what is done; stats are a cache of their numbers, used
-   only for chunks whose marker exists. A done chunk without a stats entry (a crash between the
-   two writes) costs one GET of its marker. A lease no live heartbeat accounts for is read, to name
-   a corrupt one. Once every chunk has a marker, every marker is read and the parts listed
-   (checkpoints.find_damage): a run is complete only when nothing is damaged. The backend is
+1. `gather` (controller/facts.py) reads the manifest, the plan, the jobs and prepare records (4
+   GETs), and lists `done/`, `stats/` (each finished chunk's numbers are in its stats key),
+   `heartbeats/` (each worker's state is in its key), `leases/`, `decisions/` (plus one GET of the
+   latest, if any) and, until every chunk is done, `outputs/` (each part's name carries its row
+   count): one request per 1,000 objects. Markers say what is done; stats are a cache of their
+   numbers, used only for chunks whose marker exists. A done chunk without a stats entry (a crash
+   between the two writes) costs one GET of its marker. A lease no live heartbeat accounts for is
+   read, to name a corrupt one. Once every chunk has a marker, every marker is read and the parts
+   listed (checkpoints.find_damage): a run is complete only when nothing is damaged. The backend is
    asked for the state of each worker's current job.
 2. `derive_status` turns those facts into the view: plain data, no I/O.
 3. `to_json` gives it to scripts; `orch status` shows it (commands/views.py: `status_view`).
@@ -19,22 +20,30 @@ JSON shape (stable for scripts):
     damaged: {chunk: what is wrong} (corrupt markers, parts that do not match them; `orch redo` each),
     corrupt_leases: {key: what is wrong} (treated as expired once older than the lease TTL),
     chunks: {total, done},
-    rows: {total, done (in finished chunks), in_progress (flushed or not, in chunks being worked on),
-           errors (error rows in finished chunks), set_aside (input rows prepare set aside: not in
-           total; collect answers them with error lines)},
+    rows: {total, done (kept whatever happens: finished + checkpointed), finished (in finished chunks),
+           checkpointed (in parts of unfinished chunks), in_progress (answered, held in live workers'
+           memory until their next checkpoint: their heartbeats' rows_unsaved), errors (error rows in
+           finished chunks), set_aside (input rows prepare set aside: not in total; collect answers
+           them with error lines)},
     timeline: [[unix time, chunks done], ...] (the first launch at 0, then finished chunks; at most
               pace.TIMELINE_POINTS points, the last one exact),
     throughput: {rows_per_s, tokens_per_s} (sum over running workers), eta_s (null when unknown),
     overall: {wall_s, rows_per_s, tokens_per_s} | null (the finished chunks' pace, from the first
-             launch, or the first chunk's start without one, to the last chunk's end),
+             launch, or the first chunk's start without one, to the last chunk's end, less the time
+             the run sat cancelled),
+    run_time_s: from the first launch to now (to the last chunk's end once complete), less the time
+                the run sat cancelled (between `orch cancel` and the launch that resumed it) | null,
     cost: {so_far_usd, worker_hours, spot_usd, on_demand_usd} (per-GPU-hour prices x workers' uptime,
           restarts included),
     tokens: {prompt_tokens, cached_tokens (prompt tokens the engines' prefix caches held),
              generated_tokens} (in finished chunks),
     cost_per_m_tokens: {all, spot, on_demand: {usd, prompt_tokens, cached_tokens, generated_tokens,
                         usd_per_m_tokens, usd_per_m_generated}} (orchestrator/controller/token_cost.py),
-    workers: [{worker, state, job_id, recovery_count, accelerator, cloud, region, spot, chunk,
-               chunk_rows, chunk_rows_done, chunks_assigned, chunks_done_of_own_list, chunks_finished
+    workers: [{worker, state (its job's, as the backend says; SUCCEEDED once its heartbeat said it
+               exited 0, WINDING_DOWN for a job still running under a complete run: activity.shown_status),
+               job_id, recovery_count, accelerator, cloud, region, spot, chunk, chunk_rows, chunk_rows_done,
+               rows_saved, rows_unsaved (rows of its chunks in hand checkpointed, and answered in memory:
+               while it beats), chunks_assigned, chunks_done_of_own_list, chunks_finished
                (by this worker, from any list), rows_done, tokens_per_s, rows_per_s, heartbeat_state,
                heartbeat_age_s, uptime_s, failure_reason (why its current job failed) | null,
                log (its log file, or the command that shows it) | null, activity (what it does, in words:
@@ -52,128 +61,25 @@ JSON shape (stable for scripts):
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.backends.base import JobState, JobStatus, Launcher, attempt_statuses
-from orchestrator.controller.activity import run_state, worker_activity
-from orchestrator.controller.pace import overall_pace, timeline
+from orchestrator.backends.base import JobState, JobStatus, Launcher
+from orchestrator.controller.activity import run_state, shown_status, worker_activity
+from orchestrator.controller.facts import RunFacts, gather
+from orchestrator.controller.pace import overall_pace, run_time_s, timeline
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.token_cost import realised_cost, tokens_of
 from orchestrator.core import worker_ids
 from orchestrator.core.context import RunContext
-from orchestrator.core.errors import CorruptRecord
-from orchestrator.core.protocol.checkpoints import find_damage, read_chunk_stats
-from orchestrator.core.protocol.heartbeats import is_beating, read_heartbeats
+from orchestrator.core.protocol.heartbeats import is_beating
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.protocol.snapshot import list_done
-from orchestrator.core.records import (
-    ChunkStats,
-    DecisionRecord,
-    HeartbeatSummary,
-    JobAttempt,
-    JobsRecord,
-    Lease,
-    ManifestEntry,
-    PlanRecord,
-    PrepareRecord,
-    read_jobs,
-    read_manifest,
-    read_marker,
-    read_plan,
-    read_record,
-)
+from orchestrator.core.records import ChunkStats, JobAttempt, read_jobs
 from orchestrator.core.store import Store
 
-
-@dataclass
-class RunFacts:
-    run: str
-    manifest: list[ManifestEntry]
-    plan: PlanRecord | None
-    jobs: JobsRecord
-    done: set[str]
-    stats: dict[str, tuple[float, ChunkStats]]
-    heartbeats: dict[str, HeartbeatSummary]
-    statuses: dict[str, JobStatus] = field(default_factory=dict)
-    backend_note: str | None = None
-    #: The deadline policy's latest decision (`orch watch --deadline`), if any.
-    decision: DecisionRecord | None = None
-    #: chunk -> what is wrong with its marker or parts (checked once every chunk has a marker).
-    damaged: dict[str, str] = field(default_factory=dict)
-    #: lease key -> what is wrong with it.
-    corrupt_leases: dict[str, str] = field(default_factory=dict)
-    #: Input rows set aside at prepare (answered by collect with error lines).
-    set_aside: int = 0
-    #: When prepare finished (its record's time), None when not known.
-    prepared_at: float | None = None
-
-
-def latest_decision(store: Store, layout: RunLayout) -> DecisionRecord | None:
-    """The deadline policy's last decision: one listing (and one GET when there is one)."""
-    keys = [info.key for info in store.list(layout.decisions_prefix)]
-    if not keys:
-        return None
-    found = read_record(store, max(keys), DecisionRecord)
-    return found[0] if found is not None else None
-
-
-def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) -> RunFacts:
-    manifest = read_manifest(store, layout)
-    plan = read_plan(store, layout)
-    jobs, _ = read_jobs(store, layout)
-    done = set(list_done(store, layout))
-    stats = read_chunk_stats(store, layout)
-    for chunk in done - set(stats):
-        with contextlib.suppress(Exception):  # a marker we cannot read is shown as done without numbers
-            marker = read_marker(store, layout, chunk)
-            if marker is not None:
-                stats[chunk] = (marker.finished_at, marker.stats())
-    heartbeats = read_heartbeats(store, layout)
-    chunks = [e.chunk for e in manifest]
-    facts = RunFacts(
-        layout.run,
-        manifest,
-        plan,
-        jobs,
-        done,
-        stats,
-        heartbeats,
-        decision=latest_decision(store, layout),
-        damaged=find_damage(store, layout, chunks) if chunks and done.issuperset(chunks) else {},
-        corrupt_leases=_corrupt_leases(store, layout, done, heartbeats),
-    )
-    prepared = read_record(store, layout.prepare_record, PrepareRecord)
-    facts.set_aside = prepared[0].errors if prepared is not None else 0
-    facts.prepared_at = prepared[0].created_at or None if prepared is not None else None
-    current = list(jobs.current_jobs().values())
-    if launcher is not None and current:
-        try:
-            facts.statuses = attempt_statuses(launcher, current, time.time())
-        except Exception as e:  # the backend's own trouble must not hide what the store knows
-            facts.backend_note = f"cannot ask the {getattr(launcher, 'name', 'backend')} backend: {e}"
-    return facts
-
-
-def _corrupt_leases(
-    store: Store, layout: RunLayout, done: set[str], heartbeats: dict[str, HeartbeatSummary]
-) -> dict[str, str]:
-    """Leases of unfinished chunks that no heartbeat names, read to find those that do not parse."""
-    in_hand = {hb.chunk for hb in heartbeats.values() if hb.chunk}
-    out = {}
-    for info in store.list(layout.leases_prefix):
-        chunk = layout.chunk_of(info.key, layout.leases_prefix)
-        if chunk in done or chunk in in_hand:
-            continue
-        try:
-            read_record(store, info.key, Lease)
-        except CorruptRecord as e:
-            written = time.strftime("%H:%M:%S", time.localtime(info.modified))
-            out[info.key] = f"{e.message}; written {written}, treated as expired once older than the lease TTL"
-    return out
+__all__ = ["RunFacts", "RunStatus", "WorkerView", "derive_status", "gather", "status_of", "to_json"]
 
 
 @dataclass
@@ -189,6 +95,9 @@ class WorkerView:
     chunk: str | None = None
     chunk_rows: int = 0
     chunk_rows_done: int = 0
+    #: Rows of its chunks in hand checkpointed, and answered but held in memory (live workers only).
+    rows_saved: int = 0
+    rows_unsaved: int = 0
     chunks_assigned: int = 0
     chunks_done_of_own_list: int = 0
     chunks_finished: int = 0
@@ -249,6 +158,9 @@ class RunStatus:
     #: what `orch runs` shows beside each run (filled by controller/runs.py's list_runs).
     model: str | None = None
     input: str | None = None
+    #: From the first launch to now (to the last chunk's end once complete), less the time the run
+    #: sat cancelled (controller/pace.py); None before any launch.
+    run_time_s: float | None = None
 
 
 def derive_status(
@@ -263,32 +175,25 @@ def derive_status(
 ) -> RunStatus:
     rows_by_chunk = {e.chunk: e.rows for e in facts.manifest}
     done = facts.done & set(rows_by_chunk)
-    rows_done = sum(rows_by_chunk[c] for c in done)
+    complete = len(done) == len(rows_by_chunk) and not facts.damaged
     errors = sum(s.errors for c, (_, s) in facts.stats.items() if c in done)
-    workers = _worker_views(facts, done, now=now, heartbeat_interval=heartbeat_interval)
+    workers = _worker_views(facts, done, now=now, heartbeat_interval=heartbeat_interval, complete=complete)
+    rows = _rows(facts, rows_by_chunk, done, workers)
     working = [v for v in workers if v.chunk]  # a chunk is shown only while the worker beats
-    in_progress = sum(v.chunk_rows_done for v in working)
     rows_per_s = sum(v.rows_per_s for v in working)
     tokens_per_s = sum(v.tokens_per_s for v in working)
     finished = [s for c, (_, s) in facts.stats.items() if c in done]
     cost, per_m = _costs(workers, finished, prices, default_spot)
-    total_rows = sum(rows_by_chunk.values())
-    remaining = total_rows - rows_done - in_progress
+    remaining = rows["total"] - rows["done"] - rows["in_progress"]
     eta = remaining / rows_per_s if rows_per_s > 0 and remaining > 0 else (0.0 if remaining <= 0 else None)
-    complete = len(done) == len(rows_by_chunk) and not facts.damaged
+    last_finish = max((at for c, (at, _) in facts.stats.items() if c in done), default=None)
     return RunStatus(
         run=facts.run,
         backend=facts.jobs.backend,
         complete=complete,
         backend_note=facts.backend_note,
         chunks={"total": len(rows_by_chunk), "done": len(done)},
-        rows={
-            "total": total_rows,
-            "done": rows_done,
-            "in_progress": in_progress,
-            "errors": errors,
-            "set_aside": facts.set_aside,
-        },
+        rows={**rows, "errors": errors, "set_aside": facts.set_aside},
         throughput={"rows_per_s": round(rows_per_s, 3), "tokens_per_s": round(tokens_per_s, 1)},
         eta_s=round(eta, 1) if eta is not None else None,
         cost=cost,
@@ -309,10 +214,30 @@ def derive_status(
             launched=bool(facts.jobs.workers or facts.heartbeats),
         ),
         prepared_at=facts.prepared_at,
+        run_time_s=run_time_s(facts.jobs, now=now, finished_at=last_finish if complete else None),
     )
 
 
-def _worker_views(facts: RunFacts, done: set[str], *, now: float, heartbeat_interval: float) -> list[WorkerView]:
+def _rows(facts: RunFacts, rows_by_chunk: dict[str, int], done: set[str], workers: list[WorkerView]) -> dict[str, int]:
+    """Rows by how far they got: in finished chunks, checkpointed in unfinished ones (both kept
+    whatever happens: `done`), and answered in a live worker's memory, not yet saved (`in_progress`)."""
+    total = sum(rows_by_chunk.values())
+    finished = sum(rows_by_chunk[c] for c in done)
+    saved = sum(min(n, rows_by_chunk[c]) for c, n in facts.checkpointed.items() if c in rows_by_chunk and c not in done)
+    # A flush between a heartbeat and the listing counts its rows twice until the next beat: capped.
+    unsaved = min(sum(v.rows_unsaved for v in workers), total - finished - saved)
+    return {
+        "total": total,
+        "done": finished + saved,
+        "in_progress": unsaved,
+        "finished": finished,
+        "checkpointed": saved,
+    }
+
+
+def _worker_views(
+    facts: RunFacts, done: set[str], *, now: float, heartbeat_interval: float, complete: bool
+) -> list[WorkerView]:
     """A row per worker: planned, launched or heartbeating. Live figures (chunk, rates) come only
     from a heartbeat that is still beating; totals from the last heartbeat whatever its age."""
     finished_by: dict[str, int] = {}
@@ -329,10 +254,13 @@ def _worker_views(facts: RunFacts, done: set[str], *, now: float, heartbeat_inte
     for name in sorted(set(own) | set(current) | set(facts.heartbeats), key=worker_ids.sort_key):
         base = worker_ids.job_worker(name)
         attempt = current.get(name) or current.get(base)
-        status = facts.statuses.get(attempt.job_id) if attempt else None
         hb = facts.heartbeats.get(name)
+        status = shown_status(facts.statuses.get(attempt.job_id) if attempt else None, hb, complete=complete)
         age = now - hb.updated_at if hb else None
-        live = hb if hb is not None and is_beating(hb, now=now, heartbeat_interval=heartbeat_interval) else None
+        # A job the backend says ended has no live process, whatever its last heartbeat's age.
+        ended = status is not None and status.state.is_terminal()
+        beating = hb is not None and not ended and is_beating(hb, now=now, heartbeat_interval=heartbeat_interval)
+        live = hb if beating else None
         views.append(
             WorkerView(
                 worker=name,
@@ -346,6 +274,8 @@ def _worker_views(facts: RunFacts, done: set[str], *, now: float, heartbeat_inte
                 chunk=live.chunk if live else None,
                 chunk_rows=live.chunk_rows if live else 0,
                 chunk_rows_done=live.chunk_rows_done if live else 0,
+                rows_saved=live.rows_saved if live else 0,
+                rows_unsaved=live.rows_unsaved if live else 0,
                 chunks_assigned=len(own.get(name, ())),
                 chunks_done_of_own_list=sum(1 for c in own.get(name, ()) if c in done),
                 chunks_finished=finished_by.get(name, 0),

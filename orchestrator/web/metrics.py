@@ -7,8 +7,8 @@ every series labelled with its `run`. Names (all prefixed `orch_`):
     orch_run_complete{run}                       1 once every chunk is done and none damaged
     orch_chunks{run}, orch_chunks_done{run}      chunks in the run, chunks with a done marker
     orch_rows{run}                               rows in the run
-    orch_rows_done_total{run}                    rows in finished chunks (counter)
-    orch_rows_in_progress{run}                   rows flushed or not in chunks being worked on
+    orch_rows_done_total{run}                    rows kept: in finished chunks, or checkpointed (counter)
+    orch_rows_in_progress{run}                   rows answered, in workers' memory until their next checkpoint
     orch_row_errors_total{run}                   error rows in finished chunks (counter)
     orch_rows_set_aside{run}                     input rows prepare set aside
     orch_prompt_tokens_total{run}                prompt tokens of finished chunks (counter)
@@ -62,8 +62,10 @@ def _run_families(runs: list[RunStatus]) -> Iterator[Metric]:
     chunks = _gauge("orch_chunks", "chunks in the run")
     chunks_done = _gauge("orch_chunks_done", "chunks with a done marker")
     rows = _gauge("orch_rows", "rows in the run")
-    rows_done = CounterMetricFamily("orch_rows_done", "rows in finished chunks", labels=["run"])
-    in_progress = _gauge("orch_rows_in_progress", "rows in chunks being worked on")
+    rows_done = CounterMetricFamily(
+        "orch_rows_done", "rows kept: in finished chunks, or checkpointed in unfinished ones", labels=["run"]
+    )
+    in_progress = _gauge("orch_rows_in_progress", "rows answered, held in workers' memory until their next checkpoint")
     errors = CounterMetricFamily("orch_row_errors", "error rows in finished chunks", labels=["run"])
     set_aside = _gauge("orch_rows_set_aside", "input rows prepare set aside (answered with error lines)")
     kinds = sorted({k for s in runs for k in s.tokens if k.endswith("_tokens")} | {"prompt_tokens"})

@@ -1,6 +1,6 @@
 """A worker's pass over one chunk: resume from checkpointed parts, flush new parts, finish with the done marker.
 
-Outputs of a chunk are written as parts, `outputs/<chunk>/<holder>-<seq>.<ext>`, each flushed
+Outputs of a chunk are written as parts, `outputs/<chunk>/<holder>-<seq>.<rows>rows.<ext>`, each flushed
 while its writer held the lease. The done marker is the only truth: it lists the parts that make
 up the chunk, and nothing reads a part it does not list.
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from orchestrator.core.errors import ChunkBusy, CorruptRecord
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.layout import RunLayout, part_rows
 from orchestrator.core.protocol.leases import Clock, LeaseKeeper, acquire, read_lease, release
 from orchestrator.core.records import ChunkStats, DoneMarker, PartRef, read_record
 from orchestrator.core.store import NotFound, ObjectInfo, PreconditionFailed, Store, StoreError, ignore_stray
@@ -180,7 +180,7 @@ class ChunkJob(Generic[RowT]):
             raise IncompleteChunk(f"{self.chunk}: a row was flushed twice")
         data = self.codec.encode(rows)
         self._seq += 1
-        key = self.layout.output_part(self.chunk, self.holder, self._seq, self.codec.ext)
+        key = self.layout.output_part(self.chunk, self.holder, self._seq, self.codec.ext, rows=len(rows))
         etag = self.store.put(key, data)
         errors = sum(r.error for r in rows)
         ref = PartRef(key=key, rows=len(rows), errors=errors, bytes=len(data), sha256=_sha256(data), etag=etag)
@@ -250,6 +250,22 @@ def read_chunk_stats(store: Store, layout: RunLayout) -> dict[str, tuple[float, 
             out[chunk] = (finished, ChunkStats.from_key(encoded))
         except ValueError:
             ignore_stray(info.key, "not a stats entry of this orch version")
+    return out
+
+
+def checkpointed_rows(store: Store, layout: RunLayout, unfinished: set[str]) -> dict[str, int]:
+    """chunk -> rows checkpointed so far, for the `unfinished` chunks (no marker yet), from one
+    listing of the outputs (one request per 1,000 parts): each part's name carries its row count.
+    What `status` shows between checkpoints and after a cancel; a progress figure, not a truth
+    (a part a resume drops is counted too, so a chunk is capped at its rows by the caller)."""
+    out: dict[str, int] = {}
+    if not unfinished:
+        return out
+    for info in store.list(layout.outputs_root):
+        chunk = layout.chunk_of(info.key, layout.outputs_root)
+        rows = part_rows(info.key)
+        if chunk in unfinished and rows is not None:
+            out[chunk] = out.get(chunk, 0) + rows
     return out
 
 

@@ -95,8 +95,11 @@ class RunLayout:
     def outputs_prefix(self, chunk: str) -> str:
         return f"{self.outputs_root}{chunk}/"
 
-    def output_part(self, chunk: str, holder: str, seq: int, ext: str = "jsonl") -> str:
-        return f"{self.outputs_prefix(chunk)}{holder}-{seq:05d}.{ext}"
+    def output_part(self, chunk: str, holder: str, seq: int, ext: str = "jsonl", rows: int | None = None) -> str:
+        """`<holder>-<seq>.<rows>rows.<ext>`: the row count in the name lets `status` count the
+        checkpointed rows of unfinished chunks from one listing (`part_rows`)."""
+        counted = f".{rows}rows" if rows is not None else ""
+        return f"{self.outputs_prefix(chunk)}{holder}-{seq:05d}{counted}.{ext}"
 
     @property
     def done_prefix(self) -> str:
@@ -220,6 +223,13 @@ class ServeLayout:
     def id_of(key: str) -> str:
         """The object id at the end of an index or active key."""
         return key.rsplit("/", 1)[-1].split(".", 1)[-1]
+
+
+def part_rows(key: str) -> int | None:
+    """The row count an output part's name carries (`output_part`); None for a name without one."""
+    parts = key.rsplit("/", 1)[-1].rsplit(".", 2)
+    count = parts[1] if len(parts) == 3 else ""
+    return int(count[:-4]) if count.endswith("rows") and count[:-4].isdigit() else None
 
 
 #: Separates the values of a key record. `quote(..., safe="")` always escapes it, so it never

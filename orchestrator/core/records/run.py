@@ -175,6 +175,11 @@ class JobsRecord(Document):
     workers: dict[str, WorkerJobs] = Field(default_factory=dict)
     #: Set by `orch cancel`: a CANCELLED job is then ours, not a reason to relaunch.
     cancelled: bool = False
+    #: When the run was cancelled, while it is (the next launch moves it into `pauses`).
+    cancelled_at: float | None = None
+    #: [cancelled at, launched again at] of every earlier cancel: time the run sat stopped, which
+    #: its run time leaves out (controller/pace.py).
+    pauses: list[tuple[float, float]] = Field(default_factory=list)
 
     def worker(self, worker: int) -> WorkerJobs:
         return self.workers.setdefault(str(worker), WorkerJobs(worker=worker))
@@ -370,6 +375,11 @@ class HeartbeatSummary(KeyRecord):
     loaded: bool = False
     #: This process's clock minus the store's, measured at its last heartbeat (core/protocol/clocks.py).
     clock_offset_s: float | None = None
+    #: Rows of the chunks in hand already checkpointed (resumed ones included): kept if it dies.
+    rows_saved: int = 0
+    #: Rows of the chunks in hand answered and held in memory until the next checkpoint: what
+    #: `status` shows as answered, not yet saved (lost if the process dies before its flush).
+    rows_unsaved: int = 0
 
     @property
     def uptime_s(self) -> float:

@@ -1,0 +1,121 @@
+"""What `orch status` reads from the store and the backend (step 1 of controller/status.py): the
+run's facts, from a handful of listings and GETs whatever its size; `derive_status` makes the view."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from orchestrator.backends.base import JobStatus, Launcher, attempt_statuses
+from orchestrator.core.errors import CorruptRecord
+from orchestrator.core.protocol.checkpoints import checkpointed_rows, find_damage, read_chunk_stats
+from orchestrator.core.protocol.heartbeats import read_heartbeats
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.protocol.snapshot import list_done
+from orchestrator.core.records import (
+    ChunkStats,
+    DecisionRecord,
+    HeartbeatSummary,
+    JobsRecord,
+    Lease,
+    ManifestEntry,
+    PlanRecord,
+    PrepareRecord,
+    read_jobs,
+    read_manifest,
+    read_marker,
+    read_plan,
+    read_record,
+)
+from orchestrator.core.store import Store
+
+
+@dataclass
+class RunFacts:
+    run: str
+    manifest: list[ManifestEntry]
+    plan: PlanRecord | None
+    jobs: JobsRecord
+    done: set[str]
+    stats: dict[str, tuple[float, ChunkStats]]
+    heartbeats: dict[str, HeartbeatSummary]
+    statuses: dict[str, JobStatus] = field(default_factory=dict)
+    backend_note: str | None = None
+    #: The deadline policy's latest decision (`orch watch --deadline`), if any.
+    decision: DecisionRecord | None = None
+    #: chunk -> what is wrong with its marker or parts (checked once every chunk has a marker).
+    damaged: dict[str, str] = field(default_factory=dict)
+    #: lease key -> what is wrong with it.
+    corrupt_leases: dict[str, str] = field(default_factory=dict)
+    #: Input rows set aside at prepare (answered by collect with error lines).
+    set_aside: int = 0
+    #: When prepare finished (its record's time), None when not known.
+    prepared_at: float | None = None
+    #: chunk -> rows checkpointed so far, for chunks without a marker (from part names).
+    checkpointed: dict[str, int] = field(default_factory=dict)
+
+
+def latest_decision(store: Store, layout: RunLayout) -> DecisionRecord | None:
+    """The deadline policy's last decision: one listing (and one GET when there is one)."""
+    keys = [info.key for info in store.list(layout.decisions_prefix)]
+    if not keys:
+        return None
+    found = read_record(store, max(keys), DecisionRecord)
+    return found[0] if found is not None else None
+
+
+def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) -> RunFacts:
+    manifest = read_manifest(store, layout)
+    plan = read_plan(store, layout)
+    jobs, _ = read_jobs(store, layout)
+    done = set(list_done(store, layout))
+    stats = read_chunk_stats(store, layout)
+    for chunk in done - set(stats):
+        with contextlib.suppress(Exception):  # a marker we cannot read is shown as done without numbers
+            marker = read_marker(store, layout, chunk)
+            if marker is not None:
+                stats[chunk] = (marker.finished_at, marker.stats())
+    heartbeats = read_heartbeats(store, layout)
+    chunks = [e.chunk for e in manifest]
+    facts = RunFacts(
+        layout.run,
+        manifest,
+        plan,
+        jobs,
+        done,
+        stats,
+        heartbeats,
+        decision=latest_decision(store, layout),
+        damaged=find_damage(store, layout, chunks) if chunks and done.issuperset(chunks) else {},
+        corrupt_leases=_corrupt_leases(store, layout, done, heartbeats),
+    )
+    facts.checkpointed = checkpointed_rows(store, layout, set(chunks) - done)
+    prepared = read_record(store, layout.prepare_record, PrepareRecord)
+    facts.set_aside = prepared[0].errors if prepared is not None else 0
+    facts.prepared_at = prepared[0].created_at or None if prepared is not None else None
+    current = list(jobs.current_jobs().values())
+    if launcher is not None and current:
+        try:
+            facts.statuses = attempt_statuses(launcher, current, time.time())
+        except Exception as e:  # the backend's own trouble must not hide what the store knows
+            facts.backend_note = f"cannot ask the {getattr(launcher, 'name', 'backend')} backend: {e}"
+    return facts
+
+
+def _corrupt_leases(
+    store: Store, layout: RunLayout, done: set[str], heartbeats: dict[str, HeartbeatSummary]
+) -> dict[str, str]:
+    """Leases of unfinished chunks that no heartbeat names, read to find those that do not parse."""
+    in_hand = {hb.chunk for hb in heartbeats.values() if hb.chunk}
+    out = {}
+    for info in store.list(layout.leases_prefix):
+        chunk = layout.chunk_of(info.key, layout.leases_prefix)
+        if chunk in done or chunk in in_hand:
+            continue
+        try:
+            read_record(store, info.key, Lease)
+        except CorruptRecord as e:
+            written = time.strftime("%H:%M:%S", time.localtime(info.modified))
+            out[info.key] = f"{e.message}; written {written}, treated as expired once older than the lease TTL"
+    return out
