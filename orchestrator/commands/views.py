@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from orchestrator.backends.base import STATE_COLOURS, JobState
 from orchestrator.commands.console import Group, Table, Text, table
