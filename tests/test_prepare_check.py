@@ -56,13 +56,14 @@ def test_prepare_check_lists_every_mistake_by_field_with_counts_and_lines(store_
     assert written(store_dir) == []
 
 
-def test_prepare_refuses_before_writing_any_chunk(store_dir, tmp_path, capsys):
+@pytest.mark.parametrize("grouping", [[], ["--group-by-prefix"]])
+def test_prepare_refuses_before_writing_any_chunk(store_dir, tmp_path, capsys, grouping):
     source = mistakes_file(tmp_path / "tickets.jsonl")
-    assert prepare(store_dir, source, "--num-chunks", "4") == 10
+    assert prepare(store_dir, source, "--num-chunks", "4", *grouping) == 10
     assert "temprature: 4 row(s)" in capsys.readouterr().err
     assert written(store_dir) == []
     # Skipped on purpose, the rows go to the workers, which answer them with error rows.
-    assert prepare(store_dir, source, "--num-chunks", "4", "--no-check") == 0
+    assert prepare(store_dir, source, "--num-chunks", "4", "--no-check", *grouping) == 0
     assert "runs/r/prepare.json" in written(store_dir)
 
 
