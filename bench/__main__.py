@@ -18,6 +18,7 @@ WORKER = ROOT / ".venv-worker" / "bin" / "python"
 #: name -> the Python that runs it (the worker's benchmarks need its engines; the rest the controller's).
 BENCHMARKS = {
     "prepare_bench": CONTROLLER,
+    "check_bench": CONTROLLER,
     "plan_bench": CONTROLLER,
     "status_bench": CONTROLLER,
     "launch_bench": CONTROLLER,

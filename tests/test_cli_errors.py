@@ -143,6 +143,8 @@ def error_paths(project: Path) -> list[tuple[list[str], int, str, str]]:
     """What docs/operations.md's "When something goes wrong" lists, each exit code by a mistake that gets
     it: (argv, exit code, in the ERROR line, in the hint line)."""
     data = write_jsonl(project / "d.jsonl", [{"text": "a"}, {"text": "b"}])
+    body = {"messages": [{"role": "user", "content": "a"}], "temprature": 0.2}
+    refused = write_jsonl(project / "r.jsonl", [{"custom_id": "a", "url": "/v1/chat/completions", "body": body}])
     (project / "typo.yaml").write_text("chunking:\n  num_chunk: 3\n")
     (project / "negative.yaml").write_text("chunking:\n  num_chunks: -3\n")
     text = ["--format", "text"]
@@ -184,6 +186,12 @@ def error_paths(project: Path) -> list[tuple[list[str], int, str, str]]:
         (["collect", "--run", "unanswered", "--out", "o.jsonl"], 7, "1 row(s) missing", "orch resume"),
         (["collect", "--run", "corrupt", "--out", "o.jsonl"], 8, "does not match the checksum", "orch redo"),
         (["collect", "--run", "errors", "--out", "o.jsonl"], 9, "2 of 4 rows are errors", "error.message"),
+        (
+            ["prepare", str(refused), "--run", "a", "--format", "openai-batch", "--check"],
+            10,
+            "1 of 1 request(s) would be refused by the workers",
+            "nothing was written",
+        ),
     ]
 
 

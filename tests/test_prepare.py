@@ -360,7 +360,8 @@ def embeddings_line(i, **body):
 
 
 def test_prepare_embeddings_score_and_rerank_lines_need_a_pooling_run(store_dir, tmp_path, capsys):
-    chat = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}}
+    messages = [{"role": "user", "content": "hi"}]
+    chat = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": messages}}
     score = {"custom_id": "s", "method": "POST", "url": "/v1/score", "body": {"queries": "a", "documents": ["b"]}}
     rerank = {"custom_id": "r", "method": "POST", "url": "/v1/rerank", "body": {"query": "a", "documents": ["b"]}}
     no_pair = {"custom_id": "x", "method": "POST", "url": "/v1/score", "body": {"queries": "a", "text_2": "b"}}
@@ -397,7 +398,10 @@ def test_prepare_lines_naming_an_adapter_are_not_another_model(store_dir, tmp_pa
 
     write_jsonl(tmp_path / "b.jsonl", [request(0, "m"), request(1, "french"), request(2, "frnech")])
     (tmp_path / "orch.yaml").write_text("model: {name: m, lora: {french: /adapters/french}}\n")
-    assert prepare(store_dir, tmp_path / "b.jsonl", "--format", "openai-batch", "--num-chunks", "1") == 0
+    # The request check stops at the typo before anything is written; without it, prepare says so.
+    assert prepare(store_dir, tmp_path / "b.jsonl", "--format", "openai-batch", "--num-chunks", "1") == 10
+    assert "model 'frnech' is neither the run's model 'm'" in capsys.readouterr().err
+    assert prepare(store_dir, tmp_path / "b.jsonl", "--format", "openai-batch", "--num-chunks", "1", "--no-check") == 0
     out = capsys.readouterr().out
     assert "1 line(s) name neither the model nor one of its adapters" in out and "error rows" in out
 

@@ -8,6 +8,8 @@ adapters answers every line with its model (prepare reports lines naming another
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Collection
 from typing import Any
 
 from orchestrator.core.spec import ModelSpec
@@ -27,16 +29,24 @@ class AdapterChooser:
 
     def for_model(self, named: str | None) -> Any:
         """The LoRARequest for `named`, None for the base model; BadRequest for another name."""
-        if not self.requests or named is None or named == self.base:
-            return None
-        if named in self.requests:
-            return self.requests[named]
-        raise BadRequest(
-            "model_not_found",
-            f"model {named!r} is neither the run's model {self.base!r} nor one of its LoRA adapters "
-            f"({', '.join(sorted(self.requests))})",
-            "model",
-        )
+        refused = model_problem(named, self.base, self.requests)
+        if refused is not None:
+            raise refused
+        return self.requests.get(named) if named is not None else None
+
+
+def model_problem(named: str | None, base: str | None, adapters: Collection[str]) -> BadRequest | None:
+    """Why a line naming `named` cannot be answered, if it cannot: with adapters, a name that is neither
+    the model nor one of them (without adapters, every line is answered by the run's model)."""
+    if not adapters or named is None or named == base or named in adapters:
+        return None
+    close = difflib.get_close_matches(named, [*adapters, *([base] if base else [])], n=1)
+    return BadRequest(
+        "model_not_found",
+        f"model {named!r} is neither the run's model {base!r} nor one of its LoRA adapters "
+        f"({', '.join(sorted(adapters))})" + (f"; did you mean {close[0]!r}?" if close else ""),
+        "model",
+    )
 
 
 def engine_args(spec: ModelSpec, *, cpu: bool) -> dict[str, Any]:

@@ -4,14 +4,16 @@ As vLLM's OpenAI server does (`ChatCompletionRequest`, `CompletionRequest`, `Emb
 `ScoreRequest`, `RerankRequest`),
 one model per URL validates a body; a field's `description` is what an error row says it expects,
 so the rule checked and the rule told cannot drift. A failed validation becomes one BadRequest:
-an unknown field first (`unsupported_parameter`), else the first field in error
-(`invalid_parameter`), each naming the field. Fields that change nothing in a batch (user,
+an unknown field first (`unsupported_parameter`, with the close name it may be a typo of), else
+the first field in error (`invalid_parameter`), each naming the field; `problems` lists them all
+(what `orch prepare` reports before anything runs). Fields that change nothing in a batch (user,
 metadata, stream...) are accepted and unused. Strict models: `true` is not a valid `n`, `1` not
 a valid `logprobs` flag, `"0.5"` not a temperature (an integer is a valid number).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import replace
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
@@ -62,19 +64,36 @@ class _Body(BaseModel):
 
     @classmethod
     def parse(cls: type[B], body: dict[str, Any]) -> B:
-        """The body as this model; a BadRequest naming the field when it is not one."""
+        """The body as this model; a BadRequest naming the field when it is not one (an unknown field first)."""
         try:
             parsed = cls.model_validate(body)
         except ValidationError as e:
-            raise cls._bad_request(e, body) from None
-        for name, values in cls.neutral.items():
-            if body.get(name) not in values:
-                raise BadRequest(
-                    "unsupported_parameter",
-                    f"{name}={body[name]!r}: orch does not honour this vLLM extension (only {values[0]!r})",
-                    name,
-                )
+            raise cls._bad_requests(e, body)[0] from None
+        neutral = cls._not_neutral(body)
+        if neutral:
+            raise neutral[0]
         return parsed
+
+    @classmethod
+    def problems(cls, body: dict[str, Any]) -> list[BadRequest]:
+        """Every field of the body this model refuses, unknown fields first: what `parse` raises the first of."""
+        try:
+            cls.model_validate(body)
+        except ValidationError as e:
+            return cls._bad_requests(e, body)
+        return cls._not_neutral(body)
+
+    @classmethod
+    def _not_neutral(cls, body: dict[str, Any]) -> list[BadRequest]:
+        return [
+            BadRequest(
+                "unsupported_parameter",
+                f"{name}={body[name]!r}: orch does not honour this vLLM extension (only {values[0]!r})",
+                name,
+            )
+            for name, values in cls.neutral.items()
+            if body.get(name) not in values
+        ]
 
     @classmethod
     def unknown(cls, body: dict[str, Any]) -> tuple[str, ...]:
@@ -82,14 +101,22 @@ class _Body(BaseModel):
         return tuple(name for name in body if name not in cls.model_fields)
 
     @classmethod
-    def _bad_request(cls, error: ValidationError, body: dict[str, Any]) -> BadRequest:
-        problems = error.errors()
-        unknown = [p for p in problems if p["type"] == "extra_forbidden"]
-        name = str((unknown or problems)[0]["loc"][0])
-        if unknown:
-            return BadRequest("unsupported_parameter", f"parameter {name!r} is not supported {cls.endpoint}", name)
-        expected = cls.model_fields[name].description
-        return BadRequest("invalid_parameter", f"{name}={body.get(name)!r}: expected {expected}", name)
+    def _bad_requests(cls, error: ValidationError, body: dict[str, Any]) -> list[BadRequest]:
+        """One BadRequest per field in error (pydantic may report a field once per type of a union), unknown first."""
+        unknown: list[BadRequest] = []
+        invalid: dict[str, BadRequest] = {}
+        for problem in error.errors():
+            name = str(problem["loc"][0])
+            if problem["type"] == "extra_forbidden":
+                close = difflib.get_close_matches(name, list(cls.model_fields), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                message = f"parameter {name!r} is not supported {cls.endpoint}{hint}"
+                unknown.append(BadRequest("unsupported_parameter", message, name))
+            elif name not in invalid:
+                expected = cls.model_fields[name].description
+                message = f"{name}={body.get(name)!r}: expected {expected}"
+                invalid[name] = BadRequest("invalid_parameter", message, name)
+        return [*unknown, *invalid.values()]
 
 
 class _SamplingBody(_Body):

@@ -52,6 +52,51 @@ def parse_request(
         return RowResult(index, custom_id, error_line(custom_id, e.code, str(e), param=e.param), 0, 0, True)
 
 
+#: The body field holding a line's own text, by URL: checked on every line by `content_problem`,
+#: while the rest of a body (its parameters) is often the same on many lines and checked once.
+CONTENT_FIELDS = {CHAT_URL: "messages", COMPLETION_URL: "prompt"}
+_BODIES: dict[str, type[ChatBody | CompletionBody | ResponsesBody | EmbeddingBody | ScoreBody | RerankBody]] = {
+    CHAT_URL: ChatBody,
+    COMPLETION_URL: CompletionBody,
+    RESPONSES_URL: ResponsesBody,
+    EMBEDDINGS_URL: EmbeddingBody,
+    SCORE_URL: ScoreBody,
+    RERANK_URL: RerankBody,
+}
+
+
+def body_problems(
+    url: Any, body: dict[str, Any], defaults: SamplingSpec, unknown_fields: str = "error"
+) -> list[BadRequest]:
+    """Every reason `parse_request` would answer this body with an error row: each field its model
+    refuses, or else the first rule beyond single fields it breaks (n with greedy sampling, a
+    constraint, tools, the content). Engine-free: `orch prepare` checks every line with it."""
+    model = _BODIES.get(url)
+    if model is None:
+        return [BadRequest("unsupported_url", f"url {url!r} is not one of {', '.join(URLS)}", "url")]
+    warn = unknown_fields == "warn"
+    problems = model.problems(_without(body, model.unknown(body)) if warn else body)
+    if problems:
+        return problems
+    try:
+        _engine_request(url, body, 0, "", defaults, warn)
+    except BadRequest as e:
+        return [e]
+    return []
+
+
+def content_problem(url: str, value: Any) -> BadRequest | None:
+    """What is wrong with a line's `CONTENT_FIELDS` value (its messages, its prompt), if anything."""
+    try:
+        if url == CHAT_URL:
+            _messages(value)
+        elif url == COMPLETION_URL:
+            _prompts(value)
+    except BadRequest as e:
+        return e
+    return None
+
+
 def _engine_request(
     url: Any, body: dict[str, Any], index: int, custom_id: str, defaults: SamplingSpec, warn: bool
 ) -> EngineRequest:

@@ -12,6 +12,7 @@ from orchestrator.commands.shared import (
     common_options,
     input_flags,
     input_options,
+    print_check_report,
     print_prepare_report,
     say_spec_changes,
 )
@@ -22,14 +23,47 @@ from orchestrator.commands.shared import (
 @click.argument("sources", nargs=-1, required=True)
 @input_options
 @click.option("--strict", is_flag=True, help="stop at the first bad row instead of setting it aside")
+@click.option(
+    "--check",
+    "check_only",
+    is_flag=True,
+    help="only check every request as the workers will (fields, types, ranges, JSON schemas, model); write nothing",
+)
+@click.option(
+    "--no-check", is_flag=True, help="skip the request check (the workers still answer such rows with error rows)"
+)
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-def prepare_command(inv: Invocation, sources: tuple[str, ...], strict: bool, as_json: bool, **input_args: Any) -> int:
-    """Stream SOURCES (files, directories, s3://...) into chunks of OpenAI Batch requests."""
-    from orchestrator.prepare import prepare_run
+def prepare_command(
+    inv: Invocation,
+    sources: tuple[str, ...],
+    strict: bool,
+    check_only: bool,
+    no_check: bool,
+    as_json: bool,
+    **input_args: Any,
+) -> int:
+    """Stream SOURCES (files, directories, s3://...) into chunks of OpenAI Batch requests.
 
+    Every request is first held to the workers' own rules: one they would refuse stops prepare
+    (exit 10), every problem listed by field with counts and file:line, before any chunk is written."""
+    from orchestrator.prepare import check_run, prepare_run
+
+    if check_only and no_check:
+        raise click.UsageError("--check and --no-check: choose one")
     # The spec is checked now, and recorded only once the prepare succeeded.
     ctx = Invocation(inv.spec_file, {**inv.flags, **input_flags(**input_args)}).context(check=True, model="checked")
-    report = prepare_run(ctx, list(sources), strict=strict, progress=lambda s: click.echo(s, err=True))
+    if check_only:
+        checked = check_run(ctx, list(sources), progress=lambda s: click.echo(s, err=True))
+        if as_json:
+            click.echo(json.dumps(checked.to_dict()))
+        if not checked.requests.ok:
+            raise checked.requests.error()
+        if not as_json:
+            print_check_report(checked)
+        return 0
+    report = prepare_run(
+        ctx, list(sources), strict=strict, check=not no_check, progress=lambda s: click.echo(s, err=True)
+    )
     say_spec_changes(ctx)
     if as_json:
         click.echo(json.dumps(report.to_dict()))

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 @click.option("--interval", type=float, default=5.0, show_default=True, help="seconds between checks")
 @click.option("--strict", is_flag=True, help="stop at the first bad input row")
 @keep_columns_option
+@click.option(
+    "--no-check", is_flag=True, help="skip prepare's request check (the workers answer bad requests with error rows)"
+)
 @max_error_rate_option
 def run_command(
     inv: Invocation,
@@ -45,6 +48,7 @@ def run_command(
     retry_out: str | None,
     interval: float,
     strict: bool,
+    no_check: bool,
     max_error_rate: float,
     keep_columns: list[str] | None,
     **input_args: Any,
@@ -80,6 +84,7 @@ def run_command(
         ctx,
         list(sources),
         strict=strict,
+        check=not no_check,
         progress=lambda s: click.echo(s, err=True),
         on_prepared=prepared,
         echo=click.echo,

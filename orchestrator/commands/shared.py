@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from orchestrator.controller.reconcile import TickReport
     from orchestrator.core.context import RunContext
     from orchestrator.core.errors import SpecError
-    from orchestrator.prepare import PrepareReport
+    from orchestrator.prepare import CheckReport, PrepareReport
 
 
 @dataclass
@@ -422,6 +422,18 @@ def print_prepare_report(ctx: RunContext, report: PrepareReport) -> None:
                 click.style(f"{others:,} line(s) name another model", fg="yellow")
                 + f": {named}; every line is answered by the run's model, {serving} (body.model says so)"
             )
+
+
+def print_check_report(report: CheckReport) -> None:
+    """`orch prepare --check` on an input the workers would take whole: what was checked, and the rows set aside."""
+    click.echo(
+        f"checked {report.requests.checked:,} request(s) in {report.seconds:.1f}s: the workers would take every one "
+        "(nothing written)"
+    )
+    if report.set_aside:
+        click.echo(click.style(f"{report.set_aside:,} bad row(s) would be set aside", fg="yellow") + ":")
+        for problem in report.first_set_aside:
+            click.echo(f"  {problem}")
 
 
 def max_error_rate_option(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -39,6 +39,7 @@ def start_run(
     sources: list[str],
     *,
     strict: bool = False,
+    check: bool = True,
     progress: Callable[[str], None] = lambda _line: None,
     on_prepared: Callable[[PrepareReport], None] = lambda _report: None,
     echo: Callable[[str], None] = lambda _line: None,
@@ -47,12 +48,13 @@ def start_run(
     """Every step may be taken again: each skips what is done.
 
     1. Prepare the sources (nothing to do when the run was prepared from them), then record the
-       spec: a prepare that failed locks nothing.
+       spec: a prepare that failed locks nothing. With `check`, a request the workers would refuse
+       stops it here, before any chunk is written or any worker launched.
     2. Plan over the spec's workers (fewer, when `at_most_one_worker_per_chunk`, if the chunks
        are fewer), unless a plan for that many exists.
     3. Launch the workers whose lists hold unfinished chunks.
     """
-    prepared = prepare_run(ctx, sources, strict=strict, progress=progress)
+    prepared = prepare_run(ctx, sources, strict=strict, check=check, progress=progress)
     ctx.freeze()
     on_prepared(prepared)
     workers = ctx.spec.workers.count

@@ -54,6 +54,12 @@ class InputError(OrchError):
     exit_code = 4
 
 
+class RequestsRefused(InputError):
+    """`orch prepare` checked the request lines and found some the workers would refuse: nothing was written."""
+
+    exit_code = 10
+
+
 class RunNotFound(OrchError):
     """The run (or a part of it a command needs, such as its manifest or plan) is not in the store."""
 

@@ -17,7 +17,6 @@ change between commands.
 from __future__ import annotations
 
 import copy
-import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,6 +29,7 @@ from orchestrator.core.errors import SpecError
 from orchestrator.core.prefix import PREFIX_BYTES
 from orchestrator.core.protocol.layout import RunLayout, check_run_name
 from orchestrator.core.request_format import check_response_format, template_columns
+from orchestrator.core.spec_errors import spec_error
 from orchestrator.core.store import StoreSettings
 
 DEFAULT_SPEC_FILE = "orch.yaml"
@@ -394,7 +394,7 @@ def load_spec(
         try:
             spec = RunSpec.model_validate(merged)
         except ValidationError as e:
-            raise _spec_error(e, source, lines) from None
+            raise spec_error(e, source, lines, RunSpec) from None
     return spec
 
 
@@ -471,57 +471,3 @@ def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[key] = copy.deepcopy(value)
     return out
-
-
-def _spec_error(e: ValidationError, source: str, lines: Any) -> SpecError:
-    err = e.errors()[0]
-    loc = [str(p) for p in err.get("loc", ()) if not str(p).startswith("function-")]
-    field = ".".join(loc) or "(top level)"
-    msg = err.get("msg", "invalid")
-    hint = "docs/spec.md (the spec: orch.yaml) lists every field and what it takes"
-    if err.get("type") == "extra_forbidden":
-        parent = _model_at(loc[:-1])
-        known = ", ".join(parent.model_fields) if parent else ""
-        msg = f"unknown field{f' (known: {known})' if known else ''}"
-        close = difflib.get_close_matches(loc[-1], list(parent.model_fields) if parent else [], n=1)
-        if close:
-            hint = f"did you mean {'.'.join([*loc[:-1], close[0]])}?"
-    elif "input" in err and err.get("input") is not None:
-        msg = f"{msg} (got {repr(err['input'])[:80]})"
-    where = source
-    line = _line_of(lines, loc)
-    if line is not None:
-        where = f"{source}:{line}"
-    elif source == "environment":
-        where = "ORCH_" + "__".join(p.upper() for p in loc) if len(loc) > 1 else source
-    error = SpecError(f"{field}: {msg}", where=where, hint=hint)
-    error.field = field
-    return error
-
-
-def _model_at(path: list[str]) -> type[BaseModel] | None:
-    model: type[BaseModel] = RunSpec
-    for part in path:
-        field = model.model_fields.get(part)
-        ann = getattr(field, "annotation", None) if field else None
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return None
-        model = ann
-    return model
-
-
-def _line_of(node: Any, loc: list[str]) -> int | None:
-    """The 1-based line of the YAML node at `loc`, or of its nearest existing parent."""
-    if node is None:
-        return None
-    line: int = node.start_mark.line + 1
-    for part in loc:
-        if not isinstance(node, yaml.MappingNode):
-            break
-        for key_node, value_node in node.value:
-            if str(key_node.value) == part:
-                node, line = value_node, key_node.start_mark.line + 1
-                break
-        else:
-            break
-    return line

@@ -1,8 +1,10 @@
 """`orch prepare`: stream a dataset into chunks of canonical requests, a manifest and metadata.txt.
 
 1. Resolve the sources and count their rows (Parquet metadata; one pass over JSONL lines).
-2. Stream rows through the format's converter; good requests fill chunk files (local temp files,
-   uploaded as each one closes), bad rows go to the errors file (or stop everything with --strict).
+2. Stream rows through the format's converter; good requests fill chunk files (local temp files),
+   bad rows go to the errors file (or stop everything with --strict). Each request is checked as
+   the workers will check it (prepare/check.py): a request they would refuse stops prepare with
+   every such problem listed, before any chunk is uploaded. `--check` does this step alone.
 3. Write the errors file, manifest.jsonl, metadata.txt, and last the prepare record. A run with a
    prepare record is prepared: running the same command again changes nothing, and a different
    input on the same run is refused. A prepare that died before its record is simply redone: the
@@ -22,6 +24,7 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
 from orchestrator.core.records import ManifestEntry, PrepareRecord, read_jsonl, read_record, write_jsonl
 from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, ChunkingSpec, InputSpec
+from orchestrator.prepare.check import RequestCheck
 from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
 from orchestrator.prepare.grouping import PrefixSorter
 from orchestrator.prepare.sources import (
@@ -63,9 +66,55 @@ class PrepareReport:
         }
 
 
+@dataclass
+class CheckReport:
+    """What `orch prepare --check` found, writing nothing: the request check, and the rows prepare would set aside."""
+
+    run: str | None
+    rows: int
+    requests: RequestCheck
+    set_aside: int
+    first_set_aside: list[str]
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "rows": self.rows,
+            "requests": self.requests.to_dict(),
+            "set_aside": self.set_aside,
+            "first_set_aside": self.first_set_aside,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def check_run(ctx: RunContext, sources: list[str], *, progress: Progress = lambda _line: None) -> CheckReport:
+    """Step 2 without its writing: every row converted and its request checked as the workers would;
+    nothing is written to the store (the bad rows' temporary file is discarded)."""
+    started = time.monotonic()
+    files = resolve_sources(sources)
+    total = sum(count_rows(f, ctx.spec.input.max_line_bytes) for f in files)
+    errors = ErrorWriter(strict=False, several_files=len(files) > 1)
+    requests = RequestCheck(ctx.spec)
+    try:
+        rows_in = _Conversion(ctx, files, lambda _request, _position: None, errors, False, requests)
+        _convert_rows(files, ctx.spec.input, total, lambda _row: None, rows_in, progress)
+    finally:
+        errors.discard()
+    run = ctx.spec.run
+    return CheckReport(run, total, requests, errors.count, errors.first, time.monotonic() - started)
+
+
 def prepare_run(
-    ctx: RunContext, sources: list[str], *, strict: bool = False, progress: Progress = lambda _line: None
+    ctx: RunContext,
+    sources: list[str],
+    *,
+    strict: bool = False,
+    check: bool = True,
+    progress: Progress = lambda _line: None,
 ) -> PrepareReport:
+    """Steps 1-3; with `check` (the default) every request is checked as the workers would, and an
+    input with requests they would refuse stops prepare before any chunk is written (RequestsRefused)."""
     started = time.monotonic()
     spec, layout = ctx.spec, ctx.layout
     files = resolve_sources(sources)
@@ -86,17 +135,20 @@ def prepare_run(
     errors = ErrorWriter(strict, several_files=len(files) > 1)
     sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix else None
     writer: ChunkWriter | None = None
+    requests = RequestCheck(spec) if check else None
     try:
         if sorter is None:
             writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, total))
             progress(f"{total:,} rows in {len(files)} file(s) -> {writer.total} chunks")
-            rows_in = _Conversion(ctx, files, writer.add, errors, strict)
+            rows_in = _Conversion(ctx, files, writer.add, errors, strict, requests)
             _convert_rows(files, spec.input, total, writer.advance_to, rows_in, progress)
             writer.advance_to(total)
+            _stop_if_refused(requests)
         else:
             progress(f"{total:,} rows in {len(files)} file(s), grouped by prompt prefix")
-            rows_in = _Conversion(ctx, files, sorter.add, errors, strict)
+            rows_in = _Conversion(ctx, files, sorter.add, errors, strict, requests)
             _convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
+            _stop_if_refused(requests)
             writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), grouped=True)
             writer.write_sorted(sorter.sorted_rows())
         entries = writer.close()
@@ -124,6 +176,11 @@ def prepare_run(
         errors.discard()
     record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in)
     return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
+
+
+def _stop_if_refused(requests: RequestCheck | None) -> None:
+    if requests is not None and not requests.ok:
+        raise requests.error()
 
 
 def _convert_rows(
@@ -299,8 +356,10 @@ class _Conversion:
         keep: Callable[[Request, int], None],
         errors: ErrorWriter,
         strict: bool,
+        requests: RequestCheck | None = None,
     ):
         self.spec_input = ctx.spec.input
+        self.requests = requests  # the request check, when prepare checks
         self.convert = make_converter(ctx.spec.input, ctx.spec.sampling, ctx.spec.model.name, ctx.spec.model.runner)
         self.files = files
         self.keep = keep  # a good request and its input position
@@ -316,6 +375,8 @@ class _Conversion:
             return
         if request.named_model is not None:
             self.models[request.named_model] += 1
+        if self.requests is not None:
+            self.requests.add(request, source.uri, raw.number)
         self.keep(request, position)
 
     def _request(self, file_index: int, source: SourceFile, raw: RawRow) -> Request | str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -56,6 +56,9 @@ class Request:
     #: The model the input line itself named (`body.model`, a completion object's `model`), if any:
     #: every line is answered by the run's model, and prepare says how many named another.
     named_model: str | None = None
+    #: The line's URL and body as built, for prepare's request check (not compared: the line says it all).
+    url: str = field(default="", compare=False, repr=False)
+    body: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 #: What `make_converter` gives: (record, source name, row number) -> the row's request.
@@ -163,7 +166,7 @@ def _request(
 ) -> Request:
     line = encode_line({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
     budget = 0 if url in URLS["pooling"] else _output_budget(body, sampling)  # pooling generates nothing
-    return Request(custom_id, line, _prompt_tokens(body), budget, named_model)
+    return Request(custom_id, line, _prompt_tokens(body), budget, named_model, url, body)
 
 
 def _openai_batch(record: dict[str, Any], sampling: SamplingSpec, urls: tuple[str, ...]) -> Request:

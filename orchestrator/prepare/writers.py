@@ -28,7 +28,7 @@ def excerpt(record: dict[str, Any], limit: int | None = EXCERPT) -> str:
 
 
 class ChunkWriter:
-    """Fills one local temp file per chunk and uploads it when the chunk is complete.
+    """Fills one local temp file per chunk and uploads them once the input is read (grouped: as each closes).
 
     Ungrouped, chunk boundaries are input positions (bad rows never shift them); grouped by prefix,
     they are counts of sorted good rows, and each chunk also gets its rows' input positions."""
@@ -40,6 +40,10 @@ class ChunkWriter:
         self.grouped = grouped
         self.dir = tempfile.mkdtemp(prefix="orch-prepare-")
         self.entries: list[ManifestEntry] = []
+        # Ungrouped, chunks are written while the input is read and checked: each is uploaded only
+        # once every row passed prepare's request check (close), so a refused input writes none.
+        # Grouped, the writer starts after the whole input was read: each is uploaded as it closes.
+        self.sealed: list[tuple[str, str]] = []
         self.index = 0
         self._open()
 
@@ -79,8 +83,10 @@ class ChunkWriter:
             os.unlink(self.path)
             return
         layout = self.ctx.layout
-        self.ctx.store.put_file(layout.chunk(self.chunk), self.path)
-        os.unlink(self.path)
+        if self.grouped:
+            self._upload(layout.chunk(self.chunk), self.path)
+        else:
+            self.sealed.append((layout.chunk(self.chunk), self.path))
         grouped: dict[str, Any] = {}
         if self.grouped:
             stats = self.prefixes
@@ -112,8 +118,16 @@ class ChunkWriter:
         self._open()
 
     def close(self) -> list[ManifestEntry]:
+        """The last chunk sealed, every chunk uploaded, and their manifest entries."""
         self._seal()
+        for key, path in self.sealed:
+            self._upload(key, path)
+        self.sealed.clear()
         return self.entries
+
+    def _upload(self, key: str, path: str) -> None:
+        self.ctx.store.put_file(key, path)
+        os.unlink(path)
 
     def discard(self) -> None:
         if not self.file.closed:

@@ -178,7 +178,8 @@ class BatchSteps:
         """Prepare (once), plan and launch the batch's run; returns the workers launched now."""
         ctx = self.run_context(batch.id, served)
         assert ctx is not None  # made from the served model when new
-        return len(start_run(ctx, [str(path)], at_most_one_worker_per_chunk=True).launched)
+        # As OpenAI's Batch API does, a request with a bad parameter is that row's error, not the batch's.
+        return len(start_run(ctx, [str(path)], check=False, at_most_one_worker_per_chunk=True).launched)
 
     def _progress(self, batch: BatchDocument) -> None:
         """One reconcile tick; then the end when every chunk is done (or nothing can run), else fresh counts."""

@@ -251,6 +251,27 @@ def test_parse_request_unknown_fields_error_or_ignored_with_their_names():
     assert warned.params.temperature == DEFAULTS.temperature
 
 
+def test_parse_request_unknown_field_error_says_did_you_mean():
+    code, message = error_of(parse(chat(temprature=0.2)))
+    assert code == "unsupported_parameter"
+    assert "did you mean 'temperature'?" in message
+    _, far = error_of(parse(chat(zzzzzz=1)))
+    assert "did you mean" not in far
+
+
+def test_body_problems_lists_every_field_in_error_unknown_first():
+    from worker.requests import body_problems
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5, "temprature": 1, "top_p": 7}
+    problems = body_problems("/v1/chat/completions", body, DEFAULTS)
+    assert [(p.code, p.param) for p in problems] == [
+        ("unsupported_parameter", "temprature"),
+        ("invalid_parameter", "max_tokens"),
+        ("invalid_parameter", "top_p"),
+    ]
+    assert body_problems("/v1/chat/completions", {**body, "max_tokens": 5, "top_p": 1}, DEFAULTS, "warn") == []
+
+
 def test_parse_request_completion_prompts_as_text_or_token_ids():
     assert parse(completion(prompt=[1, 2, 3])).prompt == (1, 2, 3)
     assert parse(completion(prompt=[[4, 5]])).prompt == (4, 5)
