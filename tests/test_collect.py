@@ -389,3 +389,23 @@ def test_served_name_is_never_a_path():
     assert served_name("./q/SmolLM2.Q4_1.gguf", {}) == "SmolLM2.Q4_1"
     assert served_name("meta-llama/Llama-3.1-8B", {}) == "meta-llama/Llama-3.1-8B"
     assert served_name("/data/m", {"served_model_name": ["llama", "alias"]}) == "llama"
+
+
+def test_run_refuses_a_kept_column_before_any_worker_is_launched(tmp_path, capsys, monkeypatch):
+    """`orch run --keep-columns` checks the columns right after prepare: a misspelt one costs no
+    worker (the run stays prepared, and the same command with the right name goes on)."""
+    from pathlib import Path
+
+    model = Path(__file__).resolve().parents[1] / ".cache/models/tiny-llama"
+    monkeypatch.chdir(tmp_path)
+    store_uri = str(tmp_path / "s")
+    write_jsonl(tmp_path / "tickets.jsonl", TICKETS)
+    run = ["run", "tickets.jsonl", "--run", "t", "--store", store_uri, "--model", str(model), "--format", "text"]
+    code = main([*run, "--text-column", "body", "--out", "t.parquet", "--keep-columns", "subjet"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "no column 'subjet' in the run's input (tickets.jsonl)" in err
+    store, layout = open_store(store_uri), RunLayout("t")
+    assert read_manifest(store, layout)  # prepared, and kept
+    assert store.head(layout.jobs) is None  # no worker launched
+    assert not (tmp_path / "t.parquet").exists()

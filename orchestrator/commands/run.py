@@ -57,14 +57,15 @@ def run_command(
 
     Every step is idempotent: running the same command again picks up where it stopped.
     """
-    from orchestrator.controller.collect import check_output, collect
+    from orchestrator.controller.collect import check_output, collect, output_shape
+    from orchestrator.controller.collect_table import table_spec
     from orchestrator.controller.error_rate import check_error_rate
     from orchestrator.controller.pricing import load_gpu_table
     from orchestrator.controller.run import start_run
     from orchestrator.core.errors import IncompleteRun
 
     # The output is checked before any work: a bad --out found after hours of it loses an evening.
-    check_output(out)
+    container = check_output(out)
     if retry_out:
         check_output(retry_out, "jsonl")
     flags = {**inv.flags, **input_flags(**input_args)}
@@ -78,6 +79,9 @@ def run_command(
     def prepared(report: PrepareReport) -> None:
         say_spec_changes(ctx)
         print_prepare_report(ctx, report)
+        if keep_columns and output_shape(None, container) == "table":
+            # A column the input lacks is refused now, before any worker is paid for.
+            table_spec(ctx.store, ctx.layout, container, keep_columns)
 
     # 1-3. prepare, plan, launch the workers the remaining chunks need (each a no-op when done)
     started = start_run(
