@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -19,9 +20,11 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.errors import SpecError
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.records import Heartbeat, read_jobs
+from orchestrator.core.records import Heartbeat, ZoneTally, read_jobs, read_record, update_zone_history
+from orchestrator.core.records.run import DecisionRecord
 from orchestrator.core.spec import load_spec
 from orchestrator.core.store import open_store
+from tests.conftest import make_store_uri
 from tests.support.fake_sky import ScriptedSky
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
@@ -105,6 +108,21 @@ def test_greedy_waits_on_spot_until_the_slack_is_gone():
     greedy = DeadlineSettings(deadline_s=8 * H, restart_overhead_s=600, max_on_demand=4, greedy=True)
     assert decide(state(4, 300, spot_rate=0.02), greedy).action == "hold"
     assert decide(state(7, 750, spot_rate=1.0), greedy).action == "launch"
+
+
+def test_behind_with_spot_waiting_for_capacity_waits_while_the_slack_exceeds_the_reserve():
+    # 1 h into 8 h, nothing done, both spot workers waiting for capacity: 5.4 h of slack at their pace.
+    waiting = dataclasses.replace(state(1, 0, 0.0, new_rate=0.1), spot_waiting=2, spot_pace=0.2)
+    d = decide(waiting, EIGHT_HOURS)
+    assert (d.action, d.mode) == ("hold", "waiting")
+    assert "waiting for spot: slack 5.4 h > reserve 1.5 h" in d.reason  # 960 s + 0.75 x 7 restarts x 600 s + 1,320 s
+    up = decide(waiting, dataclasses.replace(EIGHT_HOURS, spot_wait=False))  # Uniform Progress pays at once
+    assert (up.action, up.mode) == ("launch", "behind")
+    # 3 h before the deadline: still worth waiting with hour-long spells, not with 20-minute ones.
+    later = dataclasses.replace(waiting, elapsed_s=5 * H)
+    assert "waiting for spot: slack 87 min > reserve" in decide(later, EIGHT_HOURS).reason
+    short = decide(dataclasses.replace(later, mean_up_s=1200.0), EIGHT_HOURS)
+    assert short.action == "launch" and "on-demand: slack 87 min within reserve 1.8 h" in short.reason
 
 
 def test_durations():
@@ -228,3 +246,64 @@ def test_watch_with_the_budget_spent_launches_nothing_not_even_relaunches(tmp_pa
     assert report.decision.action == "budget" and not report.relaunched
     assert len(sky.launched) == 2
     assert any("budget $1.00 reached" in e and "no new launches" in e for e in events)
+
+
+def test_watch_waits_for_spot_while_the_slack_allows_then_launches_on_demand(tmp_path):
+    ctx = make_ctx(tmp_path)
+    sky = ScriptedSky(script=("PENDING",))  # no spot capacity anywhere: every job waits for some
+    launcher = SkyPilotLauncher(ctx.spec, sdk=sky)
+    now = [0.0]
+    launch_workers(ctx, launcher, [0, 1], clock=lambda: now[0])
+    settings = DeadlineSettings(deadline_s=10 * H, restart_overhead_s=600, max_on_demand=2)
+    events: list[str] = []
+    loop = Reconciler(ctx, launcher, deadline=settings, clock=lambda: now[0], on_event=events.append)
+
+    now[0] = 1 * H  # behind the line (nothing done), 8.8 h of slack against a reserve of 1.8 h
+    report = loop.tick()
+    assert (report.decision.action, report.decision.mode) == ("hold", "waiting") and len(sky.launched) == 2
+    assert any(e.startswith("deadline [waiting] hold: behind the uniform line") for e in events)
+    assert "waiting for spot: slack 8.8 h > reserve 1.8 h" in events[-1]
+    (key,) = [o.key for o in ctx.store.list(ctx.layout.decisions_prefix)]
+    logged, _ = read_record(ctx.store, key, DecisionRecord)
+    assert logged is not None and logged.mode == "waiting" and "waiting for spot" in logged.reason
+
+    now[0] = 9.2 * H  # 48 min left: the slack (38 min) is within the reserve (44 min)
+    report = loop.tick()
+    assert (report.decision.action, report.decision.mode) == ("launch", "behind")
+    assert "on-demand: slack 38 min within reserve 44 min" in report.decision.reason
+    assert launched_spot_choices(sky)["orch-dl-w2"] == {False}
+
+
+def test_watch_deadline_decisions_name_the_zone_and_reserve_for_the_spells_learned_there(request, tmp_path):
+    a, b = "aws/us-east-1/us-east-1a", "aws/us-east-1/us-east-1b"
+    uri = make_store_uri("moto", request, tmp_path)
+    store = open_store(uri)
+    make_run(store, "dz", [[chat_request(f"c{c}-{i}", "q") for i in range(2)] for c in range(4)], model="m", workers=2)
+    flags = {"run": "dz", "store": uri, "backend": "skypilot", "resources.gpus": ["L4"], "resources.zones": [a, b]}
+    ctx = RunContext(load_spec(None, flags, env={}, default_file=False), store, RunLayout("dz"))
+
+    def seen(history):  # an hour up in each zone: us-east-1a preempted 9 times, us-east-1b 5 times
+        history.zones.update({a: ZoneTally(up_s=H, preemptions=9), b: ZoneTally(up_s=H, preemptions=5)})
+        return True
+
+    update_zone_history(store, ctx.layout, seen)
+    sky = ScriptedSky(script=("PENDING",))
+    launcher = SkyPilotLauncher(ctx.spec, sdk=sky)
+    now = [0.0]
+    launch_workers(ctx, launcher, [0, 1], clock=lambda: now[0])
+    events: list[str] = []
+    settings = DeadlineSettings(deadline_s=10 * H, restart_overhead_s=600, max_on_demand=2)
+    loop = Reconciler(ctx, launcher, deadline=settings, clock=lambda: now[0], on_event=events.append)
+
+    now[0] = 1 * H  # the best zone's spells last 20 min: 27 restarts expected, a reserve of 4 h (1.8 h unlearned)
+    assert loop.tick().decision.mode == "waiting"
+    assert "waiting for spot: slack 8.8 h > reserve 4.0 h" in events[-1]
+    assert f"(zone {b}: up spell" in events[-1] and f"then {a})" in events[-1]
+
+    now[0] = 9.2 * H
+    decision = loop.tick().decision
+    assert decision.action == "launch" and "on-demand: slack 38 min within reserve 56 min" in decision.reason
+    line = next(e for e in events if e.startswith("deadline [behind] launch"))
+    assert f"(zone {b}: up spell" in line
+    (task,) = [task for _, task, name in sky.launched if name == "orch-dz-w2"]
+    assert [(r.zone, r.use_spot) for r in task.resources] == [("us-east-1b", False), ("us-east-1a", False)]

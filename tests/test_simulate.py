@@ -158,19 +158,16 @@ def test_simulate_refuses_a_bad_trace(tmp_path, capsys):
     assert "not a valid preemption trace" in capsys.readouterr().err
 
 
+def outage_fleet(**outages):
+    """8 workers on 40 chunks of 2,000 rows, with spot outages starting within the first half hour."""
+    return SimConfig(workers=8, chunks=40, rows_per_chunk=2000, outage_window_s=1800, **outages)
+
+
 def test_the_deadline_policy_meets_a_deadline_spot_alone_misses_and_costs_less_than_on_demand():
     from orchestrator.simulate import deadline_study
 
     # Two 4-hour windows without spot capacity: spot alone runs late on this seed.
-    config = SimConfig(
-        workers=8,
-        chunks=40,
-        rows_per_chunk=2000,
-        preemptions_per_hour=1.0,
-        outages=2,
-        outage_s=3 * 3600,
-        outage_window_s=1800,
-    )
+    config = outage_fleet(preemptions_per_hour=1.0, outages=2, outage_s=3 * 3600)
     runs = {market: results[0] for market, results in deadline_study(config, 1, 2.0).items()}
     od = runs["on-demand only"]
     assert od.met_deadline and od.deadline_s == 2 * od.makespan_s
@@ -179,6 +176,33 @@ def test_the_deadline_policy_meets_a_deadline_spot_alone_misses_and_costs_less_t
     assert deadline.complete and deadline.met_deadline and deadline.on_demand_launched > 0
     assert deadline.cost_usd < od.cost_usd
     assert deadline.markers == deadline.chunks  # every chunk once, with workers added and retired
+
+
+def test_deadline_policy_waits_out_an_early_spot_outage_on_fewer_on_demand_hours_than_uniform_progress():
+    from orchestrator.simulate import deadline_study
+
+    # No spot capacity at all for 1.5 h, starting within the first half hour; the deadline 3x the
+    # on-demand makespan leaves the slack to wait it out.
+    config = outage_fleet(outages=1, outage_s=1.5 * 3600)
+    results = deadline_study(config, 5, 3.0)
+    up, waits = results["uniform progress"], results["deadline"]
+    assert all(r.met_deadline for r in up + waits)  # 0 misses over the seeds, for both
+    assert sum(r.on_demand_gpu_h for r in waits) < 0.5 * sum(r.on_demand_gpu_h for r in up)
+    waited = [d for r in waits for d in r.decisions if d.mode == "waiting"]
+    assert waited and all("waiting for spot: slack" in d.reason and "> reserve" in d.reason for d in waited)
+
+
+def test_deadline_policy_still_meets_the_deadline_when_the_outage_outlasts_the_slack():
+    from orchestrator.simulate import deadline_study
+
+    # 3 h without spot against a deadline of 2x the on-demand makespan: spot alone is late; waiting
+    # must give up in time and pay for on-demand.
+    config = outage_fleet(outages=1, outage_s=3 * 3600)
+    results = deadline_study(config, 3, 2.0)
+    assert not all(r.met_deadline for r in results["spot only"])
+    waits = results["deadline"]
+    assert all(r.met_deadline for r in waits) and all(r.on_demand_launched for r in waits)
+    assert any("on-demand: slack" in d.reason and "within reserve" in d.reason for r in waits for d in r.decisions)
 
 
 def test_simulate_command_runs_the_deadline_study(capsys):
@@ -202,7 +226,7 @@ def test_simulate_command_runs_the_deadline_study(capsys):
     )
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc["markets"]) == {"on-demand only", "spot only", "greedy", "deadline"}
+    assert set(doc["markets"]) == {"on-demand only", "spot only", "greedy", "uniform progress", "deadline"}
     assert doc["markets"]["on-demand only"]["cost_vs_on_demand"] == 1.0
 
 

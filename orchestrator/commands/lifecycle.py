@@ -129,7 +129,7 @@ def say_prerequisites(spec: RunSpec) -> None:
     default=None,
     metavar="DURATION",
     help="finish within this long of the first launch (8h, 90m, 1.5d): add on-demand workers when "
-    "behind schedule, retire them when ahead",
+    "behind schedule (after waiting for spot capacity while the slack allows), retire them when ahead",
 )
 @click.option("--budget", type=float, default=None, metavar="USD", help="with --deadline: no launch past this cost")
 @click.option(
@@ -159,7 +159,9 @@ def watch_command(
 
     With --deadline, also keep the run on schedule at the least cost: spot while progress is on
     the uniform line, on-demand workers added when behind (or when the slack left is within a
-    restart), retired first when ahead. Decisions are logged in the store and shown by `orch status`.
+    restart), retired first when ahead. Behind because spot workers wait for capacity, it first
+    waits for spot while the slack exceeds the reserve the zones' learned spells call for.
+    Decisions are logged in the store and shown by `orch status`.
 
     Exits 0 when the run is complete, non-zero when the retry budget is spent with work left.
     """

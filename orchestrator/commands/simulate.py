@@ -278,6 +278,7 @@ def _deadline_study(
             "makespan_vs_deadline": statistics.fmean(r.makespan_vs_deadline for r in runs),
             "makespan_vs_deadline_max": max(r.makespan_vs_deadline for r in runs),
             "on_demand_launched": statistics.fmean(r.on_demand_launched for r in runs),
+            "on_demand_added_gpu_h": statistics.fmean(r.on_demand_gpu_h for r in runs),
         }
     if as_json:
         click.echo(json.dumps({"config": config.model_dump(), "deadline_factor": factor, "markets": rows}))
@@ -287,7 +288,7 @@ def _deadline_study(
     trace = f"{config.preemptions_per_hour:g} preemptions/h" + (
         f" + {config.outages} outage(s) of {config.outage_s / 3600:g} h" if config.outages else ""
     )
-    numbers = ("deadline met", "cost (USD)", "x on-demand", "makespan/deadline", "on-demand added")
+    numbers = ("deadline met", "cost (USD)", "x on-demand", "makespan/deadline", "on-demand added", "their GPU-h")
     grid = table("", *numbers, right=numbers)
     for market, r in rows.items():
         grid.add_row(
@@ -297,6 +298,7 @@ def _deadline_study(
             f"{r['cost_vs_on_demand']:.2f}",
             f"{r['makespan_vs_deadline']:.2f} (max {r['makespan_vs_deadline_max']:.2f})",
             f"{r['on_demand_launched']:.1f}",
+            f"{r['on_demand_added_gpu_h']:.1f}",
         )
     head = (
         f"{config.workers} workers, {config.chunks} chunks x {config.rows_per_chunk} rows, {trace}, deadline "

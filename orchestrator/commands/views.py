@@ -92,7 +92,7 @@ def status_view(status: RunStatus) -> Group:
         )
     if status.deadline:
         d = status.deadline
-        colour = {"critical": "red", "behind": "yellow"}.get(str(d.get("mode")), "green")
+        colour = {"critical": "red", "behind": "yellow", "waiting": "yellow"}.get(str(d.get("mode")), "green")
         head.append(
             Text.assemble(
                 (f"deadline {_duration(d['deadline_s'])}", "bold"),

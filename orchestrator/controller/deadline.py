@@ -20,6 +20,10 @@ Work is counted in rows; rates in rows per second. Each control round:
    held by preempted workers to be taken over, and one control interval): commit. On-demand
    capacity alone must cover `need`: spot workers may be gone at any moment.
 2. behind: progress below the line: add on-demand workers until have >= need x (1 + margin).
+   Unless spot workers wait for capacity (pending, recovering) and the slack at the fleet's pace
+   with spot is beyond the reserve (controller/spot_zones.py's `wait_for_spot`, the rule scored on
+   the published traces; its mean up spell learned from the zones' history): then wait for spot,
+   as the trace policy does. Rule 1 still commits in time, so the guarantee holds.
 3. ahead by `ahead_band` of the work, with slack beyond twice (overhead + commit margin): retire
    on-demand workers (the slowest first) while what stays still covers need x (1 + margin). The
    band and the doubled slack keep it from retiring what it must relaunch minutes later.
@@ -27,7 +31,8 @@ Work is counted in rows; rates in rows per second. Each control round:
    would cost until the deadline, passes it; the decision says so.
 
 `greedy` is the baseline the paper compares against: only rule 1 (stay on spot until the slack
-is gone, then commit), never rules 2 and 3.
+is gone, then commit), never rules 2 and 3. With `spot_wait` off, rule 2 never waits: the paper's
+Uniform Progress, the baseline the trace scorer compares against.
 """
 
 from __future__ import annotations
@@ -38,9 +43,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from orchestrator.controller.estimate import RESTART_OVERHEAD_S
+from orchestrator.controller.spot_zones import PRIOR_UP_S, SpotWait, wait_for_spot
 from orchestrator.core.errors import SpecError
 
-Mode = Literal["complete", "critical", "behind", "on-line", "ahead"]
+Mode = Literal["complete", "critical", "behind", "waiting", "on-line", "ahead"]
 Action = Literal["hold", "launch", "retire", "budget"]
 
 
@@ -54,6 +60,7 @@ class DeadlineSettings:
     max_on_demand: int = 16  # extra on-demand workers at most
     commit_margin_s: float = 360.0  # the lease TTL + one control interval
     greedy: bool = False
+    spot_wait: bool = True  # behind with spot workers waiting for capacity: wait while the slack allows (rule 2)
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,12 @@ class FleetState:
     open_chunks: int | None = None
     #: Which speed new_worker_rate comes from, in words (estimate.Throughput.basis).
     new_worker_speed: str = ""
+    #: Spot workers waiting for capacity (pending past a start-up, recovering after a preemption).
+    spot_waiting: int = 0
+    #: rows/s of every live spot worker, up or waiting: the fleet's pace once spot is back.
+    spot_pace: float = 0.0
+    #: Expected up spell of the best zone, learned from its history (the zones' prior when none).
+    mean_up_s: float = PRIOR_UP_S
 
 
 @dataclass
@@ -159,14 +172,13 @@ def decide(state: FleetState, settings: DeadlineSettings) -> Decision:
         why = f"slack {max(slack, 0) / 60:.0f} min is within a restart and a takeover ({commit_at / 60:.0f} min)"
         return _launch(state, settings, "critical", target - od_rate, f"{why}: committing to on-demand", numbers)
     if not settings.greedy and state.done_rows < line * total:
-        return _launch(
-            state,
-            settings,
-            "behind",
-            need * (1 + settings.margin) - have,
-            f"behind the uniform line ({state.done_rows / total:.1%} done, line {line:.1%})",
-            numbers,
-        )
+        why = f"behind the uniform line ({state.done_rows / total:.1%} done, line {line:.1%})"
+        if settings.spot_wait and state.spot_waiting:
+            wait = _spot_wait(state, settings, T, W, od_rate)
+            if wait.wait:
+                return Decision("hold", "waiting", f"{why}; {wait.reason}", **numbers)
+            why += f"; {wait.reason}"
+        return _launch(state, settings, "behind", need * (1 + settings.margin) - have, why, numbers)
     ahead = state.done_rows >= (line + settings.ahead_band) * total
     if not settings.greedy and ahead and slack > 2 * commit_at:
         retire = _spare_on_demand(state, settings, have, need, T, W)
@@ -191,6 +203,20 @@ def _on_demand_slack(state: FleetState, settings: DeadlineSettings, T: float, W:
         return -math.inf
     od_time = max(W / od_cap, state.largest_chunk_rows / max(state.new_worker_rate, 1e-9)) * (1 + settings.margin)
     return T - od_time
+
+
+def _spot_wait(state: FleetState, settings: DeadlineSettings, T: float, W: float, od_rate: float) -> SpotWait:
+    """`wait_for_spot` for the fleet: the slack at its pace with spot back (one start-up counted), the
+    control round's commit margin as the tick."""
+    pace = max(state.spot_pace, state.spot_rate) + od_rate
+    slack = T - W / pace - settings.restart_overhead_s if pace > 0 else -math.inf
+    return wait_for_spot(
+        slack_s=slack,
+        time_left_s=T,
+        overhead_s=settings.restart_overhead_s,
+        tick_s=settings.commit_margin_s,
+        mean_up_s=state.mean_up_s,
+    )
 
 
 def _spare_on_demand(

@@ -4,19 +4,24 @@ Each round:
 1. The run's facts as `orch status` reads them (listings), the jobs record and the backend's states.
 2. The fleet's state: rows done (finished chunks + rows done in chunks being worked on), the rate
    of the spot workers that are up (measured rows/s from heartbeats; the estimate while a worker
-   loads its model), the on-demand workers this policy launched, the cost so far.
+   loads its model), the spot workers waiting for capacity (pending past a start-up, recovering)
+   and the fleet's pace once they are back, the on-demand workers this policy launched, the cost
+   so far, and the zones' ranking (controller/zone_steering.py): its learned up spells set the
+   reserve that waiting for spot keeps back.
 3. `decide`; then launch on-demand workers (new worker numbers beyond the plan: they own no list
    and take untouched chunks from the most loaded lists) through the same `launch_workers` as
    every launch, with use_spot=False, or retire some (cancel: SIGTERM, so they flush and give
    their leases back).
-4. Log every launch, retirement, budget stop and change of mode under decisions/ in the store,
-   with its reason; `orch status` shows the latest.
+4. Log every launch, retirement, budget stop and change of mode (a wait for spot among them) under
+   decisions/ in the store, with its reason and the zone ranking's first zone; `orch status` shows
+   the latest.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 from orchestrator.backends.base import JobState, JobStatus, Launcher
 from orchestrator.controller.deadline import DeadlineSettings, Decision, FleetState, OnDemandWorker, decide
@@ -24,11 +29,31 @@ from orchestrator.controller.estimate import throughput
 from orchestrator.controller.launch import launch_workers
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.status import RunFacts, RunStatus, derive_status, gather
-from orchestrator.controller.zone_steering import describe, zone_order
+from orchestrator.controller.zone_steering import RankedZone, describe, earlier_histories, learned_up_s, zone_order
 from orchestrator.core.context import RunContext
-from orchestrator.core.records import DecisionRecord, JobsRecord, update_jobs
+from orchestrator.core.records import DecisionRecord, JobAttempt, JobsRecord, ZoneHistory, update_jobs
 
 Event = Callable[[str], None]
+
+
+@dataclass
+class _Spot:
+    """The spot workers (or the spec's choice) as the policy counts them."""
+
+    up_rate: float = 0.0  # rows/s of those up, or starting on capacity found lately
+    waiting: int = 0  # waiting for capacity: pending past a start-up, or recovering from a preemption
+    pace: float = 0.0  # rows/s of all of them: the fleet's pace once spot is back
+
+    def add(self, attempt: JobAttempt, job: JobStatus, rate: float, now: float, settings: DeadlineSettings) -> None:
+        starting = (
+            job.state in (JobState.PENDING, JobState.STARTING)
+            and now - attempt.launched_at <= 2 * settings.restart_overhead_s
+        )
+        if job.state is JobState.RUNNING or starting:
+            self.up_rate += rate
+        elif job.state in (JobState.PENDING, JobState.STARTING, JobState.RECOVERING):
+            self.waiting += 1
+        self.pace += rate
 
 
 class DeadlineControl:
@@ -51,6 +76,15 @@ class DeadlineControl:
         self.env = env
         self.on_event = on_event
         self._last_mode: str | None = None
+        self._earlier: list[ZoneHistory] | None = None  # other runs' zone histories: read once
+
+    def zones(self, now: float) -> list[RankedZone]:
+        """The spec's zones ranked now (this run's history read each round, earlier runs' once)."""
+        if not self.ctx.spec.resources.zones:
+            return []
+        if self._earlier is None:
+            self._earlier = earlier_histories(self.ctx)
+        return zone_order(self.ctx, now, self._earlier)
 
     def round(self, statuses: Mapping[str, JobStatus]) -> Decision:
         store, layout, spec = self.ctx.store, self.ctx.layout, self.ctx.spec
@@ -65,14 +99,15 @@ class DeadlineControl:
             default_spot=spec.resources.spot,
         )
         record = facts.jobs
+        order = self.zones(now)
         state, jobs = self.fleet_state(status, record, statuses, facts, now)
+        state = replace(state, mean_up_s=learned_up_s(self.ctx, now, order))
         decision = decide(state, self.settings)
         decision.speed = state.new_worker_speed
+        decision.zone = describe(order)
         if decision.launch:
             first = max([int(w) for w in record.workers] + [len(facts.plan.workers) - 1 if facts.plan else -1]) + 1
             workers = list(range(first, first + decision.launch))
-            order = zone_order(self.ctx, now)
-            decision.zone = describe(order)
             launched = launch_workers(
                 self.ctx,
                 self.launcher,
@@ -109,7 +144,7 @@ class DeadlineControl:
         per_row = max(tp.tokens_per_row, 1e-9)
         new_rate = tp.tokens_per_s[pick] / per_row
         views = {w.worker: w for w in status.workers}
-        spot_rate, on_demand, jobs = 0.0, [], {}
+        spot, on_demand, jobs = _Spot(), [], {}
         for worker, attempt in record.current_jobs().items():
             job = statuses.get(attempt.job_id)
             if attempt.retired or job is None or not job.state.is_live():
@@ -120,14 +155,8 @@ class DeadlineControl:
                 jobs[worker] = attempt.job_id
                 on_demand.append(OnDemandWorker(worker, measured or new_rate, job.state is JobState.RUNNING))
                 continue
-            # Spot (or the spec's choice): counted when up, or starting on capacity found lately.
-            starting = (
-                job.state in (JobState.PENDING, JobState.STARTING)
-                and now - attempt.launched_at <= 2 * self.settings.restart_overhead_s
-            )
-            if job.state is JobState.RUNNING or starting:
-                speed = tp.speed_of(view.accelerator if view else None, self.prices)
-                spot_rate += measured or (speed / per_row if speed is not None else new_rate)
+            speed = tp.speed_of(view.accelerator if view else None, self.prices)
+            spot.add(attempt, job, measured or (speed / per_row if speed is not None else new_rate), now, self.settings)
         started = min((a.launched_at for wj in record.workers.values() for a in wj.attempts), default=now)
         unfinished = [e for e in facts.manifest if e.chunk not in facts.done]
         in_hand = {w.chunk for w in status.workers if w.chunk}
@@ -135,7 +164,9 @@ class DeadlineControl:
             elapsed_s=now - started,
             total_rows=float(status.rows["total"]),
             done_rows=float(status.rows["done"] + status.rows["in_progress"]),
-            spot_rate=spot_rate,
+            spot_rate=spot.up_rate,
+            spot_waiting=spot.waiting,
+            spot_pace=spot.pace,
             on_demand=on_demand,
             new_worker_rate=new_rate,
             new_worker_usd_h=0.0 if pick in tp.unpriced else self.prices.get(pick).on_demand_usd_h,

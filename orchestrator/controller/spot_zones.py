@@ -20,8 +20,14 @@ back only what the rest of the run is expected to need:
    many restarts (times `restarts_factor`).
 4. With no spot in any zone: wait while the slack exceeds the reserve plus the price of an outage
    spent on on-demand (its start, the return to spot, one tick); below that, run on on-demand.
+   `wait_for_spot` is this rule, and the one place it is written: the trace replay
+   (`SpotDeadlinePolicy.choose`) and the fleet's deadline policy (controller/deadline.py's
+   `decide`, run by `orch watch --deadline` and by the simulator's fleet) both call it.
 5. On on-demand with spot back: return to spot once the slack after the restart is above the
    reserve; otherwise stay (a return that the next preemption would undo costs two restarts).
+
+Slack, everywhere here: the time left, less the work left at the pace the job (or fleet) runs at
+with spot, less one start-up (the one a machine waiting for spot needs once capacity is back).
 """
 
 from __future__ import annotations
@@ -30,6 +36,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Market = Literal["none", "spot", "on-demand"]
+
+#: A zone's mean up spell before anything is seen (ZoneModel's prior).
+PRIOR_UP_S = 3600.0
+#: Share of the expected restarts the reserve keeps slack for (tune half: 0.75; 1.5 saved a third less).
+RESTARTS_FACTOR = 0.75
 
 
 @dataclass
@@ -49,7 +60,7 @@ class ZoneModel:
 
     #: A zone's mean up spell before anything is seen, and how many spells that guess counts for
     #: (set on the tune half of the traces: 0.5-1 h and 0.6-0.75 restarts scored alike, 3-6 h worse).
-    prior_up_s: float = 3600.0
+    prior_up_s: float = PRIOR_UP_S
     prior_spells: float = 1.0
     zones: list[ZoneSpells] = field(default_factory=list)
 
@@ -89,17 +100,59 @@ class ZoneModel:
         return max((i for i, u in enumerate(up) if u), key=self.remaining_up_s)
 
 
+def reserve_s(
+    time_left_s: float, overhead_s: float, tick_s: float, mean_up_s: float, restarts_factor: float = RESTARTS_FACTOR
+) -> float:
+    """Rule 3: the commit threshold (one restart and one tick) plus the restarts the time left is expected to cost."""
+    expected_restarts = time_left_s / max(mean_up_s, tick_s)
+    return overhead_s + tick_s + restarts_factor * expected_restarts * overhead_s
+
+
+@dataclass(frozen=True)
+class SpotWait:
+    """Rule 4's verdict with no spot to be had: wait, or pay for on-demand; with the numbers that decided."""
+
+    wait: bool
+    slack_s: float
+    reserve_s: float  # the slack waiting keeps back: rule 3's reserve, an on-demand start and a tick
+
+    @property
+    def reason(self) -> str:
+        slack, reserve = _hours(self.slack_s), _hours(self.reserve_s)
+        if self.wait:
+            return f"waiting for spot: slack {slack} > reserve {reserve}"
+        return f"on-demand: slack {slack} within reserve {reserve}"
+
+
+def wait_for_spot(
+    *,
+    slack_s: float,
+    time_left_s: float,
+    overhead_s: float,
+    tick_s: float,
+    mean_up_s: float,
+    restarts_factor: float = RESTARTS_FACTOR,
+) -> SpotWait:
+    """Rule 4: with no spot capacity, wait while the slack (module docstring) exceeds the reserve for the
+    restarts to come (`reserve_s`, over the zones' learned mean up spell) plus the price of spending the
+    outage on on-demand after all: its start and one tick, and the tick this decision lasts.
+
+    Waiting costs at most one tick of slack a tick, and the commit rule takes over within one restart
+    and one tick: a deadline on-demand can still make is never lost by waiting."""
+    reserve = reserve_s(time_left_s, overhead_s, tick_s, mean_up_s, restarts_factor) + overhead_s + 2 * tick_s
+    return SpotWait(slack_s > reserve, slack_s, reserve)
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if abs(seconds) >= 5400 else f"{seconds / 60:.0f} min"
+
+
 @dataclass
 class SpotDeadlinePolicy:
     """Rules 1, 3, 4 and 5 of the module docstring, on top of the zone model."""
 
     zones: ZoneModel
-    #: Share of the expected restarts the reserve keeps slack for (tune half: 0.75; 1.5 saved a third less).
-    restarts_factor: float = 0.75
-
-    def reserve_s(self, time_left_s: float, overhead_s: float, tick_s: float, mean_up_s: float) -> float:
-        expected_restarts = time_left_s / max(mean_up_s, tick_s)
-        return overhead_s + tick_s + self.restarts_factor * expected_restarts * overhead_s
+    restarts_factor: float = RESTARTS_FACTOR
 
     def choose(
         self,
@@ -120,14 +173,18 @@ class SpotDeadlinePolicy:
             return "spot", zone
         if any(up):
             best = self.zones.best(up)
-            if running != "on-demand" or (
-                slack_s - overhead_s > self.reserve_s(time_left_s, overhead_s, tick_s, self.zones.mean_up_s(best))
-            ):
+            reserve = reserve_s(time_left_s, overhead_s, tick_s, self.zones.mean_up_s(best), self.restarts_factor)
+            if running != "on-demand" or slack_s > reserve:
                 return "spot", best
             return "on-demand", 0
         if running == "on-demand":
             return "on-demand", 0
-        reserve = self.reserve_s(time_left_s, overhead_s, tick_s, self.zones.longest_up_s())
-        if slack_s - tick_s > reserve + 2 * overhead_s + tick_s:
-            return "none", 0
-        return "on-demand", 0
+        wait = wait_for_spot(
+            slack_s=slack_s,
+            time_left_s=time_left_s,
+            overhead_s=overhead_s,
+            tick_s=tick_s,
+            mean_up_s=self.zones.longest_up_s(),
+            restarts_factor=self.restarts_factor,
+        )
+        return ("none", 0) if wait.wait else ("on-demand", 0)

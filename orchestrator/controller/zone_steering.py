@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.controller.spot_zones import ZoneModel, ZoneSpells
+from orchestrator.controller.spot_zones import PRIOR_UP_S, ZoneModel, ZoneSpells
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import CorruptRecord
 from orchestrator.core.protocol.layout import RunLayout
@@ -41,6 +41,7 @@ class RankedZone:
     preemptions: float  # seen there (earlier runs weighted)
     up_h: float  # machine-hours seen up there (earlier runs weighted)
     mean_wait_s: float | None  # time to capacity, when any launch got some there
+    mean_up_s: float = PRIOR_UP_S  # the zone's learned mean up spell (ZoneModel.mean_up_s)
 
     def why(self) -> str:
         wait = f", capacity in {self.mean_wait_s / 60:.0f} min" if self.mean_wait_s is not None else ""
@@ -82,6 +83,7 @@ def rank_zones(
             spells[i].up_spells,
             spells[i].up_s / 3600,
             waits[i],
+            model.mean_up_s(i),
         )
         for i, zone in enumerate(zones)
     ]
@@ -109,6 +111,16 @@ def zone_order(ctx: RunContext, now: float, earlier: Sequence[ZoneHistory] | Non
         return []
     earlier = earlier_histories(ctx) if earlier is None else earlier
     return rank_zones(zones, read_zone_history(ctx.store, ctx.layout), earlier, now, ZoneModel())
+
+
+def learned_up_s(ctx: RunContext, now: float, order: Sequence[RankedZone]) -> float:
+    """The longest mean up spell learned among the zones a spot worker may go to: what one waiting for
+    capacity can hope for once it has some (the deadline policy's reserve, controller/spot_zones.py).
+    Without `resources.zones`, the places this run's spot jobs have been to; the prior if none."""
+    if not order:
+        history = read_zone_history(ctx.store, ctx.layout)
+        order = rank_zones(sorted(history.zones), history, [], now, ZoneModel())
+    return max((r.mean_up_s for r in order), default=PRIOR_UP_S)
 
 
 def describe(order: Sequence[RankedZone]) -> str:

@@ -177,7 +177,7 @@ def summarise(results: Sequence[FleetResult]) -> Summary:
 
 
 #: How a fleet buys capacity, compared by `orch simulate --deadline-factor`.
-MARKETS = ("on-demand only", "spot only", "greedy", "deadline")
+MARKETS = ("on-demand only", "spot only", "greedy", "uniform progress", "deadline")
 
 
 def deadline_study(
@@ -189,7 +189,8 @@ def deadline_study(
     prices: GpuTable | None = None,
 ) -> dict[str, list[FleetResult]]:
     """Per seed: the on-demand-only makespan M sets the deadline (factor x M); then spot only,
-    greedy (spot until the slack is gone, then commit) and the deadline policy run against it,
+    greedy (spot until the slack is gone, then commit), Uniform Progress (on-demand whenever behind
+    the line) and the deadline policy (which waits for spot while the slack allows) run against it,
     on the same GPUs and the same preemption trace."""
     prices = prices or load_gpu_table(config.prices)
     on_demand = config.model_copy(update={"spot": False, "preemptions_per_hour": 0.0, "outages": 0, "trace": None})
@@ -201,12 +202,17 @@ def deadline_study(
         spot = simulate(config, ORCH, seed, entries=entries, prices=prices)
         spot.deadline_s = deadline_s
         runs = {"on-demand only": od, "spot only": spot}
-        for name, greedy in (("greedy", True), ("deadline", False)):
+        for name, greedy, wait in (
+            ("greedy", True, False),
+            ("uniform progress", False, False),
+            ("deadline", False, True),
+        ):
             settings = DeadlineSettings(
                 deadline_s=deadline_s,
                 restart_overhead_s=config.restart_overhead_s,
                 max_on_demand=config.workers,
                 greedy=greedy,
+                spot_wait=wait,
                 commit_margin_s=config.lease_ttl_s + config.control_interval_s,
             )
             runs[name] = simulate(config, ORCH, seed, entries=entries, prices=prices, deadline=settings)

@@ -31,7 +31,7 @@ import math
 import random
 from collections.abc import Sequence
 
-from orchestrator.controller.deadline import DeadlineSettings, Decision, FleetState, OnDemandWorker, decide
+from orchestrator.controller.deadline import DeadlineSettings, Decision, decide
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.core.protocol.checkpoints import ChunkJob, RowStat
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView
@@ -41,6 +41,7 @@ from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
 from orchestrator.core.records import Heartbeat, ManifestEntry
 from orchestrator.core.store.memory import MemoryStore
 from orchestrator.simulate.config import SimConfig
+from orchestrator.simulate.fleet_deadline import fleet_state
 from orchestrator.simulate.fleet_zones import FleetZones
 from orchestrator.simulate.policies import Policy
 from orchestrator.simulate.results import FleetResult, Segment
@@ -70,7 +71,7 @@ class Fleet:
         self.prices = prices
         self.rng = random.Random(seed * 31 + 7)
         self.done_units = 0
-        self._done: set[str] = set()
+        self.done: set[str] = set()
         self.decisions: list[Decision] = []
         self.on_demand_launched = 0
         self.policy = policy
@@ -218,7 +219,7 @@ class Fleet:
         if marker is not None:
             self.markers += 1
             self.done_units += self.units[s.job.chunk]
-            self._done.add(s.job.chunk)
+            self.done.add(s.job.chunk)
             self.last_marker = self.clock.now
             w.chunks_done += 1
         w.session = None
@@ -288,30 +289,10 @@ class Fleet:
     def _control(self, _worker: SimWorker) -> None:
         assert self.deadline is not None
         now = self.clock.now
-        gpus = [self.prices.get(g) for g in self.config.gpus]
-        new_rate = sum(self.config.base_rows_per_s * g.relative_speed for g in gpus) / len(gpus) / self.rows_per_unit
-        state = FleetState(
-            elapsed_s=now,
-            total_rows=float(sum(self.units.values())),
-            done_rows=float(self._units_done_now()),
-            # Spot workers up, or coming up on capacity already found (not those waiting for capacity).
-            spot_rate=sum(
-                w.rate
-                for w in self.workers
-                if w.spot
-                and w.exited_at is None
-                and (w.up or (w.provisioning_since is not None and w.provisioning_since <= now))
-            ),
-            on_demand=[OnDemandWorker(w.index, w.rate, w.up) for w in self.workers if w.extra and w.exited_at is None],
-            new_worker_rate=new_rate,
-            new_worker_usd_h=sum(g.on_demand_usd_h for g in gpus) / len(gpus),
-            cost_so_far_usd=self._cost_until(now),
-            largest_chunk_rows=float(max((u for c, u in self.units.items() if c not in self._done), default=0)),
-            open_chunks=len(self.units) - len(self._done) - sum(1 for w in self.workers if w.up and w.session),
-        )
+        state = fleet_state(self, now)
         decision = decide(state, self.deadline)
-        if decision.action != "hold":
-            self.decisions.append(decision)
+        if decision.action != "hold" or decision.mode != (self.decisions[-1].mode if self.decisions else None):
+            self.decisions.append(decision)  # as `orch watch --deadline` logs them: actions and changes of mode
         for _ in range(decision.launch):
             self._launch_on_demand()
         for index in decision.retire:
@@ -348,7 +329,7 @@ class Fleet:
         w.up = False
         self._bill(w, now)
 
-    def _units_done_now(self) -> int:
+    def units_done_now(self) -> int:
         busy = sum(
             self.units[w.session.job.chunk] - len(w.session.remaining) + self._units_done(w, self.clock.now)
             for w in self.workers
@@ -356,7 +337,7 @@ class Fleet:
         )
         return self.done_units + busy
 
-    def _cost_until(self, now: float) -> float:
+    def cost_until(self, now: float) -> float:
         return sum(
             (w.billed_s + (now - w.billed_since if w.billed_since is not None else 0.0)) / 3600 * w.price
             for w in self.workers

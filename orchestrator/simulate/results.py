@@ -50,6 +50,11 @@ class FleetResult:
         return self.makespan_s / self.deadline_s
 
     @property
+    def on_demand_gpu_h(self) -> float:
+        """Hours billed for the on-demand workers the deadline policy added."""
+        return float(sum(w["billed_h"] for w in self.workers if w["extra"]))
+
+    @property
     def ratio(self) -> float:
         return self.makespan_s / self.lower_bound_s if self.lower_bound_s else float("inf")
 

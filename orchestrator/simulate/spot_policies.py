@@ -89,7 +89,7 @@ class ZoneAware:
         self.policy.zones.observe(view.up, view.gap_s)
         committed = decide(fleet_of_one(view), deadline_settings(view, greedy=True)).mode == "critical"
         market, zone = self.policy.choose(
-            slack_s=view.time_left_s - (view.job.work_s - view.done_s),
+            slack_s=view.time_left_s - (view.job.work_s - view.done_s) - view.job.overhead_s,
             time_left_s=view.time_left_s,
             running=view.market,
             zone=view.zone,

@@ -237,7 +237,7 @@ class DecisionRecord(Record):
     deadline_s: float
     budget_usd: float | None = None
     action: Literal["hold", "launch", "retire", "budget"]
-    mode: Literal["complete", "critical", "behind", "on-line", "ahead"]
+    mode: Literal["complete", "critical", "behind", "waiting", "on-line", "ahead"]
     reason: str
     launch: int = 0
     retire: list[int] = Field(default_factory=list)
