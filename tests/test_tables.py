@@ -47,7 +47,9 @@ class Tables:
     def catalog(self) -> Any:
         from pyiceberg.catalog import load_catalog
 
-        return load_catalog("local", type="sql", uri=f"sqlite:///{self.root}/catalog.db", warehouse=f"file://{self.root}/wh")
+        return load_catalog(
+            "local", type="sql", uri=f"sqlite:///{self.root}/catalog.db", warehouse=f"file://{self.root}/wh"
+        )
 
     def write(self, kind: str, table: pa.Table, **options: Any) -> str:
         """Create or append; the new snapshot's id or version."""
@@ -87,7 +89,9 @@ def prepare(store: str, run: str, source: str, *extra: str) -> int:
 
 def chunk_lines(store: str, run: str) -> list[dict[str, Any]]:
     s, layout = open_store(store), RunLayout(run)
-    return [json.loads(line) for e in read_manifest(s, layout) for line in s.get(layout.chunk(e.chunk)).data.splitlines()]
+    return [
+        json.loads(line) for e in read_manifest(s, layout) for line in s.get(layout.chunk(e.chunk)).data.splitlines()
+    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -180,7 +184,10 @@ def test_appended_since_reads_only_the_new_rows(kind, tables):
     (source,) = resolve_sources([tables.uri(kind)])
     new = pa.Table.from_batches(list(appended_since(source, first, ["id"])))
     assert sorted(new.column("id").to_pylist(), key=lambda s: int(s[1:])) == [f"r{i}" for i in range(5, 10)]
-    assert pa.Table.from_batches(list(appended_since(source, source.version or "", ["id"])), schema=new.schema).num_rows == 0
+    assert (
+        pa.Table.from_batches(list(appended_since(source, source.version or "", ["id"])), schema=new.schema).num_rows
+        == 0
+    )
 
 
 def test_appended_since_refuses_a_delete_in_between(tables):

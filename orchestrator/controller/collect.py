@@ -21,6 +21,7 @@ and not at all for an incomplete run unless partial output was asked for.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -167,28 +168,13 @@ def collect(
     Without `partial`, an incomplete run's output is not written (a pipeline that waits for the
     file must not take a failed collect for a finished one); the retry file still is: it lists
     the rows left to do. `keep_columns`: input columns a table carries. An Iceberg, Delta or Lance
-    `out` is appended to once per run (collect_sinks.py)."""
+    `out` gets the run's rows once (collect_sinks.py)."""
     from orchestrator.controller.collect_sinks import collect_into_table, table_sink
 
-    sink = table_sink(str(out))
-    if sink is not None:
-        return collect_into_table(
-            sink,
-            str(out),
-            layout.run,
-            fmt,
-            lambda path: collect(
-                store,
-                layout,
-                path,
-                fmt="table",
-                retry_out=retry_out,
-                prices=prices,
-                default_spot=default_spot,
-                partial=partial,
-                keep_columns=keep_columns,
-            ),
-        )
+    if (sink := table_sink(str(out))) is not None:
+        again = functools.partial(collect, store, layout, fmt="table", retry_out=retry_out, prices=prices)
+        into = functools.partial(again, default_spot=default_spot, partial=partial, keep_columns=keep_columns)
+        return collect_into_table(sink, str(out), layout.run, fmt, into)
     container = check_output(out, fmt)
     shape = output_shape(fmt, container)
     if retry_out:

@@ -1,4 +1,6 @@
-"""`orch collect --out` into a table: an Iceberg table, a Delta table or a Lance dataset, the run's rows appended in one commit that names the run.
+"""`orch collect --out` into an Iceberg table, a Delta table or a Lance dataset: one commit naming the run.
+
+The run's rows are appended in one commit that carries the run's id.
 
 The forms (as prepare's sources, prepare/tables.py; docs/tables.md):
     iceberg://CATALOG/NAMESPACE.TABLE[?PROPERTY=VALUE&...]   created (namespace too) when absent
@@ -68,7 +70,9 @@ def collect_into_table(
             return report
         if not report.complete:
             report.out_written = False
-            report.table_commit = f"not appended to {out}: a table gets a run's rows once, and {report.missing:,} are missing"
+            report.table_commit = (
+                f"not appended to {out}: a table gets a run's rows once, and {report.missing:,} are missing"
+            )
             return report
         found = sink.committed(run)
         if found is not None:

@@ -1,4 +1,4 @@
-"""Input datasets: local or S3/R2 files (.jsonl, .jsonl.gz, .parquet) or directories of them, or tables, read as a stream.
+"""Input datasets: local or S3/R2 files (.jsonl, .jsonl.gz, .parquet), directories of them, or tables, streamed.
 
 Rows come out numbered as a user would find them again: the 1-based line of a JSONL file, the
 0-based row of a Parquet file. A line longer than `input.max_line_bytes` is never held whole: it

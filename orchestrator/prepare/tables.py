@@ -1,4 +1,4 @@
-"""Table sources: Apache Iceberg, Delta Lake, Lance and Hugging Face datasets, read at one pinned version as record batches.
+"""Table sources: Iceberg, Delta Lake, Lance and Hugging Face datasets, read at one pinned version as record batches.
 
 The forms a source takes (docs/tables.md):
     iceberg://CATALOG/NAMESPACE.TABLE[@SNAPSHOT][?PROPERTY=VALUE&...]
@@ -121,7 +121,8 @@ def table_batches(source: SourceFile, columns: list[str] | None) -> Iterator[Any
     missing = [c for c in columns or [] if c not in names]
     if missing:
         raise InputError(
-            f"column(s) {', '.join(missing)} not in the table (it has: {', '.join(names)}{close_names(missing, names)})",
+            f"column(s) {', '.join(missing)} not in the table "
+            f"(it has: {', '.join(names)}{close_names(missing, names)})",
             where=source.uri,
             hint="name the right columns (--id-column, input.conversation_column, input.text_column)",
         )
@@ -141,7 +142,8 @@ def table_differences(then: dict[str, Any], now: SourceFile) -> list[str]:
     out = [
         f"{now.uri}: {word} {now.version} ({now.size:,} rows) now, "
         f"{word} {then.get('version', '?')} ({then.get('size', 0):,} rows) when prepared"
-        f" (a new {word} is new input: prepare it under a new --run, or read the prepared one with @{then.get('version')})"
+        f" (a new {word} is new input: prepare it under a new --run, "
+        f"or read the prepared one with @{then.get('version')})"
     ]
     before, after = list(then.get("columns") or []), list(now.columns)
     if before and before != after:
@@ -150,7 +152,8 @@ def table_differences(then: dict[str, Any], now: SourceFile) -> list[str]:
         out.append(
             f"{now.uri}: the schema changed between them: "
             + "; ".join(
-                ([f"removed {', '.join(removed)}"] if removed else []) + ([f"added {', '.join(added)}"] if added else [])
+                ([f"removed {', '.join(removed)}"] if removed else [])
+                + ([f"added {', '.join(added)}"] if added else [])
             )
         )
     return out
@@ -234,7 +237,8 @@ def _iceberg_table(ref: TableRef, source: str) -> Any:
         except NoSuchNamespaceError:
             spaces = [".".join(n) for n in catalog.list_namespaces()]
             raise InputError(
-                f"no namespace {namespace!r} in Iceberg catalog {ref.catalog!r} (it has: {', '.join(spaces) or 'none'})",
+                f"no namespace {namespace!r} in Iceberg catalog {ref.catalog!r} "
+                f"(it has: {', '.join(spaces) or 'none'})",
                 where=source,
             ) from None
         raise InputError(
@@ -347,7 +351,7 @@ def _hf_files(ref: TableRef, source: str) -> _HfFiles:
     else:
         if (path / "dataset_dict.json").is_file():
             splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
-            if ref.split not in splits:
+            if ref.split is None or ref.split not in splits:
                 raise InputError(
                     f"{path} holds the splits {', '.join(splits)}: name one, as {path}#{splits[0]}", where=source
                 )
@@ -387,10 +391,10 @@ def _hub_files(uri: str) -> _HfFiles:
 
     fs = HfFileSystem()
     resolved = fs.resolve_path(uri)
-    files = sorted(fs.glob(uri.rstrip("/") + "/**/*.parquet")) if fs.isdir(uri) else [uri]
+    files = [uri] if uri.endswith(".parquet") else sorted(fs.glob(uri.rstrip("/") + "/**/*.parquet"))
     with fs.open(files[0], "rb") as f:
         schema = pq.ParquetFile(f).schema_arrow
-    return _HfFiles(files, resolved.repo_id, str(resolved.revision), schema, fs)
+    return _HfFiles(files, str(getattr(resolved, "repo_id", uri)), str(getattr(resolved, "revision", "")), schema, fs)
 
 
 def _no_version(source: str, word: str, asked: str, latest: list[str]) -> InputError:
@@ -405,7 +409,6 @@ def _when(milliseconds: int) -> str:
     import datetime
 
     return datetime.datetime.fromtimestamp(milliseconds / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
 
 
 # -- incremental reads -------------------------------------------------------------------------
@@ -432,9 +435,7 @@ def appended_since(source: SourceFile, since: str, columns: list[str] | None = N
 
 def _same_columns(source: str, since: str, then: Any, now: Any, columns: list[str] | None) -> None:
     names = columns or [f.name for f in now]
-    changed = [
-        n for n in names if n not in then.names or n not in now.names or then.field(n).type != now.field(n).type
-    ]
+    changed = [n for n in names if n not in then.names or n not in now.names or then.field(n).type != now.field(n).type]
     if changed:
         raise InputError(
             f"the schema changed since {since}: column(s) {', '.join(changed)} differ "
