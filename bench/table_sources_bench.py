@@ -1,4 +1,4 @@
-"""Table sources vs the Parquet source: rows/s of Iceberg, Delta Lake, Lance and a saved Hugging Face dataset, on the same rows, in one run.
+"""Table sources vs the Parquet source: rows/s of Iceberg, Delta, Lance and a saved HF dataset on the same rows.
 
 200,000 rows (id, a 20-80 word question, two columns prepare does not need) are written once as
 a Parquet file and as a table of each kind. Measured for each source, best of 3 rounds taken in
