@@ -24,6 +24,7 @@ BENCHMARKS = {
     "launch_bench": CONTROLLER,
     "simulate_bench": CONTROLLER,
     "spot_bench": CONTROLLER,
+    "table_sources_bench": CONTROLLER,
     "worker_bench": WORKER,
     "prefix_bench": WORKER,
     # On a CPU, a smoke run of `make bench-gpu` and the transformers engine's CPU target.

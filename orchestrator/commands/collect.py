@@ -17,7 +17,13 @@ from orchestrator.commands.shared import (
 
 @click.command("collect")
 @common_options
-@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="output file (.jsonl or .parquet)")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    help="output file (.jsonl or .parquet), or a table to append to: iceberg://CATALOG/NS.TABLE, delta:PATH, "
+    "lance:PATH (docs/tables.md)",
+)
 @click.option(
     "--format",
     "fmt",

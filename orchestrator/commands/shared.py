@@ -465,6 +465,8 @@ def print_collect_report(report: CollectReport) -> None:
         click.echo(f"wrote {r.rows_written:,} of {r.rows_total:,} rows to {r.out} ({r.format}{shape}); {chunks}")
     else:
         click.echo(f"collected {r.rows_written:,} of {r.rows_total:,} rows; {chunks}; {r.out} not written")
+    if r.table_commit:
+        click.echo(r.table_commit)
     if r.errors:
         set_aside = f" ({r.set_aside:,} set aside at prepare)" if r.set_aside else ""
         click.echo(

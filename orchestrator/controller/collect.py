@@ -21,6 +21,7 @@ and not at all for an incomplete run unless partial output was asked for.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -82,6 +83,8 @@ class CollectReport:
     tokens: TokenCounts = field(default_factory=TokenCounts)
     #: The realised $ per million tokens (token_cost.py), when collect was given the price table.
     cost_per_m_tokens: dict[str, dict[str, Any]] | None = None
+    #: A table output (collect_sinks.py): the commit that appended the rows, or why none did.
+    table_commit: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -164,7 +167,14 @@ def collect(
     """With `prices`, the report also says what the run's tokens cost (status's cost so far).
     Without `partial`, an incomplete run's output is not written (a pipeline that waits for the
     file must not take a failed collect for a finished one); the retry file still is: it lists
-    the rows left to do. `keep_columns`: input columns a table carries."""
+    the rows left to do. `keep_columns`: input columns a table carries. An Iceberg, Delta or Lance
+    `out` gets the run's rows once (collect_sinks.py)."""
+    from orchestrator.controller.collect_sinks import collect_into_table, table_sink
+
+    if (sink := table_sink(str(out))) is not None:
+        again = functools.partial(collect, store, layout, fmt="table", retry_out=retry_out, prices=prices)
+        into = functools.partial(again, default_spot=default_spot, partial=partial, keep_columns=keep_columns)
+        return collect_into_table(sink, str(out), layout.run, fmt, into)
     container = check_output(out, fmt)
     shape = output_shape(fmt, container)
     if retry_out:

@@ -213,12 +213,12 @@ class KeptColumns:
         return [v if kind == "raw" else typed(kind, v) for kind, v in zip(self.kinds, self.values, strict=True)]
 
     def _rows(self) -> Iterator[tuple[int, dict[str, Any] | None]]:
-        from orchestrator.prepare.sources import iter_rows
+        from orchestrator.prepare.sources import COLUMNAR_KINDS, iter_rows
 
         position = 0
         try:
             for source in self.files:
-                for raw in iter_rows(source, self.names if source.kind == "parquet" else None):
+                for raw in iter_rows(source, self.names if source.kind in COLUMNAR_KINDS else None):
                     yield position, raw.record
                     position += 1
         except InputError as e:  # a Parquet file without the column lists those it has

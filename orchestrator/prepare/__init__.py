@@ -28,6 +28,8 @@ from orchestrator.prepare.check import RequestCheck
 from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
 from orchestrator.prepare.grouping import PrefixSorter
 from orchestrator.prepare.sources import (
+    COLUMNAR_KINDS,
+    TABLE_KINDS,
     RawRow,
     SourceFile,
     content_digest,
@@ -235,10 +237,21 @@ def _record_prepare(
 
 def _identity(ctx: RunContext, files: list[SourceFile]) -> dict[str, Any]:
     """What a prepare was made from: each file's content (name, size, digest; not its path or
-    mtime, so the same data found from elsewhere, or touched, is the same input), the input
-    mapping and the chunking."""
+    mtime, so the same data found from elsewhere, or touched, is the same input); a table's id,
+    version and columns; the input mapping and the chunking."""
+    from orchestrator.prepare.tables import table_identity
+
     return {
-        "sources": [{"uri": f.uri, "name": f.name, "size": f.size, "digest": content_digest(f)} for f in files],
+        "sources": [
+            {
+                "uri": f.uri,
+                "name": f.name,
+                "size": f.size,
+                "digest": content_digest(f),
+                **(table_identity(f) if f.kind in TABLE_KINDS else {}),
+            }
+            for f in files
+        ],
         "input": ctx.spec.input.model_dump(mode="json"),
         "chunking": ctx.spec.chunking.model_dump(mode="json"),
     }
@@ -267,7 +280,11 @@ def input_differences(identity: dict[str, Any], files: list[SourceFile]) -> list
         out.append(f"{len(before)} file(s) then ({_names(before)}), {len(files)} now ({_names(files)})")
     for then, now in zip(before, files, strict=False):
         name = then.get("name") or str(then.get("uri", "?")).rsplit("/", 1)[-1]
-        if then.get("size") != now.size:
+        if now.kind in TABLE_KINDS:
+            from orchestrator.prepare.tables import table_differences
+
+            out.extend(table_differences(then, now))
+        elif then.get("size") != now.size:
             out.append(f"{now.uri}: {now.size:,} bytes, {then.get('size', 0):,} when prepared (as {name})")
         elif "digest" not in then:
             continue  # recorded by an orch that kept no digest: the size is all there is to compare
@@ -327,7 +344,7 @@ def _chunk_boundaries(chunking: ChunkingSpec, total: int) -> list[int]:
 
 def _rows(source: SourceFile, spec_input: InputSpec, columns: list[str] | None) -> Iterator[RawRow]:
     if (
-        source.kind == "parquet"
+        source.kind in COLUMNAR_KINDS
         and spec_input.format == "chat"
         and spec_input.turns == "first"
         and not spec_input.template

@@ -1,9 +1,10 @@
-"""Input datasets: local or S3/R2 files (.jsonl, .jsonl.gz, .parquet) or directories of them, read as a stream.
+"""Input datasets: local or S3/R2 files (.jsonl, .jsonl.gz, .parquet), directories of them, or tables, streamed.
 
 Rows come out numbered as a user would find them again: the 1-based line of a JSONL file, the
 0-based row of a Parquet file. A line longer than `input.max_line_bytes` is never held whole: it
 is skipped to its newline and comes back as a problem row with its size; a file pyarrow cannot
-read is an InputError naming it.
+read is an InputError naming it. Tables (Iceberg, Delta Lake, Lance, Hugging Face datasets) are
+read as record batches by tables.py, numbered like Parquet rows.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from orchestrator.core.store import Store
 from orchestrator.prepare.formats import close_names
 
 SUFFIXES = (".jsonl.gz", ".jsonl", ".parquet")
+#: Sources read by tables.py, at one pinned version.
+TABLE_KINDS = ("iceberg", "delta", "lance", "hf")
+#: Sources read as Arrow record batches, whose rows are numbered from 0.
+COLUMNAR_KINDS = ("parquet", *TABLE_KINDS)
 #: Parquet rows are read this many at a time: memory stays bounded whatever the file's size.
 PARQUET_BATCH = 8192
 #: Arrays and objects within each other that a line may hold: about where pydantic's JSON parser
@@ -43,14 +48,21 @@ HEAD_BYTES = 200
 class SourceFile:
     uri: str  # as the user wrote it (a path, or s3://bucket/key)
     name: str  # the file name: the stem of custom_ids built from file and row
-    kind: str  # "jsonl" | "jsonl.gz" | "parquet"
-    size: int
-    etag: str | None = None  # an object store's digest of the content (None for local files)
+    kind: str  # "jsonl" | "jsonl.gz" | "parquet", or one of TABLE_KINDS
+    size: int  # bytes; a table's rows
+    etag: str | None = None  # an object store's digest of the content (None for local files); a table's id
+    version: str | None = None  # a table's snapshot or version, as read
+    columns: tuple[str, ...] = ()  # a table's columns ("name: type"), to say how a schema changed
 
 
 def content_digest(source: SourceFile) -> str:
     """What identifies the file's content, wherever it is read from: the SHA-256 of a local file's
-    bytes (a pass at disk speed, far faster than converting its rows), or the object store's ETag."""
+    bytes (a pass at disk speed, far faster than converting its rows), or the object store's ETag;
+    a table's id and version."""
+    if source.kind in TABLE_KINDS:
+        from orchestrator.prepare.tables import table_digest
+
+        return table_digest(source)
     if source.etag is not None:
         return "etag:" + source.etag.strip('"')
     digest = hashlib.sha256()
@@ -79,7 +91,12 @@ def resolve_sources(sources: list[str]) -> list[SourceFile]:
     if not sources:
         raise InputError("no input given", hint="orch prepare PATH_OR_URI ... (a file, a directory, or s3://...)")
     files: list[SourceFile] = []
+    from orchestrator.prepare.tables import resolve_table, table_kind
+
     for source in sources:
+        if table_kind(source) is not None:
+            files.append(resolve_table(source))
+            continue
         found = _resolve_remote(source) if _is_remote(source) else _resolve_local(source)
         if not found:
             raise InputError(f"no .jsonl, .jsonl.gz or .parquet files in {source}", where=source)
@@ -88,7 +105,10 @@ def resolve_sources(sources: list[str]) -> list[SourceFile]:
 
 
 def count_rows(source: SourceFile, max_line_bytes: int = MAX_LINE_BYTES) -> int:
-    """Rows in the file: Parquet metadata (free), or a pass over the lines of a JSONL file."""
+    """Rows in the file: Parquet metadata (free), a table's (counted when resolved), or a pass over
+    the lines of a JSONL file."""
+    if source.kind in TABLE_KINDS:
+        return source.size
     if source.kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -135,7 +155,7 @@ def iter_rows(
 ) -> Iterator[RawRow]:
     """Every row of the file, streamed. JSONL lines that are not a JSON object, or too long to
     read, come back as problems."""
-    if source.kind == "parquet":
+    if source.kind in COLUMNAR_KINDS:
         yield from _parquet_rows(source, columns)
         return
     with _open_text_bytes(source) as f:
@@ -241,8 +261,14 @@ def _invalid_utf8_bytes(line: bytes) -> int:
 
 
 def parquet_batches(source: SourceFile, columns: list[str] | None) -> Iterator[Any]:
-    """Record batches of a Parquet file (only the named columns), for vectorised formats."""
+    """Record batches of a Parquet file or a table (only the named columns), for vectorised formats."""
     import pyarrow.parquet as pq
+
+    if source.kind in TABLE_KINDS:
+        from orchestrator.prepare.tables import table_batches
+
+        yield from table_batches(source, columns)
+        return
 
     with _local_copy(source) as path:
         with _parquet_errors(source):
@@ -257,7 +283,7 @@ def parquet_batches(source: SourceFile, columns: list[str] | None) -> Iterator[A
             )
         rows = 0
         with _parquet_errors(source, lambda: rows):
-            for batch in _read_ahead(parquet.iter_batches(batch_size=PARQUET_BATCH, columns=columns)):
+            for batch in read_ahead(parquet.iter_batches(batch_size=PARQUET_BATCH, columns=columns)):
                 yield batch
                 rows += batch.num_rows
 
@@ -279,7 +305,7 @@ def _parquet_errors(source: SourceFile, rows_read: Callable[[], int] | None = No
         ) from None
 
 
-def _read_ahead(batches: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+def read_ahead(batches: Iterator[Any], depth: int = 2) -> Iterator[Any]:
     """Decode the next Parquet batches in a thread (Arrow releases the GIL) while this one is converted."""
     import queue
     import threading

@@ -163,7 +163,7 @@ class ErrorWriter:
         """The custom_id of a row that has none (not JSON, no custom_id, no id value), as OpenAI batch
         consumers expect a string: `line-<n>` (`row-<n>` in Parquet), after `<file>:` when the input
         has several files, so that it names one row."""
-        stand_in = f"{'row' if source.kind == 'parquet' else 'line'}-{number}"
+        stand_in = f"{'line' if source.kind.startswith('jsonl') else 'row'}-{number}"
         return f"{source.name}:{stand_in}" if self.several_files else stand_in
 
     def add(
@@ -183,7 +183,7 @@ class ErrorWriter:
         self.count += 1
         if len(self.first) < self.SHOWN:
             self.first.append(f"{source.uri}:{number}: {problem}")
-        at = {"row": number} if source.kind == "parquet" else {"line": number}
+        at = {"line": number} if source.kind.startswith("jsonl") else {"row": number}
         record = PrepareError(
             source=source.uri,
             error=problem,

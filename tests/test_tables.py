@@ -1,0 +1,262 @@
+"""Table sources and sinks through the real libraries: Iceberg (SQL catalog on SQLite), Delta Lake, Lance, Hugging Face datasets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import read_manifest
+from orchestrator.core.store import open_store
+from orchestrator.prepare.sources import resolve_sources
+from orchestrator.prepare.tables import appended_since
+from tests.support.runs import Answer, answer_chunk
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+KINDS = ["iceberg", "delta", "lance", "hf"]
+
+
+def rows(start: int, count: int) -> pa.Table:
+    ids = range(start, start + count)
+    return pa.table({"id": [f"r{i}" for i in ids], "question": [f"question {i}" for i in ids], "n": list(ids)})
+
+
+class Tables:
+    """A table of each kind under one folder, created and appended to through its own library."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        (root / "wh").mkdir(exist_ok=True)
+        self.query = f"type=sql&uri=sqlite:///{root}/catalog.db&warehouse=file://{root}/wh"
+
+    def uri(self, kind: str, version: Any = None) -> str:
+        at = f"@{version}" if version is not None else ""
+        return {
+            "iceberg": f"iceberg://local/db.q{at}?{self.query}",
+            "delta": f"{self.root}/delta_q{at}",
+            "lance": f"lance:{self.root}/q.lance{at}",
+            "hf": f"{self.root}/hf_q",
+        }[kind]
+
+    def catalog(self) -> Any:
+        from pyiceberg.catalog import load_catalog
+
+        return load_catalog(
+            "local", type="sql", uri=f"sqlite:///{self.root}/catalog.db", warehouse=f"file://{self.root}/wh"
+        )
+
+    def write(self, kind: str, table: pa.Table, **options: Any) -> str:
+        """Create or append; the new snapshot's id or version."""
+        if kind == "iceberg":
+            catalog = self.catalog()
+            catalog.create_namespace_if_not_exists("db")
+            if not catalog.table_exists("db.q"):
+                catalog.create_table("db.q", schema=table.schema)
+            iceberg = catalog.load_table("db.q")
+            iceberg.append(table)
+            return str(iceberg.current_snapshot().snapshot_id)
+        if kind == "delta":
+            from deltalake import DeltaTable, write_deltalake
+
+            write_deltalake(str(self.root / "delta_q"), table, mode="append", **options)
+            return str(DeltaTable(str(self.root / "delta_q")).version())
+        if kind == "lance":
+            import lance
+
+            path = self.root / "q.lance"
+            return str(lance.write_dataset(table, str(path), mode="append" if path.exists() else "create").version)
+        import datasets
+
+        datasets.Dataset(table).save_to_disk(str(self.root / "hf_q"))
+        return "0"
+
+
+@pytest.fixture
+def tables(tmp_path: Path) -> Tables:
+    return Tables(tmp_path)
+
+
+def prepare(store: str, run: str, source: str, *extra: str) -> int:
+    flags = ["--format", "text", "--text-column", "question", "--id-column", "id", "--model", "m"]
+    return main(["prepare", "--run", run, "--store", store, *flags, *extra, source])
+
+
+def chunk_lines(store: str, run: str) -> list[dict[str, Any]]:
+    s, layout = open_store(store), RunLayout(run)
+    return [
+        json.loads(line) for e in read_manifest(s, layout) for line in s.get(layout.chunk(e.chunk)).data.splitlines()
+    ]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prepare_table_gives_the_parquet_files_requests(kind, tables, tmp_path, capsys):
+    data = rows(0, 30)
+    tables.write(kind, data)
+    pq.write_table(data, tmp_path / "same.parquet")
+    store = str(tmp_path / "store")
+    assert prepare(store, "p", str(tmp_path / "same.parquet")) == 0
+    assert prepare(store, "t", tables.uri(kind), "--rows-per-chunk", "7") == 0, capsys.readouterr().err
+    assert chunk_lines(store, "t") == chunk_lines(store, "p")
+    capsys.readouterr()
+    assert prepare(store, "t", tables.uri(kind), "--rows-per-chunk", "7") == 0
+    assert "already prepared" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["iceberg", "delta", "lance"])
+def test_prepare_table_new_snapshot_is_new_input_and_at_reads_the_old_one(kind, tables, tmp_path, capsys):
+    first = tables.write(kind, rows(0, 5))
+    store = str(tmp_path / "store")
+    assert prepare(store, "a", tables.uri(kind)) == 0
+    latest = tables.write(kind, rows(5, 3))
+    capsys.readouterr()
+    assert prepare(store, "a", tables.uri(kind)) == 4
+    err = capsys.readouterr().err
+    word = "snapshot" if kind == "iceberg" else "version"
+    assert f"{word} {latest} (8 rows) now, {word} {first} (5 rows) when prepared" in err
+    assert prepare(store, "a", tables.uri(kind, first)) == 0  # time travel: the prepared snapshot, a no-op
+    assert "already prepared" in capsys.readouterr().out
+    assert prepare(store, "b", tables.uri(kind)) == 0
+    assert [line["custom_id"] for line in chunk_lines(store, "b")] == [f"r{i}" for i in range(8)]
+
+
+def test_prepare_delta_names_a_schema_change_between_versions(tables, tmp_path, capsys):
+    tables.write("delta", rows(0, 4))
+    store = str(tmp_path / "store")
+    assert prepare(store, "a", tables.uri("delta")) == 0
+    tables.write("delta", rows(4, 2).append_column("lang", pa.array(["en", "fr"])), schema_mode="merge")
+    assert prepare(store, "a", tables.uri("delta")) == 4
+    assert "the schema changed between them: added lang: string" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["iceberg", "delta", "lance"])
+def test_prepare_table_version_that_does_not_exist_lists_the_latest(kind, tables, tmp_path, capsys):
+    first = tables.write(kind, rows(0, 2))
+    tables.write(kind, rows(2, 2))
+    assert prepare(str(tmp_path / "store"), "a", tables.uri(kind, 987654)) == 4
+    err = capsys.readouterr().err
+    assert "987654 in the table (the latest: " in err and f"{first} (" in err
+
+
+def test_prepare_iceberg_table_that_does_not_exist_lists_the_namespace(tables, tmp_path, capsys):
+    tables.write("iceberg", rows(0, 2))
+    assert prepare(str(tmp_path / "store"), "a", tables.uri("iceberg").replace("db.q", "db.qq")) == 4
+    assert "no table 'db.qq' in Iceberg catalog 'local' (namespace db has: db.q; did you mean 'db.q'?)" in (
+        capsys.readouterr().err
+    )
+    assert prepare(str(tmp_path / "store"), "a", f"delta:{tmp_path}/nothing") == 4
+    assert f"no Delta table at {tmp_path}/nothing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prepare_table_missing_column_suggests_the_closest(kind, tables, tmp_path, capsys):
+    tables.write(kind, rows(0, 2))
+    flags = ["--format", "chat", "--conversation-column", "questions", "--model", "m"]
+    assert main(["prepare", "--run", "a", "--store", str(tmp_path / "s"), *flags, tables.uri(kind)]) == 4
+    assert "column(s) questions not in the table (it has: id, question, n; did you mean 'question'?)" in (
+        capsys.readouterr().err
+    )
+
+
+def test_prepare_hf_dataset_dict_needs_a_split(tmp_path, capsys):
+    import datasets
+
+    datasets.DatasetDict({"train": datasets.Dataset(rows(0, 3)), "test": datasets.Dataset(rows(3, 2))}).save_to_disk(
+        str(tmp_path / "dd")
+    )
+    store = str(tmp_path / "store")
+    assert prepare(store, "a", f"hf:{tmp_path}/dd") == 4
+    assert "holds the splits train, test: name one" in capsys.readouterr().err
+    assert prepare(store, "a", f"hf:{tmp_path}/dd#test") == 0
+    assert [line["custom_id"] for line in chunk_lines(store, "a")] == ["r3", "r4"]
+
+
+@pytest.mark.parametrize("kind", ["iceberg", "delta"])
+def test_appended_since_reads_only_the_new_rows(kind, tables):
+    first = tables.write(kind, rows(0, 5))
+    tables.write(kind, rows(5, 3))
+    tables.write(kind, rows(8, 2))
+    (source,) = resolve_sources([tables.uri(kind)])
+    new = pa.Table.from_batches(list(appended_since(source, first, ["id"])))
+    assert sorted(new.column("id").to_pylist(), key=lambda s: int(s[1:])) == [f"r{i}" for i in range(5, 10)]
+    assert (
+        pa.Table.from_batches(list(appended_since(source, source.version or "", ["id"])), schema=new.schema).num_rows
+        == 0
+    )
+
+
+def test_appended_since_refuses_a_delete_in_between(tables):
+    from deltalake import DeltaTable
+
+    first = tables.write("delta", rows(0, 5))
+    tables.write("delta", rows(5, 3))
+    DeltaTable(str(tables.root / "delta_q")).delete("n = 1")
+    (source,) = resolve_sources([tables.uri("delta")])
+    with pytest.raises(Exception, match="rows changed, not only appended"):
+        list(appended_since(source, first))
+
+
+# -- sinks -------------------------------------------------------------------------------------
+def answered_run(tmp_path: Path, run: str, count: int) -> str:
+    """A run prepared from a Parquet file, every row answered without an engine."""
+    pq.write_table(rows(0, count), tmp_path / f"{run}.parquet")
+    store = str(tmp_path / "store")
+    assert prepare(store, run, str(tmp_path / f"{run}.parquet")) == 0
+    s, layout = open_store(store), RunLayout(run)
+    for entry in read_manifest(s, layout):
+        ids = [json.loads(line)["custom_id"] for line in s.get(layout.chunk(entry.chunk)).data.splitlines()]
+        answer_chunk(s, layout, entry.chunk, [[Answer(i, cid, f"answer {cid}") for i, cid in enumerate(ids)]])
+    return store
+
+
+def read_sink(kind: str, tables: Tables) -> pa.Table:
+    if kind == "iceberg":
+        return tables.catalog().load_table("db.answers").scan().to_arrow()
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        return DeltaTable(str(tables.root / "delta_answers")).to_pyarrow_table()
+    import lance
+
+    return lance.dataset(str(tables.root / "answers.lance")).to_table()
+
+
+SINKS = {
+    "iceberg": lambda t: f"iceberg://local/db.answers?{t.query}",
+    "delta": lambda t: f"delta:{t.root}/delta_answers",
+    "lance": lambda t: f"{t.root}/answers.lance",
+}
+
+
+@pytest.mark.parametrize("kind", list(SINKS))
+def test_collect_into_table_appends_a_run_once(kind, tables, tmp_path, capsys):
+    store = answered_run(tmp_path, "c", 12)
+    out = SINKS[kind](tables)
+    assert main(["collect", "--run", "c", "--store", store, "--out", out]) == 0, capsys.readouterr().err
+    said = capsys.readouterr().out
+    assert f"appended to {out} at " in said and "orch.run=c" in said
+    written = read_sink(kind, tables).to_pydict()
+    assert written["id"] == [f"r{i}" for i in range(12)]
+    assert written["text"] == [f"answer r{i}" for i in range(12)]
+    assert set(written) >= {"finish_reason", "prompt_tokens", "completion_tokens", "error_code", "model"}
+    assert main(["collect", "--run", "c", "--store", store, "--out", out]) == 0
+    assert f"already in {out} at " in capsys.readouterr().out
+    assert read_sink(kind, tables).num_rows == 12  # collecting twice never writes the rows twice
+    other = answered_run(tmp_path, "d", 3)
+    assert main(["collect", "--run", "d", "--store", other, "--out", out]) == 0
+    assert read_sink(kind, tables).num_rows == 15
+
+
+def test_collect_into_table_leaves_an_incomplete_run_out(tables, tmp_path, capsys):
+    pq.write_table(rows(0, 4), tmp_path / "in.parquet")
+    store = str(tmp_path / "store")
+    assert prepare(store, "c", str(tmp_path / "in.parquet")) == 0
+    out = SINKS["delta"](tables)
+    assert main(["collect", "--run", "c", "--store", store, "--out", out, "--allow-partial"]) == 0
+    assert "a table gets a run's rows once, and 4 are missing" in capsys.readouterr().out
+    assert not (tables.root / "delta_answers").exists()
