@@ -125,6 +125,16 @@ def test_behind_with_spot_waiting_for_capacity_waits_while_the_slack_exceeds_the
     assert short.action == "launch" and "on-demand: slack 87 min within reserve 1.8 h" in short.reason
 
 
+def test_behind_with_spot_waiting_uses_the_reserve_multiplier_drawn_for_the_run():
+    # 3 h before the deadline, 87 min of slack (the test above). With 20-minute spells the tuned
+    # multiplier pays for on-demand; a run that drew a small one (orch watch --randomize) still waits.
+    # With hour-long spells the tuned one waits; a run that drew a large one pays.
+    later = dataclasses.replace(state(1, 0, 0.0, new_rate=0.1), spot_waiting=2, spot_pace=0.2, elapsed_s=5 * H)
+    short = dataclasses.replace(later, mean_up_s=1200.0)
+    assert decide(short, dataclasses.replace(EIGHT_HOURS, restarts_factor=0.1)).mode == "waiting"
+    assert decide(later, dataclasses.replace(EIGHT_HOURS, restarts_factor=1.7)).action == "launch"
+
+
 def test_durations():
     assert parse_duration("8h") == 8 * H and parse_duration("2h30m") == 2.5 * H
     assert parse_duration("1.5d") == 36 * H and parse_duration("90") == 90

@@ -145,6 +145,12 @@ def say_prerequisites(spec: RunSpec) -> None:
     metavar="SECONDS",
     help="with --deadline: provision + setup + model load of a new machine (default: as measured on the run, else 600)",
 )
+@click.option(
+    "--randomize",
+    is_flag=True,
+    help="with --deadline: draw the reserve kept when waiting for spot once for the run, seeded by its name "
+    "(a trace cannot be tuned against it; docs/operations.md)",
+)
 def watch_command(
     inv: Invocation,
     backend: str | None,
@@ -154,6 +160,7 @@ def watch_command(
     budget: float | None,
     max_on_demand: int | None,
     restart_overhead: float | None,
+    randomize: bool,
 ) -> int:
     """Relaunch workers whose jobs end with work left, until every chunk has a marker.
 
@@ -171,9 +178,12 @@ def watch_command(
     settings = None
     if budget is not None and deadline is None:
         raise click.BadParameter("--budget goes with --deadline", param_hint="--budget")
+    if randomize and deadline is None:
+        raise click.BadParameter("--randomize goes with --deadline", param_hint="--randomize")
     if deadline is not None:
         from orchestrator.controller.deadline import DeadlineSettings, parse_duration
         from orchestrator.controller.estimate import RESTART_OVERHEAD_S
+        from orchestrator.controller.spot_zones import RESTARTS_FACTOR, draw_restarts_factor
         from orchestrator.controller.startup import measured_startup_s
 
         if restart_overhead is None:  # the run's own workers' start-up, once any has answered
@@ -184,6 +194,7 @@ def watch_command(
             restart_overhead_s=restart_overhead,
             max_on_demand=max_on_demand if max_on_demand is not None else ctx.spec.workers.count,
             commit_margin_s=ctx.spec.workers.lease_ttl + interval,
+            restarts_factor=draw_restarts_factor(ctx.layout.run) if randomize else RESTARTS_FACTOR,
         )
     return follow_run(ctx, backend_for(ctx), interval, retries, deadline=settings)
 

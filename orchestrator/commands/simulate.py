@@ -39,6 +39,12 @@ if TYPE_CHECKING:
 )
 @click.option("--quick", is_flag=True, help="with --traces: one restart overhead, 6 single-zone traces per machine")
 @click.option(
+    "--randomize",
+    is_flag=True,
+    help="with --traces: also score the zone-aware policy with its reserve drawn per job (ROSS's randomization), "
+    "its cost the mean over --seeds draws per trace",
+)
+@click.option(
     "--outages",
     type=int,
     default=0,
@@ -103,6 +109,7 @@ def simulate_command(
     plot_path: str | None,
     traces_dir: str | None,
     quick: bool,
+    randomize: bool,
     **knobs: Any,
 ) -> int:
     """Simulate a run: how long, how much, what preemptions cost (driving orch's own protocol code)."""
@@ -110,7 +117,7 @@ def simulate_command(
     from orchestrator.simulate import MARKETS, POLICIES
 
     if traces_dir is not None:
-        return _spot_traces(traces_dir, quick, as_json)
+        return _spot_traces(traces_dir, quick, as_json, seeds if randomize else 0)
     knobs["restart_overhead"] = _startup_s(inv, knobs["restart_overhead"], measured=use_run or "run" in inv.flags)
     config = _sim_config(**knobs)
     entries = None
@@ -308,15 +315,18 @@ def _deadline_study(
     return 0
 
 
-def _spot_traces(folder: str, quick: bool, as_json: bool) -> int:
-    """The spot/deadline policies scored on the published traces: one table per setting."""
+def _spot_traces(folder: str, quick: bool, as_json: bool, draws: int) -> int:
+    """The spot/deadline policies scored on the published traces: one table per setting. With `draws`,
+    the randomized zone-aware policy too, its cost the mean of that many seeded replays per run."""
     from pathlib import Path
 
     from orchestrator.commands.console import Group, Text, console, table
     from orchestrator.simulate.spot_policies import POLICIES as SPOT_POLICIES
+    from orchestrator.simulate.spot_policies import RANDOMIZED, zone_aware_randomized
     from orchestrator.simulate.spot_score import score
 
-    result = score(Path(folder), SPOT_POLICIES, quick=quick)
+    policies = {**SPOT_POLICIES, RANDOMIZED: zone_aware_randomized} if draws else SPOT_POLICIES
+    result = score(Path(folder), policies, quick=quick, draws={RANDOMIZED: draws})
     if as_json:
         click.echo(json.dumps(result))
         return 0

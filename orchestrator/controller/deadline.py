@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from orchestrator.controller.estimate import RESTART_OVERHEAD_S
-from orchestrator.controller.spot_zones import PRIOR_UP_S, SpotWait, wait_for_spot
+from orchestrator.controller.spot_zones import PRIOR_UP_S, RESTARTS_FACTOR, SpotWait, wait_for_spot
 from orchestrator.core.errors import SpecError
 
 Mode = Literal["complete", "critical", "behind", "waiting", "on-line", "ahead"]
@@ -61,6 +61,8 @@ class DeadlineSettings:
     commit_margin_s: float = 360.0  # the lease TTL + one control interval
     greedy: bool = False
     spot_wait: bool = True  # behind with spot workers waiting for capacity: wait while the slack allows (rule 2)
+    #: The reserve's multiplier in rule 2's wait: the tuned value, or one drawn per run (spot_zones rule 6).
+    restarts_factor: float = RESTARTS_FACTOR
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,7 @@ def _spot_wait(state: FleetState, settings: DeadlineSettings, T: float, W: float
         overhead_s=settings.restart_overhead_s,
         tick_s=settings.commit_margin_s,
         mean_up_s=state.mean_up_s,
+        restarts_factor=settings.restarts_factor,
     )
 
 

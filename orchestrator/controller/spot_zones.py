@@ -25,6 +25,14 @@ back only what the rest of the run is expected to need:
    `decide`, run by `orch watch --deadline` and by the simulator's fleet) both call it.
 5. On on-demand with spot back: return to spot once the slack after the restart is above the
    reserve; otherwise stay (a return that the next preemption would undo costs two restarts).
+6. Randomized (opt-in: `orch simulate --randomize`, `orch watch --deadline ... --randomize`): the
+   reserve's multiplier is drawn once per job (`draw_restarts_factor`) instead of fixed. Rules 4
+   and 5 are a ski rental (wait = rent with slack, on-demand = buy): any fixed threshold can be
+   exploited by a trace whose spot comes back the tick after the policy paid for on-demand and
+   vanishes the tick after it returned, which costs a deterministic policy up to the price ratio K
+   times the optimum (ROSS, arXiv 2601.14612, proves Omega(K) for every deterministic policy and
+   sqrt(K) with randomization). A threshold the trace cannot know undoes that. The commit (rule 1)
+   is not drawn: the guarantee stays deterministic.
 
 Slack, everywhere here: the time left, less the work left at the pace the job (or fleet) runs at
 with spot, less one start-up (the one a machine waiting for spot needs once capacity is back).
@@ -32,6 +40,8 @@ with spot, less one start-up (the one a machine waiting for spot needs once capa
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -98,6 +108,17 @@ class ZoneModel:
     def best(self, up: tuple[bool, ...]) -> int:
         """The zone with capacity whose up spells are expected to last longest."""
         return max((i for i, u in enumerate(up) if u), key=self.remaining_up_s)
+
+
+def draw_restarts_factor(seed: str, mean: float = RESTARTS_FACTOR) -> float:
+    """Rule 6: one job's reserve multiplier, reproducible from `seed` (the trace, or the run's name).
+
+    x is drawn from the ski-rental density e^x / (e - 1) on [0, 1] (the optimal randomized rule for
+    when to stop renting: mostly late), and the multiplier is proportional to 1 - x (a small
+    multiplier waits long), scaled so that its mean is `mean`, the tuned deterministic value:
+    between 0 (wait down to the commit threshold) and about 2.4 x mean."""
+    x = math.log1p(random.Random(seed).random() * (math.e - 1))  # the inverse of (e^x - 1) / (e - 1)
+    return mean * (1 - x) * (math.e - 1) / (math.e - 2)  # E[1 - x] = (e - 2) / (e - 1)
 
 
 def reserve_s(

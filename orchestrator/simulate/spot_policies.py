@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from orchestrator.controller.deadline import DeadlineSettings, FleetState, OnDemandWorker, decide
-from orchestrator.controller.spot_zones import SpotDeadlinePolicy, ZoneModel
-from orchestrator.simulate.spot_replay import Choice, PolicyFactory, View
+from orchestrator.controller.spot_zones import SpotDeadlinePolicy, ZoneModel, draw_restarts_factor
+from orchestrator.simulate.spot_replay import Choice, PolicyFactory, SpotPolicy, View
 
 
 def deadline_settings(view: View, *, greedy: bool) -> DeadlineSettings:
@@ -102,13 +102,19 @@ class ZoneAware:
 
 
 def zone_aware(**knobs: float) -> PolicyFactory:
-    return lambda: ZoneAware(SpotDeadlinePolicy(ZoneModel(), **knobs))
+    return lambda _seed: ZoneAware(SpotDeadlinePolicy(ZoneModel(), **knobs))
+
+
+def zone_aware_randomized(seed: str) -> SpotPolicy:
+    """The zone-aware policy with its reserve multiplier drawn from the replay's seed (spot_zones rule 6)."""
+    return ZoneAware(SpotDeadlinePolicy(ZoneModel(), restarts_factor=draw_restarts_factor(seed)))
 
 
 #: The policies the scorer compares, by name.
 POLICIES: dict[str, PolicyFactory] = {
-    "uniform-progress": UniformProgress,
-    "uniform-progress-one-zone": lambda: UniformProgress(one_zone=True),
-    "greedy": lambda: UniformProgress(greedy=True),
+    "uniform-progress": lambda _seed: UniformProgress(),
+    "uniform-progress-one-zone": lambda _seed: UniformProgress(one_zone=True),
+    "greedy": lambda _seed: UniformProgress(greedy=True),
     "zone-aware": zone_aware(),
 }
+RANDOMIZED = "zone-aware-randomized"

@@ -58,7 +58,9 @@ class SpotPolicy(Protocol):
     def choose(self, view: View) -> Choice: ...
 
 
-PolicyFactory = Callable[[], SpotPolicy]
+#: A fresh policy for one replay, from a seed naming the replay (trace and draw): a randomized policy
+#: draws from it, so every score is reproducible; a deterministic one ignores it.
+PolicyFactory = Callable[[str], SpotPolicy]
 
 
 @dataclass

@@ -55,27 +55,24 @@ def _runs_for(
     traces: list[st.Trace],
     halves: list[str],
     policies: Mapping[str, PolicyFactory],
+    draws: Mapping[str, int] | None,
 ) -> list[Run]:
     optimum = optimum_costs(job, traces)
     out = []
     for trace, half, best in zip(traces, halves, optimum, strict=True):
-        outcomes = {name: replay(job, trace, make()) for name, make in policies.items()}
-        out.append(
-            Run(
-                setting,
-                variant,
-                half,
-                trace.name,
-                on_demand_cost(job, trace.gap_s),
-                best,
-                {n: o.cost_usd for n, o in outcomes.items()},
-                {n: o.met for n, o in outcomes.items()},
-            )
-        )
+        cost, met = {}, {}
+        for name, make in policies.items():
+            seeds = [f"{variant}/{trace.name}/{i}" for i in range((draws or {}).get(name, 1))]
+            outcomes = [replay(job, trace, make(seed)) for seed in seeds]
+            cost[name] = statistics.fmean(o.cost_usd for o in outcomes)
+            met[name] = all(o.met for o in outcomes)
+        out.append(Run(setting, variant, half, trace.name, on_demand_cost(job, trace.gap_s), best, cost, met))
     return out
 
 
-def multi_zone_runs(root: Path, policies: Mapping[str, PolicyFactory], *, quick: bool = False) -> list[Run]:
+def multi_zone_runs(
+    root: Path, policies: Mapping[str, PolicyFactory], *, quick: bool = False, draws: Mapping[str, int] | None = None
+) -> list[Run]:
     runs: list[Run] = []
     traces_of = {s.name: [st.multi_zone_trace(root, s.zones, k) for k in st.MULTI_TRACES] for s in st.SCENARIOS}
     halves = ["tune" if k < len(st.MULTI_TRACES) // 2 else "held-out" for k in st.MULTI_TRACES]
@@ -84,11 +81,13 @@ def multi_zone_runs(root: Path, policies: Mapping[str, PolicyFactory], *, quick:
             job = st.Job(st.MULTI_WORK_H * st.H, deadline_h * st.H, overhead_h * st.H)
             for scenario in st.SCENARIOS:
                 variant = f"{scenario.availability}/{deadline_h:g}h/{overhead_h:g}h"
-                runs += _runs_for("multi-zone", variant, job, traces_of[scenario.name], halves, policies)
+                runs += _runs_for("multi-zone", variant, job, traces_of[scenario.name], halves, policies, draws)
     return runs
 
 
-def single_zone_runs(root: Path, policies: Mapping[str, PolicyFactory], *, quick: bool = False) -> list[Run]:
+def single_zone_runs(
+    root: Path, policies: Mapping[str, PolicyFactory], *, quick: bool = False, draws: Mapping[str, int] | None = None
+) -> list[Run]:
     runs: list[Run] = []
     count = 6 if quick else st.SINGLE_TRACES
     for deadline_h in st.SINGLE_DEADLINES_H:
@@ -99,7 +98,8 @@ def single_zone_runs(root: Path, policies: Mapping[str, PolicyFactory], *, quick
             halves += ["tune" if i < len(some) // 2 else "held-out" for i in range(len(some))]
         for overhead_h in st.SINGLE_OVERHEADS_H:
             job = st.Job(st.SINGLE_WORK_H * st.H, deadline_h * st.H, overhead_h * st.H)
-            runs += _runs_for("single-zone", f"{deadline_h:g}h/{overhead_h:g}h", job, traces, halves, policies)
+            variant = f"{deadline_h:g}h/{overhead_h:g}h"
+            runs += _runs_for("single-zone", variant, job, traces, halves, policies, draws)
     return runs
 
 
@@ -169,12 +169,17 @@ def scenario_availability(root: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def score(root: Path, policies: Mapping[str, PolicyFactory], *, quick: bool = False) -> dict[str, Any]:
-    """The whole benchmark: per setting, variant and policy, the four measures; the scenarios' availability."""
+def score(
+    root: Path, policies: Mapping[str, PolicyFactory], *, quick: bool = False, draws: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """The whole benchmark: per setting, variant and policy, the four measures; the scenarios' availability.
+    A policy named in `draws` is replayed that many times per run, each with its own seed: its cost is
+    the mean (the expected cost of a randomized policy), its deadline met only if met every time."""
     st.check_layout(root)
     if BASELINE not in policies:
         raise ValueError(f"the scorer needs {BASELINE!r} among the policies: savings are quoted against it")
-    runs = multi_zone_runs(root, policies, quick=quick) + single_zone_runs(root, policies, quick=quick)
+    runs = multi_zone_runs(root, policies, quick=quick, draws=draws)
+    runs += single_zone_runs(root, policies, quick=quick, draws=draws)
     return {
         "meaning": "1 in a trace = spot NOT available in that tick (the benchmark simulator's reading)",
         "scenarios": scenario_availability(root),
