@@ -22,8 +22,10 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
 from orchestrator.core.records import ManifestEntry, PrepareRecord, read_jsonl, read_record, write_jsonl
 from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, ChunkingSpec, InputSpec
+from orchestrator.prepare.answer_keys import AnswerKeys
 from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
 from orchestrator.prepare.grouping import PrefixSorter
+from orchestrator.prepare.reuse import KeyCollector, ReusePlan, plan_reuse
 from orchestrator.prepare.sources import (
     RawRow,
     SourceFile,
@@ -84,11 +86,15 @@ def prepare_run(
             f"WARNING: the input has no rows ({', '.join(f.uri for f in files)}): nothing to run, the output is empty"
         )
     errors = ErrorWriter(strict, several_files=len(files) > 1)
+    keys = AnswerKeys(spec)
     sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix else None
     writer: ChunkWriter | None = None
+    reuse = _plan_reuse(ctx, files, total, keys, strict, progress) if spec.reuse.runs else None
     try:
-        if sorter is None:
-            writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, total))
+        if reuse is not None:
+            writer, rows_in = _write_reusing(ctx, files, total, keys, errors, strict, progress, reuse, sorter)
+        elif sorter is None:
+            writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, total), keys)
             progress(f"{total:,} rows in {len(files)} file(s) -> {writer.total} chunks")
             rows_in = _Conversion(ctx, files, writer.add, errors, strict)
             _convert_rows(files, spec.input, total, writer.advance_to, rows_in, progress)
@@ -97,10 +103,10 @@ def prepare_run(
             progress(f"{total:,} rows in {len(files)} file(s), grouped by prompt prefix")
             rows_in = _Conversion(ctx, files, sorter.add, errors, strict)
             _convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
-            writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), grouped=True)
+            writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), keys, grouped=True)
             writer.write_sorted(sorter.sorted_rows())
         entries = writer.close()
-        if not entries and total > 0:
+        if not entries and total > 0 and not (reuse is not None and reuse.count):
             missing_column = bool(errors.first) and ": no column " in errors.first[0]
             raise InputError(
                 f"no row of the input became a request: all {errors.count:,} row(s) were set aside",
@@ -116,14 +122,73 @@ def prepare_run(
         # Recorded only now: a prepare that failed leaves the run's spec free to be corrected.
         ctx.freeze()
         errors_key = errors.upload(ctx)
+        if reuse is not None:
+            reuse.upload(ctx)
     finally:
+        if reuse is not None:
+            reuse.discard()
         if writer is not None:
             writer.discard()
         if sorter is not None:
             sorter.discard()
         errors.discard()
-    record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in)
+    reused = {"key_context": keys.hex, "reused": reuse.count if reuse else 0}
+    record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in, reused)
     return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
+
+
+def _plan_reuse(
+    ctx: RunContext, files: list[SourceFile], total: int, keys: AnswerKeys, strict: bool, progress: Progress
+) -> ReusePlan:
+    """reuse.py steps 1-2: every good row's key, looked up in the runs `reuse.from` names."""
+    collected = KeyCollector(keys)
+    errors = ErrorWriter(strict, several_files=len(files) > 1)  # the second pass reports bad rows
+    try:
+        rows_in = _Conversion(ctx, files, collected.add, errors, strict)
+        _convert_rows(files, ctx.spec.input, total, lambda _row: None, rows_in, progress)
+    finally:
+        errors.discard()
+    plan = plan_reuse(ctx, collected)
+    progress(
+        f"{plan.count:,} of {total:,} rows answered by {', '.join(ctx.spec.reuse.runs)}"
+        + (f" ({plan.sampled_skipped:,} that sample run again: reuse.sampled)" if plan.sampled_skipped else "")
+    )
+    return plan
+
+
+def _write_reusing(
+    ctx: RunContext,
+    files: list[SourceFile],
+    total: int,
+    keys: AnswerKeys,
+    errors: ErrorWriter,
+    strict: bool,
+    progress: Progress,
+    reuse: ReusePlan,
+    sorter: PrefixSorter | None,
+) -> tuple[ChunkWriter, _Conversion]:
+    """reuse.py step 3: the rows not reused into chunks (sorted by prefix first when grouping)."""
+    spec = ctx.spec
+    progress(f"{reuse.good - reuse.count:,} rows to run")
+    if sorter is None:
+        # Chunks are cut from the rows left to run (step 1 counted the good rows).
+        boundaries = _chunk_boundaries(spec.chunking, max(reuse.good - reuse.count, 1))
+        writer = ChunkWriter(ctx, boundaries, keys, positioned=True)
+        add: Callable[[Request, int], None] = writer.add_positioned
+    else:
+        add = sorter.add
+
+    def keep(request: Request, position: int) -> None:
+        if not reuse.take(request, position):
+            add(request, position)
+
+    rows_in = _Conversion(ctx, files, keep, errors, strict)
+    _convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
+    if sorter is None:
+        return writer, rows_in
+    writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), keys, grouped=True)
+    writer.write_sorted(sorter.sorted_rows())
+    return writer, rows_in
 
 
 def _convert_rows(
@@ -155,6 +220,7 @@ def _record_prepare(
     errors: ErrorWriter,
     errors_key: str | None,
     rows_in: _Conversion,
+    reused: dict[str, Any],
 ) -> PrepareRecord:
     """The manifest, the chunk list and the prepare record: what the run's later steps read."""
     ctx.store.put(ctx.layout.manifest, write_jsonl(entries))
@@ -171,6 +237,7 @@ def _record_prepare(
         not_utf8_rows=rows_in.not_utf8.rows,
         not_utf8_bytes=rows_in.not_utf8.bytes,
         first_not_utf8=rows_in.not_utf8.first,
+        **reused,
     )
     ctx.store.put(ctx.layout.prepare_record, record.to_bytes())
     return record

@@ -56,6 +56,10 @@ class Request:
     #: The model the input line itself named (`body.model`, a completion object's `model`), if any:
     #: every line is answered by the run's model, and prepare says how many named another.
     named_model: str | None = None
+    #: The body's own temperature and whether it sets a seed (None: left to the spec and the model),
+    #: for answer_keys.AnswerKeys.sampled.
+    temperature: float | None = None
+    seeded: bool | None = None
 
 
 #: What `make_converter` gives: (record, source name, row number) -> the row's request.
@@ -163,7 +167,16 @@ def _request(
 ) -> Request:
     line = encode_line({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
     budget = 0 if url in URLS["pooling"] else _output_budget(body, sampling)  # pooling generates nothing
-    return Request(custom_id, line, _prompt_tokens(body), budget, named_model)
+    temperature = body.get("temperature")
+    return Request(
+        custom_id,
+        line,
+        _prompt_tokens(body),
+        budget,
+        named_model,
+        float(temperature) if isinstance(temperature, (int, float)) else None,
+        True if body.get("seed") is not None else None,
+    )
 
 
 def _openai_batch(record: dict[str, Any], sampling: SamplingSpec, urls: tuple[str, ...]) -> Request:

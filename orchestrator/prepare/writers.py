@@ -15,6 +15,7 @@ from orchestrator.core.errors import InputError
 from orchestrator.core.protocol.layout import chunk_id
 from orchestrator.core.records import ManifestEntry, PrepareError
 from orchestrator.core.spec import InputSpec
+from orchestrator.prepare.answer_keys import AnswerKeys
 from orchestrator.prepare.formats import Request, fallback_custom_id
 from orchestrator.prepare.grouping import PrefixStats, Row
 from orchestrator.prepare.sources import RawRow, SourceFile
@@ -31,13 +32,25 @@ class ChunkWriter:
     """Fills one local temp file per chunk and uploads it when the chunk is complete.
 
     Ungrouped, chunk boundaries are input positions (bad rows never shift them); grouped by prefix,
-    they are counts of sorted good rows, and each chunk also gets its rows' input positions."""
+    or with rows answered from earlier runs (`positioned`), they are counts of the rows written, and
+    each chunk also gets its rows' input positions. Every chunk gets its rows' answer keys."""
 
-    def __init__(self, ctx: RunContext, boundaries: list[int], *, grouped: bool = False):
+    def __init__(
+        self,
+        ctx: RunContext,
+        boundaries: list[int],
+        keys: AnswerKeys,
+        *,
+        grouped: bool = False,
+        positioned: bool = False,
+    ):
         self.ctx = ctx
         self.total = len(boundaries) - 1
         self.boundaries = boundaries
+        self.answer_keys = keys
         self.grouped = grouped
+        self.positioned = grouped or positioned
+        self.written = 0
         self.dir = tempfile.mkdtemp(prefix="orch-prepare-")
         self.entries: list[ManifestEntry] = []
         self.index = 0
@@ -49,12 +62,22 @@ class ChunkWriter:
         self.file = open(self.path, "wb", buffering=1 << 20)  # noqa: SIM115 - spans add() calls; closed by _seal/discard
         self.rows = self.bytes = self.prompt_tokens = self.output_tokens = 0
         self.prefixes = PrefixStats()
+        self.keys = bytearray()
 
     def add(self, request: Request, _position: int = 0) -> None:
         self._write(request.line, request.est_prompt_tokens, request.max_output_tokens)
 
+    def add_positioned(self, request: Request, position: int) -> None:
+        """Reusing: the rows to run, `boundaries` rows to a chunk, each with its input position."""
+        if self.index < self.total - 1 and self.written >= self.boundaries[self.index + 1]:
+            self.next_chunk()
+        self._write(request.line, request.est_prompt_tokens, request.max_output_tokens)
+        self.prefixes.positions.append(position)
+
     def _write(self, line: bytes, prompt_tokens: int, output_tokens: int) -> None:
         self.file.write(line)
+        self.keys += self.answer_keys.of_line(line)
+        self.written += 1
         self.rows += 1
         self.bytes += len(line)
         self.prompt_tokens += prompt_tokens
@@ -81,18 +104,19 @@ class ChunkWriter:
         layout = self.ctx.layout
         self.ctx.store.put_file(layout.chunk(self.chunk), self.path)
         os.unlink(self.path)
-        grouped: dict[str, Any] = {}
-        if self.grouped:
-            stats = self.prefixes
+        keys = bytes(self.keys)
+        self.ctx.store.put(layout.chunk_keys(self.chunk), keys)
+        grouped: dict[str, Any] = {"keys_sha256": hashlib.sha256(keys).hexdigest()}
+        stats = self.prefixes
+        if self.positioned:
             positions = stats.positions_file()
             self.ctx.store.put(layout.chunk_positions(self.chunk), positions)
-            grouped = {
-                "positions": layout.chunk_positions(self.chunk).removeprefix(layout.root),
-                "positions_sha256": hashlib.sha256(positions).hexdigest(),
-                "prefix_groups": stats.groups,
-                "est_shared_tokens": stats.shared_tokens,
-                "edge_prefixes": stats.edge_prefixes(),
-            }
+            grouped["positions"] = layout.chunk_positions(self.chunk).removeprefix(layout.root)
+            grouped["positions_sha256"] = hashlib.sha256(positions).hexdigest()
+        if self.grouped:
+            grouped.update(
+                prefix_groups=stats.groups, est_shared_tokens=stats.shared_tokens, edge_prefixes=stats.edge_prefixes()
+            )
         self.entries.append(
             ManifestEntry(
                 chunk=self.chunk,
@@ -101,7 +125,7 @@ class ChunkWriter:
                 bytes=self.bytes,
                 est_prompt_tokens=self.prompt_tokens,
                 max_output_tokens=self.output_tokens,
-                first=None if self.grouped else self.boundaries[self.index],
+                first=None if self.positioned else self.boundaries[self.index],
                 **grouped,
             )
         )
