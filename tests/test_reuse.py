@@ -30,9 +30,9 @@ def questions(path: Path, n: int, **extra: object) -> Path:
     return write_jsonl(path, [{"id": f"q{i}", "question": f"Question {i}?", **extra} for i in range(n)])
 
 
-def prepare(store: str, run: str, data: Path, *args: str) -> None:
+def prepare(store: str, run: str, data: Path, *args: str, model: Path = TINY, code: int = 0) -> None:
     flags = ["--format", "text", "--text-column", "question", "--id-column", "id", "--rows-per-chunk", "10"]
-    assert main(["prepare", str(data), "--run", run, "--store", store, "--model", str(TINY), *flags, *args]) == 0
+    assert main(["prepare", str(data), "--run", run, "--store", store, "--model", str(model), *flags, *args]) == code
 
 
 def finish(store: str, run: str) -> None:
@@ -106,11 +106,8 @@ def test_reuse_changed_template_max_tokens_or_model_reuses_nothing_and_unchanged
     other = tmp_path / "other-model" / "tiny-llama"
     shutil.copytree(TINY, other)
     (other / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "max_length": 99}))
-    code = main(
-        ["prepare", str(data), "--run", "model", "--store", store, "--model", str(other), "--format", "text",
-         "--text-column", "question", "--id-column", "id", "--reuse-from", "base"]
-    )  # fmt: skip
-    assert code == 0 and reused_rows(store, "model") == 0
+    prepare(store, "model", data, "--reuse-from", "base", model=other)
+    assert reused_rows(store, "model") == 0
 
 
 def test_reuse_sampled_rows_run_again_unless_asked(workdir, capsys):
@@ -132,18 +129,16 @@ def test_reuse_a_corrupt_or_missing_index_is_a_clear_error_and_nothing_is_reused
     prepare(store, "src", data)
     finish(store, "src")
     capsys.readouterr()
-    code = main(["prepare", str(data), "--run", "early", "--store", store, "--model", str(TINY), "--format", "text",
-                 "--text-column", "question", "--id-column", "id", "--reuse-from", "src"])  # fmt: skip
-    assert code != 0 and "has no answer index" in capsys.readouterr().err
+    prepare(store, "early", data, "--reuse-from", "src", code=4)
+    assert "has no answer index" in capsys.readouterr().err
     collect(store, "src", workdir / "src.jsonl", capsys)
     s = open_store(store)
     index = json.loads(s.get(RunLayout("src").answer_index).data)
     part = index["parts"][0]["key"]
     s.put(part, s.get(part).data[:-26])  # a part cut short, as by a crash mid-write
-    code = main(["prepare", str(data), "--run", "cut", "--store", store, "--model", str(TINY), "--format", "text",
-                 "--text-column", "question", "--id-column", "id", "--reuse-from", "src"])  # fmt: skip
+    prepare(store, "cut", data, "--reuse-from", "src", code=8)
     err = capsys.readouterr().err
-    assert code != 0 and part in err and "no answer was reused" in err
+    assert part in err and "no answer was reused" in err
     assert s.head(RunLayout("cut").prepare_record) is None
 
 

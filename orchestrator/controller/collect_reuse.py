@@ -130,10 +130,9 @@ class ReusedAnswers:
         """(run, chunk, [(row, position), ...]) for each source chunk, in sources.bin's order."""
         import itertools
 
-        records = zip(
-            self.rows["run"].tolist(), self.rows["chunk"].tolist(), self.rows["row"].tolist(),
-            self.rows["position"].tolist(), strict=True,
-        )  # fmt: skip
+        rows = self.rows
+        columns = (rows["run"].tolist(), rows["chunk"].tolist(), rows["row"].tolist(), rows["position"].tolist())
+        records = zip(*columns, strict=True)
         for (run, chunk), group in itertools.groupby(records, key=lambda r: (r[0], r[1])):
             yield run, chunk, [(row, position) for _, _, row, position in group]
 
@@ -199,9 +198,8 @@ class AnswerIndexBuilder:
             rows = self.reused.rows
             numbers = np.array([run_number(self.runs, run) for run in self.reused.record.runs], dtype=np.uint16)
             records = np.zeros(len(rows), dtype=record_dtype())
-            records["hi"], records["lo"], records["chunk"], records["row"] = (
-                rows["hi"], rows["lo"], rows["chunk"], rows["row"],
-            )  # fmt: skip
+            for name in ("hi", "lo", "chunk", "row"):
+                records[name] = rows[name]
             records["run"] = numbers[rows["run"]]
             self.parts.append(records)
         merged = np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=record_dtype())
