@@ -77,6 +77,16 @@ def test_reuse_grown_input_runs_only_the_new_rows_and_keeps_old_answers_byte_ide
 
     prepare(store, "second", questions(workdir / "grown.jsonl", 44), "--reuse-from", "first")
     assert reused_rows(store, "second") == 40 and run_rows(store, "second") == 4
+    capsys.readouterr()
+    assert main(["status", "--run", "second", "--store", store, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] | {"done": 0} == {
+        "total": 4,
+        "done": 0,
+        "in_progress": 0,
+        "errors": 0,
+        "set_aside": 0,
+        "reused": 40,
+    }
     finish(store, "second")
     second = collect(store, "second", workdir / "second.jsonl", capsys)
     assert second["complete"] and second["rows_total"] == 44 and second["reused"] == 40 and second["rows_run"] == 4

@@ -79,7 +79,7 @@ def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
     facts = gather(store, layout, Backend())
     status = derive_status(facts, now=time.time(), prices=load_gpu_table())
     assert status.chunks == {"total": 4, "done": 1}
-    assert status.rows == {"total": 40, "done": 10, "in_progress": 4, "errors": 1, "set_aside": 0}
+    assert status.rows == {"total": 40, "done": 10, "in_progress": 4, "errors": 1, "set_aside": 0, "reused": 0}
     assert status.throughput["rows_per_s"] == 0.5 and status.eta_s == (40 - 10 - 4) / 0.5
     w0 = status.workers[0]
     assert (w0.worker, w0.state, w0.recovery_count, w0.chunk, w0.spot) == ("0", "RECOVERING", 2, "part_00001", True)

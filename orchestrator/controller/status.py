@@ -21,7 +21,8 @@ JSON shape (stable for scripts):
     chunks: {total, done},
     rows: {total, done (in finished chunks), in_progress (flushed or not, in chunks being worked on),
            errors (error rows in finished chunks), set_aside (input rows prepare set aside: not in
-           total; collect answers them with error lines)},
+           total; collect answers them with error lines), reused (input rows answered by earlier runs,
+           --reuse-from: not in total; collect writes their answers)},
     timeline: [[unix time, chunks done], ...] (the first launch at 0, then finished chunks; at most
               pace.TIMELINE_POINTS points, the last one exact),
     throughput: {rows_per_s, tokens_per_s} (sum over running workers), eta_s (null when unknown),
@@ -108,6 +109,8 @@ class RunFacts:
     corrupt_leases: dict[str, str] = field(default_factory=dict)
     #: Input rows set aside at prepare (answered by collect with error lines).
     set_aside: int = 0
+    #: Input rows answered by earlier runs (--reuse-from): in no chunk.
+    reused: int = 0
     #: When prepare finished (its record's time), None when not known.
     prepared_at: float | None = None
 
@@ -148,6 +151,7 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
     )
     prepared = read_record(store, layout.prepare_record, PrepareRecord)
     facts.set_aside = prepared[0].errors if prepared is not None else 0
+    facts.reused = prepared[0].reused if prepared is not None else 0
     facts.prepared_at = prepared[0].created_at or None if prepared is not None else None
     current = list(jobs.current_jobs().values())
     if launcher is not None and current:
@@ -288,6 +292,7 @@ def derive_status(
             "in_progress": in_progress,
             "errors": errors,
             "set_aside": facts.set_aside,
+            "reused": facts.reused,
         },
         throughput={"rows_per_s": round(rows_per_s, 3), "tokens_per_s": round(tokens_per_s, 1)},
         eta_s=round(eta, 1) if eta is not None else None,
