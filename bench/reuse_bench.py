@@ -82,10 +82,10 @@ print(report.record.rows / (time.monotonic() - started))
 """
 
 
-def measure(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
+def measure(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> tuple[float, float, str]:
     """Wall seconds, peak RSS (MiB) and stdout of one child process (its own wait4 usage)."""
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, env={**os.environ, **(env or {})})
     out = proc.stdout.read().decode() if proc.stdout else ""
     _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status):
@@ -110,8 +110,8 @@ def grown_input(work: Path, n: int) -> dict[str, Any]:
     for name, rows, extra in (("first", n, []), ("grown", n + n // 10, ["--reuse-from", "first"])):
         data = questions(work / f"{name}.jsonl", rows)
         run_out, out = str(work / f"{name}.run.jsonl"), str(work / f"{name}.out.jsonl")
-        seconds, _, _ = measure([*ORCH, "run", str(data), "--run", name, *flags, *extra, "--out", run_out], ENV)
-        _, _, printed = measure([*ORCH, "collect", "--run", name, "--store", store, "--out", out, "--json"], ENV)
+        seconds, _, _ = measure([*ORCH, "run", str(data), "--run", name, *flags, *extra, "--out", run_out], ENV, work)
+        _, _, printed = measure([*ORCH, "collect", "--run", name, "--store", store, "--out", out, "--json"], ENV, work)
         report = json.loads(printed)
         tokens = report["tokens"]["prompt_tokens"] + report["tokens"]["generated_tokens"]
         runs[name] = {"seconds": seconds, "tokens": tokens, "report": report}

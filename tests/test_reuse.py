@@ -166,3 +166,24 @@ def test_reuse_table_output_marks_reused_rows(workdir, capsys):
     assert "reused 10 row(s) from earlier runs, ran 2, 12 in all" in capsys.readouterr().out
     rows = [json.loads(line) for line in (workdir / "t2.jsonl").read_text().splitlines()]
     assert [r["reused"] for r in rows] == [True] * 10 + [False] * 2
+
+
+@pytest.mark.slow
+def test_reuse_orch_run_with_the_tiny_model_answers_only_the_new_rows(workdir, capsys):
+    """The whole path with real workers: the second `orch run` gives the engine only the new rows."""
+    (workdir / "orch.yaml").write_text(
+        "sampling:\n  max_tokens: 8\n  temperature: 0\nworkers:\n  count: 1\n  heartbeat_interval: 1\n"
+        "  checkpoint_interval: 1\n"
+    )
+    flags = ["--model", str(TINY), "--format", "text", "--text-column", "question", "--id-column", "id"]
+    flags += ["--rows-per-chunk", "10", "--interval", "1"]
+    first, grown = questions(workdir / "q.jsonl", 20), questions(workdir / "grown.jsonl", 22)
+    assert main(["run", str(first), "--run", "one", *flags, "--out", str(workdir / "one.jsonl")]) == 0
+    capsys.readouterr()
+    args = ["run", str(grown), "--run", "two", *flags, "--reuse-from", "one", "--out", str(workdir / "two.jsonl")]
+    assert main(args) == 0
+    assert "reused 20 row(s) from earlier runs, ran 2, 22 in all" in capsys.readouterr().out
+    assert run_rows(str(workdir / ".orch"), "two") == 2
+    old = (workdir / "one.jsonl").read_bytes().splitlines()
+    new = (workdir / "two.jsonl").read_bytes().splitlines()
+    assert new[:20] == old and [json.loads(line)["custom_id"] for line in new] == [f"q{i}" for i in range(22)]
