@@ -202,7 +202,7 @@ def collect(
                 positions = InputPositions(store, layout, report.rows_total + set_aside.count + reused)
                 for number, entry in enumerate(entries):
                     answered = _collect_chunk(store, layout, entry, ordered, retry, report, set_aside, positions)
-                    index.add_chunk(number, entry, answered)
+                    index.add_chunk(number, answered)
                     ordered.end_run()
                 if reuse is not None:
                     reuse.place(ordered, positions, report)
@@ -211,7 +211,7 @@ def collect(
         else:
             set_aside = _SetAside(store, layout, writer, retry, report)
             for number, entry in enumerate(entries):
-                index.add_chunk(number, entry, _collect_chunk(store, layout, entry, writer, retry, report, set_aside))
+                index.add_chunk(number, _collect_chunk(store, layout, entry, writer, retry, report, set_aside))
             set_aside.rest()
         report.retry_rows = retry.count
         if not (partial or report.complete):
@@ -237,9 +237,9 @@ def _collect_chunk(
     report: CollectReport,
     set_aside: _SetAside,
     input_positions: InputPositions | None = None,
-) -> list[int]:
-    """The chunk's rows in their places; returns the rows answered without an error."""
-    answered: list[int] = []
+) -> list[tuple[int, bytes]]:
+    """The chunk's rows in their places; returns the rows answered without an error, with their requests."""
+    answered: list[tuple[int, bytes]] = []
     answers = chunk_answers(store, layout, entry, report)
     if answers is None:
         report.missing_chunks.append(entry.chunk)
@@ -273,7 +273,7 @@ def _collect_chunk(
             report.note("errors", line.custom_id)
             retry.add(request_line)
         else:
-            answered.append(row)
+            answered.append((row, request_line))
     if answers:  # lines for rows the chunk does not have
         report.mismatched += len(answers)
     return answered

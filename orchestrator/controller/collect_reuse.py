@@ -25,6 +25,7 @@ from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import ManifestEntry, PrepareRecord, ReuseRecord, read_manifest, read_record
 from orchestrator.core.store import NotFound, Store
 from orchestrator.prepare.answer_index import keys_of, record_dtype, run_number, write_index
+from orchestrator.prepare.answer_keys import LineKeys
 from orchestrator.prepare.reuse import sources_dtype
 
 if TYPE_CHECKING:
@@ -164,36 +165,27 @@ class AnswerIndexBuilder:
         self.store, self.layout, self.reused = store, layout, reused
         self.parts: list[npt.NDArray[Any]] = []
         found = read_record(store, layout.prepare_record, PrepareRecord)
-        self.context = found[0].key_context if found is not None else None
+        digest = found[0].key_digest if found is not None else None
+        self.keys = LineKeys(bytes.fromhex(digest)) if digest else None
         self.runs = [layout.run]
 
-    def add_chunk(self, number: int, entry: ManifestEntry, answered: list[int]) -> None:
-        """Chunk `number` of the manifest, whose `answered` rows have an answer that is not an error."""
+    def add_chunk(self, number: int, answered: list[tuple[int, bytes]]) -> None:
+        """Chunk `number` of the manifest: its rows answered without an error, with their request lines."""
         import numpy as np
 
-        if self.context is None or entry.keys_sha256 is None or not answered:
+        if self.keys is None or not answered:
             return
-        key = self.layout.chunk_keys(entry.chunk)
-        try:
-            data = self.store.get(key).data
-        except NotFound:
-            data = b""
-        if hashlib.sha256(data).hexdigest() != entry.keys_sha256 or len(data) != 16 * entry.rows:
-            raise CorruptOutput(
-                f"{key} is missing or does not match the checksum in the manifest: no answer index can be written",
-                where=self.layout.manifest,
-                hint="prepare the input again under a new --run name",
-            )
-        keys = keys_of(data)[np.asarray(answered, dtype=np.int64)]
+        keys = keys_of(b"".join(self.keys.of_line(line) for _, line in answered))
         records = np.zeros(len(keys), dtype=record_dtype())
-        records["hi"], records["lo"], records["chunk"], records["row"] = keys["hi"], keys["lo"], number, answered
+        records["hi"], records["lo"], records["chunk"] = keys["hi"], keys["lo"], number
+        records["row"] = [row for row, _ in answered]
         self.parts.append(records)
 
     def write(self, chunks_done: int) -> None:
         import numpy as np
 
-        if self.context is None:
-            return  # prepared by an orch that computed no keys
+        if self.keys is None:
+            return  # prepared by an orch that kept no key digest
         if self.reused is not None:
             rows = self.reused.rows
             numbers = np.array([run_number(self.runs, run) for run in self.reused.record.runs], dtype=np.uint16)
@@ -203,4 +195,4 @@ class AnswerIndexBuilder:
             records["run"] = numbers[rows["run"]]
             self.parts.append(records)
         merged = np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=record_dtype())
-        write_index(self.store, self.layout, merged, self.runs, self.context, chunks_done)
+        write_index(self.store, self.layout, merged, self.runs, self.keys.digest.hex()[:32], chunks_done)

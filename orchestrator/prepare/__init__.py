@@ -92,9 +92,9 @@ def prepare_run(
     reuse = _plan_reuse(ctx, files, total, keys, strict, progress) if spec.reuse.runs else None
     try:
         if reuse is not None:
-            writer, rows_in = _write_reusing(ctx, files, total, keys, errors, strict, progress, reuse, sorter)
+            writer, rows_in = _write_reusing(ctx, files, total, errors, strict, progress, reuse, sorter)
         elif sorter is None:
-            writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, total), keys)
+            writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, total))
             progress(f"{total:,} rows in {len(files)} file(s) -> {writer.total} chunks")
             rows_in = _Conversion(ctx, files, writer.add, errors, strict)
             _convert_rows(files, spec.input, total, writer.advance_to, rows_in, progress)
@@ -103,7 +103,7 @@ def prepare_run(
             progress(f"{total:,} rows in {len(files)} file(s), grouped by prompt prefix")
             rows_in = _Conversion(ctx, files, sorter.add, errors, strict)
             _convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
-            writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), keys, grouped=True)
+            writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), grouped=True)
             writer.write_sorted(sorter.sorted_rows())
         entries = writer.close()
         if not entries and total > 0 and not (reuse is not None and reuse.count):
@@ -132,7 +132,7 @@ def prepare_run(
         if sorter is not None:
             sorter.discard()
         errors.discard()
-    reused = {"key_context": keys.hex, "reused": reuse.count if reuse else 0}
+    reused = {"key_digest": keys.digest.hex(), "reused": reuse.count if reuse else 0}
     record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in, reused)
     return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
 
@@ -160,7 +160,6 @@ def _write_reusing(
     ctx: RunContext,
     files: list[SourceFile],
     total: int,
-    keys: AnswerKeys,
     errors: ErrorWriter,
     strict: bool,
     progress: Progress,
@@ -173,7 +172,7 @@ def _write_reusing(
     if sorter is None:
         # Chunks are cut from the rows left to run (step 1 counted the good rows).
         boundaries = _chunk_boundaries(spec.chunking, max(reuse.good - reuse.count, 1))
-        writer = ChunkWriter(ctx, boundaries, keys, positioned=True)
+        writer = ChunkWriter(ctx, boundaries, positioned=True)
         add: Callable[[Request, int], None] = writer.add_positioned
     else:
         add = sorter.add
@@ -186,7 +185,7 @@ def _write_reusing(
     _convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
     if sorter is None:
         return writer, rows_in
-    writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), keys, grouped=True)
+    writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), grouped=True)
     writer.write_sorted(sorter.sorted_rows())
     return writer, rows_in
 

@@ -105,32 +105,39 @@ def context_digest(context: dict[str, Any]) -> bytes:
     return hashlib.blake2b(json.dumps(context, sort_keys=True, default=str).encode(), digest_size=32).digest()
 
 
-class AnswerKeys:
-    """The key of each request line of one run, and whether a request samples (for reuse)."""
+class LineKeys:
+    """The key of each request line of one run, under the run's context digest (recorded at prepare,
+    so collect keys the chunks' lines without the model at hand)."""
+
+    def __init__(self, digest: bytes):
+        self.digest = digest
+        self.base = hashlib.blake2b(digest_size=KEY_BYTES, key=digest)  # copied per line: cheaper than a new one
+
+    def of_line(self, line: bytes) -> bytes:
+        """The key of a canonical request line (prepare writes `{"custom_id":…,"method":…}`: the
+        first `,"method":` is structural, as a quote inside a JSON string is always escaped)."""
+        h = self.base.copy()
+        h.update(memoryview(line)[line.find(_METHOD) :])
+        return h.digest()
+
+
+class AnswerKeys(LineKeys):
+    """LineKeys for a spec, and whether a request samples (for reuse)."""
 
     def __init__(self, spec: RunSpec):
         self.context = key_context(spec)
-        self.digest = context_digest(self.context)
+        super().__init__(context_digest(self.context))
         sampling = spec.sampling
         self.default_temperature = sampling.temperature
         if self.default_temperature is None:  # the worker takes the model's own, else OpenAI's 1.0
             self.default_temperature = _model_temperature(spec.model.name or "")
         self.default_seeded = sampling.seed is not None
 
-    def of_line(self, line: bytes) -> bytes:
-        """The key of a canonical request line (prepare writes `{"custom_id":…,"method":…}`: the
-        first `,"method":` is structural, as a quote inside a JSON string is always escaped)."""
-        return hashlib.blake2b(line[line.find(_METHOD) :], digest_size=KEY_BYTES, key=self.digest).digest()
-
     def sampled(self, request: Request) -> bool:
         """temperature > 0 without a seed, with the worker's defaults resolved."""
         temperature = request.temperature if request.temperature is not None else self.default_temperature
         seeded = request.seeded if request.seeded is not None else self.default_seeded
         return (temperature is None or temperature >= GREEDY_BELOW) and not seeded
-
-    @property
-    def hex(self) -> str:
-        return self.digest.hex()[:32]
 
 
 def _model_temperature(name: str) -> float | None:

@@ -15,7 +15,6 @@ from orchestrator.core.errors import InputError
 from orchestrator.core.protocol.layout import chunk_id
 from orchestrator.core.records import ManifestEntry, PrepareError
 from orchestrator.core.spec import InputSpec
-from orchestrator.prepare.answer_keys import AnswerKeys
 from orchestrator.prepare.formats import Request, fallback_custom_id
 from orchestrator.prepare.grouping import PrefixStats, Row
 from orchestrator.prepare.sources import RawRow, SourceFile
@@ -33,13 +32,12 @@ class ChunkWriter:
 
     Ungrouped, chunk boundaries are input positions (bad rows never shift them); grouped by prefix,
     or with rows answered from earlier runs (`positioned`), they are counts of the rows written, and
-    each chunk also gets its rows' input positions. Every chunk gets its rows' answer keys."""
+    each chunk also gets its rows' input positions."""
 
     def __init__(
         self,
         ctx: RunContext,
         boundaries: list[int],
-        keys: AnswerKeys,
         *,
         grouped: bool = False,
         positioned: bool = False,
@@ -47,7 +45,6 @@ class ChunkWriter:
         self.ctx = ctx
         self.total = len(boundaries) - 1
         self.boundaries = boundaries
-        self.answer_keys = keys
         self.grouped = grouped
         self.positioned = grouped or positioned
         self.written = 0
@@ -62,7 +59,6 @@ class ChunkWriter:
         self.file = open(self.path, "wb", buffering=1 << 20)  # noqa: SIM115 - spans add() calls; closed by _seal/discard
         self.rows = self.bytes = self.prompt_tokens = self.output_tokens = 0
         self.prefixes = PrefixStats()
-        self.keys = bytearray()
 
     def add(self, request: Request, _position: int = 0) -> None:
         self._write(request.line, request.est_prompt_tokens, request.max_output_tokens)
@@ -76,7 +72,6 @@ class ChunkWriter:
 
     def _write(self, line: bytes, prompt_tokens: int, output_tokens: int) -> None:
         self.file.write(line)
-        self.keys += self.answer_keys.of_line(line)
         self.written += 1
         self.rows += 1
         self.bytes += len(line)
@@ -104,9 +99,7 @@ class ChunkWriter:
         layout = self.ctx.layout
         self.ctx.store.put_file(layout.chunk(self.chunk), self.path)
         os.unlink(self.path)
-        keys = bytes(self.keys)
-        self.ctx.store.put(layout.chunk_keys(self.chunk), keys)
-        grouped: dict[str, Any] = {"keys_sha256": hashlib.sha256(keys).hexdigest()}
+        grouped: dict[str, Any] = {}
         stats = self.prefixes
         if self.positioned:
             positions = stats.positions_file()

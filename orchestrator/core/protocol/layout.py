@@ -73,10 +73,6 @@ class RunLayout:
         """Grouped by prefix: the input position of each of the chunk's rows, one a line."""
         return f"{self.root}chunks/{chunk}.positions"
 
-    def chunk_keys(self, chunk: str) -> str:
-        """The answer key of each of the chunk's rows, 16 bytes each (prepare/answer_keys.py)."""
-        return f"{self.root}chunks/{chunk}.keys"
-
     @property
     def reuse_record(self) -> str:
         """ReuseRecord: the rows prepare answered from earlier runs (prepare/reuse.py)."""

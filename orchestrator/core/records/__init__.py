@@ -8,7 +8,6 @@ there, by who writes it:
                          prepare.json           PrepareRecord: what was prepared from what
                          prepare-errors.jsonl   PrepareError, one line per input row set aside
                          plan.json              PlanRecord (and workers/<i>.txt: chunk paths, plain text)
-                         chunks/<c>.keys        16-byte answer keys, one per chunk row (binary)
                          reuse.json             ReuseRecord: rows answered from earlier runs (--reuse-from)
                          reused/sources.bin     where each reused row's answer is (binary)
                          reused/ids.jsonl       each reused row's custom_id, in input order

@@ -58,9 +58,6 @@ class ManifestEntry(Record):
         description="grouped by prefix: SHA-256 of the positions file as written, checked at collect "
         "(None in runs prepared before it was recorded: collect then checks only that positions are a permutation)",
     )
-    keys_sha256: str | None = Field(
-        None, description="SHA-256 of chunks/<chunk>.keys, the rows' answer keys (None: prepared before keys)"
-    )
     prefix_groups: int | None = Field(None, description="grouped by prefix: distinct prompt prefixes in the chunk")
     est_shared_tokens: int = Field(
         0, description="grouped by prefix: prompt tokens estimated shared with the row before"
@@ -95,7 +92,11 @@ class PrepareRecord(Record):
     not_utf8_rows: int = Field(0, description="rows kept with bytes that are not UTF-8 read as U+FFFD")
     not_utf8_bytes: int = 0
     first_not_utf8: list[str] = Field(default_factory=list, description="the first few such rows, `file:line`")
-    key_context: str | None = Field(None, description="the answer keys' context digest (hex), for diagnosis")
+    key_digest: str | None = Field(
+        None,
+        description="the answer keys' context digest (hex, prepare/answer_keys.py): collect keys the chunks' "
+        "lines with it (None: prepared before answer keys; such a run cannot be reused from)",
+    )
     reused: int = Field(0, description="input rows answered from earlier runs (reuse.json), in no chunk")
 
 
