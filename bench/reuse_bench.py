@@ -6,8 +6,8 @@ Side by side, in one run:
     collect) and wall time of each, and whether every old answer is byte-identical;
 (b) key lookup: an answer index of K random keys in a local store, and K new keys of which 90% are
     in it, looked up by a separate process: wall time and peak RSS (wait4);
-(c) prepare rows/s of the same JSONL input with answer keys computed (as always) and with the
-    key function replaced by a constant (what prepare cost before keys), alternated, median of 3.
+(c) prepare rows/s (no reuse) of the same JSONL input by this tree and by the base branch's
+    orchestrator/ (`git archive $(git merge-base HEAD main)`), alternated, median of 3.
 Targets: (a) <= 0.11x engine work; (b) <= 60 s, <= 1.5 GiB at 10M; (c) >= 0.95x.
 """
 
@@ -70,14 +70,12 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import open_store
-from orchestrator.prepare import answer_keys, prepare_run
-if sys.argv[3] == "off":
-    answer_keys.AnswerKeys.of_line = lambda self, line: bytes(16)
+from orchestrator.prepare import prepare_run
 spec = RunSpec.model_validate({"run": sys.argv[2], "input": {"format": "text", "text_column": "question",
     "id_column": "id"}, "chunking": {"rows_per_chunk": 10000}, "sampling": {"temperature": 0}})
 ctx = RunContext(spec, open_store(sys.argv[1]), RunLayout(sys.argv[2]))
 started = time.monotonic()
-report = prepare_run(ctx, [sys.argv[4]])
+report = prepare_run(ctx, [sys.argv[3]])
 print(report.record.rows / (time.monotonic() - started))
 """
 
@@ -150,18 +148,36 @@ def key_lookup(work: Path, n: int) -> dict[str, Any]:
 
 
 def prepare_speed(work: Path, n: int) -> dict[str, Any]:
-    """(c)"""
+    """(c): this tree's prepare against its base's (ORCH_BENCH_BASE, default the merge-base with main)."""
     data = questions(work / "prepare.jsonl", n)
-    env = ENV
-    rates: dict[str, list[float]] = {"keys": [], "no keys": []}
+    base = work / "base"
+    base.mkdir()
+    ref = (
+        os.environ.get("ORCH_BENCH_BASE")
+        or subprocess.run(
+            ["git", "merge-base", "HEAD", "main"], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout.strip()[:12]
+    )
+    archive = subprocess.run(["git", "archive", ref, "orchestrator"], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
+    trees = {"this tree": {"PYTHONPATH": str(ROOT)}, ref: {"PYTHONPATH": str(base)}}
+    rates: dict[str, list[float]] = {name: [] for name in trees}
     for round_ in range(3):
-        for mode in ("on", "off") if round_ % 2 == 0 else ("off", "on"):
-            store = str(work / f"p-{mode}-{round_}")
-            _, _, out = measure([PYTHON, "-c", PREPARE, store, f"p{round_}{mode}", mode, str(data)], env)
-            rates["keys" if mode == "on" else "no keys"].append(float(out.split()[-1]))
+        for name in list(trees) if round_ % 2 == 0 else list(trees)[::-1]:
+            store = str(work / f"p-{round_}-{len(rates[name])}-{name.replace(' ', '-')}")
+            cmd = [PYTHON, "-c", PREPARE, store, f"p{round_}", str(data)]
+            _, _, out = measure(cmd, trees[name], base if name == ref else ROOT)
+            rates[name].append(float(out.split()[-1]))
             shutil.rmtree(store, ignore_errors=True)
-    keys, plain = statistics.median(rates["keys"]), statistics.median(rates["no keys"])
-    return {"rows": n, "rows_per_s_keys": keys, "rows_per_s_no_keys": plain, "ratio": keys / plain, "rounds": rates}
+    now, before = statistics.median(rates["this tree"]), statistics.median(rates[ref])
+    return {
+        "rows": n,
+        "base": ref,
+        "rows_per_s": now,
+        "rows_per_s_base": before,
+        "ratio": now / before,
+        "rounds": rates,
+    }
 
 
 def main() -> None:
@@ -176,7 +192,7 @@ def main() -> None:
     rows = [
         ["grown input: engine tokens", *grown["engine_tokens"], f"{grown['tokens_ratio']:.3f}x"],
         ["grown input: wall s", *grown["seconds"], f"{grown['wall_ratio']:.3f}x"],
-        ["prepare rows/s (keys / none)", prepare["rows_per_s_keys"], prepare["rows_per_s_no_keys"], prepare["ratio"]],
+        ["prepare rows/s (this / base)", prepare["rows_per_s"], prepare["rows_per_s_base"], prepare["ratio"]],
         ["lookup s / peak MiB", lookup_["lookup_s"], lookup_["peak_mib"], f"{lookup_['keys']:,} keys"],
     ]
     print(table(rows, ["measure", "first / with", "second / without", "ratio"]))

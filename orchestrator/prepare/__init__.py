@@ -132,7 +132,7 @@ def prepare_run(
         if sorter is not None:
             sorter.discard()
         errors.discard()
-    reused = {"key_digest": keys.digest.hex(), "reused": reuse.count if reuse else 0}
+    reused = {"key_digest": keys.digest.hex() if keys.usable else None, "reused": reuse.count if reuse else 0}
     record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in, reused)
     return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
 

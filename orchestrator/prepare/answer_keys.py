@@ -56,6 +56,8 @@ _METHOD = b',"method":'
 
 def content_identity(name: str, engine_args: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a model or adapter is, by content: a local directory's files, a hub id's revision."""
+    if not name:
+        return {"unnamed": True}  # keys without a model are not recorded (AnswerKeys.usable)
     if is_bucket_url(name) or not is_local_path(name):
         revision = (engine_args or {}).get("revision") or _cached_revision(name)
         return {"hub": name, "revision": revision}
@@ -127,6 +129,8 @@ class AnswerKeys(LineKeys):
     def __init__(self, spec: RunSpec):
         self.context = key_context(spec)
         super().__init__(context_digest(self.context))
+        #: A model named only at launch is not in the keys: such a run keeps no key digest.
+        self.usable = bool(spec.model.name)
         sampling = spec.sampling
         self.default_temperature = sampling.temperature
         if self.default_temperature is None:  # the worker takes the model's own, else OpenAI's 1.0

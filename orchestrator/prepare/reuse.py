@@ -124,6 +124,12 @@ def plan_reuse(ctx: RunContext, collected: KeyCollector) -> ReusePlan:
     """Step 2: the collected keys looked up in each run of `reuse.from`, first run first."""
     import numpy as np
 
+    if not collected.answer_keys.usable:
+        raise InputError(
+            "--reuse-from: the model is part of each answer's key, and this prepare names none",
+            where="model.name",
+            hint="name the model at prepare (--model), as the earlier run did",
+        )
     keys = keys_of(bytes(collected.keys))
     positions = np.frombuffer(collected.positions, dtype=np.int64)
     sampled = np.frombuffer(bytes(collected.sampled), dtype=np.uint8).astype(bool)
