@@ -196,18 +196,7 @@ def collect(
     index = AnswerIndexBuilder(store, layout, reuse)
     with _Writer(out, container, table) as writer, _RetryWriter(retry_out) as retry:
         if any(e.positions for e in entries) or reuse is not None:
-            with InputOrder(reuse.sink(writer.add) if reuse else writer.add) as ordered:
-                set_aside = _SetAside(store, layout, ordered, retry, report)
-                reused = reuse.record.rows if reuse else 0
-                positions = InputPositions(store, layout, report.rows_total + set_aside.count + reused)
-                for number, entry in enumerate(entries):
-                    answered = _collect_chunk(store, layout, entry, ordered, retry, report, set_aside, positions)
-                    index.add_chunk(number, answered)
-                    ordered.end_run()
-                if reuse is not None:
-                    reuse.place(ordered, positions, report)
-                positions.finish(set_aside.positions())
-                set_aside.rest()
+            _collect_in_input_order(store, layout, entries, writer, retry, report, reuse, index)
         else:
             set_aside = _SetAside(store, layout, writer, retry, report)
             for number, entry in enumerate(entries):
@@ -226,6 +215,32 @@ def collect(
         if reuse is not None:
             report.usd_saved = reuse.usd_saved(prices, default_spot)
     return report
+
+
+def _collect_in_input_order(
+    store: Store,
+    layout: RunLayout,
+    entries: list[ManifestEntry],
+    writer: _Writer,
+    retry: _RetryWriter,
+    report: CollectReport,
+    reuse: ReusedAnswers | None,
+    index: AnswerIndexBuilder,
+) -> None:
+    """Chunks with positions files (grouped by prefix, or prepared with reuse), the rows set aside and
+    the reused rows, each line at its input position (input_order.InputOrder)."""
+    with InputOrder(reuse.sink(writer.add) if reuse else writer.add) as ordered:
+        set_aside = _SetAside(store, layout, ordered, retry, report)
+        reused = reuse.record.rows if reuse else 0
+        positions = InputPositions(store, layout, report.rows_total + set_aside.count + reused)
+        for number, entry in enumerate(entries):
+            answered = _collect_chunk(store, layout, entry, ordered, retry, report, set_aside, positions)
+            index.add_chunk(number, answered)
+            ordered.end_run()
+        if reuse is not None:
+            reuse.place(ordered, positions, report)
+        positions.finish(set_aside.positions())
+        set_aside.rest()
 
 
 def _collect_chunk(

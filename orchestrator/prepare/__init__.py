@@ -106,18 +106,7 @@ def prepare_run(
             writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), grouped=True)
             writer.write_sorted(sorter.sorted_rows())
         entries = writer.close()
-        if not entries and total > 0 and not (reuse is not None and reuse.count):
-            missing_column = bool(errors.first) and ": no column " in errors.first[0]
-            raise InputError(
-                f"no row of the input became a request: all {errors.count:,} row(s) were set aside",
-                where=errors.first[0] if errors.first else None,
-                hint=(
-                    "name the column (--conversation-column for chat turns, --text-column for text), or read "
-                    "the rows as text: --format text --text-column COLUMN"
-                    if missing_column
-                    else "fix the input or how it is read (--format, --template, --id-column, ...), then prepare again"
-                ),
-            )
+        _check_some_rows(entries, total, errors, reuse.count if reuse else 0)
         identity = _identity(ctx, files)
         # Recorded only now: a prepare that failed leaves the run's spec free to be corrected.
         ctx.freeze()
@@ -135,6 +124,23 @@ def prepare_run(
     reused = {"key_digest": keys.digest.hex() if keys.usable else None, "reused": reuse.count if reuse else 0}
     record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in, reused)
     return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
+
+
+def _check_some_rows(entries: list[ManifestEntry], total: int, errors: ErrorWriter, reused: int) -> None:
+    """An input with rows of which none became a request (nor was reused) is refused, saying why."""
+    if entries or total == 0 or reused:
+        return
+    missing_column = bool(errors.first) and ": no column " in errors.first[0]
+    raise InputError(
+        f"no row of the input became a request: all {errors.count:,} row(s) were set aside",
+        where=errors.first[0] if errors.first else None,
+        hint=(
+            "name the column (--conversation-column for chat turns, --text-column for text), or read "
+            "the rows as text: --format text --text-column COLUMN"
+            if missing_column
+            else "fix the input or how it is read (--format, --template, --id-column, ...), then prepare again"
+        ),
+    )
 
 
 def _plan_reuse(
