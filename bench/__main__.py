@@ -25,6 +25,7 @@ BENCHMARKS = {
     "simulate_bench": CONTROLLER,
     "spot_bench": CONTROLLER,
     "table_sources_bench": CONTROLLER,
+    "reuse_bench": CONTROLLER,
     "worker_bench": WORKER,
     "prefix_bench": WORKER,
     # On a CPU, a smoke run of `make bench-gpu` and the transformers engine's CPU target.

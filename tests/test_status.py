@@ -103,6 +103,7 @@ def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
         "in_progress": 3,
         "errors": 1,
         "set_aside": 0,
+        "reused": 0,
     }
     assert status.throughput["rows_per_s"] == 0.5 and status.eta_s == (40 - 10 - 4) / 0.5
     w0 = status.workers[0]

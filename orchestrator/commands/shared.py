@@ -180,6 +180,19 @@ def input_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 default=None,
                 help="the longest JSONL line read (default 64 MiB): a longer one is set aside unread",
             ),
+            click.option(
+                "--reuse-from",
+                "reuse_from",
+                multiple=True,
+                metavar="RUN",
+                help="answer rows whose request another run answered from that run (repeatable; "
+                "docs/runs-that-grow.md)",
+            ),
+            click.option(
+                "--reuse-sampled/--no-reuse-sampled",
+                default=None,
+                help="with --reuse-from: reuse rows that sample too (temperature > 0, no seed)",
+            ),
         ]
     ):
         func = option(func)
@@ -200,6 +213,8 @@ def input_flags(
     json_schema: str | None,
     system_prompt: str | None,
     max_line_bytes: int | None,
+    reuse_from: tuple[str, ...] = (),
+    reuse_sampled: bool | None = None,
 ) -> dict[str, Any]:
     """The spec flags the input options give (dotted paths)."""
     from orchestrator.core.request_format import response_format_of
@@ -214,6 +229,8 @@ def input_flags(
         "input.template": template,
         "input.system_prompt": system_prompt,
         "input.max_line_bytes": max_line_bytes,
+        "reuse.from": list(reuse_from) or None,
+        "reuse.sampled": reuse_sampled,
     }
     flags = {k: v for k, v in flags.items() if v is not None}
     if num_chunks is not None and rows_per_chunk is not None:
@@ -388,6 +405,11 @@ def print_prepare_report(ctx: RunContext, report: PrepareReport) -> None:
             f"prepared run {report.run!r}: {r.chunks} chunks, {r.rows:,} rows "
             f"in {report.seconds:.1f}s ({report.rows_per_s:,.0f} rows/s)"
         )
+    if ctx.spec.reuse.runs:
+        click.echo(
+            f"reuse: {r.reused:,} row(s) answered by {', '.join(ctx.spec.reuse.runs)}, {r.rows:,} to run, "
+            f"{r.reused + r.rows + r.errors:,} in all"
+        )
     if r.errors:
         click.echo(
             click.style(f"{r.errors:,} bad row(s) set aside", fg="yellow")
@@ -485,6 +507,12 @@ def print_collect_report(report: CollectReport) -> None:
         from orchestrator.controller.token_cost import tokens_line
 
         click.echo(tokens_line(r.tokens.to_dict(), r.cost_per_m_tokens or {}))
+    if r.reused:
+        usd = f", ${r.usd_saved:,.4f}" if r.usd_saved is not None else ""
+        click.echo(
+            f"reused {r.reused:,} row(s) from earlier runs, ran {r.rows_run:,}, {r.rows_total:,} in all; "
+            f"saved {r.tokens_saved.total:,} tokens{usd}"
+        )
     if r.retry_out:
         click.echo(
             f"{r.retry_rows:,} failed or missing request(s) written to {r.retry_out} "

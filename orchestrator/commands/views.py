@@ -74,6 +74,7 @@ def status_view(status: RunStatus) -> Group:
         Text(
             f"chunks {c['done']}/{c['total']} ({pct:.0f}%)   {rows_line(r)}   errors {r['errors']:,}"
             + (f"   set aside at prepare {r['set_aside']:,}" if r.get("set_aside") else "")
+            + (f"   reused from earlier runs {r['reused']:,}" if r.get("reused") else "")
         ),
         Text(_pace_line(status, eta)),
     ]

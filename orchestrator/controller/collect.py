@@ -22,7 +22,6 @@ and not at all for an incomplete run unless partial output was asked for.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import tempfile
@@ -33,21 +32,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.controller.chunk_answers import chunk_answers
+from orchestrator.controller.collect_reuse import AnswerIndexBuilder, ReusedAnswers
 from orchestrator.controller.collect_table import TableSpec, TableWriter, table_spec
 from orchestrator.controller.input_order import InputOrder, InputPositions, LineSink
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.controller.token_cost import TokenCounts
-from orchestrator.core.errors import CorruptOutput, CorruptRecord, OutputError
+from orchestrator.core.errors import OutputError
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.protocol.parts import iter_part_lines
 from orchestrator.core.records import (
-    DoneMarker,
     ManifestEntry,
     PrepareError,
     iter_jsonl,
     read_manifest,
-    read_marker,
 )
 from orchestrator.core.store import NotFound, Store
 from orchestrator.core.tempfiles import AtomicFile
@@ -85,6 +83,16 @@ class CollectReport:
     cost_per_m_tokens: dict[str, dict[str, Any]] | None = None
     #: A table output (collect_sinks.py): the commit that appended the rows, or why none did.
     table_commit: str | None = None
+    #: Rows answered from earlier runs (--reuse-from): in rows_total and rows_written, not in tokens.
+    reused: int = 0
+    #: The reused rows' tokens, what running them again would have cost, and its $ at the source runs' prices.
+    tokens_saved: TokenCounts = field(default_factory=TokenCounts)
+    usd_saved: float | None = None
+
+    @property
+    def rows_run(self) -> int:
+        """Rows answered by this run's engines (or set aside): every row but the reused ones."""
+        return self.rows_total - self.reused
 
     @property
     def complete(self) -> bool:
@@ -96,7 +104,12 @@ class CollectReport:
         return self.errors / self.rows_total if self.rows_total else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "complete": self.complete, "error_rate": round(self.error_rate, 6)}
+        return {
+            **asdict(self),
+            "complete": self.complete,
+            "error_rate": round(self.error_rate, 6),
+            "rows_run": self.rows_run,
+        }
 
     def note(self, kind: str, custom_id: str | None) -> None:
         if len(self.examples[kind]) < EXAMPLES:
@@ -189,46 +202,55 @@ def collect(
         rows_total=sum(e.rows for e in entries),
         retry_out=str(retry_out) if retry_out else None,
     )
+    reuse = ReusedAnswers.load(store, layout)
+    index = AnswerIndexBuilder(store, layout, reuse)
     with _Writer(out, container, table) as writer, _RetryWriter(retry_out) as retry:
-        if any(e.positions for e in entries):
-            with InputOrder(writer.add) as ordered:
-                set_aside = _SetAside(store, layout, ordered, retry, report)
-                positions = InputPositions(store, layout, report.rows_total + set_aside.count)
-                for entry in entries:
-                    _collect_chunk(store, layout, entry, ordered, retry, report, set_aside, positions)
-                    ordered.end_run()
-                positions.finish(set_aside.positions())
-                set_aside.rest()
+        if any(e.positions for e in entries) or reuse is not None:
+            _collect_in_input_order(store, layout, entries, writer, retry, report, reuse, index)
         else:
             set_aside = _SetAside(store, layout, writer, retry, report)
-            for entry in entries:
-                _collect_chunk(store, layout, entry, writer, retry, report, set_aside)
+            for number, entry in enumerate(entries):
+                index.add_chunk(number, _collect_chunk(store, layout, entry, writer, retry, report, set_aside))
             set_aside.rest()
         report.retry_rows = retry.count
         if not (partial or report.complete):
             writer.output.discard()
             report.out_written = False
+    index.write(report.chunks_complete)
     if prices is not None:
         from orchestrator.controller.status import status_of
 
         status = status_of(store, layout, None, now=time.time(), prices=prices, default_spot=default_spot)
         report.cost_per_m_tokens = status.cost_per_m_tokens
+        if reuse is not None:
+            report.usd_saved = reuse.usd_saved(prices, default_spot)
     return report
 
 
-def _redo(layout: RunLayout, chunk: str) -> str:
-    return (
-        f"`orch redo --run {layout.run} --chunk {chunk}` runs the chunk again "
-        "(then `orch resume --follow` if no worker is running)"
-    )
-
-
-def _marker(store: Store, layout: RunLayout, chunk: str) -> DoneMarker | None:
-    """The chunk's marker (None while not done); a corrupt one is damage `orch redo` repairs."""
-    try:
-        return read_marker(store, layout, chunk)
-    except CorruptRecord as e:
-        raise CorruptOutput(f"the done marker of {chunk} is corrupt: {e.message}", hint=_redo(layout, chunk)) from None
+def _collect_in_input_order(
+    store: Store,
+    layout: RunLayout,
+    entries: list[ManifestEntry],
+    writer: _Writer,
+    retry: _RetryWriter,
+    report: CollectReport,
+    reuse: ReusedAnswers | None,
+    index: AnswerIndexBuilder,
+) -> None:
+    """Chunks with positions files (grouped by prefix, or prepared with reuse), the rows set aside and
+    the reused rows, each line at its input position (input_order.InputOrder)."""
+    with InputOrder(reuse.sink(writer.add) if reuse else writer.add) as ordered:
+        set_aside = _SetAside(store, layout, ordered, retry, report)
+        reused = reuse.record.rows if reuse else 0
+        positions = InputPositions(store, layout, report.rows_total + set_aside.count + reused)
+        for number, entry in enumerate(entries):
+            answered = _collect_chunk(store, layout, entry, ordered, retry, report, set_aside, positions)
+            index.add_chunk(number, answered)
+            ordered.end_run()
+        if reuse is not None:
+            reuse.place(ordered, positions, report)
+        positions.finish(set_aside.positions())
+        set_aside.rest()
 
 
 def _collect_chunk(
@@ -240,8 +262,13 @@ def _collect_chunk(
     report: CollectReport,
     set_aside: _SetAside,
     input_positions: InputPositions | None = None,
-) -> None:
-    answers = _answers(store, layout, entry, report)
+) -> list[tuple[int, bytes]]:
+    """The chunk's rows in their places; returns the rows answered without an error, with their requests."""
+    answered: list[tuple[int, bytes]] = []
+    answers = chunk_answers(store, layout, entry, report)
+    if answers is None:
+        report.missing_chunks.append(entry.chunk)
+        answers = {}
     position = entry.first
     positions = input_positions.of(entry) if input_positions is not None and entry.positions else None
     for row, request_line, request in _input_rows(store, layout, entry):
@@ -270,8 +297,11 @@ def _collect_chunk(
             report.errors += 1
             report.note("errors", line.custom_id)
             retry.add(request_line)
+        else:
+            answered.append((row, request_line))
     if answers:  # lines for rows the chunk does not have
         report.mismatched += len(answers)
+    return answered
 
 
 class _SetAside:
@@ -324,33 +354,6 @@ class _SetAside:
         r.note("errors", row.custom_id or row.location)
 
 
-def _answers(
-    store: Store, layout: RunLayout, entry: ManifestEntry, report: CollectReport
-) -> dict[int, BatchOutputLine]:
-    """Steps 1-2: the chunk's output lines by row, from the parts its done marker lists."""
-    marker = _marker(store, layout, entry.chunk)
-    answers: dict[int, BatchOutputLine] = {}
-    if marker is None:
-        report.missing_chunks.append(entry.chunk)
-        return answers
-    report.chunks_complete += 1
-    for part in marker.parts:
-        data = store.get(part.key).data
-        if hashlib.sha256(data).hexdigest() != part.sha256:
-            raise CorruptOutput(
-                f"{part.key} does not match the checksum in its done marker",
-                where=layout.done(entry.chunk),
-                hint=f"the store was changed outside orch: {_redo(layout, entry.chunk)}",
-            )
-        for part_line in iter_part_lines(data, marker.output_format):
-            if part_line.row in answers:
-                report.duplicates += 1
-                report.note("duplicates", part_line.custom_id)
-                continue
-            answers[part_line.row] = part_line
-    return answers
-
-
 def _input_rows(store: Store, layout: RunLayout, entry: ManifestEntry) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
     with store.open(layout.chunk(entry.chunk)) as f:
         for row, raw in enumerate(f):
@@ -374,9 +377,9 @@ class _Writer:
         self.parquet: Any = None  # a pyarrow ParquetWriter, opened at the first row group
         self.table = TableWriter(self.file, fmt, table) if table is not None else None
 
-    def add(self, line: BatchOutputLine, position: int | None = None) -> None:
+    def add(self, line: BatchOutputLine, position: int | None = None, *, reused: bool = False) -> None:
         if self.table is not None:
-            self.table.add(line, position)
+            self.table.add(line, position, reused=reused)
         elif self.fmt == "jsonl":
             self.file.write(line.to_json() + b"\n")
         else:

@@ -47,6 +47,8 @@ class TableSpec:
     engine_args: dict[str, Any]
     response_format: dict[str, Any] | None
     kept: KeptColumns | None = None
+    #: Prepared with --reuse-from: a `reused` column says which rows earlier runs answered.
+    reuse: bool = False
 
     def keeping(self, kept: KeptColumns) -> TableSpec:
         return dataclasses.replace(self, kept=kept)
@@ -60,6 +62,7 @@ class TableSpec:
             model=model.get("name") or "",
             engine_args=model.get("engine_args") or {},
             response_format=spec_input.get("response_format"),
+            reuse=bool((spec.get("reuse") or {}).get("runs")),
         )
 
 
@@ -179,7 +182,7 @@ class KeptColumns:
     prepared (size and content digest, as prepare checks them)."""
 
     def __init__(self, store: Store, layout: RunLayout, names: list[str], typed_columns: bool):
-        from orchestrator.prepare import input_differences
+        from orchestrator.prepare.identity import input_differences
         from orchestrator.prepare.sources import resolve_sources
 
         found = read_record(store, layout.prepare_record, PrepareRecord)
@@ -286,11 +289,11 @@ class TableWriter:
         columns.append(("embeddings", "embeddings") if spec.pooling else ("text", "string"))
         if self.fields is not None:
             columns += [*self.fields.columns(), ("parse_error", "string")]
-        self.columns = columns + list(_TAIL.items())
+        self.columns = columns + list(_TAIL.items()) + ([("reused", "bool")] if spec.reuse else [])
         self.rows: list[list[Any]] = []
         self.parquet: Any = None
 
-    def add(self, line: BatchOutputLine, position: int | None = None) -> None:
+    def add(self, line: BatchOutputLine, position: int | None = None, *, reused: bool = False) -> None:
         body = line.response.body if line.response is not None and line.response.body else {}
         finish = line.first_choice().get("finish_reason")
         row: list[Any] = [line.custom_id, *(self.kept.at(position) if self.kept else [])]
@@ -310,6 +313,7 @@ class TableWriter:
             line.error.code if line.error else None,
             line.error.message if line.error else None,
             model if isinstance(model, str) else None,
+            *([reused] if self.spec.reuse else []),
         ]
         if self.container == "jsonl":
             record = dict(zip((name for name, _ in self.columns), row, strict=True))

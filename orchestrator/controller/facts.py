@@ -50,6 +50,8 @@ class RunFacts:
     corrupt_leases: dict[str, str] = field(default_factory=dict)
     #: Input rows set aside at prepare (answered by collect with error lines).
     set_aside: int = 0
+    #: Input rows answered by earlier runs (--reuse-from): in no chunk.
+    reused: int = 0
     #: When prepare finished (its record's time), None when not known.
     prepared_at: float | None = None
     #: chunk -> rows checkpointed so far, for chunks without a marker (from part names).
@@ -93,6 +95,7 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
     facts.checkpointed = checkpointed_rows(store, layout, set(chunks) - done)
     prepared = read_record(store, layout.prepare_record, PrepareRecord)
     facts.set_aside = prepared[0].errors if prepared is not None else 0
+    facts.reused = prepared[0].reused if prepared is not None else 0
     facts.prepared_at = prepared[0].created_at or None if prepared is not None else None
     current = list(jobs.current_jobs().values())
     if launcher is not None and current:

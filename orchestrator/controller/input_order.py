@@ -70,6 +70,17 @@ class InputPositions:
         self.checked.append(entry)
         return positions
 
+    def reserve(self, positions: Iterable[int]) -> None:
+        """After every chunk: the places of rows answered by earlier runs (reuse), which no chunk may give."""
+        for position in positions:
+            if not 0 <= position < self.total or self._given(position):
+                raise CorruptOutput(
+                    f"reused row at input position {position} is outside the input or given by a chunk too",
+                    where=self.layout.reused_sources,
+                    hint=_HINT,
+                )
+            self.seen[position >> 3] |= 1 << (position & 7)
+
     def finish(self, set_aside: Iterable[int | None]) -> None:
         """After every chunk: no chunk row took the place of a row set aside at prepare (the
         counts then say every place is taken exactly once)."""

@@ -24,7 +24,8 @@ JSON shape (stable for scripts):
            checkpointed (in parts of unfinished chunks), in_progress (answered, held in live workers'
            memory until their next checkpoint: their heartbeats' rows_unsaved), errors (error rows in
            finished chunks), set_aside (input rows prepare set aside: not in total; collect answers
-           them with error lines)},
+           them with error lines), reused (input rows answered by earlier runs, --reuse-from: not in
+           total; collect writes their answers)},
     timeline: [[unix time, chunks done], ...] (the first launch at 0, then finished chunks; at most
               pace.TIMELINE_POINTS points, the last one exact),
     throughput: {rows_per_s, tokens_per_s} (sum over running workers), eta_s (null when unknown),
@@ -193,7 +194,7 @@ def derive_status(
         complete=complete,
         backend_note=facts.backend_note,
         chunks={"total": len(rows_by_chunk), "done": len(done)},
-        rows={**rows, "errors": errors, "set_aside": facts.set_aside},
+        rows={**rows, "errors": errors, "set_aside": facts.set_aside, "reused": facts.reused},
         throughput={"rows_per_s": round(rows_per_s, 3), "tokens_per_s": round(tokens_per_s, 1)},
         eta_s=round(eta, 1) if eta is not None else None,
         cost=cost,

@@ -331,6 +331,21 @@ class ServeSpec(StrictModel):
         return value
 
 
+class ReuseSpec(StrictModel):
+    """Answers taken from earlier runs at prepare (docs/runs-that-grow.md)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    runs: list[str] = Field(
+        default_factory=list,
+        alias="from",
+        description="runs whose answers are reused for rows with the same answer key (--reuse-from)",
+    )
+    sampled: bool = Field(
+        False, description="also reuse rows that sample (temperature > 0, no seed): a new sample is not drawn"
+    )
+
+
 class RunSpec(StrictModel):
     run: str | None = Field(None, description="the run's name: its prefix in the store")
     store: str = Field(DEFAULT_STORE, description="a directory, s3://BUCKET/PREFIX or r2://BUCKET/PREFIX")
@@ -343,6 +358,7 @@ class RunSpec(StrictModel):
     requests: RequestsSpec = Field(default_factory=RequestsSpec)
     input: InputSpec = Field(default_factory=InputSpec)
     chunking: ChunkingSpec = Field(default_factory=ChunkingSpec)
+    reuse: ReuseSpec = Field(default_factory=ReuseSpec)
     workers: WorkersSpec = Field(default_factory=WorkersSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     serve: ServeSpec = Field(default_factory=ServeSpec)

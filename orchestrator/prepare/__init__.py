@@ -24,15 +24,16 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
 from orchestrator.core.records import ManifestEntry, PrepareRecord, read_jsonl, read_record, write_jsonl
 from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, ChunkingSpec, InputSpec
+from orchestrator.prepare.answer_keys import AnswerKeys
 from orchestrator.prepare.check import RequestCheck
 from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
 from orchestrator.prepare.grouping import PrefixSorter
+from orchestrator.prepare.identity import input_differences, input_identity
+from orchestrator.prepare.reuse import KeyCollector, ReusePlan, plan_reuse
 from orchestrator.prepare.sources import (
     COLUMNAR_KINDS,
-    TABLE_KINDS,
     RawRow,
     SourceFile,
-    content_digest,
     count_rows,
     iter_rows,
     parquet_first_user_turns,
@@ -135,11 +136,15 @@ def prepare_run(
             f"WARNING: the input has no rows ({', '.join(f.uri for f in files)}): nothing to run, the output is empty"
         )
     errors = ErrorWriter(strict, several_files=len(files) > 1)
+    keys = AnswerKeys(spec)
     sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix else None
     writer: ChunkWriter | None = None
     requests = RequestCheck(spec) if check else None
+    reuse = _plan_reuse(ctx, files, total, keys, strict, progress, requests) if spec.reuse.runs else None
     try:
-        if sorter is None:
+        if reuse is not None:
+            writer, rows_in = _write_reusing(ctx, files, total, errors, strict, progress, reuse, sorter)
+        elif sorter is None:
             writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, total))
             progress(f"{total:,} rows in {len(files)} file(s) -> {writer.total} chunks")
             rows_in = _Conversion(ctx, files, writer.add, errors, strict, requests)
@@ -154,35 +159,107 @@ def prepare_run(
             writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), grouped=True)
             writer.write_sorted(sorter.sorted_rows())
         entries = writer.close()
-        if not entries and total > 0:
-            missing_column = bool(errors.first) and ": no column " in errors.first[0]
-            raise InputError(
-                f"no row of the input became a request: all {errors.count:,} row(s) were set aside",
-                where=errors.first[0] if errors.first else None,
-                hint=(
-                    "name the column (--conversation-column for chat turns, --text-column for text), or read "
-                    "the rows as text: --format text --text-column COLUMN"
-                    if missing_column
-                    else "fix the input or how it is read (--format, --template, --id-column, ...), then prepare again"
-                ),
-            )
-        identity = _identity(ctx, files)
+        _check_some_rows(entries, total, errors, reuse.count if reuse else 0)
+        identity = input_identity(ctx.spec, files)
         # Recorded only now: a prepare that failed leaves the run's spec free to be corrected.
         ctx.freeze()
         errors_key = errors.upload(ctx)
+        if reuse is not None:
+            reuse.upload(ctx)
     finally:
+        if reuse is not None:
+            reuse.discard()
         if writer is not None:
             writer.discard()
         if sorter is not None:
             sorter.discard()
         errors.discard()
-    record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in)
+    reused = {"key_digest": keys.digest.hex() if keys.usable else None, "reused": reuse.count if reuse else 0}
+    record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in, reused)
     return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
 
 
 def _stop_if_refused(requests: RequestCheck | None) -> None:
     if requests is not None and not requests.ok:
         raise requests.error()
+
+
+def _check_some_rows(entries: list[ManifestEntry], total: int, errors: ErrorWriter, reused: int) -> None:
+    """An input with rows of which none became a request (nor was reused) is refused, saying why."""
+    if entries or total == 0 or reused:
+        return
+    missing_column = bool(errors.first) and ": no column " in errors.first[0]
+    raise InputError(
+        f"no row of the input became a request: all {errors.count:,} row(s) were set aside",
+        where=errors.first[0] if errors.first else None,
+        hint=(
+            "name the column (--conversation-column for chat turns, --text-column for text), or read "
+            "the rows as text: --format text --text-column COLUMN"
+            if missing_column
+            else "fix the input or how it is read (--format, --template, --id-column, ...), then prepare again"
+        ),
+    )
+
+
+def _plan_reuse(
+    ctx: RunContext,
+    files: list[SourceFile],
+    total: int,
+    keys: AnswerKeys,
+    strict: bool,
+    progress: Progress,
+    requests: RequestCheck | None,
+) -> ReusePlan:
+    """reuse.py steps 1-2: every good row's key, looked up in the runs `reuse.from` names. This
+    first pass also checks the requests (`requests`), so a refused one stops before any lookup."""
+    collected = KeyCollector(keys)
+    errors = ErrorWriter(strict, several_files=len(files) > 1)  # the second pass reports bad rows
+    try:
+        rows_in = _Conversion(ctx, files, collected.add, errors, strict, requests)
+        _convert_rows(files, ctx.spec.input, total, lambda _row: None, rows_in, progress)
+    finally:
+        errors.discard()
+    _stop_if_refused(requests)
+    plan = plan_reuse(ctx, collected)
+    progress(
+        f"{plan.count:,} of {total:,} rows answered by {', '.join(ctx.spec.reuse.runs)}"
+        + (f" ({plan.sampled_skipped:,} that sample run again: reuse.sampled)" if plan.sampled_skipped else "")
+    )
+    return plan
+
+
+def _write_reusing(
+    ctx: RunContext,
+    files: list[SourceFile],
+    total: int,
+    errors: ErrorWriter,
+    strict: bool,
+    progress: Progress,
+    reuse: ReusePlan,
+    sorter: PrefixSorter | None,
+) -> tuple[ChunkWriter, _Conversion]:
+    """reuse.py step 3: the rows not reused into chunks (sorted by prefix first when grouping)."""
+    spec = ctx.spec
+    progress(f"{reuse.good - reuse.count:,} rows to run")
+    if sorter is None:
+        # Chunks are cut from the rows left to run (step 1 counted the good rows).
+        boundaries = _chunk_boundaries(spec.chunking, max(reuse.good - reuse.count, 1))
+        writer = ChunkWriter(ctx, boundaries, positioned=True)
+        add: Callable[[Request, int], None] = writer.add_positioned
+    else:
+        add = sorter.add
+
+    def keep(request: Request, position: int) -> None:
+        if not reuse.take(request, position):
+            add(request, position)
+
+    rows_in = _Conversion(ctx, files, keep, errors, strict)
+    _convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
+    if sorter is None:
+        return writer, rows_in
+    writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), grouped=True)
+    writer.write_sorted(sorter.sorted_rows())
+    return writer, rows_in
 
 
 def _convert_rows(
@@ -214,6 +291,7 @@ def _record_prepare(
     errors: ErrorWriter,
     errors_key: str | None,
     rows_in: _Conversion,
+    reused: dict[str, Any],
 ) -> PrepareRecord:
     """The manifest, the chunk list and the prepare record: what the run's later steps read."""
     ctx.store.put(ctx.layout.manifest, write_jsonl(entries))
@@ -230,31 +308,10 @@ def _record_prepare(
         not_utf8_rows=rows_in.not_utf8.rows,
         not_utf8_bytes=rows_in.not_utf8.bytes,
         first_not_utf8=rows_in.not_utf8.first,
+        **reused,
     )
     ctx.store.put(ctx.layout.prepare_record, record.to_bytes())
     return record
-
-
-def _identity(ctx: RunContext, files: list[SourceFile]) -> dict[str, Any]:
-    """What a prepare was made from: each file's content (name, size, digest; not its path or
-    mtime, so the same data found from elsewhere, or touched, is the same input); a table's id,
-    version and columns; the input mapping and the chunking."""
-    from orchestrator.prepare.tables import table_identity
-
-    return {
-        "sources": [
-            {
-                "uri": f.uri,
-                "name": f.name,
-                "size": f.size,
-                "digest": content_digest(f),
-                **(table_identity(f) if f.kind in TABLE_KINDS else {}),
-            }
-            for f in files
-        ],
-        "input": ctx.spec.input.model_dump(mode="json"),
-        "chunking": ctx.spec.chunking.model_dump(mode="json"),
-    }
 
 
 def _already_prepared(ctx: RunContext, done: PrepareRecord, files: list[SourceFile], started: float) -> PrepareReport:
@@ -270,32 +327,6 @@ def _already_prepared(ctx: RunContext, done: PrepareRecord, files: list[SourceFi
             hint="use a new --run name for different data",
         )
     return PrepareReport(ctx.layout.run, done, already_prepared=True, seconds=time.monotonic() - started)
-
-
-def input_differences(identity: dict[str, Any], files: list[SourceFile]) -> list[str]:
-    """How the files now differ from those recorded, file by file (content, not paths)."""
-    before = identity.get("sources", [])
-    out = []
-    if len(before) != len(files):
-        out.append(f"{len(before)} file(s) then ({_names(before)}), {len(files)} now ({_names(files)})")
-    for then, now in zip(before, files, strict=False):
-        name = then.get("name") or str(then.get("uri", "?")).rsplit("/", 1)[-1]
-        if now.kind in TABLE_KINDS:
-            from orchestrator.prepare.tables import table_differences
-
-            out.extend(table_differences(then, now))
-        elif then.get("size") != now.size:
-            out.append(f"{now.uri}: {now.size:,} bytes, {then.get('size', 0):,} when prepared (as {name})")
-        elif "digest" not in then:
-            continue  # recorded by an orch that kept no digest: the size is all there is to compare
-        elif then["digest"] != content_digest(now):
-            out.append(f"{now.uri}: same size ({now.size:,} bytes) as {name} when prepared, different content")
-    return out
-
-
-def _names(files: list[Any]) -> str:
-    names = [f.name if isinstance(f, SourceFile) else f.get("name") or f.get("uri", "?") for f in files]
-    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _first_difference(ctx: RunContext, files: list[SourceFile]) -> str | None:
@@ -356,11 +387,6 @@ def _rows(source: SourceFile, spec_input: InputSpec, columns: list[str] | None) 
 def _existing_record(ctx: RunContext) -> PrepareRecord | None:
     found = read_record(ctx.store, ctx.layout.prepare_record, PrepareRecord)
     return found[0] if found is not None else None
-
-
-def _describe(identity: dict[str, Any]) -> str:
-    uris = [s["uri"] for s in identity.get("sources", [])]
-    return ", ".join(uris[:3]) + (f" and {len(uris) - 3} more" if len(uris) > 3 else "")
 
 
 class _Conversion:

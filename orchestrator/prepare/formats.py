@@ -59,6 +59,10 @@ class Request:
     #: The line's URL and body as built, for prepare's request check (not compared: the line says it all).
     url: str = field(default="", compare=False, repr=False)
     body: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: The body's own temperature and whether it sets a seed (None: left to the spec and the model),
+    #: for answer_keys.AnswerKeys.sampled.
+    temperature: float | None = None
+    seeded: bool | None = None
 
 
 #: What `make_converter` gives: (record, source name, row number) -> the row's request.
@@ -166,7 +170,18 @@ def _request(
 ) -> Request:
     line = encode_line({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
     budget = 0 if url in URLS["pooling"] else _output_budget(body, sampling)  # pooling generates nothing
-    return Request(custom_id, line, _prompt_tokens(body), budget, named_model, url, body)
+    temperature = body.get("temperature")
+    return Request(
+        custom_id,
+        line,
+        _prompt_tokens(body),
+        budget,
+        named_model,
+        url=url,
+        body=body,
+        temperature=float(temperature) if isinstance(temperature, (int, float)) else None,
+        seeded=True if body.get("seed") is not None else None,
+    )
 
 
 def _openai_batch(record: dict[str, Any], sampling: SamplingSpec, urls: tuple[str, ...]) -> Request:

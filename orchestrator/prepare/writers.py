@@ -31,13 +31,23 @@ class ChunkWriter:
     """Fills one local temp file per chunk and uploads them once the input is read (grouped: as each closes).
 
     Ungrouped, chunk boundaries are input positions (bad rows never shift them); grouped by prefix,
-    they are counts of sorted good rows, and each chunk also gets its rows' input positions."""
+    or with rows answered from earlier runs (`positioned`), they are counts of the rows written, and
+    each chunk also gets its rows' input positions."""
 
-    def __init__(self, ctx: RunContext, boundaries: list[int], *, grouped: bool = False):
+    def __init__(
+        self,
+        ctx: RunContext,
+        boundaries: list[int],
+        *,
+        grouped: bool = False,
+        positioned: bool = False,
+    ):
         self.ctx = ctx
         self.total = len(boundaries) - 1
         self.boundaries = boundaries
         self.grouped = grouped
+        self.positioned = grouped or positioned
+        self.written = 0
         self.dir = tempfile.mkdtemp(prefix="orch-prepare-")
         self.entries: list[ManifestEntry] = []
         # Ungrouped, chunks are written while the input is read and checked: each is uploaded only
@@ -57,8 +67,16 @@ class ChunkWriter:
     def add(self, request: Request, _position: int = 0) -> None:
         self._write(request.line, request.est_prompt_tokens, request.max_output_tokens)
 
+    def add_positioned(self, request: Request, position: int) -> None:
+        """Reusing: the rows to run, `boundaries` rows to a chunk, each with its input position."""
+        if self.index < self.total - 1 and self.written >= self.boundaries[self.index + 1]:
+            self.next_chunk()
+        self._write(request.line, request.est_prompt_tokens, request.max_output_tokens)
+        self.prefixes.positions.append(position)
+
     def _write(self, line: bytes, prompt_tokens: int, output_tokens: int) -> None:
         self.file.write(line)
+        self.written += 1
         self.rows += 1
         self.bytes += len(line)
         self.prompt_tokens += prompt_tokens
@@ -88,17 +106,16 @@ class ChunkWriter:
         else:
             self.sealed.append((layout.chunk(self.chunk), self.path))
         grouped: dict[str, Any] = {}
-        if self.grouped:
-            stats = self.prefixes
+        stats = self.prefixes
+        if self.positioned:
             positions = stats.positions_file()
             self.ctx.store.put(layout.chunk_positions(self.chunk), positions)
-            grouped = {
-                "positions": layout.chunk_positions(self.chunk).removeprefix(layout.root),
-                "positions_sha256": hashlib.sha256(positions).hexdigest(),
-                "prefix_groups": stats.groups,
-                "est_shared_tokens": stats.shared_tokens,
-                "edge_prefixes": stats.edge_prefixes(),
-            }
+            grouped["positions"] = layout.chunk_positions(self.chunk).removeprefix(layout.root)
+            grouped["positions_sha256"] = hashlib.sha256(positions).hexdigest()
+        if self.grouped:
+            grouped.update(
+                prefix_groups=stats.groups, est_shared_tokens=stats.shared_tokens, edge_prefixes=stats.edge_prefixes()
+            )
         self.entries.append(
             ManifestEntry(
                 chunk=self.chunk,
@@ -107,7 +124,7 @@ class ChunkWriter:
                 bytes=self.bytes,
                 est_prompt_tokens=self.prompt_tokens,
                 max_output_tokens=self.output_tokens,
-                first=None if self.grouped else self.boundaries[self.index],
+                first=None if self.positioned else self.boundaries[self.index],
                 **grouped,
             )
         )

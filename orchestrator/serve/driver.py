@@ -99,7 +99,8 @@ class BatchSteps:
             return RunContext(spec, self.store, layout)
         if served is None:
             return None
-        data = self.settings.spec.model_dump(mode="json", exclude={"serve"})
+        # No reuse: a server's batches belong to many API keys, and answers never cross them.
+        data = self.settings.spec.model_dump(mode="json", exclude={"serve", "reuse"})
         data.update(
             run=batch_id,
             model=served.model_dump(mode="json"),

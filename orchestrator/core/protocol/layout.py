@@ -73,6 +73,34 @@ class RunLayout:
         """Grouped by prefix: the input position of each of the chunk's rows, one a line."""
         return f"{self.root}chunks/{chunk}.positions"
 
+    @property
+    def reuse_record(self) -> str:
+        """ReuseRecord: the rows prepare answered from earlier runs (prepare/reuse.py)."""
+        return f"{self.root}reuse.json"
+
+    @property
+    def reused_sources(self) -> str:
+        """Reused rows: (input position, source run, chunk, row), binary, in source order."""
+        return f"{self.root}reused/sources.bin"
+
+    @property
+    def reused_ids(self) -> str:
+        """Reused rows' custom_ids, one JSON string a line, in input order."""
+        return f"{self.root}reused/ids.jsonl"
+
+    @property
+    def answer_index(self) -> str:
+        """AnswerIndex: the run's sorted answer keys, written by collect (prepare/answer_index.py)."""
+        return f"{self.root}answers/index.json"
+
+    @property
+    def answer_index_prefix(self) -> str:
+        return f"{self.root}answers/"
+
+    def answer_index_part(self, generation: str, part: int) -> str:
+        """One partition of an index generation; only the generation index.json names is read."""
+        return f"{self.root}answers/{generation}/{part:05d}.bin"
+
     def chunk_path(self, chunk: str) -> str:
         """The chunk's path relative to the run, as metadata.txt and workers/<i>.txt list it."""
         return f"chunks/{chunk}.jsonl"

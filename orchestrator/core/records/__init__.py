@@ -8,6 +8,11 @@ there, by who writes it:
                          prepare.json           PrepareRecord: what was prepared from what
                          prepare-errors.jsonl   PrepareError, one line per input row set aside
                          plan.json              PlanRecord (and workers/<i>.txt: chunk paths, plain text)
+                         reuse.json             ReuseRecord: rows answered from earlier runs (--reuse-from)
+                         reused/sources.bin     where each reused row's answer is (binary)
+                         reused/ids.jsonl       each reused row's custom_id, in input order
+    collect              answers/index.json     AnswerIndex: the sorted answer keys' parts
+                         answers/<gen>/<n>.bin  an index part (binary)
     controller           jobs.json              JobsRecord: backend jobs per worker, every launch
                          cancel.json            CancelRecord: `orch cancel` was run; workers stop
                          adapters/<name>.json   AdapterManifest: a LoRA adapter shipped with the run
@@ -49,6 +54,7 @@ from orchestrator.core.records.base import (
     read_record,
     write_jsonl,
 )
+from orchestrator.core.records.reuse import AnswerIndex, IndexPart, ReuseRecord, ReuseSource
 from orchestrator.core.records.run import (
     AdapterFile,
     AdapterManifest,
@@ -102,6 +108,7 @@ __all__ = [
     "FINAL_BATCH_STATUSES",
     "AdapterFile",
     "AdapterManifest",
+    "AnswerIndex",
     "BatchCounts",
     "BatchDocument",
     "BatchRequestError",
@@ -116,6 +123,7 @@ __all__ = [
     "Heartbeat",
     "HeartbeatSummary",
     "IdempotencyRecord",
+    "IndexPart",
     "JobAttempt",
     "JobsRecord",
     "KeyRecord",
@@ -126,6 +134,8 @@ __all__ = [
     "PrepareError",
     "PrepareRecord",
     "Record",
+    "ReuseRecord",
+    "ReuseSource",
     "SpecDocument",
     "StoredFile",
     "WorkerAssignment",

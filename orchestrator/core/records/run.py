@@ -92,6 +92,12 @@ class PrepareRecord(Record):
     not_utf8_rows: int = Field(0, description="rows kept with bytes that are not UTF-8 read as U+FFFD")
     not_utf8_bytes: int = 0
     first_not_utf8: list[str] = Field(default_factory=list, description="the first few such rows, `file:line`")
+    key_digest: str | None = Field(
+        None,
+        description="the answer keys' context digest (hex, prepare/answer_keys.py): collect keys the chunks' "
+        "lines with it (None: prepared before answer keys; such a run cannot be reused from)",
+    )
+    reused: int = Field(0, description="input rows answered from earlier runs (reuse.json), in no chunk")
 
 
 class PrepareError(Record):

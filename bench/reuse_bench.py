@@ -1,0 +1,205 @@
+"""Answer reuse (issue 34): a grown input, the key lookup at 10 million rows, and prepare's cost of keys.
+
+Side by side, in one run:
+(a) grown input: `orch run` over N questions with the tiny model on the local backend, then over
+    the same N plus 10% new with `--reuse-from` the first: engine tokens (prompt + generated, from
+    collect) and wall time of each, and whether every old answer is byte-identical;
+(b) key lookup: an answer index of K random keys in a local store, and K new keys of which 90% are
+    in it, looked up by a separate process: wall time and peak RSS (wait4);
+(c) prepare rows/s (no reuse) of the same JSONL input by this tree and by the base branch's
+    orchestrator/ (`git archive $(git merge-base HEAD main)`), alternated, median of 3.
+Targets: (a) <= 0.11x engine work; (b) <= 60 s, <= 1.5 GiB at 10M; (c) >= 0.95x.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, save, table
+
+PYTHON = sys.executable
+ORCH = [PYTHON, "-m", "orchestrator"]
+ENV = {"PYTHONPATH": str(ROOT)}
+TINY = ROOT / ".cache" / "models" / "tiny-llama"
+
+LOOKUP = r"""
+import sys, time, numpy as np
+from orchestrator.core.store import open_store
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.prepare.answer_index import key_dtype, lookup, read_index
+store, n = open_store(sys.argv[1]), int(sys.argv[2])
+rng = np.random.default_rng(1)
+keys = np.zeros(n, dtype=key_dtype())
+old = np.load(sys.argv[3])
+keys["hi"][: len(old)], keys["lo"][: len(old)] = old["hi"], old["lo"]
+new = n - len(old)
+keys["hi"][len(old):], keys["lo"][len(old):] = rng.integers(0, 2**63, new), rng.integers(0, 2**63, new)
+started = time.monotonic()
+found = lookup(store, RunLayout("src"), read_index(store, RunLayout("src")), keys)
+print(time.monotonic() - started, len(found.at))
+"""
+
+BUILD = r"""
+import sys, numpy as np
+from orchestrator.core.store import open_store
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.prepare.answer_index import record_dtype, write_index
+store, n = open_store(sys.argv[1]), int(sys.argv[2])
+rng = np.random.default_rng(0)
+records = np.zeros(n, dtype=record_dtype())
+records["hi"], records["lo"] = rng.integers(0, 2**63, n), rng.integers(0, 2**63, n)
+records["row"] = np.arange(n) % 1000
+records["chunk"] = np.arange(n) // 1000
+write_index(store, RunLayout("src"), records, ["src"], "bench", n // 1000)
+pick = rng.permutation(n)[: int(n * 0.9)]
+np.save(sys.argv[3], records[["hi", "lo"]][pick].astype([("hi", "<u8"), ("lo", "<u8")]))
+"""
+
+PREPARE = r"""
+import sys, time
+from orchestrator.core.context import RunContext
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.spec import RunSpec
+from orchestrator.core.store import open_store
+from orchestrator.prepare import prepare_run
+spec = RunSpec.model_validate({"run": sys.argv[2], "input": {"format": "text", "text_column": "question",
+    "id_column": "id"}, "chunking": {"rows_per_chunk": 10000}, "sampling": {"temperature": 0}})
+ctx = RunContext(spec, open_store(sys.argv[1]), RunLayout(sys.argv[2]))
+started = time.monotonic()
+report = prepare_run(ctx, [sys.argv[3]])
+print(report.record.rows / (time.monotonic() - started))
+"""
+
+
+def measure(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> tuple[float, float, str]:
+    """Wall seconds, peak RSS (MiB) and stdout of one child process (its own wait4 usage)."""
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, env={**os.environ, **(env or {})})
+    out = proc.stdout.read().decode() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status):
+        raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), cmd)
+    return time.monotonic() - started, usage.ru_maxrss / 1024, out
+
+
+def questions(path: Path, n: int) -> Path:
+    with path.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"q{i}", "question": f"Question number {i}: what comes after {i}?"}) + "\n")
+    return path
+
+
+def grown_input(work: Path, n: int) -> dict[str, Any]:
+    """(a)"""
+    store = str(work / "store")
+    (work / "orch.yaml").write_text("sampling:\n  max_tokens: 16\n  temperature: 0\nworkers:\n  count: 1\n")
+    flags = ["--model", str(TINY), "--store", store, "--format", "text", "--text-column", "question"]
+    flags += ["--id-column", "id", "--rows-per-chunk", str(max(n // 4, 1)), "--interval", "1"]
+    runs = {}
+    for name, rows, extra in (("first", n, []), ("grown", n + n // 10, ["--reuse-from", "first"])):
+        data = questions(work / f"{name}.jsonl", rows)
+        run_out, out = str(work / f"{name}.run.jsonl"), str(work / f"{name}.out.jsonl")
+        seconds, _, _ = measure([*ORCH, "run", str(data), "--run", name, *flags, *extra, "--out", run_out], ENV, work)
+        _, _, printed = measure([*ORCH, "collect", "--run", name, "--store", store, "--out", out, "--json"], ENV, work)
+        report = json.loads(printed)
+        tokens = report["tokens"]["prompt_tokens"] + report["tokens"]["generated_tokens"]
+        runs[name] = {"seconds": seconds, "tokens": tokens, "report": report}
+    old = (work / "first.out.jsonl").read_bytes().splitlines()
+    new = (work / "grown.out.jsonl").read_bytes().splitlines()
+    return {
+        "rows": [n, n + n // 10],
+        "engine_tokens": [runs["first"]["tokens"], runs["grown"]["tokens"]],
+        "tokens_ratio": runs["grown"]["tokens"] / runs["first"]["tokens"],
+        "seconds": [runs["first"]["seconds"], runs["grown"]["seconds"]],
+        "wall_ratio": runs["grown"]["seconds"] / runs["first"]["seconds"],
+        "reused": runs["grown"]["report"]["reused"],
+        "old_answers_identical": new[:n] == old,
+        "missing": runs["grown"]["report"]["missing"],
+        "duplicates": runs["grown"]["report"]["duplicates"],
+    }
+
+
+def key_lookup(work: Path, n: int) -> dict[str, Any]:
+    """(b)"""
+    store, old = str(work / "index-store"), str(work / "old.npy")
+    env = ENV
+    build_s, build_mib, _ = measure([PYTHON, "-c", BUILD, store, str(n), old], env)
+    wall, peak, out = measure([PYTHON, "-c", LOOKUP, store, str(n), old], env)
+    lookup_s, found = out.split()
+    return {
+        "keys": n,
+        "index_build_s": build_s,
+        "index_build_mib": build_mib,
+        "process_s": wall,
+        "lookup_s": float(lookup_s),
+        "peak_mib": peak,
+        "found": int(found),
+        "expected": int(n * 0.9),
+    }
+
+
+def prepare_speed(work: Path, n: int) -> dict[str, Any]:
+    """(c): this tree's prepare against its base's (ORCH_BENCH_BASE, default the merge-base with main)."""
+    data = questions(work / "prepare.jsonl", n)
+    base = work / "base"
+    base.mkdir()
+    ref = (
+        os.environ.get("ORCH_BENCH_BASE")
+        or subprocess.run(
+            ["git", "merge-base", "HEAD", "main"], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout.strip()[:12]
+    )
+    archive = subprocess.run(["git", "archive", ref, "orchestrator"], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
+    trees = {"this tree": {"PYTHONPATH": str(ROOT)}, ref: {"PYTHONPATH": str(base)}}
+    rates: dict[str, list[float]] = {name: [] for name in trees}
+    for round_ in range(3):
+        for name in list(trees) if round_ % 2 == 0 else list(trees)[::-1]:
+            store = str(work / f"p-{round_}-{len(rates[name])}-{name.replace(' ', '-')}")
+            cmd = [PYTHON, "-c", PREPARE, store, f"p{round_}", str(data)]
+            _, _, out = measure(cmd, trees[name], base if name == ref else ROOT)
+            rates[name].append(float(out.split()[-1]))
+            shutil.rmtree(store, ignore_errors=True)
+    now, before = statistics.median(rates["this tree"]), statistics.median(rates[ref])
+    return {
+        "rows": n,
+        "base": ref,
+        "rows_per_s": now,
+        "rows_per_s_base": before,
+        "ratio": now / before,
+        "rounds": rates,
+    }
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    with tempfile.TemporaryDirectory(prefix="orch-reuse-bench-") as tmp:
+        work = Path(tmp)
+        os.chdir(work)
+        grown = grown_input(work, 40 if quick else 200)
+        lookup_ = key_lookup(work, 1_000_000 if quick else 10_000_000)
+        prepare = prepare_speed(work, 50_000 if quick else 300_000)
+    os.chdir(ROOT)
+    rows = [
+        ["grown input: engine tokens", *grown["engine_tokens"], f"{grown['tokens_ratio']:.3f}x"],
+        ["grown input: wall s", *grown["seconds"], f"{grown['wall_ratio']:.3f}x"],
+        ["prepare rows/s (this / base)", prepare["rows_per_s"], prepare["rows_per_s_base"], prepare["ratio"]],
+        ["lookup s / peak MiB", lookup_["lookup_s"], lookup_["peak_mib"], f"{lookup_['keys']:,} keys"],
+    ]
+    print(table(rows, ["measure", "first / with", "second / without", "ratio"]))
+    identical, found = grown["old_answers_identical"], f"{lookup_['found']:,} of {lookup_['expected']:,}"
+    print(f"old answers byte-identical: {identical}, reused {grown['reused']}, lookup found {found}")
+    save("reuse_bench", {"grown": grown, "lookup": lookup_, "prepare": prepare})
+
+
+if __name__ == "__main__":
+    main()

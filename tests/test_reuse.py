@@ -1,0 +1,191 @@
+"""Answer reuse (`--reuse-from`): answer keys at prepare, the answer index at collect, reused rows in place."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import read_manifest
+from orchestrator.core.store import open_store
+from tests.support.datasets import write_jsonl
+from tests.support.runs import Answer, answer_chunk
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / ".cache" / "models" / "tiny-llama"
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "orch.yaml").write_text("sampling:\n  max_tokens: 16\n  temperature: 0\n")
+    return tmp_path
+
+
+def questions(path: Path, n: int, **extra: object) -> Path:
+    return write_jsonl(path, [{"id": f"q{i}", "question": f"Question {i}?", **extra} for i in range(n)])
+
+
+def prepare(store: str, run: str, data: Path, *args: str, model: Path = TINY, code: int = 0) -> None:
+    flags = ["--format", "text", "--text-column", "question", "--id-column", "id", "--rows-per-chunk", "10"]
+    assert main(["prepare", str(data), "--run", run, "--store", store, "--model", str(model), *flags, *args]) == code
+
+
+def finish(store: str, run: str) -> None:
+    """Every chunk answered through the worker protocol's own objects (an answer naming its prompt)."""
+    s, layout = open_store(store), RunLayout(run)
+    for entry in read_manifest(s, layout):
+        lines = s.get(layout.chunk(entry.chunk)).data.splitlines()
+        requests = [json.loads(line) for line in lines]
+        answers = [
+            Answer(i, r["custom_id"], f"answer to {r['body']['messages'][-1]['content']}")
+            for i, r in enumerate(requests)
+        ]
+        answer_chunk(s, layout, entry.chunk, [answers])
+
+
+def collect(store: str, run: str, out: Path, capsys) -> dict:
+    capsys.readouterr()
+    assert main(["collect", "--run", run, "--store", store, "--out", str(out), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def reused_rows(store: str, run: str) -> int:
+    record = json.loads(open_store(store).get(RunLayout(run).prepare_record).data)
+    return int(record["reused"])
+
+
+def run_rows(store: str, run: str) -> int:
+    return sum(e.rows for e in read_manifest(open_store(store), RunLayout(run)))
+
+
+@pytest.mark.parametrize("store_kind", ["local", "seaweedfs"])
+def test_reuse_grown_input_runs_only_the_new_rows_and_keeps_old_answers_byte_identical(
+    workdir, store_kind, request, capsys
+):
+    from tests.conftest import make_store_uri
+
+    store = make_store_uri(store_kind, request, workdir)
+    prepare(store, "first", questions(workdir / "q.jsonl", 40))
+    finish(store, "first")
+    first = collect(store, "first", workdir / "first.jsonl", capsys)
+    assert first["rows_written"] == 40 and first["reused"] == 0
+
+    prepare(store, "second", questions(workdir / "grown.jsonl", 44), "--reuse-from", "first")
+    assert reused_rows(store, "second") == 40 and run_rows(store, "second") == 4
+    capsys.readouterr()
+    assert main(["status", "--run", "second", "--store", store, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] | {"done": 0} == {
+        "total": 4,
+        "done": 0,
+        "finished": 0,
+        "checkpointed": 0,
+        "in_progress": 0,
+        "errors": 0,
+        "set_aside": 0,
+        "reused": 40,
+    }
+    finish(store, "second")
+    second = collect(store, "second", workdir / "second.jsonl", capsys)
+    assert second["complete"] and second["rows_total"] == 44 and second["reused"] == 40 and second["rows_run"] == 4
+    assert second["tokens_saved"]["prompt_tokens"] == 40 * 3
+    old = (workdir / "first.jsonl").read_bytes().splitlines()
+    new = (workdir / "second.jsonl").read_bytes().splitlines()
+    assert new[:40] == old  # in input order, byte for byte
+    assert [json.loads(line)["custom_id"] for line in new] == [f"q{i}" for i in range(44)]
+    assert "answer to Question 43?" in new[43].decode()
+
+
+def test_reuse_changed_template_max_tokens_or_model_reuses_nothing_and_unchanged_reuses_all(workdir, tmp_path, capsys):
+    store = str(workdir / "store")
+    data = questions(workdir / "q.jsonl", 20)
+    prepare(store, "base", data)
+    finish(store, "base")
+    collect(store, "base", workdir / "base.jsonl", capsys)
+
+    prepare(store, "same", data, "--reuse-from", "base")
+    assert reused_rows(store, "same") == 20 and run_rows(store, "same") == 0
+    prepare(store, "template", data, "--reuse-from", "base", "--template", "Q: {question}")
+    assert reused_rows(store, "template") == 0 and run_rows(store, "template") == 20
+    (workdir / "orch.yaml").write_text("sampling:\n  max_tokens: 17\n  temperature: 0\n")
+    prepare(store, "max-tokens", data, "--reuse-from", "base")
+    assert reused_rows(store, "max-tokens") == 0
+    (workdir / "orch.yaml").write_text("sampling:\n  max_tokens: 16\n  temperature: 0\n")
+    other = tmp_path / "other-model" / "tiny-llama"
+    shutil.copytree(TINY, other)
+    (other / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "max_length": 99}))
+    prepare(store, "model", data, "--reuse-from", "base", model=other)
+    assert reused_rows(store, "model") == 0
+
+
+def test_reuse_sampled_rows_run_again_unless_asked(workdir, capsys):
+    store = str(workdir / "store")
+    (workdir / "orch.yaml").write_text("sampling:\n  max_tokens: 16\n  temperature: 0.7\n")
+    data = questions(workdir / "q.jsonl", 10)
+    prepare(store, "sampled", data)
+    finish(store, "sampled")
+    collect(store, "sampled", workdir / "s.jsonl", capsys)
+    prepare(store, "again", data, "--reuse-from", "sampled")
+    assert reused_rows(store, "again") == 0 and run_rows(store, "again") == 10
+    prepare(store, "asked", data, "--reuse-from", "sampled", "--reuse-sampled")
+    assert reused_rows(store, "asked") == 10
+
+
+def test_reuse_a_corrupt_or_missing_index_is_a_clear_error_and_nothing_is_reused(workdir, capsys):
+    store = str(workdir / "store")
+    data = questions(workdir / "q.jsonl", 10)
+    prepare(store, "src", data)
+    finish(store, "src")
+    capsys.readouterr()
+    prepare(store, "early", data, "--reuse-from", "src", code=4)
+    assert "has no answer index" in capsys.readouterr().err
+    collect(store, "src", workdir / "src.jsonl", capsys)
+    s = open_store(store)
+    index = json.loads(s.get(RunLayout("src").answer_index).data)
+    part = index["parts"][0]["key"]
+    s.put(part, s.get(part).data[:-26])  # a part cut short, as by a crash mid-write
+    prepare(store, "cut", data, "--reuse-from", "src", code=8)
+    err = capsys.readouterr().err
+    assert part in err and "no answer was reused" in err
+    assert s.head(RunLayout("cut").prepare_record) is None
+
+
+def test_reuse_table_output_marks_reused_rows(workdir, capsys):
+    store = str(workdir / "store")
+    prepare(store, "t1", questions(workdir / "q.jsonl", 10))
+    finish(store, "t1")
+    collect(store, "t1", workdir / "t1.jsonl", capsys)
+    prepare(store, "t2", questions(workdir / "q2.jsonl", 12), "--reuse-from", "t1")
+    finish(store, "t2")
+    capsys.readouterr()
+    assert (
+        main(["collect", "--run", "t2", "--store", store, "--out", str(workdir / "t2.jsonl"), "--format", "table"]) == 0
+    )
+    assert "reused 10 row(s) from earlier runs, ran 2, 12 in all" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (workdir / "t2.jsonl").read_text().splitlines()]
+    assert [r["reused"] for r in rows] == [True] * 10 + [False] * 2
+
+
+@pytest.mark.slow
+def test_reuse_orch_run_with_the_tiny_model_answers_only_the_new_rows(workdir, capsys):
+    """The whole path with real workers: the second `orch run` gives the engine only the new rows."""
+    (workdir / "orch.yaml").write_text(
+        "sampling:\n  max_tokens: 8\n  temperature: 0\nworkers:\n  count: 1\n  heartbeat_interval: 1\n"
+        "  checkpoint_interval: 1\n"
+    )
+    flags = ["--model", str(TINY), "--format", "text", "--text-column", "question", "--id-column", "id"]
+    flags += ["--rows-per-chunk", "10", "--interval", "1"]
+    first, grown = questions(workdir / "q.jsonl", 20), questions(workdir / "grown.jsonl", 22)
+    assert main(["run", str(first), "--run", "one", *flags, "--out", str(workdir / "one.jsonl")]) == 0
+    capsys.readouterr()
+    args = ["run", str(grown), "--run", "two", *flags, "--reuse-from", "one", "--out", str(workdir / "two.jsonl")]
+    assert main(args) == 0
+    assert "reused 20 row(s) from earlier runs, ran 2, 22 in all" in capsys.readouterr().out
+    assert run_rows(str(workdir / ".orch"), "two") == 2
+    old = (workdir / "one.jsonl").read_bytes().splitlines()
+    new = (workdir / "two.jsonl").read_bytes().splitlines()
+    assert new[:20] == old and [json.loads(line)["custom_id"] for line in new] == [f"q{i}" for i in range(22)]
