@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.core.model_source import served_name
 from orchestrator.core.spec import ModelSpec
 from worker.wire import BadRequest
 
@@ -19,6 +20,8 @@ class AdapterChooser:
         from vllm.lora.request import LoRARequest
 
         self.base = spec.name
+        # A run of several models names its models by their served names (core/pools.py).
+        self.served = served_name(spec.name or "", spec.engine_args)
         # vLLM tells adapters apart by a positive integer id: one per name, stable within the run.
         self.requests = {
             name: LoRARequest(lora_name=name, lora_int_id=i, lora_path=path)
@@ -27,7 +30,7 @@ class AdapterChooser:
 
     def for_model(self, named: str | None) -> Any:
         """The LoRARequest for `named`, None for the base model; BadRequest for another name."""
-        if not self.requests or named is None or named == self.base:
+        if not self.requests or named is None or named in (self.base, self.served):
             return None
         if named in self.requests:
             return self.requests[named]

@@ -48,7 +48,8 @@ class Invocation:
         except SpecError as e:
             raise as_flag_error(e) from None
         if model is not None:
-            check_model(ctx, from_flag="model.name" in self.flags, required=model == "required")
+            from_flag = "model.name" in self.flags or "models" in self.flags
+            check_model(ctx, from_flag=from_flag, required=model == "required")
         if freeze or check:
             ctx.freeze(write=freeze)
         say_spec_changes(ctx)
@@ -110,13 +111,42 @@ def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("-f", "--file", "spec_file", type=click.Path(dir_okay=False), help="spec file (default: ./orch.yaml)")
     @click.option("--run", "run", help="run name: the run's prefix in the store")
     @click.option("--store", "store", help="store URI: a directory (default ./.orch), s3://B/P or r2://B/P")
-    @click.option("--model", "model", help="model: a local path or a hub id (overrides the spec)")
+    @click.option(
+        "--model",
+        "models",
+        multiple=True,
+        help="model: a local path or a hub id (overrides the spec); NAME=PATH_OR_HUB_ID, repeatable, for a run "
+        "of several models (lines pick theirs by body.model)",
+    )
     @functools.wraps(func)
-    def wrapper(spec_file: str | None, run: str | None, store: str | None, model: str | None, **kwargs: Any) -> Any:
-        flags = {k: v for k, v in {"run": run, "store": store, "model.name": model}.items() if v is not None}
+    def wrapper(
+        spec_file: str | None, run: str | None, store: str | None, models: tuple[str, ...], **kwargs: Any
+    ) -> Any:
+        flags: dict[str, Any] = {k: v for k, v in {"run": run, "store": store}.items() if v is not None}
+        flags.update(model_flags(models))
         return func(Invocation(spec_file, flags), **kwargs)
 
     return wrapper
+
+
+def model_flags(values: Sequence[str]) -> dict[str, Any]:
+    """`--model PATH` sets model.name; `--model NAME=PATH` (repeatable) adds models.NAME."""
+    bare = [v for v in values if "=" not in v]
+    if len(bare) > 1:
+        raise click.UsageError(
+            f"--model given {len(bare)} times without a name ({', '.join(bare)}): name each, --model NAME=PATH"
+        )
+    flags: dict[str, Any] = {"model.name": bare[0]} if bare else {}
+    named: dict[str, Any] = {}
+    for value in values:
+        if "=" in value:
+            name, _, target = (part.strip() for part in value.partition("="))
+            if not name or not target:
+                raise click.UsageError(f"--model {value!r} is not NAME=PATH_OR_HUB_ID (e.g. small=.cache/models/tiny)")
+            named[name] = {"name": target}
+    if named:
+        flags["models"] = named  # one key, not models.NAME.name: a served name may hold a dot
+    return flags
 
 
 def backend_option(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -233,13 +263,14 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
     `model.name`. On the skypilot backend a local path is only warned about: the worker's image
     may hold it, though this machine's disk is out of the cloud machines' reach."""
     from orchestrator.core.errors import SpecError
-    from orchestrator.core.model_source import (
-        is_bucket_url,
-        is_local_path,
-        local_adapter_problem,
-        local_model_problem,
-    )
 
+    if ctx.spec.models:
+        from orchestrator.core.pools import run_models
+
+        for pool, model in run_models(ctx.spec).items():
+            where = "--model" if from_flag else f"models.{pool}.name"
+            _check_model_source(ctx, model.name or "", model.lora if required else {}, where)
+        return
     name = ctx.spec.model.name
     if not name:
         if required:
@@ -248,6 +279,14 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
             )
         return
     where = "--model" if from_flag else "model.name"
+    _check_model_source(ctx, name, ctx.spec.model.lora if required else {}, where)
+
+
+def _check_model_source(ctx: RunContext, name: str, lora: Mapping[str, str], where: str) -> None:
+    """One model's path (and its adapters' shipped at launch) can be read by the run's workers."""
+    from orchestrator.core.errors import SpecError
+    from orchestrator.core.model_source import is_bucket_url, is_local_path, local_adapter_problem, local_model_problem
+
     if is_bucket_url(name) and ctx.spec.backend != "skypilot":
         raise SpecError(
             f"{name} is a bucket: SkyPilot workers mount it, {ctx.spec.backend} workers cannot read it",
@@ -269,7 +308,7 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
             "org/name",
             where=where,
         )
-    for adapter, source in ctx.spec.model.lora.items() if required else ():  # shipped at launch, not prepare
+    for adapter, source in lora.items():  # shipped at launch, not prepare
         problem = local_adapter_problem(source)
         if problem is not None:
             raise SpecError(problem, hint="give the adapter's directory, or its hub id", where=f"model.lora.{adapter}")
@@ -404,7 +443,10 @@ def print_prepare_report(ctx: RunContext, report: PrepareReport) -> None:
             + ", ".join(r.first_not_utf8)
             + (" ..." if r.not_utf8_rows > len(r.first_not_utf8) else "")
         )
-    if r.models:
+    if r.models and ctx.spec.models:
+        # Several models: each line went to the model it named; those naming none went to the first.
+        click.echo("lines by the model they name: " + ", ".join(f"{m} {n:,}" for m, n in r.models.items()))
+    elif r.models:
         serving = ctx.spec.model.name or "the model given at launch"
         named = ", ".join(f"{model!r} ({count:,})" for model, count in r.models.items())
         adapters = ctx.spec.model.lora

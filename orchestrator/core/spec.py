@@ -291,6 +291,21 @@ def is_on_prem(infra: str) -> bool:
     return infra.split("/", 1)[0].lower() in ON_PREM_INFRA
 
 
+class PoolSpec(ModelSpec):
+    """One of a run's several models (`models:`): the `model` section's fields with its own on top,
+    and its own pool of workers on its own machines (core/pools.py)."""
+
+    workers: int | None = Field(None, ge=1, description="this model's workers; default: workers.count split by rows")
+    resources: ResourcesSpec | None = Field(None, description="this model's machines; default: the run's resources")
+
+
+def bare_model_names(value: Any) -> Any:
+    """`{small: PATH}` is `{small: {name: PATH}}`: a bare string names the model's path or hub id."""
+    if isinstance(value, dict):
+        return {k: {"name": v} if isinstance(v, str) else v for k, v in value.items()}
+    return value
+
+
 class ServeSpec(StrictModel):
     """`orch serve`: the models it serves and the limits it enforces (OpenAI's, unless set here)."""
 
@@ -326,9 +341,7 @@ class ServeSpec(StrictModel):
     @field_validator("models", mode="before")
     @classmethod
     def _bare_names(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: {"name": v} if isinstance(v, str) else v for k, v in value.items()}
-        return value
+        return bare_model_names(value)
 
 
 class RunSpec(StrictModel):
@@ -339,6 +352,11 @@ class RunSpec(StrictModel):
     )
     backend: Literal["local", "skypilot"] = "local"
     model: ModelSpec = Field(default_factory=ModelSpec)
+    models: dict[str, PoolSpec] = Field(
+        default_factory=dict,
+        description="several models in one run: served name -> model (a bare string is a path or hub id; the "
+        "`model` section gives the rest). A line's body.model picks its model; each model has its own workers",
+    )
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     requests: RequestsSpec = Field(default_factory=RequestsSpec)
     input: InputSpec = Field(default_factory=InputSpec)
@@ -346,6 +364,11 @@ class RunSpec(StrictModel):
     workers: WorkersSpec = Field(default_factory=WorkersSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     serve: ServeSpec = Field(default_factory=ServeSpec)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _bare_model_names(cls, value: Any) -> Any:
+        return bare_model_names(value)
 
     @property
     def layout(self) -> RunLayout:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -20,10 +21,12 @@ from typing import Any
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
+from orchestrator.core.pools import model_names
 from orchestrator.core.records import ManifestEntry, PrepareRecord, read_jsonl, read_record, write_jsonl
 from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, ChunkingSpec, InputSpec
 from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
 from orchestrator.prepare.grouping import PrefixSorter
+from orchestrator.prepare.pools import MODEL_NOT_FOUND, ModelRouter, PoolSorters
 from orchestrator.prepare.sources import (
     RawRow,
     SourceFile,
@@ -84,10 +87,17 @@ def prepare_run(
             f"WARNING: the input has no rows ({', '.join(f.uri for f in files)}): nothing to run, the output is empty"
         )
     errors = ErrorWriter(strict, several_files=len(files) > 1)
-    sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix else None
+    pools = PoolSorters(list(spec.models), spec.chunking) if spec.models else None
+    sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix and not pools else None
     writer: ChunkWriter | None = None
     try:
-        if sorter is None:
+        if pools is not None:
+            progress(f"{total:,} rows in {len(files)} file(s), for {len(pools.order)} models")
+            rows_in = _Conversion(ctx, files, pools.add, errors, strict)
+            _convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
+            writer = ChunkWriter(ctx, pools.boundaries(), grouped=True, by_prefix=spec.chunking.group_by_prefix)
+            pools.write(writer)
+        elif sorter is None:
             writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, total))
             progress(f"{total:,} rows in {len(files)} file(s) -> {writer.total} chunks")
             rows_in = _Conversion(ctx, files, writer.add, errors, strict)
@@ -121,6 +131,8 @@ def prepare_run(
             writer.discard()
         if sorter is not None:
             sorter.discard()
+        if pools is not None:
+            pools.discard()
         errors.discard()
     record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in)
     return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
@@ -301,7 +313,10 @@ class _Conversion:
         strict: bool,
     ):
         self.spec_input = ctx.spec.input
-        self.convert = make_converter(ctx.spec.input, ctx.spec.sampling, ctx.spec.model.name, ctx.spec.model.runner)
+        # Several models: a line names its own (body.model) or goes to the first; none is filled in.
+        one_model = None if ctx.spec.models else ctx.spec.model.name
+        self.convert = make_converter(ctx.spec.input, ctx.spec.sampling, one_model, ctx.spec.model.runner)
+        self.router = ModelRouter(model_names(ctx.spec), list(ctx.spec.models)) if ctx.spec.models else None
         self.files = files
         self.keep = keep  # a good request and its input position
         self.errors = errors
@@ -316,7 +331,16 @@ class _Conversion:
             return
         if request.named_model is not None:
             self.models[request.named_model] += 1
-        self.keep(request, position)
+        if self.router is None:
+            self.keep(request, position)
+            return
+        pool = self.router.pool_of(request)
+        if pool is None:
+            self.errors.set_aside(
+                source, raw, position, self.spec_input, self.router.not_found(request), code=MODEL_NOT_FOUND
+            )
+            return
+        self.keep(dataclasses.replace(request, pool=pool), position)
 
     def _request(self, file_index: int, source: SourceFile, raw: RawRow) -> Request | str:
         """The row's request, or what is wrong with it."""

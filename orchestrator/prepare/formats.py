@@ -56,6 +56,8 @@ class Request:
     #: The model the input line itself named (`body.model`, a completion object's `model`), if any:
     #: every line is answered by the run's model, and prepare says how many named another.
     named_model: str | None = None
+    #: A run of several models: the one answering the row (a `models:` key), set by prepare's router.
+    pool: str | None = None
 
 
 #: What `make_converter` gives: (record, source name, row number) -> the row's request.
