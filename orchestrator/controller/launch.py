@@ -28,7 +28,15 @@ from orchestrator.core.pools import POOL_ENV, run_models
 from orchestrator.core.protocol.adapters import ship_adapters
 from orchestrator.core.protocol.claims import pool_of
 from orchestrator.core.protocol.heartbeats import live_heartbeats
-from orchestrator.core.records import CancelRecord, JobAttempt, JobsRecord, read_jobs, read_plan, update_jobs
+from orchestrator.core.records import (
+    CancelRecord,
+    JobAttempt,
+    JobsRecord,
+    PlanRecord,
+    read_jobs,
+    read_plan,
+    update_jobs,
+)
 
 #: Passed to workers as secrets when set here: never written to a file, a log or the store.
 SECRET_NAMES = (
@@ -67,11 +75,13 @@ def launch_request(
     env: Mapping[str, str],
     use_spot: bool | None = None,
     zones: Sequence[str] = (),
+    plan: PlanRecord | None = None,
 ) -> LaunchRequest:
     """What the backend needs to start one worker: its job name, settings, secrets and zone order,
-    and in a run of several models the model it loads (its pool in the plan)."""
+    and in a run of several models the model it loads (its pool in `plan`, else the run's plan)."""
     envs = worker_envs(ctx, worker, env)
-    plan = read_plan(ctx.store, ctx.layout) if ctx.spec.models else None
+    if ctx.spec.models and plan is None:
+        plan = read_plan(ctx.store, ctx.layout)
     pool = pool_of(plan, worker) if plan is not None else None
     if pool is not None:
         envs[POOL_ENV] = pool
@@ -251,12 +261,16 @@ def cancel_workers(ctx: RunContext) -> Cancelled:
 
 
 def dry_run_requests(
-    ctx: RunContext, workers: Iterable[int], out_dir: Path, env: Mapping[str, str] | None = None
+    ctx: RunContext,
+    workers: Iterable[int],
+    out_dir: Path,
+    env: Mapping[str, str] | None = None,
+    plan: PlanRecord | None = None,
 ) -> list[Path]:
     """`orch launch --dry-run`: each worker's SkyPilot task, rendered and checked, written to out_dir."""
     from orchestrator.backends.skypilot_render import write_dry_run
 
     env = os.environ if env is None else env
     zones = [z.place for z in zone_order(ctx, time.time())]
-    requests = [launch_request(ctx, w, env, zones=zones) for w in sorted(set(workers))]
+    requests = [launch_request(ctx, w, env, zones=zones, plan=plan) for w in sorted(set(workers))]
     return write_dry_run(ctx.spec, requests, out_dir)

@@ -68,6 +68,12 @@ def plan_pools(entries: Sequence[ManifestEntry], counts: Mapping[str, int]) -> P
     )
 
 
+def make_plan(ctx: RunContext, manifest: Sequence[ManifestEntry], workers: int) -> PlanRecord:
+    """The run's plan over `workers`: per model pool for a run of several models."""
+    counts = pool_counts(ctx, manifest, workers)
+    return plan_chunks(manifest, workers) if counts is None else plan_pools(manifest, counts)
+
+
 def pool_counts(ctx: RunContext, entries: Sequence[ManifestEntry], workers: int) -> dict[str, int] | None:
     """Workers per model for a run of several models (None for one model): core/pools.pool_workers."""
     if not ctx.spec.models:
@@ -135,7 +141,7 @@ def ensure_plan(
     counts = pool_counts(ctx, manifest, workers)
     if plan is not None and _plan_fits(plan, workers, counts):
         return plan
-    plan = plan_chunks(manifest, workers) if counts is None else plan_pools(manifest, counts)
+    plan = make_plan(ctx, manifest, workers)
     if write:
         write_plan(ctx.store, ctx.layout, plan)
     pools = "" if counts is None else " (" + ", ".join(f"{m}: {n}" for m, n in counts.items()) + ")"

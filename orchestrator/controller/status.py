@@ -60,6 +60,7 @@ from typing import Any
 
 from orchestrator.backends.base import JobState, JobStatus, Launcher, attempt_statuses
 from orchestrator.controller.activity import run_state, worker_activity
+from orchestrator.controller.model_status import models_status
 from orchestrator.controller.pace import overall_pace, timeline
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.token_cost import realised_cost, tokens_of
@@ -249,6 +250,8 @@ class RunStatus:
     #: what `orch runs` shows beside each run (filled by controller/runs.py's list_runs).
     model: str | None = None
     input: str | None = None
+    #: A run of several models: each model's chunks, rows, tokens, workers and cost (controller/model_status.py).
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def derive_status(
@@ -309,6 +312,9 @@ def derive_status(
             launched=bool(facts.jobs.workers or facts.heartbeats),
         ),
         prepared_at=facts.prepared_at,
+        models=models_status(
+            facts.manifest, facts.plan, done, facts.stats, workers, lambda v: _cost_so_far(v, prices, default_spot)
+        ),
     )
 
 

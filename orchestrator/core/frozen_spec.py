@@ -26,6 +26,7 @@ FROZEN_FIELDS: tuple[str, ...] = (
     "model.reasoning_parser",
     "model.lora",
     "models",
+    "sweep",
     "sampling",
     "requests",
     "input",

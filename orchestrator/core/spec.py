@@ -344,6 +344,47 @@ class ServeSpec(StrictModel):
         return bare_model_names(value)
 
 
+class ArmSpec(StrictModel):
+    """One arm of a sweep: the run's input and sampling with the arm's own over them."""
+
+    model: str | None = Field(None, description="a `models:` name (default: the first one listed, or the run's model)")
+    template: str | None = Field(None, description="text/chat: this arm's input.template")
+    system_prompt: str | None = Field(None, description="chat/text: this arm's input.system_prompt")
+    sampling: dict[str, Any] = Field(
+        default_factory=dict, description="sampling fields over the run's (temperature, max_tokens, ...)"
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _template_fields(cls, template: str | None) -> str | None:
+        if template is not None:
+            template_columns(template)
+        return template
+
+    @field_validator("sampling")
+    @classmethod
+    def _sampling_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        SamplingSpec.model_validate(value)
+        return value
+
+
+class SweepSpec(StrictModel):
+    """One dataset over several models and/or prompts: every input row answered once per arm."""
+
+    arms: dict[str, ArmSpec] = Field(
+        default_factory=dict,
+        description="arm name -> what it changes; custom_ids get `#<arm>`, collect writes the arms side by side",
+    )
+
+    @field_validator("arms")
+    @classmethod
+    def _names(cls, arms: dict[str, ArmSpec]) -> dict[str, ArmSpec]:
+        bad = [name for name in arms if not name or "#" in name]
+        if bad:
+            raise ValueError(f"arm names are non-empty and hold no '#': {', '.join(map(repr, bad))}")
+        return arms
+
+
 class RunSpec(StrictModel):
     run: str | None = Field(None, description="the run's name: its prefix in the store")
     store: str = Field(DEFAULT_STORE, description="a directory, s3://BUCKET/PREFIX or r2://BUCKET/PREFIX")
@@ -364,6 +405,15 @@ class RunSpec(StrictModel):
     workers: WorkersSpec = Field(default_factory=WorkersSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     serve: ServeSpec = Field(default_factory=ServeSpec)
+    sweep: SweepSpec = Field(default_factory=SweepSpec)
+
+    @model_validator(mode="after")
+    def _arms_name_models(self) -> RunSpec:
+        for name, arm in self.sweep.arms.items():
+            if arm.model is not None and arm.model not in self.models:
+                known = ", ".join(self.models) or "none: add a models: section"
+                raise ValueError(f"sweep.arms.{name}.model: {arm.model!r} is not one of the run's models ({known})")
+        return self
 
     @field_validator("models", mode="before")
     @classmethod

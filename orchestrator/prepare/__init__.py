@@ -24,7 +24,7 @@ from orchestrator.core.errors import InputError
 from orchestrator.core.pools import model_names
 from orchestrator.core.records import ManifestEntry, PrepareRecord, read_jsonl, read_record, write_jsonl
 from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, ChunkingSpec, InputSpec
-from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
+from orchestrator.prepare.formats import BadRow, Converter, Request, make_converter, needed_columns
 from orchestrator.prepare.grouping import PrefixSorter
 from orchestrator.prepare.pools import MODEL_NOT_FOUND, ModelRouter, PoolSorters
 from orchestrator.prepare.sources import (
@@ -36,6 +36,7 @@ from orchestrator.prepare.sources import (
     parquet_first_user_turns,
     resolve_sources,
 )
+from orchestrator.prepare.sweep import Arm, sweep_arms
 from orchestrator.prepare.writers import ChunkWriter, ErrorWriter
 
 Progress = Callable[[str], None]
@@ -87,12 +88,13 @@ def prepare_run(
             f"WARNING: the input has no rows ({', '.join(f.uri for f in files)}): nothing to run, the output is empty"
         )
     errors = ErrorWriter(strict, several_files=len(files) > 1)
-    pools = PoolSorters(list(spec.models), spec.chunking) if spec.models else None
+    pools = PoolSorters(list(spec.models) or [""], spec.chunking) if spec.models or spec.sweep.arms else None
     sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix and not pools else None
     writer: ChunkWriter | None = None
     try:
         if pools is not None:
-            progress(f"{total:,} rows in {len(files)} file(s), for {len(pools.order)} models")
+            arms = f" x {len(spec.sweep.arms)} arms" if spec.sweep.arms else ""
+            progress(f"{total:,} rows{arms} in {len(files)} file(s), for {len(pools.order)} model(s)")
             rows_in = _Conversion(ctx, files, pools.add, errors, strict)
             _convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
             writer = ChunkWriter(ctx, pools.boundaries(), grouped=True, by_prefix=spec.chunking.group_by_prefix)
@@ -239,8 +241,8 @@ def _names(files: list[Any]) -> str:
 def _first_difference(ctx: RunContext, files: list[SourceFile]) -> str | None:
     """The first input row (file:line) whose request is not the one in the prepared chunks."""
     spec, store, layout = ctx.spec, ctx.store, ctx.layout
-    if spec.chunking.group_by_prefix:
-        return None  # chunks hold rows in prefix order: the files' differences are all there is to say
+    if spec.chunking.group_by_prefix or spec.models or spec.sweep.arms:
+        return None  # chunks hold rows in prefix (or model) order: the files' differences are all there is to say
     convert = make_converter(spec.input, spec.sampling, spec.model.name, spec.model.runner)
     columns = needed_columns(spec.input)
 
@@ -317,6 +319,7 @@ class _Conversion:
         one_model = None if ctx.spec.models else ctx.spec.model.name
         self.convert = make_converter(ctx.spec.input, ctx.spec.sampling, one_model, ctx.spec.model.runner)
         self.router = ModelRouter(model_names(ctx.spec), list(ctx.spec.models)) if ctx.spec.models else None
+        self.arms = sweep_arms(ctx.spec)
         self.files = files
         self.keep = keep  # a good request and its input position
         self.errors = errors
@@ -325,12 +328,35 @@ class _Conversion:
         self.not_utf8 = _NotUtf8(strict)
 
     def take(self, file_index: int, source: SourceFile, raw: RawRow, position: int) -> None:
-        request = self._request(file_index, source, raw)
+        problem = self._unreadable(source, raw)
+        if self.arms:
+            # A sweep: the row once per arm, at its place in the space of position x arm.
+            for index, arm in enumerate(self.arms):
+                where = position * len(self.arms) + index
+                self._take(arm.convert, file_index, source, raw, where, problem, arm)
+            return
+        self._take(self.convert, file_index, source, raw, position, problem, None)
+
+    def _take(
+        self,
+        convert: Converter,
+        file_index: int,
+        source: SourceFile,
+        raw: RawRow,
+        position: int,
+        problem: str | None,
+        arm: Arm | None,
+    ) -> None:
+        request = problem or self._request(convert, file_index, source, raw)
+        arm_name = None if arm is None else arm.name
         if isinstance(request, str):
-            self.errors.set_aside(source, raw, position, self.spec_input, request)
+            self.errors.set_aside(source, raw, position, self.spec_input, request, arm=arm_name)
             return
         if request.named_model is not None:
             self.models[request.named_model] += 1
+        if arm is not None:
+            self.keep(dataclasses.replace(request, pool=arm.pool), position)
+            return
         if self.router is None:
             self.keep(request, position)
             return
@@ -342,14 +368,18 @@ class _Conversion:
             return
         self.keep(dataclasses.replace(request, pool=pool), position)
 
-    def _request(self, file_index: int, source: SourceFile, raw: RawRow) -> Request | str:
-        """The row's request, or what is wrong with it."""
+    def _unreadable(self, source: SourceFile, raw: RawRow) -> str | None:
+        """What makes the row unusable before any conversion, or None."""
         if raw.record is None:
             return raw.problem or "unreadable"
         if raw.replaced and self.not_utf8.add(source, raw) is not None:
             return f"{raw.replaced} byte(s) of the line are not UTF-8"
+        return None
+
+    def _request(self, convert: Converter, file_index: int, source: SourceFile, raw: RawRow) -> Request | str:
+        """The row's request, or what is wrong with it."""
         try:
-            request = self.convert(raw.record, source.name, raw.number)
+            request = convert(raw.record or {}, source.name, raw.number)
         except BadRow as e:
             return str(e)
         first = self.seen.setdefault(request.custom_id, (file_index, raw.number))

@@ -6,6 +6,7 @@ applied by the worker at run time, so a default changed before launch is not bak
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 from collections.abc import Callable, Sequence
@@ -166,6 +167,11 @@ def _request(
     line = encode_line({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
     budget = 0 if url in URLS["pooling"] else _output_budget(body, sampling)  # pooling generates nothing
     return Request(custom_id, line, _prompt_tokens(body), budget, named_model)
+
+
+def rebuilt(custom_id: str, url: str, body: dict[str, Any], request: Request, sampling: SamplingSpec) -> Request:
+    """`request` with another custom_id and body (a sweep's arm): its line and output budget made again."""
+    return dataclasses.replace(_request(custom_id, url, body, sampling), named_model=request.named_model)
 
 
 def _openai_batch(record: dict[str, Any], sampling: SamplingSpec, urls: tuple[str, ...]) -> Request:

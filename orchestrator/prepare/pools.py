@@ -50,7 +50,7 @@ class PoolSorters:
         self.sorters = {name: PrefixSorter(chars, run_bytes=share) for name in order}
 
     def add(self, request: Request, position: int) -> None:
-        self.sorters[request.pool or self.order[0]].add(request, position)
+        self.sorters[request.pool or self.order[0]].add(request, position)  # "": a sweep of one model
 
     @property
     def count(self) -> int:
@@ -75,7 +75,7 @@ class PoolSorters:
 
     def write(self, writer: ChunkWriter) -> None:
         for name in self.order:
-            writer.write_sorted(self.sorters[name].sorted_rows(), model=name)
+            writer.write_sorted(self.sorters[name].sorted_rows(), model=name or None)
 
     def discard(self) -> None:
         for sorter in self.sorters.values():

@@ -112,7 +112,7 @@ class ChunkWriter:
                 est_prompt_tokens=self.prompt_tokens,
                 max_output_tokens=self.output_tokens,
                 first=None if self.grouped else self.boundaries[self.index],
-                model=self.model,
+                model=self.model or None,  # "": a sweep over one model's prompts
                 **grouped,
             )
         )
@@ -156,12 +156,16 @@ class ErrorWriter:
         spec_input: InputSpec,
         problem: str,
         code: str | None = None,
+        arm: str | None = None,
     ) -> None:
-        """A bad row, with why (and the error line's code, when not invalid_request)."""
+        """A bad row, with why (and the error line's code, when not invalid_request); in a sweep
+        once per arm, its custom_id with the arm after it."""
         text = raw.raw or excerpt(raw.record or {}, limit=None)
         custom_id = fallback_custom_id(raw.record, spec_input, source.name, raw.number) or self.stand_in(
             source, raw.number
         )
+        if arm is not None:
+            custom_id = f"{custom_id}#{arm}"
         self.add(source, raw.number, problem, text, position, custom_id, raw.too_long, code)
 
     def stand_in(self, source: SourceFile, number: int) -> str:
