@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.controller.pricing import load_gpu_table
+from orchestrator.controller.status import status_of
 from orchestrator.core.pools import pool_workers
 from orchestrator.core.protocol.claims import pool_of, pool_share
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_manifest, read_plan
 from orchestrator.core.spec import load_spec
 from orchestrator.core.store import open_store
+from orchestrator.web.metrics import exposition
 from tests.test_faults import collect_lines, hand_workers, mid_chunk, orch_ok, poll, workdir  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,6 +117,15 @@ def test_kill_storm_on_two_models_answers_each_row_once_by_its_model(tmp_path, w
     assert [x["custom_id"] for x in lines] == [f"r{i}" for i in range(1200)]  # every row, exactly once, in order
     assert [x["response"]["body"]["model"] for x in lines] == pattern * 60
     assert all(x["response"]["status_code"] == 200 for x in lines)
+    # Status and /metrics, model by model.
+    status = json.loads(orch_ok("status", "--run", run, "--store", store, "--json", cwd=workdir))
+    rows = {name: (m["rows"]["done"], m["rows"]["total"]) for name, m in status["models"].items()}
+    assert rows == {"tiny": (1140, 1140), "smol": (60, 60)}
+    assert status["models"]["smol"]["tokens"]["generated_tokens"] == 60 * 24
+    metrics = exposition(
+        lambda: [status_of(open_store(store), RunLayout(run), None, now=time.time(), prices=load_gpu_table())]
+    )
+    assert b'orch_model_rows_done_total{model="smol",run="storm2"} 60.0' in metrics
 
 
 SWEEP_SPEC = """
