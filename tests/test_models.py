@@ -150,13 +150,14 @@ def test_sweep_answers_every_row_once_per_arm_and_collects_arms_side_by_side(tmp
     data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What is {i}+{i}?"}) + "\n" for i in range(5)))
     data.write_text(data.read_text() + "not json\n")  # set aside once per arm, at its place
     model = str(MODELS / "tiny-llama")
-    orch_ok("run", data, "--run", "sw", "--model", model, "--rows-per-chunk", "3", "--out", "sw.jsonl", cwd=tmp_path)
+    orch_ok("run", data, "--run", "sw", "--model", model, "--rows-per-chunk", "3", "--out", "sw.jsonl",
+            "--max-error-rate", "1", cwd=tmp_path)  # fmt: skip
     lines = [json.loads(x) for x in (tmp_path / "sw.jsonl").read_text().splitlines()]
     ids = [f"q{i}#{arm}" for i in range(5) for arm in ("plain", "terse")] + ["line-6#plain", "line-6#terse"]
     assert [x["custom_id"] for x in lines] == ids
     terse = [x["response"]["body"]["usage"]["completion_tokens"] for x in lines[1:10:2]]
     assert all(tokens <= 3 for tokens in terse)  # the arm's own max_tokens, not the run's 6
-    orch_ok("collect", "--run", "sw", "--out", "sw.parquet", cwd=tmp_path)
+    orch_ok("collect", "--run", "sw", "--out", "sw.parquet", "--max-error-rate", "1", cwd=tmp_path)
     table = pq.read_table(tmp_path / "sw.parquet").to_pylist()
     assert [row["id"] for row in table] == [f"q{i}" for i in range(5)] + ["line-6"]
     assert [row["text_plain"] for row in table[:5]] == [

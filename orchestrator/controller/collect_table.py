@@ -288,7 +288,6 @@ class TableWriter:
         taken = fixed | {name for name, _ in columns}
         fmt = spec.response_format or {}
         self.fields = AnswerFields(fmt["json_schema"], taken) if fmt.get("type") == "json_schema" else None
-        columns.append(("embeddings", "embeddings") if spec.pooling else ("text", "string"))
         answer = [("embeddings", "embeddings") if spec.pooling else ("text", "string")]
         if self.fields is not None:
             answer += [*self.fields.columns(), ("parse_error", "string")]
