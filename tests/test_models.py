@@ -79,6 +79,10 @@ def test_prepare_and_plan_put_each_model_in_its_own_chunks_and_pool(tmp_path, ca
         assert {models[c] for c in a.chunks} == {a.model}
         share, chunks = pool_share(plan, manifest, pool_of(plan, a.worker))
         assert {w.model for w in share.workers} == {a.model} and {e.model for e in chunks} == {a.model}
+    assert main(["plan", *args, "--workers", "2"]) == 0  # planned again: still a pool per model
+    plan = read_plan(client, layout)
+    assert plan is not None and [a.model for a in plan.workers] == ["tiny", "smol"]
+    assert sorted(c for a in plan.workers for c in a.chunks) == sorted(e.chunk for e in manifest)
 
 
 @pytest.mark.slow
@@ -139,6 +143,7 @@ sweep:
 """
 
 
+@pytest.mark.slow
 def test_sweep_answers_every_row_once_per_arm_and_collects_arms_side_by_side(tmp_path):
     """One model, two prompt arms: each arm is a request of its own (`<id>#<arm>`, its own system
     prompt and sampling in the body), answered once, in input order; the Parquet table has one

@@ -137,9 +137,11 @@ def ensure_plan(
     """The run's plan, made (or remade) when there is none or it was made for another worker count.
     With `write=False` (a dry run) a new plan is only made, not recorded."""
     plan = read_plan(ctx.store, ctx.layout)
-    manifest = read_manifest(ctx.store, ctx.layout) if plan is None or ctx.spec.models else []
+    if plan is not None and not ctx.spec.models and len(plan.workers) == workers:
+        return plan  # one model: the plan fits without reading the manifest
+    manifest = read_manifest(ctx.store, ctx.layout)
     counts = pool_counts(ctx, manifest, workers)
-    if plan is not None and _plan_fits(plan, workers, counts):
+    if plan is not None and counts is not None and _pools_fit(plan, counts):
         return plan
     plan = make_plan(ctx, manifest, workers)
     if write:
@@ -152,9 +154,7 @@ def ensure_plan(
     return plan
 
 
-def _plan_fits(plan: PlanRecord, workers: int, counts: Mapping[str, int] | None) -> bool:
-    if counts is None:
-        return len(plan.workers) == workers
+def _pools_fit(plan: PlanRecord, counts: Mapping[str, int]) -> bool:
     made: dict[str, int] = {}
     for a in plan.workers:
         made[a.model or ""] = made.get(a.model or "", 0) + 1
