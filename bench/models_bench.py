@@ -77,15 +77,26 @@ def orch_run(work: Path, run: str, data: Path, spec: dict[str, Any], flags: list
     wall = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"orch run {run} failed:\n{done.stdout}\n{done.stderr}")
-    busy = 0.0
-    for log in (work / ".orch" / "logs" / run).glob("*.log"):
-        lines = [x for x in log.read_text(errors="replace").splitlines() if x.startswith("{")]
-        busy += json.loads(lines[-1]).get("busy_s", 0.0) if lines else 0.0
+    busy = sum(worker_summary(log)["busy_s"] for log in (work / ".orch" / "logs" / run).glob("*.log"))
     answers = {}
     for line in out.read_text().splitlines():
         x = json.loads(line)
         answers[x["custom_id"]] = json.dumps(x["response"]["body"]["choices"], sort_keys=True)
     return {"wall_s": wall, "busy_s": busy, "answers": answers}
+
+
+def worker_summary(log: Path, timeout_s: float = 300.0) -> dict[str, Any]:
+    """The worker's summary line (its last on stdout): `orch run` returns once every chunk is done,
+    which can be before a worker has printed it, so it is waited for."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for line in reversed(log.read_text(errors="replace").splitlines()):
+            if line.startswith("{") and '"busy_s"' in line:
+                summary: dict[str, Any] = json.loads(line)
+                return summary
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{log}: no summary line after {timeout_s:.0f}s")
+        time.sleep(0.5)
 
 
 def main() -> int:

@@ -71,7 +71,7 @@ def main(
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         check_worker_id(str(worker))
-        count = _replica_count(replicas, store, run)
+        count = _replica_count(replicas, store, run, str(worker))
         if count > 1 and replica is None:
             sys.exit(run_replicas(count, _gpu_ids(), sys.argv[1:]))
         code = _run_one(run, store, str(worker), replica, spot, max_chunks, checkpoint_interval, lease_ttl)
@@ -194,7 +194,7 @@ def _gpu_ids() -> list[str]:
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
 
 
-def _replica_count(replicas: str, store_uri: str, run: str) -> int:
+def _replica_count(replicas: str, store_uri: str, run: str, worker: str) -> int:
     if replicas != "auto":
         try:
             count = int(replicas)
@@ -203,8 +203,12 @@ def _replica_count(replicas: str, store_uri: str, run: str) -> int:
         if count < 1:
             raise OrchError("--replicas must be at least 1")
         return count
-    stored = read_stored_spec(open_store(store_uri), RunLayout(run))
-    tp = ((stored[0] if stored else {}).get("model") or {}).get("tensor_parallel_size") or 1
+    store = open_store(store_uri)
+    stored = read_stored_spec(store, RunLayout(run))
+    if stored is None:
+        return 1  # the run is not there: the worker says so itself
+    spec = load_spec(None, {"run": run, "store": store_uri}, stored=stored[0], default_file=False)
+    tp = spec_for_pool(spec, worker_pool(store, spec, worker)).model.tensor_parallel_size  # its own model's
     return max(1, len(_gpu_ids()) // tp)
 
 
