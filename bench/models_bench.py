@@ -5,6 +5,7 @@ MAX_TOKENS tokens each, ignore_eos). Variants, each through `orch run` with loca
 (a) one run of all the lines, `--model NAME=PATH` per model: a pool of one worker per model,
     all at once;
 (b) one run per model (`--model PATH`, one worker), one after the other.
+Every engine gets one thread (OMP_NUM_THREADS=1), alone or beside another.
 Reported: engine time (the workers' busy seconds, from their summary lines; start-up excluded),
 the makespan (the `orch run` command's wall time), and whether each model's answers in (a) are
 byte-identical to its own run's in (b). Targets (issue 36): engine time (a) <= 1.05x (b)'s sum;
@@ -67,7 +68,9 @@ def orch_run(work: Path, run: str, data: Path, spec: dict[str, Any], flags: list
 
     (work / "orch.yaml").write_text(yaml.safe_dump(spec))
     out = work / f"{run}.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # One thread per engine in every variant: the local launcher would give a lone worker both
+    # cores and two workers one each, and engine seconds would compare thread counts, not runs.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "orchestrator", "run", str(data), "--run", run, "--format", "openai-batch",
