@@ -172,3 +172,29 @@ def test_sweep_answers_every_row_once_per_arm_and_collects_arms_side_by_side(tmp
         x["response"]["body"]["choices"][0]["message"]["content"] for x in lines[1:10:2]
     ]
     assert table[5]["error_code_plain"] == table[5]["error_code_terse"] == "invalid_request"
+
+
+def test_serve_batch_names_several_models_when_the_server_allows_it(tmp_path):
+    """`serve.several_models`: a batch whose lines name two served models is valid, and its run is a
+    run of two models (a pool each, under the names the lines give); off, the second is model_mismatch."""
+    import io
+
+    from orchestrator.serve.driver import BatchSteps
+    from orchestrator.serve.settings import load_settings
+    from orchestrator.serve.validate import validate_input
+
+    data = batch_lines(tmp_path / "in.jsonl", ["tiny", "smol", "tiny"]).read_bytes()
+    runners = {"tiny": "generate", "smol": "generate"}
+    one = validate_input(io.BytesIO(data), endpoint="/v1/chat/completions", models=runners, max_requests=10)
+    assert [(e.code, e.line) for e in one.errors] == [("model_mismatch", 2)]
+    both = validate_input(
+        io.BytesIO(data), endpoint="/v1/chat/completions", models=runners, max_requests=10, several=True
+    )
+    assert both.errors == [] and both.named == ["tiny", "smol"]
+
+    spec = load_spec(None, {"store": str(tmp_path / "store"), "serve.several_models": True}, env={}, default_file=False)
+    flags = [f"tiny={MODELS / 'tiny-llama'}", f"smol={MODELS / 'tiny-think'}"]
+    settings = load_settings(spec, flags, host="127.0.0.1", api_keys=None, api_keys_file=None)
+    ctx = BatchSteps(settings).run_context("batch_1", {n: settings.models[n] for n in both.named})
+    assert ctx is not None and list(ctx.spec.models) == ["tiny", "smol"]
+    assert ctx.spec.models["smol"].name == str((MODELS / "tiny-think").resolve())

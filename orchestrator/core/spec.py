@@ -337,6 +337,11 @@ class ServeSpec(StrictModel):
         500, ge=1, description="chunk size of a batch's run: a cancel or an expiry returns the finished chunks"
     )
     poll_interval: float = Field(5.0, gt=0, description="seconds between the server's rounds over its active batches")
+    several_models: bool = Field(
+        False,
+        description="a batch may name several served models: each line is answered by the model it names, each "
+        "model with its own workers (docs/models.md); off: a second model is model_mismatch, as OpenAI answers",
+    )
 
     @field_validator("models", mode="before")
     @classmethod
