@@ -122,31 +122,13 @@ def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(
         spec_file: str | None, run: str | None, store: str | None, models: tuple[str, ...], **kwargs: Any
     ) -> Any:
+        from orchestrator.core.pools import model_flags  # --model PATH, or NAME=PATH repeated
+
         flags: dict[str, Any] = {k: v for k, v in {"run": run, "store": store}.items() if v is not None}
         flags.update(model_flags(models))
         return func(Invocation(spec_file, flags), **kwargs)
 
     return wrapper
-
-
-def model_flags(values: Sequence[str]) -> dict[str, Any]:
-    """`--model PATH` sets model.name; `--model NAME=PATH` (repeatable) adds models.NAME."""
-    bare = [v for v in values if "=" not in v]
-    if len(bare) > 1:
-        raise click.UsageError(
-            f"--model given {len(bare)} times without a name ({', '.join(bare)}): name each, --model NAME=PATH"
-        )
-    flags: dict[str, Any] = {"model.name": bare[0]} if bare else {}
-    named: dict[str, Any] = {}
-    for value in values:
-        if "=" in value:
-            name, _, target = (part.strip() for part in value.partition("="))
-            if not name or not target:
-                raise click.UsageError(f"--model {value!r} is not NAME=PATH_OR_HUB_ID (e.g. small=.cache/models/tiny)")
-            named[name] = {"name": target}
-    if named:
-        flags["models"] = named  # one key, not models.NAME.name: a served name may hold a dot
-    return flags
 
 
 def backend_option(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -263,13 +245,11 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
     `model.name`. On the skypilot backend a local path is only warned about: the worker's image
     may hold it, though this machine's disk is out of the cloud machines' reach."""
     from orchestrator.core.errors import SpecError
+    from orchestrator.core.pools import run_models
 
+    for pool, model in run_models(ctx.spec).items():  # a run of several models: each one's
+        _check_model_source(ctx, model.name or "", model.lora if required else {}, f"models.{pool}.name")
     if ctx.spec.models:
-        from orchestrator.core.pools import run_models
-
-        for pool, model in run_models(ctx.spec).items():
-            where = "--model" if from_flag else f"models.{pool}.name"
-            _check_model_source(ctx, model.name or "", model.lora if required else {}, where)
         return
     name = ctx.spec.model.name
     if not name:

@@ -24,15 +24,22 @@ class _Worker(Protocol):
 W = TypeVar("W", bound=_Worker)
 
 
+class _Facts(Protocol):
+    """What the status gathered (controller/status.RunFacts) that this needs."""
+
+    @property
+    def manifest(self) -> Sequence[ManifestEntry]: ...
+    @property
+    def plan(self) -> PlanRecord | None: ...
+    @property
+    def stats(self) -> Mapping[str, tuple[float, ChunkStats]]: ...
+
+
 def models_status(
-    manifest: Sequence[ManifestEntry],
-    plan: PlanRecord | None,
-    done: set[str],
-    stats: Mapping[str, tuple[float, ChunkStats]],
-    workers: Sequence[W],
-    cost_of: Callable[[W], float],
+    facts: _Facts, done: set[str], workers: Sequence[W], cost_of: Callable[[W], float]
 ) -> dict[str, dict[str, Any]]:
     """model -> {chunks, rows, tokens, workers, usd, usd_per_m_tokens}, in the manifest's order."""
+    manifest, plan, stats = facts.manifest, facts.plan, facts.stats
     models = list(dict.fromkeys(e.model for e in manifest if e.model))
     if not models:
         return {}

@@ -312,9 +312,7 @@ def derive_status(
             launched=bool(facts.jobs.workers or facts.heartbeats),
         ),
         prepared_at=facts.prepared_at,
-        models=models_status(
-            facts.manifest, facts.plan, done, facts.stats, workers, lambda v: _cost_so_far(v, prices, default_spot)
-        ),
+        models=models_status(facts, done, workers, lambda v: _cost_so_far(v, prices, default_spot)),
     )
 
 

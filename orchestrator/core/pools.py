@@ -9,8 +9,9 @@ is one pool, as before (model None everywhere).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from orchestrator.core.errors import SpecError
 from orchestrator.core.frozen_spec import MODEL_OPERATIONAL_FIELDS
@@ -19,6 +20,32 @@ from orchestrator.core.spec import ModelSpec, PoolSpec, RunSpec
 
 #: The variable a launcher sets to the model a worker loads (a run of several models).
 POOL_ENV = "ORCH_POOL"
+
+
+def model_flags(values: Sequence[str]) -> dict[str, Any]:
+    """`--model PATH` sets model.name; `--model NAME=PATH` (repeatable) adds models.NAME."""
+    bare = [v for v in values if "=" not in v]
+    if len(bare) > 1:
+        raise SpecError(
+            f"--model given {len(bare)} times without a name ({', '.join(bare)})",
+            hint="name each model: --model NAME=PATH_OR_HUB_ID",
+            where="--model",
+        )
+    flags: dict[str, Any] = {"model.name": bare[0]} if bare else {}
+    named: dict[str, Any] = {}
+    for value in values:
+        if "=" in value:
+            name, _, target = (part.strip() for part in value.partition("="))
+            if not name or not target:
+                raise SpecError(
+                    f"--model {value!r} is not NAME=PATH_OR_HUB_ID",
+                    hint="e.g. small=.cache/models/tiny",
+                    where="--model",
+                )
+            named[name] = {"name": target}
+    if named:
+        flags["models"] = named  # one key, not models.NAME.name: a served name may hold a dot
+    return flags
 
 
 def run_models(spec: RunSpec) -> dict[str, PoolSpec]:

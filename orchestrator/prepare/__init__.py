@@ -88,17 +88,12 @@ def prepare_run(
             f"WARNING: the input has no rows ({', '.join(f.uri for f in files)}): nothing to run, the output is empty"
         )
     errors = ErrorWriter(strict, several_files=len(files) > 1)
-    pools = PoolSorters(list(spec.models) or [""], spec.chunking) if spec.models or spec.sweep.arms else None
-    sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix and not pools else None
+    pooled = bool(spec.models or spec.sweep.arms)
+    sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix and not pooled else None
     writer: ChunkWriter | None = None
     try:
-        if pools is not None:
-            arms = f" x {len(spec.sweep.arms)} arms" if spec.sweep.arms else ""
-            progress(f"{total:,} rows{arms} in {len(files)} file(s), for {len(pools.order)} model(s)")
-            rows_in = _Conversion(ctx, files, pools.add, errors, strict)
-            _convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
-            writer = ChunkWriter(ctx, pools.boundaries(), grouped=True, by_prefix=spec.chunking.group_by_prefix)
-            pools.write(writer)
+        if pooled:
+            writer, rows_in = _pooled_chunks(ctx, files, total, errors, strict, progress)
         elif sorter is None:
             writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, total))
             progress(f"{total:,} rows in {len(files)} file(s) -> {writer.total} chunks")
@@ -133,11 +128,31 @@ def prepare_run(
             writer.discard()
         if sorter is not None:
             sorter.discard()
-        if pools is not None:
-            pools.discard()
         errors.discard()
     record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in)
     return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
+
+
+def _pooled_chunks(
+    ctx: RunContext, files: list[SourceFile], total: int, errors: ErrorWriter, strict: bool, progress: Progress
+) -> tuple[ChunkWriter, _Conversion]:
+    """Several models, or a sweep: rows held per model, then chunks cut per model (prepare/pools.py)."""
+    spec = ctx.spec
+    pools = PoolSorters(list(spec.models) or [""], spec.chunking)
+    try:
+        arms = f" x {len(spec.sweep.arms)} arms" if spec.sweep.arms else ""
+        progress(f"{total:,} rows{arms} in {len(files)} file(s), for {len(pools.order)} model(s)")
+        rows_in = _Conversion(ctx, files, pools.add, errors, strict)
+        _convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
+        writer = ChunkWriter(ctx, pools.boundaries(), grouped=True, by_prefix=spec.chunking.group_by_prefix)
+        try:
+            pools.write(writer)
+        except BaseException:
+            writer.discard()
+            raise
+        return writer, rows_in
+    finally:
+        pools.discard()
 
 
 def _convert_rows(
