@@ -26,7 +26,7 @@ def main() -> None:
     from orchestrator.controller.launch import launch_workers
     from orchestrator.core.context import RunContext
     from orchestrator.core.protocol.layout import RunLayout
-    from orchestrator.core.spec import load_spec
+    from orchestrator.core.spec_load import load_spec
     from orchestrator.core.store import open_store
     from tests.support.fake_sky import ScriptedSky
     from tests.support.runs import chat_request, make_run

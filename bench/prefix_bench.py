@@ -152,7 +152,8 @@ def orch(llm: Any, model: str, src: Path, grouped: bool, work: Path) -> dict[str
     """orch prepare (with or without grouping), plan for 2 workers, then each worker on its list."""
     from orchestrator.cli import main
     from orchestrator.core.records import read_plan
-    from orchestrator.core.spec import ModelSpec, load_spec
+    from orchestrator.core.spec import ModelSpec
+    from orchestrator.core.spec_load import load_spec
     from orchestrator.core.store import open_store
     from worker.engine.vllm_engine import VllmEngine
     from worker.heartbeat import WorkerIdentity

@@ -38,7 +38,7 @@ def populate(store, layout, chunks: int, workers: int, done: int) -> None:
         WorkerJobs,
         write_jsonl,
     )
-    from orchestrator.core.spec import load_spec
+    from orchestrator.core.spec_load import load_spec
 
     spec = load_spec(None, {"run": layout.run, "store": store.uri, "model.name": "m"}, env={}, default_file=False)
     freeze_spec(store, layout, spec)

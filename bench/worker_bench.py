@@ -228,7 +228,7 @@ def bench_run(
 ):
     """A prepared and planned run in a fresh local store: (store, spec). Row i asks for lengths[i]
     tokens, greedy, with the body `fields` (ignore_eos by default), as a chat or a /v1/responses line."""
-    from orchestrator.core.spec import load_spec
+    from orchestrator.core.spec_load import load_spec
     from orchestrator.core.store import open_store
     from tests.support.runs import chat_request, make_run
 
@@ -304,7 +304,7 @@ def worker_memory(rows: int) -> dict[str, Any]:
     """Peak RSS growth of the worker over one chunk of `rows` rows (prompts ~LMSys size)."""
     import multiprocessing
 
-    from orchestrator.core.spec import load_spec
+    from orchestrator.core.spec_load import load_spec
     from orchestrator.core.store import open_store
 
     # The run is written by a child process, so that none of its memory counts here.
@@ -346,7 +346,8 @@ def _write_memory_run(directory: str, rows: int) -> None:
 
 def embeddings_row(model: str, count: int, rounds: int) -> dict[str, Any]:
     """(a) one LLM.embed over all the texts, (c) the orch worker over the same texts as embeddings lines."""
-    from orchestrator.core.spec import ModelSpec, load_spec
+    from orchestrator.core.spec import ModelSpec
+    from orchestrator.core.spec_load import load_spec
     from orchestrator.core.store import open_store
     from tests.support.runs import make_run
     from worker.engine.embedding_engine import VllmEmbeddingEngine

@@ -22,7 +22,7 @@ from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import Heartbeat, ZoneTally, read_jobs, read_record, update_zone_history
 from orchestrator.core.records.run import DecisionRecord
-from orchestrator.core.spec import load_spec
+from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 from tests.conftest import make_store_uri
 from tests.support.fake_sky import ScriptedSky

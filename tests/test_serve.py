@@ -36,7 +36,7 @@ from openai.types.responses import Response
 
 from orchestrator.cli import main
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.records import read_jobs
+from orchestrator.core.records import read_jobs, read_plan
 from orchestrator.core.store import open_store
 from tests.support import raw_http
 from tests.support.raw_http import MiB
@@ -853,3 +853,21 @@ def test_serve_restart_removes_the_upload_a_killed_server_left(tmp_path):
             server.stop(signal.SIGKILL)
         for sender in senders:
             sender.join(timeout=30)
+
+
+def test_serve_batch_naming_two_models_answers_each_line_with_its_own(tmp_path):
+    """`serve.several_models`: one batch whose lines name `tiny` and its alias `gpt-4o-mini` runs as
+    a run of two models (a pool each); every line is answered once, under the name it asked for."""
+    spec = SPEC.replace("  rows_per_chunk: 4\n", "  rows_per_chunk: 4\n  several_models: true\n")
+    with running_server(tmp_path / "serve", str(tmp_path / "store"), spec) as server:
+        client = server.client()
+        lines = [chat_line(f"m{i}", f"Hi {i}?", "tiny" if i % 3 else ALIAS) for i in range(9)]
+        source = upload(client, write_requests(tmp_path / "two.jsonl", lines))
+        batch, _ = wait_for(client, create(client, source.id).id, final)
+        assert batch.status == "completed", batch
+        output = lines_of(client, batch.output_file_id)
+        assert sorted(x["custom_id"] for x in output) == sorted(f"m{i}" for i in range(9))
+        asked = {x["custom_id"]: x["body"]["model"] for x in lines}
+        assert all(x["response"]["body"]["model"] == asked[x["custom_id"]] for x in output)
+        plan = read_plan(open_store(server.store_uri), RunLayout(batch.id))
+        assert plan is not None and sorted(a.model or "" for a in plan.workers) == [ALIAS, "tiny"]

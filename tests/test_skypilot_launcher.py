@@ -15,7 +15,7 @@ from orchestrator.core.errors import BackendError, LaunchFailed
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import acquire
 from orchestrator.core.records import read_jobs, update_jobs
-from orchestrator.core.spec import load_spec
+from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 from tests.conftest import make_store_uri
 from tests.support.fake_sky import ScriptedSky

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.skypilot_render import load_task, load_template, render_worker_task, to_yaml
 from orchestrator.cli import main
 from orchestrator.core.errors import BackendError
-from orchestrator.core.spec import load_spec
+from orchestrator.core.spec_load import load_spec
 
 GOLDEN = Path(__file__).parent / "golden"
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,3 +275,37 @@ def test_dry_run_mounts_a_bucket_model_cached_and_points_the_worker_at_it(tmp_pa
     assert f"ok      model weights: {bucket} mounted at /orch-model" in printed and "hub token" not in printed
     assert main(["launch", *args, "--backend", "local"]) == 2
     assert f"{bucket} is a bucket: SkyPilot workers mount it, local workers cannot read it" in capsys.readouterr().err
+
+
+def test_dry_run_renders_one_task_per_model_pool_with_its_model_and_machines(tmp_path, monkeypatch):
+    """A run of two models: each worker's task carries its pool's model (ORCH_POOL) and that model's
+    resources (a 70B on 2x A100-80GB, an 8B on an L4), and SkyPilot's loader accepts every task."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SKYPILOT_API_SERVER_LOCAL_PORT", "1")  # none answers there: never start one
+    lines = [
+        {
+            "custom_id": f"r{i}",
+            "url": "/v1/chat/completions",
+            "body": {"model": m, "messages": [{"role": "user", "content": "hi"}]},
+        }
+        for i, m in enumerate(["small", "large"] * 4)
+    ]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "orch.yaml").write_text(
+        "models:\n"
+        "  small: {name: org/llama-8b, resources: {gpus: [L4]}}\n"
+        "  large: {name: org/llama-70b, tensor_parallel_size: 2, workers: 2,\n"
+        "          resources: {gpus: [A100-80GB], gpus_per_worker: 2, spot: false}}\n"
+    )
+    store = str(tmp_path / "store")
+    args = ["--run", "two", "--store", store]
+    assert main(["prepare", str(tmp_path / "d.jsonl"), *args, "--format", "openai-batch", "--rows-per-chunk", "1"]) == 0
+    assert main(["launch", *args, "--workers", "3", "--dry-run", "--out", str(tmp_path / "t")]) == 0
+    docs = {f.name: yaml.safe_load(f.read_text()) for f in sorted((tmp_path / "t").glob("*.yaml"))}
+    assert [d["envs"]["ORCH_POOL"] for d in docs.values()] == ["small", "large", "large"]
+    assert docs["worker-0.yaml"]["resources"]["accelerators"] == {"L4": 1}
+    for name in ("worker-1.yaml", "worker-2.yaml"):
+        assert docs[name]["resources"]["accelerators"] == {"A100-80GB": 2}
+        assert docs[name]["resources"]["use_spot"] is False
+    for f in sorted((tmp_path / "t").glob("*.yaml")):
+        load_task(f.read_text())

@@ -16,7 +16,7 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.errors import SpecError
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import ZoneHistory, ZoneTally, ZoneWatch, read_zone_history
-from orchestrator.core.spec import load_spec
+from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 from tests.conftest import make_store_uri
 from tests.support.fake_sky import ScriptedSky

@@ -24,9 +24,13 @@ from orchestrator.core.errors import OrchError, RunNotFound, render_error
 from orchestrator.core.exits import WorkerExit, WorkerStatus
 from orchestrator.core.frozen_spec import read_stored_spec
 from orchestrator.core.model_source import MODEL_MOUNT_ENV, is_bucket_url
+from orchestrator.core.pools import POOL_ENV, spec_for_pool
 from orchestrator.core.protocol.adapters import fetch_adapters
+from orchestrator.core.protocol.claims import pool_of
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.spec import RunSpec, load_spec
+from orchestrator.core.records import read_plan
+from orchestrator.core.spec import RunSpec
+from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import Store, open_store
 from orchestrator.core.worker_ids import check_worker_id, planned_list, replica_id
 from worker.replicas import run_replicas
@@ -68,7 +72,7 @@ def main(
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         check_worker_id(str(worker))
-        count = _replica_count(replicas, store, run)
+        count = _replica_count(replicas, store, run, str(worker))
         if count > 1 and replica is None:
             sys.exit(run_replicas(count, _gpu_ids(), sys.argv[1:]))
         code = _run_one(run, store, str(worker), replica, spot, max_chunks, checkpoint_interval, lease_ttl)
@@ -95,6 +99,8 @@ def _run_one(
     spec = spec_from_run(open_store(store_uri, worker=True), run, checkpoint_interval, lease_ttl)
     # The run's own store settings (and ORCH_STORE_SETTINGS__* in the environment) from here on.
     store = open_store(store_uri, spec.store_settings, worker=True)
+    pool = worker_pool(store, spec, worker)
+    spec = spec_for_pool(spec, pool)
     cloud = _cluster_info()
     identity = WorkerIdentity.new(
         replica_id(worker, replica),
@@ -103,7 +109,7 @@ def _run_one(
         cloud=cloud.get("cloud"),
         region=cloud.get("region"),
     )
-    runner = Worker(store, spec, identity, lambda: _load_engine(store, spec), max_chunks=max_chunks)
+    runner = Worker(store, spec, identity, lambda: _load_engine(store, spec), max_chunks=max_chunks, pool=pool)
     install_signal_handlers(runner)
     try:
         summary = runner.run()
@@ -134,6 +140,24 @@ def _load_engine(store: Store, spec: RunSpec) -> Engine:
     return load_engine(model, spec.workers)
 
 
+def worker_pool(store: Store, spec: RunSpec, worker: str) -> str | None:
+    """A run of several models: the model this worker loads, ORCH_POOL (set by the launcher), else
+    its planned list's (the plan is the one record of which worker serves which model)."""
+    if not spec.models:
+        return None
+    given = os.environ.get(POOL_ENV)
+    if given:
+        return given
+    plan = read_plan(store, spec.layout)
+    pool = pool_of(plan, planned_list(worker)) if plan is not None else None
+    if pool is None:
+        raise RunNotFound(
+            f"worker {worker} of run {spec.layout.run!r} (several models) has no model in the plan",
+            hint=f"set {POOL_ENV} to one of {', '.join(spec.models)}, or plan the run again (orch plan)",
+        )
+    return pool
+
+
 def spec_from_run(store: Store, run: str, checkpoint_interval: float | None, lease_ttl: float | None) -> RunSpec:
     """The spec frozen in the run, with this process's flags over it."""
     layout = RunLayout(run)
@@ -146,7 +170,7 @@ def spec_from_run(store: Store, run: str, checkpoint_interval: float | None, lea
     if lease_ttl is not None:
         flags["workers.lease_ttl"] = lease_ttl
     spec = load_spec(None, flags, stored=stored[0], default_file=False)
-    if not spec.model.name:
+    if not spec.model.name and not spec.models:
         raise RunNotFound(f"run {run!r} names no model", hint="pass --model to orch plan/launch")
     return spec
 
@@ -171,7 +195,7 @@ def _gpu_ids() -> list[str]:
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
 
 
-def _replica_count(replicas: str, store_uri: str, run: str) -> int:
+def _replica_count(replicas: str, store_uri: str, run: str, worker: str) -> int:
     if replicas != "auto":
         try:
             count = int(replicas)
@@ -180,8 +204,12 @@ def _replica_count(replicas: str, store_uri: str, run: str) -> int:
         if count < 1:
             raise OrchError("--replicas must be at least 1")
         return count
-    stored = read_stored_spec(open_store(store_uri), RunLayout(run))
-    tp = ((stored[0] if stored else {}).get("model") or {}).get("tensor_parallel_size") or 1
+    store = open_store(store_uri)
+    stored = read_stored_spec(store, RunLayout(run))
+    if stored is None:
+        return 1  # the run is not there: the worker says so itself
+    spec = load_spec(None, {"run": run, "store": store_uri}, stored=stored[0], default_file=False)
+    tp = spec_for_pool(spec, worker_pool(store, spec, worker)).model.tensor_parallel_size  # its own model's
     return max(1, len(_gpu_ids()) // tp)
 
 

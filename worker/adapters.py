@@ -12,6 +12,7 @@ import difflib
 from collections.abc import Collection
 from typing import Any
 
+from orchestrator.core.model_source import served_name
 from orchestrator.core.spec import ModelSpec
 from worker.wire import BadRequest
 
@@ -21,6 +22,8 @@ class AdapterChooser:
         from vllm.lora.request import LoRARequest
 
         self.base = spec.name
+        # A run of several models names its models by their served names (core/pools.py).
+        self.served = served_name(spec.name or "", spec.engine_args)
         # vLLM tells adapters apart by a positive integer id: one per name, stable within the run.
         self.requests = {
             name: LoRARequest(lora_name=name, lora_int_id=i, lora_path=path)
@@ -29,16 +32,19 @@ class AdapterChooser:
 
     def for_model(self, named: str | None) -> Any:
         """The LoRARequest for `named`, None for the base model; BadRequest for another name."""
-        refused = model_problem(named, self.base, self.requests)
+        refused = model_problem(named, self.base, self.requests, self.served)
         if refused is not None:
             raise refused
         return self.requests.get(named) if named is not None else None
 
 
-def model_problem(named: str | None, base: str | None, adapters: Collection[str]) -> BadRequest | None:
+def model_problem(
+    named: str | None, base: str | None, adapters: Collection[str], served: str | None = None
+) -> BadRequest | None:
     """Why a line naming `named` cannot be answered, if it cannot: with adapters, a name that is neither
-    the model nor one of them (without adapters, every line is answered by the run's model)."""
-    if not adapters or named is None or named == base or named in adapters:
+    the model (its path or served name) nor one of them (without adapters, every line is answered by
+    the run's model)."""
+    if not adapters or named is None or named in (base, served) or named in adapters:
         return None
     close = difflib.get_close_matches(named, [*adapters, *([base] if base else [])], n=1)
     return BadRequest(

@@ -39,13 +39,13 @@ from typing import Any
 from orchestrator.core.errors import RunNotFound
 from orchestrator.core.exits import WorkerStatus
 from orchestrator.core.frozen_spec import spec_hash
-from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView
+from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView, pool_share
 from orchestrator.core.protocol.clocks import StoreClock
 from orchestrator.core.protocol.crashes import careful_groups
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
 from orchestrator.core.protocol.outage import Outage, OutageTooLong
-from orchestrator.core.records import ManifestEntry, read_manifest, read_plan
+from orchestrator.core.records import ManifestEntry, PlanRecord, read_manifest, read_plan
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store, StoreUnavailable
 from worker.bodies import with_model_defaults
@@ -89,8 +89,11 @@ class Worker:
         max_chunks: int | None = None,
         progress: ProgressReporter | None = None,
         chunks_in_engine: int = MAX_CHUNKS_IN_ENGINE,
+        pool: str | None = None,
     ):
         self.store = store
+        #: A run of several models: the model this worker loaded; it claims only that model's chunks.
+        self.pool = pool
         self.spec = spec
         self.layout: RunLayout = spec.layout
         self.identity = identity
@@ -135,10 +138,14 @@ class Worker:
         """Work until no chunk is left for us. Returns the summary; raises Shutdown on SIGTERM."""
         started = self.clock()
         manifest = read_manifest(self.store, self.layout)
+        plan = read_plan(self.store, self.layout)
+        if plan is None:
+            raise RunNotFound(f"run {self.layout.run!r} has no plan in {self.store.uri}", hint="run `orch plan` first")
+        plan, manifest = pool_share(plan, manifest, self.pool)
         if not manifest:  # as vLLM's run_batch: an empty input is answered by an empty output
             log.warning("run %s has no rows (its input was empty): nothing to do", self.layout.run)
         entries = {e.chunk: e for e in manifest}
-        claimer = self._claimer(manifest)
+        claimer = self._claimer(plan, manifest)
         twin = self.heartbeat.older_twin_before_start()
         if twin is not None:
             # Nothing claimed, nothing loaded, nothing published: our first heartbeat would delete
@@ -172,10 +179,7 @@ class Worker:
             self._exit(status)
         return self.totals.summary(self.clock() - started, status)
 
-    def _claimer(self, manifest: list[ManifestEntry]) -> ChunkClaimer:
-        plan = read_plan(self.store, self.layout)
-        if plan is None:
-            raise RunNotFound(f"run {self.layout.run!r} has no plan in {self.store.uri}", hint="run `orch plan` first")
+    def _claimer(self, plan: PlanRecord, manifest: list[ManifestEntry]) -> ChunkClaimer:
         index = PlanIndex.build(
             plan, {e.chunk: float(e.est_tokens) for e in manifest}, {e.chunk: e.edge_prefixes for e in manifest}
         )

@@ -80,6 +80,8 @@ class LaunchRequest:
     use_spot: bool | None = None
     #: The spec's zones, best first (controller/zone_steering.py); empty: as the spec lists them.
     zones: list[str] = field(default_factory=list)
+    #: A run of several models: the model the worker loads (its pool), whose resources it runs on.
+    model: str | None = None
 
 
 @dataclass

@@ -19,6 +19,7 @@ from orchestrator.backends.base import LaunchRequest
 from orchestrator.core.errors import BackendError
 from orchestrator.core.exits import WorkerExit
 from orchestrator.core.model_source import MODEL_MOUNT, MODEL_MOUNT_ENV, is_bucket_url
+from orchestrator.core.pools import spec_for_pool
 from orchestrator.core.spec import RunSpec, is_on_prem
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "task_templates" / "worker.yaml"
@@ -57,6 +58,7 @@ def _local_path(value: str, base: Path) -> str:
 def render_worker_task(template: dict[str, Any], spec: RunSpec, request: LaunchRequest) -> dict[str, Any]:
     task = copy.deepcopy(template)
     task["name"] = request.name
+    spec = spec_for_pool(spec, request.model)  # a run of several models: this worker's model and machines
     r = spec.resources
     envs = dict(task.get("envs") or {})
     envs.update(request.envs)

@@ -6,12 +6,12 @@ import json
 
 import click
 
+from orchestrator.commands.reports import print_collect_report
 from orchestrator.commands.shared import (
     Invocation,
     common_options,
     keep_columns_option,
     max_error_rate_option,
-    print_collect_report,
 )
 
 

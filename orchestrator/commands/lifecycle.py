@@ -76,7 +76,7 @@ def launch_command(
         from orchestrator.controller.launch import dry_run_requests
 
         paths = dry_run_requests(
-            ctx, [a.worker for a in plan.workers], Path(out_dir or f".orch/dry-run/{ctx.layout.run}")
+            ctx, [a.worker for a in plan.workers], Path(out_dir or f".orch/dry-run/{ctx.layout.run}"), plan=plan
         )
         for path in paths:
             click.echo(str(path))

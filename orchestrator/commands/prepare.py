@@ -7,13 +7,12 @@ from typing import Any
 
 import click
 
+from orchestrator.commands.reports import print_check_report, print_prepare_report
 from orchestrator.commands.shared import (
     Invocation,
     common_options,
     input_flags,
     input_options,
-    print_check_report,
-    print_prepare_report,
     say_spec_changes,
 )
 
@@ -87,7 +86,7 @@ def plan_command(inv: Invocation, workers: int | None, as_json: bool, with_estim
     from orchestrator.commands.console import console
     from orchestrator.commands.views import render_plan
     from orchestrator.controller.estimate import estimate_run
-    from orchestrator.controller.plan import plan_chunks, write_plan
+    from orchestrator.controller.plan import make_plan, write_plan
     from orchestrator.core.records import read_manifest
 
     flags = dict(inv.flags)
@@ -97,7 +96,7 @@ def plan_command(inv: Invocation, workers: int | None, as_json: bool, with_estim
         flags["workers.count"] = workers
     ctx = Invocation(inv.spec_file, flags).context(freeze=True)
     manifest = read_manifest(ctx.store, ctx.layout)
-    plan = plan_chunks(manifest, ctx.spec.workers.count)
+    plan = make_plan(ctx, manifest, ctx.spec.workers.count)
     write_plan(ctx.store, ctx.layout, plan)
     est = estimate_run(ctx, manifest) if with_estimate else None
     if as_json:

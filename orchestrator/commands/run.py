@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from orchestrator.commands.reports import print_collect_report, print_prepare_report
 from orchestrator.commands.shared import (
     Invocation,
     common_options,
@@ -14,8 +15,6 @@ from orchestrator.commands.shared import (
     input_options,
     keep_columns_option,
     max_error_rate_option,
-    print_collect_report,
-    print_prepare_report,
     say_spec_changes,
     workers_line,
 )

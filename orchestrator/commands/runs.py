@@ -27,7 +27,7 @@ def runs_command(spec_file: str | None, store: str | None, as_json: bool, prices
     from orchestrator.controller.pricing import load_gpu_table
     from orchestrator.controller.runs import list_runs
     from orchestrator.controller.status import RunStatus
-    from orchestrator.core.spec import load_spec
+    from orchestrator.core.spec_load import load_spec
     from orchestrator.core.store import open_store
 
     spec = load_spec(spec_file, {"store": store} if store else {})

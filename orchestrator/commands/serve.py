@@ -63,7 +63,7 @@ def serve_command(
     markers. Everything lives in the store: stop or kill the server, start it again, and every
     batch carries on (`orch status --run BATCH_ID` shows one).
     """
-    from orchestrator.core.spec import load_spec
+    from orchestrator.core.spec_load import load_spec
     from orchestrator.serve.app import serve
     from orchestrator.serve.settings import EVERY_INTERFACE, load_settings
 

@@ -18,12 +18,10 @@ from orchestrator.controller.error_rate import DEFAULT_MAX_ERROR_RATE
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Launcher
-    from orchestrator.controller.collect import CollectReport
     from orchestrator.controller.deadline import DeadlineSettings
     from orchestrator.controller.reconcile import TickReport
     from orchestrator.core.context import RunContext
     from orchestrator.core.errors import SpecError
-    from orchestrator.prepare import CheckReport, PrepareReport
 
 
 @dataclass
@@ -48,7 +46,8 @@ class Invocation:
         except SpecError as e:
             raise as_flag_error(e) from None
         if model is not None:
-            check_model(ctx, from_flag="model.name" in self.flags, required=model == "required")
+            from_flag = "model.name" in self.flags or "models" in self.flags
+            check_model(ctx, from_flag=from_flag, required=model == "required")
         if freeze or check:
             ctx.freeze(write=freeze)
         say_spec_changes(ctx)
@@ -110,10 +109,21 @@ def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("-f", "--file", "spec_file", type=click.Path(dir_okay=False), help="spec file (default: ./orch.yaml)")
     @click.option("--run", "run", help="run name: the run's prefix in the store")
     @click.option("--store", "store", help="store URI: a directory (default ./.orch), s3://B/P or r2://B/P")
-    @click.option("--model", "model", help="model: a local path or a hub id (overrides the spec)")
+    @click.option(
+        "--model",
+        "models",
+        multiple=True,
+        help="model: a local path or a hub id (overrides the spec); NAME=PATH_OR_HUB_ID, repeatable, for a run "
+        "of several models (lines pick theirs by body.model)",
+    )
     @functools.wraps(func)
-    def wrapper(spec_file: str | None, run: str | None, store: str | None, model: str | None, **kwargs: Any) -> Any:
-        flags = {k: v for k, v in {"run": run, "store": store, "model.name": model}.items() if v is not None}
+    def wrapper(
+        spec_file: str | None, run: str | None, store: str | None, models: tuple[str, ...], **kwargs: Any
+    ) -> Any:
+        from orchestrator.core.pools import model_flags  # --model PATH, or NAME=PATH repeated
+
+        flags: dict[str, Any] = {k: v for k, v in {"run": run, "store": store}.items() if v is not None}
+        flags.update(model_flags(models))
         return func(Invocation(spec_file, flags), **kwargs)
 
     return wrapper
@@ -250,13 +260,12 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
     `model.name`. On the skypilot backend a local path is only warned about: the worker's image
     may hold it, though this machine's disk is out of the cloud machines' reach."""
     from orchestrator.core.errors import SpecError
-    from orchestrator.core.model_source import (
-        is_bucket_url,
-        is_local_path,
-        local_adapter_problem,
-        local_model_problem,
-    )
+    from orchestrator.core.pools import run_models
 
+    for pool, model in run_models(ctx.spec).items():  # a run of several models: each one's
+        _check_model_source(ctx, model.name or "", model.lora if required else {}, f"models.{pool}.name")
+    if ctx.spec.models:
+        return
     name = ctx.spec.model.name
     if not name:
         if required:
@@ -265,6 +274,14 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
             )
         return
     where = "--model" if from_flag else "model.name"
+    _check_model_source(ctx, name, ctx.spec.model.lora if required else {}, where)
+
+
+def _check_model_source(ctx: RunContext, name: str, lora: Mapping[str, str], where: str) -> None:
+    """One model's path (and its adapters' shipped at launch) can be read by the run's workers."""
+    from orchestrator.core.errors import SpecError
+    from orchestrator.core.model_source import is_bucket_url, is_local_path, local_adapter_problem, local_model_problem
+
     if is_bucket_url(name) and ctx.spec.backend != "skypilot":
         raise SpecError(
             f"{name} is a bucket: SkyPilot workers mount it, {ctx.spec.backend} workers cannot read it",
@@ -286,7 +303,7 @@ def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> N
             "org/name",
             where=where,
         )
-    for adapter, source in ctx.spec.model.lora.items() if required else ():  # shipped at launch, not prepare
+    for adapter, source in lora.items():  # shipped at launch, not prepare
         problem = local_adapter_problem(source)
         if problem is not None:
             raise SpecError(problem, hint="give the adapter's directory, or its hub id", where=f"model.lora.{adapter}")
@@ -395,69 +412,6 @@ def run_flags(ctx: RunContext) -> str:
     return f"--run {shlex.quote(ctx.layout.run)}{store}"
 
 
-def print_prepare_report(ctx: RunContext, report: PrepareReport) -> None:
-    """What prepare made, and every row it could not take as it was: set aside, not UTF-8, other models."""
-    r = report.record
-    if report.already_prepared:
-        click.echo(f"run {report.run!r} is already prepared: {r.chunks} chunks, {r.rows:,} rows (nothing to do)")
-    else:
-        click.echo(
-            f"prepared run {report.run!r}: {r.chunks} chunks, {r.rows:,} rows "
-            f"in {report.seconds:.1f}s ({report.rows_per_s:,.0f} rows/s)"
-        )
-    if ctx.spec.reuse.runs:
-        click.echo(
-            f"reuse: {r.reused:,} row(s) answered by {', '.join(ctx.spec.reuse.runs)}, {r.rows:,} to run, "
-            f"{r.reused + r.rows + r.errors:,} in all"
-        )
-    if r.errors:
-        click.echo(
-            click.style(f"{r.errors:,} bad row(s) set aside", fg="yellow")
-            + f" -> {ctx.store.uri}/{r.errors_key} (collect answers them with error lines; --retry-out lists them)"
-        )
-        for problem in r.first_errors:
-            click.echo(f"  {problem}")
-        if r.errors > len(r.first_errors):
-            click.echo(f"  ... and {r.errors - len(r.first_errors):,} more in the errors file")
-    if r.not_utf8_rows:
-        click.echo(
-            click.style(f"{r.not_utf8_rows:,} row(s) have bytes that are not UTF-8", fg="yellow")
-            + f" ({r.not_utf8_bytes:,} bytes, read as U+FFFD; --strict sets such rows aside): "
-            + ", ".join(r.first_not_utf8)
-            + (" ..." if r.not_utf8_rows > len(r.first_not_utf8) else "")
-        )
-    if r.models:
-        serving = ctx.spec.model.name or "the model given at launch"
-        named = ", ".join(f"{model!r} ({count:,})" for model, count in r.models.items())
-        adapters = ctx.spec.model.lora
-        others = sum(
-            count for model, count in r.models.items() if model != ctx.spec.model.name and model not in adapters
-        )
-        if others and adapters:
-            # A typo must not fall back to the base model: the worker answers these with error rows.
-            click.echo(
-                click.style(f"{others:,} line(s) name neither the model nor one of its adapters", fg="yellow")
-                + f": {named}; they will be error rows (the run serves {serving} and {', '.join(sorted(adapters))})"
-            )
-        elif others:
-            click.echo(
-                click.style(f"{others:,} line(s) name another model", fg="yellow")
-                + f": {named}; every line is answered by the run's model, {serving} (body.model says so)"
-            )
-
-
-def print_check_report(report: CheckReport) -> None:
-    """`orch prepare --check` on an input the workers would take whole: what was checked, and the rows set aside."""
-    click.echo(
-        f"checked {report.requests.checked:,} request(s) in {report.seconds:.1f}s: the workers would take every one "
-        "(nothing written)"
-    )
-    if report.set_aside:
-        click.echo(click.style(f"{report.set_aside:,} bad row(s) would be set aside", fg="yellow") + ":")
-        for problem in report.first_set_aside:
-            click.echo(f"  {problem}")
-
-
 def max_error_rate_option(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--max-error-rate",
@@ -477,44 +431,3 @@ def keep_columns_option(func: Callable[..., Any]) -> Callable[..., Any]:
         metavar="A,B",
         help="input columns to carry into a table output (read again from the run's input), beside the answers",
     )(func)
-
-
-def print_collect_report(report: CollectReport) -> None:
-    r = report
-    chunks = f"{r.chunks_complete}/{r.chunks_total} chunks complete"
-    if r.out_written:
-        shape = " table" if r.shape == "table" else ""
-        click.echo(f"wrote {r.rows_written:,} of {r.rows_total:,} rows to {r.out} ({r.format}{shape}); {chunks}")
-    else:
-        click.echo(f"collected {r.rows_written:,} of {r.rows_total:,} rows; {chunks}; {r.out} not written")
-    if r.table_commit:
-        click.echo(r.table_commit)
-    if r.errors:
-        set_aside = f" ({r.set_aside:,} set aside at prepare)" if r.set_aside else ""
-        click.echo(
-            click.style(f"{r.errors:,} error row(s)", fg="yellow")
-            + f"{set_aside}, e.g. {', '.join(r.examples['errors'])}"
-        )
-    if r.missing or r.missing_chunks:
-        shown = ", ".join(r.missing_chunks[:10]) + (" ..." if len(r.missing_chunks) > 10 else "")
-        click.echo(
-            click.style(f"{r.missing:,} row(s) missing", fg="red")
-            + (f" (chunks without a marker: {shown})" if r.missing_chunks else "")
-        )
-    if r.duplicates or r.mismatched:
-        click.echo(click.style(f"{r.duplicates} duplicate and {r.mismatched} mismatched line(s) left out", fg="red"))
-    if r.tokens.total:
-        from orchestrator.controller.token_cost import tokens_line
-
-        click.echo(tokens_line(r.tokens.to_dict(), r.cost_per_m_tokens or {}))
-    if r.reused:
-        usd = f", ${r.usd_saved:,.4f}" if r.usd_saved is not None else ""
-        click.echo(
-            f"reused {r.reused:,} row(s) from earlier runs, ran {r.rows_run:,}, {r.rows_total:,} in all; "
-            f"saved {r.tokens_saved.total:,} tokens{usd}"
-        )
-    if r.retry_out:
-        click.echo(
-            f"{r.retry_rows:,} failed or missing request(s) written to {r.retry_out} "
-            "(orch prepare it with --format openai-batch to retry)"
-        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from orchestrator.backends.base import STATE_COLOURS, JobState
 from orchestrator.commands.console import Group, Table, Text, table
@@ -19,12 +20,17 @@ from orchestrator.core.records import PlanRecord
 def render_plan(plan: PlanRecord) -> Group:
     """One row per worker (chunks, rows, estimated tokens, share), then the balance."""
     total = max(plan.est_tokens, 1)
-    grid = table(
-        "worker", "chunks", "rows", "est. tokens", "share", right=("worker", "chunks", "rows", "est. tokens", "share")
-    )
+    pools = any(a.model for a in plan.workers)  # a run of several models: each worker's model
+    columns = ("worker", *(("model",) if pools else ()), "chunks", "rows", "est. tokens", "share")
+    grid = table(*columns, right=("worker", "chunks", "rows", "est. tokens", "share"))
     for a in plan.workers:
         grid.add_row(
-            str(a.worker), str(len(a.chunks)), f"{a.rows:,}", f"{a.est_tokens:,}", f"{100 * a.est_tokens / total:.1f}%"
+            str(a.worker),
+            *((a.model or "",) if pools else ()),
+            str(len(a.chunks)),
+            f"{a.rows:,}",
+            f"{a.est_tokens:,}",
+            f"{100 * a.est_tokens / total:.1f}%",
         )
     loads = [a.est_tokens for a in plan.workers]
     mean = sum(loads) / len(loads)
@@ -116,7 +122,27 @@ def status_view(status: RunStatus) -> Group:
     for key, why in sorted(status.corrupt_leases.items()):
         head.append(Text(f"warning: {key} is not a lease ({why})", style="yellow"))
     head.extend(_clock_warnings(status))
-    return Group(*head, Text(""), *([_workers_table(status)] if status.workers else []), *_failures(status))
+    models: list[Any] = [Text(""), models_table(status.models)] if status.models else []
+    return Group(*head, *models, Text(""), *([_workers_table(status)] if status.workers else []), *_failures(status))
+
+
+def models_table(models: dict[str, dict[str, Any]]) -> Table:
+    """A run of several models: a row per model (chunks, rows, tokens, workers, $, $ per 1M tokens)."""
+    numbers = ("chunks", "rows", "errors", "tokens", "workers", "$", "$/1M tok")
+    grid = table("model", *numbers, right=numbers)
+    for name, m in models.items():
+        per_m = m.get("usd_per_m_tokens")
+        grid.add_row(
+            name,
+            f"{m['chunks']['done']}/{m['chunks']['total']}",
+            f"{m['rows']['done']:,}/{m['rows']['total']:,}",
+            f"{m['rows']['errors']:,}",
+            f"{m['tokens'].get('prompt_tokens', 0) + m['tokens'].get('generated_tokens', 0):,}",
+            str(m["workers"]),
+            f"{m['usd']:,.2f}",
+            "-" if per_m is None else f"{per_m:,.4f}",
+        )
+    return grid
 
 
 def rows_line(rows: Mapping[str, int]) -> str:

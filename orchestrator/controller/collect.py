@@ -342,7 +342,7 @@ class _SetAside:
     def _answer(self, row: PrepareError) -> None:
         message = f"{row.location}: {row.error} (set aside at prepare)"
         line_id = f"batch_req_prepare-{row.position if row.position is not None else 0}"
-        line = BatchOutputLine.error_row(row.custom_id, "invalid_request", message, line_id=line_id)
+        line = BatchOutputLine.error_row(row.custom_id, row.code or "invalid_request", message, line_id=line_id)
         self.writer.add(line, row.position)
         if row.line_bytes is None:  # a line over the size limit was never read: there is no line to retry
             self.retry.add(((row.text if row.text is not None else row.excerpt) + "\n").encode())

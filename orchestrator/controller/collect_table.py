@@ -12,6 +12,8 @@ Columns, in this order:
     finish_reason, prompt_tokens, completion_tokens, error_code, error_message
     model               the served name (core/model_source.served_name), never a path
 A kept column named as one of these is written `input_<name>`, a schema field `answer_<name>`.
+A sweep (spec `sweep.arms`) has one row per input row, its id without `#<arm>`, and the columns
+from the answer on once per arm, `<column>_<arm>` (text_small, text_large, ...), arm by arm.
 The wire format (OpenAI Batch lines) stays `--format openai`.
 """
 
@@ -49,6 +51,8 @@ class TableSpec:
     kept: KeptColumns | None = None
     #: Prepared with --reuse-from: a `reused` column says which rows earlier runs answered.
     reuse: bool = False
+    #: A sweep's arms, in order: each answer column once per arm, `<column>_<arm>`, one row per input row.
+    arms: tuple[str, ...] = ()
 
     def keeping(self, kept: KeptColumns) -> TableSpec:
         return dataclasses.replace(self, kept=kept)
@@ -63,6 +67,7 @@ class TableSpec:
             engine_args=model.get("engine_args") or {},
             response_format=spec_input.get("response_format"),
             reuse=bool((spec.get("reuse") or {}).get("runs")),
+            arms=tuple((spec.get("sweep") or {}).get("arms") or ()),
         )
 
 
@@ -286,17 +291,54 @@ class TableWriter:
         taken = fixed | {name for name, _ in columns}
         fmt = spec.response_format or {}
         self.fields = AnswerFields(fmt["json_schema"], taken) if fmt.get("type") == "json_schema" else None
-        columns.append(("embeddings", "embeddings") if spec.pooling else ("text", "string"))
+        answer = [("embeddings", "embeddings") if spec.pooling else ("text", "string")]
         if self.fields is not None:
-            columns += [*self.fields.columns(), ("parse_error", "string")]
-        self.columns = columns + list(_TAIL.items()) + ([("reused", "bool")] if spec.reuse else [])
+            answer += [*self.fields.columns(), ("parse_error", "string")]
+        answer += list(_TAIL.items())
+        if spec.arms:  # a sweep: a row's arms side by side
+            answer = [(f"{name}_{arm}", kind) for arm in spec.arms for name, kind in answer]
+        self.columns = columns + answer + ([("reused", "bool")] if spec.reuse else [])
         self.rows: list[list[Any]] = []
         self.parquet: Any = None
+        #: A sweep: the row whose arms are being gathered (its id, position, each arm's values).
+        self.gathering: tuple[str, int | None, dict[str, list[Any]]] | None = None
+        self.reused_row = False  # a sweep: whether an arm of the row being gathered was reused
 
     def add(self, line: BatchOutputLine, position: int | None = None, *, reused: bool = False) -> None:
+        flag = [reused] if self.spec.reuse else []
+        if not self.spec.arms:
+            self._write([line.custom_id, *(self.kept.at(position) if self.kept else []), *self._answer(line), *flag])
+            return
+        # Arms come one after the other (positions row x arms + arm): gather a row's, then write it.
+        row_id, _, arm = (line.custom_id or "").rpartition("#")
+        row_position = None if position is None else position // len(self.spec.arms)
+        if self.gathering is not None and (self.gathering[0], self.gathering[1]) != (row_id, row_position):
+            self._write_gathered()
+        if self.gathering is None:
+            self.gathering = (row_id, row_position, {})
+        self.gathering[2][arm] = self._answer(line)
+        self.reused_row = self.reused_row or reused
+
+    def _write_gathered(self) -> None:
+        if self.gathering is None:
+            return
+        row_id, position, arms = self.gathering
+        self.gathering = None
+        flag = [self.reused_row] if self.spec.reuse else []
+        self.reused_row = False
+        width = (len(self.columns) - 1 - (len(self.kept.columns()) if self.kept else 0) - len(flag)) // len(
+            self.spec.arms
+        )
+        row = [row_id, *(self.kept.at(position) if self.kept else [])]
+        for arm in self.spec.arms:
+            row += arms.get(arm, [None] * width)  # an arm with no line (a partial collect): nulls
+        self._write([*row, *flag])
+
+    def _answer(self, line: BatchOutputLine) -> list[Any]:
+        """The columns after the id and the kept ones: the answer, its fields, the tail."""
         body = line.response.body if line.response is not None and line.response.body else {}
         finish = line.first_choice().get("finish_reason")
-        row: list[Any] = [line.custom_id, *(self.kept.at(position) if self.kept else [])]
+        row: list[Any] = []
         text = line.text()
         row.append(line.embeddings() if self.spec.pooling else text)
         if self.fields is not None:
@@ -313,8 +355,10 @@ class TableWriter:
             line.error.code if line.error else None,
             line.error.message if line.error else None,
             model if isinstance(model, str) else None,
-            *([reused] if self.spec.reuse else []),
         ]
+        return row
+
+    def _write(self, row: list[Any]) -> None:
         if self.container == "jsonl":
             record = dict(zip((name for name, _ in self.columns), row, strict=True))
             self.file.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
@@ -324,6 +368,7 @@ class TableWriter:
             self._flush()
 
     def finish(self) -> None:
+        self._write_gathered()
         if self.container == "parquet":
             self._flush()
             if self.parquet is None:  # no rows at all: still a valid, empty table

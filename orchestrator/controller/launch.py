@@ -24,9 +24,19 @@ from orchestrator.backends.base import JobStatus, Launcher, LaunchRequest, attem
 from orchestrator.controller.zone_steering import zone_order
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import LaunchFailed
+from orchestrator.core.pools import POOL_ENV, run_models
 from orchestrator.core.protocol.adapters import ship_adapters
+from orchestrator.core.protocol.claims import pool_of
 from orchestrator.core.protocol.heartbeats import live_heartbeats
-from orchestrator.core.records import CancelRecord, JobAttempt, JobsRecord, read_jobs, update_jobs
+from orchestrator.core.records import (
+    CancelRecord,
+    JobAttempt,
+    JobsRecord,
+    PlanRecord,
+    read_jobs,
+    read_plan,
+    update_jobs,
+)
 
 #: Passed to workers as secrets when set here: never written to a file, a log or the store.
 SECRET_NAMES = (
@@ -65,15 +75,24 @@ def launch_request(
     env: Mapping[str, str],
     use_spot: bool | None = None,
     zones: Sequence[str] = (),
+    plan: PlanRecord | None = None,
 ) -> LaunchRequest:
-    """What the backend needs to start one worker: its job name, settings, secrets and zone order."""
+    """What the backend needs to start one worker: its job name, settings, secrets and zone order,
+    and in a run of several models the model it loads (its pool in `plan`, else the run's plan)."""
+    envs = worker_envs(ctx, worker, env)
+    if ctx.spec.models and plan is None:
+        plan = read_plan(ctx.store, ctx.layout)
+    pool = pool_of(plan, worker) if plan is not None else None
+    if pool is not None:
+        envs[POOL_ENV] = pool
     return LaunchRequest(
         worker=worker,
         name=f"orch-{ctx.layout.run}-w{worker}",
-        envs=worker_envs(ctx, worker, env),
+        envs=envs,
         secrets=worker_secrets(env),
         use_spot=use_spot,
         zones=list(zones),
+        model=pool,
     )
 
 
@@ -112,6 +131,8 @@ def launch_workers(
     """
     env = os.environ if env is None else env
     ship_adapters(ctx.store, ctx.layout, ctx.spec.model.lora)
+    for model in run_models(ctx.spec).values():
+        ship_adapters(ctx.store, ctx.layout, model.lora)
     record, _ = read_jobs(ctx.store, ctx.layout)
     now = clock()
     statuses = attempt_statuses(launcher, record.current_jobs().values(), now)
@@ -249,12 +270,16 @@ def _mark_cancelled(rec: JobsRecord) -> None:
 
 
 def dry_run_requests(
-    ctx: RunContext, workers: Iterable[int], out_dir: Path, env: Mapping[str, str] | None = None
+    ctx: RunContext,
+    workers: Iterable[int],
+    out_dir: Path,
+    env: Mapping[str, str] | None = None,
+    plan: PlanRecord | None = None,
 ) -> list[Path]:
     """`orch launch --dry-run`: each worker's SkyPilot task, rendered and checked, written to out_dir."""
     from orchestrator.backends.skypilot_render import write_dry_run
 
     env = os.environ if env is None else env
     zones = [z.place for z in zone_order(ctx, time.time())]
-    requests = [launch_request(ctx, w, env, zones=zones) for w in sorted(set(workers))]
+    requests = [launch_request(ctx, w, env, zones=zones, plan=plan) for w in sorted(set(workers))]
     return write_dry_run(ctx.spec, requests, out_dir)

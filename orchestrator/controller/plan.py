@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from orchestrator.core.context import RunContext
+from orchestrator.core.pools import pool_workers
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.snapshot import list_done
 from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment, read_manifest, read_plan
@@ -48,6 +49,39 @@ def plan_chunks(entries: Sequence[ManifestEntry], workers: int) -> PlanRecord:
         est_tokens=sum(e.est_tokens for e in entries),
         created_at=time.time(),
     )
+
+
+def plan_pools(entries: Sequence[ManifestEntry], counts: Mapping[str, int]) -> PlanRecord:
+    """A run of several models: each model's chunks planned over its own workers (`counts`, in
+    order), numbered one after the other; each assignment names its model (the worker's pool)."""
+    assignments: list[WorkerAssignment] = []
+    for model, count in counts.items():
+        pool = plan_chunks([e for e in entries if e.model == model], count)
+        for a in pool.workers:
+            assignments.append(a.model_copy(update={"worker": len(assignments), "model": model}))
+    return PlanRecord(
+        workers=assignments,
+        chunks=len(entries),
+        rows=sum(e.rows for e in entries),
+        est_tokens=sum(e.est_tokens for e in entries),
+        created_at=time.time(),
+    )
+
+
+def make_plan(ctx: RunContext, manifest: Sequence[ManifestEntry], workers: int) -> PlanRecord:
+    """The run's plan over `workers`: per model pool for a run of several models."""
+    counts = pool_counts(ctx, manifest, workers)
+    return plan_chunks(manifest, workers) if counts is None else plan_pools(manifest, counts)
+
+
+def pool_counts(ctx: RunContext, entries: Sequence[ManifestEntry], workers: int) -> dict[str, int] | None:
+    """Workers per model for a run of several models (None for one model): core/pools.pool_workers."""
+    if not ctx.spec.models:
+        return None
+    rows: dict[str, int] = {}
+    for e in entries:
+        rows[e.model or ""] = rows.get(e.model or "", 0) + e.rows
+    return pool_workers(ctx.spec, rows, workers)
 
 
 def _longest_first(entries: Sequence[ManifestEntry], workers: int) -> list[list[ManifestEntry]]:
@@ -103,13 +137,28 @@ def ensure_plan(
     """The run's plan, made (or remade) when there is none or it was made for another worker count.
     With `write=False` (a dry run) a new plan is only made, not recorded."""
     plan = read_plan(ctx.store, ctx.layout)
-    if plan is not None and len(plan.workers) == workers:
+    if plan is not None and not ctx.spec.models and len(plan.workers) == workers:
+        return plan  # one model: the plan fits without reading the manifest
+    manifest = read_manifest(ctx.store, ctx.layout)
+    counts = pool_counts(ctx, manifest, workers)
+    if plan is not None and counts is not None and _pools_fit(plan, counts):
         return plan
-    plan = plan_chunks(read_manifest(ctx.store, ctx.layout), workers)
+    plan = make_plan(ctx, manifest, workers)
     if write:
         write_plan(ctx.store, ctx.layout, plan)
-    echo(f"planned {plan.chunks} chunks over {workers} workers" + ("" if write else " (not recorded: dry run)"))
+    pools = "" if counts is None else " (" + ", ".join(f"{m}: {n}" for m, n in counts.items()) + ")"
+    echo(
+        f"planned {plan.chunks} chunks over {len(plan.workers)} workers{pools}"
+        + ("" if write else " (not recorded: dry run)")
+    )
     return plan
+
+
+def _pools_fit(plan: PlanRecord, counts: Mapping[str, int]) -> bool:
+    made: dict[str, int] = {}
+    for a in plan.workers:
+        made[a.model or ""] = made.get(a.model or "", 0) + 1
+    return made == dict(counts)
 
 
 def workers_needed(ctx: RunContext, plan: PlanRecord | None = None) -> tuple[list[int], list[str]]:
@@ -119,5 +168,11 @@ def workers_needed(ctx: RunContext, plan: PlanRecord | None = None) -> tuple[lis
     plan = plan or read_plan(ctx.store, ctx.layout) or ensure_plan(ctx, ctx.spec.workers.count)
     done = list_done(ctx.store, ctx.layout)
     remaining = [c for a in plan.workers for c in a.chunks if c not in done]
-    with_work = [a.worker for a in plan.workers if any(c not in done for c in a.chunks)]
-    return with_work[: max(1, min(len(with_work), len(remaining)))] if remaining else [], remaining
+    # Per pool (a run of several models): a worker can only take its own model's chunks.
+    needed: list[int] = []
+    for model in dict.fromkeys(a.model for a in plan.workers):
+        pool = [a for a in plan.workers if a.model == model]
+        left = sum(1 for a in pool for c in a.chunks if c not in done)
+        with_work = [a.worker for a in pool if any(c not in done for c in a.chunks)]
+        needed += with_work[: min(len(with_work), left)]
+    return needed, remaining

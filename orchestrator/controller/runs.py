@@ -65,6 +65,9 @@ def run_origin(store: Store, layout: RunLayout) -> tuple[str | None, str | None]
     stored = read_stored_spec(store, layout)
     model: dict[str, Any] = (stored[0].get("model") or {}) if stored is not None else {}
     name = model.get("name")
+    several = (stored[0].get("models") or {}) if stored is not None else {}
+    if several:  # a run of several models: their served names
+        name = ", ".join(several)
     return (name if isinstance(name, str) else None), _input_of(store, layout)
 
 

@@ -70,6 +70,7 @@ from typing import Any
 from orchestrator.backends.base import JobState, JobStatus, Launcher
 from orchestrator.controller.activity import run_state, shown_status, worker_activity
 from orchestrator.controller.facts import RunFacts, gather
+from orchestrator.controller.model_status import models_status
 from orchestrator.controller.pace import overall_pace, run_time_s, timeline
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.token_cost import realised_cost, tokens_of
@@ -162,6 +163,8 @@ class RunStatus:
     #: From the first launch to now (to the last chunk's end once complete), less the time the run
     #: sat cancelled (controller/pace.py); None before any launch.
     run_time_s: float | None = None
+    #: A run of several models: each model's chunks, rows, tokens, workers and cost (controller/model_status.py).
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def derive_status(
@@ -216,6 +219,7 @@ def derive_status(
         ),
         prepared_at=facts.prepared_at,
         run_time_s=run_time_s(facts.jobs, now=now, finished_at=last_finish if complete else None),
+        models=models_status(facts, done, workers, lambda v: _cost_so_far(v, prices, default_spot)),
     )
 
 

@@ -25,11 +25,17 @@ FROZEN_FIELDS: tuple[str, ...] = (
     "model.tool_parser",
     "model.reasoning_parser",
     "model.lora",
+    "models",
+    "sweep",
     "sampling",
     "requests",
     "input",
     "chunking",
 )
+
+#: The fields of a `models:` entry that say where its workers run (core/pools.OPERATIONAL_FIELDS):
+#: free to change, like the run's own workers and resources.
+MODEL_OPERATIONAL_FIELDS = ("workers", "resources")
 
 #: Frozen groups compared as a whole: `num_chunks: 200` then `rows_per_chunk: 100` is one change.
 _ATOMIC_FIELDS = {"chunking"}
@@ -37,7 +43,12 @@ _ATOMIC_FIELDS = {"chunking"}
 
 def frozen_view(spec: RunSpec) -> dict[str, Any]:
     data = spec.model_dump(mode="json")
-    return {path: _get(data, path) for path in FROZEN_FIELDS}
+    view = {path: _get(data, path) for path in FROZEN_FIELDS}
+    view["models"] = {
+        name: {k: v for k, v in entry.items() if k not in MODEL_OPERATIONAL_FIELDS}
+        for name, entry in view["models"].items()
+    }
+    return view
 
 
 def spec_hash(spec: RunSpec) -> str:
@@ -100,6 +111,8 @@ def _merge_frozen(
     groups: Collection[str] | None = None
     for path in FROZEN_FIELDS:
         for leaf, before, after in _leaf_diffs(path, _get(old_data, path), _get(new_data, path)):
+            if _operational(leaf):
+                continue
             if before is None:
                 continue  # filled for the first time
             if after is None:
@@ -130,6 +143,12 @@ def _leaf_diffs(path: str, before: Any, after: Any) -> list[tuple[str, Any, Any]
             out += _leaf_diffs(f"{path}.{key}", before.get(key), after.get(key))
         return out
     return [] if before == after else [(path, before, after)]
+
+
+def _operational(leaf: str) -> bool:
+    """models.<name>.workers / .resources...: where a model's workers run, never frozen."""
+    parts = leaf.split(".")
+    return len(parts) > 2 and parts[0] == "models" and parts[2] in MODEL_OPERATIONAL_FIELDS
 
 
 def _all_null(value: Any) -> bool:

@@ -1,4 +1,4 @@
-"""The run spec: what to run, on what, how. Loaded from file < environment < flags, frozen into the store.
+"""The run spec: what to run, on what, how: loaded from file < environment < flags (spec_load.py), frozen in the store.
 
 Precedence (later wins), like axolotl's config/env/CLI:
 1. built-in defaults;
@@ -16,20 +16,14 @@ change between commands.
 
 from __future__ import annotations
 
-import copy
-import os
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestrator.core.errors import SpecError
 from orchestrator.core.prefix import PREFIX_BYTES
 from orchestrator.core.protocol.layout import RunLayout, check_run_name
 from orchestrator.core.request_format import check_response_format, template_columns
-from orchestrator.core.spec_errors import spec_error
 from orchestrator.core.store import StoreSettings
 
 DEFAULT_SPEC_FILE = "orch.yaml"
@@ -291,6 +285,21 @@ def is_on_prem(infra: str) -> bool:
     return infra.split("/", 1)[0].lower() in ON_PREM_INFRA
 
 
+class PoolSpec(ModelSpec):
+    """One of a run's several models (`models:`): the `model` section's fields with its own on top,
+    and its own pool of workers on its own machines (core/pools.py)."""
+
+    workers: int | None = Field(None, ge=1, description="this model's workers; default: workers.count split by rows")
+    resources: ResourcesSpec | None = Field(None, description="this model's machines; default: the run's resources")
+
+
+def bare_model_names(value: Any) -> Any:
+    """`{small: PATH}` is `{small: {name: PATH}}`: a bare string names the model's path or hub id."""
+    if isinstance(value, dict):
+        return {k: {"name": v} if isinstance(v, str) else v for k, v in value.items()}
+    return value
+
+
 class ServeSpec(StrictModel):
     """`orch serve`: the models it serves and the limits it enforces (OpenAI's, unless set here)."""
 
@@ -322,12 +331,39 @@ class ServeSpec(StrictModel):
         500, ge=1, description="chunk size of a batch's run: a cancel or an expiry returns the finished chunks"
     )
     poll_interval: float = Field(5.0, gt=0, description="seconds between the server's rounds over its active batches")
+    several_models: bool = Field(
+        False,
+        description="a batch may name several served models: each line is answered by the model it names, each "
+        "model with its own workers (docs/models.md); off: a second model is model_mismatch, as OpenAI answers",
+    )
 
     @field_validator("models", mode="before")
     @classmethod
     def _bare_names(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: {"name": v} if isinstance(v, str) else v for k, v in value.items()}
+        return bare_model_names(value)
+
+
+class ArmSpec(StrictModel):
+    """One arm of a sweep: the run's input and sampling with the arm's own over them."""
+
+    model: str | None = Field(None, description="a `models:` name (default: the first one listed, or the run's model)")
+    template: str | None = Field(None, description="text/chat: this arm's input.template")
+    system_prompt: str | None = Field(None, description="chat/text: this arm's input.system_prompt")
+    sampling: dict[str, Any] = Field(
+        default_factory=dict, description="sampling fields over the run's (temperature, max_tokens, ...)"
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _template_fields(cls, template: str | None) -> str | None:
+        if template is not None:
+            template_columns(template)
+        return template
+
+    @field_validator("sampling")
+    @classmethod
+    def _sampling_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        SamplingSpec.model_validate(value)
         return value
 
 
@@ -346,6 +382,23 @@ class ReuseSpec(StrictModel):
     )
 
 
+class SweepSpec(StrictModel):
+    """One dataset over several models and/or prompts: every input row answered once per arm."""
+
+    arms: dict[str, ArmSpec] = Field(
+        default_factory=dict,
+        description="arm name -> what it changes; custom_ids get `#<arm>`, collect writes the arms side by side",
+    )
+
+    @field_validator("arms")
+    @classmethod
+    def _names(cls, arms: dict[str, ArmSpec]) -> dict[str, ArmSpec]:
+        bad = [name for name in arms if not name or "#" in name]
+        if bad:
+            raise ValueError(f"arm names are non-empty and hold no '#': {', '.join(map(repr, bad))}")
+        return arms
+
+
 class RunSpec(StrictModel):
     run: str | None = Field(None, description="the run's name: its prefix in the store")
     store: str = Field(DEFAULT_STORE, description="a directory, s3://BUCKET/PREFIX or r2://BUCKET/PREFIX")
@@ -354,6 +407,11 @@ class RunSpec(StrictModel):
     )
     backend: Literal["local", "skypilot"] = "local"
     model: ModelSpec = Field(default_factory=ModelSpec)
+    models: dict[str, PoolSpec] = Field(
+        default_factory=dict,
+        description="several models in one run: served name -> model (a bare string is a path or hub id; the "
+        "`model` section gives the rest). A line's body.model picks its model; each model has its own workers",
+    )
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     requests: RequestsSpec = Field(default_factory=RequestsSpec)
     input: InputSpec = Field(default_factory=InputSpec)
@@ -362,128 +420,23 @@ class RunSpec(StrictModel):
     workers: WorkersSpec = Field(default_factory=WorkersSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     serve: ServeSpec = Field(default_factory=ServeSpec)
+    sweep: SweepSpec = Field(default_factory=SweepSpec)
+
+    @model_validator(mode="after")
+    def _arms_name_models(self) -> RunSpec:
+        for name, arm in self.sweep.arms.items():
+            if arm.model is not None and arm.model not in self.models:
+                known = ", ".join(self.models) or "none: add a models: section"
+                raise ValueError(f"sweep.arms.{name}.model: {arm.model!r} is not one of the run's models ({known})")
+        return self
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _bare_model_names(cls, value: Any) -> Any:
+        return bare_model_names(value)
 
     @property
     def layout(self) -> RunLayout:
         if not self.run:
             raise SpecError("no run name", hint="pass --run NAME, set ORCH_RUN, or put `run:` in orch.yaml")
         return RunLayout(check_run_name(self.run))
-
-
-_ENV_SHORTCUTS = {"ORCH_RUN": "run", "ORCH_STORE": "store", "ORCH_BACKEND": "backend", "ORCH_MODEL": "model.name"}
-#: ORCH_* variables that configure orch itself rather than the spec.
-_ENV_NOT_SPEC = {"ORCH_DEBUG", "ORCH_WORKER_PYTHON", "ORCH_S3_ENDPOINT_URL", "ORCH_HOME"}
-
-
-# -- loading ------------------------------------------------------------------------------------
-def load_spec(
-    file: str | os.PathLike[str] | None = None,
-    flags: Mapping[str, Any] | None = None,
-    *,
-    env: Mapping[str, str] | None = None,
-    cwd: str | os.PathLike[str] | None = None,
-    stored: Mapping[str, Any] | None = None,
-    default_file: bool = True,
-) -> RunSpec:
-    """Resolve the spec from its layers. `flags` maps dotted field paths to the values given on the
-    command line (leave out flags that were not given; a None value sets the field to null).
-    `default_file=False` ignores ./orch.yaml (workers take their spec from the run alone)."""
-    env = os.environ if env is None else env
-    layers: list[tuple[str, dict[str, Any], Any]] = []
-    if stored:
-        layers.append(("the spec frozen into the run", dict(stored), None))
-    path = _spec_path(file, cwd) if (file is not None or default_file) else None
-    if path is not None:
-        data, lines = _read_yaml(path)
-        layers.append((str(path), data, lines))
-    env_layer = _env_layer(env)
-    if env_layer:
-        layers.append(("environment", env_layer, None))
-    flag_layer = _nest(dict(flags or {}))
-    if flag_layer:
-        layers.append(("command line", flag_layer, None))
-
-    merged: dict[str, Any] = {}
-    spec = RunSpec()
-    for source, data, lines in layers:
-        merged = _deep_merge(merged, data)
-        try:
-            spec = RunSpec.model_validate(merged)
-        except ValidationError as e:
-            raise spec_error(e, source, lines, RunSpec) from None
-    return spec
-
-
-def _spec_path(file: str | os.PathLike[str] | None, cwd: str | os.PathLike[str] | None) -> Path | None:
-    if file is not None:
-        path = Path(file)
-        if not path.is_file():
-            raise SpecError(f"spec file {path} does not exist", hint="check the path given to -f")
-        return path
-    default = Path(cwd or ".") / DEFAULT_SPEC_FILE
-    return default if default.is_file() else None
-
-
-def _read_yaml(path: Path) -> tuple[dict[str, Any], Any]:
-    text = path.read_text()
-    try:
-        data = yaml.safe_load(text)
-        lines = yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise SpecError(f"not valid YAML: {getattr(e, 'problem', e)}", where=where) from None
-    if data is None:
-        return {}, None
-    if not isinstance(data, dict):
-        raise SpecError("a spec file is a YAML mapping (key: value lines)", where=str(path))
-    return data, lines
-
-
-def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for name, raw in env.items():
-        if not name.startswith("ORCH_") or name in _ENV_NOT_SPEC:
-            continue
-        if name in _ENV_SHORTCUTS:
-            path = _ENV_SHORTCUTS[name]
-        elif "__" in name:
-            path = ".".join(part.lower() for part in name[len("ORCH_") :].split("__"))
-        else:
-            continue
-        if path.split(".")[0] not in RunSpec.model_fields:
-            raise SpecError(
-                f"{name} names no spec field ({path.split('.')[0]!r} is not a section)",
-                hint=f"sections: {', '.join(RunSpec.model_fields)}",
-                where="environment",
-            )
-        flat[path] = raw if path in ("run", "store", "model.name") else _yaml_scalar(raw)
-    return _nest(flat)
-
-
-def _yaml_scalar(raw: str) -> Any:
-    try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError:
-        return raw
-
-
-def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for path, value in flat.items():
-        node = out
-        *parents, leaf = path.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
-
-
-def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in top.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out

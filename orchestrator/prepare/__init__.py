@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import collections
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -23,20 +22,18 @@ from typing import Any
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
 from orchestrator.core.records import ManifestEntry, PrepareRecord, read_jsonl, read_record, write_jsonl
-from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, ChunkingSpec, InputSpec
+from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, ChunkingSpec
 from orchestrator.prepare.answer_keys import AnswerKeys
 from orchestrator.prepare.check import RequestCheck
+from orchestrator.prepare.conversion import Conversion, convert_rows, input_rows
 from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
 from orchestrator.prepare.grouping import PrefixSorter
 from orchestrator.prepare.identity import input_differences, input_identity
+from orchestrator.prepare.pools import PoolSorters
 from orchestrator.prepare.reuse import KeyCollector, ReusePlan, plan_reuse
 from orchestrator.prepare.sources import (
-    COLUMNAR_KINDS,
-    RawRow,
     SourceFile,
     count_rows,
-    iter_rows,
-    parquet_first_user_turns,
     resolve_sources,
 )
 from orchestrator.prepare.writers import ChunkWriter, ErrorWriter
@@ -100,8 +97,8 @@ def check_run(ctx: RunContext, sources: list[str], *, progress: Progress = lambd
     errors = ErrorWriter(strict=False, several_files=len(files) > 1)
     requests = RequestCheck(ctx.spec)
     try:
-        rows_in = _Conversion(ctx, files, lambda _request, _position: None, errors, False, requests)
-        _convert_rows(files, ctx.spec.input, total, lambda _row: None, rows_in, progress)
+        rows_in = Conversion(ctx, files, lambda _request, _position: None, errors, False, requests)
+        convert_rows(files, ctx.spec.input, total, lambda _row: None, rows_in, progress)
     finally:
         errors.discard()
     run = ctx.spec.run
@@ -137,24 +134,32 @@ def prepare_run(
         )
     errors = ErrorWriter(strict, several_files=len(files) > 1)
     keys = AnswerKeys(spec)
-    sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix else None
+    pooled = bool(spec.models or spec.sweep.arms)
+    if pooled and spec.reuse.runs:
+        raise InputError(
+            "reuse.from (--reuse-from) with several models or a sweep is not supported yet",
+            hint="prepare without --reuse-from, or run one model per run to reuse its answers",
+        )
+    sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix and not pooled else None
     writer: ChunkWriter | None = None
     requests = RequestCheck(spec) if check else None
     reuse = _plan_reuse(ctx, files, total, keys, strict, progress, requests) if spec.reuse.runs else None
     try:
-        if reuse is not None:
+        if pooled:
+            writer, rows_in = _pooled_chunks(ctx, files, total, errors, strict, progress, requests)
+        elif reuse is not None:
             writer, rows_in = _write_reusing(ctx, files, total, errors, strict, progress, reuse, sorter)
         elif sorter is None:
             writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, total))
             progress(f"{total:,} rows in {len(files)} file(s) -> {writer.total} chunks")
-            rows_in = _Conversion(ctx, files, writer.add, errors, strict, requests)
-            _convert_rows(files, spec.input, total, writer.advance_to, rows_in, progress)
+            rows_in = Conversion(ctx, files, writer.add, errors, strict, requests)
+            convert_rows(files, spec.input, total, writer.advance_to, rows_in, progress)
             writer.advance_to(total)
             _stop_if_refused(requests)
         else:
             progress(f"{total:,} rows in {len(files)} file(s), grouped by prompt prefix")
-            rows_in = _Conversion(ctx, files, sorter.add, errors, strict, requests)
-            _convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
+            rows_in = Conversion(ctx, files, sorter.add, errors, strict, requests)
+            convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
             _stop_if_refused(requests)
             writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), grouped=True)
             writer.write_sorted(sorter.sorted_rows())
@@ -215,8 +220,8 @@ def _plan_reuse(
     collected = KeyCollector(keys)
     errors = ErrorWriter(strict, several_files=len(files) > 1)  # the second pass reports bad rows
     try:
-        rows_in = _Conversion(ctx, files, collected.add, errors, strict, requests)
-        _convert_rows(files, ctx.spec.input, total, lambda _row: None, rows_in, progress)
+        rows_in = Conversion(ctx, files, collected.add, errors, strict, requests)
+        convert_rows(files, ctx.spec.input, total, lambda _row: None, rows_in, progress)
     finally:
         errors.discard()
     _stop_if_refused(requests)
@@ -237,7 +242,7 @@ def _write_reusing(
     progress: Progress,
     reuse: ReusePlan,
     sorter: PrefixSorter | None,
-) -> tuple[ChunkWriter, _Conversion]:
+) -> tuple[ChunkWriter, Conversion]:
     """reuse.py step 3: the rows not reused into chunks (sorted by prefix first when grouping)."""
     spec = ctx.spec
     progress(f"{reuse.good - reuse.count:,} rows to run")
@@ -253,8 +258,8 @@ def _write_reusing(
         if not reuse.take(request, position):
             add(request, position)
 
-    rows_in = _Conversion(ctx, files, keep, errors, strict)
-    _convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
+    rows_in = Conversion(ctx, files, keep, errors, strict)
+    convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
     if sorter is None:
         return writer, rows_in
     writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), grouped=True)
@@ -262,26 +267,33 @@ def _write_reusing(
     return writer, rows_in
 
 
-def _convert_rows(
+def _pooled_chunks(
+    ctx: RunContext,
     files: list[SourceFile],
-    mapping: InputSpec,
     total: int,
-    before_row: Callable[[int], None],
-    rows_in: _Conversion,
+    errors: ErrorWriter,
+    strict: bool,
     progress: Progress,
-) -> None:
-    """Every row of the input, converted; `before_row(position)` is called before each row."""
-    columns = needed_columns(mapping)
-    started = last_note = time.monotonic()
-    row_index = 0
-    for file_index, source in enumerate(files):
-        for raw in _rows(source, mapping, columns):
-            before_row(row_index)
-            rows_in.take(file_index, source, raw, row_index)
-            row_index += 1
-            if time.monotonic() - last_note > 5:
-                last_note = time.monotonic()
-                progress(f"{row_index:,}/{total:,} rows ({row_index / (last_note - started):,.0f} rows/s)")
+    requests: RequestCheck | None,
+) -> tuple[ChunkWriter, Conversion]:
+    """Several models, or a sweep: rows held per model, then chunks cut per model (prepare/pools.py)."""
+    spec = ctx.spec
+    pools = PoolSorters(list(spec.models) or [""], spec.chunking)
+    try:
+        arms = f" x {len(spec.sweep.arms)} arms" if spec.sweep.arms else ""
+        progress(f"{total:,} rows{arms} in {len(files)} file(s), for {len(pools.order)} model(s)")
+        rows_in = Conversion(ctx, files, pools.add, errors, strict, requests)
+        convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
+        _stop_if_refused(requests)
+        writer = ChunkWriter(ctx, pools.boundaries(), grouped=True, by_prefix=spec.chunking.group_by_prefix)
+        try:
+            pools.write(writer)
+        except BaseException:
+            writer.discard()
+            raise
+        return writer, rows_in
+    finally:
+        pools.discard()
 
 
 def _record_prepare(
@@ -290,7 +302,7 @@ def _record_prepare(
     identity: dict[str, Any],
     errors: ErrorWriter,
     errors_key: str | None,
-    rows_in: _Conversion,
+    rows_in: Conversion,
     reused: dict[str, Any],
 ) -> PrepareRecord:
     """The manifest, the chunk list and the prepare record: what the run's later steps read."""
@@ -332,8 +344,8 @@ def _already_prepared(ctx: RunContext, done: PrepareRecord, files: list[SourceFi
 def _first_difference(ctx: RunContext, files: list[SourceFile]) -> str | None:
     """The first input row (file:line) whose request is not the one in the prepared chunks."""
     spec, store, layout = ctx.spec, ctx.store, ctx.layout
-    if spec.chunking.group_by_prefix:
-        return None  # chunks hold rows in prefix order: the files' differences are all there is to say
+    if spec.chunking.group_by_prefix or spec.models or spec.sweep.arms:
+        return None  # chunks hold rows in prefix (or model) order: the files' differences are all there is to say
     convert = make_converter(spec.input, spec.sampling, spec.model.name, spec.model.runner)
     columns = needed_columns(spec.input)
 
@@ -344,7 +356,7 @@ def _first_difference(ctx: RunContext, files: list[SourceFile]) -> str | None:
 
     lines = prepared()
     for source in files:
-        for raw in _rows(source, spec.input, columns):
+        for raw in input_rows(source, spec.input, columns):
             if raw.record is None:
                 continue
             try:
@@ -373,87 +385,6 @@ def _chunk_boundaries(chunking: ChunkingSpec, total: int) -> list[int]:
     return [min(i * size, total) for i in range(-(-total // size) + 1)]
 
 
-def _rows(source: SourceFile, spec_input: InputSpec, columns: list[str] | None) -> Iterator[RawRow]:
-    if (
-        source.kind in COLUMNAR_KINDS
-        and spec_input.format == "chat"
-        and spec_input.turns == "first"
-        and not spec_input.template
-    ):
-        return parquet_first_user_turns(source, spec_input.conversation_column, spec_input.id_column)
-    return iter_rows(source, columns, spec_input.max_line_bytes)
-
-
 def _existing_record(ctx: RunContext) -> PrepareRecord | None:
     found = read_record(ctx.store, ctx.layout.prepare_record, PrepareRecord)
     return found[0] if found is not None else None
-
-
-class _Conversion:
-    """Step 2 for one row at a time: a request for its chunk, or a bad row set aside, and the counts."""
-
-    def __init__(
-        self,
-        ctx: RunContext,
-        files: list[SourceFile],
-        keep: Callable[[Request, int], None],
-        errors: ErrorWriter,
-        strict: bool,
-        requests: RequestCheck | None = None,
-    ):
-        self.spec_input = ctx.spec.input
-        self.requests = requests  # the request check, when prepare checks
-        self.convert = make_converter(ctx.spec.input, ctx.spec.sampling, ctx.spec.model.name, ctx.spec.model.runner)
-        self.files = files
-        self.keep = keep  # a good request and its input position
-        self.errors = errors
-        self.seen: dict[str, tuple[int, int]] = {}  # custom_id -> (file, row) where it first appeared
-        self.models: collections.Counter[str] = collections.Counter()
-        self.not_utf8 = _NotUtf8(strict)
-
-    def take(self, file_index: int, source: SourceFile, raw: RawRow, position: int) -> None:
-        request = self._request(file_index, source, raw)
-        if isinstance(request, str):
-            self.errors.set_aside(source, raw, position, self.spec_input, request)
-            return
-        if request.named_model is not None:
-            self.models[request.named_model] += 1
-        if self.requests is not None:
-            self.requests.add(request, source.uri, raw.number)
-        self.keep(request, position)
-
-    def _request(self, file_index: int, source: SourceFile, raw: RawRow) -> Request | str:
-        """The row's request, or what is wrong with it."""
-        if raw.record is None:
-            return raw.problem or "unreadable"
-        if raw.replaced and self.not_utf8.add(source, raw) is not None:
-            return f"{raw.replaced} byte(s) of the line are not UTF-8"
-        try:
-            request = self.convert(raw.record, source.name, raw.number)
-        except BadRow as e:
-            return str(e)
-        first = self.seen.setdefault(request.custom_id, (file_index, raw.number))
-        if first != (file_index, raw.number):
-            return f"duplicate custom_id {request.custom_id!r} (first at {self.files[first[0]].uri}:{first[1]})"
-        return request
-
-
-class _NotUtf8:
-    """Rows with bytes that are not UTF-8: kept (read as U+FFFD) and counted, or bad rows with --strict."""
-
-    SHOWN = 5
-
-    def __init__(self, strict: bool):
-        self.strict = strict
-        self.rows = self.bytes = 0
-        self.first: list[str] = []
-
-    def add(self, source: SourceFile, raw: RawRow) -> str | None:
-        """None when the row is kept; with --strict, the reason to set it aside."""
-        if self.strict:
-            return "not UTF-8"
-        self.rows += 1
-        self.bytes += raw.replaced
-        if len(self.first) < self.SHOWN:
-            self.first.append(f"{source.uri}:{raw.number}")
-        return None

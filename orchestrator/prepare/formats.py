@@ -6,6 +6,7 @@ applied by the worker at run time, so a default changed before launch is not bak
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 from collections.abc import Callable, Sequence
@@ -63,6 +64,8 @@ class Request:
     #: for answer_keys.AnswerKeys.sampled.
     temperature: float | None = None
     seeded: bool | None = None
+    #: A run of several models: the one answering the row (a `models:` key), set by prepare's router.
+    pool: str | None = None
 
 
 #: What `make_converter` gives: (record, source name, row number) -> the row's request.
@@ -182,6 +185,11 @@ def _request(
         temperature=float(temperature) if isinstance(temperature, (int, float)) else None,
         seeded=True if body.get("seed") is not None else None,
     )
+
+
+def rebuilt(custom_id: str, url: str, body: dict[str, Any], request: Request, sampling: SamplingSpec) -> Request:
+    """`request` with another custom_id and body (a sweep's arm): its line and output budget made again."""
+    return dataclasses.replace(_request(custom_id, url, body, sampling), named_model=request.named_model)
 
 
 def _openai_batch(record: dict[str, Any], sampling: SamplingSpec, urls: tuple[str, ...]) -> Request:

@@ -41,13 +41,17 @@ class ChunkWriter:
         *,
         grouped: bool = False,
         positioned: bool = False,
+        by_prefix: bool = True,
     ):
         self.ctx = ctx
         self.total = len(boundaries) - 1
         self.boundaries = boundaries
         self.grouped = grouped
         self.positioned = grouped or positioned
+        #: Sorted by model alone (a run of several models, ungrouped): positions, but no prefix groups.
+        self.by_prefix = by_prefix
         self.written = 0
+        self.model: str | None = None
         self.dir = tempfile.mkdtemp(prefix="orch-prepare-")
         self.entries: list[ManifestEntry] = []
         # Ungrouped, chunks are written while the input is read and checked: each is uploaded only
@@ -87,11 +91,13 @@ class ChunkWriter:
         while self.index < self.total - 1 and position >= self.boundaries[self.index + 1]:
             self.next_chunk()
 
-    def write_sorted(self, rows: Iterator[Row]) -> None:
-        """Grouped: the rows in prefix order, `boundaries` rows to a chunk."""
-        for written, (head, position, line, prompt_tokens, output_tokens) in enumerate(rows):
-            if self.index < self.total - 1 and written >= self.boundaries[self.index + 1]:
+    def write_sorted(self, rows: Iterator[Row], model: str | None = None) -> None:
+        """Grouped: the rows in prefix order, `boundaries` rows to a chunk (counted over every
+        call: a run of several models writes each model's rows in turn, `model` naming them)."""
+        for head, position, line, prompt_tokens, output_tokens in rows:
+            if self.index < self.total - 1 and self.written >= self.boundaries[self.index + 1]:
                 self.next_chunk()
+            self.model = model
             self._write(line, prompt_tokens, output_tokens)
             self.prefixes.add(head, position)
 
@@ -112,7 +118,7 @@ class ChunkWriter:
             self.ctx.store.put(layout.chunk_positions(self.chunk), positions)
             grouped["positions"] = layout.chunk_positions(self.chunk).removeprefix(layout.root)
             grouped["positions_sha256"] = hashlib.sha256(positions).hexdigest()
-        if self.grouped:
+        if self.grouped and self.by_prefix:
             grouped.update(
                 prefix_groups=stats.groups, est_shared_tokens=stats.shared_tokens, edge_prefixes=stats.edge_prefixes()
             )
@@ -125,6 +131,7 @@ class ChunkWriter:
                 est_prompt_tokens=self.prompt_tokens,
                 max_output_tokens=self.output_tokens,
                 first=None if self.positioned else self.boundaries[self.index],
+                model=self.model or None,  # "": a sweep over one model's prompts
                 **grouped,
             )
         )
@@ -168,13 +175,25 @@ class ErrorWriter:
         fd, self.path = tempfile.mkstemp(prefix="orch-prepare-errors-", suffix=".jsonl")
         self.file = os.fdopen(fd, "w")
 
-    def set_aside(self, source: SourceFile, raw: RawRow, position: int, spec_input: InputSpec, problem: str) -> None:
-        """A bad row, with why."""
+    def set_aside(
+        self,
+        source: SourceFile,
+        raw: RawRow,
+        position: int,
+        spec_input: InputSpec,
+        problem: str,
+        code: str | None = None,
+        arm: str | None = None,
+    ) -> None:
+        """A bad row, with why (and the error line's code, when not invalid_request); in a sweep
+        once per arm, its custom_id with the arm after it."""
         text = raw.raw or excerpt(raw.record or {}, limit=None)
         custom_id = fallback_custom_id(raw.record, spec_input, source.name, raw.number) or self.stand_in(
             source, raw.number
         )
-        self.add(source, raw.number, problem, text, position, custom_id, raw.too_long)
+        if arm is not None:
+            custom_id = f"{custom_id}#{arm}"
+        self.add(source, raw.number, problem, text, position, custom_id, raw.too_long, code)
 
     def stand_in(self, source: SourceFile, number: int) -> str:
         """The custom_id of a row that has none (not JSON, no custom_id, no id value), as OpenAI batch
@@ -192,6 +211,7 @@ class ErrorWriter:
         position: int,
         custom_id: str | None,
         too_long: int | None = None,
+        code: str | None = None,
     ) -> None:
         if self.strict:
             raise InputError(
@@ -209,6 +229,7 @@ class ErrorWriter:
             custom_id=custom_id,
             text=None if too_long is not None else raw,  # only its start was read
             line_bytes=too_long,
+            code=code,
             **at,
         )
         self.file.write(record.model_dump_json(exclude_none=True) + "\n")

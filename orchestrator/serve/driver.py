@@ -89,9 +89,11 @@ class BatchSteps:
         else:
             self._progress(batch)
 
-    def run_context(self, batch_id: str, served: ModelSpec | None = None) -> RunContext | None:
-        """The batch's run: from the spec frozen into it, or (given the model) a new run's spec frozen
-        now from the server's own (backend, workers, sampling...), the model, and openai-batch input."""
+    def run_context(self, batch_id: str, served: dict[str, ModelSpec] | None = None) -> RunContext | None:
+        """The batch's run: from the spec frozen into it, or (given the models its lines name) a new
+        run's spec frozen now from the server's own (backend, workers, sampling...), the model, and
+        openai-batch input. Several models (serve.several_models) make a run of several models:
+        each a pool of its own, under the name the lines give (core/pools.py)."""
         layout = RunLayout(batch_id)
         stored = read_stored_spec(self.store, layout)
         if stored is not None:
@@ -101,9 +103,12 @@ class BatchSteps:
             return None
         # No reuse: a server's batches belong to many API keys, and answers never cross them.
         data = self.settings.spec.model_dump(mode="json", exclude={"serve", "reuse"})
+        first = next(iter(served.values()))
+        if len(served) > 1:
+            data["models"] = {name: model.model_dump(mode="json") for name, model in served.items()}
         data.update(
             run=batch_id,
-            model=served.model_dump(mode="json"),
+            model=first.model_dump(mode="json"),
             input={"format": "openai-batch", "max_line_bytes": self.settings.spec.input.max_line_bytes},
             chunking={"rows_per_chunk": self.settings.spec.serve.rows_per_chunk},
         )
@@ -137,12 +142,13 @@ class BatchSteps:
                 self._complete_empty(batch)
                 return
             try:
-                workers = self._start_run(batch, self.settings.models[result.model], path)
+                served = {name: self.settings.models[name] for name in result.named}
+                workers = self._start_run(batch, served, path)
             except (InputError, SpecError) as e:
                 # Retrying will not help: the request is one this server cannot run.
                 self._fail(batch, [BatchRequestError(code="invalid_request", message=str(e))])
                 return
-        model, total = result.model, result.requests
+        model, total = ", ".join(result.named), result.requests
         # Recorded whatever happened meanwhile: a cancelled batch's files need the model and the total too.
         self._update(batch.id, lambda doc: _set(doc, model=model, request_counts=BatchCounts(total=total)))
         transition(self.store, batch.id, "in_progress", now=int(self.clock()))  # not if cancelled meanwhile
@@ -160,6 +166,7 @@ class BatchSteps:
                     models=self.settings.runners,
                     max_requests=spec.serve.max_requests,
                     max_line_bytes=spec.input.max_line_bytes,
+                    several=spec.serve.several_models,
                 )
         except Exception as e:
             log.exception("%s: checking the input file failed", batch.id)
@@ -175,7 +182,7 @@ class BatchSteps:
         if ending is not None:
             self._end(ending, "completed")
 
-    def _start_run(self, batch: BatchDocument, served: ModelSpec, path: Path) -> int:
+    def _start_run(self, batch: BatchDocument, served: dict[str, ModelSpec], path: Path) -> int:
         """Prepare (once), plan and launch the batch's run; returns the workers launched now."""
         ctx = self.run_context(batch.id, served)
         assert ctx is not None  # made from the served model when new
@@ -250,7 +257,7 @@ class BatchSteps:
                     line = BatchOutputLine.model_validate_json(raw)
                     answered.add(str(line.custom_id))
                     body = line.response.body if line.response is not None else None
-                    if body is not None and "model" in body and batch.model:
+                    if body is not None and "model" in body and batch.model and not ctx.spec.models:
                         body["model"] = batch.model  # the name the client asked for, not the weights' path
                     if line.failed:
                         counts.failed += 1

@@ -15,7 +15,8 @@ file it got wrong. The codes and messages are OpenAI's where OpenAI has them:
     model_not_found              a model this server does not serve (the message lists those it does)
     model_not_supported          a served model that does not answer the batch's endpoint (a generating
                                  model for /v1/embeddings, an embedding model for chat...)
-    model_mismatch               a model other than the first line's: one model per batch
+    model_mismatch               a model other than the first line's: one model per batch (unless the
+                                 server allows several: serve.several_models)
     invalid_request              anything else a request line cannot be (a body without messages...)
     too_many_tasks,              the file as a whole: more requests or bytes than the server's
     file_too_large               limits (serve.max_requests, serve.max_file_bytes)
@@ -52,6 +53,10 @@ class Validation:
     problems: int = 0
     requests: int = 0
     model: str | None = None
+    #: serve.several_models: lines may name several served models.
+    several: bool = False
+    #: The served models the lines name, in the order of their first line.
+    named: list[str] = field(default_factory=list)
 
     def add(self, code: str, message: str, line: int | None = None, param: str | None = None) -> None:
         self.problems += 1
@@ -77,10 +82,11 @@ def validate_input(
     models: Mapping[str, str],
     max_requests: int,
     max_line_bytes: int = MAX_LINE_BYTES,
+    several: bool = False,
 ) -> Validation:
     """Read the file line by line (blank lines are skipped, as `prepare` does) and list its problems.
     `models` maps each served name to its runner: a batch's model must answer its endpoint."""
-    result = Validation()
+    result = Validation(several=several)
     # The converter `orch prepare` runs on this file: a line it would set aside fails validation here.
     convert = make_converter(InputSpec(format="openai-batch"), SamplingSpec(), None, runner_of(endpoint))
     seen: set[str] = set()
@@ -174,6 +180,10 @@ def _check_model(model: Any, number: int, endpoint: str, models: Mapping[str, st
         )
     elif result.model is None:
         result.model = model
+        result.named.append(model)
+    elif result.several:
+        if model not in result.named:
+            result.named.append(model)
     elif model != result.model:
         result.add(
             "model_mismatch",

@@ -50,6 +50,7 @@ class StatusCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         runs = list(self.statuses())
         yield from _run_families(runs)
+        yield from _model_families(runs)
         yield from _worker_families(runs)
 
 
@@ -108,6 +109,28 @@ def _run_families(runs: list[RunStatus]) -> Iterator[Metric]:
                 left_s.add_metric([s.run, market], s.estimate[f"{market}_hours"] * 3600)
     yield from (complete, chunks, chunks_done, rows, rows_done, in_progress, errors, set_aside, *tokens.values())
     yield from (rows_per_s, tokens_per_s, eta, cost, hours, per_m, left_usd, left_s)
+
+
+def _model_families(runs: list[RunStatus]) -> Iterator[Metric]:
+    """A run of several models, by model (a `model` label): what each model did and cost."""
+    labels = ("run", "model")
+    rows = _gauge("orch_model_rows", "rows of the model in the run", labels)
+    rows_done = CounterMetricFamily("orch_model_rows_done", "rows of the model in finished chunks", labels=labels)
+    tokens = CounterMetricFamily(
+        "orch_model_tokens", "prompt and generated tokens of the model's finished chunks", labels=labels
+    )
+    cost = _gauge("orch_model_cost_usd", "cost so far of the model's workers", labels)
+    per_m = _gauge("orch_model_usd_per_m_tokens", "realised $ per million tokens of the model", labels)
+    for s in runs:
+        for model, m in s.models.items():
+            at = [s.run, model]
+            rows.add_metric(at, m["rows"]["total"])
+            rows_done.add_metric(at, m["rows"]["done"])
+            tokens.add_metric(at, m["tokens"].get("prompt_tokens", 0) + m["tokens"].get("generated_tokens", 0))
+            cost.add_metric(at, m["usd"])
+            if m.get("usd_per_m_tokens") is not None:
+                per_m.add_metric(at, m["usd_per_m_tokens"])
+    yield from (rows, rows_done, tokens, cost, per_m)
 
 
 def _worker_families(runs: list[RunStatus]) -> Iterator[Metric]:

@@ -11,7 +11,7 @@ from orchestrator.core.frozen_spec import freeze_spec
 from orchestrator.core.lines import BatchError, BatchOutputLine, BatchResponse
 from orchestrator.core.protocol.layout import RunLayout, chunk_id
 from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment, write_jsonl
-from orchestrator.core.spec import load_spec
+from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import Store
 
 

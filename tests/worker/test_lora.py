@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from orchestrator.core.protocol.adapters import ship_adapters
-from orchestrator.core.spec import load_spec
+from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 from tests.support.runs import chat_request, make_run
 from tests.worker.test_worker_process import WorkerProcess, answered_lines

@@ -15,7 +15,8 @@ SYSTEMS = [f"System {s}: answer as assistant number {s}. " * 30 for s in range(4
 
 
 def test_rows_of_one_prefix_are_fed_together_and_answered_once(tiny_engine, tiny_model, tmp_path, monkeypatch):
-    from orchestrator.core.spec import ModelSpec, load_spec
+    from orchestrator.core.spec import ModelSpec
+    from orchestrator.core.spec_load import load_spec
     from worker import runner
     from worker.engine.vllm_engine import VllmEngine
     from worker.wire import EngineRequest, RowResult

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import types
 
-from orchestrator.core.spec import load_spec
+from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 from worker import runner
 

@@ -326,7 +326,7 @@ def test_worker_with_smollm2_gives_real_answers(smollm2_model, tmp_path):
 
 def test_worker_flushes_when_its_buffer_is_full_whatever_the_interval(tiny_engine, tiny_model, tmp_path, monkeypatch):
     """A fast engine must not hold a whole chunk in memory until the next checkpoint."""
-    from orchestrator.core.spec import load_spec
+    from orchestrator.core.spec_load import load_spec
     from worker import runner
 
     monkeypatch.setattr(runner, "MAX_BUFFERED_ROWS", 8)
@@ -351,7 +351,7 @@ def test_worker_feeds_the_next_chunk_before_the_current_one_drains(tiny_engine, 
     """One engine run over all chunks: the next chunk's requests join while the last rows of the
     current one generate, so the batch never empties between chunks; but never more than two
     chunks are in hand, so a worker does not sit on leases it is not about to work on."""
-    from orchestrator.core.spec import load_spec
+    from orchestrator.core.spec_load import load_spec
     from worker import runner
 
     store = open_store(str(tmp_path / "store"))
@@ -376,7 +376,7 @@ def test_worker_feeds_the_next_chunk_before_the_current_one_drains(tiny_engine, 
 def test_worker_progress_lines_give_the_pace_while_the_engine_works(tiny_engine, tiny_model, tmp_path):
     """Progress lines in a log (not a terminal) give tokens/s while the engine works, not 0.0 until
     it drains: the pace the summary line ends with (tokens out over the engine's busy time)."""
-    from orchestrator.core.spec import load_spec
+    from orchestrator.core.spec_load import load_spec
     from worker import runner
     from worker.progress import ProgressReporter
 
@@ -417,7 +417,7 @@ def test_the_engine_loop_never_waits_on_a_heartbeat_put(tiny_engine, tiny_model,
     worker keeps flushing them: a slow store costs heartbeats, never GPU time. (The heartbeat once
     held the lock the engine loop counts rows under, so a store 0.3 s away stalled the loop for
     most of each beat.)"""
-    from orchestrator.core.spec import load_spec
+    from orchestrator.core.spec_load import load_spec
     from worker import runner
 
     store = HeartbeatsHang(open_store(str(tmp_path / "store")), RunLayout("hang").heartbeats_prefix)
@@ -461,7 +461,7 @@ class DrainTakesLong:
 
 def test_worker_looks_for_work_again_after_its_last_rows_drain(tiny_engine, tiny_model, tmp_path):
     """A lease that expires while the worker's last chunk drains is taken over before it exits."""
-    from orchestrator.core.spec import load_spec
+    from orchestrator.core.spec_load import load_spec
     from worker import runner
 
     store = open_store(str(tmp_path / "store"))
@@ -544,7 +544,7 @@ def test_worker_a_row_alone_in_two_quick_deaths_is_answered_as_worker_crashed(ti
 def test_worker_loads_a_bucket_model_from_the_mount_the_task_gave_it(tiny_model, tmp_path, monkeypatch):
     """A run whose model is `s3://...` keeps that name (and its spec hash); the SkyPilot task mounts
     the bucket and says where (ORCH_MODEL_PATH), and the engine loads the weights from there."""
-    from orchestrator.core.spec import load_spec
+    from orchestrator.core.spec_load import load_spec
     from worker.__main__ import _load_engine
 
     flags = {"run": "b", "store": str(tmp_path), "model.name": "s3://weights/tiny", "model.engine": "transformers"}

@@ -32,7 +32,7 @@ from orchestrator.core.protocol.clocks import StoreClock
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import Clock, HeldLease, acquire
-from orchestrator.core.records import HeartbeatSummary, Lease, PlanRecord
+from orchestrator.core.records import HeartbeatSummary, Lease, ManifestEntry, PlanRecord
 from orchestrator.core.store import Store, StoreError, ignore_stray
 
 
@@ -64,6 +64,23 @@ class PlanIndex:
             for name in names:
                 by_prefix.setdefault(name, []).append(chunk)
         return cls(lists, owner, dict(work), edges, {p: tuple(c) for p, c in by_prefix.items()})
+
+
+def pool_of(plan: PlanRecord, own: int | None) -> str | None:
+    """The model a worker of a run of several models loads: its planned list's (None: one model,
+    or a worker outside the plan)."""
+    return next((a.model for a in plan.workers if a.worker == own), None)
+
+
+def pool_share(
+    plan: PlanRecord, manifest: Sequence[ManifestEntry], model: str | None
+) -> tuple[PlanRecord, list[ManifestEntry]]:
+    """What a worker of `model`'s pool may claim: its pool's lists and chunks only, so that it
+    takes and steals only chunks its engine can answer. None (a run of one model): everything."""
+    if model is None:
+        return plan, list(manifest)
+    lists = [a for a in plan.workers if a.model == model]
+    return plan.model_copy(update={"workers": lists}), [e for e in manifest if e.model == model]
 
 
 class RunView:

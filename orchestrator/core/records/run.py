@@ -67,6 +67,9 @@ class ManifestEntry(Record):
         description="grouped by prefix: hashes of the chunk's first and last prefix groups, "
         "the only ones it can share with other chunks",
     )
+    model: str | None = Field(
+        None, description="a run of several models: the served name of the model whose rows the chunk holds"
+    )
 
     @property
     def est_tokens(self) -> int:
@@ -107,6 +110,7 @@ class PrepareError(Record):
     line: int | None = Field(None, description="1-based line of a JSONL file")
     row: int | None = Field(None, description="0-based row of a Parquet file")
     error: str
+    code: str | None = Field(None, description="the error line's code (None: invalid_request)")
     excerpt: str = Field("", description="the start of the row as read")
     position: int | None = Field(None, description="0-based position in the whole input: where collect answers it")
     custom_id: str | None = Field(None, description="the row's custom_id, when it has one")
@@ -126,6 +130,7 @@ class WorkerAssignment(Record):
     chunks: list[str]
     rows: int
     est_tokens: int
+    model: str | None = Field(None, description="a run of several models: the model this worker loads (its pool)")
 
 
 class PlanRecord(Record):

@@ -1,0 +1,165 @@
+"""Prepare's step 2, a row at a time: each input row read as its format says and turned into a
+request (for its model's pool, or once per sweep arm), checked as the workers would check it, or
+set aside as a bad row with its file and line."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+
+from orchestrator.core.context import RunContext
+from orchestrator.core.pools import model_names
+from orchestrator.core.spec import InputSpec
+from orchestrator.prepare.check import RequestCheck
+from orchestrator.prepare.formats import BadRow, Converter, Request, make_converter, needed_columns
+from orchestrator.prepare.pools import MODEL_NOT_FOUND, ModelRouter
+from orchestrator.prepare.sources import COLUMNAR_KINDS, RawRow, SourceFile, iter_rows, parquet_first_user_turns
+from orchestrator.prepare.sweep import Arm, sweep_arms
+from orchestrator.prepare.writers import ErrorWriter
+
+Progress = Callable[[str], None]
+
+
+def convert_rows(
+    files: list[SourceFile],
+    mapping: InputSpec,
+    total: int,
+    before_row: Callable[[int], None],
+    rows_in: Conversion,
+    progress: Progress,
+) -> None:
+    """Every row of the input, converted; `before_row(position)` is called before each row."""
+    columns = needed_columns(mapping)
+    started = last_note = time.monotonic()
+    row_index = 0
+    for file_index, source in enumerate(files):
+        for raw in input_rows(source, mapping, columns):
+            before_row(row_index)
+            rows_in.take(file_index, source, raw, row_index)
+            row_index += 1
+            if time.monotonic() - last_note > 5:
+                last_note = time.monotonic()
+                progress(f"{row_index:,}/{total:,} rows ({row_index / (last_note - started):,.0f} rows/s)")
+
+
+def input_rows(source: SourceFile, spec_input: InputSpec, columns: list[str] | None) -> Iterator[RawRow]:
+    if (
+        source.kind in COLUMNAR_KINDS
+        and spec_input.format == "chat"
+        and spec_input.turns == "first"
+        and not spec_input.template
+    ):
+        return parquet_first_user_turns(source, spec_input.conversation_column, spec_input.id_column)
+    return iter_rows(source, columns, spec_input.max_line_bytes)
+
+
+class Conversion:
+    """Step 2 for one row at a time: a request for its chunk, or a bad row set aside, and the counts."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        files: list[SourceFile],
+        keep: Callable[[Request, int], None],
+        errors: ErrorWriter,
+        strict: bool,
+        requests: RequestCheck | None = None,
+    ):
+        self.spec_input = ctx.spec.input
+        self.requests = requests  # the request check, when prepare checks
+        # Several models: a line names its own (body.model) or goes to the first; none is filled in.
+        one_model = None if ctx.spec.models else ctx.spec.model.name
+        self.convert = make_converter(ctx.spec.input, ctx.spec.sampling, one_model, ctx.spec.model.runner)
+        self.router = ModelRouter(model_names(ctx.spec), list(ctx.spec.models)) if ctx.spec.models else None
+        self.arms = sweep_arms(ctx.spec)
+        self.files = files
+        self.keep = keep  # a good request and its input position
+        self.errors = errors
+        self.seen: dict[str, tuple[int, int]] = {}  # custom_id -> (file, row) where it first appeared
+        self.models: collections.Counter[str] = collections.Counter()
+        self.not_utf8 = NotUtf8(strict)
+
+    def take(self, file_index: int, source: SourceFile, raw: RawRow, position: int) -> None:
+        problem = self._unreadable(source, raw)
+        if self.arms:
+            # A sweep: the row once per arm, at its place in the space of position x arm.
+            for index, arm in enumerate(self.arms):
+                where = position * len(self.arms) + index
+                self._take(arm.convert, file_index, source, raw, where, problem, arm)
+            return
+        self._take(self.convert, file_index, source, raw, position, problem, None)
+
+    def _take(
+        self,
+        convert: Converter,
+        file_index: int,
+        source: SourceFile,
+        raw: RawRow,
+        position: int,
+        problem: str | None,
+        arm: Arm | None,
+    ) -> None:
+        request = problem or self._request(convert, file_index, source, raw)
+        arm_name = None if arm is None else arm.name
+        if isinstance(request, str):
+            self.errors.set_aside(source, raw, position, self.spec_input, request, arm=arm_name)
+            return
+        if request.named_model is not None:
+            self.models[request.named_model] += 1
+        if self.requests is not None:
+            self.requests.add(request, source.uri, raw.number)
+        if arm is not None:
+            self.keep(dataclasses.replace(request, pool=arm.pool), position)
+            return
+        if self.router is None:
+            self.keep(request, position)
+            return
+        pool = self.router.pool_of(request)
+        if pool is None:
+            self.errors.set_aside(
+                source, raw, position, self.spec_input, self.router.not_found(request), code=MODEL_NOT_FOUND
+            )
+            return
+        self.keep(dataclasses.replace(request, pool=pool), position)
+
+    def _unreadable(self, source: SourceFile, raw: RawRow) -> str | None:
+        """What makes the row unusable before any conversion, or None."""
+        if raw.record is None:
+            return raw.problem or "unreadable"
+        if raw.replaced and self.not_utf8.add(source, raw) is not None:
+            return f"{raw.replaced} byte(s) of the line are not UTF-8"
+        return None
+
+    def _request(self, convert: Converter, file_index: int, source: SourceFile, raw: RawRow) -> Request | str:
+        """The row's request, or what is wrong with it."""
+        try:
+            request = convert(raw.record or {}, source.name, raw.number)
+        except BadRow as e:
+            return str(e)
+        first = self.seen.setdefault(request.custom_id, (file_index, raw.number))
+        if first != (file_index, raw.number):
+            return f"duplicate custom_id {request.custom_id!r} (first at {self.files[first[0]].uri}:{first[1]})"
+        return request
+
+
+class NotUtf8:
+    """Rows with bytes that are not UTF-8: kept (read as U+FFFD) and counted, or bad rows with --strict."""
+
+    SHOWN = 5
+
+    def __init__(self, strict: bool):
+        self.strict = strict
+        self.rows = self.bytes = 0
+        self.first: list[str] = []
+
+    def add(self, source: SourceFile, raw: RawRow) -> str | None:
+        """None when the row is kept; with --strict, the reason to set it aside."""
+        if self.strict:
+            return "not UTF-8"
+        self.rows += 1
+        self.bytes += raw.replaced
+        if len(self.first) < self.SHOWN:
+            self.first.append(f"{source.uri}:{raw.number}")
+        return None

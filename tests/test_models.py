@@ -1,0 +1,200 @@
+"""Several models in one run (issue 36): lines routed by body.model, chunks and worker pools per model, a kill storm."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.controller.pricing import load_gpu_table
+from orchestrator.controller.status import status_of
+from orchestrator.core.pools import pool_workers
+from orchestrator.core.protocol.claims import pool_of, pool_share
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import read_manifest, read_plan
+from orchestrator.core.spec_load import load_spec
+from orchestrator.core.store import open_store
+from orchestrator.web.metrics import exposition
+from tests.test_faults import collect_lines, hand_workers, mid_chunk, orch_ok, poll, workdir  # noqa: F401 - fixtures
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / ".cache" / "models"
+
+
+def batch_lines(path: Path, models: list[str | None], **params: object) -> Path:
+    """openai-batch chat lines r0, r1, ... each naming models[i % len(models)] (None: no body.model)."""
+    with open(path, "w") as f:
+        for i in range(len(models) if not params.get("rows") else int(str(params["rows"]))):
+            body: dict[str, object] = {"messages": [{"role": "user", "content": f"Question {i}?"}]}
+            body.update({k: v for k, v in params.items() if k != "rows"})
+            model = models[i % len(models)]
+            if model is not None:
+                body["model"] = model
+            line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+            f.write(json.dumps(line) + "\n")
+    return path
+
+
+def test_pool_workers_split_by_rows_unless_a_model_sets_its_own():
+    spec = load_spec(None, {"models": {"a": "x/a", "b": "x/b", "c": "x/c"}}, env={}, default_file=False)
+    assert pool_workers(spec, {"a": 300, "b": 100}, 4) == {"a": 3, "b": 1}  # c has no rows: no workers
+    assert pool_workers(spec, {"a": 1, "b": 1000}, 1) == {"a": 1, "b": 1}  # at least one each
+    spec = load_spec(None, {"models": {"a": {"name": "x/a", "workers": 2}, "b": "x/b"}}, env={}, default_file=False)
+    assert pool_workers(spec, {"a": 10, "b": 10}, 5) == {"a": 2, "b": 3}
+
+
+def test_prepare_and_plan_put_each_model_in_its_own_chunks_and_pool(tmp_path, capsys):
+    """Lines name tiny, smol, nothing (-> the first model) or a model the run does not serve (an error
+    row `model_not_found`, in its input place); chunks never mix models; each model gets its own
+    workers, and a worker's share of the plan holds only its model's chunks."""
+    data = batch_lines(tmp_path / "in.jsonl", ["tiny", "smol", None, "nope"], rows=16)
+    store, run = str(tmp_path / "store"), "mm"
+    args = ["--run", run, "--store", store, "--model", f"tiny={MODELS / 'tiny-llama'}"]
+    args += ["--model", f"smol={MODELS / 'tiny-think'}"]
+    assert main(["prepare", str(data), *args, "--format", "openai-batch", "--rows-per-chunk", "3"]) == 0
+    client, layout = open_store(store), RunLayout(run)
+    manifest = read_manifest(client, layout)
+    by_model: dict[str, list[str]] = {}
+    for entry in manifest:
+        assert entry.model in ("tiny", "smol") and entry.positions is not None
+        for line in client.get(layout.chunk(entry.chunk)).data.splitlines():
+            request = json.loads(line)
+            assert request["body"].get("model", "tiny") == entry.model
+            by_model.setdefault(entry.model, []).append(request["custom_id"])
+    assert sorted(by_model["tiny"], key=lambda c: int(c[1:])) == [f"r{i}" for i in range(16) if i % 4 in (0, 2)]
+    assert by_model["smol"] == [f"r{i}" for i in range(16) if i % 4 == 1]
+    errors = [json.loads(x) for x in client.get(layout.prepare_errors).data.splitlines()]
+    assert [(e["custom_id"], e["code"]) for e in errors] == [(f"r{i}", "model_not_found") for i in (3, 7, 11, 15)]
+    assert "'nope' is not served by this run (models: tiny, smol)" in capsys.readouterr().out
+
+    assert main(["plan", *args, "--workers", "3"]) == 0
+    plan = read_plan(client, layout)
+    assert plan is not None and [a.model for a in plan.workers] == ["tiny", "tiny", "smol"]
+    models = {e.chunk: e.model for e in manifest}
+    for a in plan.workers:
+        assert {models[c] for c in a.chunks} == {a.model}
+        share, chunks = pool_share(plan, manifest, pool_of(plan, a.worker))
+        assert {w.model for w in share.workers} == {a.model} and {e.model for e in chunks} == {a.model}
+    assert main(["plan", *args, "--workers", "2"]) == 0  # planned again: still a pool per model
+    plan = read_plan(client, layout)
+    assert plan is not None and [a.model for a in plan.workers] == ["tiny", "smol"]
+    assert sorted(c for a in plan.workers for c in a.chunks) == sorted(e.chunk for e in manifest)
+
+
+@pytest.mark.slow
+def test_kill_storm_on_two_models_answers_each_row_once_by_its_model(tmp_path, workdir, hand_workers):  # noqa: F811
+    """Two pools (the tiny Llama, SmolLM2), one worker each; SIGKILLs land mid-chunk on both pools'
+    workers, each started again at once (its lease taken over as a death's). Every row is answered
+    exactly once, in input order, by the model it named (body.model carries the served name)."""
+    store, run = str(tmp_path / "store"), "storm2"
+    # SmolLM2 stops at its end token: ignore_eos keeps every answer long enough for kills to land mid-chunk.
+    # The tiny Llama answers about twenty times as fast: it gets nineteen rows for SmolLM2's one.
+    pattern: list[str | None] = ["tiny"] * 19 + ["smol"]
+    data = batch_lines(workdir / "in.jsonl", pattern, rows=1200, max_tokens=24, ignore_eos=True)
+    models = ["--model", f"tiny={MODELS / 'tiny-llama'}", "--model", f"smol={MODELS / 'smollm2-135m-instruct'}"]
+    orch_ok("prepare", data, "--run", run, "--store", store, *models, "--format", "openai-batch",
+            "--rows-per-chunk", "10", cwd=workdir)  # fmt: skip
+    orch_ok("plan", "--run", run, "--store", store, *models, "--workers", "2", cwd=workdir)
+    plan = read_plan(open_store(store), RunLayout(run))
+    assert plan is not None and [a.model for a in plan.workers] == ["tiny", "smol"]
+    workers = {w: hand_workers(store, run, w, workdir) for w in ("0", "1")}
+    rng, killed = random.Random(36), set()
+    for kill, pool in enumerate(["0", "1", "0", "1"]):  # both pools, each twice
+
+        def in_pool(pool: str = pool) -> list[tuple[str, str, bool]]:
+            return [w for w in mid_chunk(store, run, killed) if w[0] == pool]
+
+        poll(in_pool, f"worker {pool} mid-chunk for kill {kill + 1}", timeout=600)
+        _, holder, _ = in_pool()[0]
+        time.sleep(rng.uniform(0.0, 1.0))  # the moment of the kill, not a wait for anything
+        assert workers[pool].proc.poll() is None, f"worker {pool} ended before kill {kill + 1}: run too short"
+        workers[pool].proc.kill()
+        workers[pool].proc.wait()
+        killed.add(holder)
+        workers[pool] = hand_workers(store, run, pool, workdir)
+    assert [hand.proc.wait(900) for hand in workers.values()] == [0, 0]
+    lines = collect_lines(workdir, run, store)
+    assert [x["custom_id"] for x in lines] == [f"r{i}" for i in range(1200)]  # every row, exactly once, in order
+    assert [x["response"]["body"]["model"] for x in lines] == pattern * 60
+    assert all(x["response"]["status_code"] == 200 for x in lines)
+    # Status and /metrics, model by model.
+    status = json.loads(orch_ok("status", "--run", run, "--store", store, "--json", cwd=workdir))
+    rows = {name: (m["rows"]["done"], m["rows"]["total"]) for name, m in status["models"].items()}
+    assert rows == {"tiny": (1140, 1140), "smol": (60, 60)}
+    assert status["models"]["smol"]["tokens"]["generated_tokens"] == 60 * 24
+    metrics = exposition(
+        lambda: [status_of(open_store(store), RunLayout(run), None, now=time.time(), prices=load_gpu_table())]
+    )
+    assert b'orch_model_rows_done_total{model="smol",run="storm2"} 60.0' in metrics
+
+
+SWEEP_SPEC = """
+input: {format: text, id_column: id, template: "Q: {question}"}
+sampling: {max_tokens: 6, temperature: 0}
+workers: {count: 1, heartbeat_interval: 1, checkpoint_interval: 1}
+sweep:
+  arms:
+    plain: {}
+    terse: {system_prompt: "Answer in one word.", sampling: {max_tokens: 3}}
+"""
+
+
+@pytest.mark.slow
+def test_sweep_answers_every_row_once_per_arm_and_collects_arms_side_by_side(tmp_path):
+    """One model, two prompt arms: each arm is a request of its own (`<id>#<arm>`, its own system
+    prompt and sampling in the body), answered once, in input order; the Parquet table has one
+    row per input row with each arm's columns beside the other's."""
+    import pyarrow.parquet as pq
+
+    (tmp_path / "orch.yaml").write_text(SWEEP_SPEC)
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What is {i}+{i}?"}) + "\n" for i in range(5)))
+    data.write_text(data.read_text() + "not json\n")  # set aside once per arm, at its place
+    model = str(MODELS / "tiny-llama")
+    orch_ok("run", data, "--run", "sw", "--model", model, "--rows-per-chunk", "3", "--out", "sw.jsonl",
+            "--max-error-rate", "1", cwd=tmp_path)  # fmt: skip
+    lines = [json.loads(x) for x in (tmp_path / "sw.jsonl").read_text().splitlines()]
+    ids = [f"q{i}#{arm}" for i in range(5) for arm in ("plain", "terse")] + ["line-6#plain", "line-6#terse"]
+    assert [x["custom_id"] for x in lines] == ids
+    terse = [x["response"]["body"]["usage"]["completion_tokens"] for x in lines[1:10:2]]
+    assert all(tokens <= 3 for tokens in terse)  # the arm's own max_tokens, not the run's 6
+    orch_ok("collect", "--run", "sw", "--out", "sw.parquet", "--max-error-rate", "1", cwd=tmp_path)
+    table = pq.read_table(tmp_path / "sw.parquet").to_pylist()
+    assert [row["id"] for row in table] == [f"q{i}" for i in range(5)] + ["line-6"]
+    assert [row["text_plain"] for row in table[:5]] == [
+        x["response"]["body"]["choices"][0]["message"]["content"] for x in lines[:10:2]
+    ]
+    assert [row["text_terse"] for row in table[:5]] == [
+        x["response"]["body"]["choices"][0]["message"]["content"] for x in lines[1:10:2]
+    ]
+    assert table[5]["error_code_plain"] == table[5]["error_code_terse"] == "invalid_request"
+
+
+def test_serve_batch_names_several_models_when_the_server_allows_it(tmp_path):
+    """`serve.several_models`: a batch whose lines name two served models is valid, and its run is a
+    run of two models (a pool each, under the names the lines give); off, the second is model_mismatch."""
+    import io
+
+    from orchestrator.serve.driver import BatchSteps
+    from orchestrator.serve.settings import load_settings
+    from orchestrator.serve.validate import validate_input
+
+    data = batch_lines(tmp_path / "in.jsonl", ["tiny", "smol", "tiny"]).read_bytes()
+    runners = {"tiny": "generate", "smol": "generate"}
+    one = validate_input(io.BytesIO(data), endpoint="/v1/chat/completions", models=runners, max_requests=10)
+    assert [(e.code, e.line) for e in one.errors] == [("model_mismatch", 2)]
+    both = validate_input(
+        io.BytesIO(data), endpoint="/v1/chat/completions", models=runners, max_requests=10, several=True
+    )
+    assert both.errors == [] and both.named == ["tiny", "smol"]
+
+    spec = load_spec(None, {"store": str(tmp_path / "store"), "serve.several_models": True}, env={}, default_file=False)
+    flags = [f"tiny={MODELS / 'tiny-llama'}", f"smol={MODELS / 'tiny-think'}"]
+    settings = load_settings(spec, flags, host="127.0.0.1", api_keys=None, api_keys_file=None)
+    ctx = BatchSteps(settings).run_context("batch_1", {n: settings.models[n] for n in both.named})
+    assert ctx is not None and list(ctx.spec.models) == ["tiny", "smol"]
+    assert ctx.spec.models["smol"].name == str((MODELS / "tiny-think").resolve())
