@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.backends import backend_for
-from orchestrator.backends.base import JobStatus, Launcher, LaunchRequest, attempt_statuses
+from orchestrator.backends.base import JobStatus, Launcher, LaunchRequest, attempt_statuses, orphaned
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import LaunchFailed
 from orchestrator.core.protocol.adapters import ship_adapters
-from orchestrator.core.protocol.heartbeats import live_heartbeats
+from orchestrator.core.protocol.heartbeats import live_heartbeats, read_heartbeats
 from orchestrator.core.records import CancelRecord, JobAttempt, JobsRecord, read_jobs, update_jobs
 
 #: Passed to workers as secrets when set here: never written to a file, a log or the store.
@@ -200,6 +200,8 @@ class Cancelled:
     strays: list[str] = field(default_factory=list)
     #: Jobs the record knew of, live or not: none means no worker was ever launched by orch.
     recorded: int = 0
+    #: Jobs the backend still calls RUNNING with nothing running (backends.base.orphaned): not waited on.
+    orphaned: list[str] = field(default_factory=list)
 
 
 def cancel_workers(ctx: RunContext) -> Cancelled:
@@ -217,14 +219,22 @@ def cancel_workers(ctx: RunContext) -> Cancelled:
     record = update_jobs(ctx.store, ctx.layout, lambda rec: setattr(rec, "cancelled", True))
     by = f"{socket.gethostname()}:{os.getpid()}"
     ctx.store.put(ctx.layout.cancel, CancelRecord(at=time.time(), by=by).to_bytes())
-    job_ids = [a.job_id for a in record.current_jobs().values() if not a.pending]
+    current = record.current_jobs()
+    job_ids = [a.job_id for a in current.values() if not a.pending]
     launcher = backend_for(ctx, record.backend)
-    live = [j for j, s in launcher.statuses(job_ids).items() if s.state.is_live()] if job_ids else []
+    statuses = launcher.statuses(job_ids) if job_ids else {}
+    now, last_beats = time.time(), {w: hb.updated_at for w, hb in read_heartbeats(ctx.store, ctx.layout).items()}
+    orphans = [
+        a.job_id
+        for w, a in current.items()
+        if a.job_id in statuses and orphaned(statuses[a.job_id], last_beats.get(str(w)), now=now)
+    ]
+    live = [j for j, s in statuses.items() if s.state.is_live() and j not in orphans]
     launcher.cancel(live)
     interval = ctx.spec.workers.heartbeat_interval
-    beats = live_heartbeats(ctx.store, ctx.layout, now=time.time(), heartbeat_interval=interval)
+    beats = live_heartbeats(ctx.store, ctx.layout, now=now, heartbeat_interval=interval)
     strays = launcher.stop_strays(ctx.layout.run, job_ids, beats)
-    return Cancelled(live=live, strays=strays, recorded=len(record.current_jobs()))
+    return Cancelled(live=live, strays=strays, recorded=len(current), orphaned=orphans)
 
 
 def dry_run_requests(
