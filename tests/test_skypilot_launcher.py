@@ -273,3 +273,19 @@ def test_a_job_still_in_its_set_up_or_beating_is_not_orphaned():
     assert not orphaned(long_running, now - 30, now=now)
     assert orphaned(long_running, now - 1000, now=now) and orphaned(long_running, None, now=now)
     assert not orphaned(JobStatus("1", JobState.RECOVERING, started_at=now - 3600), None, now=now)
+
+
+def test_loop_relaunches_a_worker_whose_record_is_orphaned_and_not_one_that_beats(make_ctx):
+    """An orphaned RUNNING record would keep `orch watch` waiting for good: it reads as gone."""
+    ctx = make_ctx(chunks=2)
+    sky = ScriptedSky()
+    launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0, 1])
+    now = time.time()
+    for job_id in (1, 2):
+        sky.script_job(job_id, [{"status": "RUNNING", "start_at": now - 3600, "last_recovered_at": -1}])
+    HeartbeatPublisher(
+        ctx.store, ctx.layout, Heartbeat(worker="1", holder="1.a", state="running", started_at=now, updated_at=now)
+    ).publish()
+    report = Reconciler(ctx, SkyPilotLauncher(ctx.spec, sdk=sky)).tick()
+    assert report.relaunched == {0: "relaunch after UNKNOWN"}
+    assert "orphaned record" in str(report.statuses["1"].failure_reason) and report.live == 1

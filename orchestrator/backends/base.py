@@ -97,6 +97,8 @@ class JobStatus:
     ended_at: float | None = None
     #: Since when it runs in its current machine (its last recovery, else its start), where known.
     running_since: float | None = None
+    #: The backend's record says RUNNING but nothing runs (orphaned): read as UNKNOWN by the controller.
+    orphaned: bool = False
     #: Where the job's log is: a file (local), or the command that shows it (SkyPilot).
     log: str | None = None
 

@@ -16,11 +16,11 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.backends import backend_for
-from orchestrator.backends.base import JobStatus, Launcher, LaunchRequest, attempt_statuses, orphaned
+from orchestrator.backends.base import JobState, JobStatus, Launcher, LaunchRequest, attempt_statuses, orphaned
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import LaunchFailed
 from orchestrator.core.protocol.adapters import ship_adapters
@@ -104,7 +104,7 @@ def launch_workers(
     ship_adapters(ctx.store, ctx.layout, ctx.spec.model.lora)
     record, _ = read_jobs(ctx.store, ctx.layout)
     now = clock()
-    statuses = attempt_statuses(launcher, record.current_jobs().values(), now)
+    statuses = current_statuses(ctx, launcher, record.current_jobs(), now)
     live = live_workers(record, statuses)
     judged = {w: (a.job_id if (a := record.worker(w).current) else None) for w in set(workers) if w not in live}
     if not judged:
@@ -204,6 +204,29 @@ class Cancelled:
     orphaned: list[str] = field(default_factory=list)
 
 
+def current_statuses(
+    ctx: RunContext, launcher: Launcher, current: Mapping[int, JobAttempt], now: float
+) -> dict[str, JobStatus]:
+    """What the backend says of each worker's current job (backends.base.attempt_statuses), except
+    that a record it calls RUNNING with nothing running (backends.base.orphaned: its controller
+    died with a restarted API server) reads as UNKNOWN, marked orphaned: no live worker, so
+    `watch` relaunches it instead of waiting for good and `cancel` leaves it. Heartbeats are read
+    only when some job has run long enough to be one."""
+    statuses = attempt_statuses(launcher, current.values(), now)
+    suspects = {w: statuses[a.job_id] for w, a in current.items() if a.job_id in statuses}
+    suspects = {w: s for w, s in suspects.items() if orphaned(s, None, now=now)}
+    if not suspects:
+        return statuses
+    beats = read_heartbeats(ctx.store, ctx.layout)
+    for worker, status in suspects.items():
+        beat = beats.get(str(worker))
+        if orphaned(status, beat.updated_at if beat else None, now=now):
+            silent = f"no heartbeat for {now - beat.updated_at:.0f}s" if beat else "no heartbeat ever"
+            why = f"orphaned record: {status.state.value} since {now - (status.running_since or now):.0f}s, {silent}"
+            statuses[status.job_id] = replace(status, state=JobState.UNKNOWN, failure_reason=why, orphaned=True)
+    return statuses
+
+
 def cancel_workers(ctx: RunContext) -> Cancelled:
     """Stop every worker of the run, tracked or not: `orch cancel`, Ctrl-C twice, and `orch serve`
     for a cancelled or expired batch.
@@ -222,14 +245,10 @@ def cancel_workers(ctx: RunContext) -> Cancelled:
     current = record.current_jobs()
     job_ids = [a.job_id for a in current.values() if not a.pending]
     launcher = backend_for(ctx, record.backend)
-    statuses = launcher.statuses(job_ids) if job_ids else {}
-    now, last_beats = time.time(), {w: hb.updated_at for w, hb in read_heartbeats(ctx.store, ctx.layout).items()}
-    orphans = [
-        a.job_id
-        for w, a in current.items()
-        if a.job_id in statuses and orphaned(statuses[a.job_id], last_beats.get(str(w)), now=now)
-    ]
-    live = [j for j, s in statuses.items() if s.state.is_live() and j not in orphans]
+    now = time.time()
+    statuses = current_statuses(ctx, launcher, {w: a for w, a in current.items() if not a.pending}, now)
+    orphans = [j for j, s in statuses.items() if s.orphaned]
+    live = [j for j, s in statuses.items() if s.state.is_live()]
     launcher.cancel(live)
     interval = ctx.spec.workers.heartbeat_interval
     beats = live_heartbeats(ctx.store, ctx.layout, now=now, heartbeat_interval=interval)
