@@ -6,15 +6,18 @@ import time
 
 import pytest
 
-from orchestrator.backends.base import JobState
+from orchestrator.backends.base import JobState, JobStatus, orphaned
 from orchestrator.backends.skypilot import SkyPilotLauncher
-from orchestrator.controller.launch import launch_workers
+from orchestrator.controller import launch
+from orchestrator.controller.launch import cancel_workers, launch_workers
 from orchestrator.controller.reconcile import Reconciler, watch
+from orchestrator.controller.status import current_status
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import BackendError, LaunchFailed
+from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import acquire
-from orchestrator.core.records import read_jobs, update_jobs
+from orchestrator.core.records import Heartbeat, read_jobs, update_jobs
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 from tests.conftest import make_store_uri
@@ -233,3 +236,56 @@ def test_launch_request_names_and_envs_per_worker(make_ctx):
     _, task, name = sky.launched[0]
     assert name == "orch-sky-w1" and task.envs["ORCH_WORKER_LIST"] == "workers/1.txt"
     assert task.envs["ORCH_STORE"] == ctx.spec.store  # the URI the cloud machines open, endpoint included
+
+
+def test_cancel_and_status_see_an_orphaned_record_and_do_not_wait_on_it(make_ctx, monkeypatch):
+    """SkyPilot's API server restarted under a managed job: its record stays RUNNING for good and
+    `sky jobs cancel` does not clear it. RUNNING for an hour with a worker that stopped beating
+    55 minutes ago is said to be orphaned and left out of the cancel; a live worker is cancelled."""
+    ctx = make_ctx(chunks=2)
+    sky = ScriptedSky()
+    launcher = SkyPilotLauncher(ctx.spec, sdk=sky)
+    launch_workers(ctx, launcher, [0, 1])
+    now = time.time()
+    sky.script_job(1, [{"status": "RUNNING", "start_at": now - 3600, "last_recovered_at": -1}])
+    sky.script_job(2, [{"status": "RUNNING", "start_at": now - 3600, "last_recovered_at": now - 1200}])
+    for worker, beat in ((0, now - 3300), (1, now)):
+        HeartbeatPublisher(
+            ctx.store,
+            ctx.layout,
+            Heartbeat(worker=str(worker), holder=f"{worker}.a", state="running", started_at=beat, updated_at=beat),
+        ).publish()
+    w0, w1 = current_status(ctx, launcher=launcher).workers
+    assert (
+        w0.failure_reason and "job 1's record is orphaned: RUNNING for 60m, no heartbeat for 55m" in w0.failure_reason
+    )
+    assert w1.failure_reason is None  # RUNNING again since its recovery, and beating
+    monkeypatch.setattr(launch, "backend_for", lambda _ctx, _name=None: launcher)
+    cancelled = cancel_workers(ctx)
+    assert (cancelled.live, cancelled.orphaned, sky.cancelled) == (["2"], ["1"], [2])
+
+
+def test_a_job_still_in_its_set_up_or_beating_is_not_orphaned():
+    now = 10_000.0
+    running = JobStatus("1", JobState.RUNNING, started_at=now - 3600, running_since=now - 60)
+    assert not orphaned(running, None, now=now)  # recovered a minute ago: its set-up may still run
+    long_running = JobStatus("1", JobState.RUNNING, started_at=now - 3600)
+    assert not orphaned(long_running, now - 30, now=now)
+    assert orphaned(long_running, now - 1000, now=now) and orphaned(long_running, None, now=now)
+    assert not orphaned(JobStatus("1", JobState.RECOVERING, started_at=now - 3600), None, now=now)
+
+
+def test_loop_relaunches_a_worker_whose_record_is_orphaned_and_not_one_that_beats(make_ctx):
+    """An orphaned RUNNING record would keep `orch watch` waiting for good: it reads as gone."""
+    ctx = make_ctx(chunks=2)
+    sky = ScriptedSky()
+    launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0, 1])
+    now = time.time()
+    for job_id in (1, 2):
+        sky.script_job(job_id, [{"status": "RUNNING", "start_at": now - 3600, "last_recovered_at": -1}])
+    HeartbeatPublisher(
+        ctx.store, ctx.layout, Heartbeat(worker="1", holder="1.a", state="running", started_at=now, updated_at=now)
+    ).publish()
+    report = Reconciler(ctx, SkyPilotLauncher(ctx.spec, sdk=sky)).tick()
+    assert report.relaunched == {0: "relaunch after UNKNOWN"}
+    assert "orphaned record" in str(report.statuses["1"].failure_reason) and report.live == 1

@@ -100,6 +100,10 @@ class JobStatus:
     exit_code: int | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    #: Since when it runs in its current machine (its last recovery, else its start), where known.
+    running_since: float | None = None
+    #: The backend's record says RUNNING but nothing runs (orphaned): read as UNKNOWN by the controller.
+    orphaned: bool = False
     #: Where the job's log is: a file (local), or the command that shows it (SkyPilot).
     log: str | None = None
 
@@ -123,6 +127,23 @@ class Launcher(Protocol):
         """Stop what works for the run outside the jobs in `known` (launches the jobs record lost),
         as far as this backend can find it; `beats` are the run's live heartbeats (host, pid).
         Returns what was stopped, each described for the user."""
+
+
+#: A job the backend has called RUNNING this long, with no heartbeat from its worker for as long,
+#: is a record its controller left behind: a lost machine reads RECOVERING within a minute.
+ORPHAN_AFTER_S = 900.0
+
+
+def orphaned(status: JobStatus, last_beat: float | None, *, now: float, after_s: float = ORPHAN_AFTER_S) -> bool:
+    """The backend's record says RUNNING but nothing runs: SkyPilot's API server restarted under a
+    managed job (its controller died with it), the record stays RUNNING and `sky jobs cancel` does
+    not clear it. `last_beat`: when any process of the job's worker last beat (None: never)."""
+    if status.state is not JobState.RUNNING:
+        return False
+    since = status.running_since or status.started_at
+    if since is None or now - since < after_s:
+        return False  # the set-up (no heartbeat yet) may still be installing
+    return last_beat is None or now - last_beat >= after_s
 
 
 def attempt_statuses(launcher: Launcher, attempts: Iterable[JobAttempt], now: float) -> dict[str, JobStatus]:

@@ -35,6 +35,7 @@ QUEUE_FIELDS = [
     "submitted_at",
     "start_at",
     "end_at",
+    "last_recovered_at",
 ]
 _STATES = {s.value: s for s in JobState} | {"SUBMITTED": JobState.PENDING}
 
@@ -176,6 +177,8 @@ def _status(job_id: str, record: Any) -> JobStatus:
         spot=("[spot]" in resources.lower()) if resources else None,
         failure_reason=_ANSI.sub("", reason) if reason else None,  # SkyPilot colours its hints
         started_at=_get(record, "start_at"),
+        # SkyPilot writes -1 for "never recovered" (and sets it when a recovery starts running).
+        running_since=max(_get(record, "last_recovered_at") or -1, _get(record, "start_at") or -1, 0) or None,
         ended_at=_get(record, "end_at"),
         log=f"sky jobs logs {job_id}",
     )

@@ -249,6 +249,11 @@ def cancel_command(inv: Invocation, backend: str | None) -> int:
     click.echo(f"cancelled {len(live)} live job(s) of run {ctx.layout.run!r}")
     for stray in strays:
         click.echo(f"stopped {stray}: it worked for the run outside the recorded jobs")
+    for job_id in cancelled.orphaned:
+        click.echo(
+            f"job {job_id}: orphaned record (the backend says RUNNING, its worker has not beaten for a long "
+            "time: its controller is gone), not waited on; nothing of the run runs there"
+        )
     click.echo("any other worker of the run stops at its next heartbeat (cancel.json in the store)")
     return 0
 

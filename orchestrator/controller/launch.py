@@ -16,18 +16,18 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.backends import backend_for
-from orchestrator.backends.base import JobStatus, Launcher, LaunchRequest, attempt_statuses
+from orchestrator.backends.base import JobState, JobStatus, Launcher, LaunchRequest, attempt_statuses, orphaned
 from orchestrator.controller.zone_steering import zone_order
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import LaunchFailed
 from orchestrator.core.pools import POOL_ENV, run_models
 from orchestrator.core.protocol.adapters import ship_adapters
 from orchestrator.core.protocol.claims import pool_of
-from orchestrator.core.protocol.heartbeats import live_heartbeats
+from orchestrator.core.protocol.heartbeats import live_heartbeats, read_heartbeats
 from orchestrator.core.records import (
     CancelRecord,
     JobAttempt,
@@ -135,7 +135,7 @@ def launch_workers(
         ship_adapters(ctx.store, ctx.layout, model.lora)
     record, _ = read_jobs(ctx.store, ctx.layout)
     now = clock()
-    statuses = attempt_statuses(launcher, record.current_jobs().values(), now)
+    statuses = current_statuses(ctx, launcher, record.current_jobs(), now)
     live = live_workers(record, statuses)
     judged = {w: (a.job_id if (a := record.worker(w).current) else None) for w in set(workers) if w not in live}
     if not judged:
@@ -235,6 +235,31 @@ class Cancelled:
     strays: list[str] = field(default_factory=list)
     #: Jobs the record knew of, live or not: none means no worker was ever launched by orch.
     recorded: int = 0
+    #: Jobs the backend still calls RUNNING with nothing running (backends.base.orphaned): not waited on.
+    orphaned: list[str] = field(default_factory=list)
+
+
+def current_statuses(
+    ctx: RunContext, launcher: Launcher, current: Mapping[int, JobAttempt], now: float
+) -> dict[str, JobStatus]:
+    """What the backend says of each worker's current job (backends.base.attempt_statuses), except
+    that a record it calls RUNNING with nothing running (backends.base.orphaned: its controller
+    died with a restarted API server) reads as UNKNOWN, marked orphaned: no live worker, so
+    `watch` relaunches it instead of waiting for good and `cancel` leaves it. Heartbeats are read
+    only when some job has run long enough to be one."""
+    statuses = attempt_statuses(launcher, current.values(), now)
+    suspects = {w: statuses[a.job_id] for w, a in current.items() if a.job_id in statuses}
+    suspects = {w: s for w, s in suspects.items() if orphaned(s, None, now=now)}
+    if not suspects:
+        return statuses
+    beats = read_heartbeats(ctx.store, ctx.layout)
+    for worker, status in suspects.items():
+        beat = beats.get(str(worker))
+        if orphaned(status, beat.updated_at if beat else None, now=now):
+            silent = f"no heartbeat for {now - beat.updated_at:.0f}s" if beat else "no heartbeat ever"
+            why = f"orphaned record: {status.state.value} since {now - (status.running_since or now):.0f}s, {silent}"
+            statuses[status.job_id] = replace(status, state=JobState.UNKNOWN, failure_reason=why, orphaned=True)
+    return statuses
 
 
 def cancel_workers(ctx: RunContext) -> Cancelled:
@@ -252,14 +277,18 @@ def cancel_workers(ctx: RunContext) -> Cancelled:
     record = update_jobs(ctx.store, ctx.layout, _mark_cancelled)
     by = f"{socket.gethostname()}:{os.getpid()}"
     ctx.store.put(ctx.layout.cancel, CancelRecord(at=time.time(), by=by).to_bytes())
-    job_ids = [a.job_id for a in record.current_jobs().values() if not a.pending]
+    current = record.current_jobs()
+    job_ids = [a.job_id for a in current.values() if not a.pending]
     launcher = backend_for(ctx, record.backend)
-    live = [j for j, s in launcher.statuses(job_ids).items() if s.state.is_live()] if job_ids else []
+    now = time.time()
+    statuses = current_statuses(ctx, launcher, {w: a for w, a in current.items() if not a.pending}, now)
+    orphans = [j for j, s in statuses.items() if s.orphaned]
+    live = [j for j, s in statuses.items() if s.state.is_live()]
     launcher.cancel(live)
     interval = ctx.spec.workers.heartbeat_interval
-    beats = live_heartbeats(ctx.store, ctx.layout, now=time.time(), heartbeat_interval=interval)
+    beats = live_heartbeats(ctx.store, ctx.layout, now=now, heartbeat_interval=interval)
     strays = launcher.stop_strays(ctx.layout.run, job_ids, beats)
-    return Cancelled(live=live, strays=strays, recorded=len(record.current_jobs()))
+    return Cancelled(live=live, strays=strays, recorded=len(current), orphaned=orphans)
 
 
 def _mark_cancelled(rec: JobsRecord) -> None:

@@ -30,10 +30,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from orchestrator.backends.base import JobState, JobStatus, Launcher, attempt_statuses
+from orchestrator.backends.base import JobState, JobStatus, Launcher
 from orchestrator.controller.deadline import DeadlineSettings, Decision
 from orchestrator.controller.deadline_control import DeadlineControl
-from orchestrator.controller.launch import launch_workers
+from orchestrator.controller.launch import current_statuses, launch_workers
 from orchestrator.controller.pricing import GpuTable
 from orchestrator.controller.zone_history import place_of, record_zones
 from orchestrator.controller.zone_steering import describe, zone_order
@@ -133,7 +133,7 @@ class Reconciler:
         report.cancelled = record.cancelled
         current = record.current_jobs()
         try:
-            report.statuses = attempt_statuses(self.launcher, current.values(), self.clock()) if current else {}
+            report.statuses = current_statuses(self.ctx, self.launcher, current, self.clock()) if current else {}
         except BackendError as e:
             # Not knowing is not "gone": relaunching now could duplicate live workers. Wait.
             report.unreachable = str(e)

@@ -67,7 +67,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.backends.base import JobState, JobStatus, Launcher
+from orchestrator.backends.base import JobState, JobStatus, Launcher, orphaned
 from orchestrator.controller.activity import run_state, shown_status, worker_activity
 from orchestrator.controller.facts import RunFacts, gather
 from orchestrator.controller.model_status import models_status
@@ -290,7 +290,7 @@ def _worker_views(
                 heartbeat_state=hb.state if hb else None,
                 heartbeat_age_s=round(age, 1) if age is not None else None,
                 uptime_s=round(hb.uptime_s, 1) if hb else 0.0,
-                failure_reason=_failure(status, attempt),
+                failure_reason=_failure(status, attempt, hb.updated_at if hb else None, now=now),
                 log=status.log if status else None,
                 clock_offset_s=hb.clock_offset_s if hb else None,
             )
@@ -330,8 +330,18 @@ def _cost_so_far(view: WorkerView, prices: GpuTable, default_spot: bool) -> floa
     return view.uptime_s / 3600 * gpu.price(spot, view.cloud)
 
 
-def _failure(status: JobStatus | None, attempt: JobAttempt | None) -> str | None:
-    """Why the worker's current job failed: the backend's word, else what the controller recorded."""
+def _failure(
+    status: JobStatus | None, attempt: JobAttempt | None, last_beat: float | None, *, now: float
+) -> str | None:
+    """Why the worker's current job failed: the backend's word, else what the controller recorded;
+    or that the backend's record of it is orphaned (says RUNNING, nothing runs)."""
+    if status is not None and orphaned(status, last_beat, now=now):
+        silent = f"no heartbeat for {duration(now - last_beat)}" if last_beat is not None else "no heartbeat ever"
+        return (
+            f"job {status.job_id}'s record is orphaned: {status.state.value} for "
+            f"{duration(now - (status.running_since or status.started_at or now))}, {silent} (its controller "
+            "is gone, e.g. the API server restarted); `orch cancel` does not wait on it"
+        )
     if status is None or not status.state.value.startswith("FAILED"):
         return None
     return status.failure_reason or (attempt.failure_reason if attempt else None) or status.state.value
