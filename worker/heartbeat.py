@@ -152,6 +152,8 @@ class HeartbeatThread:
                     tokens_in=t.tokens_in,
                     tokens_out=t.tokens_out,
                     tokens_cached=t.tokens_cached,
+                    busy_s=round(t.busy(), 3),
+                    load_s=round(t.load_s, 3),
                     tokens_per_s=t.tokens_per_s(),
                     rows_per_s=t.rows_per_s() or 0.0,
                     updated_at=self.clock(),

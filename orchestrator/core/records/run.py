@@ -384,6 +384,10 @@ class Heartbeat(HeartbeatSummary):
     tokens_in: int = 0
     tokens_out: int = 0
     tokens_cached: int = 0
+    #: Engine seconds (pumps under way included) and model-load seconds of this process: what a
+    #: probe measures its rates over, and the run's actual engine time (controller/forecast.py).
+    busy_s: float = 0.0
+    load_s: float = 0.0
     host: str | None = None
     pid: int | None = None
 
