@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import json
+import random
+import statistics
 from pathlib import Path
 
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.commands.views import forecast_error, forecast_line
+from orchestrator.controller.forecast import band, left_strata, work_seconds
+from orchestrator.controller.forecast_check import forecast_beside_pace
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_marker
+from orchestrator.core.records.forecast import (
+    Band,
+    CandidateForecast,
+    ForecastRecord,
+    ProbeRecord,
+    RowSample,
+    StratumCount,
+)
 from orchestrator.core.store import open_store
 from tests.support.datasets import write_jsonl
 
@@ -91,3 +104,71 @@ def test_estimate_probe_rows_are_answered_once_and_skipped_by_the_run(workdir, c
     assert ids == [f"q{i}" for i in range(140)]
     markers = [read_marker(store, layout, f"part_0000{i}") for i in range(5)]
     assert sum(m.rows for m in markers if m is not None) == 140
+
+
+def _probe(samples: int, run_rows: int, *, busy_s: float = 10.0) -> ProbeRecord:
+    """A measured probe of `samples` rows out of a run of `run_rows`, all in one stratum, each 100 tokens out."""
+    row = RowSample(
+        stratum="s",
+        est_prompt_tokens=10,
+        prompt_tokens=10,
+        cached_tokens=0,
+        completion_tokens=100,
+        max_tokens=100,
+        hit_max=True,
+    )
+    return ProbeRecord(
+        chunk="part_00009",
+        rows=samples,
+        share=samples / run_rows,
+        strata={"s": StratumCount(rows=run_rows, max_tokens=100 * run_rows, est_prompt_tokens=10 * run_rows)},
+        created_at=0.0,
+        busy_s=busy_s,
+        samples=[row] * samples,
+    )
+
+
+def test_work_seconds_counts_only_the_rows_the_probe_left():
+    # 20 probe rows took 10 s; the run has 100 rows, 80 of them left: 40 s of work, not 50.
+    draws = [work_seconds(_probe(20, 100), random.Random(seed))[0] for seed in range(200)]
+    assert 30 < statistics.median(draws) < 50
+    assert abs(statistics.median(draws) - 40) < 2
+    assert left_strata(_probe(20, 100))["s"].rows == 80
+
+
+def test_work_seconds_band_holds_the_rate_spread_when_every_row_is_alike():
+    # Identical rows leave the bootstrap nothing to resample: the band still has the rate's spread.
+    draws = [work_seconds(_probe(20, 100), random.Random(seed))[0] for seed in range(400)]
+    b = band(draws)
+    assert b.p10 < 40 * 0.95 and b.p90 > 40 * 1.05
+
+
+def test_forecast_beside_pace_places_the_projected_finish_in_the_band():
+    fleet = CandidateForecast(
+        gpu="cpu",
+        spot=False,
+        workers=2,
+        duration_s=Band(p10=90, p50=100, p90=110),
+        cost_usd=Band(p10=0, p50=0, p90=0),
+        engine_s=Band(p10=20, p50=25, p90=30),
+        basis="measured",
+    )
+    record = ForecastRecord(
+        at=0,
+        kind="probe",
+        workers=2,
+        output_tokens=Band(p10=1, p50=1, p90=1),
+        prompt_tokens=1,
+        candidates=[fleet],
+        fleet="cpu/on-demand",
+    )
+    seen = forecast_beside_pace(record, launched_at=1000.0, eta_s=75.0, now=1050.0, complete=False)
+    assert seen is not None and seen["projected_s"] == 125.0 and seen["projected_in_band"] == "above p90"
+    assert forecast_line(seen).endswith(": above p90")
+    seen = forecast_beside_pace(record, launched_at=1000.0, eta_s=45.0, now=1050.0, complete=False)
+    assert seen is not None and seen["projected_in_band"] == "inside"
+    assert forecast_error(seen) == "(probe)"
+    done = record.model_copy(update={"actual": {"engine_error": -0.08, "inside_band": 1.0}})
+    seen = forecast_beside_pace(done, launched_at=1000.0, eta_s=0.0, now=1200.0, complete=True)
+    assert seen is not None and seen["projected_s"] is None and forecast_error(seen) == "-8%"
+    assert forecast_error(None) == "-"

@@ -27,13 +27,12 @@ from orchestrator.commands.shared import Invocation, common_options
 @click.option(
     "--probe-rows",
     type=click.IntRange(1),
-    default=32,
-    show_default=True,
-    help="the fewest rows a probe takes: about one engine batch",
+    default=None,
+    help="the fewest rows a probe takes [default: one full engine batch, model.engine_args.max_num_seqs or 256]",
 )
 @click.option("--json", "as_json", is_flag=True, help="print the forecast as JSON")
 def estimate_command(
-    inv: Invocation, workers: int | None, probe: bool, probe_share: float, probe_rows: int, as_json: bool
+    inv: Invocation, workers: int | None, probe: bool, probe_share: float, probe_rows: int | None, as_json: bool
 ) -> int:
     """Forecast the run's duration and cost per candidate (spot and on-demand), p10/p50/p90; kept in the store."""
     from orchestrator.controller.forecast import forecast_from_probe, guess

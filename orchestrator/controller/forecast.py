@@ -1,13 +1,20 @@
 """A forecast with bands: the run's engine work from the probe (bootstrapped), and each candidate fleet's
 duration and cost p10/p50/p90 from the simulator run over seeds with the measured speed.
 
-Work is counted in engine seconds of one worker: each row costs its generated tokens at the probe's
-seconds per generated token, its uncached prompt tokens at PREFILL_WEIGHT of that (one probe chunk
-measures one engine time, so the split between prefill and decode is an assumption, said in the
-record's note). Output lengths: per stratum, the probe's generated / max_tokens ratios, resampled
-with replacement (a bootstrap of the stratum's mean) and applied to the stratum's max_tokens in the
-run; strata the probe missed draw from all its rows. Prompt tokens: the run's bytes / 4, corrected
-by the probe's measured ratio; cached share as the probe measured it.
+Work is counted in engine seconds of one worker over the rows the run has left (the probe's own
+rows are done): each row costs its generated tokens at the probe's seconds per generated token,
+its uncached prompt tokens at PREFILL_WEIGHT of that (one probe chunk measures one engine time, so
+the split between prefill and decode is an assumption, said in the record's note). The probe runs
+at least one full engine batch (probe_carve.probe_size), so that rate is the one a saturated worker
+of the run reaches. Output lengths: per stratum, the probe's generated / max_tokens ratios,
+resampled with replacement (a bootstrap of the stratum's mean) and applied to the stratum's
+max_tokens in the run; strata the probe missed draw from all its rows. Prompt tokens: the run's
+bytes / 4, corrected by the probe's measured ratio; cached share as the probe measured it. The rate
+itself varies from one engine to the next (RATE_SIGMA, measured by bench/forecast_bench.py): each
+draw scales it by a log-normal factor, so the band holds both spreads.
+
+A local fleet: the busiest worker of the plan over the rows left, at the probe's rate shared by
+the workers this machine's cores hold at once.
 
 Without a probe (`kind: guess`): the price table's speed scaled by the model's size (config.json:
 12 x layers x hidden^2 parameters against the table's 8B), outputs between 10% and 100% of
@@ -26,7 +33,14 @@ from pathlib import Path
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.core.context import RunContext
 from orchestrator.core.records import ManifestEntry
-from orchestrator.core.records.forecast import Band, CandidateForecast, ForecastRecord, ProbeRecord, RowSample
+from orchestrator.core.records.forecast import (
+    Band,
+    CandidateForecast,
+    ForecastRecord,
+    ProbeRecord,
+    RowSample,
+    StratumCount,
+)
 
 #: Cost of an uncached prompt token against a generated one in a saturated batch (an assumption).
 PREFILL_WEIGHT = 0.05
@@ -36,6 +50,9 @@ SEEDS = 5
 TABLE_PARAMS = 8e9
 #: Without a probe: a generated share of max_tokens from 10% to 100%, and speed within 3x of the table's.
 GUESS_SPEED_SPREAD = 3.0
+#: Spread (log-normal sigma) of one worker's engine rate against another's on the same workload:
+#: what a probe's one measured rate cannot see (bench/forecast_bench.py, docs/BENCHMARKS.md).
+RATE_SIGMA = 0.1
 
 
 def band(values: Sequence[float]) -> Band:
@@ -55,8 +72,19 @@ def model_params(model: str | None) -> float | None:
         return None
 
 
+def left_strata(probe: ProbeRecord) -> dict[str, StratumCount]:
+    """The run's strata less the probe's rows: what the run's workers still have to answer."""
+    left = {name: count.model_copy() for name, count in probe.strata.items()}
+    for x in probe.samples:
+        c = left.get(x.stratum)
+        if c is not None:
+            c.rows, c.max_tokens = c.rows - 1, c.max_tokens - x.max_tokens
+            c.est_prompt_tokens -= x.est_prompt_tokens
+    return {name: c for name, c in left.items() if c.rows > 0}
+
+
 def work_seconds(probe: ProbeRecord, rng: random.Random) -> tuple[float, float, float]:
-    """One bootstrap draw: (engine seconds of one worker, generated tokens, prompt tokens) for the whole run."""
+    """One bootstrap draw: (engine seconds of one worker, generated tokens, prompt tokens) for the rows left."""
     s = probe.samples
     busy = probe.busy_s or 0.0
     units = sum(x.completion_tokens + PREFILL_WEIGHT * (x.prompt_tokens - x.cached_tokens) for x in s)
@@ -68,14 +96,15 @@ def work_seconds(probe: ProbeRecord, rng: random.Random) -> tuple[float, float, 
     for x in s:
         by_stratum.setdefault(x.stratum, []).append(x)
     out_total = prompt_total = 0.0
-    for name, count in probe.strata.items():
+    for name, count in left_strata(probe).items():
         pool = by_stratum.get(name) or s
         draw = [rng.choice(pool) for _ in pool]
         ratio = statistics.fmean(x.completion_tokens / max(1, x.max_tokens) for x in draw)
         out_total += ratio * count.max_tokens
         prompt_total += count.est_prompt_tokens * prompt_ratio
     units_total = out_total + PREFILL_WEIGHT * prompt_total * (1 - cached)
-    return units_total * sec_per_unit, out_total, prompt_total
+    rate_noise = rng.lognormvariate(0.0, RATE_SIGMA)
+    return units_total * sec_per_unit * rate_noise, out_total, prompt_total
 
 
 def local_parallelism(workers: int, threads: int | None) -> float:
@@ -97,26 +126,7 @@ def forecast_from_probe(
     acc = probe.accelerator or "cpu"
     prices = load_gpu_table()
     if ctx.spec.backend == "local":
-        par = local_parallelism(workers, probe.threads)
-        engine = [q / par for q in (work.p10, work.p50, work.p90)]
-        tail = _tail_s(left, work.p50, sum(e.rows for e in left))
-        candidates.append(
-            CandidateForecast(
-                gpu=acc,
-                spot=False,
-                workers=workers,
-                engine_s=Band(
-                    p10=round(engine[0], 2), p50=round(engine[1] + tail / 2, 2), p90=round(engine[2] + tail, 2)
-                ),
-                duration_s=Band(
-                    p10=round(engine[0] + startup, 2),
-                    p50=round(engine[1] + tail / 2 + startup, 2),
-                    p90=round(engine[2] + tail + startup, 2),
-                ),
-                cost_usd=Band(p10=0.0, p50=0.0, p90=0.0),
-                basis=f"measured on {acc} ({probe.rows} rows, {workers} workers sharing {os.cpu_count()} cores)",
-            )
-        )
+        candidates.append(_local_candidate(probe, left, workers, work, startup))
     else:
         gen_tok_s = sum(x.completion_tokens for x in probe.samples) / (probe.busy_s or 1.0)
         for g in ctx.spec.resources.gpus:
@@ -149,10 +159,36 @@ def forecast_from_probe(
     )
 
 
-def _tail_s(left: Sequence[ManifestEntry], work_s: float, rows: int) -> float:
-    """The last chunk's share of the work: what one worker may still do while the others are idle."""
-    largest = max((e.rows for e in left), default=0)
-    return work_s * largest / rows / 2 if rows else 0.0
+def busiest_share(left: Sequence[ManifestEntry], workers: int) -> float:
+    """The share of the work the plan gives its busiest worker (by the plan's own estimate of tokens)."""
+    from orchestrator.controller.plan import plan_chunks
+
+    if not left:
+        return 0.0
+    plan = plan_chunks(left, workers)
+    total = sum(a.est_tokens for a in plan.workers)
+    return max(a.est_tokens for a in plan.workers) / total if total else 1.0 / workers
+
+
+def _local_candidate(
+    probe: ProbeRecord, left: Sequence[ManifestEntry], workers: int, work: Band, startup: float
+) -> CandidateForecast:
+    """This machine: the busiest worker's work at the probe's rate, shared by the workers its cores run at once."""
+    acc = probe.accelerator or "cpu"
+    # N workers sharing the cores each go par/N of the probe's speed; the busiest ends last.
+    factor = busiest_share(left, workers) * workers / local_parallelism(workers, probe.threads)
+    eng = Band(p10=round(work.p10 * factor, 2), p50=round(work.p50 * factor, 2), p90=round(work.p90 * factor, 2))
+    return CandidateForecast(
+        gpu=acc,
+        spot=False,
+        workers=workers,
+        engine_s=eng,
+        duration_s=Band(
+            p10=round(eng.p10 + startup, 2), p50=round(eng.p50 + startup, 2), p90=round(eng.p90 + startup, 2)
+        ),
+        cost_usd=Band(p10=0.0, p50=0.0, p90=0.0),
+        basis=f"measured on {acc} ({probe.rows} rows, {workers} workers sharing {os.cpu_count()} cores)",
+    )
 
 
 def _table_speed(prices: GpuTable, gpu: str, model: str | None) -> float:

@@ -56,3 +56,26 @@ def record_actual(
     actual["output_tokens_error"] = round(record.output_tokens.p50 / output_tokens - 1, 3) if output_tokens else 0.0
     store.put(layout.forecast, record.model_copy(update={"actual": actual}).to_bytes())
     return actual
+
+
+def forecast_beside_pace(
+    record: ForecastRecord | None, *, launched_at: float | None, eta_s: float | None, now: float, complete: bool
+) -> dict[str, Any] | None:
+    """What `orch status` shows of the forecast: the fleet's duration band beside the finish the pace
+    so far projects (time since the first launch plus the ETA), and how right it was once collected."""
+    if record is None:
+        return None
+    fleet = next((c for c in record.candidates if f"{c.gpu}/{'spot' if c.spot else 'on-demand'}" == record.fleet), None)
+    if fleet is None:
+        return None
+    view: dict[str, Any] = {"kind": record.kind, "duration_s": fleet.duration_s.model_dump(), "projected_s": None}
+    if launched_at is not None and eta_s is not None and not complete:
+        projected = now - launched_at + eta_s
+        band = fleet.duration_s
+        view["projected_s"] = round(projected, 1)
+        view["projected_in_band"] = (
+            "below p10" if projected < band.p10 else "inside" if projected <= band.p90 else "above p90"
+        )
+    if record.actual is not None:
+        view["actual"] = dict(record.actual)
+    return view

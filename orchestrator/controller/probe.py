@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.controller.probe_carve import (
-    MIN_PROBE_ROWS,
     carve_probe_chunk,
+    engine_batch,
     probe_first_plan,
     refuse_if_started,
     run_rows,
@@ -46,7 +46,7 @@ def run_probe(
     ctx: RunContext,
     share: float,
     *,
-    min_rows: int = MIN_PROBE_ROWS,
+    min_rows: int | None = None,
     timeout_s: float = 3600.0,
     echo: Callable[[str], None] = lambda _l: None,
 ) -> ProbeRecord:
@@ -56,7 +56,7 @@ def run_probe(
         echo(f"probe: {probe.rows} rows measured before ({probe.chunk}): reused")
         return probe
     if probe is None:
-        probe = _carve(ctx, share, min_rows)
+        probe = _carve(ctx, share, min_rows or engine_batch(ctx))
         echo(f"probe: {probe.rows} rows ({probe.share:.1%}) in {len(probe.strata)} strata carved into {probe.chunk}")
     if read_marker(ctx.store, ctx.layout, probe.chunk) is None:
         _launch_and_wait(ctx, probe, timeout_s, echo)

@@ -7,7 +7,8 @@ probe worker claims that chunk with a lease and writes its done marker like any 
 workers skip it as done, and collect places its rows by their positions. Nothing is written twice.
 
 Strata: prompt length (powers of two of its bytes / 4), prefix group (the first PREFIX_HEAD bytes of
-the body) and max_tokens (powers of two). Allocation is proportional, at least one row per stratum
+the body) and max_tokens (powers of two). The sample is at least one full engine batch (`engine_batch`).
+Allocation is proportional, at least one row per stratum
 while the sample has room, drawn with a seed from the run's name so a retry picks the same rows.
 """
 
@@ -32,8 +33,15 @@ from orchestrator.core.store import NotFound
 
 #: Bytes of a request body that name its prefix group for stratifying (a system prompt's start).
 PREFIX_HEAD = 160
-#: At least this many rows: about one engine batch on a CPU worker (its KV cache holds 15-30 prompts).
-MIN_PROBE_ROWS = 32
+#: vLLM's max_num_seqs when engine_args leave it unset (its default on a CPU and on most GPUs).
+ENGINE_BATCH_DEFAULT = 256
+
+
+def engine_batch(ctx: RunContext) -> int:
+    """The most rows one engine runs at once (`model.engine_args.max_num_seqs`, else vLLM's default):
+    a probe smaller than this measures a worker less busy than the run's, which goes faster per row."""
+    value = ctx.spec.model.engine_args.get("max_num_seqs")
+    return int(value) if isinstance(value, int) and value > 0 else ENGINE_BATCH_DEFAULT
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,8 @@ from typing import Any
 
 from orchestrator.backends.base import JobState, JobStatus, Launcher, attempt_statuses
 from orchestrator.controller.activity import run_state, worker_activity
-from orchestrator.controller.pace import overall_pace, timeline
+from orchestrator.controller.forecast_check import forecast_beside_pace
+from orchestrator.controller.pace import first_launch, overall_pace, timeline
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.token_cost import realised_cost, tokens_of
 from orchestrator.core import worker_ids
@@ -86,6 +87,7 @@ from orchestrator.core.records import (
     read_plan,
     read_record,
 )
+from orchestrator.core.records.forecast import ForecastRecord
 from orchestrator.core.store import Store
 
 
@@ -110,6 +112,8 @@ class RunFacts:
     set_aside: int = 0
     #: When prepare finished (its record's time), None when not known.
     prepared_at: float | None = None
+    #: `orch estimate`'s forecast (forecast.json), None without one.
+    forecast: ForecastRecord | None = None
 
 
 def latest_decision(store: Store, layout: RunLayout) -> DecisionRecord | None:
@@ -149,6 +153,7 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
     prepared = read_record(store, layout.prepare_record, PrepareRecord)
     facts.set_aside = prepared[0].errors if prepared is not None else 0
     facts.prepared_at = prepared[0].created_at or None if prepared is not None else None
+    facts.forecast = (read_record(store, layout.forecast, ForecastRecord) or (None,))[0]
     current = list(jobs.current_jobs().values())
     if launcher is not None and current:
         try:
@@ -249,6 +254,8 @@ class RunStatus:
     #: what `orch runs` shows beside each run (filled by controller/runs.py's list_runs).
     model: str | None = None
     input: str | None = None
+    #: The forecast's duration band beside the pace's projected finish (controller/forecast_check.py).
+    forecast: dict[str, Any] | None = None
 
 
 def derive_status(
@@ -301,6 +308,9 @@ def derive_status(
         tokens=tokens_of(finished).to_dict(),
         cost_per_m_tokens=per_m,
         timeline=timeline(sorted(at for c, (at, _) in facts.stats.items() if c in done), facts.jobs),
+        forecast=forecast_beside_pace(
+            facts.forecast, launched_at=first_launch(facts.jobs), eta_s=eta, now=now, complete=complete
+        ),
         state=run_state(
             complete=complete,
             damaged=bool(facts.damaged),
