@@ -23,6 +23,8 @@ BENCHMARKS = {
     "launch_bench": CONTROLLER,
     "simulate_bench": CONTROLLER,
     "spot_bench": CONTROLLER,
+    # Runs workers (the worker's environment) through the controller's CLI.
+    "forecast_bench": CONTROLLER,
     "worker_bench": WORKER,
     "prefix_bench": WORKER,
     # On a CPU, a smoke run of `make bench-gpu` and the transformers engine's CPU target.

@@ -11,6 +11,8 @@ Reported per workload: forecast p50 and p10-p90 of the fleet's engine time again
 (the busiest worker's engine seconds), inside the band or not, the guess's band and whether it
 holds the actual, the probe's engine time as a share of the run's (all workers' engine seconds),
 and that no row was answered twice (one output line per input row, markers' rows add up).
+The same in CPU seconds (`cpu error`: the probe's rate in CPU terms against the busiest worker's
+CPU time): this machine is shared, and wall time carries the neighbours' load, which comes and goes.
 Targets: median |error| <= 10%, >= 80% inside the band, probe <= 1.5%, guess band holds >= 80%.
 `--quick`: the first three workloads at a third of the rows.
 """
@@ -114,7 +116,12 @@ def measure(name: str, workers: int, rows: int, make: Callable[[int, random.Rand
     record = json.loads(store.get(layout.forecast).data)
     ids = [json.loads(x)["custom_id"] for x in (cwd / "out.jsonl").read_text().splitlines()]
     markers = [read_marker(store, layout, e.chunk) for e in read_manifest(store, layout)]
-    run_engine = sum(float(b["busy_s"]) for b in _final_beats(cwd))
+    beats = _final_beats(cwd)
+    run_engine = sum(float(b["busy_s"]) for b in beats)
+    # The same comparison in CPU seconds: the probe's rate taken in CPU terms, the busiest worker's CPU time.
+    p = probe["probe"]
+    to_cpu = (p["engine_cpu_s"] or 0.0) / p["engine_s"] if p["engine_s"] else 0.0
+    actual_cpu = max(float(b.get("busy_cpu_s", 0.0)) for b in beats)
     band = record["candidates"][0]["engine_s"]
     gband = guess["candidates"][0]["engine_s"]
     actual = record["actual"]["engine_s"]
@@ -129,6 +136,10 @@ def measure(name: str, workers: int, rows: int, make: Callable[[int, random.Rand
         "inside": band["p10"] <= actual <= band["p90"],
         "guess": gband,
         "guess_inside": gband["p10"] <= actual <= gband["p90"],
+        "cpu_error": round(band["p50"] * to_cpu / actual_cpu - 1, 3) if actual_cpu else None,
+        "cpu_inside": band["p10"] * to_cpu <= actual_cpu <= band["p90"] * to_cpu,
+        "probe_cpu_per_wall": round(to_cpu, 3),
+        "run_cpu_per_wall": round(actual_cpu / actual, 3) if actual else None,
         "probe_engine_s": probe["probe"]["engine_s"],
         "probe_share": round(probe["probe"]["engine_s"] / max(run_engine, 1e-9), 4),
         "answered_once": sorted(ids) == sorted(f"r{i}" for i in range(rows))
@@ -159,6 +170,8 @@ def main(argv: list[str]) -> int:
     summary = {
         "median_abs_error": round(statistics.median(errors), 3),
         "inside_band": round(sum(r["inside"] for r in results) / len(results), 2),
+        "median_abs_cpu_error": round(statistics.median(abs(r["cpu_error"] or 0.0) for r in results), 3),
+        "cpu_inside_band": round(sum(r["cpu_inside"] for r in results) / len(results), 2),
         "guess_inside_band": round(sum(r["guess_inside"] for r in results) / len(results), 2),
         "probe_share_max": max(r["probe_share"] for r in results),
         "answered_once": all(r["answered_once"] for r in results),
@@ -175,12 +188,25 @@ def main(argv: list[str]) -> int:
                     r["actual_engine_s"],
                     f"{r['error']:+.0%}",
                     "yes" if r["inside"] else "no",
+                    f"{r['cpu_error']:+.0%}" if r["cpu_error"] is not None else "-",
                     f"{r['guess']['p10']:.0f}-{r['guess']['p90']:.0f}",
                     f"{r['probe_share']:.1%}",
                 ]
                 for r in results
             ],
-            ["workload", "workers", "rows", "probe", "forecast s", "actual s", "error", "in", "guess", "probe"],
+            [
+                "workload",
+                "workers",
+                "rows",
+                "probe",
+                "forecast s",
+                "actual s",
+                "error",
+                "in",
+                "cpu error",
+                "guess",
+                "probe",
+            ],
         )
     )
     print(json.dumps(summary))

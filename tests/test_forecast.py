@@ -63,7 +63,24 @@ def test_estimate_probe_rows_are_answered_once_and_skipped_by_the_run(workdir, c
     if not (TINY / ".built").exists():
         pytest.fail("the tiny model is missing: run `make models`")
     capsys.readouterr()
-    assert main(["estimate", "--run", "f", "--model", str(TINY), "--workers", "2", "--probe", "--json"]) == 0
+    assert (
+        main(
+            [
+                "estimate",
+                "--run",
+                "f",
+                "--model",
+                str(TINY),
+                "--workers",
+                "2",
+                "--probe",
+                "--probe-rows",
+                "32",
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "probe" and doc["probe"]["rows"] == 32 and doc["probe"]["hit_max_tokens"] == 32
     band = doc["candidates"][0]["duration_s"]

@@ -154,6 +154,7 @@ class HeartbeatThread:
                     tokens_cached=t.tokens_cached,
                     busy_s=round(t.busy(), 3),
                     load_s=round(t.load_s, 3),
+                    busy_cpu_s=round(t.busy_cpu_s, 3),
                     tokens_per_s=t.tokens_per_s(),
                     rows_per_s=t.rows_per_s() or 0.0,
                     updated_at=self.clock(),

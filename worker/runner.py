@@ -245,6 +245,7 @@ class Worker:
     def _pump(self, engine: Engine, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], first: OpenChunk) -> None:
         """Steps 3-5 of the module docstring, for every chunk we get, through one engine run."""
         self.totals.busy_since = time.monotonic()
+        cpu_since = time.process_time()
         try:
             with contextlib.closing(engine.run(self._feed(claimer, entries, engine, first))) as steps:
                 while (finished := self._engine_step(steps)) is not None:
@@ -254,6 +255,7 @@ class Worker:
         finally:
             with self._lock:
                 self.totals.busy_s, self.totals.busy_since = self.totals.busy(), None
+                self.totals.busy_cpu_s += time.process_time() - cpu_since
 
     def _settle(self, engine: Engine) -> None:
         """After the engine drained: flush and complete the chunks still in hand, which only a

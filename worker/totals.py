@@ -26,6 +26,9 @@ class Totals:
     ignored_fields: dict[str, int] = field(default_factory=dict)
     busy_s: float = 0.0  # engine time in pumps that ended; `busy()` adds the one under way
     busy_since: float | None = None  # time.monotonic() when the pump under way began
+    #: CPU seconds of this process in pumps that ended: on a shared machine the engine's wall time
+    #: carries the neighbours' load, its CPU time does not (bench/forecast_bench.py compares both).
+    busy_cpu_s: float = 0.0
     load_s: float = 0.0  # loading the engine (imports and weights): part of wall_s, not of the work
     load_cpu_s: float = 0.0  # the same in CPU seconds: what a shared machine's benchmarks can compare
     started_at: float = field(default_factory=time.time)
@@ -80,6 +83,7 @@ class Totals:
             "tokens_cached": self.tokens_cached,
             "tokens_per_s": round(self.tokens_out / wall_s, 2) if wall_s > 0 else 0.0,
             "busy_s": round(self.busy(), 3),
+            "busy_cpu_s": round(self.busy_cpu_s, 3),
             "chunks_done": self.chunks_done,
             "chunks_lost": self.chunks_lost,
             **({"ignored_fields": dict(sorted(self.ignored_fields.items()))} if self.ignored_fields else {}),

@@ -50,6 +50,11 @@ SEEDS = 5
 TABLE_PARAMS = 8e9
 #: Without a probe: a generated share of max_tokens from 10% to 100%, and speed within 3x of the table's.
 GUESS_SPEED_SPREAD = 3.0
+#: A CPU has no row in the price table: its guess is an L4's speed / 20, within 10x either way.
+CPU_GUESS_SPEED_SPREAD = 10.0
+#: Workers sharing one machine's cores do not add up: two single-thread workers on this 2-vCPU
+#: machine each ran at 0.78-0.85 of one alone (bench/forecast_bench.py; the probe runs alone).
+SHARED_CORE_EFFICIENCY = 0.82
 #: Spread (log-normal sigma) of one worker's engine rate against another's on the same workload:
 #: what a probe's one measured rate cannot see (bench/forecast_bench.py, docs/BENCHMARKS.md).
 RATE_SIGMA = 0.1
@@ -108,9 +113,11 @@ def work_seconds(probe: ProbeRecord, rng: random.Random) -> tuple[float, float, 
 
 
 def local_parallelism(workers: int, threads: int | None) -> float:
-    """Workers on this machine share its cores: N workers of `threads` each go min(N, cores/threads) times as fast."""
+    """Workers on this machine share its cores: N workers of `threads` each go min(N, cores/threads) times as
+    fast, less what sharing a machine costs (SHARED_CORE_EFFICIENCY)."""
     cores = os.cpu_count() or 1
-    return min(float(workers), max(1.0, cores / max(1, threads or 1)))
+    par = min(float(workers), max(1.0, cores / max(1, threads or 1)))
+    return par * SHARED_CORE_EFFICIENCY if par > 1 else par
 
 
 def forecast_from_probe(
@@ -155,7 +162,19 @@ def forecast_from_probe(
         candidates=candidates,
         fleet=f"{candidates[0].gpu}/{'spot' if candidates[0].spot else 'on-demand'}",
         note=f"engine time from {probe.rows} probe rows; "
-        f"prefill weighed {PREFILL_WEIGHT} of a generated token (assumed)",
+        f"prefill weighed {PREFILL_WEIGHT} of a generated token (assumed)" + _below_batch(ctx, probe),
+    )
+
+
+def _below_batch(ctx: RunContext, probe: ProbeRecord) -> str:
+    from orchestrator.controller.probe_carve import engine_batch
+
+    batch = engine_batch(ctx)
+    if probe.rows >= batch:
+        return ""
+    return (
+        f"; the probe ran {probe.rows} rows, less than one engine batch ({batch}, max_num_seqs): "
+        "a run's fuller batches go faster per row than it measured"
     )
 
 
@@ -251,7 +270,8 @@ def guess(ctx: RunContext, manifest: Sequence[ManifestEntry], workers: int, at: 
         if g == "cpu":
             speed /= 20  # a CPU against an L4: a guess, and said to be one
         units = [t + PREFILL_WEIGHT * prompt for t in (out.p10, out.p50, out.p90)]
-        lo, mid, hi = (units[0] / speed / GUESS_SPEED_SPREAD, units[1] / speed, units[2] / speed * GUESS_SPEED_SPREAD)
+        spread = CPU_GUESS_SPEED_SPREAD if g == "cpu" else GUESS_SPEED_SPREAD
+        lo, mid, hi = (units[0] / speed / spread, units[1] / speed, units[2] / speed * spread)
         par = local_parallelism(workers, None) if g == "cpu" else float(workers)
         eng = Band(p10=round(lo / par, 2), p50=round(mid / par, 2), p90=round(hi / par, 2))
         usd = 0.0 if g == "cpu" else prices.get(g).spot_usd_h * workers / 3600

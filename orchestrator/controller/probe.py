@@ -157,6 +157,7 @@ def _measure(ctx: RunContext, probe: ProbeRecord) -> ProbeRecord:
             "samples": samples,
             "busy_s": round(busy, 3),
             "load_s": beat.load_s if beat is not None else None,
+            "busy_cpu_s": beat.busy_cpu_s if beat is not None else None,
             "accelerator": marker.accelerator,
             "threads": threads,
         }
@@ -180,6 +181,7 @@ def probe_summary(probe: ProbeRecord) -> dict[str, Any]:
                 "accelerator": probe.accelerator,
                 "engine_s": busy,
                 "load_s": probe.load_s,
+                "engine_cpu_s": probe.busy_cpu_s,
                 "decode_tokens_per_s": round(out / busy, 1) if busy else None,
                 "prefill_tokens_per_s": round(uncached / busy, 1) if busy else None,
                 "prefix_cache_hit": round(sum(x.cached_tokens for x in s) / prompt, 3) if prompt else 0.0,

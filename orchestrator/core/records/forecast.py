@@ -38,6 +38,7 @@ class ProbeRecord(Record):
     threads: int | None = Field(None, description="a local probe: CPU threads its worker had")
     busy_s: float | None = Field(None, description="engine seconds of the probe's worker")
     load_s: float | None = None
+    busy_cpu_s: float | None = Field(None, description="CPU seconds of the probe's worker in its engine")
     samples: list[RowSample] = Field(default_factory=list)
 
 

@@ -388,6 +388,8 @@ class Heartbeat(HeartbeatSummary):
     #: probe measures its rates over, and the run's actual engine time (controller/forecast.py).
     busy_s: float = 0.0
     load_s: float = 0.0
+    #: CPU seconds of this process in the engine's pumps so far (those that ended).
+    busy_cpu_s: float = 0.0
     host: str | None = None
     pid: int | None = None
 
