@@ -5,7 +5,8 @@ Each workload, in a fresh store with the tiny test model (.cache/models/tiny-lla
 `orch collect` (which writes the actual figures into the forecast record). Rows are openai-batch
 lines, so each row's `max_tokens` (and `ignore_eos`, for output lengths the workload decides)
 reaches the engine as written. The engine batch is `max_num_seqs` ENGINE_BATCH: the probe runs at
-least one full batch, so the run must be ~70x that for a probe within 1.5% of it.
+least two full batches (the first warms the engine up), so the run must be ~70x that for a probe
+within 1.5% of its rows.
 
 Reported per workload: forecast p50 and p10-p90 of the fleet's engine time against the actual
 (the busiest worker's engine seconds), inside the band or not, the guess's band and whether it
@@ -67,16 +68,16 @@ def _heavy_tail(rng: random.Random) -> int:
 
 #: name -> (workers, rows, row maker(i, rng)).
 WORKLOADS: dict[str, tuple[int, int, Callable[[int, random.Random], dict[str, Any]]]] = {
-    "short prompts, short outputs": (2, 600, lambda i, r: _line(i, _words(r, 5, 20), 16)),
-    "long prompts, short outputs": (2, 600, lambda i, r: _line(i, _words(r, 120, 200), 16)),
-    "short prompts, long outputs": (2, 600, lambda i, r: _line(i, _words(r, 5, 20), 64)),
-    "heavy-tailed outputs": (2, 600, lambda i, r: _line(i, _words(r, 10, 40), _heavy_tail(r))),
+    "short prompts, short outputs": (2, 1100, lambda i, r: _line(i, _words(r, 5, 20), 16)),
+    "long prompts, short outputs": (2, 1100, lambda i, r: _line(i, _words(r, 120, 200), 16)),
+    "short prompts, long outputs": (2, 1100, lambda i, r: _line(i, _words(r, 5, 20), 64)),
+    "heavy-tailed outputs": (2, 1100, lambda i, r: _line(i, _words(r, 10, 40), _heavy_tail(r))),
     "shared prefixes": (
         2,
-        600,
+        1100,
         lambda i, r: _line(i, _words(r, 5, 15), 24, system=_words(random.Random(i % 4), 150, 150)),
     ),
-    "mixed max_tokens, 4 workers": (4, 800, lambda i, r: _line(i, _words(r, 10, 60), r.choice([8, 24, 48]))),
+    "mixed max_tokens, 4 workers": (4, 1200, lambda i, r: _line(i, _words(r, 10, 60), r.choice([8, 24, 48]))),
 }
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.commands.views import forecast_error, forecast_line
-from orchestrator.controller.forecast import band, left_strata, work_seconds
+from orchestrator.controller.forecast import band, left_strata, probe_rate, work_seconds
 from orchestrator.controller.forecast_check import forecast_beside_pace
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_marker
@@ -189,3 +189,12 @@ def test_forecast_beside_pace_places_the_projected_finish_in_the_band():
     seen = forecast_beside_pace(done, launched_at=1000.0, eta_s=0.0, now=1200.0, complete=True)
     assert seen is not None and seen["projected_s"] is None and forecast_error(seen) == "-8%"
     assert forecast_error(None) == "-"
+
+
+def test_work_seconds_takes_the_rate_past_the_first_batch_and_the_warm_up_once():
+    # 20 rows: the first 10 took 8 s (the engine's warm-up in them), the next 10 took 2 s. Rows cost
+    # 0.2 s each past the warm-up, which is 6 s: 80 rows left are 16 s of work, not 40 s.
+    probe = _probe(20, 100).model_copy(update={"first_batch": [8.0, 0.0, 10, 100, 1000, 0]})
+    draws = [work_seconds(probe, random.Random(seed))[0] for seed in range(200)]
+    assert abs(statistics.median(draws) - 16) < 1
+    assert probe_rate(probe) == pytest.approx((2.0 / 1005, 6.0))

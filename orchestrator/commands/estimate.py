@@ -28,7 +28,8 @@ from orchestrator.commands.shared import Invocation, common_options
     "--probe-rows",
     type=click.IntRange(1),
     default=None,
-    help="the fewest rows a probe takes [default: one full engine batch, model.engine_args.max_num_seqs or 256]",
+    help="the fewest rows a probe takes [default: two engine batches (model.engine_args.max_num_seqs, else 256): "
+    "one to warm up, one to measure]",
 )
 @click.option("--json", "as_json", is_flag=True, help="print the forecast as JSON")
 def estimate_command(

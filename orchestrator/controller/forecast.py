@@ -1,16 +1,16 @@
 """A forecast with bands: the run's engine work from the probe (bootstrapped), and each candidate fleet's
 duration and cost p10/p50/p90 from the simulator run over seeds with the measured speed.
 
-Work is counted in engine seconds of one worker over the rows the run has left (the probe's own
-rows are done): each row costs its generated tokens at the probe's seconds per generated token,
-its uncached prompt tokens at PREFILL_WEIGHT of that (one probe chunk measures one engine time, so
-the split between prefill and decode is an assumption, said in the record's note). The probe runs
-at least one full engine batch (probe_carve.probe_size), so that rate is the one a saturated worker
-of the run reaches. Output lengths: per stratum, the probe's generated / max_tokens ratios,
-resampled with replacement (a bootstrap of the stratum's mean) and applied to the stratum's
-max_tokens in the run; strata the probe missed draw from all its rows. Prompt tokens: the run's
-bytes / 4, corrected by the probe's measured ratio; cached share as the probe measured it. The rate
-itself varies from one engine to the next (RATE_SIGMA, measured by bench/forecast_bench.py): each
+Work is counted in engine seconds of one worker over the rows the run has left (the probe's own rows are
+done): each row costs its generated tokens at the probe's seconds per generated token, its uncached
+prompt tokens at PREFILL_WEIGHT of that (one probe chunk measures one engine time, so the split between
+prefill and decode is an assumption, said in the record's note). The probe runs two full engine batches
+by default: the rate is taken past the first (the engine's warm-up, added once per worker) at the
+concurrency a saturated worker of the run reaches. Output lengths: per stratum, the probe's generated /
+max_tokens ratios, resampled with replacement (a bootstrap of the stratum's mean) and applied to the
+stratum's max_tokens in the run; strata the probe missed draw from all its rows. Prompt tokens: the
+run's bytes / 4, corrected by the probe's measured ratio; cached share as the probe measured it. The
+rate itself varies from one engine to the next (RATE_SIGMA, measured by bench/forecast_bench.py): each
 draw scales it by a log-normal factor, so the band holds both spreads.
 
 A local fleet: the busiest worker of the plan over the rows left, at the probe's rate shared by
@@ -88,12 +88,25 @@ def left_strata(probe: ProbeRecord) -> dict[str, StratumCount]:
     return {name: c for name, c in left.items() if c.rows > 0}
 
 
-def work_seconds(probe: ProbeRecord, rng: random.Random) -> tuple[float, float, float]:
-    """One bootstrap draw: (engine seconds of one worker, generated tokens, prompt tokens) for the rows left."""
+def probe_rate(probe: ProbeRecord) -> tuple[float, float]:
+    """(engine seconds per work unit, warm-up seconds): the rate past the first engine batch when the
+    probe ran more than one (its heartbeat's `first_batch`), the first batch's excess as the warm-up."""
     s = probe.samples
     busy = probe.busy_s or 0.0
     units = sum(x.completion_tokens + PREFILL_WEIGHT * (x.prompt_tokens - x.cached_tokens) for x in s)
-    sec_per_unit = busy / units if units else 0.0
+    fb = probe.first_batch
+    if fb is not None and len(fb) >= 6 and fb[2] < len(s):
+        first_units = fb[4] + PREFILL_WEIGHT * (fb[3] - fb[5])
+        if busy > fb[0] and units > first_units:
+            rate = (busy - fb[0]) / (units - first_units)
+            return rate, max(0.0, fb[0] - first_units * rate)
+    return (busy / units if units else 0.0), 0.0
+
+
+def work_seconds(probe: ProbeRecord, rng: random.Random) -> tuple[float, float, float]:
+    """One bootstrap draw: (engine seconds of one worker, generated tokens, prompt tokens) for the rows left."""
+    s = probe.samples
+    sec_per_unit = probe_rate(probe)[0]
     est = sum(x.est_prompt_tokens for x in s)
     prompt_ratio = sum(x.prompt_tokens for x in s) / est if est else 1.0
     cached = sum(x.cached_tokens for x in s) / max(1, sum(x.prompt_tokens for x in s))
@@ -195,8 +208,14 @@ def _local_candidate(
     """This machine: the busiest worker's work at the probe's rate, shared by the workers its cores run at once."""
     acc = probe.accelerator or "cpu"
     # N workers sharing the cores each go par/N of the probe's speed; the busiest ends last.
-    factor = busiest_share(left, workers) * workers / local_parallelism(workers, probe.threads)
-    eng = Band(p10=round(work.p10 * factor, 2), p50=round(work.p50 * factor, 2), p90=round(work.p90 * factor, 2))
+    slowdown = workers / local_parallelism(workers, probe.threads)
+    factor = busiest_share(left, workers) * slowdown
+    warm = probe_rate(probe)[1] * slowdown  # each worker warms its engine up once
+    eng = Band(
+        p10=round(work.p10 * factor + warm, 2),
+        p50=round(work.p50 * factor + warm, 2),
+        p90=round(work.p90 * factor + warm, 2),
+    )
     return CandidateForecast(
         gpu=acc,
         spot=False,

@@ -56,7 +56,7 @@ def run_probe(
         echo(f"probe: {probe.rows} rows measured before ({probe.chunk}): reused")
         return probe
     if probe is None:
-        probe = _carve(ctx, share, min_rows or engine_batch(ctx))
+        probe = _carve(ctx, share, min_rows or 2 * engine_batch(ctx))
         echo(f"probe: {probe.rows} rows ({probe.share:.1%}) in {len(probe.strata)} strata carved into {probe.chunk}")
     if read_marker(ctx.store, ctx.layout, probe.chunk) is None:
         _launch_and_wait(ctx, probe, timeout_s, echo)
@@ -158,6 +158,7 @@ def _measure(ctx: RunContext, probe: ProbeRecord) -> ProbeRecord:
             "busy_s": round(busy, 3),
             "load_s": beat.load_s if beat is not None else None,
             "busy_cpu_s": beat.busy_cpu_s if beat is not None else None,
+            "first_batch": beat.first_batch if beat is not None else None,
             "accelerator": marker.accelerator,
             "threads": threads,
         }

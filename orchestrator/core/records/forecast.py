@@ -39,6 +39,9 @@ class ProbeRecord(Record):
     busy_s: float | None = Field(None, description="engine seconds of the probe's worker")
     load_s: float | None = None
     busy_cpu_s: float | None = Field(None, description="CPU seconds of the probe's worker in its engine")
+    first_batch: list[float] | None = Field(
+        None, description="the worker's figures when its first engine batch was done (its heartbeat's)"
+    )
     samples: list[RowSample] = Field(default_factory=list)
 
 

@@ -390,6 +390,9 @@ class Heartbeat(HeartbeatSummary):
     load_s: float = 0.0
     #: CPU seconds of this process in the engine's pumps so far (those that ended).
     busy_cpu_s: float = 0.0
+    #: When the first engine batch of rows was done: [busy_s, busy_cpu_s, rows, tokens_in,
+    #: tokens_out, tokens_cached] (worker/totals.py); None before that.
+    first_batch: list[float] | None = None
     host: str | None = None
     pid: int | None = None
 
