@@ -92,6 +92,7 @@ def _orch(cwd: Path, *args: str) -> str:
 
 
 def measure(name: str, workers: int, rows: int, make: Callable[[int, random.Random], dict[str, Any]]) -> dict[str, Any]:
+    from orchestrator.controller.forecast import local_parallelism
     from orchestrator.core.protocol.layout import RunLayout
     from orchestrator.core.records import read_manifest, read_marker
     from orchestrator.core.store import open_store
@@ -119,9 +120,11 @@ def measure(name: str, workers: int, rows: int, make: Callable[[int, random.Rand
     markers = [read_marker(store, layout, e.chunk) for e in read_manifest(store, layout)]
     beats = _final_beats(cwd)
     run_engine = sum(float(b["busy_s"]) for b in beats)
-    # The same comparison in CPU seconds: the probe's rate taken in CPU terms, the busiest worker's CPU time.
+    # The same comparison in CPU seconds: the probe's rate taken in CPU terms, without the wall-time
+    # slowdown of workers sharing cores (CPU seconds do not stretch), against the busiest worker's CPU time.
     p = probe["probe"]
-    to_cpu = (p["engine_cpu_s"] or 0.0) / p["engine_s"] if p["engine_s"] else 0.0
+    slowdown = workers / local_parallelism(workers, max(1, (os.cpu_count() or 1) // workers))
+    to_cpu = (p["engine_cpu_s"] or 0.0) / p["engine_s"] / slowdown if p["engine_s"] else 0.0
     actual_cpu = max(float(b.get("busy_cpu_s", 0.0)) for b in beats)
     band = record["candidates"][0]["engine_s"]
     gband = guess["candidates"][0]["engine_s"]
@@ -139,7 +142,7 @@ def measure(name: str, workers: int, rows: int, make: Callable[[int, random.Rand
         "guess_inside": gband["p10"] <= actual <= gband["p90"],
         "cpu_error": round(band["p50"] * to_cpu / actual_cpu - 1, 3) if actual_cpu else None,
         "cpu_inside": band["p10"] * to_cpu <= actual_cpu <= band["p90"] * to_cpu,
-        "probe_cpu_per_wall": round(to_cpu, 3),
+        "probe_cpu_per_wall": round(to_cpu * slowdown, 3),
         "run_cpu_per_wall": round(actual_cpu / actual, 3) if actual else None,
         "probe_engine_s": probe["probe"]["engine_s"],
         "probe_share": round(probe["probe"]["engine_s"] / max(run_engine, 1e-9), 4),
