@@ -26,6 +26,8 @@ BENCHMARKS = {
     "spot_bench": CONTROLLER,
     "table_sources_bench": CONTROLLER,
     "reuse_bench": CONTROLLER,
+    # Runs workers (the worker's environment) through the controller's CLI.
+    "forecast_bench": CONTROLLER,
     "worker_bench": WORKER,
     "prefix_bench": WORKER,
     # Drives `orch run` (local workers in the worker's environment) from the controller's.

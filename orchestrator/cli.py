@@ -12,7 +12,19 @@ from collections.abc import Sequence
 import click
 
 from orchestrator import __version__
-from orchestrator.commands import collect, lifecycle, prepare, prices, redo, run, runs, serve, simulate, status
+from orchestrator.commands import (
+    collect,
+    estimate,
+    lifecycle,
+    prepare,
+    prices,
+    redo,
+    run,
+    runs,
+    serve,
+    simulate,
+    status,
+)
 from orchestrator.core.errors import OrchError, render_error
 
 
@@ -28,7 +40,7 @@ def cli() -> None:
     """
 
 
-for _module in (collect, lifecycle, prepare, prices, redo, run, runs, serve, simulate, status):
+for _module in (collect, estimate, lifecycle, prepare, prices, redo, run, runs, serve, simulate, status):
     _module.register(cli)
 
 

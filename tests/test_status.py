@@ -169,7 +169,7 @@ def test_status_reads_markers_with_list_calls_not_one_request_per_chunk(store_ur
     store.requests.reset()
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
     assert status.chunks["done"] == 3
-    assert store.requests.by_op.get("get", 0) == 4  # manifest, plan, jobs, prepare record
+    assert store.requests.by_op.get("get", 0) == 5  # manifest, plan, jobs, prepare record, forecast
     # done/, stats/, heartbeats/, leases/, decisions/, and outputs/ (checkpointed rows of unfinished chunks)
     assert store.requests.by_op.get("list", 0) == 6
 

@@ -51,7 +51,13 @@ if TYPE_CHECKING:
     help="engine replicas on this machine, each on its own GPUs (data parallel); 'auto' = GPUs / tensor_parallel_size",
 )
 @click.option("--spot/--on-demand", "spot", envvar="ORCH_SPOT", default=None, help="what this machine is [ORCH_SPOT]")
-@click.option("--max-chunks", type=int, default=None, help="stop after this many chunks (tests, smoke runs)")
+@click.option(
+    "--max-chunks",
+    type=int,
+    envvar="ORCH_MAX_CHUNKS",
+    default=None,
+    help="stop after this many chunks (a probe, tests, smoke runs) [ORCH_MAX_CHUNKS]",
+)
 @click.option("--checkpoint-interval", type=float, default=None, help="seconds between output flushes")
 @click.option("--lease-ttl", type=float, default=None, help="seconds a lease lasts without renewal")
 @click.option("--replica", type=int, default=None, hidden=True)

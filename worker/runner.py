@@ -250,6 +250,7 @@ class Worker:
     def _pump(self, engine: Engine, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], first: OpenChunk) -> None:
         """Steps 3-5 of the module docstring, for every chunk we get, through one engine run."""
         self.totals.busy_since = time.monotonic()
+        self.totals.busy_cpu_since = time.process_time()
         try:
             with contextlib.closing(engine.run(self._feed(claimer, entries, engine, first))) as steps:
                 while (finished := self._engine_step(steps)) is not None:
@@ -259,6 +260,7 @@ class Worker:
         finally:
             with self._lock:
                 self.totals.busy_s, self.totals.busy_since = self.totals.busy(), None
+                self.totals.busy_cpu_s, self.totals.busy_cpu_since = self.totals.busy_cpu(), None
 
     def _settle(self, engine: Engine) -> None:
         """After the engine drained: flush and complete the chunks still in hand, which only a
@@ -498,6 +500,7 @@ class Worker:
                 self.loading = False
             self.totals.load_s = time.monotonic() - started
             self.totals.load_cpu_s = time.process_time() - started_cpu
+            self.totals.batch_rows = int(getattr(self._engine, "capacity", 0) or 0)
             if self.identity.accelerator is None:
                 self.identity.accelerator = self._engine.accelerator
             self.heartbeat.soon(state="running", accelerator=self.identity.accelerator, loaded=True)

@@ -26,6 +26,15 @@ class Totals:
     ignored_fields: dict[str, int] = field(default_factory=dict)
     busy_s: float = 0.0  # engine time in pumps that ended; `busy()` adds the one under way
     busy_since: float | None = None  # time.monotonic() when the pump under way began
+    #: CPU seconds of this process in pumps that ended: on a shared machine the engine's wall time
+    #: carries the neighbours' load, its CPU time does not (bench/forecast_bench.py compares both).
+    busy_cpu_s: float = 0.0
+    busy_cpu_since: float | None = None  # time.process_time() when the pump under way began
+    #: Rows one engine batch holds (the engine's capacity, once loaded): when that many rows are
+    #: done, `first_batch` keeps [busy_s, busy_cpu_s, rows, tokens_in, tokens_out, tokens_cached]
+    #: so a probe can measure its rate past the engine's warm-up (controller/forecast.py).
+    batch_rows: int = 0
+    first_batch: list[float] | None = None
     load_s: float = 0.0  # loading the engine (imports and weights): part of wall_s, not of the work
     load_cpu_s: float = 0.0  # the same in CPU seconds: what a shared machine's benchmarks can compare
     started_at: float = field(default_factory=time.time)
@@ -42,6 +51,9 @@ class Totals:
         self.tokens_out += sum(r.tokens_out for r in rows)
         self.tokens_cached += sum(r.tokens_cached for r in rows)
         self.chunk_rows_done += sum(1 for r in rows if r.chunk == self.chunk)
+        if self.first_batch is None and self.batch_rows and self.requests >= self.batch_rows:
+            self.first_batch = [round(self.busy(), 3), round(self.busy_cpu(), 3), self.requests, self.tokens_in]
+            self.first_batch += [self.tokens_out, self.tokens_cached]
 
     def ignored(self, names: tuple[str, ...]) -> None:
         """Count a request's ignored body fields (vLLM's server logs them; orch counts them)."""
@@ -53,6 +65,11 @@ class Totals:
         while a run goes (heartbeats, progress lines) must not wait for the engine to drain."""
         since = self.busy_since
         return self.busy_s + (time.monotonic() - since if since is not None else 0.0)
+
+    def busy_cpu(self) -> float:
+        """CPU seconds of this process in the engine's pumps so far, the one under way included."""
+        since = self.busy_cpu_since
+        return self.busy_cpu_s + (time.process_time() - since if since is not None else 0.0)
 
     def rows_per_s(self, *, min_busy_s: float = 0.0) -> float | None:
         """Rows answered per engine second; None until a row is answered and the engine has
@@ -80,6 +97,7 @@ class Totals:
             "tokens_cached": self.tokens_cached,
             "tokens_per_s": round(self.tokens_out / wall_s, 2) if wall_s > 0 else 0.0,
             "busy_s": round(self.busy(), 3),
+            "busy_cpu_s": round(self.busy_cpu_s, 3),
             "chunks_done": self.chunks_done,
             "chunks_lost": self.chunks_lost,
             **({"ignored_fields": dict(sorted(self.ignored_fields.items()))} if self.ignored_fields else {}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -70,6 +71,8 @@ def collect_command(
         partial=allow_partial,
         keep_columns=keep_columns,
     )
+    if report.complete:
+        _forecast_check(ctx, report)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:
@@ -81,6 +84,32 @@ def collect_command(
         )
     check_error_rate(report, max_error_rate)
     return 0
+
+
+def _forecast_check(ctx: Any, report: Any) -> None:
+    """Predicted against actual, when the run was forecast (`orch estimate`): said, and kept in its record."""
+    from orchestrator.controller.forecast_check import record_actual
+    from orchestrator.controller.pace import overall_pace
+    from orchestrator.core.protocol.checkpoints import read_chunk_stats
+    from orchestrator.core.records import read_jobs
+
+    pace = overall_pace(list(read_chunk_stats(ctx.store, ctx.layout).values()), read_jobs(ctx.store, ctx.layout)[0])
+    usd = (report.cost_per_m_tokens or {}).get("all", {}).get("usd", 0.0)
+    actual = record_actual(
+        ctx.store,
+        ctx.layout,
+        output_tokens=report.tokens.generated_tokens,
+        duration_s=pace["wall_s"] if pace else 0.0,
+        cost_usd=usd,
+    )
+    if actual is not None:
+        click.echo(
+            f"forecast vs actual: engine {actual['engine_error']:+.0%} "
+            f"({'inside' if actual['inside_band'] else 'outside'} p10-p90, actual {actual['engine_s']:.1f} s), "
+            f"output tokens {actual['output_tokens_error']:+.0%}, duration {actual['duration_s']:.0f} s, "
+            f"cost ${actual['cost_usd']:,.2f}",
+            err=True,
+        )
 
 
 def register(cli: click.Group) -> None:

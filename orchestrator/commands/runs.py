@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per run, a line each")
 @click.option("--prices", type=click.Path(dir_okay=False, exists=True), default=None, help="GPU price table (YAML)")
 def runs_command(spec_file: str | None, store: str | None, as_json: bool, prices: str | None) -> int:
-    """List the runs in a store: state, chunks and rows done, cost so far, age."""
+    """List the runs in a store: state, chunks and rows done, cost so far, the forecast's error, age."""
     from orchestrator.commands.console import console
     from orchestrator.commands.views import render_runs
     from orchestrator.controller.pricing import load_gpu_table
@@ -36,7 +36,7 @@ def runs_command(spec_file: str | None, store: str | None, as_json: bool, prices
         for r in runs:
             if isinstance(r, RunStatus):
                 doc = {"run": r.run, "state": r.state, "backend": r.backend, "model": r.model, "input": r.input}
-                counts = {"chunks": r.chunks, "rows": r.rows}
+                counts = {"chunks": r.chunks, "rows": r.rows, "forecast": r.forecast}
                 click.echo(
                     json.dumps({**doc, **counts, "cost_usd": r.cost["so_far_usd"], "prepared_at": r.prepared_at})
                 )

@@ -97,6 +97,8 @@ def status_view(status: RunStatus) -> Group:
                 f"${e['on_demand_usd']:,.2f} on demand"
             )
         )
+    if status.forecast:
+        head.append(Text(forecast_line(status.forecast)))
     if status.deadline:
         d = status.deadline
         colour = {"critical": "red", "behind": "yellow", "waiting": "yellow"}.get(str(d.get("mode")), "green")
@@ -233,6 +235,26 @@ def _pace_line(status: RunStatus, eta: str) -> str:
     return f"throughput {t['rows_per_s']:.2f} rows/s, {t['tokens_per_s']:,.0f} tok/s   ETA {eta}{ran}   {cost}"
 
 
+def forecast_line(f: dict[str, Any]) -> str:
+    """The forecast beside the pace: its duration band and the finish the pace projects, or how right it was."""
+    d = f["duration_s"]
+    line = f"forecast ({f['kind']}) {_duration(d['p50'])} ({_duration(d['p10'])}-{_duration(d['p90'])})"
+    if f.get("projected_s") is not None:
+        line += f"; at this pace {_duration(f['projected_s'])}: {f['projected_in_band']}"
+    if f.get("actual"):
+        a = f["actual"]
+        line += f"; engine time {a['engine_error']:+.0%} ({'inside' if a['inside_band'] else 'outside'} p10-p90)"
+    return line
+
+
+def forecast_error(f: dict[str, Any] | None) -> str:
+    """`orch runs`' forecast column: the engine time's error once collected, `-` without a forecast."""
+    if not f:
+        return "-"
+    a = f.get("actual")
+    return f"{a['engine_error']:+.0%}{'' if a['inside_band'] else '!'}" if a else f"({f['kind']})"
+
+
 #: How a run's state is coloured, here and in `orch status`'s header.
 RUN_STATE_COLOURS = {"complete": "green", "damaged": "red", "cancelled": "yellow", "stopped": "yellow"}
 
@@ -240,11 +262,11 @@ RUN_STATE_COLOURS = {"complete": "green", "damaged": "red", "cancelled": "yellow
 def render_runs(runs: Sequence[RunStatus | tuple[str, str]], *, now: float) -> Table:
     """One row per run: its state, model and input, chunks and rows done, cost so far, and how long
     ago it was prepared."""
-    numbers = ("chunks", "rows", "errors", "cost", "age")
+    numbers = ("chunks", "rows", "errors", "cost", "forecast", "age")
     grid = table("run", "state", "backend", "model", "input", *numbers, right=numbers)
     for r in runs:
         if not isinstance(r, RunStatus):
-            grid.add_row(r[0], Text("unreadable", style="red"), r[1], "", "", "", "", "", "", "")
+            grid.add_row(r[0], Text("unreadable", style="red"), r[1], "", "", "", "", "", "", "", "")
             continue
         grid.add_row(
             r.run,
@@ -256,6 +278,7 @@ def render_runs(runs: Sequence[RunStatus | tuple[str, str]], *, now: float) -> T
             f"{r.rows['done']:,}/{r.rows['total']:,}",
             f"{r.rows['errors']:,}",
             f"${r.cost['so_far_usd']:,.2f}",
+            forecast_error(r.forecast),
             _duration(now - r.prepared_at) if r.prepared_at else "-",
         )
     return grid

@@ -28,6 +28,7 @@ from orchestrator.core.records import (
     read_plan,
     read_record,
 )
+from orchestrator.core.records.forecast import ForecastRecord
 from orchestrator.core.store import Store
 
 
@@ -54,6 +55,8 @@ class RunFacts:
     reused: int = 0
     #: When prepare finished (its record's time), None when not known.
     prepared_at: float | None = None
+    #: `orch estimate`'s forecast (forecast.json), None without one.
+    forecast: ForecastRecord | None = None
     #: chunk -> rows checkpointed so far, for chunks without a marker (from part names).
     checkpointed: dict[str, int] = field(default_factory=dict)
 
@@ -96,6 +99,7 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
     prepared = read_record(store, layout.prepare_record, PrepareRecord)
     facts.set_aside = prepared[0].errors if prepared is not None else 0
     facts.reused = prepared[0].reused if prepared is not None else 0
+    facts.forecast = (read_record(store, layout.forecast, ForecastRecord) or (None,))[0]
     facts.prepared_at = prepared[0].created_at or None if prepared is not None else None
     current = list(jobs.current_jobs().values())
     if launcher is not None and current:

@@ -30,11 +30,15 @@ def overall_pace(finished: Sequence[tuple[float, ChunkStats]], jobs: JobsRecord)
     }
 
 
+def first_launch(jobs: JobsRecord) -> float | None:
+    """When the run's first worker was launched (None: never launched by orch)."""
+    return min((a.launched_at for w in jobs.workers.values() for a in w.attempts), default=None)
+
+
 def timeline(finished_at: Sequence[float], jobs: JobsRecord) -> list[list[float]]:
     """Chunks done over time: 0 at the first launch, then finished chunks' times, thinned to about
     TIMELINE_POINTS evenly spaced by count (the latest finish always kept)."""
-    launches = [a.launched_at for w in jobs.workers.values() for a in w.attempts]
-    first = min(launches) if launches else None
+    first = first_launch(jobs)
     points = [[round(first, 1), 0.0]] if first is not None and (not finished_at or first <= finished_at[0]) else []
     n = len(finished_at)
     step = max(n / TIMELINE_POINTS, 1.0)

@@ -70,8 +70,9 @@ from typing import Any
 from orchestrator.backends.base import JobState, JobStatus, Launcher, orphaned
 from orchestrator.controller.activity import run_state, shown_status, worker_activity
 from orchestrator.controller.facts import RunFacts, gather
+from orchestrator.controller.forecast_check import forecast_beside_pace
 from orchestrator.controller.model_status import models_status
-from orchestrator.controller.pace import overall_pace, run_time_s, timeline
+from orchestrator.controller.pace import first_launch, overall_pace, run_time_s, timeline
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.token_cost import realised_cost, tokens_of
 from orchestrator.core import worker_ids
@@ -165,6 +166,8 @@ class RunStatus:
     run_time_s: float | None = None
     #: A run of several models: each model's chunks, rows, tokens, workers and cost (controller/model_status.py).
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The forecast's duration band beside the pace's projected finish (controller/forecast_check.py).
+    forecast: dict[str, Any] | None = None
 
 
 def derive_status(
@@ -209,6 +212,9 @@ def derive_status(
         corrupt_leases=dict(facts.corrupt_leases),
         tokens=tokens_of(finished).to_dict(),
         cost_per_m_tokens=per_m,
+        forecast=forecast_beside_pace(
+            facts.forecast, launched_at=first_launch(facts.jobs), eta_s=eta, now=now, complete=complete
+        ),
         timeline=timeline(sorted(at for c, (at, _) in facts.stats.items() if c in done), facts.jobs),
         state=run_state(
             complete=complete,

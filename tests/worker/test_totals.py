@@ -40,3 +40,19 @@ def test_a_rescue_trusts_the_row_rate_only_after_an_engine_second():
     assert totals.measured_rows_per_s() is None
     totals.busy_since = time.monotonic() - 1.0  # a pump under way counts
     assert 0 < totals.measured_rows_per_s() < 3 / 1.25
+
+
+def test_totals_keep_the_figures_of_the_first_engine_batch_once():
+    from orchestrator.core.lines import BatchOutputLine
+    from worker.wire import RowResult
+
+    totals = Totals(batch_rows=2)
+    line = BatchOutputLine(custom_id="x")
+    totals.busy_s = 3.0
+    totals.add([RowResult(0, "a", line, 30, 8, False)])
+    assert totals.first_batch is None  # one row of a two-row batch
+    totals.add([RowResult(1, "b", line, 40, 8, False, tokens_cached=16)])
+    assert totals.first_batch == [3.0, 0.0, 2, 70, 16, 16]
+    totals.busy_s = 5.0
+    totals.add([RowResult(2, "c", line, 40, 8, False)])
+    assert totals.first_batch == [3.0, 0.0, 2, 70, 16, 16]  # kept from the first batch, not moved on

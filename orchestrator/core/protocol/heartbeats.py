@@ -136,3 +136,14 @@ def live_heartbeats(store: Store, layout: RunLayout, *, now: float, heartbeat_in
         with contextlib.suppress(StoreError, ValueError):
             bodies.append(Heartbeat.from_bytes(store.get(info.key).data))
     return bodies
+
+
+def newest_heartbeat_of(store: Store, layout: RunLayout, holder: str) -> Heartbeat | None:
+    """The full last heartbeat of one process (by holder), exited or not: one listing, one GET."""
+    prefix = layout.heartbeats_prefix
+    for info in store.list(prefix):
+        summary = _decode(info.key[len(prefix) :].partition("/")[2])
+        if summary is not None and summary.holder == holder:
+            with contextlib.suppress(StoreError, ValueError):
+                return Heartbeat.from_bytes(store.get(info.key).data)
+    return None

@@ -69,6 +69,17 @@ class RunLayout:
     def chunk(self, chunk: str) -> str:
         return f"{self.root}chunks/{chunk}.jsonl"
 
+    # Written by `orch estimate`.
+    @property
+    def probe(self) -> str:
+        """ProbeRecord: the probe chunk, its rows' strata and what it measured."""
+        return f"{self.root}probe.json"
+
+    @property
+    def forecast(self) -> str:
+        """ForecastRecord: the forecast the run was launched on, and how right it was."""
+        return f"{self.root}forecast.json"
+
     def chunk_positions(self, chunk: str) -> str:
         """Grouped by prefix: the input position of each of the chunk's rows, one a line."""
         return f"{self.root}chunks/{chunk}.positions"

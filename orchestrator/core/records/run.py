@@ -405,6 +405,15 @@ class Heartbeat(HeartbeatSummary):
     tokens_in: int = 0
     tokens_out: int = 0
     tokens_cached: int = 0
+    #: Engine seconds (pumps under way included) and model-load seconds of this process: what a
+    #: probe measures its rates over, and the run's actual engine time (controller/forecast.py).
+    busy_s: float = 0.0
+    load_s: float = 0.0
+    #: CPU seconds of this process in the engine's pumps so far (those that ended).
+    busy_cpu_s: float = 0.0
+    #: When the first engine batch of rows was done: [busy_s, busy_cpu_s, rows, tokens_in,
+    #: tokens_out, tokens_cached] (worker/totals.py); None before that.
+    first_batch: list[float] | None = None
     host: str | None = None
     pid: int | None = None
 

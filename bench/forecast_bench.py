@@ -1,0 +1,222 @@
+"""The probe forecast's calibration study (issue 35): on small local workloads, how right `orch estimate --probe` is.
+
+Each workload, in a fresh store with the tiny test model (.cache/models/tiny-llama, CPU):
+`orch prepare`, `orch estimate` (the guess, no probe), `orch estimate --probe`, `orch run`,
+`orch collect` (which writes the actual figures into the forecast record). Rows are openai-batch
+lines, so each row's `max_tokens` (and `ignore_eos`, for output lengths the workload decides)
+reaches the engine as written. The engine batch is `max_num_seqs` ENGINE_BATCH: the probe runs at
+least two full batches (the first warms the engine up), so the run must be ~70x that for a probe
+within 1.5% of its rows.
+
+Reported per workload: forecast p50 and p10-p90 of the fleet's engine time against the actual
+(the busiest worker's engine seconds), inside the band or not, the guess's band and whether it
+holds the actual, the probe's engine time as a share of the run's (all workers' engine seconds),
+and that no row was answered twice (one output line per input row, markers' rows add up).
+The same in CPU seconds (`cpu error`: the probe's rate in CPU terms against the busiest worker's
+CPU time): this machine is shared, and wall time carries the neighbours' load, which comes and goes.
+Targets: median |error| <= 10%, >= 80% inside the band, probe <= 1.5%, guess band holds >= 80%.
+`--quick`: the first three workloads at a third of the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import CACHE, ROOT, save, table
+
+MODEL = ROOT / ".cache" / "models" / "tiny-llama"
+ENGINE_BATCH = 8
+SPEC = f"""input:
+  format: openai-batch
+sampling:
+  temperature: 0
+model:
+  engine_args:
+    max_num_seqs: {ENGINE_BATCH}
+    kv_cache_memory_bytes: {64 * 2**20}
+workers:
+  heartbeat_interval: 1
+  checkpoint_interval: 2
+"""
+
+
+def _words(rng: random.Random, lo: int, hi: int) -> str:
+    from tests.support.datasets import WORDS
+
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+
+
+def _line(i: int, content: str, max_tokens: int, system: str | None = None) -> dict[str, Any]:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+    body = {"model": "tiny", "messages": messages, "max_tokens": max_tokens, "ignore_eos": True}
+    return {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def _heavy_tail(rng: random.Random) -> int:
+    return min(160, int(6 * rng.paretovariate(1.3)))
+
+
+#: name -> (workers, rows, row maker(i, rng)).
+WORKLOADS: dict[str, tuple[int, int, Callable[[int, random.Random], dict[str, Any]]]] = {
+    "short prompts, short outputs": (2, 1100, lambda i, r: _line(i, _words(r, 5, 20), 16)),
+    "long prompts, short outputs": (2, 1100, lambda i, r: _line(i, _words(r, 120, 200), 16)),
+    "short prompts, long outputs": (2, 1100, lambda i, r: _line(i, _words(r, 5, 20), 64)),
+    "heavy-tailed outputs": (2, 1100, lambda i, r: _line(i, _words(r, 10, 40), _heavy_tail(r))),
+    "shared prefixes": (
+        2,
+        1100,
+        lambda i, r: _line(i, _words(r, 5, 15), 24, system=_words(random.Random(i % 4), 150, 150)),
+    ),
+    "mixed max_tokens, 4 workers": (4, 1200, lambda i, r: _line(i, _words(r, 10, 60), r.choice([8, 24, 48]))),
+}
+
+
+def _orch(cwd: Path, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    if done.returncode:
+        raise SystemExit(f"orch {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def measure(name: str, workers: int, rows: int, make: Callable[[int, random.Random], dict[str, Any]]) -> dict[str, Any]:
+    from orchestrator.controller.forecast import local_parallelism
+    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.records import read_manifest, read_marker
+    from orchestrator.core.store import open_store
+
+    # Each workload's store is kept (.cache/bench/forecast/<n>) for a look at what the workers measured.
+    cwd = CACHE / "forecast" / name.replace(" ", "-").replace(",", "")
+    shutil.rmtree(cwd, ignore_errors=True)
+    cwd.mkdir(parents=True)
+    (cwd / "orch.yaml").write_text(SPEC)
+    rng = random.Random(name)
+    (cwd / "q.jsonl").write_text("".join(json.dumps(make(i, rng)) + "\n" for i in range(rows)))
+    common = ["--run", "b", "--model", str(MODEL)]
+    _orch(cwd, "prepare", "q.jsonl", *common, "--num-chunks", str(4 * workers))
+    guess = json.loads(_orch(cwd, "estimate", *common, "--workers", str(workers), "--json"))
+    started = time.monotonic()
+    probe = json.loads(_orch(cwd, "estimate", *common, "--workers", str(workers), "--probe", "--json"))
+    probe_wall = time.monotonic() - started
+    started = time.monotonic()
+    _orch(cwd, "run", "q.jsonl", *common, "--workers", str(workers), "--out", "out.jsonl", "--interval", "2")
+    run_wall = time.monotonic() - started
+    _orch(cwd, "collect", "--run", "b", "--out", "out.jsonl")
+    store, layout = open_store(str(cwd / ".orch")), RunLayout("b")
+    record = json.loads(store.get(layout.forecast).data)
+    ids = [json.loads(x)["custom_id"] for x in (cwd / "out.jsonl").read_text().splitlines()]
+    markers = [read_marker(store, layout, e.chunk) for e in read_manifest(store, layout)]
+    beats = _final_beats(cwd)
+    run_engine = sum(float(b["busy_s"]) for b in beats)
+    # The same comparison in CPU seconds: the probe's rate taken in CPU terms, without the wall-time
+    # slowdown of workers sharing cores (CPU seconds do not stretch), against the busiest worker's CPU time.
+    p = probe["probe"]
+    slowdown = workers / local_parallelism(workers, max(1, (os.cpu_count() or 1) // workers))
+    to_cpu = (p["engine_cpu_s"] or 0.0) / p["engine_s"] / slowdown if p["engine_s"] else 0.0
+    actual_cpu = max(float(b.get("busy_cpu_s", 0.0)) for b in beats)
+    band = record["candidates"][0]["engine_s"]
+    gband = guess["candidates"][0]["engine_s"]
+    actual = record["actual"]["engine_s"]
+    return {
+        "workload": name,
+        "workers": workers,
+        "rows": rows,
+        "probe_rows": probe["probe"]["rows"],
+        "forecast": band,
+        "actual_engine_s": actual,
+        "error": round(band["p50"] / actual - 1, 3),
+        "inside": band["p10"] <= actual <= band["p90"],
+        "guess": gband,
+        "guess_inside": gband["p10"] <= actual <= gband["p90"],
+        "cpu_error": round(band["p50"] * to_cpu / actual_cpu - 1, 3) if actual_cpu else None,
+        "cpu_inside": band["p10"] * to_cpu <= actual_cpu <= band["p90"] * to_cpu,
+        "probe_cpu_per_wall": round(to_cpu * slowdown, 3),
+        "run_cpu_per_wall": round(actual_cpu / actual, 3) if actual else None,
+        "probe_engine_s": probe["probe"]["engine_s"],
+        "probe_share": round(probe["probe"]["engine_s"] / max(run_engine, 1e-9), 4),
+        "answered_once": sorted(ids) == sorted(f"r{i}" for i in range(rows))
+        and sum(m.rows for m in markers if m is not None) == rows,
+        "probe_wall_s": round(probe_wall, 1),
+        "run_wall_s": round(run_wall, 1),
+    }
+
+
+def _final_beats(cwd: Path) -> list[dict[str, Any]]:
+    """Every process's last heartbeat body (the probe's is replaced by its worker id's next process)."""
+    beats = []
+    for path in (cwd / ".orch" / "runs" / "b" / "heartbeats").glob("*/*"):
+        beats.append(json.loads(path.read_text()))
+    return beats
+
+
+def main(argv: list[str]) -> int:
+    quick = "--quick" in argv
+    chosen = list(WORKLOADS.items())[:3] if quick else list(WORKLOADS.items())
+    results = []
+    for name, (workers, rows, make) in chosen:
+        started = time.monotonic()
+        r = measure(name, workers, rows // 3 if quick else rows, make)
+        print(f"{name}: {json.dumps(r)} ({time.monotonic() - started:.0f} s)", flush=True)
+        results.append(r)
+    errors = [abs(r["error"]) for r in results]
+    summary = {
+        "median_abs_error": round(statistics.median(errors), 3),
+        "inside_band": round(sum(r["inside"] for r in results) / len(results), 2),
+        "median_abs_cpu_error": round(statistics.median(abs(r["cpu_error"] or 0.0) for r in results), 3),
+        "cpu_inside_band": round(sum(r["cpu_inside"] for r in results) / len(results), 2),
+        "guess_inside_band": round(sum(r["guess_inside"] for r in results) / len(results), 2),
+        "probe_share_max": max(r["probe_share"] for r in results),
+        "answered_once": all(r["answered_once"] for r in results),
+    }
+    print(
+        table(
+            [
+                [
+                    r["workload"],
+                    r["workers"],
+                    r["rows"],
+                    r["probe_rows"],
+                    f"{r['forecast']['p50']:.1f} ({r['forecast']['p10']:.1f}-{r['forecast']['p90']:.1f})",
+                    r["actual_engine_s"],
+                    f"{r['error']:+.0%}",
+                    "yes" if r["inside"] else "no",
+                    f"{r['cpu_error']:+.0%}" if r["cpu_error"] is not None else "-",
+                    f"{r['guess']['p10']:.0f}-{r['guess']['p90']:.0f}",
+                    f"{r['probe_share']:.1%}",
+                ]
+                for r in results
+            ],
+            [
+                "workload",
+                "workers",
+                "rows",
+                "probe",
+                "forecast s",
+                "actual s",
+                "error",
+                "in",
+                "cpu error",
+                "guess",
+                "probe",
+            ],
+        )
+    )
+    print(json.dumps(summary))
+    save("forecast_bench", {"engine_batch": ENGINE_BATCH, "workloads": results, "summary": summary})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

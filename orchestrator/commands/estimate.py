@@ -1,0 +1,102 @@
+"""`orch estimate`: how long and how much, with p10/p50/p90 bands; `--probe` measures it on the run's own rows first."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from orchestrator.commands.shared import Invocation, common_options
+
+
+@click.command("estimate")
+@common_options
+@click.option("--workers", type=int, default=None, help="number of workers (default: the spec's workers.count)")
+@click.option(
+    "--probe", is_flag=True, help="answer a stratified sample of the rows on a real worker first, and forecast from it"
+)
+@click.option(
+    "--probe-share",
+    type=click.FloatRange(0.0, 0.25),
+    default=0.01,
+    show_default=True,
+    help="share of the rows the probe takes (at least --probe-rows)",
+)
+@click.option(
+    "--probe-rows",
+    type=click.IntRange(1),
+    default=None,
+    help="the fewest rows a probe takes [default: two engine batches (model.engine_args.max_num_seqs, else 256): "
+    "one to warm up, one to measure]",
+)
+@click.option("--json", "as_json", is_flag=True, help="print the forecast as JSON")
+def estimate_command(
+    inv: Invocation, workers: int | None, probe: bool, probe_share: float, probe_rows: int | None, as_json: bool
+) -> int:
+    """Forecast the run's duration and cost per candidate (spot and on-demand), p10/p50/p90; kept in the store."""
+    from orchestrator.controller.forecast import forecast_from_probe, guess
+    from orchestrator.controller.probe import probe_summary, read_probe, run_probe
+    from orchestrator.core.records import read_manifest
+
+    flags = dict(inv.flags)
+    if workers is not None:
+        flags["workers.count"] = workers
+    ctx = Invocation(inv.spec_file, flags).context(freeze=True)
+    echo = (lambda _l: None) if as_json else (lambda line: click.echo(line, err=True))
+    made = run_probe(ctx, probe_share, min_rows=probe_rows, echo=echo) if probe else read_probe(ctx)
+    manifest = read_manifest(ctx.store, ctx.layout)
+    n = ctx.spec.workers.count
+    if made is not None and made.busy_s is not None:
+        record = forecast_from_probe(ctx, made, manifest, n, time.time())
+    else:
+        record = guess(ctx, manifest, n, time.time())
+    ctx.store.put(ctx.layout.forecast, record.to_bytes())
+    doc: dict[str, Any] = record.model_dump()
+    if made is not None and made.busy_s is not None:
+        doc["probe"] = probe_summary(made)
+    if as_json:
+        click.echo(json.dumps(doc))
+        return 0
+    _print(doc)
+    return 0
+
+
+def _print(doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from orchestrator.commands.console import console
+    from orchestrator.controller.status import duration as duration_text
+
+    if "probe" in doc:
+        p = doc["probe"]
+        click.echo(
+            f"probe: {p['rows']} rows ({p['share']:.1%}) on {p['accelerator']}: "
+            f"{p['decode_tokens_per_s']} generated tok/s, "
+            f"{p['prefill_tokens_per_s']} prompt tok/s, prefix cache {p['prefix_cache_hit']:.0%}, "
+            f"{p['hit_max_tokens']} rows stopped at max_tokens; "
+            f"engine {p['engine_s']:.1f} s, load {p['load_s'] or 0:.1f} s"
+        )
+    o = doc["output_tokens"]
+    click.echo(
+        f"output tokens p10 {o['p10']:,.0f} / p50 {o['p50']:,.0f} / p90 {o['p90']:,.0f}; "
+        f"prompt tokens {doc['prompt_tokens']:,}"
+    )
+    table = Table(title=f"forecast ({doc['kind']}) for {doc['workers']} workers", title_justify="left")
+    for col in ("candidate", "duration p10", "p50", "p90", "cost p10", "p50", "p90", "basis"):
+        table.add_column(col, justify="left" if col in ("candidate", "basis") else "right")
+    for c in doc["candidates"]:
+        d, u = c["duration_s"], c["cost_usd"]
+        table.add_row(
+            f"{c['gpu']} {'spot' if c['spot'] else 'on-demand'}",
+            *(duration_text(d[k]) for k in ("p10", "p50", "p90")),
+            *(f"${u[k]:,.2f}" for k in ("p10", "p50", "p90")),
+            c["basis"],
+        )
+    console().print(table)
+    click.echo(doc["note"])
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(estimate_command)

@@ -1,0 +1,320 @@
+"""A forecast with bands: the run's engine work from the probe (bootstrapped), and each candidate fleet's
+duration and cost p10/p50/p90 from the simulator run over seeds with the measured speed.
+
+Work is counted in engine seconds of one worker over the rows the run has left (the probe's own rows are
+done): each row costs its generated tokens at the probe's seconds per generated token, its uncached
+prompt tokens at PREFILL_WEIGHT of that (one probe chunk measures one engine time, so the split between
+prefill and decode is an assumption, said in the record's note). The probe runs two full engine batches
+by default: the rate is taken past the first (the engine's warm-up, added once per worker) at the
+concurrency a saturated worker of the run reaches. Output lengths: per stratum, the probe's generated /
+max_tokens ratios, resampled with replacement (a bootstrap of the stratum's mean) and applied to the
+stratum's max_tokens in the run; strata the probe missed draw from all its rows. Prompt tokens: the
+run's bytes / 4, corrected by the probe's measured ratio; cached share as the probe measured it. The
+rate itself varies from one engine to the next (RATE_SIGMA, measured by bench/forecast_bench.py): each
+draw scales it by a log-normal factor, so the band holds both spreads.
+
+A local fleet: the busiest worker of the plan over the rows left, at the probe's rate shared by
+the workers this machine's cores hold at once.
+
+Without a probe (`kind: guess`): the price table's speed scaled by the model's size (config.json:
+12 x layers x hidden^2 parameters against the table's 8B), outputs between 10% and 100% of
+max_tokens: a wide band, and the note says `--probe` narrows it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator.controller.pricing import GpuTable, load_gpu_table
+from orchestrator.core.context import RunContext
+from orchestrator.core.records import ManifestEntry
+from orchestrator.core.records.forecast import (
+    Band,
+    CandidateForecast,
+    ForecastRecord,
+    ProbeRecord,
+    RowSample,
+    StratumCount,
+)
+
+#: Cost of an uncached prompt token against a generated one in a saturated batch (an assumption).
+PREFILL_WEIGHT = 0.05
+BOOTSTRAP = 400
+SEEDS = 5
+#: The price table's speeds are for a 7-8B model.
+TABLE_PARAMS = 8e9
+#: Without a probe: a generated share of max_tokens from 10% to 100%, and speed within 3x of the table's.
+GUESS_SPEED_SPREAD = 3.0
+#: A CPU has no row in the price table: its guess is an L4's speed / 20, within 10x either way.
+CPU_GUESS_SPEED_SPREAD = 10.0
+#: Workers sharing one machine's cores do not add up: two single-thread workers on this 2-vCPU
+#: machine each ran at 0.78-0.85 of one alone (bench/forecast_bench.py; the probe runs alone).
+SHARED_CORE_EFFICIENCY = 0.82
+#: Spread (log-normal sigma) of one worker's engine rate against another's on the same workload:
+#: what a probe's one measured rate cannot see (bench/forecast_bench.py, docs/BENCHMARKS.md).
+RATE_SIGMA = 0.1
+
+
+def band(values: Sequence[float]) -> Band:
+    q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
+    return Band(p10=round(q[0], 3), p50=round(statistics.median(values), 3), p90=round(q[8], 3))
+
+
+def model_params(model: str | None) -> float | None:
+    """12 x layers x hidden^2 + vocab x hidden, from a local model's config.json (None if unreadable)."""
+    if not model or not (Path(model) / "config.json").is_file():
+        return None
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+        hidden, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+        return 12.0 * layers * hidden * hidden + int(cfg.get("vocab_size", 0)) * hidden
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def left_strata(probe: ProbeRecord) -> dict[str, StratumCount]:
+    """The run's strata less the probe's rows: what the run's workers still have to answer."""
+    left = {name: count.model_copy() for name, count in probe.strata.items()}
+    for x in probe.samples:
+        c = left.get(x.stratum)
+        if c is not None:
+            c.rows, c.max_tokens = c.rows - 1, c.max_tokens - x.max_tokens
+            c.est_prompt_tokens -= x.est_prompt_tokens
+    return {name: c for name, c in left.items() if c.rows > 0}
+
+
+def probe_rate(probe: ProbeRecord) -> tuple[float, float]:
+    """(engine seconds per work unit, warm-up seconds): the rate past the first engine batch when the
+    probe ran more than one (its heartbeat's `first_batch`), the first batch's excess as the warm-up."""
+    s = probe.samples
+    busy = probe.busy_s or 0.0
+    units = sum(x.completion_tokens + PREFILL_WEIGHT * (x.prompt_tokens - x.cached_tokens) for x in s)
+    fb = probe.first_batch
+    if fb is not None and len(fb) >= 6 and fb[2] < len(s):
+        first_units = fb[4] + PREFILL_WEIGHT * (fb[3] - fb[5])
+        if busy > fb[0] and units > first_units:
+            rate = (busy - fb[0]) / (units - first_units)
+            return rate, max(0.0, fb[0] - first_units * rate)
+    return (busy / units if units else 0.0), 0.0
+
+
+def work_seconds(probe: ProbeRecord, rng: random.Random) -> tuple[float, float, float]:
+    """One bootstrap draw: (engine seconds of one worker, generated tokens, prompt tokens) for the rows left."""
+    s = probe.samples
+    sec_per_unit = probe_rate(probe)[0]
+    est = sum(x.est_prompt_tokens for x in s)
+    prompt_ratio = sum(x.prompt_tokens for x in s) / est if est else 1.0
+    cached = sum(x.cached_tokens for x in s) / max(1, sum(x.prompt_tokens for x in s))
+    by_stratum: dict[str, list[RowSample]] = {}
+    for x in s:
+        by_stratum.setdefault(x.stratum, []).append(x)
+    out_total = prompt_total = 0.0
+    for name, count in left_strata(probe).items():
+        pool = by_stratum.get(name) or s
+        draw = [rng.choice(pool) for _ in pool]
+        ratio = statistics.fmean(x.completion_tokens / max(1, x.max_tokens) for x in draw)
+        out_total += ratio * count.max_tokens
+        prompt_total += count.est_prompt_tokens * prompt_ratio
+    units_total = out_total + PREFILL_WEIGHT * prompt_total * (1 - cached)
+    rate_noise = rng.lognormvariate(0.0, RATE_SIGMA)
+    return units_total * sec_per_unit * rate_noise, out_total, prompt_total
+
+
+def local_parallelism(workers: int, threads: int | None) -> float:
+    """Workers on this machine share its cores: N workers of `threads` each go min(N, cores/threads) times as
+    fast, less what sharing a machine costs (SHARED_CORE_EFFICIENCY)."""
+    cores = os.cpu_count() or 1
+    par = min(float(workers), max(1.0, cores / max(1, threads or 1)))
+    return par * SHARED_CORE_EFFICIENCY if par > 1 else par
+
+
+def forecast_from_probe(
+    ctx: RunContext, probe: ProbeRecord, manifest: Sequence[ManifestEntry], workers: int, at: float
+) -> ForecastRecord:
+    rng = random.Random(0)
+    draws = [work_seconds(probe, rng) for _ in range(BOOTSTRAP)]
+    work = band([d[0] for d in draws])
+    out = band([d[1] for d in draws])
+    left = [e for e in manifest if e.chunk != probe.chunk]
+    startup = probe.load_s or 0.0
+    candidates: list[CandidateForecast] = []
+    acc = probe.accelerator or "cpu"
+    prices = load_gpu_table()
+    if ctx.spec.backend == "local":
+        candidates.append(_local_candidate(probe, left, workers, work, startup))
+    else:
+        gen_tok_s = sum(x.completion_tokens for x in probe.samples) / (probe.busy_s or 1.0)
+        for g in ctx.spec.resources.gpus:
+            gpu = prices.get(g)
+            measured = prices.find(acc) is gpu
+            speed = 1.0 if measured else _table_speed(prices, g, ctx.spec.model.name) / max(gen_tok_s, 1e-9)
+            for spot in (True, False):
+                candidates.append(
+                    _simulated(
+                        ctx,
+                        prices,
+                        g,
+                        spot,
+                        workers,
+                        left,
+                        [w / speed for w in (work.p10, work.p50, work.p90)],
+                        "measured" if measured else f"scaled from the probe by the table ({speed:.1f}x)",
+                    )
+                )
+    return ForecastRecord(
+        at=at,
+        kind="probe",
+        workers=workers,
+        output_tokens=out,
+        prompt_tokens=round(statistics.fmean(d[2] for d in draws)),
+        candidates=candidates,
+        fleet=f"{candidates[0].gpu}/{'spot' if candidates[0].spot else 'on-demand'}",
+        note=f"engine time from {probe.rows} probe rows; "
+        f"prefill weighed {PREFILL_WEIGHT} of a generated token (assumed)" + _below_batch(ctx, probe),
+    )
+
+
+def _below_batch(ctx: RunContext, probe: ProbeRecord) -> str:
+    from orchestrator.controller.probe_carve import engine_batch
+
+    batch = engine_batch(ctx)
+    if probe.rows >= batch:
+        return ""
+    return (
+        f"; the probe ran {probe.rows} rows, less than one engine batch ({batch}, max_num_seqs): "
+        "a run's fuller batches go faster per row than it measured"
+    )
+
+
+def busiest_share(left: Sequence[ManifestEntry], workers: int) -> float:
+    """The share of the work the plan gives its busiest worker (by the plan's own estimate of tokens)."""
+    from orchestrator.controller.plan import plan_chunks
+
+    if not left:
+        return 0.0
+    plan = plan_chunks(left, workers)
+    total = sum(a.est_tokens for a in plan.workers)
+    return max(a.est_tokens for a in plan.workers) / total if total else 1.0 / workers
+
+
+def _local_candidate(
+    probe: ProbeRecord, left: Sequence[ManifestEntry], workers: int, work: Band, startup: float
+) -> CandidateForecast:
+    """This machine: the busiest worker's work at the probe's rate, shared by the workers its cores run at once."""
+    acc = probe.accelerator or "cpu"
+    # N workers sharing the cores each go par/N of the probe's speed; the busiest ends last.
+    slowdown = workers / local_parallelism(workers, probe.threads)
+    factor = busiest_share(left, workers) * slowdown
+    warm = probe_rate(probe)[1] * slowdown  # each worker warms its engine up once
+    eng = Band(
+        p10=round(work.p10 * factor + warm, 2),
+        p50=round(work.p50 * factor + warm, 2),
+        p90=round(work.p90 * factor + warm, 2),
+    )
+    return CandidateForecast(
+        gpu=acc,
+        spot=False,
+        workers=workers,
+        engine_s=eng,
+        duration_s=Band(
+            p10=round(eng.p10 + startup, 2), p50=round(eng.p50 + startup, 2), p90=round(eng.p90 + startup, 2)
+        ),
+        cost_usd=Band(p10=0.0, p50=0.0, p90=0.0),
+        basis=f"measured on {acc} ({probe.rows} rows, {workers} workers sharing {os.cpu_count()} cores)",
+    )
+
+
+def _table_speed(prices: GpuTable, gpu: str, model: str | None) -> float:
+    params = model_params(model)
+    scale = TABLE_PARAMS / params if params else 1.0
+    return prices.reference_output_tokens_per_s * prices.get(gpu).relative_speed * min(max(scale, 0.05), 50.0)
+
+
+def _simulated(
+    ctx: RunContext,
+    prices: GpuTable,
+    gpu: str,
+    spot: bool,
+    workers: int,
+    left: Sequence[ManifestEntry],
+    work_s: Sequence[float],
+    basis: str,
+) -> CandidateForecast:
+    """The simulator over SEEDS seeds at each of the work's p10/p50/p90: preemptions, start-up, the tail."""
+    from orchestrator.controller.estimate import RESTART_OVERHEAD_S
+    from orchestrator.simulate import ORCH, SimConfig, simulate
+
+    rows = sum(e.rows for e in left) or 1
+    durations, costs, engines = [], [], []
+    for w in work_s:
+        config = SimConfig(
+            workers=workers,
+            gpus=[gpu],
+            spot=spot,
+            base_rows_per_s=max(rows / max(w, 1e-6) / prices.get(gpu).relative_speed, 1e-6),
+            restart_overhead_s=RESTART_OVERHEAD_S,
+            checkpoint_interval_s=ctx.spec.workers.checkpoint_interval,
+        )
+        for seed in range(SEEDS):
+            r = simulate(config, ORCH, seed, entries=list(left), prices=prices)
+            durations.append(r.makespan_s)
+            costs.append(r.cost_usd)
+            engines.append(r.makespan_s - RESTART_OVERHEAD_S)
+    return CandidateForecast(
+        gpu=gpu,
+        spot=spot,
+        workers=workers,
+        duration_s=band(durations),
+        cost_usd=band(costs),
+        engine_s=band(engines),
+        basis=basis,
+    )
+
+
+def guess(ctx: RunContext, manifest: Sequence[ManifestEntry], workers: int, at: float) -> ForecastRecord:
+    """No probe: the table's speed scaled by the model's size, outputs 10-100% of max_tokens: a wide band."""
+    prices = load_gpu_table()
+    max_out = sum(e.max_output_tokens for e in manifest)
+    prompt = sum(e.est_prompt_tokens for e in manifest)
+    out = Band(p10=round(0.1 * max_out), p50=round(0.5 * max_out), p90=float(max_out))
+    candidates = []
+    gpus = ["cpu"] if ctx.spec.backend == "local" else ctx.spec.resources.gpus
+    for g in gpus:
+        speed = _table_speed(prices, g if g != "cpu" else "L4", ctx.spec.model.name)
+        if g == "cpu":
+            speed /= 20  # a CPU against an L4: a guess, and said to be one
+        units = [t + PREFILL_WEIGHT * prompt for t in (out.p10, out.p50, out.p90)]
+        spread = CPU_GUESS_SPEED_SPREAD if g == "cpu" else GUESS_SPEED_SPREAD
+        lo, mid, hi = (units[0] / speed / spread, units[1] / speed, units[2] / speed * spread)
+        par = local_parallelism(workers, None) if g == "cpu" else float(workers)
+        eng = Band(p10=round(lo / par, 2), p50=round(mid / par, 2), p90=round(hi / par, 2))
+        usd = 0.0 if g == "cpu" else prices.get(g).spot_usd_h * workers / 3600
+        candidates.append(
+            CandidateForecast(
+                gpu=g,
+                spot=g != "cpu",
+                workers=workers,
+                engine_s=eng,
+                duration_s=eng,
+                cost_usd=Band(p10=round(eng.p10 * usd, 2), p50=round(eng.p50 * usd, 2), p90=round(eng.p90 * usd, 2)),
+                basis="a guess: the table's speed scaled by the model's size",
+            )
+        )
+    params = model_params(ctx.spec.model.name)
+    size = f"{params / 1e9:.3g}B parameters from config.json" if params else "size unknown: taken as 8B"
+    return ForecastRecord(
+        at=at,
+        kind="guess",
+        workers=workers,
+        output_tokens=out,
+        prompt_tokens=prompt,
+        candidates=candidates,
+        fleet=f"{candidates[0].gpu}/{'spot' if candidates[0].spot else 'on-demand'}",
+        note=f"a guess ({size}; outputs 10-100% of max_tokens): "
+        "`orch estimate --probe` narrows it, measured on about 1% of the rows",
+    )

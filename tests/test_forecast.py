@@ -1,0 +1,200 @@
+"""`orch estimate`: the guess without a probe, and a probe whose rows the run answers once and skips."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.commands.views import forecast_error, forecast_line
+from orchestrator.controller.forecast import band, left_strata, probe_rate, work_seconds
+from orchestrator.controller.forecast_check import forecast_beside_pace
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import read_marker
+from orchestrator.core.records.forecast import (
+    Band,
+    CandidateForecast,
+    ForecastRecord,
+    ProbeRecord,
+    RowSample,
+    StratumCount,
+)
+from orchestrator.core.store import open_store
+from tests.support.datasets import write_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / ".cache" / "models" / "tiny-llama"
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "orch.yaml").write_text(
+        "sampling:\n  max_tokens: 16\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
+    )
+    rows = [
+        {"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}? " + "w " * (i % 7)}]}
+        for i in range(140)
+    ]
+    write_jsonl(tmp_path / "q.jsonl", rows)
+    assert (
+        main(["prepare", "q.jsonl", "--run", "f", "--num-chunks", "4", "--id-column", "id", "--model", str(TINY)]) == 0
+    )
+    return tmp_path
+
+
+@pytest.mark.usefixtures("workdir")
+def test_estimate_without_a_probe_says_it_is_a_guess_with_a_wide_band(capsys):
+    capsys.readouterr()
+    assert main(["estimate", "--run", "f", "--model", str(TINY), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "guess" and "--probe" in doc["note"] and "parameters from config.json" in doc["note"]
+    d = doc["candidates"][0]["duration_s"]
+    assert d["p90"] >= 9 * d["p10"] > 0  # wide, and said to be a guess
+    assert doc["output_tokens"] == {"p10": 224.0, "p50": 1120.0, "p90": 2240.0}
+
+
+@pytest.mark.slow
+def test_estimate_probe_rows_are_answered_once_and_skipped_by_the_run(workdir, capsys):
+    if not (TINY / ".built").exists():
+        pytest.fail("the tiny model is missing: run `make models`")
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "estimate",
+                "--run",
+                "f",
+                "--model",
+                str(TINY),
+                "--workers",
+                "2",
+                "--probe",
+                "--probe-rows",
+                "32",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "probe" and doc["probe"]["rows"] == 32 and doc["probe"]["hit_max_tokens"] == 32
+    band = doc["candidates"][0]["duration_s"]
+    assert 0 < band["p10"] <= band["p50"] <= band["p90"]
+    store = open_store(str(workdir / ".orch"))
+    layout = RunLayout("f")
+    probe_marker = read_marker(store, layout, doc["probe"]["chunk"])
+    assert probe_marker is not None and probe_marker.rows == 32
+    assert (
+        main(
+            [
+                "run",
+                "q.jsonl",
+                "--run",
+                "f",
+                "--model",
+                str(TINY),
+                "--num-chunks",
+                "4",
+                "--id-column",
+                "id",
+                "--workers",
+                "2",
+                "--out",
+                "out.jsonl",
+                "--interval",
+                "1",
+            ]
+        )
+        == 0
+    )
+    # The run took the probe's chunk as done: its marker is the probe's, its parts are the probe's only.
+    assert read_marker(store, layout, doc["probe"]["chunk"]) == probe_marker
+    assert {p.key for p in probe_marker.parts} == {
+        i.key for i in store.list(layout.outputs_prefix(doc["probe"]["chunk"]))
+    }
+    ids = [json.loads(x)["custom_id"] for x in (workdir / "out.jsonl").read_text().splitlines()]
+    assert ids == [f"q{i}" for i in range(140)]
+    markers = [read_marker(store, layout, f"part_0000{i}") for i in range(5)]
+    assert sum(m.rows for m in markers if m is not None) == 140
+
+
+def _probe(samples: int, run_rows: int, *, busy_s: float = 10.0) -> ProbeRecord:
+    """A measured probe of `samples` rows out of a run of `run_rows`, all in one stratum, each 100 tokens out."""
+    row = RowSample(
+        stratum="s",
+        est_prompt_tokens=10,
+        prompt_tokens=10,
+        cached_tokens=0,
+        completion_tokens=100,
+        max_tokens=100,
+        hit_max=True,
+    )
+    return ProbeRecord(
+        chunk="part_00009",
+        rows=samples,
+        share=samples / run_rows,
+        strata={"s": StratumCount(rows=run_rows, max_tokens=100 * run_rows, est_prompt_tokens=10 * run_rows)},
+        created_at=0.0,
+        busy_s=busy_s,
+        samples=[row] * samples,
+    )
+
+
+def test_work_seconds_counts_only_the_rows_the_probe_left():
+    # 20 probe rows took 10 s; the run has 100 rows, 80 of them left: 40 s of work, not 50.
+    draws = [work_seconds(_probe(20, 100), random.Random(seed))[0] for seed in range(200)]
+    assert 30 < statistics.median(draws) < 50
+    assert abs(statistics.median(draws) - 40) < 2
+    assert left_strata(_probe(20, 100))["s"].rows == 80
+
+
+def test_work_seconds_band_holds_the_rate_spread_when_every_row_is_alike():
+    # Identical rows leave the bootstrap nothing to resample: the band still has the rate's spread.
+    draws = [work_seconds(_probe(20, 100), random.Random(seed))[0] for seed in range(400)]
+    b = band(draws)
+    assert b.p10 < 40 * 0.95 and b.p90 > 40 * 1.05
+
+
+def test_forecast_beside_pace_places_the_projected_finish_in_the_band():
+    fleet = CandidateForecast(
+        gpu="cpu",
+        spot=False,
+        workers=2,
+        duration_s=Band(p10=90, p50=100, p90=110),
+        cost_usd=Band(p10=0, p50=0, p90=0),
+        engine_s=Band(p10=20, p50=25, p90=30),
+        basis="measured",
+    )
+    record = ForecastRecord(
+        at=0,
+        kind="probe",
+        workers=2,
+        output_tokens=Band(p10=1, p50=1, p90=1),
+        prompt_tokens=1,
+        candidates=[fleet],
+        fleet="cpu/on-demand",
+    )
+    seen = forecast_beside_pace(record, launched_at=1000.0, eta_s=75.0, now=1050.0, complete=False)
+    assert seen is not None and seen["projected_s"] == 125.0 and seen["projected_in_band"] == "above p90"
+    assert forecast_line(seen).endswith(": above p90")
+    seen = forecast_beside_pace(record, launched_at=1000.0, eta_s=45.0, now=1050.0, complete=False)
+    assert seen is not None and seen["projected_in_band"] == "inside"
+    assert forecast_error(seen) == "(probe)"
+    done = record.model_copy(update={"actual": {"engine_error": -0.08, "inside_band": 1.0}})
+    seen = forecast_beside_pace(done, launched_at=1000.0, eta_s=0.0, now=1200.0, complete=True)
+    assert seen is not None and seen["projected_s"] is None and forecast_error(seen) == "-8%"
+    assert forecast_error(None) == "-"
+
+
+def test_work_seconds_takes_the_rate_past_the_first_batch_and_the_warm_up_once():
+    # 20 rows: the first 10 took 8 s (the engine's warm-up in them), the next 10 took 2 s. Rows cost
+    # 0.2 s each past the warm-up, which is 6 s: 80 rows left are 16 s of work, not 40 s.
+    probe = _probe(20, 100).model_copy(update={"first_batch": [8.0, 0.0, 10, 100, 1000, 0]})
+    draws = [work_seconds(probe, random.Random(seed))[0] for seed in range(200)]
+    assert abs(statistics.median(draws) - 16) < 1
+    assert probe_rate(probe) == pytest.approx((2.0 / 1005, 6.0))
