@@ -72,13 +72,15 @@ class KeyCollector:
         self.keys = bytearray()
         self.positions = array.array("q")
         self.sampled = bytearray()
-        self.count = 0
+
+    @property
+    def count(self) -> int:
+        return self.spill.count + len(self.positions)
 
     def add(self, request: Request, position: int) -> None:
         self.keys += self.answer_keys.of_line(request.line)
         self.positions.append(position)
         self.sampled.append(self.answer_keys.sampled(request))
-        self.count += 1
         if len(self.positions) >= BUFFER_ROWS:
             self._flush()
 
@@ -90,8 +92,12 @@ class KeyCollector:
         records["hi"], records["lo"] = keys["hi"], keys["lo"]
         records["position"] = np.frombuffer(self.positions, dtype=np.int64)
         records["sampled"] = np.frombuffer(bytes(self.sampled), dtype=np.uint8)
-        self.spill.add(records, self._partition(records["hi"]))
         self.keys, self.positions, self.sampled = bytearray(), array.array("q"), bytearray()
+        self.add_records(records)
+
+    def add_records(self, records: npt.NDArray[Any]) -> None:
+        """Rows already keyed (spilled_key_dtype), as `add` spills them in blocks."""
+        self.spill.add(records, self._partition(records["hi"]))
 
     def _partition(self, hi: npt.NDArray[Any]) -> npt.NDArray[Any]:
         import numpy as np
