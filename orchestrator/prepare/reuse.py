@@ -108,13 +108,15 @@ class KeyCollector:
         return shifted
 
     def sorted_partitions(self) -> Iterator[npt.NDArray[Any]]:
-        """Each partition's records sorted by key, partitions in key order (each file then deleted)."""
+        """Each partition's records sorted by key (its first half), partitions in key order (each file then deleted)."""
         import numpy as np
 
         self._flush()
         for number in range(1 << self.bits):
             records = self.spill.take(number)
-            yield records[np.lexsort((records["lo"], records["hi"]))]
+            # By the first half only: PartCursor needs no more (numpy sorts native integers fast,
+            # big-endian fields slowly).
+            yield records[np.argsort(records["hi"].astype(np.uint64))]
 
     def discard(self) -> None:
         self.spill.discard()
@@ -125,9 +127,11 @@ class ReusePlan:
     by the answering run and chunk range, so step 4 sorts one range at a time)."""
 
     def __init__(self, total: int, runs: list[str], good: int):
+        import numpy as np
+
         self.runs = runs
         self.good = good  # the input's good rows (reused or not)
-        self.reused = bytearray((total + 7) // 8)
+        self.reused = np.zeros((total + 7) // 8, dtype=np.uint8)
         self.sources: list[ReuseSource] = []
         self.sampled_skipped = 0
         self.count = 0
@@ -139,15 +143,15 @@ class ReusePlan:
         """Reused rows (sources_dtype), noted in the bitmap and spilled by (run, chunk range)."""
         import numpy as np
 
-        for position in chosen["position"].tolist():
-            self.reused[position >> 3] |= 1 << (position & 7)
+        positions = chosen["position"].astype(np.int64)
+        np.bitwise_or.at(self.reused, positions >> 3, np.left_shift(1, positions & 7).astype(np.uint8))
         self.count += len(chosen)
         bucket = chosen["run"].astype(np.int64) << 32 | chosen["chunk"].astype(np.int64) // chunks_per_bucket
         self.found.add(chosen, bucket)
 
     def take(self, request: Request, position: int) -> bool:
         """Step 3: True (and its custom_id noted) when this row is answered from an earlier run."""
-        if self.reused[position >> 3] >> (position & 7) & 1:
+        if int(self.reused[position >> 3]) >> (position & 7) & 1:
             self.ids.write(orjson.dumps(request.custom_id) + b"\n")
             return True
         return False
@@ -165,7 +169,8 @@ class ReusePlan:
             with os.fdopen(fd, "wb") as out:
                 for bucket in sorted(self.found.partitions):
                     rows = self.found.take(bucket)
-                    data = rows[np.lexsort((rows["row"], rows["chunk"], rows["run"]))].tobytes()
+                    run_chunk = rows["run"].astype(np.uint64) << np.uint64(32) | rows["chunk"].astype(np.uint64)
+                    data = rows[np.lexsort((rows["row"].astype(np.uint64), run_chunk))].tobytes()
                     sources_sha256.update(data)
                     out.write(data)
             store.put_file(layout.reused_sources, sources_path)
