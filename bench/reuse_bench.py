@@ -119,7 +119,7 @@ store, layout = open_store(sys.argv[1]), RunLayout(sys.argv[2])
 keys = LineKeys(bytes.fromhex(json.loads(store.get(layout.prepare_record).data)["key_digest"]))
 parts = []
 for number, entry in enumerate(read_manifest(store, layout)):
-    lines = store.get(layout.chunk(entry.chunk)).data.splitlines()
+    lines = store.get(layout.chunk(entry.chunk)).data.splitlines(keepends=True)  # as prepare keys them
     found = keys_of(b"".join(keys.of_line(line) for line in lines))
     records = np.zeros(len(found), dtype=record_dtype())
     records["hi"], records["lo"], records["chunk"] = found["hi"], found["lo"], number
