@@ -5,7 +5,10 @@ Side by side, in one run:
     the same N plus 10% new with `--reuse-from` the first: engine tokens (prompt + generated, from
     collect) and wall time of each, and whether every old answer is byte-identical;
 (b) key lookup: an answer index of K random keys in a local store, and K new keys of which 90% are
-    in it, looked up by a separate process: wall time and peak RSS (wait4);
+    in it, looked up by a separate process through prepare's own path (spilled by key range, merged
+    a range at a time, sources.bin written): wall time and peak RSS (wait4);
+(b2) prepare --reuse-from end to end on a small and a 10x larger JSONL input (an index of the
+    first 90% of the rows, built from the source run's chunks): peak RSS with and without reuse;
 (c) prepare rows/s (no reuse) of the same JSONL input by this tree and by the base branch's
     orchestrator/ (`git archive $(git merge-base HEAD main)`), alternated, median of 3.
 Targets: (a) <= 0.11x engine work; (b) <= 60 s, <= 1.5 GiB at 10M; (c) >= 0.95x.
@@ -33,19 +36,29 @@ TINY = ROOT / ".cache" / "models" / "tiny-llama"
 
 LOOKUP = r"""
 import sys, time, numpy as np
-from orchestrator.core.store import open_store
+from orchestrator.core.context import RunContext
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.prepare.answer_index import key_dtype, lookup, read_index
-store, n = open_store(sys.argv[1]), int(sys.argv[2])
+from orchestrator.core.spec import RunSpec
+from orchestrator.core.store import open_store
+from orchestrator.prepare.answer_keys import AnswerKeys
+from orchestrator.prepare.reuse import KeyCollector, plan_reuse, spilled_key_dtype
+store, n, old = open_store(sys.argv[1]), int(sys.argv[2]), np.load(sys.argv[3], mmap_mode="r")
+spec = RunSpec.model_validate({"run": "new", "model": {"name": "bench/model"}, "reuse": {"from": ["src"]}})
+ctx = RunContext(spec, store, RunLayout("new"))
 rng = np.random.default_rng(1)
-keys = np.zeros(n, dtype=key_dtype())
-old = np.load(sys.argv[3])
-keys["hi"][: len(old)], keys["lo"][: len(old)] = old["hi"], old["lo"]
-new = n - len(old)
-keys["hi"][len(old):], keys["lo"][len(old):] = rng.integers(0, 2**63, new), rng.integers(0, 2**63, new)
 started = time.monotonic()
-found = lookup(store, RunLayout("src"), read_index(store, RunLayout("src")), keys)
-print(time.monotonic() - started, len(found.at))
+collected = KeyCollector(AnswerKeys(spec), n)
+for start in range(0, n, 1 << 16):  # the keys of prepare's first pass, in its blocks
+    block = np.zeros(min(1 << 16, n - start), dtype=spilled_key_dtype())
+    block["position"] = np.arange(start, start + len(block))
+    known = old[start : start + len(block)]
+    block["hi"][: len(known)], block["lo"][: len(known)] = known["hi"], known["lo"]
+    block["hi"][len(known) :], block["lo"][len(known) :] = rng.integers(0, 2**63, (2, len(block) - len(known)))
+    collected.add_records(block)
+plan = plan_reuse(ctx, collected, n)
+plan.upload(ctx)
+print(time.monotonic() - started, plan.count)
+plan.discard(); collected.discard()
 """
 
 BUILD = r"""
@@ -80,12 +93,53 @@ print(report.record.rows / (time.monotonic() - started))
 """
 
 
-def measure(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS (MiB) and stdout of one child process (its own wait4 usage)."""
+PREPARE_REUSE = r"""
+import sys
+from orchestrator.core.context import RunContext
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.spec import RunSpec
+from orchestrator.core.store import open_store
+from orchestrator.prepare import prepare_run
+store, run, data, reuse = open_store(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+spec = RunSpec.model_validate({"run": run, "model": {"name": "bench/model"}, "reuse": {"from": reuse},
+    "input": {"format": "text", "text_column": "question", "id_column": "id"},
+    "chunking": {"rows_per_chunk": 10000}, "sampling": {"temperature": 0}})
+report = prepare_run(RunContext(spec, store, RunLayout(run)), [data])
+print(report.record.rows, report.record.reused, report.seconds)
+"""
+
+INDEX_OF_RUN = r"""
+import json, sys, numpy as np
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import read_manifest
+from orchestrator.core.store import open_store
+from orchestrator.prepare.answer_index import keys_of, record_dtype, write_index
+from orchestrator.prepare.answer_keys import LineKeys
+store, layout = open_store(sys.argv[1]), RunLayout(sys.argv[2])
+keys = LineKeys(bytes.fromhex(json.loads(store.get(layout.prepare_record).data)["key_digest"]))
+parts = []
+for number, entry in enumerate(read_manifest(store, layout)):
+    lines = store.get(layout.chunk(entry.chunk)).data.splitlines(keepends=True)  # as prepare keys them
+    found = keys_of(b"".join(keys.of_line(line) for line in lines))
+    records = np.zeros(len(found), dtype=record_dtype())
+    records["hi"], records["lo"], records["chunk"] = found["hi"], found["lo"], number
+    records["row"] = np.arange(len(found))
+    parts.append(records)
+write_index(store, layout, np.concatenate(parts), [layout.run], "bench", len(parts))
+"""
+
+
+def measure(
+    cmd: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT, cpu: list[float] | None = None
+) -> tuple[float, float, str]:
+    """Wall seconds, peak RSS (MiB) and stdout of one child process (its own wait4 usage); its CPU
+    seconds appended to `cpu` (what a loaded, shared machine's figures can still compare)."""
     started = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, env={**os.environ, **(env or {})})
     out = proc.stdout.read().decode() if proc.stdout else ""
     _, status, usage = os.wait4(proc.pid, 0)
+    if cpu is not None:
+        cpu.append(usage.ru_utime + usage.ru_stime)
     if os.waitstatus_to_exitcode(status):
         raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), cmd)
     return time.monotonic() - started, usage.ru_maxrss / 1024, out
@@ -96,6 +150,18 @@ def questions(path: Path, n: int) -> Path:
         for i in range(n):
             f.write(json.dumps({"id": f"q{i}", "question": f"Question number {i}: what comes after {i}?"}) + "\n")
     return path
+
+
+def engine_seconds(store: Path, run: str) -> dict[str, float]:
+    """The run's workers' engine time (busy_s) and engine start-up (load_s), from the JSON summary
+    line each worker prints last into its log (the local backend keeps them in <store>/logs/<run>/)."""
+    busy = load = 0.0
+    for log in sorted((store / "logs" / run).glob("*.log")):
+        summaries = [line for line in log.read_text(errors="replace").splitlines() if line.startswith('{"status"')]
+        if summaries:
+            last = json.loads(summaries[-1])
+            busy, load = busy + last["busy_s"], load + last["load_s"]
+    return {"busy_s": busy, "load_s": load}
 
 
 def grown_input(work: Path, n: int) -> dict[str, Any]:
@@ -112,7 +178,7 @@ def grown_input(work: Path, n: int) -> dict[str, Any]:
         _, _, printed = measure([*ORCH, "collect", "--run", name, "--store", store, "--out", out, "--json"], ENV, work)
         report = json.loads(printed)
         tokens = report["tokens"]["prompt_tokens"] + report["tokens"]["generated_tokens"]
-        runs[name] = {"seconds": seconds, "tokens": tokens, "report": report}
+        runs[name] = {"seconds": seconds, "tokens": tokens, "report": report, **engine_seconds(Path(store), name)}
     old = (work / "first.out.jsonl").read_bytes().splitlines()
     new = (work / "grown.out.jsonl").read_bytes().splitlines()
     return {
@@ -121,6 +187,9 @@ def grown_input(work: Path, n: int) -> dict[str, Any]:
         "tokens_ratio": runs["grown"]["tokens"] / runs["first"]["tokens"],
         "seconds": [runs["first"]["seconds"], runs["grown"]["seconds"]],
         "wall_ratio": runs["grown"]["seconds"] / runs["first"]["seconds"],
+        "engine_busy_s": [runs["first"]["busy_s"], runs["grown"]["busy_s"]],
+        "busy_ratio": runs["grown"]["busy_s"] / runs["first"]["busy_s"],
+        "engine_load_s": [runs["first"]["load_s"], runs["grown"]["load_s"]],
         "reused": runs["grown"]["report"]["reused"],
         "old_answers_identical": new[:n] == old,
         "missing": runs["grown"]["report"]["missing"],
@@ -132,8 +201,9 @@ def key_lookup(work: Path, n: int) -> dict[str, Any]:
     """(b)"""
     store, old = str(work / "index-store"), str(work / "old.npy")
     env = ENV
+    cpu_seconds: list[float] = []
     build_s, build_mib, _ = measure([PYTHON, "-c", BUILD, store, str(n), old], env)
-    wall, peak, out = measure([PYTHON, "-c", LOOKUP, store, str(n), old], env)
+    wall, peak, out = measure([PYTHON, "-c", LOOKUP, store, str(n), old], env, cpu=cpu_seconds)
     lookup_s, found = out.split()
     return {
         "keys": n,
@@ -142,9 +212,36 @@ def key_lookup(work: Path, n: int) -> dict[str, Any]:
         "process_s": wall,
         "lookup_s": float(lookup_s),
         "peak_mib": peak,
+        "process_cpu_s": cpu_seconds[0],
         "found": int(found),
         "expected": int(n * 0.9),
     }
+
+
+def prepare_memory(work: Path, sizes: list[int]) -> list[dict[str, Any]]:
+    """(b2): peak RSS of prepare over N + 10% rows, with --reuse-from a run over the first N, and without."""
+    out = []
+    for n in sizes:
+        store = str(work / f"mem-{n}")
+        measure([PYTHON, "-c", PREPARE_REUSE, store, "src", str(questions(work / f"src-{n}.jsonl", n))], ENV)
+        measure([PYTHON, "-c", INDEX_OF_RUN, store, "src"], ENV)
+        grown = str(questions(work / f"grown-{n}.jsonl", n + n // 10))
+        plain_s, plain_mib, _ = measure([PYTHON, "-c", PREPARE_REUSE, store, "plain", grown], ENV)
+        reuse_s, reuse_mib, printed = measure([PYTHON, "-c", PREPARE_REUSE, store, "grown", grown, "src"], ENV)
+        rows, reused, _ = printed.split()
+        out.append(
+            {
+                "rows": n + n // 10,
+                "reused": int(reused),
+                "ran": int(rows),
+                "peak_mib_reuse": reuse_mib,
+                "peak_mib_plain": plain_mib,
+                "seconds_reuse": reuse_s,
+                "seconds_plain": plain_s,
+            }
+        )
+        shutil.rmtree(store, ignore_errors=True)
+    return out
 
 
 def prepare_speed(work: Path, n: int) -> dict[str, Any]:
@@ -187,18 +284,25 @@ def main() -> None:
         os.chdir(work)
         grown = grown_input(work, 40 if quick else 200)
         lookup_ = key_lookup(work, 1_000_000 if quick else 10_000_000)
+        memory = prepare_memory(work, [20_000, 200_000] if quick else [200_000, 2_000_000])
         prepare = prepare_speed(work, 50_000 if quick else 300_000)
     os.chdir(ROOT)
     rows = [
         ["grown input: engine tokens", *grown["engine_tokens"], f"{grown['tokens_ratio']:.3f}x"],
         ["grown input: wall s", *grown["seconds"], f"{grown['wall_ratio']:.3f}x"],
+        ["grown input: engine busy s", *grown["engine_busy_s"], f"{grown['busy_ratio']:.3f}x"],
+        ["grown input: engine load s", *grown["engine_load_s"], ""],
         ["prepare rows/s (this / base)", prepare["rows_per_s"], prepare["rows_per_s_base"], prepare["ratio"]],
         ["lookup s / peak MiB", lookup_["lookup_s"], lookup_["peak_mib"], f"{lookup_['keys']:,} keys"],
+        *(
+            [f"prepare {m['rows']:,} rows: peak MiB", m["peak_mib_reuse"], m["peak_mib_plain"], "reuse / plain"]
+            for m in memory
+        ),
     ]
     print(table(rows, ["measure", "first / with", "second / without", "ratio"]))
     identical, found = grown["old_answers_identical"], f"{lookup_['found']:,} of {lookup_['expected']:,}"
     print(f"old answers byte-identical: {identical}, reused {grown['reused']}, lookup found {found}")
-    save("reuse_bench", {"grown": grown, "lookup": lookup_, "prepare": prepare})
+    save("reuse_bench", {"grown": grown, "lookup": lookup_, "memory": memory, "prepare": prepare})
 
 
 if __name__ == "__main__":

@@ -189,3 +189,33 @@ def test_reuse_orch_run_with_the_tiny_model_answers_only_the_new_rows(workdir, c
     old = (workdir / "one.jsonl").read_bytes().splitlines()
     new = (workdir / "two.jsonl").read_bytes().splitlines()
     assert new[:20] == old and [json.loads(line)["custom_id"] for line in new] == [f"q{i}" for i in range(22)]
+
+
+def test_reuse_lookup_spilled_in_many_key_ranges_parts_and_chunk_ranges_reuses_every_old_row(
+    workdir, monkeypatch, capsys
+):
+    """The lookup as it runs on a large input, at a small scale: the new keys spilled into 32 key
+    ranges, an index of 10 parts, the matches into one file per source chunk; a reordered input."""
+    from orchestrator.prepare import answer_index, reuse, spill
+
+    monkeypatch.setattr(answer_index, "PART_ROWS", 32)
+    monkeypatch.setattr(reuse, "PARTITION_ROWS", 16)
+    monkeypatch.setattr(reuse, "BUFFER_ROWS", 7)
+    monkeypatch.setattr(spill, "BUFFER_ROWS", 5)
+    store = str(workdir / "store")
+    prepare(store, "first", questions(workdir / "q.jsonl", 300))
+    finish(store, "first")
+    old = collect(store, "first", workdir / "first.jsonl", capsys)
+    assert old["rows_written"] == 300
+    index = json.loads(open_store(store).get(RunLayout("first").answer_index).data)
+    assert len(index["parts"]) == 10
+    rows = [{"id": f"q{i}", "question": f"Question {i}?"} for i in range(330)]
+    prepare(store, "second", write_jsonl(workdir / "grown.jsonl", rows[::-1]), "--reuse-from", "first")
+    assert reused_rows(store, "second") == 300 and run_rows(store, "second") == 30
+    finish(store, "second")
+    new = collect(store, "second", workdir / "second.jsonl", capsys)
+    assert new["complete"] and new["reused"] == 300 and new["rows_total"] == 330
+    by_id = {json.loads(line)["custom_id"]: line for line in (workdir / "first.jsonl").read_bytes().splitlines()}
+    lines = (workdir / "second.jsonl").read_bytes().splitlines()
+    assert [json.loads(line)["custom_id"] for line in lines] == [f"q{i}" for i in range(329, -1, -1)]
+    assert all(by_id[json.loads(line)["custom_id"]] == line for line in lines[30:])

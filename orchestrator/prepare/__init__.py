@@ -217,15 +217,16 @@ def _plan_reuse(
 ) -> ReusePlan:
     """reuse.py steps 1-2: every good row's key, looked up in the runs `reuse.from` names. This
     first pass also checks the requests (`requests`), so a refused one stops before any lookup."""
-    collected = KeyCollector(keys)
+    collected = KeyCollector(keys, total)
     errors = ErrorWriter(strict, several_files=len(files) > 1)  # the second pass reports bad rows
     try:
         rows_in = Conversion(ctx, files, collected.add, errors, strict, requests)
         convert_rows(files, ctx.spec.input, total, lambda _row: None, rows_in, progress)
+        _stop_if_refused(requests)
+        plan = plan_reuse(ctx, collected, total)
     finally:
         errors.discard()
-    _stop_if_refused(requests)
-    plan = plan_reuse(ctx, collected)
+        collected.discard()
     progress(
         f"{plan.count:,} of {total:,} rows answered by {', '.join(ctx.spec.reuse.runs)}"
         + (f" ({plan.sampled_skipped:,} that sample run again: reuse.sampled)" if plan.sampled_skipped else "")

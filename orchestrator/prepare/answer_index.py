@@ -8,9 +8,10 @@ the parts with their first and last keys, row counts and SHA-256. So a crash whi
 the old index.json (or none) naming whole parts only; a part that is changed, cut short or
 missing is refused with an error naming it, never read as fewer or other answers.
 
-Lookup: the new keys are sorted once (numpy: 10 million in a few seconds), then each part is read,
-checked and matched against the slice of new keys that falls in its key range (searchsorted):
-memory is the new keys plus one part, whatever the index's size.
+Lookup (PartCursor): the new keys come in ascending slices (prepare/reuse.py spills them by key
+range and sorts one range at a time); each part is read, checked and matched against the keys of
+a slice that fall in its key range (searchsorted), and only the last part read is kept: memory is
+one slice plus one part, whatever the sizes of the input and the index.
 """
 
 from __future__ import annotations
@@ -169,27 +170,44 @@ class Matches:
     row: npt.NDArray[Any]
 
 
-def lookup(store: Store, layout: RunLayout, index: AnswerIndex, keys: npt.NDArray[Any]) -> Matches:
-    """Every key of `keys` (any order, (hi, lo) records) found in the index, streaming its parts."""
-    import numpy as np
+class PartCursor:
+    """One run's index, matched against slices of new keys that come in ascending key order: each
+    part is read (and checked) when a slice first falls in its key range, and only the last part
+    read is kept, since consecutive slices share at most that one."""
 
-    hi, lo = keys["hi"].astype(np.uint64), keys["lo"].astype(np.uint64)
-    order = np.lexsort((lo, hi))
-    hi_sorted = hi[order]
-    found: list[tuple[Any, ...]] = []
-    for part in index.parts:
-        first, last = np.uint64(int(part.first[:16], 16)), np.uint64(int(part.last[:16], 16))
-        start, stop = np.searchsorted(hi_sorted, first, "left"), np.searchsorted(hi_sorted, last, "right")
-        if start == stop:
-            continue
-        records = read_part(store, layout, part)
-        candidates = order[start:stop]
-        found.append(_match(records, hi[candidates], lo[candidates], candidates))
-    if not found:
-        empty = np.zeros(0, dtype=np.int64)
-        return Matches(empty, empty.astype(np.uint16), empty.astype(np.uint32), empty.astype(np.uint32))
-    at, run, chunk, row = (np.concatenate(column) for column in zip(*found, strict=True))
-    return Matches(at, run, chunk, row)
+    def __init__(self, store: Store, layout: RunLayout, index: AnswerIndex):
+        import numpy as np
+
+        self.store, self.layout, self.index = store, layout, index
+        self.firsts = np.array([int(p.first[:16], 16) for p in index.parts], dtype=np.uint64)
+        self.lasts = np.array([int(p.last[:16], 16) for p in index.parts], dtype=np.uint64)
+        self.kept: tuple[int, npt.NDArray[Any]] | None = None
+
+    def match(self, hi: npt.NDArray[Any], lo: npt.NDArray[Any]) -> Matches:
+        """The keys (uint64 halves, sorted by (hi, lo)) that the index holds: their indices, and where."""
+        import numpy as np
+
+        found: list[tuple[Any, ...]] = []
+        if len(hi):
+            # Parts whose key range meets [hi[0], hi[-1]]; a part's range is by its keys' first halves.
+            low = int(np.searchsorted(self.lasts, hi[0], "left"))
+            high = int(np.searchsorted(self.firsts, hi[-1], "right"))
+            for n in range(low, high):
+                start = np.searchsorted(hi, self.firsts[n], "left")
+                stop = np.searchsorted(hi, self.lasts[n], "right")
+                if start < stop:
+                    at = np.arange(start, stop, dtype=np.int64)
+                    found.append(_match(self._part(n), hi[start:stop], lo[start:stop], at))
+        if not found:
+            empty = np.zeros(0, dtype=np.int64)
+            return Matches(empty, empty.astype(np.uint16), empty.astype(np.uint32), empty.astype(np.uint32))
+        at, run, chunk, row = (np.concatenate(column) for column in zip(*found, strict=True))
+        return Matches(at, run, chunk, row)
+
+    def _part(self, n: int) -> npt.NDArray[Any]:
+        if self.kept is None or self.kept[0] != n:
+            self.kept = (n, read_part(self.store, self.layout, self.index.parts[n]))
+        return self.kept[1]
 
 
 def _match(
