@@ -12,8 +12,9 @@ import json
 from typing import Any
 
 from orchestrator.core.spec import SamplingSpec
-from worker.bodies import ChatBody, CompletionBody, EmbeddingBody, RerankBody, ResponsesBody, ScoreBody, is_token
+from worker.bodies import ChatBody, CompletionBody, ResponsesBody, is_token
 from worker.images import content_parts
+from worker.pooling_bodies import EmbeddingBody, RerankBody, ScoreBody
 from worker.responses import chat_tools, input_messages
 from worker.tools import ToolError, tool_use
 from worker.wire import BadRequest, EngineRequest, RowResult, ToolUse, error_line
