@@ -8,15 +8,19 @@ from typing import Any
 from orchestrator.core.errors import InputError
 from orchestrator.prepare.formats import close_names
 from orchestrator.prepare.sources import PARQUET_BATCH
-from orchestrator.prepare.table_ref import LATEST_SHOWN, TableRef, no_version, same_columns, when_utc
+from orchestrator.prepare.table_ref import LATEST_SHOWN, TableRef, no_version, s3_settings, same_columns, when_utc
 
 
 # -- Iceberg -----------------------------------------------------------------------------------
 def iceberg_catalog(ref: TableRef) -> Any:
-    """The catalog, from pyiceberg's configuration and the source's query properties."""
+    """The catalog, from pyiceberg's configuration and the source's query properties; the S3
+    endpoint and region from the environment where neither names them (table_ref.s3_settings)."""
     from pyiceberg.catalog import load_catalog
+    from pyiceberg.utils.config import Config
 
-    return load_catalog(ref.catalog, **ref.properties)
+    configured = Config().get_catalog_config(ref.catalog) or {}
+    from_environment = {k: v for k, v in s3_settings("iceberg", "").items() if k not in configured}
+    return load_catalog(ref.catalog, **{**from_environment, **ref.properties})
 
 
 def iceberg_pinned(ref: TableRef, table: Any, source: str) -> tuple[str, str, int]:
@@ -95,7 +99,7 @@ def delta_table(ref: TableRef, source: str) -> Any:
     from deltalake.exceptions import DeltaError, TableNotFoundError
 
     try:
-        table = DeltaTable(ref.location)
+        table = DeltaTable(ref.location, storage_options=s3_settings("delta", ref.location))
     except TableNotFoundError:
         raise InputError(f"no Delta table at {ref.location} (no _delta_log/ there)", where=source) from None
     if ref.version is not None and int(ref.version) != table.version():

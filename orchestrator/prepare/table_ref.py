@@ -5,6 +5,7 @@ The forms are listed in tables.py and docs/tables.md.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,3 +100,24 @@ def same_columns(source: str, since: str, then: Any, now: Any, columns: list[str
             where=source,
             hint="read the whole table (no incremental read across a schema change)",
         )
+
+
+def s3_settings(kind: str, location: str) -> dict[str, str]:
+    """What the table's library needs, beyond its own reading of the environment, to reach a table
+    on S3: the endpoint (ORCH_S3_ENDPOINT_URL, then AWS_ENDPOINT_URL: the store's own order, so one
+    setting points the store and the tables at the same server), plain HTTP when that endpoint is
+    http://, and the region (AWS_REGION, AWS_DEFAULT_REGION). Credentials stay with each library's
+    own chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, profiles, instance roles). Empty for a
+    local table, or when nothing is set."""
+    if kind != "iceberg" and not location.startswith("s3://"):
+        return {}
+    endpoint = os.environ.get("ORCH_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    plain_http = "true" if (endpoint or "").startswith("http://") else None
+    names = {
+        "delta": ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ALLOW_HTTP"),
+        "lance": ("aws_endpoint", "aws_region", "allow_http"),
+        "iceberg": ("s3.endpoint", "s3.region", None),  # pyarrow's S3 reads http:// endpoints as given
+    }[kind]
+    values = (endpoint, region, plain_http)
+    return {name: value for name, value in zip(names, values, strict=True) if name and value}

@@ -38,7 +38,7 @@ from orchestrator.prepare.table_lake import (
     iceberg_snapshot,
     iceberg_table,
 )
-from orchestrator.prepare.table_ref import LATEST_SHOWN, TableRef, no_version, parse_table, table_kind
+from orchestrator.prepare.table_ref import LATEST_SHOWN, TableRef, no_version, parse_table, s3_settings, table_kind
 
 __all__ = [
     "TableRef",
@@ -175,13 +175,13 @@ def _lance_dataset(ref: TableRef, source: str) -> Any:
     import lance
 
     try:
-        latest = lance.dataset(ref.location)
+        latest = lance.dataset(ref.location, storage_options=s3_settings("lance", ref.location))
     except (ValueError, OSError):
         raise InputError(f"no Lance dataset at {ref.location} (no _versions/ there)", where=source) from None
     if ref.version is None:
         return latest
     try:
-        return lance.dataset(ref.location, version=int(ref.version))
+        return lance.dataset(ref.location, version=int(ref.version), storage_options=s3_settings("lance", ref.location))
     except (ValueError, OSError):
         versions = [f"{v['version']} ({v['timestamp']:%Y-%m-%d %H:%M:%S})" for v in latest.versions()][-LATEST_SHOWN:]
         raise no_version(source, "version", ref.version, versions[::-1]) from None
