@@ -90,7 +90,22 @@ def iceberg_rows(table: Any, snapshot: Any, columns: list[str] | None, only: set
     scan = iceberg_scan(table, snapshot, columns)
     tasks = [task for task in scan.plan_files() if only is None or task.file.file_path in only]
     tasks.sort(key=lambda task: appended.get(task.file.file_path, 0))
-    yield from ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter).to_record_batches(tasks)
+    arrow = ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter)
+    yield from _streamed(arrow, table.io, tasks)
+
+
+def _streamed(arrow: Any, io: Any, tasks: list[Any]) -> Iterator[Any]:
+    """The tasks' batches as each file is decoded. pyiceberg's public `to_record_batches` reads
+    each data file whole into a list before yielding its first batch: memory grows with the file,
+    and nothing is converted while it decodes (table_sources_bench: wall ~0.7x Parquet's). The
+    per-task generator it wraps streams; where a pyiceberg release lacks it, the public call."""
+    from pyiceberg.io.pyarrow import _read_all_delete_files
+
+    stream = getattr(arrow, "_record_batches_from_scan_tasks_and_deletes", None)
+    if stream is None:
+        yield from arrow.to_record_batches(tasks)
+        return
+    yield from stream(tasks, _read_all_delete_files(io, tasks))
 
 
 # -- Delta Lake --------------------------------------------------------------------------------
