@@ -5,12 +5,14 @@ The forms a source takes (docs/tables.md):
         a catalog pyiceberg's configuration names (~/.pyiceberg.yaml, PYICEBERG_CATALOG__* variables),
         or whose properties the query gives (`?type=sql&uri=sqlite:///c.db&warehouse=file:///wh`)
     delta:PATH[@VERSION]       or a directory holding _delta_log/ (PATH may be s3://...)
-    lance:PATH[@VERSION]       or a directory holding _versions/ (a `.lance` dataset)
+    lance:PATH[@VERSION]       or a directory holding _versions/ (a `.lance` dataset; PATH may be s3://...)
     hf:PATH[#SPLIT]            or a folder `datasets` saved with save_to_disk, or one of its .arrow files
     hf://datasets/ORG/NAME[@REVISION][/PATH]   the hub's Parquet files, through huggingface_hub's filesystem
 A table is resolved once, to the version it is read at (the latest unless `@` names one), and that
 version is its identity: the same command twice is a no-op, a new snapshot is new input. Rows are
 numbered 0, 1, ... in the order a scan of that version gives them, as with Parquet files.
+On S3 each library gets the endpoint and region from the environment (table_ref.s3_settings).
+The forms and the S3 settings are parsed in table_ref.py; Iceberg and Delta are read in table_lake.py.
 """
 
 from __future__ import annotations
