@@ -134,6 +134,20 @@ def test_prepare_delta_names_a_schema_change_between_versions(tables, tmp_path, 
     assert "the schema changed between them: added lang: string" in capsys.readouterr().err
 
 
+def test_prepare_delta_partitioned_reads_the_partition_values(tables, tmp_path):
+    data = rows(0, 6)
+    tables.write("delta", data, partition_by=["question"])  # the question is in the file paths, not the files
+    pq.write_table(data, tmp_path / "same.parquet")
+    store = str(tmp_path / "store")
+    assert prepare(store, "p", str(tmp_path / "same.parquet")) == 0
+    assert prepare(store, "t", tables.uri("delta")) == 0
+
+    def by_id(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return sorted(lines, key=lambda line: str(line["custom_id"]))
+
+    assert by_id(chunk_lines(store, "t")) == by_id(chunk_lines(store, "p"))
+
+
 @pytest.mark.parametrize("kind", ["iceberg", "delta", "lance"])
 def test_prepare_table_version_that_does_not_exist_lists_the_latest(kind, tables, tmp_path, capsys):
     first = tables.write(kind, rows(0, 2))

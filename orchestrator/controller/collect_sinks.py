@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.errors import OutputError
+from orchestrator.prepare.table_ref import s3_settings
 from orchestrator.prepare.tables import TableRef, iceberg_catalog, parse_table, table_kind
 
 if TYPE_CHECKING:
@@ -148,7 +149,7 @@ class _Delta:
         from deltalake.exceptions import TableNotFoundError
 
         try:
-            return DeltaTable(self.ref.location)
+            return DeltaTable(self.ref.location, storage_options=s3_settings("delta", self.ref.location))
         except TableNotFoundError:
             return None
 
@@ -167,7 +168,13 @@ class _Delta:
             custom_metadata={ORCH_RUN_PROPERTY: run}, app_transactions=[Transaction(app_id=f"orch:{run}", version=1)]
         )
         try:
-            write_deltalake(self.ref.location, _batches(path), mode="append", commit_properties=commit)
+            write_deltalake(
+                self.ref.location,
+                _batches(path),
+                mode="append",
+                commit_properties=commit,
+                storage_options=s3_settings("delta", self.ref.location),
+            )
         except (DeltaError, ValueError) as e:
             raise _refused(self.out, e) from None
         return f"version {self._table().version()}"
@@ -181,7 +188,7 @@ class _Lance:
         import lance
 
         try:
-            return lance.dataset(self.ref.location)
+            return lance.dataset(self.ref.location, storage_options=s3_settings("lance", self.ref.location))
         except (ValueError, OSError):
             return None
 
@@ -201,7 +208,11 @@ class _Lance:
         mode = "create" if self._dataset() is None else "append"
         try:
             dataset = lance.write_dataset(
-                _batches(path), self.ref.location, mode=mode, transaction_properties={ORCH_RUN_PROPERTY: run}
+                _batches(path),
+                self.ref.location,
+                mode=mode,
+                transaction_properties={ORCH_RUN_PROPERTY: run},
+                storage_options=s3_settings("lance", self.ref.location),
             )
         except (ValueError, OSError) as e:
             raise _refused(self.out, e) from None

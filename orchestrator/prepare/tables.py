@@ -5,88 +5,55 @@ The forms a source takes (docs/tables.md):
         a catalog pyiceberg's configuration names (~/.pyiceberg.yaml, PYICEBERG_CATALOG__* variables),
         or whose properties the query gives (`?type=sql&uri=sqlite:///c.db&warehouse=file:///wh`)
     delta:PATH[@VERSION]       or a directory holding _delta_log/ (PATH may be s3://...)
-    lance:PATH[@VERSION]       or a directory holding _versions/ (a `.lance` dataset)
+    lance:PATH[@VERSION]       or a directory holding _versions/ (a `.lance` dataset; PATH may be s3://...)
     hf:PATH[#SPLIT]            or a folder `datasets` saved with save_to_disk, or one of its .arrow files
     hf://datasets/ORG/NAME[@REVISION][/PATH]   the hub's Parquet files, through huggingface_hub's filesystem
 A table is resolved once, to the version it is read at (the latest unless `@` names one), and that
 version is its identity: the same command twice is a no-op, a new snapshot is new input. Rows are
 numbered 0, 1, ... in the order a scan of that version gives them, as with Parquet files.
+On S3 each library gets the endpoint and region from the environment (table_ref.s3_settings).
+The forms and the S3 settings are parsed in table_ref.py; Iceberg and Delta are read in table_lake.py.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 from orchestrator.core.errors import InputError
 from orchestrator.prepare.formats import close_names
 from orchestrator.prepare.sources import PARQUET_BATCH, SourceFile, read_ahead
+from orchestrator.prepare.table_lake import (
+    delta_appended,
+    delta_pinned,
+    delta_rows,
+    delta_schema,
+    delta_table,
+    iceberg_appended,
+    iceberg_catalog,
+    iceberg_pinned,
+    iceberg_rows,
+    iceberg_schema,
+    iceberg_snapshot,
+    iceberg_table,
+)
+from orchestrator.prepare.table_ref import LATEST_SHOWN, TableRef, no_version, parse_table, s3_settings, table_kind
 
-#: Versions listed when the one asked for does not exist.
-LATEST_SHOWN = 5
-_VERSION = re.compile(r"@(\d+)$")
-_PREFIXES = {"iceberg://": "iceberg", "delta:": "delta", "lance:": "lance", "hf://": "hf", "hf:": "hf"}
-
-
-@dataclass(frozen=True)
-class TableRef:
-    """A table source as written: its kind, where it is, the version asked for (None: the latest)."""
-
-    kind: str  # iceberg | delta | lance | hf
-    location: str  # a path or URI; for Iceberg the table's name, NAMESPACE.TABLE
-    version: str | None = None
-    catalog: str = ""  # Iceberg: the catalog's name
-    properties: dict[str, str] = field(default_factory=dict)  # Iceberg: the catalog's properties
-    split: str | None = None  # a saved DatasetDict's split
-
-
-def table_kind(source: str) -> str | None:
-    """The kind of table a source names (by its prefix, or what its directory holds), else None."""
-    for prefix, kind in _PREFIXES.items():
-        if source.startswith(prefix):
-            return kind
-    if source.startswith(("s3://", "r2://")):
-        return None
-    path = Path(_VERSION.sub("", source.split("#", 1)[0]).removeprefix("file://"))
-    if path.is_dir():
-        if (path / "_delta_log").is_dir():
-            return "delta"
-        if (path / "_versions").is_dir():
-            return "lance"
-        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
-            return "hf"
-    return "hf" if path.suffix == ".arrow" and path.is_file() else None
-
-
-def parse_table(source: str) -> TableRef:
-    """The source's parts; InputError for a form that is not one of the module's."""
-    kind = table_kind(source)
-    if kind is None:
-        raise InputError(f"{source}: not a table source", where=source)
-    if kind == "iceberg":
-        parts = urlsplit(source)
-        name, version = _split_version(parts.path.lstrip("/"))
-        if not parts.netloc or "." not in name:
-            raise InputError(
-                f"{source}: an Iceberg source is iceberg://CATALOG/NAMESPACE.TABLE[@SNAPSHOT]", where=source
-            )
-        return TableRef(kind, name, version, parts.netloc, dict(parse_qsl(parts.query)))
-    if source.startswith("hf://"):
-        return TableRef(kind, source)  # the hub's paths carry their revision (@REV) themselves
-    location = source.removeprefix(f"{kind}:") if source.startswith(f"{kind}:") else source
-    location, _, split = location.partition("#")
-    location, version = _split_version(location)
-    return TableRef(kind, location.removeprefix("file://"), version, split=split or None)
-
-
-def _split_version(text: str) -> tuple[str, str | None]:
-    found = _VERSION.search(text)
-    return (text[: found.start()], found.group(1)) if found else (text, None)
+__all__ = [
+    "TableRef",
+    "appended_since",
+    "iceberg_catalog",
+    "parse_table",
+    "resolve_table",
+    "table_batches",
+    "table_differences",
+    "table_digest",
+    "table_identity",
+    "table_kind",
+]
 
 
 def resolve_table(source: str) -> SourceFile:
@@ -126,7 +93,15 @@ def table_batches(source: SourceFile, columns: list[str] | None) -> Iterator[Any
             where=source.uri,
             hint="name the right columns (--id-column, input.conversation_column, input.text_column)",
         )
-    yield from read_ahead(_batches(ref, opened, columns))
+    yield from read_ahead(_sliced(_batches(ref, opened, columns)))
+
+
+def _sliced(batches: Iterator[Any]) -> Iterator[Any]:
+    """Batches of at most PARQUET_BATCH rows (zero-copy slices): pyiceberg's scan yields 131,072 rows
+    at a time, which the rows' conversion then walks with a cold cache, and no overlap with decoding."""
+    for batch in batches:
+        for start in range(0, batch.num_rows, PARQUET_BATCH):
+            yield batch.slice(start, PARQUET_BATCH)
 
 
 def table_identity(source: SourceFile) -> dict[str, Any]:
@@ -163,9 +138,9 @@ def table_differences(then: dict[str, Any], now: SourceFile) -> list[str]:
 def _open(ref: TableRef, source: str) -> Any:
     """The library's handle on the table (at the asked version where the library opens at one)."""
     if ref.kind == "iceberg":
-        return _iceberg_table(ref, source)
+        return iceberg_table(ref, source)
     if ref.kind == "delta":
-        return _delta_table(ref, source)
+        return delta_table(ref, source)
     if ref.kind == "lance":
         return _lance_dataset(ref, source)
     return _hf_files(ref, source)
@@ -174,13 +149,9 @@ def _open(ref: TableRef, source: str) -> Any:
 def _pinned(ref: TableRef, opened: Any, source: str) -> tuple[str, str, int]:
     """(version, table id, rows) of what will be read."""
     if ref.kind == "iceberg":
-        snapshot = _iceberg_snapshot(ref, opened, source)
-        if snapshot is None:
-            return "empty", str(opened.metadata.table_uuid), 0
-        return str(snapshot.snapshot_id), str(opened.metadata.table_uuid), _iceberg_scan(opened, snapshot, None).count()
+        return iceberg_pinned(ref, opened, source)
     if ref.kind == "delta":
-        rows = sum(int(n) for n in opened.get_add_actions(flatten=True).column("num_records").to_pylist() if n)
-        return str(opened.version()), str(opened.metadata().id), rows
+        return delta_pinned(opened)
     if ref.kind == "lance":
         created = {v["version"]: v["timestamp"] for v in opened.versions()}.get(opened.version)
         return str(opened.version), f"created {created}", int(opened.count_rows())
@@ -189,125 +160,24 @@ def _pinned(ref: TableRef, opened: Any, source: str) -> tuple[str, str, int]:
 
 def _schema(ref: TableRef, opened: Any) -> Any:
     """The table's Arrow schema at the pinned version."""
-    import pyarrow as pa
-
     if ref.kind == "iceberg":
-        snapshot = _iceberg_snapshot(ref, opened, ref.location)
-        schema_id = snapshot.schema_id if snapshot is not None else None
-        schemas = opened.schemas()
-        return (schemas[schema_id] if schema_id in schemas else opened.schema()).as_arrow()
+        return iceberg_schema(ref, opened)
     if ref.kind == "delta":
-        return pa.schema(opened.schema().to_arrow())
-    if ref.kind == "lance":
-        return opened.schema
+        return delta_schema(opened)
     return opened.schema
 
 
 def _batches(ref: TableRef, opened: Any, columns: list[str] | None) -> Iterator[Any]:
     if ref.kind == "iceberg":
-        snapshot = _iceberg_snapshot(ref, opened, ref.location)
+        snapshot = iceberg_snapshot(ref, opened, ref.location)
         if snapshot is not None:
-            yield from _iceberg_rows(opened, snapshot, columns, None)
+            yield from iceberg_rows(opened, snapshot, columns, None)
     elif ref.kind == "delta":
-        yield from _delta_rows(opened, columns, None)
+        yield from delta_rows(opened, columns, None)
     elif ref.kind == "lance":
         yield from opened.to_batches(columns=columns, batch_size=PARQUET_BATCH, scan_in_order=True)
     else:
         yield from _hf_batches(opened, columns)
-
-
-# -- Iceberg -----------------------------------------------------------------------------------
-def iceberg_catalog(ref: TableRef) -> Any:
-    """The catalog, from pyiceberg's configuration and the source's query properties."""
-    from pyiceberg.catalog import load_catalog
-
-    return load_catalog(ref.catalog, **ref.properties)
-
-
-def _iceberg_table(ref: TableRef, source: str) -> Any:
-    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
-
-    catalog = iceberg_catalog(ref)
-    namespace = ref.location.rsplit(".", 1)[0]
-    try:
-        return catalog.load_table(ref.location)
-    except (NoSuchTableError, NoSuchNamespaceError):
-        try:
-            there = [".".join(t) for t in catalog.list_tables(namespace)]
-        except NoSuchNamespaceError:
-            spaces = [".".join(n) for n in catalog.list_namespaces()]
-            raise InputError(
-                f"no namespace {namespace!r} in Iceberg catalog {ref.catalog!r} "
-                f"(it has: {', '.join(spaces) or 'none'})",
-                where=source,
-            ) from None
-        raise InputError(
-            f"no table {ref.location!r} in Iceberg catalog {ref.catalog!r} "
-            f"(namespace {namespace} has: {', '.join(there) or 'no tables'}{close_names([ref.location], there)})",
-            where=source,
-        ) from None
-
-
-def _iceberg_snapshot(ref: TableRef, table: Any, source: str) -> Any:
-    if ref.version is None:
-        return table.current_snapshot()
-    snapshot = table.snapshot_by_id(int(ref.version))
-    if snapshot is None:
-        latest = [f"{s.snapshot_id} ({_when(s.timestamp_ms)})" for s in table.snapshots()[-LATEST_SHOWN:]][::-1]
-        raise _no_version(source, "snapshot", ref.version, latest)
-    return snapshot
-
-
-def _iceberg_scan(table: Any, snapshot: Any, columns: list[str] | None) -> Any:
-    return table.scan(snapshot_id=snapshot.snapshot_id, selected_fields=tuple(columns) if columns else ("*",))
-
-
-def _iceberg_rows(table: Any, snapshot: Any, columns: list[str] | None, only: set[str] | None) -> Iterator[Any]:
-    """The snapshot's rows (of the files in `only`, when given) in the order they were appended:
-    pyiceberg plans the newest manifest's files first, so its own order would put a new append's
-    rows before the old ones and renumber every row."""
-    from pyiceberg.io.pyarrow import ArrowScan
-
-    appended: dict[str, int] = {}
-    for manifest in snapshot.manifests(table.io):
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            appended[entry.data_file.file_path] = entry.sequence_number or 0
-    scan = _iceberg_scan(table, snapshot, columns)
-    tasks = [task for task in scan.plan_files() if only is None or task.file.file_path in only]
-    tasks.sort(key=lambda task: appended.get(task.file.file_path, 0))
-    yield from ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter).to_record_batches(tasks)
-
-
-# -- Delta Lake --------------------------------------------------------------------------------
-def _delta_table(ref: TableRef, source: str) -> Any:
-    from deltalake import DeltaTable
-    from deltalake.exceptions import DeltaError, TableNotFoundError
-
-    try:
-        table = DeltaTable(ref.location)
-    except TableNotFoundError:
-        raise InputError(f"no Delta table at {ref.location} (no _delta_log/ there)", where=source) from None
-    if ref.version is not None and int(ref.version) != table.version():
-        try:
-            table.load_as_version(int(ref.version))
-        except DeltaError:
-            latest = [f"{h['version']} ({_when(h['timestamp'])})" for h in table.history(LATEST_SHOWN)]
-            raise _no_version(source, "version", ref.version, latest) from None
-    return table
-
-
-def _delta_rows(table: Any, columns: list[str] | None, only: set[str] | None) -> Iterator[Any]:
-    """The version's rows (of the files in `only`, when given) in the order they were appended
-    (the files' times, then names): a replay of the log lists the newest files first."""
-    import pyarrow.dataset as ds
-
-    adds = table.get_add_actions(flatten=True)
-    written = dict(zip(adds.column("path").to_pylist(), adds.column("modification_time").to_pylist(), strict=True))
-    whole = table.to_pyarrow_dataset()
-    fragments = [f for f in whole.get_fragments() if only is None or f.path in only]
-    fragments.sort(key=lambda f: (written.get(f.path) or 0, f.path))
-    dataset = ds.FileSystemDataset(fragments, whole.schema, whole.format, whole.filesystem)
-    yield from dataset.to_batches(columns=columns, batch_size=PARQUET_BATCH)
 
 
 # -- Lance -------------------------------------------------------------------------------------
@@ -315,16 +185,16 @@ def _lance_dataset(ref: TableRef, source: str) -> Any:
     import lance
 
     try:
-        latest = lance.dataset(ref.location)
+        latest = lance.dataset(ref.location, storage_options=s3_settings("lance", ref.location))
     except (ValueError, OSError):
         raise InputError(f"no Lance dataset at {ref.location} (no _versions/ there)", where=source) from None
     if ref.version is None:
         return latest
     try:
-        return lance.dataset(ref.location, version=int(ref.version))
+        return lance.dataset(ref.location, version=int(ref.version), storage_options=s3_settings("lance", ref.location))
     except (ValueError, OSError):
         versions = [f"{v['version']} ({v['timestamp']:%Y-%m-%d %H:%M:%S})" for v in latest.versions()][-LATEST_SHOWN:]
-        raise _no_version(source, "version", ref.version, versions[::-1]) from None
+        raise no_version(source, "version", ref.version, versions[::-1]) from None
 
 
 # -- Hugging Face datasets ---------------------------------------------------------------------
@@ -397,20 +267,6 @@ def _hub_files(uri: str) -> _HfFiles:
     return _HfFiles(files, str(getattr(resolved, "repo_id", uri)), str(getattr(resolved, "revision", "")), schema, fs)
 
 
-def _no_version(source: str, word: str, asked: str, latest: list[str]) -> InputError:
-    return InputError(
-        f"no {word} {asked} in the table (the latest: {', '.join(latest) or 'none'})",
-        where=source,
-        hint=f"name one of its {word}s after @, or leave @{asked} out to read the latest",
-    )
-
-
-def _when(milliseconds: int) -> str:
-    import datetime
-
-    return datetime.datetime.fromtimestamp(milliseconds / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
-
 # -- incremental reads -------------------------------------------------------------------------
 def appended_since(source: SourceFile, since: str, columns: list[str] | None = None) -> Iterator[Any]:
     """The rows appended to an Iceberg or Delta table after snapshot/version `since`, up to the
@@ -426,67 +282,8 @@ def appended_since(source: SourceFile, since: str, columns: list[str] | None = N
     ref = parse_table(source.uri)
     ref = TableRef(ref.kind, ref.location, source.version, ref.catalog, ref.properties, ref.split)
     if ref.kind == "iceberg":
-        yield from _iceberg_appended(ref, source.uri, since, columns)
+        yield from iceberg_appended(ref, source.uri, since, columns)
     elif ref.kind == "delta":
-        yield from _delta_appended(ref, source.uri, since, columns)
+        yield from delta_appended(ref, source.uri, since, columns)
     else:
         raise InputError(f"{source.uri}: incremental reads are for Iceberg and Delta tables, not {ref.kind}")
-
-
-def _same_columns(source: str, since: str, then: Any, now: Any, columns: list[str] | None) -> None:
-    names = columns or [f.name for f in now]
-    changed = [n for n in names if n not in then.names or n not in now.names or then.field(n).type != now.field(n).type]
-    if changed:
-        raise InputError(
-            f"the schema changed since {since}: column(s) {', '.join(changed)} differ "
-            f"(then: {', '.join(f'{f.name}: {f.type}' for f in then)})",
-            where=source,
-            hint="read the whole table (no incremental read across a schema change)",
-        )
-
-
-def _iceberg_appended(ref: TableRef, source: str, since: str, columns: list[str] | None) -> Iterator[Any]:
-    from pyiceberg.manifest import ManifestEntryStatus
-    from pyiceberg.table.snapshots import Operation
-
-    table = _iceberg_table(ref, source)
-    now = _iceberg_snapshot(ref, table, source)
-    then = _iceberg_snapshot(TableRef(ref.kind, ref.location, since), table, source)
-    _same_columns(source, since, _schema(TableRef(ref.kind, ref.location, since), table), _schema(ref, table), columns)
-    added: set[str] = set()
-    snapshot = now
-    while snapshot.snapshot_id != then.snapshot_id:
-        operation = snapshot.summary.operation if snapshot.summary is not None else None
-        if operation != Operation.APPEND:
-            raise InputError(
-                f"snapshot {snapshot.snapshot_id} is {operation}: rows changed since {since}, not only appended",
-                where=source,
-                hint="read the whole table",
-            )
-        for manifest in snapshot.manifests(table.io):
-            if manifest.added_snapshot_id == snapshot.snapshot_id:
-                for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-                    if entry.status == ManifestEntryStatus.ADDED:
-                        added.add(entry.data_file.file_path)
-        if snapshot.parent_snapshot_id is None:
-            raise InputError(f"snapshot {since} is not an ancestor of snapshot {now.snapshot_id}", where=source)
-        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
-    yield from _iceberg_rows(table, now, columns, added)
-
-
-def _delta_appended(ref: TableRef, source: str, since: str, columns: list[str] | None) -> Iterator[Any]:
-    now = _delta_table(ref, source)
-    then = _delta_table(TableRef(ref.kind, ref.location, since), source)
-    if int(since) > now.version():
-        raise InputError(f"version {since} is after version {now.version()}, the one read", where=source)
-    _same_columns(source, since, _schema(ref, then), _schema(ref, now), columns)
-    before = set(then.get_add_actions(flatten=True).column("path").to_pylist())
-    after = now.get_add_actions(flatten=True).column("path").to_pylist()
-    if before - set(after):
-        raise InputError(
-            f"{len(before - set(after))} data file(s) of version {since} are gone by version {now.version()}: "
-            "rows changed, not only appended",
-            where=source,
-            hint="read the whole table",
-        )
-    yield from _delta_rows(now, columns, set(after) - before)
