@@ -378,7 +378,7 @@ VALIDATION_CASES = {
         {("invalid_url", 1), ("invalid_url", 2)},
     ),
     "unknown-model": (
-        [json.dumps(chat_line("q0", "a")), json.dumps(chat_line("q1", "b", model="gpt-4o-mini"))],
+        [json.dumps(chat_line("q0", "a")), json.dumps(chat_line("q1", "b", model="gpt-5-nano"))],
         CHAT,
         {("model_not_found", 2)},
     ),
@@ -419,7 +419,7 @@ def test_serve_validation_fails_the_batch_with_openai_errors_and_launches_nothin
         assert "tiny" in (batch.errors.data[0].message or "")  # the served names
     if case == "model-not-for-the-endpoint":  # the model, the endpoint, and the models that answer it
         assert "'tiny-embed' does not support /v1/chat/completions" in (batch.errors.data[0].message or "")
-        assert "Served models for /v1/chat/completions: tiny." in (batch.errors.data[0].message or "")
+        assert "Served models for /v1/chat/completions: gpt-4o-mini, tiny." in (batch.errors.data[0].message or "")
     assert batch.output_file_id is None and batch.error_file_id is None
     # Nothing was prepared or launched: the batch has no run at all.
     assert list(open_store(local_server.store_uri).list(RunLayout(batch.id).root)) == []
@@ -558,7 +558,7 @@ def test_serve_files_list_pages_orders_and_filters(local_server, tmp_path):
     assert list(client.files.list(purpose="batch_output")) == []
     client.files.delete(uploaded[1].id)
     assert [f.id for f in client.files.list()] == [uploaded[2].id, uploaded[0].id]
-    assert [m.id for m in client.models.list()] == ["tiny", "tiny-embed"]
+    assert [m.id for m in client.models.list()] == ["gpt-4o-mini", "tiny", "tiny-embed"]  # the alias too
 
 
 def test_serve_refuses_to_start_without_keys_off_loopback(monkeypatch, capsys):

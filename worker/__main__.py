@@ -23,7 +23,7 @@ import click
 from orchestrator.core.errors import OrchError, RunNotFound, render_error
 from orchestrator.core.exits import WorkerExit, WorkerStatus
 from orchestrator.core.frozen_spec import read_stored_spec
-from orchestrator.core.model_source import MODEL_MOUNT_ENV, is_bucket_url
+from orchestrator.core.model_source import MODEL_MOUNT_ENV, is_bucket_url, served_name
 from orchestrator.core.pools import POOL_ENV, spec_for_pool
 from orchestrator.core.protocol.adapters import fetch_adapters
 from orchestrator.core.protocol.claims import pool_of
@@ -139,7 +139,9 @@ def _load_engine(store: Store, spec: RunSpec) -> Engine:
     model = spec.model
     mounted = os.environ.get(MODEL_MOUNT_ENV)
     if mounted and is_bucket_url(model.name or ""):  # the task mounted the bucket (MOUNT_CACHED): read there
-        model = model.model_copy(update={"name": mounted})
+        # Answers keep the run's name for the model (the bucket's), never the mount's path.
+        args = {"served_model_name": served_name(model.name or "", model.engine_args), **model.engine_args}
+        model = model.model_copy(update={"name": mounted, "engine_args": args})
     if model.lora:
         cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orch" / "adapters"
         model = model.model_copy(update={"lora": fetch_adapters(store, spec.layout, model.lora, cache)})
