@@ -126,15 +126,21 @@ def older_twin(
 
 def live_heartbeats(store: Store, layout: RunLayout, *, now: float, heartbeat_interval: float) -> list[Heartbeat]:
     """The full heartbeat (host and pid included) of every process still beating (`is_beating`):
-    one listing, then one GET per such process."""
+    one listing, then one GET per such process. A publish writes its new key before it deletes the
+    old one, so a listing may hold two keys of one process: its newest is the one read."""
     prefix = layout.heartbeats_prefix
-    bodies = []
+    newest: dict[str, tuple[HeartbeatSummary, str]] = {}
     for info in store.list(prefix):
         summary = _decode(info.key[len(prefix) :].partition("/")[2])
         if summary is None or not is_beating(summary, now=now, heartbeat_interval=heartbeat_interval):
             continue
+        seen = newest.get(summary.holder)
+        if seen is None or summary.updated_at > seen[0].updated_at:
+            newest[summary.holder] = (summary, info.key)
+    bodies = []
+    for _summary, key in newest.values():
         with contextlib.suppress(StoreError, ValueError):
-            bodies.append(Heartbeat.from_bytes(store.get(info.key).data))
+            bodies.append(Heartbeat.from_bytes(store.get(key).data))
     return bodies
 
 
