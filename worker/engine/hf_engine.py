@@ -20,6 +20,12 @@ parsers. `logit_bias` is honoured (transformers' sequence bias over single token
 
 Limits come from the spec (`model.engine_args`: max_batch_size, max_batch_tokens; every other key
 goes to `from_pretrained`); by default they fill about half the device memory left after the weights.
+
+On a GPU, PyTorch's cuDNN attention is turned off for the worker's process: it builds a plan for
+every new (batch size, length) it meets, about 3 s each on an H100, and this engine's batches are
+seldom the same shape twice. Measured on an H100 (docs/BENCHMARKS.md): a batch of a new size took
+5.0 s against 2.1 s once its plans were built; with the flash and memory-efficient kernels instead,
+2.1-2.6 s every time.
 """
 
 from __future__ import annotations
@@ -87,6 +93,8 @@ class TransformersEngine:
         self.model_name = served_name(spec.name, spec.engine_args)  # what outputs say in body.model
         batch_args, load_args = _split_engine_args(spec.engine_args)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "cuda":
+            torch.backends.cuda.enable_cudnn_sdp(False)  # a plan per new shape: the module docstring
         self.tokenizer = AutoTokenizer.from_pretrained(spec.name)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
