@@ -282,7 +282,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="orch-reuse-bench-") as tmp:
         work = Path(tmp)
         os.chdir(work)
-        grown = grown_input(work, 40 if quick else 200)
+        grown = grown_input(work, 200 if quick else 2000)
         lookup_ = key_lookup(work, 1_000_000 if quick else 10_000_000)
         memory = prepare_memory(work, [20_000, 200_000] if quick else [200_000, 2_000_000])
         prepare = prepare_speed(work, 50_000 if quick else 300_000)
