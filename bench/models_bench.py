@@ -4,11 +4,16 @@ ROWS rows, each asked of every model (a line per model naming it in body.model; 
 MAX_TOKENS tokens each, ignore_eos). Variants, each through `orch run` with local workers:
 (a) one run of all the lines, `--model NAME=PATH` per model: a pool of one worker per model,
     all at once;
-(b) one run per model (`--model PATH`, one worker), one after the other.
+(b) one run per model (`--model PATH`, one worker), one after the other;
+(c) the same runs as (b) started together, each in its own folder: separate runs on the same
+    workers at once, which is what (a) replaces. On a machine with fewer cores than engines,
+    (b) gives each engine the machine alone and (c) does not; (a) against (c) isolates what pooling
+    costs from what sharing the cores costs.
 Every engine gets one thread (OMP_NUM_THREADS=1), alone or beside another.
 Reported: engine time (the workers' busy seconds, from their summary lines; start-up excluded),
 the makespan (the `orch run` command's wall time), and whether each model's answers in (a) are
-byte-identical to its own run's in (b). Targets (issue 36): engine time (a) <= 1.05x (b)'s sum;
+byte-identical to its own run's in (b). Each ratio is printed against (b) and against (c).
+Targets (issue 36): engine time (a) <= 1.05x (b)'s sum;
 makespan (a) <= 1.1x the best split of (b)'s runs over the same workers (each on its own worker
 at once: the longest of them, measured alone); answers identical.
 
@@ -88,6 +93,28 @@ def orch_run(work: Path, run: str, data: Path, spec: dict[str, Any], flags: list
     return {"wall_s": wall, "busy_s": busy, "answers": answers}
 
 
+def separate_runs_at_once(
+    work: Path, entries: dict[str, dict[str, Any]], base: dict[str, Any], rows: int
+) -> dict[str, Any]:
+    """(c): one run per model, all started together, each in its own folder (its own orch.yaml and store)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(name: str) -> dict[str, Any]:
+        folder = work / f"at-once-{name}"
+        folder.mkdir()
+        lines = folder / f"{name}.jsonl"
+        write_lines(lines, [name], rows)
+        entry = entries[name]
+        model = {k: v for k, v in entry.items() if k != "name"}
+        spec = {**base, "model": model, "workers": {**base["workers"], "count": 1}}
+        return orch_run(folder, f"at-once-{name}", lines, spec, ["--model", entry["name"]])
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(len(entries)) as pool:
+        runs = dict(zip(entries, pool.map(one, entries), strict=True))
+    return {"wall_s": time.monotonic() - started, "runs": runs}
+
+
 def worker_summary(log: Path, timeout_s: float = 300.0) -> dict[str, Any]:
     """The worker's summary line (its last on stdout): `orch run` returns once every chunk is done,
     which can be before a worker has printed it, so it is waited for."""
@@ -132,11 +159,19 @@ def main() -> int:
             model = {k: v for k, v in entry.items() if k != "name"}
             spec = {**base, "model": model, "workers": {**base["workers"], "count": 1}}
             apart[name] = orch_run(work, f"apart-{name}", lines, spec, ["--model", entry["name"]])
+        concurrent = separate_runs_at_once(work, entries, base, rows)
     engine_apart = sum(r["busy_s"] for r in apart.values())
+    engine_at_once = sum(r["busy_s"] for r in concurrent["runs"].values())
     best_split = max(r["wall_s"] for r in apart.values())
     identical = {
         name: all(together["answers"][cid] == answer for cid, answer in r["answers"].items())
         for name, r in apart.items()
+    }
+    at_once: dict[str, Any] = {
+        "wall_s": round(concurrent["wall_s"], 1),
+        "busy_s": round(engine_at_once, 2),
+        "engine_time_ratio": round(together["busy_s"] / engine_at_once, 3) if engine_at_once else None,
+        "makespan_ratio": round(together["wall_s"] / concurrent["wall_s"], 3),
     }
     results = {
         "rows": rows,
@@ -145,6 +180,7 @@ def main() -> int:
         "apart": {n: {"wall_s": round(r["wall_s"], 1), "busy_s": round(r["busy_s"], 2)} for n, r in apart.items()},
         "engine_time_ratio": round(together["busy_s"] / engine_apart, 3) if engine_apart else None,
         "makespan_vs_best_split": round(together["wall_s"] / best_split, 3) if best_split else None,
+        "at_once": at_once,
         "identical_answers": identical,
     }
     print(
@@ -152,6 +188,7 @@ def main() -> int:
             [
                 ["one run, a pool per model", round(together["busy_s"], 2), round(together["wall_s"], 1)],
                 *[[f"alone: {n}", round(r["busy_s"], 2), round(r["wall_s"], 1)] for n, r in apart.items()],
+                ["separate runs at once", round(engine_at_once, 2), round(concurrent["wall_s"], 1)],
             ],
             ["variant", "engine s", "wall s"],
         )
@@ -159,6 +196,10 @@ def main() -> int:
     print(
         f"engine time ratio {results['engine_time_ratio']} (target <= 1.05); makespan / best split "
         f"{results['makespan_vs_best_split']} (target <= 1.1); identical answers: {identical}"
+    )
+    print(
+        f"against the separate runs at once: engine time {at_once['engine_time_ratio']}, "
+        f"makespan {at_once['makespan_ratio']}"
     )
     save("models_bench", results)
     return 0 if all(identical.values()) else 1
