@@ -32,6 +32,7 @@ BENCHMARKS = {
     "prefix_bench": WORKER,
     # Drives `orch run` (local workers in the worker's environment) from the controller's.
     "models_bench": CONTROLLER,
+    "sweep_bench": CONTROLLER,
     # On a CPU, a smoke run of `make bench-gpu` and the transformers engine's CPU target.
     "gpu_bench": WORKER,
 }
