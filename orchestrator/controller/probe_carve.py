@@ -33,14 +33,19 @@ from orchestrator.core.store import NotFound
 
 #: Bytes of a request body that name its prefix group for stratifying (a system prompt's start).
 PREFIX_HEAD = 160
-#: vLLM's max_num_seqs when engine_args leave it unset (its default on a CPU and on most GPUs).
+#: vLLM's max_num_seqs when engine_args leave it unset (its default on a CPU and on most GPUs), and
+#: the transformers engine's max_batch_size on a CPU (worker/engine/hf_engine.py; 1,024 on a GPU).
 ENGINE_BATCH_DEFAULT = 256
+#: The engine_args key that bounds one engine's batch, per engine.
+BATCH_ARG = {"vllm": "max_num_seqs", "transformers": "max_batch_size"}
 
 
 def engine_batch(ctx: RunContext) -> int:
-    """The most rows one engine runs at once (`model.engine_args.max_num_seqs`, else vLLM's default):
-    a probe smaller than this measures a worker less busy than the run's, which goes faster per row."""
-    value = ctx.spec.model.engine_args.get("max_num_seqs")
+    """The most rows one engine runs at once (`model.engine_args.max_num_seqs` for vLLM,
+    `max_batch_size` for transformers, else the default): a probe smaller than this measures a
+    worker less busy than the run's, which goes faster per row."""
+    model = ctx.spec.model
+    value = model.engine_args.get(BATCH_ARG.get(model.engine, "max_num_seqs"))
     return int(value) if isinstance(value, int) and value > 0 else ENGINE_BATCH_DEFAULT
 
 
