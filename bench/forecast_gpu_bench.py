@@ -1,0 +1,121 @@
+"""The probe forecast's calibration study on a GPU (issue 35): `forecast_bench`'s measurement with
+the transformers engine on a random-weight model of a real shape (bench/shapes, as `gpu_bench`).
+
+Made for a GPU machine that has PyTorch and transformers but no vLLM (docs/BENCHMARKS.md, "Running
+it on a GPU machine without internet"). One worker per run (one GPU), the engine's batch held at
+`max_batch_size: BATCH` so that a probe of two full batches stays within 1.5% of the rows; the
+workloads are forecast_bench's kinds at ROWS rows. On a CPU it runs the same study on the tests'
+tiny Llama at a tenth of the rows (a smoke run of the script, not a calibration).
+
+    python -m bench.forecast_gpu_bench [--shape smollm2-135m] [--workloads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench import forecast_bench
+from bench.common import save, table
+
+BATCH = 32
+ROWS = 4400
+
+
+def _spec(batch: int) -> str:
+    return f"""input:
+  format: openai-batch
+sampling:
+  temperature: 0
+model:
+  engine: transformers
+  engine_args:
+    max_batch_size: {batch}
+workers:
+  heartbeat_interval: 1
+  checkpoint_interval: 5
+"""
+
+
+def workloads(rows: int) -> dict[str, tuple[int, int, Callable[[int, random.Random], dict[str, Any]]]]:
+    line, words = forecast_bench._line, forecast_bench._words
+    return {
+        "short prompts, short outputs": (1, rows, lambda i, r: line(i, words(r, 5, 20), 16)),
+        "long prompts, short outputs": (1, rows, lambda i, r: line(i, words(r, 120, 200), 16)),
+        "heavy-tailed outputs": (1, rows, lambda i, r: line(i, words(r, 10, 40), forecast_bench._heavy_tail(r))),
+        "mixed max_tokens": (1, rows, lambda i, r: line(i, words(r, 10, 60), r.choice([8, 24, 48]))),
+    }
+
+
+def _gpu_name() -> str | None:
+    """The CUDA device's name, None without one (or without PyTorch: the controller's environment)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return str(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="smollm2-135m")
+    parser.add_argument("--workloads", type=int, default=3)
+    args = parser.parse_args(argv)
+    gpu = _gpu_name()
+    cuda = gpu is not None
+    if cuda:
+        from bench.gpu_bench import build_model
+
+        model, _ = build_model(args.shape, "cuda")
+        rows = ROWS
+    else:
+        model, rows = forecast_bench.MODEL, ROWS // 10
+    forecast_bench.MODEL = model
+    forecast_bench.SPEC = _spec(BATCH if cuda else 8)
+    results = []
+    for name, (workers, count, make) in list(workloads(rows).items())[: args.workloads]:
+        started = time.monotonic()
+        r = forecast_bench.measure(name, workers, count, make)
+        print(f"{name}: {json.dumps(r)} ({time.monotonic() - started:.0f} s)", flush=True)
+        results.append(r)
+    summary = {
+        "device": gpu or "cpu",
+        "shape": args.shape if cuda else "tiny-llama",
+        "median_abs_error": round(statistics.median(abs(r["error"]) for r in results), 3),
+        "inside_band": f"{sum(r['inside'] for r in results)}/{len(results)}",
+        "guess_inside_band": f"{sum(r['guess_inside'] for r in results)}/{len(results)}",
+        "probe_share_max": max(r["probe_share"] for r in results),
+        "answered_once": all(r["answered_once"] for r in results),
+    }
+    print(
+        table(
+            [
+                [
+                    r["workload"],
+                    r["rows"],
+                    r["probe_rows"],
+                    f"{r['forecast']['p50']:.1f} ({r['forecast']['p10']:.1f}-{r['forecast']['p90']:.1f})",
+                    r["actual_engine_s"],
+                    f"{r['error']:+.0%}",
+                    "yes" if r["inside"] else "no",
+                    f"{r['guess']['p10']:.0f}-{r['guess']['p90']:.0f}",
+                    f"{r['probe_share']:.1%}",
+                ]
+                for r in results
+            ],
+            ["workload", "rows", "probe", "forecast s", "actual s", "error", "in", "guess", "probe"],
+        )
+    )
+    print(json.dumps(summary))
+    save("forecast_gpu_bench", {"batch": BATCH, "workloads": results, "summary": summary})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
