@@ -82,7 +82,8 @@ WORKLOADS: dict[str, tuple[int, int, Callable[[int, random.Random], dict[str, An
 
 
 def _orch(cwd: Path, *args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # This tree first, then whatever the caller's path holds (a GPU machine's carried wheels).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(
         [sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env, capture_output=True, text=True
     )
