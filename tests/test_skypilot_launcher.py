@@ -246,10 +246,12 @@ def test_cancel_and_status_see_an_orphaned_record_and_do_not_wait_on_it(make_ctx
     sky = ScriptedSky()
     launcher = SkyPilotLauncher(ctx.spec, sdk=sky)
     launch_workers(ctx, launcher, [0, 1])
+    # Half a minute past each whole minute: the status reads the store's clock, which may stand a
+    # moment behind time.time() or pass it while the test runs, and durations print in whole minutes.
     now = time.time()
-    sky.script_job(1, [{"status": "RUNNING", "start_at": now - 3600, "last_recovered_at": -1}])
-    sky.script_job(2, [{"status": "RUNNING", "start_at": now - 3600, "last_recovered_at": now - 1200}])
-    for worker, beat in ((0, now - 3300), (1, now)):
+    sky.script_job(1, [{"status": "RUNNING", "start_at": now - 3630, "last_recovered_at": -1}])
+    sky.script_job(2, [{"status": "RUNNING", "start_at": now - 3630, "last_recovered_at": now - 1230}])
+    for worker, beat in ((0, now - 3330), (1, now)):
         HeartbeatPublisher(
             ctx.store,
             ctx.layout,
