@@ -19,6 +19,7 @@ from orchestrator.core.records import read_manifest, read_plan
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 from orchestrator.web.metrics import exposition
+from tests.support.runs import Answer, answer_chunk
 from tests.test_faults import collect_lines, hand_workers, mid_chunk, orch_ok, poll, workdir  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,3 +199,62 @@ def test_serve_batch_names_several_models_when_the_server_allows_it(tmp_path):
     ctx = BatchSteps(settings).run_context("batch_1", {n: settings.models[n] for n in both.named})
     assert ctx is not None and list(ctx.spec.models) == ["tiny", "smol"]
     assert ctx.spec.models["smol"].name == str((MODELS / "tiny-think").resolve())
+
+
+def _two_pool_run(tmp_path: Path, resources: str = "", smol_on: str = "cpu") -> list[str]:
+    """A prepared and planned run of two models, tiny (rows 0, 2, ...) and smol (1, 3, ...), with a
+    worker each, and one finished chunk per pool: tiny's in 1 s, smol's in 40 s (both 2 tokens a row)."""
+    (tmp_path / "orch.yaml").write_text(
+        f"models:\n  tiny: {MODELS / 'tiny-llama'}\n  smol: {{name: {MODELS / 'tiny-think'}{resources}}}\n"
+    )
+    data = batch_lines(tmp_path / "in.jsonl", ["tiny", "smol"], rows=24, max_tokens=8)
+    store_uri = str(tmp_path / "store")
+    args = ["-f", str(tmp_path / "orch.yaml"), "--run", "two", "--store", store_uri]
+    assert main(["prepare", str(data), *args, "--format", "openai-batch", "--rows-per-chunk", "4"]) == 0
+    assert main(["plan", *args, "--workers", "2"]) == 0
+    store, layout = open_store(store_uri), RunLayout("two")
+    for pool, seconds in (("tiny", 1.0), ("smol", 40.0)):
+        entry = next(e for e in read_manifest(store, layout) if e.model == pool)
+        ids = [json.loads(x)["custom_id"] for x in store.get(layout.chunk(entry.chunk)).data.splitlines()]
+        answers = [Answer(i, cid, "x") for i, cid in enumerate(ids)]
+        accelerator = smol_on if pool == "smol" else "cpu"
+        answer_chunk(store, layout, entry.chunk, [answers], accelerator=accelerator, seconds=seconds)
+    return args
+
+
+def test_status_estimate_counts_each_pools_work_at_its_own_speed(tmp_path, capsys):
+    """Two pools with the same work left, one 40x slower: the run's time is the slow pool's (not a
+    blend of both speeds over all workers), its cost the pools' summed."""
+    args = _two_pool_run(tmp_path)
+    capsys.readouterr()
+    assert main(["status", *args, "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)["estimate"]
+    tiny, smol = est["pools"]["tiny"], est["pools"]["smol"]
+    assert (tiny["tokens_per_s"], smol["tokens_per_s"]) == (8.0, 0.2)  # 4 rows x 2 tokens in 1 s / 40 s
+    assert tiny["rows_left"] == smol["rows_left"] == 8 and tiny["workers"] == smol["workers"] == 1
+    assert est["slowest_pool"] == "smol" and est["spot_hours"] == smol["spot_hours"] > tiny["spot_hours"]
+    # smol's 16 tokens left at 0.2 tok/s on its one worker, plus a start-up.
+    assert smol["on_demand_hours"] == pytest.approx((16 / 0.2 + 600) / 3600, abs=1e-3)
+    assert est["on_demand_usd"] == pytest.approx(tiny["on_demand_usd"] + smol["on_demand_usd"])
+    assert (est["gpu"], est["basis"], est["workers"]) == ("cpu", "measured 0 tok/s on cpu", 2)
+    assert main(["status", *args]) == 0
+    assert "estimate by pool (the run ends with smol): tiny 1 x cpu" in capsys.readouterr().out
+
+
+def test_plan_estimate_prices_each_pool_on_its_own_machines(tmp_path, capsys):
+    """A pool on 2 x A100 per worker costs its A100 time at twice the A100's price; the plan's
+    estimate shows each pool and which one the run waits for."""
+    args = _two_pool_run(tmp_path, ", resources: {gpus: [A100], gpus_per_worker: 2}", smol_on="NVIDIA A100")
+    capsys.readouterr()
+    assert main(["plan", *args, "--workers", "2", "--estimate", "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)["estimate"]["pools"]
+    smol = est["pools"]["smol"]
+    assert (smol["gpu"], smol["basis"]) == ("A100", "measured 0 tok/s on A100")
+    price = load_gpu_table().get("A100").on_demand_usd_h
+    assert smol["on_demand_usd"] > 0
+    assert smol["on_demand_usd"] == pytest.approx(smol["on_demand_hours"] * price * 2, abs=0.01)
+    assert est["pools"]["tiny"]["on_demand_usd"] == 0  # measured on cpu: no price
+    assert est["slowest_pool"] == "smol" and est["on_demand_usd"] == smol["on_demand_usd"]
+    assert main(["plan", *args, "--workers", "2", "--estimate"]) == 0
+    out = capsys.readouterr().out
+    assert "pool smol (slowest): 1 worker on A100" in out, out
