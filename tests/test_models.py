@@ -20,6 +20,7 @@ from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 from orchestrator.web.metrics import exposition
 from tests.support.runs import Answer, answer_chunk
+from tests.test_deadline import beat
 from tests.test_faults import collect_lines, hand_workers, mid_chunk, orch_ok, poll, workdir  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,3 +259,43 @@ def test_plan_estimate_prices_each_pool_on_its_own_machines(tmp_path, capsys):
     assert main(["plan", *args, "--workers", "2", "--estimate"]) == 0
     out = capsys.readouterr().out
     assert "pool smol (slowest): 1 worker on A100" in out, out
+
+
+def test_deadline_policy_adds_on_demand_workers_to_the_pool_that_is_late(tmp_path, monkeypatch):
+    """Five hours into a six-hour deadline, tiny's worker covers its rows left and smol's is far too
+    slow: the run as a whole has the rate it needs (tiny's surplus), but the policy decides pool by
+    pool and launches an on-demand worker for smol, loading smol, recorded as smol's."""
+    from orchestrator.backends.skypilot import SkyPilotLauncher
+    from orchestrator.controller.deadline import DeadlineSettings
+    from orchestrator.controller.launch import launch_workers
+    from orchestrator.controller.reconcile import Reconciler
+    from orchestrator.core.context import RunContext
+    from orchestrator.core.records import read_jobs
+    from tests.support.fake_sky import ScriptedSky
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # SkyPilot's loader writes under HOME
+    monkeypatch.setenv("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
+    _two_pool_run(tmp_path)
+    models = {"tiny": str(MODELS / "tiny-llama"), "smol": str(MODELS / "tiny-think")}
+    overrides = {"run": "two", "store": "r2://bucket/orch", "backend": "skypilot", "models": models}
+    ctx = RunContext(
+        load_spec(None, overrides, env={}, default_file=False), open_store(tmp_path / "store"), RunLayout("two")
+    )
+    plan = read_plan(ctx.store, ctx.layout)
+    assert plan is not None and [a.model for a in plan.workers] == ["tiny", "smol"]
+    sky = ScriptedSky()
+    launcher = SkyPilotLauncher(ctx.spec, sdk=sky)
+    launch_workers(ctx, launcher, [0, 1], clock=lambda: time.time() - 5 * 3600)
+    beat(ctx, 0, rows_per_s=1.0)  # tiny: 8 rows left, done in seconds
+    beat(ctx, 1, rows_per_s=1e-4)  # smol: 8 rows left, 22 hours away
+    settings = DeadlineSettings(deadline_s=6 * 3600, restart_overhead_s=600, max_on_demand=2)
+    report = Reconciler(ctx, launcher, deadline=settings).tick()
+
+    assert report.decision is not None and report.decision.action == "launch", report.decision
+    assert report.decision.pool == "smol"
+    assert report.decision.reason.startswith("pool smol: ")
+    record, _ = read_jobs(ctx.store, ctx.layout)
+    extra = [w for w in record.workers.values() if w.worker >= 2]
+    assert [(w.current.pool, w.current.use_spot) for w in extra if w.current] == [("smol", False)] * len(extra) != []
+    names = {name: task for _, task, name in sky.launched}
+    assert all(names[f"orch-two-w{w.worker}"].envs["ORCH_POOL"] == "smol" for w in extra)
