@@ -12,6 +12,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.controller.pricing import load_gpu_table
 from orchestrator.controller.status import status_of
+from orchestrator.core.context import RunContext
 from orchestrator.core.pools import pool_workers
 from orchestrator.core.protocol.claims import pool_of, pool_share
 from orchestrator.core.protocol.layout import RunLayout
@@ -299,3 +300,55 @@ def test_deadline_policy_adds_on_demand_workers_to_the_pool_that_is_late(tmp_pat
     assert [(w.current.pool, w.current.use_spot) for w in extra if w.current] == [("smol", False)] * len(extra) != []
     names = {name: task for _, task, name in sky.launched}
     assert all(names[f"orch-two-w{w.worker}"].envs["ORCH_POOL"] == "smol" for w in extra)
+
+
+def _answer(index: int, custom_id: str, generated: int) -> Answer:
+    """An answer of 3 prompt tokens and `generated` tokens (usage and the chunk's stats agree)."""
+    answer = Answer(index, custom_id, "x")
+    answer.tokens_out = generated
+    body = answer.line.response.body if answer.line.response is not None else None
+    assert body is not None
+    body["usage"] = {**body["usage"], "completion_tokens": generated, "total_tokens": 3 + generated}
+    return answer
+
+
+def test_status_shows_each_sweep_arm_with_its_share_of_its_pools_cost(tmp_path, capsys):
+    """Three arms on two pools (a on tiny; b and c on smol, c's answers 3x longer): each arm's rows,
+    errors and tokens from its output lines, and its pool's $ shared among the pool's arms by tokens."""
+    (tmp_path / "orch.yaml").write_text(
+        "input: {format: text, id_column: id, template: 'Q: {question}'}\n"
+        f"models: {{tiny: {MODELS / 'tiny-llama'}, smol: {MODELS / 'tiny-think'}}}\n"
+        "sweep: {arms: {a: {model: tiny}, b: {model: smol}, c: {model: smol, system_prompt: 'Be terse.'}}}\n"
+    )
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}+{i}?"}) + "\n" for i in range(4)))
+    args = ["-f", str(tmp_path / "orch.yaml"), "--run", "sw", "--store", str(tmp_path / "store")]
+    assert main(["prepare", str(data), *args, "--rows-per-chunk", "4"]) == 0
+    assert main(["plan", *args, "--workers", "2"]) == 0
+    store, layout = open_store(tmp_path / "store"), RunLayout("sw")
+    for entry in read_manifest(store, layout):
+        ids = [json.loads(x)["custom_id"] for x in store.get(layout.chunk(entry.chunk)).data.splitlines()]
+        answers = [_answer(i, cid, 6 if cid.endswith("#c") else 2) for i, cid in enumerate(ids)]
+        answer_chunk(store, layout, entry.chunk, [answers], worker=str(0 if entry.model == "tiny" else 1))
+    ctx = RunContext(load_spec(None, {"run": "sw"}, env={}, default_file=False), store, layout)
+    beat(ctx, 0, rows_per_s=1.0)  # an hour of an L4 each: what the pools cost so far
+    beat(ctx, 1, rows_per_s=1.0)
+    capsys.readouterr()
+    assert main(["status", *args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    arms, models = doc["arms"], doc["models"]
+    assert {arm: (a["model"], a["rows"]["done"]) for arm, a in arms.items()} == {
+        "a": ("tiny", 4),
+        "b": ("smol", 4),
+        "c": ("smol", 4),
+    }
+    assert arms["c"]["tokens"] == {"prompt_tokens": 12, "cached_tokens": 0, "generated_tokens": 24}
+    assert arms["a"]["usd"] == pytest.approx(models["tiny"]["usd"]) and models["smol"]["usd"] > 0
+    assert arms["b"]["usd"] + arms["c"]["usd"] == pytest.approx(models["smol"]["usd"], abs=1e-3)
+    assert arms["c"]["usd"] / arms["b"]["usd"] == pytest.approx(36 / 20, rel=1e-2)  # (12+24) vs (12+8) tokens
+    assert arms["b"]["usd_per_m_tokens"] == pytest.approx(arms["c"]["usd_per_m_tokens"], rel=1e-2)
+    assert main(["status", *args]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines()]
+    assert ["arm", "model", "rows", "errors", "tokens", "$", "$/1M", "tok"] in rows, out
+    assert ["c", "smol", "4", "0", "36", f"{arms['c']['usd']:.4f}"] in [r[:6] for r in rows], out

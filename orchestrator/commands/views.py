@@ -131,6 +131,7 @@ def status_view(status: RunStatus) -> Group:
         head.append(Text(f"warning: {key} is not a lease ({why})", style="yellow"))
     head.extend(_clock_warnings(status))
     models: list[Any] = [Text(""), models_table(status.models)] if status.models else []
+    models += [Text(""), arms_table(status.arms)] if status.arms else []
     return Group(*head, *models, Text(""), *([_workers_table(status)] if status.workers else []), *_failures(status))
 
 
@@ -148,6 +149,24 @@ def models_table(models: dict[str, dict[str, Any]]) -> Table:
             f"{m['tokens'].get('prompt_tokens', 0) + m['tokens'].get('generated_tokens', 0):,}",
             str(m["workers"]),
             f"{m['usd']:,.2f}",
+            "-" if per_m is None else f"{per_m:,.4f}",
+        )
+    return grid
+
+
+def arms_table(arms: dict[str, dict[str, Any]]) -> Table:
+    """A sweep: a row per arm (its model, rows done, errors, tokens, its share of its pool's $, $ per 1M tokens)."""
+    numbers = ("rows", "errors", "tokens", "$", "$/1M tok")
+    grid = table("arm", "model", *numbers, right=numbers)
+    for name, a in arms.items():
+        per_m = a.get("usd_per_m_tokens")
+        grid.add_row(
+            name,
+            a["model"] or "-",
+            f"{a['rows']['done']:,}",
+            f"{a['rows']['errors']:,}",
+            f"{a['tokens'].get('prompt_tokens', 0) + a['tokens'].get('generated_tokens', 0):,}",
+            f"{a['usd']:,.4f}",
             "-" if per_m is None else f"{per_m:,.4f}",
         )
     return grid

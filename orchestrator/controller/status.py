@@ -167,6 +167,8 @@ class RunStatus:
     run_time_s: float | None = None
     #: A run of several models: each model's chunks, rows, tokens, workers and cost (controller/model_status.py).
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: A sweep: each arm's rows, errors, tokens and its share of its pool's cost (controller/arm_cost.py).
+    arms: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: The forecast's duration band beside the pace's projected finish (controller/forecast_check.py).
     forecast: dict[str, Any] | None = None
 
@@ -427,8 +429,9 @@ def status_of(
     workers_planned: int | None = None,
     spec: RunSpec | None = None,
 ) -> RunStatus:
-    return derive_status(
-        gather(store, layout, launcher),
+    facts = gather(store, layout, launcher)
+    status = derive_status(
+        facts,
         now=now,
         prices=prices,
         heartbeat_interval=heartbeat_interval,
@@ -437,6 +440,12 @@ def status_of(
         workers_planned=workers_planned,
         spec=spec,
     )
+    if spec is not None and spec.sweep.arms:
+        from orchestrator.controller.arm_cost import arms_status
+
+        finished = (facts.manifest, facts.done & {e.chunk for e in facts.manifest})
+        status.arms = arms_status(store, layout, spec, finished, status.models, status.cost["so_far_usd"])
+    return status
 
 
 def current_status(ctx: RunContext, prices_path: str | None = None, launcher: Launcher | None = None) -> RunStatus:
