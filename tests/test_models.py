@@ -352,3 +352,5 @@ def test_status_shows_each_sweep_arm_with_its_share_of_its_pools_cost(tmp_path, 
     rows = [line.split() for line in out.splitlines()]
     assert ["arm", "model", "rows", "errors", "tokens", "$", "$/1M", "tok"] in rows, out
     assert ["c", "smol", "4", "0", "36", f"{arms['c']['usd']:.4f}"] in [r[:6] for r in rows], out
+    assert main(["collect", *args, "--out", str(tmp_path / "sw.jsonl"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["arms"] == arms  # collect's report: the same per arm
