@@ -12,6 +12,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.controller.pricing import load_gpu_table
 from orchestrator.controller.status import status_of
+from orchestrator.core.context import RunContext
 from orchestrator.core.pools import pool_workers
 from orchestrator.core.protocol.claims import pool_of, pool_share
 from orchestrator.core.protocol.layout import RunLayout
@@ -19,6 +20,8 @@ from orchestrator.core.records import read_manifest, read_plan
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 from orchestrator.web.metrics import exposition
+from tests.support.runs import Answer, answer_chunk
+from tests.test_deadline import beat
 from tests.test_faults import collect_lines, hand_workers, mid_chunk, orch_ok, poll, workdir  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,3 +201,158 @@ def test_serve_batch_names_several_models_when_the_server_allows_it(tmp_path):
     ctx = BatchSteps(settings).run_context("batch_1", {n: settings.models[n] for n in both.named})
     assert ctx is not None and list(ctx.spec.models) == ["tiny", "smol"]
     assert ctx.spec.models["smol"].name == str((MODELS / "tiny-think").resolve())
+
+
+def _two_pool_run(tmp_path: Path, resources: str = "", smol_on: str = "cpu") -> list[str]:
+    """A prepared and planned run of two models, tiny (rows 0, 2, ...) and smol (1, 3, ...), with a
+    worker each, and one finished chunk per pool: tiny's in 1 s, smol's in 40 s (both 2 tokens a row)."""
+    (tmp_path / "orch.yaml").write_text(
+        f"models:\n  tiny: {MODELS / 'tiny-llama'}\n  smol: {{name: {MODELS / 'tiny-think'}{resources}}}\n"
+    )
+    data = batch_lines(tmp_path / "in.jsonl", ["tiny", "smol"], rows=24, max_tokens=8)
+    store_uri = str(tmp_path / "store")
+    args = ["-f", str(tmp_path / "orch.yaml"), "--run", "two", "--store", store_uri]
+    assert main(["prepare", str(data), *args, "--format", "openai-batch", "--rows-per-chunk", "4"]) == 0
+    assert main(["plan", *args, "--workers", "2"]) == 0
+    store, layout = open_store(store_uri), RunLayout("two")
+    for pool, seconds in (("tiny", 1.0), ("smol", 40.0)):
+        entry = next(e for e in read_manifest(store, layout) if e.model == pool)
+        ids = [json.loads(x)["custom_id"] for x in store.get(layout.chunk(entry.chunk)).data.splitlines()]
+        answers = [Answer(i, cid, "x") for i, cid in enumerate(ids)]
+        accelerator = smol_on if pool == "smol" else "cpu"
+        answer_chunk(store, layout, entry.chunk, [answers], accelerator=accelerator, seconds=seconds)
+    return args
+
+
+def test_status_estimate_counts_each_pools_work_at_its_own_speed(tmp_path, capsys):
+    """Two pools with the same work left, one 40x slower: the run's time is the slow pool's (not a
+    blend of both speeds over all workers), its cost the pools' summed."""
+    args = _two_pool_run(tmp_path)
+    capsys.readouterr()
+    assert main(["status", *args, "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)["estimate"]
+    tiny, smol = est["pools"]["tiny"], est["pools"]["smol"]
+    assert (tiny["tokens_per_s"], smol["tokens_per_s"]) == (8.0, 0.2)  # 4 rows x 2 tokens in 1 s / 40 s
+    assert tiny["rows_left"] == smol["rows_left"] == 8 and tiny["workers"] == smol["workers"] == 1
+    assert est["slowest_pool"] == "smol" and est["spot_hours"] == smol["spot_hours"] > tiny["spot_hours"]
+    # smol's 16 tokens left at 0.2 tok/s on its one worker, plus a start-up.
+    assert smol["on_demand_hours"] == pytest.approx((16 / 0.2 + 600) / 3600, abs=1e-3)
+    assert est["on_demand_usd"] == pytest.approx(tiny["on_demand_usd"] + smol["on_demand_usd"])
+    assert (est["gpu"], est["basis"], est["workers"]) == ("cpu", "measured 0 tok/s on cpu", 2)
+    assert main(["status", *args]) == 0
+    assert "estimate by pool (the run ends with smol): tiny 1 x cpu" in capsys.readouterr().out
+
+
+def test_plan_estimate_prices_each_pool_on_its_own_machines(tmp_path, capsys):
+    """A pool on 2 x A100 per worker costs its A100 time at twice the A100's price; the plan's
+    estimate shows each pool and which one the run waits for."""
+    args = _two_pool_run(tmp_path, ", resources: {gpus: [A100], gpus_per_worker: 2}", smol_on="NVIDIA A100")
+    capsys.readouterr()
+    assert main(["plan", *args, "--workers", "2", "--estimate", "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)["estimate"]["pools"]
+    smol = est["pools"]["smol"]
+    assert (smol["gpu"], smol["basis"]) == ("A100", "measured 0 tok/s on A100")
+    price = load_gpu_table().get("A100").on_demand_usd_h
+    assert smol["on_demand_usd"] > 0
+    assert smol["on_demand_usd"] == pytest.approx(smol["on_demand_hours"] * price * 2, abs=0.01)
+    assert est["pools"]["tiny"]["on_demand_usd"] == 0  # measured on cpu: no price
+    assert est["slowest_pool"] == "smol" and est["on_demand_usd"] == smol["on_demand_usd"]
+    assert main(["plan", *args, "--workers", "2", "--estimate"]) == 0
+    out = capsys.readouterr().out
+    assert "pool smol (slowest): 1 worker on A100" in out, out
+
+
+def test_deadline_policy_adds_on_demand_workers_to_the_pool_that_is_late(tmp_path, monkeypatch):
+    """Five hours into a six-hour deadline, tiny's worker covers its rows left and smol's is far too
+    slow: the run as a whole has the rate it needs (tiny's surplus), but the policy decides pool by
+    pool and launches an on-demand worker for smol, loading smol, recorded as smol's."""
+    from orchestrator.backends.skypilot import SkyPilotLauncher
+    from orchestrator.controller.deadline import DeadlineSettings
+    from orchestrator.controller.launch import launch_workers
+    from orchestrator.controller.reconcile import Reconciler
+    from orchestrator.core.context import RunContext
+    from orchestrator.core.records import read_jobs
+    from tests.support.fake_sky import ScriptedSky
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # SkyPilot's loader writes under HOME
+    monkeypatch.setenv("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
+    _two_pool_run(tmp_path)
+    models = {"tiny": str(MODELS / "tiny-llama"), "smol": str(MODELS / "tiny-think")}
+    overrides = {"run": "two", "store": "r2://bucket/orch", "backend": "skypilot", "models": models}
+    ctx = RunContext(
+        load_spec(None, overrides, env={}, default_file=False), open_store(tmp_path / "store"), RunLayout("two")
+    )
+    plan = read_plan(ctx.store, ctx.layout)
+    assert plan is not None and [a.model for a in plan.workers] == ["tiny", "smol"]
+    sky = ScriptedSky()
+    launcher = SkyPilotLauncher(ctx.spec, sdk=sky)
+    launch_workers(ctx, launcher, [0, 1], clock=lambda: time.time() - 5 * 3600)
+    beat(ctx, 0, rows_per_s=1.0)  # tiny: 8 rows left, done in seconds
+    beat(ctx, 1, rows_per_s=1e-4)  # smol: 8 rows left, 22 hours away
+    settings = DeadlineSettings(deadline_s=6 * 3600, restart_overhead_s=600, max_on_demand=2)
+    report = Reconciler(ctx, launcher, deadline=settings).tick()
+
+    assert report.decision is not None and report.decision.action == "launch", report.decision
+    assert report.decision.pool == "smol"
+    assert report.decision.reason.startswith("pool smol: ")
+    record, _ = read_jobs(ctx.store, ctx.layout)
+    extra = [w for w in record.workers.values() if w.worker >= 2]
+    assert [(w.current.pool, w.current.use_spot) for w in extra if w.current] == [("smol", False)] * len(extra) != []
+    names = {name: task for _, task, name in sky.launched}
+    assert all(names[f"orch-two-w{w.worker}"].envs["ORCH_POOL"] == "smol" for w in extra)
+    shown = status_of(ctx.store, ctx.layout, launcher, now=time.time(), prices=load_gpu_table(), spec=ctx.spec)
+    assert (shown.models["tiny"]["workers"], shown.models["smol"]["workers"]) == (1, 1 + len(extra))
+
+
+def _answer(index: int, custom_id: str, generated: int) -> Answer:
+    """An answer of 3 prompt tokens and `generated` tokens (usage and the chunk's stats agree)."""
+    answer = Answer(index, custom_id, "x")
+    answer.tokens_out = generated
+    body = answer.line.response.body if answer.line.response is not None else None
+    assert body is not None
+    body["usage"] = {**body["usage"], "completion_tokens": generated, "total_tokens": 3 + generated}
+    return answer
+
+
+def test_status_shows_each_sweep_arm_with_its_share_of_its_pools_cost(tmp_path, capsys):
+    """Three arms on two pools (a on tiny; b and c on smol, c's answers 3x longer): each arm's rows,
+    errors and tokens from its output lines, and its pool's $ shared among the pool's arms by tokens."""
+    (tmp_path / "orch.yaml").write_text(
+        "input: {format: text, id_column: id, template: 'Q: {question}'}\n"
+        f"models: {{tiny: {MODELS / 'tiny-llama'}, smol: {MODELS / 'tiny-think'}}}\n"
+        "sweep: {arms: {a: {model: tiny}, b: {model: smol}, c: {model: smol, system_prompt: 'Be terse.'}}}\n"
+    )
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}+{i}?"}) + "\n" for i in range(4)))
+    args = ["-f", str(tmp_path / "orch.yaml"), "--run", "sw", "--store", str(tmp_path / "store")]
+    assert main(["prepare", str(data), *args, "--rows-per-chunk", "4"]) == 0
+    assert main(["plan", *args, "--workers", "2"]) == 0
+    store, layout = open_store(tmp_path / "store"), RunLayout("sw")
+    for entry in read_manifest(store, layout):
+        ids = [json.loads(x)["custom_id"] for x in store.get(layout.chunk(entry.chunk)).data.splitlines()]
+        answers = [_answer(i, cid, 6 if cid.endswith("#c") else 2) for i, cid in enumerate(ids)]
+        answer_chunk(store, layout, entry.chunk, [answers], worker=str(0 if entry.model == "tiny" else 1))
+    ctx = RunContext(load_spec(None, {"run": "sw"}, env={}, default_file=False), store, layout)
+    beat(ctx, 0, rows_per_s=1.0)  # an hour of an L4 each: what the pools cost so far
+    beat(ctx, 1, rows_per_s=1.0)
+    capsys.readouterr()
+    assert main(["status", *args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    arms, models = doc["arms"], doc["models"]
+    assert {arm: (a["model"], a["rows"]["done"]) for arm, a in arms.items()} == {
+        "a": ("tiny", 4),
+        "b": ("smol", 4),
+        "c": ("smol", 4),
+    }
+    assert arms["c"]["tokens"] == {"prompt_tokens": 12, "cached_tokens": 0, "generated_tokens": 24}
+    assert arms["a"]["usd"] == pytest.approx(models["tiny"]["usd"]) and models["smol"]["usd"] > 0
+    assert arms["b"]["usd"] + arms["c"]["usd"] == pytest.approx(models["smol"]["usd"], abs=1e-3)
+    assert arms["c"]["usd"] / arms["b"]["usd"] == pytest.approx(36 / 20, rel=1e-2)  # (12+24) vs (12+8) tokens
+    assert arms["b"]["usd_per_m_tokens"] == pytest.approx(arms["c"]["usd_per_m_tokens"], rel=1e-2)
+    assert main(["status", *args]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines()]
+    assert ["arm", "model", "rows", "errors", "tokens", "$", "$/1M", "tok"] in rows, out
+    assert ["c", "smol", "4", "0", "36", f"{arms['c']['usd']:.4f}"] in [r[:6] for r in rows], out
+    assert main(["collect", *args, "--out", str(tmp_path / "sw.jsonl"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["arms"] == arms  # collect's report: the same per arm

@@ -90,6 +90,12 @@ def status_view(status: RunStatus) -> Group:
         head.append(Text(f"workers: {workers_line(status)}"))
     if status.estimate and not status.complete:
         e = status.estimate
+        pools = [
+            f"{name} {p['workers']} x {p['gpu']} {_duration(p['spot_hours'] * 3600)} / ${p['spot_usd']:,.2f}"
+            for name, p in e.get("pools", {}).items()
+        ]
+        if pools:
+            head.append(Text(f"estimate by pool (the run ends with {e['slowest_pool']}): {', '.join(pools)} on spot"))
         head.append(
             Text(
                 f"estimate left on {e['workers']} x {e['gpu']} ({e['basis']}): {_duration(e['spot_hours'] * 3600)} / "
@@ -125,6 +131,7 @@ def status_view(status: RunStatus) -> Group:
         head.append(Text(f"warning: {key} is not a lease ({why})", style="yellow"))
     head.extend(_clock_warnings(status))
     models: list[Any] = [Text(""), models_table(status.models)] if status.models else []
+    models += [Text(""), arms_table(status.arms)] if status.arms else []
     return Group(*head, *models, Text(""), *([_workers_table(status)] if status.workers else []), *_failures(status))
 
 
@@ -142,6 +149,24 @@ def models_table(models: dict[str, dict[str, Any]]) -> Table:
             f"{m['tokens'].get('prompt_tokens', 0) + m['tokens'].get('generated_tokens', 0):,}",
             str(m["workers"]),
             f"{m['usd']:,.2f}",
+            "-" if per_m is None else f"{per_m:,.4f}",
+        )
+    return grid
+
+
+def arms_table(arms: dict[str, dict[str, Any]]) -> Table:
+    """A sweep: a row per arm (its model, rows done, errors, tokens, its share of its pool's $, $ per 1M tokens)."""
+    numbers = ("rows", "errors", "tokens", "$", "$/1M tok")
+    grid = table("arm", "model", *numbers, right=numbers)
+    for name, a in arms.items():
+        per_m = a.get("usd_per_m_tokens")
+        grid.add_row(
+            name,
+            a["model"] or "-",
+            f"{a['rows']['done']:,}",
+            f"{a['rows']['errors']:,}",
+            f"{a['tokens'].get('prompt_tokens', 0) + a['tokens'].get('generated_tokens', 0):,}",
+            f"{a['usd']:,.4f}",
             "-" if per_m is None else f"{per_m:,.4f}",
         )
     return grid
@@ -284,6 +309,31 @@ def render_runs(runs: Sequence[RunStatus | tuple[str, str]], *, now: float) -> T
     return grid
 
 
+def _pool_lines(pools: dict[str, Any] | None) -> list[Text]:
+    """A run of several models: each pool's time and cost, and the run's (the slowest pool's time,
+    the pools' costs summed); the whole-run table below then blends the pools' speeds."""
+    if not pools:
+        return []
+    lines = [
+        Text(
+            f"Estimate by pool: the run ends with {pools['slowest_pool']}, {_hours(pools['spot_hours'])} for "
+            f"${pools['spot_usd']:,.2f} on spot, {_hours(pools['on_demand_hours'])} for "
+            f"${pools['on_demand_usd']:,.2f} on demand"
+        )
+    ]
+    for name, p in pools["pools"].items():
+        slowest = " (slowest)" if name == pools["slowest_pool"] else ""
+        lines.append(
+            Text(
+                f"  pool {name}{slowest}: {p['workers']} worker{'s' if p['workers'] != 1 else ''} on {p['gpu']} "
+                f"({p['basis']}), {p['rows_left']:,} rows left: {_hours(p['spot_hours'])} for "
+                f"${p['spot_usd']:,.2f} on spot, {_hours(p['on_demand_hours'])} for "
+                f"${p['on_demand_usd']:,.2f} on demand"
+            )
+        )
+    return [*lines, Text("")]
+
+
 def render_estimate(est: Estimate) -> Group:
     tp = est.throughput
     others = (
@@ -312,6 +362,7 @@ def render_estimate(est: Estimate) -> Group:
         )
     f = est.fleet
     return Group(
+        *_pool_lines(est.pools),
         Text(f"Estimate: {est.rows_left:,} of {est.rows_total:,} rows left, {per_row}, {est.workers} workers"),
         Text(f"speed: {basis}"),
         grid,

@@ -111,6 +111,7 @@ class Decision:
     slack_s: float | None = None
     speed: str = ""  # which speed a new worker was reckoned at (measured or the table's)
     zone: str = ""  # with resources.zones: the zone order new workers try, and why the first
+    pool: str | None = None  # a run of several models: the pool (model) decided for
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -20,7 +20,7 @@ Each round:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from orchestrator.backends.base import JobState, JobStatus, Launcher
@@ -31,7 +31,17 @@ from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.status import RunFacts, RunStatus, derive_status, gather
 from orchestrator.controller.zone_steering import RankedZone, describe, earlier_histories, learned_up_s, zone_order
 from orchestrator.core.context import RunContext
-from orchestrator.core.records import DecisionRecord, JobAttempt, JobsRecord, ZoneHistory, update_jobs
+from orchestrator.core.pools import run_models
+from orchestrator.core.records import (
+    ChunkStats,
+    DecisionRecord,
+    JobAttempt,
+    JobsRecord,
+    ManifestEntry,
+    ZoneHistory,
+    update_jobs,
+)
+from orchestrator.core.spec import RunSpec
 
 Event = Callable[[str], None]
 
@@ -56,6 +66,48 @@ class _Spot:
         self.pace += rate
 
 
+def _pools(facts: RunFacts) -> list[str | None]:
+    """The pools decided for: each model's of a run of several models (the manifest's order), else the run."""
+    models = list(dict.fromkeys(e.model for e in facts.manifest if e.model))
+    return [*models] if models else [None]
+
+
+def _lateness(decision: Decision) -> float:
+    """How far a pool is from the rate it needs (lower: later): what it has over what it needs."""
+    return decision.have_rows_per_s / decision.need_rows_per_s if decision.need_rows_per_s > 0 else float("inf")
+
+
+@dataclass
+class _Scope:
+    """What one decision counts: the whole run, or one pool's chunks, machines and workers."""
+
+    gpus: Sequence[str]
+    entries: list[ManifestEntry]
+    stats: Mapping[str, tuple[float, ChunkStats]]
+    workers: set[int]
+    total_rows: int
+    done_rows: int  # finished, checkpointed, and answered in a live worker's memory
+
+    @classmethod
+    def of(cls, spec: RunSpec, facts: RunFacts, status: RunStatus, record: JobsRecord, pool: str | None) -> _Scope:
+        everyone = {w.worker for w in record.workers.values()}
+        if pool is None:
+            done = status.rows["done"] + status.rows["in_progress"]
+            return cls(spec.resources.gpus, list(facts.manifest), facts.stats, everyone, status.rows["total"], done)
+        model = run_models(spec).get(pool)
+        gpus = (model.resources if model is not None and model.resources else spec.resources).gpus
+        entries = [e for e in facts.manifest if e.model == pool]
+        rows = {e.chunk: e.rows for e in entries}
+        planned = {a.worker for a in facts.plan.workers if a.model == pool} if facts.plan else set()
+        # Workers outside the plan (on-demand ones) count for the pool they were launched for.
+        extra = {w.worker for w in record.workers.values() if any(a.pool == pool for a in w.attempts)}
+        finished = sum(n for c, n in rows.items() if c in facts.done)
+        saved = sum(min(n, rows[c]) for c, n in facts.checkpointed.items() if c in rows and c not in facts.done)
+        unsaved = sum(v.rows_unsaved for v in status.workers if v.chunk in rows)
+        stats = {c: s for c, s in facts.stats.items() if c in rows}
+        return cls(gpus, entries, stats, planned | extra, sum(rows.values()), finished + saved + unsaved)
+
+
 class DeadlineControl:
     def __init__(
         self,
@@ -75,7 +127,7 @@ class DeadlineControl:
         self.clock = clock
         self.env = env
         self.on_event = on_event
-        self._last_mode: str | None = None
+        self._last_mode: dict[str | None, str] = {}  # pool -> the mode last decided
         self._earlier: list[ZoneHistory] | None = None  # other runs' zone histories: read once
 
     def zones(self, now: float) -> list[RankedZone]:
@@ -87,6 +139,8 @@ class DeadlineControl:
         return zone_order(self.ctx, now, self._earlier)
 
     def round(self, statuses: Mapping[str, JobStatus]) -> Decision:
+        """One round; a run of several models decides pool by pool (each its own work and speed,
+        the one deadline) and returns the decision of the pool furthest from the rate it needs."""
         store, layout, spec = self.ctx.store, self.ctx.layout, self.ctx.spec
         facts = gather(store, layout, None)
         facts.statuses = dict(statuses)
@@ -98,48 +152,67 @@ class DeadlineControl:
             heartbeat_interval=spec.workers.heartbeat_interval,
             default_spot=spec.resources.spot,
         )
-        record = facts.jobs
         order = self.zones(now)
-        state, jobs = self.fleet_state(status, record, statuses, facts, now)
-        state = replace(state, mean_up_s=learned_up_s(self.ctx, now, order))
-        decision = decide(state, self.settings)
-        decision.speed = state.new_worker_speed
-        decision.zone = describe(order)
-        if decision.launch:
-            first = max([int(w) for w in record.workers] + [len(facts.plan.workers) - 1 if facts.plan else -1]) + 1
-            workers = list(range(first, first + decision.launch))
+        record = facts.jobs
+        first = max([int(w) for w in record.workers] + [len(facts.plan.workers) - 1 if facts.plan else -1]) + 1
+        decisions = []
+        for pool in _pools(facts):
+            state, jobs = self.fleet_state(status, record, statuses, facts, now, pool)
+            state = replace(state, mean_up_s=learned_up_s(self.ctx, now, order))
+            decision = decide(state, self.settings)
+            decision.speed, decision.zone, decision.pool = state.new_worker_speed, describe(order), pool
+            if pool is not None:
+                decision.reason = f"pool {pool}: {decision.reason}"
+            first += self.act(decision, jobs, first, order)
+            decisions.append(decision)
+        return min(decisions, key=_lateness)
+
+    def act(self, decision: Decision, jobs: Mapping[int, str], first: int, order: list[RankedZone]) -> int:
+        """Launch (workers numbered from `first`, in the decision's pool) or retire what the decision
+        says, and log it; the worker numbers used."""
+        asked = decision.launch
+        if asked:
             launched = launch_workers(
                 self.ctx,
                 self.launcher,
-                workers,
+                range(first, first + decision.launch),
                 reason=f"deadline: {decision.mode}",
                 use_spot=False,
                 env=self.env,
                 clock=self.clock,
                 zones=[z.place for z in order],
+                pool=decision.pool,
             )
             decision.launch = len(launched)
             for w, job in sorted(launched.items()):
                 self.on_event(f"worker {w}: on-demand job {job} ({decision.reason})")
         if decision.retire:
             self.retire({w: jobs[w] for w in decision.retire}, decision.reason)
-        if decision.action != "hold" or decision.mode != self._last_mode:
+        if decision.action != "hold" or decision.mode != self._last_mode.get(decision.pool):
             self.log(decision)
-        self._last_mode = decision.mode
-        return decision
+        self._last_mode[decision.pool] = decision.mode
+        return asked
 
     def fleet_state(
-        self, status: RunStatus, record: JobsRecord, statuses: Mapping[str, JobStatus], facts: RunFacts, now: float
+        self,
+        status: RunStatus,
+        record: JobsRecord,
+        statuses: Mapping[str, JobStatus],
+        facts: RunFacts,
+        now: float,
+        pool: str | None = None,
     ) -> tuple[FleetState, dict[int, str]]:
-        spec = self.ctx.spec
-        tp = throughput(self.prices, spec.resources.gpus, facts.manifest, facts.stats)
+        """The fleet as `decide` sees it: the whole run's, or in a run of several models `pool`'s
+        (its chunks, its finished chunks' speed on its machines, its workers)."""
+        scope = _Scope.of(self.ctx.spec, facts, status, record, pool)
+        tp = throughput(self.prices, scope.gpus, scope.entries, scope.stats)
         # A new on-demand worker: what any_of picks on demand, the cheapest per hour.
         # On a machine the price table does not know (a local run's cpu), a new worker is another
         # of those, at the speed they measured.
         pick = (
             max(tp.unpriced, key=lambda g: tp.measured[g])
             if tp.unpriced
-            else min(spec.resources.gpus, key=lambda g: self.prices.get(g).on_demand_usd_h)
+            else min(scope.gpus, key=lambda g: self.prices.get(g).on_demand_usd_h)
         )
         per_row = max(tp.tokens_per_row, 1e-9)
         new_rate = tp.tokens_per_s[pick] / per_row
@@ -147,7 +220,7 @@ class DeadlineControl:
         spot, on_demand, jobs = _Spot(), [], {}
         for worker, attempt in record.current_jobs().items():
             job = statuses.get(attempt.job_id)
-            if attempt.retired or job is None or not job.state.is_live():
+            if attempt.retired or job is None or not job.state.is_live() or worker not in scope.workers:
                 continue
             view = views.get(str(worker))
             measured = view.rows_per_s if view is not None and view.rows_per_s > 0 else None
@@ -158,12 +231,12 @@ class DeadlineControl:
             speed = tp.speed_of(view.accelerator if view else None, self.prices)
             spot.add(attempt, job, measured or (speed / per_row if speed is not None else new_rate), now, self.settings)
         started = min((a.launched_at for wj in record.workers.values() for a in wj.attempts), default=now)
-        unfinished = [e for e in facts.manifest if e.chunk not in facts.done]
+        unfinished = [e for e in scope.entries if e.chunk not in facts.done]
         in_hand = {w.chunk for w in status.workers if w.chunk}
         state = FleetState(
             elapsed_s=now - started,
-            total_rows=float(status.rows["total"]),
-            done_rows=float(status.rows["done"] + status.rows["in_progress"]),
+            total_rows=float(scope.total_rows),
+            done_rows=float(scope.done_rows),
             spot_rate=spot.up_rate,
             spot_waiting=spot.waiting,
             spot_pace=spot.pace,

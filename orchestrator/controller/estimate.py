@@ -87,6 +87,9 @@ class Estimate:
     #: The candidate the fleet runs on: what the run measured on a machine the price table does not
     #: know (a local run's cpu), else any_of's pick, the cheapest per hour.
     fleet_gpu: str = ""
+    #: A run of several models: each pool estimated alone, the run's end its slowest pool's
+    #: (controller/pool_estimate.py's PoolsEstimate.to_dict); None for one model.
+    pools: dict[str, Any] | None = None
 
     @property
     def fleet(self) -> Candidate:
@@ -197,16 +200,22 @@ def estimate(
 def estimate_run(ctx: RunContext, manifest: Sequence[ManifestEntry]) -> Estimate:
     """The estimate for this run as it stands: finished chunks' stats replace the table's speeds,
     and the start-up its workers took replaces the assumed one."""
+    from orchestrator.controller.pool_estimate import estimate_pools, pool_fleets
     from orchestrator.controller.startup import measured_startup_s
+    from orchestrator.core.records import read_plan
 
     startup = measured_startup_s(ctx.store, ctx.layout)
-    return estimate(
+    prices, stats, done = (
         load_gpu_table(),
-        ctx.spec.resources.gpus,
-        ctx.spec.workers.count,
-        manifest,
         read_chunk_stats(ctx.store, ctx.layout),
         set(list_done(ctx.store, ctx.layout)),
-        checkpoint_interval_s=ctx.spec.workers.checkpoint_interval,
-        restart_overhead_s=RESTART_OVERHEAD_S if startup is None else startup,
     )
+    settings = {
+        "checkpoint_interval_s": ctx.spec.workers.checkpoint_interval,
+        "restart_overhead_s": RESTART_OVERHEAD_S if startup is None else startup,
+    }
+    est = estimate(prices, ctx.spec.resources.gpus, ctx.spec.workers.count, manifest, stats, done, **settings)
+    fleets = pool_fleets(ctx.spec, read_plan(ctx.store, ctx.layout), manifest)
+    pools = estimate_pools(prices, fleets, manifest, stats, done, **settings)
+    est.pools = pools.to_dict() if pools is not None else None
+    return est

@@ -76,13 +76,15 @@ def launch_request(
     use_spot: bool | None = None,
     zones: Sequence[str] = (),
     plan: PlanRecord | None = None,
+    pool: str | None = None,
 ) -> LaunchRequest:
     """What the backend needs to start one worker: its job name, settings, secrets and zone order,
-    and in a run of several models the model it loads (its pool in `plan`, else the run's plan)."""
+    and in a run of several models the model it loads (`pool` for a worker outside the plan, else
+    its pool in `plan`, else in the run's plan)."""
     envs = worker_envs(ctx, worker, env)
-    if ctx.spec.models and plan is None:
+    if ctx.spec.models and plan is None and pool is None:
         plan = read_plan(ctx.store, ctx.layout)
-    pool = pool_of(plan, worker) if plan is not None else None
+    pool = pool or (pool_of(plan, worker) if plan is not None else None)
     if pool is not None:
         envs[POOL_ENV] = pool
     return LaunchRequest(
@@ -116,8 +118,11 @@ def launch_workers(
     env: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.time,
     zones: Sequence[str] | None = None,
+    pool: str | None = None,
 ) -> dict[int, str]:
     """Launch the given workers, except those already live. Returns worker -> new job id.
+    `pool`: a run of several models, workers outside the plan: the model they load (recorded with
+    their jobs, so that a relaunch loads it again).
     `zones`: the spec's zones in the order to try (default: ranked now, controller/zone_steering.py).
 
     1. Ship the run's LoRA adapters given as local directories into the store (once): workers
@@ -142,12 +147,16 @@ def launch_workers(
         return {}
     ctx.store.delete(ctx.layout.cancel)  # an earlier `orch cancel` would stop the new workers at once
     token = f"pending-{uuid.uuid4().hex[:12]}"
-    reserved = _reserve(ctx, launcher.name, judged, token, now, reason, use_spot, count_as_relaunch)
+    attempt = JobAttempt(
+        job_id=token, backend=launcher.name, launched_at=now, reason=reason, use_spot=use_spot, pending=True, pool=pool
+    )
+    reserved = _reserve(ctx, judged, attempt, count_as_relaunch)
     if not reserved:
         return {}
     if zones is None:
         zones = [z.place for z in zone_order(ctx, now)]
-    requests = [launch_request(ctx, w, env, use_spot, zones) for w in reserved]
+    pools = {w: pool or next((a.pool for a in reversed(record.worker(w).attempts) if a.pool), None) for w in reserved}
+    requests = [launch_request(ctx, w, env, use_spot, zones, pool=pools[w]) for w in reserved]
     failure: BaseException | None = None
     try:
         launched = launcher.launch(requests)
@@ -192,32 +201,23 @@ def _record_submissions(
 
 
 def _reserve(
-    ctx: RunContext,
-    backend: str,
-    judged: Mapping[int, str | None],
-    token: str,
-    now: float,
-    reason: str,
-    use_spot: bool | None,
-    count_as_relaunch: bool,
+    ctx: RunContext, judged: Mapping[int, str | None], template: JobAttempt, count_as_relaunch: bool
 ) -> list[int]:
-    """Step 2: a pending attempt for each worker whose current job is still the one judged; those workers."""
+    """Step 2: a pending attempt (`template`, its job id the token + the worker) for each worker
+    whose current job is still the one judged; those workers."""
     reserved: list[int] = []
 
     def reserve(rec: JobsRecord) -> None:
         reserved.clear()  # applied again when another controller wrote first
-        rec.backend = backend
+        rec.backend = template.backend
         if rec.cancelled_at is not None:  # launched again after a cancel: the time between is a pause
-            rec.pauses.append((rec.cancelled_at, now))
+            rec.pauses.append((rec.cancelled_at, template.launched_at))
         rec.cancelled, rec.cancelled_at = False, None
         for w, seen in sorted(judged.items()):
             jobs = rec.worker(w)
             if (jobs.current.job_id if jobs.current else None) != seen:
                 continue  # another controller launched it since we looked
-            attempt = JobAttempt(
-                job_id=f"{token}-w{w}", backend=backend, launched_at=now, reason=reason, use_spot=use_spot, pending=True
-            )
-            jobs.attempts.append(attempt)
+            jobs.attempts.append(template.model_copy(update={"job_id": f"{template.job_id}-w{w}"}))
             jobs.relaunches += 1 if count_as_relaunch else 0
             reserved.append(w)
 

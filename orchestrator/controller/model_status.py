@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from orchestrator.controller.token_cost import per_million, tokens_of
-from orchestrator.core.records import ChunkStats, ManifestEntry, PlanRecord
+from orchestrator.core.records import ChunkStats, JobsRecord, ManifestEntry, PlanRecord
 from orchestrator.core.worker_ids import job_worker
 
 
@@ -33,6 +33,8 @@ class _Facts(Protocol):
     def plan(self) -> PlanRecord | None: ...
     @property
     def stats(self) -> Mapping[str, tuple[float, ChunkStats]]: ...
+    @property
+    def jobs(self) -> JobsRecord: ...
 
 
 def models_status(
@@ -43,7 +45,9 @@ def models_status(
     models = list(dict.fromkeys(e.model for e in manifest if e.model))
     if not models:
         return {}
-    pool = {str(a.worker): a.model for a in plan.workers} if plan is not None else {}
+    # Workers outside the plan (the deadline policy's on-demand ones) count for the pool they were launched for.
+    pool: dict[str, str | None] = {k: a.pool for k, w in facts.jobs.workers.items() for a in w.attempts if a.pool}
+    pool |= {str(a.worker): a.model for a in plan.workers} if plan is not None else {}
     out: dict[str, dict[str, Any]] = {}
     for model in models:
         entries = [e for e in manifest if e.model == model]

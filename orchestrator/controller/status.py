@@ -80,6 +80,7 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.protocol.heartbeats import is_beating
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import ChunkStats, JobAttempt, read_jobs
+from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store
 
 __all__ = ["RunFacts", "RunStatus", "WorkerView", "derive_status", "gather", "status_of", "to_json"]
@@ -166,6 +167,8 @@ class RunStatus:
     run_time_s: float | None = None
     #: A run of several models: each model's chunks, rows, tokens, workers and cost (controller/model_status.py).
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: A sweep: each arm's rows, errors, tokens and its share of its pool's cost (controller/arm_cost.py).
+    arms: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: The forecast's duration band beside the pace's projected finish (controller/forecast_check.py).
     forecast: dict[str, Any] | None = None
 
@@ -179,7 +182,9 @@ def derive_status(
     default_spot: bool = True,
     gpus: Sequence[str] | None = None,
     workers_planned: int | None = None,
+    spec: RunSpec | None = None,
 ) -> RunStatus:
+    """The run's status from its facts; `spec` (a run of several models) gives each pool's machines to the estimate."""
     rows_by_chunk = {e.chunk: e.rows for e in facts.manifest}
     done = facts.done & set(rows_by_chunk)
     complete = len(done) == len(rows_by_chunk) and not facts.damaged
@@ -205,7 +210,7 @@ def derive_status(
         eta_s=round(eta, 1) if eta is not None else None,
         cost=cost,
         workers=workers,
-        estimate=_estimate(facts, prices, gpus, workers_planned) if gpus else None,
+        estimate=_estimate(facts, prices, gpus, workers_planned, spec) if gpus else None,
         deadline=facts.decision.model_dump() if facts.decision is not None else None,
         overall=overall_pace([s for c, s in facts.stats.items() if c in done], facts.jobs),
         damaged=dict(facts.damaged),
@@ -353,8 +358,13 @@ def _failure(
     return status.failure_reason or (attempt.failure_reason if attempt else None) or status.state.value
 
 
-def _estimate(facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: int | None) -> dict[str, Any] | None:
+def _estimate(
+    facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: int | None, spec: RunSpec | None
+) -> dict[str, Any] | None:
+    """The fleet's time and cost for what is left; a run of several models: its pools' (the
+    slowest pool's time, the pools' costs summed, each pool under `pools`)."""
     from orchestrator.controller.estimate import estimate
+    from orchestrator.controller.pool_estimate import estimate_pools, pool_fleets
 
     try:
         est = estimate(
@@ -365,10 +375,12 @@ def _estimate(facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: i
             facts.stats,
             facts.done,
         )
+        fleets = pool_fleets(spec, facts.plan, facts.manifest) if spec is not None else {}
+        pools = estimate_pools(prices, fleets, facts.manifest, facts.stats, facts.done)
     except Exception:  # an unknown GPU name in the spec: the status itself must still show
         return None
     f = est.fleet
-    return {
+    own = {
         "gpu": f.gpu,
         "workers": est.workers,
         "tokens_per_s_per_worker": f.tokens_per_s,
@@ -379,6 +391,12 @@ def _estimate(facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: i
         "on_demand_hours": f.on_demand_hours,
         "on_demand_usd": f.on_demand_usd,
     }
+    if pools is None:
+        return own
+    slow = pools.slowest  # the run's machine and speed are its slowest pool's, not a blend of the pools'
+    by_pool = {"gpu": slow.gpu, "tokens_per_s_per_worker": slow.tokens_per_s, "basis": slow.basis}
+    by_pool |= {"measured": slow.measured, "workers": sum(p.workers for p in pools.pools)}
+    return {**own, **by_pool, **pools.to_dict()}
 
 
 def duration(seconds: float | None, exact: bool = False) -> str:
@@ -409,16 +427,25 @@ def status_of(
     default_spot: bool = True,
     gpus: Sequence[str] | None = None,
     workers_planned: int | None = None,
+    spec: RunSpec | None = None,
 ) -> RunStatus:
-    return derive_status(
-        gather(store, layout, launcher),
+    facts = gather(store, layout, launcher)
+    status = derive_status(
+        facts,
         now=now,
         prices=prices,
         heartbeat_interval=heartbeat_interval,
         default_spot=default_spot,
         gpus=gpus,
         workers_planned=workers_planned,
+        spec=spec,
     )
+    if spec is not None and spec.sweep.arms:
+        from orchestrator.controller.arm_cost import arms_status
+
+        finished = (facts.manifest, facts.done & {e.chunk for e in facts.manifest})
+        status.arms = arms_status(store, layout, spec, finished, status.models, status.cost["so_far_usd"])
+    return status
 
 
 def current_status(ctx: RunContext, prices_path: str | None = None, launcher: Launcher | None = None) -> RunStatus:
@@ -438,4 +465,5 @@ def current_status(ctx: RunContext, prices_path: str | None = None, launcher: La
         default_spot=ctx.spec.resources.spot,
         gpus=ctx.spec.resources.gpus,
         workers_planned=ctx.spec.workers.count,
+        spec=ctx.spec,
     )

@@ -165,6 +165,9 @@ class JobAttempt(Record):
     retired: bool = False
     #: Reserved, not submitted yet (or never: a submission that failed has ended_state FAILED).
     pending: bool = False
+    #: A run of several models, a worker outside the plan (the deadline policy's on-demand ones):
+    #: the pool (model) it was launched for, so that a relaunch loads the same one.
+    pool: str | None = None
 
 
 class WorkerJobs(Record):
@@ -260,6 +263,7 @@ class DecisionRecord(Record):
     slack_s: float | None = None
     speed: str = Field("", description="which speed a new worker was reckoned at: measured, or the table's")
     zone: str = Field("", description="with resources.zones: the zone order launches tried, and why the first")
+    pool: str | None = Field(None, description="a run of several models: the pool (model) this decision is for")
 
 
 # -- written by workers -------------------------------------------------------------------------
