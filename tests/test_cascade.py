@@ -115,3 +115,19 @@ def test_cascade_final_answer_is_the_last_stage_that_answered():
         "small": {"answered": 2, "escalated": 1},
         "large": {"answered": 1, "escalated": 0},
     }
+
+
+def test_cascade_run_is_refused_before_anything_is_written(tmp_path):
+    """Running a cascade is not built: prepare must refuse it, naming the field, rather than run
+    stage 1 alone and hand its answers out as the cascade's."""
+    from tests.test_faults import orch
+
+    (tmp_path / "orch.yaml").write_text(
+        "models: {small: x/small, large: x/large}\n"
+        "sweep: {cascade: [small, large], escalate_when: {finish_reason: [length]}}\n"
+    )
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"id": "q0", "text": "hi"}) + "\n")
+    done = orch("prepare", data, "--run", "c", "--store", tmp_path / "store", "--format", "text", cwd=tmp_path)
+    assert done.returncode != 0 and "sweep.cascade" in done.stderr + done.stdout
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("manifest*"))
