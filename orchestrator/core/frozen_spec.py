@@ -48,6 +48,8 @@ def frozen_view(spec: RunSpec) -> dict[str, Any]:
         name: {k: v for k, v in entry.items() if k not in MODEL_OPERATIONAL_FIELDS}
         for name, entry in view["models"].items()
     }
+    if not spec.sweep.cascade:  # no cascade: the hash of a run prepared before cascades existed
+        view["sweep"] = {k: v for k, v in view["sweep"].items() if k not in ("cascade", "escalate_when")}
     return view
 
 

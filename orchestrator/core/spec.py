@@ -16,6 +16,7 @@ change between commands.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -382,6 +383,31 @@ class ReuseSpec(StrictModel):
     )
 
 
+class EscalateSpec(StrictModel):
+    """When a cascade sends a row on to its next model: any condition set and met escalates it."""
+
+    finish_reason: list[str] = Field(
+        default_factory=list, description="finish reasons that escalate (e.g. [length]: the answer was cut)"
+    )
+    json_schema: bool = Field(
+        False, description="escalate an answer that does not parse or validate against its row's json_schema"
+    )
+    regex: str | None = Field(None, description="escalate an answer whose text this regex matches (re.search)")
+    logprob_below: float | None = Field(
+        None, description="escalate an answer whose mean token logprob is below this (needs logprobs requested)"
+    )
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, regex: str | None) -> str | None:
+        if regex is not None:
+            try:
+                re.compile(regex)
+            except re.error as e:
+                raise ValueError(f"not a regular expression: {e}") from e
+        return regex
+
+
 class SweepSpec(StrictModel):
     """One dataset over several models and/or prompts: every input row answered once per arm."""
 
@@ -397,6 +423,29 @@ class SweepSpec(StrictModel):
         if bad:
             raise ValueError(f"arm names are non-empty and hold no '#': {', '.join(map(repr, bad))}")
         return arms
+
+    cascade: list[str] = Field(
+        default_factory=list,
+        description="`models:` names, cheapest first: every row answered by the first, rows matching "
+        "escalate_when sent on to the next",
+    )
+    escalate_when: EscalateSpec = Field(default_factory=EscalateSpec)
+
+
+def check_cascade(sweep: SweepSpec, models: list[str]) -> None:
+    """A cascade names two or more of the run's models, stands alone (no arms) and has a condition."""
+    if not sweep.cascade:
+        return
+    if sweep.arms:
+        raise ValueError("sweep.cascade: a cascade and sweep.arms cannot be combined; use one or the other")
+    unknown = [name for name in sweep.cascade if name not in models]
+    if unknown:
+        known = ", ".join(models) or "none: add a models: section"
+        raise ValueError(f"sweep.cascade: {', '.join(map(repr, unknown))} not among the run's models ({known})")
+    if len(set(sweep.cascade)) != len(sweep.cascade) or len(sweep.cascade) < 2:
+        raise ValueError("sweep.cascade: name two or more different models, cheapest first")
+    if not sweep.escalate_when.model_dump(exclude_defaults=True):
+        raise ValueError("sweep.escalate_when: set at least one condition (finish_reason, json_schema, regex, ...)")
 
 
 class RunSpec(StrictModel):
@@ -428,6 +477,7 @@ class RunSpec(StrictModel):
             if arm.model is not None and arm.model not in self.models:
                 known = ", ".join(self.models) or "none: add a models: section"
                 raise ValueError(f"sweep.arms.{name}.model: {arm.model!r} is not one of the run's models ({known})")
+        check_cascade(self.sweep, list(self.models))
         return self
 
     @field_validator("models", mode="before")
