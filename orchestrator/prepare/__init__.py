@@ -28,6 +28,7 @@ from orchestrator.prepare.check import RequestCheck
 from orchestrator.prepare.conversion import Conversion, convert_rows, input_rows
 from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
 from orchestrator.prepare.grouping import PrefixSorter
+from orchestrator.prepare.grown import grown_table
 from orchestrator.prepare.identity import input_differences, input_identity
 from orchestrator.prepare.pools import PoolSorters
 from orchestrator.prepare.reuse import KeyCollector, ReusePlan, plan_reuse
@@ -217,6 +218,9 @@ def _plan_reuse(
 ) -> ReusePlan:
     """reuse.py steps 1-2: every good row's key, looked up in the runs `reuse.from` names. This
     first pass also checks the requests (`requests`), so a refused one stops before any lookup."""
+    _, said = grown_table(ctx, files, keys.digest.hex() if keys.usable else None)
+    if said:
+        progress(said)
     collected = KeyCollector(keys, total)
     errors = ErrorWriter(strict, several_files=len(files) > 1)  # the second pass reports bad rows
     try:
