@@ -292,7 +292,8 @@ def answer_all(store: str, run: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["iceberg", "delta"])
-def test_prepare_reuse_from_a_grown_table_says_it_only_grew(kind, tables, tmp_path, capsys, greedy):
+@pytest.mark.usefixtures("greedy")
+def test_prepare_reuse_from_a_grown_table_says_it_only_grew(kind, tables, tmp_path, capsys):
     first = tables.write(kind, rows(0, 5))
     store = str(tmp_path / "store")
     assert prepare(store, "a", tables.uri(kind)) == 0
@@ -304,13 +305,24 @@ def test_prepare_reuse_from_a_grown_table_says_it_only_grew(kind, tables, tmp_pa
     said = capsys.readouterr()
     word = "snapshot" if kind == "iceberg" else "version"
     assert f"grew by 3 rows (appends only) since run a read {word} {first}" in said.out + said.err
-    assert "5 of 8 rows answered by a" in said.out + said.err
+    assert "keyed 3 appended rows; 5 older rows keyed by a" in said.err
+    assert "5 of 8 rows answered by a" in said.err
     assert [line["custom_id"] for line in chunk_lines(store, "b")] == ["r5", "r6", "r7"]
+    answer_all(store, "b")
+    capsys.readouterr()
+    assert main(["collect", "--run", "b", "--store", store, "--out", str(tmp_path / "b.jsonl"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["complete"] and report["reused"] == 5 and report["rows_run"] == 3 and report["rows_total"] == 8
+    out = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
+    # Every row of the new snapshot once, in table order, the older ones with run a's answers.
+    assert [line["custom_id"] for line in out] == [f"r{i}" for i in range(8)]
+    assert [line["response"]["body"]["choices"][0]["message"]["content"] for line in out] == [
+        f"answer r{i}" for i in range(8)
+    ]
 
 
-def test_prepare_reuse_from_a_table_changed_by_a_delete_says_it_reads_the_whole_table(
-    tables, tmp_path, capsys, greedy
-):
+@pytest.mark.usefixtures("greedy")
+def test_prepare_reuse_from_a_table_changed_by_a_delete_says_it_reads_the_whole_table(tables, tmp_path, capsys):
     from deltalake import DeltaTable
 
     tables.write("delta", rows(0, 5))
