@@ -274,3 +274,77 @@ def test_collect_into_table_leaves_an_incomplete_run_out(tables, tmp_path, capsy
     assert main(["collect", "--run", "c", "--store", store, "--out", out, "--allow-partial"]) == 0
     assert "a table gets a run's rows once, and 4 are missing" in capsys.readouterr().out
     assert not (tables.root / "delta_answers").exists()
+
+
+# -- grown tables and reuse ----------------------------------------------------------------------
+@pytest.fixture
+def greedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy sampling (orch.yaml in the working folder), so answered rows may be reused."""
+    (tmp_path / "orch.yaml").write_text("sampling:\n  temperature: 0\n")
+    monkeypatch.chdir(tmp_path)
+
+
+def answer_all(store: str, run: str) -> None:
+    s, layout = open_store(store), RunLayout(run)
+    for entry in read_manifest(s, layout):
+        ids = [json.loads(line)["custom_id"] for line in s.get(layout.chunk(entry.chunk)).data.splitlines()]
+        answer_chunk(s, layout, entry.chunk, [[Answer(i, cid, f"answer {cid}") for i, cid in enumerate(ids)]])
+
+
+@pytest.mark.parametrize("kind", ["iceberg", "delta"])
+@pytest.mark.usefixtures("greedy")
+def test_prepare_reuse_from_a_grown_table_says_it_only_grew(kind, tables, tmp_path, capsys):
+    first = tables.write(kind, rows(0, 5))
+    store = str(tmp_path / "store")
+    assert prepare(store, "a", tables.uri(kind)) == 0
+    answer_all(store, "a")
+    assert main(["collect", "--run", "a", "--store", store, "--out", str(tmp_path / "a.jsonl")]) == 0
+    tables.write(kind, rows(5, 3))
+    capsys.readouterr()
+    assert prepare(store, "b", tables.uri(kind), "--reuse-from", "a", "--rows-per-chunk", "2") == 0
+    said = capsys.readouterr()
+    word = "snapshot" if kind == "iceberg" else "version"
+    assert f"grew by 3 rows (appends only) since run a read {word} {first}" in said.out + said.err
+    assert "keyed 3 appended rows; 5 older rows keyed by a" in said.err
+    assert "5 of 8 rows answered by a" in said.err
+    assert [line["custom_id"] for line in chunk_lines(store, "b")] == ["r5", "r6", "r7"]
+    answer_all(store, "b")
+    capsys.readouterr()
+    assert main(["collect", "--run", "b", "--store", store, "--out", str(tmp_path / "b.jsonl"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["complete"] and report["reused"] == 5 and report["rows_run"] == 3 and report["rows_total"] == 8
+    out = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
+    # Every row of the new snapshot once, in table order, the older ones with run a's answers.
+    assert [line["custom_id"] for line in out] == [f"r{i}" for i in range(8)]
+    assert [line["response"]["body"]["choices"][0]["message"]["content"] for line in out] == [
+        f"answer r{i}" for i in range(8)
+    ]
+
+
+@pytest.mark.parametrize("kind", ["iceberg", "delta"])
+@pytest.mark.usefixtures("greedy")
+def test_prepare_reuse_from_a_table_changed_by_a_delete_says_it_reads_the_whole_table(kind, tables, tmp_path, capsys):
+    from deltalake import DeltaTable
+
+    tables.write(kind, rows(0, 5))
+    store = str(tmp_path / "store")
+    assert prepare(store, "a", tables.uri(kind)) == 0
+    answer_all(store, "a")
+    assert main(["collect", "--run", "a", "--store", store, "--out", str(tmp_path / "a.jsonl")]) == 0
+    tables.write(kind, rows(5, 3))
+    if kind == "iceberg":
+        tables.catalog().load_table("db.q").delete("n = 1")
+    else:
+        DeltaTable(str(tables.root / "delta_q")).delete("n = 1")
+    capsys.readouterr()
+    assert prepare(store, "b", tables.uri(kind), "--reuse-from", "a") == 0
+    said = capsys.readouterr()
+    assert "the whole table is read and keyed again" in said.out + said.err
+    assert "not only appended" in said.err and "appended rows" not in said.err
+    # Every row of the new version once: the four old ones left reused, the three new ones to run.
+    assert "4 of 7 rows answered by a" in said.err
+    assert [line["custom_id"] for line in chunk_lines(store, "b")] == ["r5", "r6", "r7"]
+    answer_all(store, "b")
+    assert main(["collect", "--run", "b", "--store", store, "--out", str(tmp_path / "b.jsonl")]) == 0
+    out = [json.loads(line)["custom_id"] for line in (tmp_path / "b.jsonl").read_text().splitlines()]
+    assert sorted(out) == sorted(f"r{i}" for i in range(8) if i != 1)

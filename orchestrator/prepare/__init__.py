@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.core.context import RunContext
@@ -28,6 +28,7 @@ from orchestrator.prepare.check import RequestCheck
 from orchestrator.prepare.conversion import Conversion, convert_rows, input_rows
 from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
 from orchestrator.prepare.grouping import PrefixSorter
+from orchestrator.prepare.grown import Grown, grown_table, old_rows_keyed
 from orchestrator.prepare.identity import input_differences, input_identity
 from orchestrator.prepare.pools import PoolSorters
 from orchestrator.prepare.reuse import KeyCollector, ReusePlan, plan_reuse
@@ -228,11 +229,20 @@ def _plan_reuse(
 ) -> ReusePlan:
     """reuse.py steps 1-2: every good row's key, looked up in the runs `reuse.from` names. This
     first pass also checks the requests (`requests`), so a refused one stops before any lookup."""
+    grown = _grown(ctx, files, keys, progress)
     collected = KeyCollector(keys, total)
     errors = ErrorWriter(strict, several_files=len(files) > 1)  # the second pass reports bad rows
     try:
-        rows_in = Conversion(ctx, files, collected.add, errors, strict, requests)
-        convert_rows(files, ctx.spec.input, total, lambda _row: None, rows_in, progress)
+        if grown is None:
+            rows_in = Conversion(ctx, files, collected.add, errors, strict, requests)
+            convert_rows(files, ctx.spec.input, total, lambda _row: None, rows_in, progress)
+        else:
+            # Only the appended rows are read and keyed; the older ones come keyed from the run that read them.
+            collected.add_records(old_rows_keyed(ctx, grown))
+            appended = [replace(files[0], since=grown.since)]
+            rows_in = Conversion(ctx, appended, lambda r, p: collected.add(r, p + grown.rows), errors, strict, requests)
+            convert_rows(appended, ctx.spec.input, total - grown.rows, lambda _row: None, rows_in, progress)
+            progress(f"keyed {total - grown.rows:,} appended rows; {grown.rows:,} older rows keyed by {grown.run}")
         _stop_if_refused(requests)
         plan = plan_reuse(ctx, collected, total)
     finally:
@@ -243,6 +253,18 @@ def _plan_reuse(
         + (f" ({plan.sampled_skipped:,} that sample run again: reuse.sampled)" if plan.sampled_skipped else "")
     )
     return plan
+
+
+def _grown(ctx: RunContext, files: list[SourceFile], keys: AnswerKeys, progress: Progress) -> Grown | None:
+    """The earlier run a grown Iceberg/Delta table can be read incrementally against (grown.py), or None."""
+    grown, said = grown_table(ctx, files, keys.digest.hex() if keys.usable else None)
+    if said:
+        progress(said)
+    if grown is not None and keys.samples_by_default and not ctx.spec.reuse.sampled:
+        # Whether an older row samples is known only from the row: read and key them all.
+        progress("the rows sample (temperature > 0, no seed): the whole table is read and keyed again")
+        return None
+    return grown
 
 
 def _write_reusing(

@@ -137,6 +137,12 @@ class AnswerKeys(LineKeys):
             self.default_temperature = _model_temperature(spec.model.name or "")
         self.default_seeded = sampling.seed is not None
 
+    @property
+    def samples_by_default(self) -> bool:
+        """A request that names no temperature or seed samples."""
+        temperature, seeded = self.default_temperature, self.default_seeded
+        return (temperature is None or temperature >= GREEDY_BELOW) and not seeded
+
     def sampled(self, request: Request) -> bool:
         """temperature > 0 without a seed, with the worker's defaults resolved."""
         temperature = request.temperature if request.temperature is not None else self.default_temperature

@@ -53,6 +53,7 @@ class SourceFile:
     etag: str | None = None  # an object store's digest of the content (None for local files); a table's id
     version: str | None = None  # a table's snapshot or version, as read
     columns: tuple[str, ...] = ()  # a table's columns ("name: type"), to say how a schema changed
+    since: str | None = None  # read only the rows an Iceberg/Delta table appended after this version (grown.py)
 
 
 def content_digest(source: SourceFile) -> str:
@@ -265,9 +266,11 @@ def parquet_batches(source: SourceFile, columns: list[str] | None) -> Iterator[A
     import pyarrow.parquet as pq
 
     if source.kind in TABLE_KINDS:
-        from orchestrator.prepare.tables import table_batches
+        from orchestrator.prepare.tables import appended_since, table_batches
 
-        yield from table_batches(source, columns)
+        yield from (
+            table_batches(source, columns) if source.since is None else appended_since(source, source.since, columns)
+        )
         return
 
     with _local_copy(source) as path:
