@@ -6,7 +6,9 @@ done): each row costs its generated tokens at the probe's seconds per generated 
 prompt tokens at PREFILL_WEIGHT of that (one probe chunk measures one engine time, so the split between
 prefill and decode is an assumption, said in the record's note). The probe runs two full engine batches
 by default: the rate is taken past the first (the engine's warm-up, added once per worker) at the
-concurrency a saturated worker of the run reaches. Output lengths: per stratum, the probe's generated /
+concurrency a saturated worker of the run reaches; which share of the first batch's excess was
+warm-up is not measured, so each draw takes a rate log-uniform between that and the probe's whole
+rate (the band holds the split's doubt). Output lengths: per stratum, the probe's generated /
 max_tokens ratios, resampled with replacement (a bootstrap of the stratum's mean) and applied to the
 stratum's max_tokens in the run; strata the probe missed draw from all its rows. Prompt tokens: the
 run's bytes / 4, corrected by the probe's measured ratio; cached share as the probe measured it. The
@@ -111,10 +113,23 @@ def probe_rate(probe: ProbeRecord) -> tuple[float, float]:
     return (busy / units if units else 0.0), 0.0
 
 
+def rate_draw(probe: ProbeRecord, rng: random.Random) -> float:
+    """One draw of the probe's seconds per work unit, log-uniform between the rate past its first
+    batch and its whole rate (warm-up in): which share of the first batch's excess was warm-up is
+    not measured, and the two batches of a probe differ by up to 1.8x in CPU seconds a row
+    (bench/forecast_bench.py's short-output store: 12.7 and 7.1 ms), so the band holds both."""
+    past_first = probe_rate(probe)[0]
+    units = sum(x.completion_tokens + PREFILL_WEIGHT * (x.prompt_tokens - x.cached_tokens) for x in probe.samples)
+    whole = (probe.busy_s or 0.0) / units if units else past_first
+    if past_first <= 0 or whole <= past_first:
+        return past_first
+    return float(past_first * (whole / past_first) ** rng.random())
+
+
 def work_seconds(probe: ProbeRecord, rng: random.Random) -> tuple[float, float, float]:
     """One bootstrap draw: (engine seconds of one worker, generated tokens, prompt tokens) for the rows left."""
     s = probe.samples
-    sec_per_unit = probe_rate(probe)[0]
+    sec_per_unit = rate_draw(probe, rng)
     est = sum(x.est_prompt_tokens for x in s)
     prompt_ratio = sum(x.prompt_tokens for x in s) / est if est else 1.0
     cached = sum(x.cached_tokens for x in s) / max(1, sum(x.prompt_tokens for x in s))
