@@ -6,7 +6,9 @@ done): each row costs its generated tokens at the probe's seconds per generated 
 prompt tokens at PREFILL_WEIGHT of that (one probe chunk measures one engine time, so the split between
 prefill and decode is an assumption, said in the record's note). The probe runs two full engine batches
 by default: the rate is taken past the first (the engine's warm-up, added once per worker) at the
-concurrency a saturated worker of the run reaches. Output lengths: per stratum, the probe's generated /
+concurrency a saturated worker of the run reaches; which share of the first batch's excess was
+warm-up is not measured, so each draw takes a rate log-uniform between that and the probe's whole
+rate (the band holds the split's doubt). Output lengths: per stratum, the probe's generated /
 max_tokens ratios, resampled with replacement (a bootstrap of the stratum's mean) and applied to the
 stratum's max_tokens in the run; strata the probe missed draw from all its rows. Prompt tokens: the
 run's bytes / 4, corrected by the probe's measured ratio; cached share as the probe measured it. The
@@ -88,6 +90,14 @@ def left_strata(probe: ProbeRecord) -> dict[str, StratumCount]:
     return {name: c for name, c in left.items() if c.rows > 0}
 
 
+def warm_up_split(probe: ProbeRecord) -> bool:
+    """Whether the probe's heartbeat kept its figures at a first batch that left rows after it: when
+    every probe row came back in one drain of the engine (a short probe, outputs of one length), the
+    rate cannot be told from the engine's warm-up and is an upper bound (bench/forecast_bench.py)."""
+    fb = probe.first_batch
+    return fb is not None and len(fb) >= 6 and fb[2] < len(probe.samples)
+
+
 def probe_rate(probe: ProbeRecord) -> tuple[float, float]:
     """(engine seconds per work unit, warm-up seconds): the rate past the first engine batch when the
     probe ran more than one (its heartbeat's `first_batch`), the first batch's excess as the warm-up."""
@@ -95,7 +105,7 @@ def probe_rate(probe: ProbeRecord) -> tuple[float, float]:
     busy = probe.busy_s or 0.0
     units = sum(x.completion_tokens + PREFILL_WEIGHT * (x.prompt_tokens - x.cached_tokens) for x in s)
     fb = probe.first_batch
-    if fb is not None and len(fb) >= 6 and fb[2] < len(s):
+    if fb is not None and warm_up_split(probe):
         first_units = fb[4] + PREFILL_WEIGHT * (fb[3] - fb[5])
         if busy > fb[0] and units > first_units:
             rate = (busy - fb[0]) / (units - first_units)
@@ -103,10 +113,23 @@ def probe_rate(probe: ProbeRecord) -> tuple[float, float]:
     return (busy / units if units else 0.0), 0.0
 
 
+def rate_draw(probe: ProbeRecord, rng: random.Random) -> float:
+    """One draw of the probe's seconds per work unit, log-uniform between the rate past its first
+    batch and its whole rate (warm-up in): which share of the first batch's excess was warm-up is
+    not measured, and the two batches of a probe differ by up to 1.8x in CPU seconds a row
+    (bench/forecast_bench.py's short-output store: 12.7 and 7.1 ms), so the band holds both."""
+    past_first = probe_rate(probe)[0]
+    units = sum(x.completion_tokens + PREFILL_WEIGHT * (x.prompt_tokens - x.cached_tokens) for x in probe.samples)
+    whole = (probe.busy_s or 0.0) / units if units else past_first
+    if past_first <= 0 or whole <= past_first:
+        return past_first
+    return float(past_first * (whole / past_first) ** rng.random())
+
+
 def work_seconds(probe: ProbeRecord, rng: random.Random) -> tuple[float, float, float]:
     """One bootstrap draw: (engine seconds of one worker, generated tokens, prompt tokens) for the rows left."""
     s = probe.samples
-    sec_per_unit = probe_rate(probe)[0]
+    sec_per_unit = rate_draw(probe, rng)
     est = sum(x.est_prompt_tokens for x in s)
     prompt_ratio = sum(x.prompt_tokens for x in s) / est if est else 1.0
     cached = sum(x.cached_tokens for x in s) / max(1, sum(x.prompt_tokens for x in s))
@@ -175,7 +198,18 @@ def forecast_from_probe(
         candidates=candidates,
         fleet=f"{candidates[0].gpu}/{'spot' if candidates[0].spot else 'on-demand'}",
         note=f"engine time from {probe.rows} probe rows; "
-        f"prefill weighed {PREFILL_WEIGHT} of a generated token (assumed)" + _below_batch(ctx, probe),
+        f"prefill weighed {PREFILL_WEIGHT} of a generated token (assumed)"
+        + _below_batch(ctx, probe)
+        + warm_up_note(probe),
+    )
+
+
+def warm_up_note(probe: ProbeRecord) -> str:
+    if warm_up_split(probe) or not probe.samples:
+        return ""
+    return (
+        f"; all {len(probe.samples)} probe rows came back in one drain of the engine, so its warm-up is in "
+        "the rate: the forecast is high (measured +44% on a 16-row probe); a larger --probe-share splits it"
     )
 
 
