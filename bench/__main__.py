@@ -26,6 +26,7 @@ BENCHMARKS = {
     "spot_bench": CONTROLLER,
     "table_sources_bench": CONTROLLER,
     "reuse_bench": CONTROLLER,
+    "grown_table_bench": CONTROLLER,
     # Runs workers (the worker's environment) through the controller's CLI.
     "forecast_bench": CONTROLLER,
     "worker_bench": WORKER,

@@ -1,10 +1,11 @@
 """A grown Delta table read again with --reuse-from: rows keyed and prepare time, incremental vs whole.
 
-`python -m bench.grown_table_bench [ROWS]`: a Delta table of ROWS rows (default 200,000) is prepared
-and every row answered without an engine (tests.support.runs.answer_chunk), collected (its answer
-index); the table grows by 10%; `orch prepare --reuse-from` is timed twice on the grown table: as
-shipped (pass 1 reads and keys only the appended rows, prepare/grown.py) and with the incremental
-path turned off (the whole table read and keyed). Prints both, and the rows each pass 1 keyed.
+`python -m bench.grown_table_bench [ROWS] [--quick]`: a Delta table of ROWS rows (default 200,000;
+--quick 20,000) is prepared and every row answered without an engine
+(tests.support.runs.answer_chunk), collected (its answer index); the table grows by 10%;
+`orch prepare --reuse-from` is timed twice on the grown table: as shipped (pass 1 reads and keys
+only the appended rows, prepare/grown.py) and with the incremental path turned off (the whole
+table read and keyed). Prints both, and the rows each pass 1 keyed.
 """
 
 from __future__ import annotations
@@ -73,4 +74,5 @@ def main(rows: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 200_000)
+    given = [a for a in sys.argv[1:] if not a.startswith("-")]
+    main(int(given[0]) if given else 20_000 if "--quick" in sys.argv else 200_000)
