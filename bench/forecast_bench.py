@@ -66,8 +66,10 @@ def _heavy_tail(rng: random.Random) -> int:
     return min(160, int(6 * rng.paretovariate(1.3)))
 
 
-#: name -> (workers, rows, row maker(i, rng)).
-WORKLOADS: dict[str, tuple[int, int, Callable[[int, random.Random], dict[str, Any]]]] = {
+#: (workers, rows, row maker(i, rng)).
+Workload = tuple[int, int, Callable[[int, random.Random], dict[str, Any]]]
+#: name -> its workload.
+WORKLOADS: dict[str, Workload] = {
     "short prompts, short outputs": (2, 1100, lambda i, r: _line(i, _words(r, 5, 20), 16)),
     "long prompts, short outputs": (2, 1100, lambda i, r: _line(i, _words(r, 120, 200), 16)),
     "short prompts, long outputs": (2, 1100, lambda i, r: _line(i, _words(r, 5, 20), 64)),
@@ -162,18 +164,16 @@ def _final_beats(cwd: Path) -> list[dict[str, Any]]:
     return beats
 
 
-def main(argv: list[str]) -> int:
-    quick = "--quick" in argv
-    chosen = list(WORKLOADS.items())[:3] if quick else list(WORKLOADS.items())
+def study(workloads: list[tuple[str, Workload]], scale: float = 1.0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each workload measured in turn (its rows times `scale`), printed as it ends; the results and their summary."""
     results = []
-    for name, (workers, rows, make) in chosen:
+    for name, (workers, rows, make) in workloads:
         started = time.monotonic()
-        r = measure(name, workers, rows // 3 if quick else rows, make)
+        r = measure(name, workers, int(rows * scale), make)
         print(f"{name}: {json.dumps(r)} ({time.monotonic() - started:.0f} s)", flush=True)
         results.append(r)
-    errors = [abs(r["error"]) for r in results]
     summary = {
-        "median_abs_error": round(statistics.median(errors), 3),
+        "median_abs_error": round(statistics.median(abs(r["error"]) for r in results), 3),
         "inside_band": round(sum(r["inside"] for r in results) / len(results), 2),
         "median_abs_cpu_error": round(statistics.median(abs(r["cpu_error"] or 0.0) for r in results), 3),
         "cpu_inside_band": round(sum(r["cpu_inside"] for r in results) / len(results), 2),
@@ -181,40 +181,48 @@ def main(argv: list[str]) -> int:
         "probe_share_max": max(r["probe_share"] for r in results),
         "answered_once": all(r["answered_once"] for r in results),
     }
-    print(
-        table(
-            [
-                [
-                    r["workload"],
-                    r["workers"],
-                    r["rows"],
-                    r["probe_rows"],
-                    f"{r['forecast']['p50']:.1f} ({r['forecast']['p10']:.1f}-{r['forecast']['p90']:.1f})",
-                    r["actual_engine_s"],
-                    f"{r['error']:+.0%}",
-                    "yes" if r["inside"] else "no",
-                    f"{r['cpu_error']:+.0%}" if r["cpu_error"] is not None else "-",
-                    f"{r['guess']['p10']:.0f}-{r['guess']['p90']:.0f}",
-                    f"{r['probe_share']:.1%}",
-                ]
-                for r in results
-            ],
-            [
-                "workload",
-                "workers",
-                "rows",
-                "probe",
-                "forecast s",
-                "actual s",
-                "error",
-                "in",
-                "cpu error",
-                "guess",
-                "probe",
-            ],
-        )
-    )
+    return results, summary
+
+
+def report(results: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    rows = [
+        [
+            r["workload"],
+            r["workers"],
+            r["rows"],
+            r["probe_rows"],
+            f"{r['forecast']['p50']:.1f} ({r['forecast']['p10']:.1f}-{r['forecast']['p90']:.1f})",
+            r["actual_engine_s"],
+            f"{r['error']:+.0%}",
+            "yes" if r["inside"] else "no",
+            f"{r['cpu_error']:+.0%}" if r["cpu_error"] is not None else "-",
+            f"{r['guess']['p10']:.0f}-{r['guess']['p90']:.0f}",
+            f"{r['probe_share']:.1%}",
+        ]
+        for r in results
+    ]
+    heads = [
+        "workload",
+        "workers",
+        "rows",
+        "probe",
+        "forecast s",
+        "actual s",
+        "error",
+        "in",
+        "cpu error",
+        "guess",
+        "probe",
+    ]
+    print(table(rows, heads))
     print(json.dumps(summary))
+
+
+def main(argv: list[str]) -> int:
+    quick = "--quick" in argv
+    chosen = list(WORKLOADS.items())[:3] if quick else list(WORKLOADS.items())
+    results, summary = study(chosen, 1 / 3 if quick else 1.0)
+    report(results, summary)
     save("forecast_bench", {"engine_batch": ENGINE_BATCH, "workloads": results, "summary": summary})
     return 0
 

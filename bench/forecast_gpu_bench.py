@@ -13,16 +13,10 @@ tiny Llama at a tenth of the rows (a smoke run of the script, not a calibration)
 from __future__ import annotations
 
 import argparse
-import json
-import random
-import statistics
 import sys
-import time
-from collections.abc import Callable
-from typing import Any
 
 from bench import forecast_bench
-from bench.common import save, table
+from bench.common import save
 
 BATCH = 32
 ROWS = 4400
@@ -43,7 +37,7 @@ workers:
 """
 
 
-def workloads(rows: int) -> dict[str, tuple[int, int, Callable[[int, random.Random], dict[str, Any]]]]:
+def workloads(rows: int) -> dict[str, forecast_bench.Workload]:
     line, words = forecast_bench._line, forecast_bench._words
     return {
         "short prompts, short outputs": (1, rows, lambda i, r: line(i, words(r, 5, 20), 16)),
@@ -78,41 +72,9 @@ def main(argv: list[str]) -> int:
         model, rows = forecast_bench.MODEL, ROWS // 10
     forecast_bench.MODEL = model
     forecast_bench.SPEC = _spec(BATCH if cuda else 8)
-    results = []
-    for name, (workers, count, make) in list(workloads(rows).items())[: args.workloads]:
-        started = time.monotonic()
-        r = forecast_bench.measure(name, workers, count, make)
-        print(f"{name}: {json.dumps(r)} ({time.monotonic() - started:.0f} s)", flush=True)
-        results.append(r)
-    summary = {
-        "device": gpu or "cpu",
-        "shape": args.shape if cuda else "tiny-llama",
-        "median_abs_error": round(statistics.median(abs(r["error"]) for r in results), 3),
-        "inside_band": f"{sum(r['inside'] for r in results)}/{len(results)}",
-        "guess_inside_band": f"{sum(r['guess_inside'] for r in results)}/{len(results)}",
-        "probe_share_max": max(r["probe_share"] for r in results),
-        "answered_once": all(r["answered_once"] for r in results),
-    }
-    print(
-        table(
-            [
-                [
-                    r["workload"],
-                    r["rows"],
-                    r["probe_rows"],
-                    f"{r['forecast']['p50']:.1f} ({r['forecast']['p10']:.1f}-{r['forecast']['p90']:.1f})",
-                    r["actual_engine_s"],
-                    f"{r['error']:+.0%}",
-                    "yes" if r["inside"] else "no",
-                    f"{r['guess']['p10']:.0f}-{r['guess']['p90']:.0f}",
-                    f"{r['probe_share']:.1%}",
-                ]
-                for r in results
-            ],
-            ["workload", "rows", "probe", "forecast s", "actual s", "error", "in", "guess", "probe"],
-        )
-    )
-    print(json.dumps(summary))
+    results, summary = forecast_bench.study(list(workloads(rows).items())[: args.workloads])
+    summary.update(device=gpu or "cpu", shape=args.shape if cuda else "tiny-llama")
+    forecast_bench.report(results, summary)
     save("forecast_gpu_bench", {"batch": BATCH, "workloads": results, "summary": summary})
     return 0
 
