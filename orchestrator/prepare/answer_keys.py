@@ -140,14 +140,17 @@ class AnswerKeys(LineKeys):
     @property
     def samples_by_default(self) -> bool:
         """A request that names no temperature or seed samples."""
-        temperature, seeded = self.default_temperature, self.default_seeded
-        return (temperature is None or temperature >= GREEDY_BELOW) and not seeded
+        return _samples(self.default_temperature, self.default_seeded)
 
     def sampled(self, request: Request) -> bool:
         """temperature > 0 without a seed, with the worker's defaults resolved."""
         temperature = request.temperature if request.temperature is not None else self.default_temperature
-        seeded = request.seeded if request.seeded is not None else self.default_seeded
-        return (temperature is None or temperature >= GREEDY_BELOW) and not seeded
+        return _samples(temperature, request.seeded if request.seeded is not None else self.default_seeded)
+
+
+def _samples(temperature: float | None, seeded: bool) -> bool:
+    """temperature > 0 (None: OpenAI's 1.0) without a seed."""
+    return (temperature is None or temperature >= GREEDY_BELOW) and not seeded
 
 
 def _model_temperature(name: str) -> float | None:

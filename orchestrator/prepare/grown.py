@@ -80,11 +80,10 @@ def old_rows_keyed(ctx: RunContext, grown: Grown) -> npt.NDArray[Any]:
 
     layout = RunLayout(grown.run)
     index = read_index(ctx.store, layout)
-    firsts = {int(e.chunk.rsplit("_", 1)[-1]): e.first for e in read_manifest(ctx.store, layout)}
+    # An index record's chunk number is the chunk's place in its run's manifest (as collect_reuse reads it).
+    manifest = read_manifest(ctx.store, layout)
     own = index.runs.index(grown.run) if grown.run in index.runs else -1
-    starts = np.full(max(firsts, default=-1) + 1, -1, dtype=np.int64)
-    for number, first in firsts.items():
-        starts[number] = -1 if first is None else first
+    starts = np.array([-1 if e.first is None else e.first for e in manifest], dtype=np.int64)
     blocks = []
     for part in index.parts:
         answered = read_part(ctx.store, layout, part)
