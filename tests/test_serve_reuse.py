@@ -16,8 +16,11 @@ import openai
 import pytest
 
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.records import ReuseRecord, read_manifest, read_record
-from orchestrator.core.store import open_store
+from orchestrator.core.records import BatchDocument, BatchStatus, ReuseRecord, read_manifest, read_record
+from orchestrator.core.store import Store, open_store
+from orchestrator.prepare.answer_index import record_dtype, write_index
+from orchestrator.serve.batch_states import LAYOUT
+from orchestrator.serve.reuse import earlier_runs
 from tests.test_serve import (
     KEY,
     OTHER_KEY,
@@ -32,8 +35,6 @@ from tests.test_serve import (
     wait_for,
     write_requests,
 )
-
-pytestmark = pytest.mark.slow
 
 REUSE_SPEC = SPEC + "  reuse: true\n"
 
@@ -64,6 +65,43 @@ def engine_rows(server: Server, batch_id: str) -> tuple[int, int]:
     return sum(e.rows for e in read_manifest(store, layout)), found[0].rows if found is not None else 0
 
 
+def stored_batch(store: Store, owner: str, batch_id: str, created_ms: int, status: BatchStatus, index: bool) -> None:
+    """A batch document in the owner's listing, its run with an (empty) answer index or none."""
+    import numpy as np
+
+    doc = BatchDocument(
+        id=batch_id,
+        owner=owner,
+        endpoint="/v1/chat/completions",
+        input_file_id="file-1",
+        completion_window="24h",
+        status=status,
+        created_at=created_ms // 1000,
+        created_ms=created_ms,
+        expires_at=10**10,
+    )
+    store.put(LAYOUT.batch(batch_id), doc.to_bytes())
+    store.put(LAYOUT.owned(owner, "batches", created_ms, batch_id), b"")
+    if index:
+        write_index(store, RunLayout(batch_id), np.zeros(0, dtype=record_dtype()), [batch_id], "0" * 32, 0)
+
+
+def test_serve_reuse_sources_are_the_owners_finished_batches_with_an_index_newest_first(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    stored_batch(store, "a", "batch_a1", 1000, "completed", index=True)
+    stored_batch(store, "b", "batch_b1", 1500, "completed", index=True)  # another key's: never
+    stored_batch(store, "a", "batch_a2", 2000, "failed", index=False)  # failed validation: no run
+    stored_batch(store, "a", "batch_a3", 3000, "expired", index=True)
+    stored_batch(store, "a", "batch_a4", 4000, "cancelled", index=True)
+    store.put(RunLayout("batch_a4").answer_index, b"{not json")  # damaged: passed over, no error
+    stored_batch(store, "a", "batch_a5", 5000, "in_progress", index=True)  # not finished
+    stored_batch(store, "a", "batch_a6", 6000, "validating", index=False)  # the new batch itself
+    assert earlier_runs(store, "a", "batch_a6") == ["batch_a3", "batch_a1"]
+    assert earlier_runs(store, "a", "batch_a6", limit=1) == ["batch_a3"]
+    assert earlier_runs(store, "b", "batch_b2") == ["batch_b1"]
+
+
+@pytest.mark.slow
 def test_serve_reuse_runs_only_a_grown_batchs_new_rows_and_never_crosses_keys(tmp_path):
     """Key A's first batch, then the same requests (new custom_ids) plus two new ones: only the two
     reach the engine, the six old answers come back byte for byte under their new ids, marked
@@ -78,7 +116,7 @@ def test_serve_reuse_runs_only_a_grown_batchs_new_rows_and_never_crosses_keys(tm
         assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (8, 8, 0)
         for i in range(6):
             # The earlier line, byte for byte, under this batch's custom_id, with the mark last.
-            expected = old[i].replace('"custom_id":"a%d"' % i, '"custom_id":"b%d"' % i)[:-1] + ',"reused":true}'
+            expected = old[i].replace(f'"custom_id":"a{i}"', f'"custom_id":"b{i}"')[:-1] + ',"reused":true}'
             assert new[i] == expected
         assert [json.loads(line).get("reused") for line in new[6:]] == [None, None]
         # The batch's usage is the engine's work: the two new rows' tokens only.

@@ -9,6 +9,8 @@ also holds the rows it reused itself, so the newest batches carry their predeces
 
 from __future__ import annotations
 
+import itertools
+
 from orchestrator.core.errors import CorruptRecord, InputError
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import ReuseRecord, read_batch, read_record
@@ -19,17 +21,20 @@ from orchestrator.serve.batch_states import LAYOUT
 #: Earlier batches a new one reuses from, at most: prepare reads each one's index a part at a time,
 #: so memory and requests grow with this number, not with the key's history.
 REUSE_BATCHES = 8
+#: The owner's newest batches looked at to find them (a GET each), whatever became of them.
+SCANNED_BATCHES = 64
 
 
 def earlier_runs(store: Store, owner: str, batch_id: str, limit: int = REUSE_BATCHES) -> list[str]:
     """The runs of `owner`'s newest finished batches before `batch_id` with a usable answer index.
 
-    The owner's index lists its batches newest first (ServeLayout.owned); a batch still running, one
-    that failed validation (no run) or one whose index is missing or of another key version is
-    passed over, so reuse never fails a batch.
+    The owner's index lists its batches newest first (ServeLayout.owned): the newest SCANNED_BATCHES
+    are looked at. A batch still running, one that failed validation (no run) or one whose index is
+    missing, damaged or of another key version is passed over, so an earlier batch's state never
+    fails a new one.
     """
     runs: list[str] = []
-    for info in store.list(LAYOUT.owned_prefix(owner, "batches")):
+    for info in itertools.islice(store.list(LAYOUT.owned_prefix(owner, "batches")), SCANNED_BATCHES):
         earlier = LAYOUT.id_of(info.key)
         batch = read_batch(store, LAYOUT, earlier) if earlier != batch_id else None
         if batch is None or batch.owner != owner or not batch.final:
@@ -59,9 +64,3 @@ def reused_custom_ids(store: Store, layout: RunLayout) -> set[str]:
     except NotFound:
         return set()  # collect, which ran first, says what is missing
     return {str(orjson.loads(line)) for line in data.splitlines() if line}
-
-
-def reused_rows(store: Store, layout: RunLayout) -> int:
-    """Rows prepare answered from earlier batches: completed requests that no chunk holds."""
-    found = read_record(store, layout.reuse_record, ReuseRecord)
-    return found[0].rows if found is not None else 0
