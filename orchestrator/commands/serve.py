@@ -44,6 +44,11 @@ from orchestrator.commands.shared import backend_option
     help="a name clients reach the server by, besides localhost and --host: orch.example.com, .example.com "
     "(and names under it), 10.0.0.5 (repeatable; with ORCH_SERVE_ALLOWED_HOSTS=N1,N2)",
 )
+@click.option(
+    "--reuse/--no-reuse",
+    default=None,
+    help="a batch reuses the answers of its own key's earlier batches, running only new rows (serve.reuse)",
+)
 def serve_command(
     spec_file: str | None,
     store: str | None,
@@ -54,6 +59,7 @@ def serve_command(
     aliases: tuple[str, ...],
     api_keys_file: str | None,
     allowed_hosts: tuple[str, ...],
+    reuse: bool | None,
 ) -> int:
     """Serve OpenAI's Batch API: code written for OpenAI's Files and Batches endpoints runs
     unchanged against this server, changing only base_url (and the key).
@@ -67,7 +73,7 @@ def serve_command(
     from orchestrator.serve.app import serve
     from orchestrator.serve.settings import EVERY_INTERFACE, load_settings
 
-    flags = {k: v for k, v in {"store": store, "backend": backend}.items() if v is not None}
+    flags = {k: v for k, v in {"store": store, "backend": backend, "serve.reuse": reuse}.items() if v is not None}
     spec = load_spec(spec_file, flags)
     # Read once, then out of the environment: the workers started from here never inherit the keys.
     api_keys = os.environ.pop("ORCH_API_KEYS", None)
@@ -79,7 +85,8 @@ def serve_command(
     keys = f"{len(settings.keys.owners)} API key(s)" if not settings.keys.open else "no API keys (open, loopback only)"
     click.echo(
         f"orch serve: {', '.join(sorted(settings.models))} on the {spec.backend} backend, store {spec.store}, {keys}; "
-        f"answers to Host {settings.allowed_hosts.describe()}",
+        f"answers to Host {settings.allowed_hosts.describe()}"
+        + ("; batches reuse their own key's earlier answers" if spec.serve.reuse else ""),
         err=True,
     )
     if not settings.allowed_hosts.names and host in EVERY_INTERFACE:

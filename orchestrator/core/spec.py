@@ -337,6 +337,11 @@ class ServeSpec(StrictModel):
         description="a batch may name several served models: each line is answered by the model it names, each "
         "model with its own workers (docs/models.md); off: a second model is model_mismatch, as OpenAI answers",
     )
+    reuse: bool = Field(
+        False,
+        description="a batch reuses the answers of its own API key's earlier batches (never another key's) "
+        "and runs only the other rows (docs/runs-that-grow.md); reuse.sampled applies",
+    )
 
     @field_validator("models", mode="before")
     @classmethod

@@ -43,6 +43,7 @@ from orchestrator.core.records import (
 from orchestrator.core.spec import ModelSpec, RunSpec
 from orchestrator.serve.batch_states import LAYOUT, Outcome, ending_state, transition
 from orchestrator.serve.files import save_file
+from orchestrator.serve.reuse import earlier_runs, reused_custom_ids
 from orchestrator.serve.settings import ServeSettings
 from orchestrator.serve.validate import Validation, too_large, validate_input
 
@@ -89,11 +90,14 @@ class BatchSteps:
         else:
             self._progress(batch)
 
-    def run_context(self, batch_id: str, served: dict[str, ModelSpec] | None = None) -> RunContext | None:
+    def run_context(
+        self, batch_id: str, served: dict[str, ModelSpec] | None = None, owner: str | None = None
+    ) -> RunContext | None:
         """The batch's run: from the spec frozen into it, or (given the models its lines name) a new
         run's spec frozen now from the server's own (backend, workers, sampling...), the model, and
         openai-batch input. Several models (serve.several_models) make a run of several models:
-        each a pool of its own, under the name the lines give (core/pools.py)."""
+        each a pool of its own, under the name the lines give (core/pools.py). With serve.reuse, the
+        new run reuses the answers of `owner`'s earlier batches (serve/reuse.py)."""
         layout = RunLayout(batch_id)
         stored = read_stored_spec(self.store, layout)
         if stored is not None:
@@ -101,8 +105,15 @@ class BatchSteps:
             return RunContext(spec, self.store, layout)
         if served is None:
             return None
-        # No reuse: a server's batches belong to many API keys, and answers never cross them.
+        # The spec's reuse.from is dropped: a server's batches belong to many API keys, and answers
+        # never cross them; only the owner's own batches are reused from (serve.reuse).
         data = self.settings.spec.model_dump(mode="json", exclude={"serve", "reuse"})
+        # Reuse with several models is not supported by prepare yet: such a batch runs every row.
+        if owner is not None and self.settings.spec.serve.reuse and len(served) == 1:
+            data["reuse"] = {
+                "from": earlier_runs(self.store, owner, batch_id),
+                "sampled": self.settings.spec.reuse.sampled,
+            }
         first = next(iter(served.values()))
         if len(served) > 1:
             data["models"] = {name: model.model_dump(mode="json") for name, model in served.items()}
@@ -184,7 +195,7 @@ class BatchSteps:
 
     def _start_run(self, batch: BatchDocument, served: dict[str, ModelSpec], path: Path) -> int:
         """Prepare (once), plan and launch the batch's run; returns the workers launched now."""
-        ctx = self.run_context(batch.id, served)
+        ctx = self.run_context(batch.id, served, batch.owner)
         assert ctx is not None  # made from the served model when new
         # As OpenAI's Batch API does, a request with a bad parameter is that row's error, not the batch's.
         return len(start_run(ctx, [str(path)], check=False, at_most_one_worker_per_chunk=True).launched)
@@ -215,12 +226,14 @@ class BatchSteps:
                 self._update(batch.id, lambda doc: _set(doc, request_counts=counts, usage=usage))
 
     def _live_counts(self, ctx: RunContext, total: int) -> tuple[BatchCounts, BatchTokens]:
-        """Counts from the finished chunks' stats (listings only) and the rows set aside at prepare."""
+        """Counts from the finished chunks' stats (listings only), the rows set aside and those reused at prepare."""
         stats = [s for _, s in read_chunk_stats(self.store, ctx.layout).values()]
         prepared = read_record(self.store, ctx.layout.prepare_record, PrepareRecord)
-        set_aside = prepared[0].errors if prepared is not None else 0
+        set_aside, reused = (prepared[0].errors, prepared[0].reused) if prepared is not None else (0, 0)
         errors = sum(s.errors for s in stats)
-        counts = BatchCounts(total=total, completed=sum(s.rows for s in stats) - errors, failed=errors + set_aside)
+        # Rows answered from earlier batches (serve.reuse) are completed requests that no chunk holds.
+        completed = sum(s.rows for s in stats) - errors + reused
+        counts = BatchCounts(total=total, completed=completed, failed=errors + set_aside)
         usage = BatchTokens(
             input_tokens=sum(s.tokens_in for s in stats),
             output_tokens=sum(s.tokens_out for s in stats),
@@ -251,6 +264,7 @@ class BatchSteps:
             merged, retry = Path(tmp) / "merged.jsonl", Path(tmp) / "retry.jsonl"
             good, bad = Path(tmp) / "output.jsonl", Path(tmp) / "errors.jsonl"
             tokens = collect(self.store, ctx.layout, merged, retry_out=retry).tokens
+            reused = reused_custom_ids(self.store, ctx.layout)
             answered: set[str] = set()
             with open(merged, "rb") as lines, open(good, "wb") as good_out, open(bad, "wb") as bad_out:
                 for raw in lines:
@@ -264,7 +278,7 @@ class BatchSteps:
                         bad_out.write(line.to_json() + b"\n")
                     else:
                         counts.completed += 1
-                        good_out.write(line.to_json() + b"\n")
+                        good_out.write(_output_line(line, line.custom_id in reused) + b"\n")
                 if outcome in UNANSWERED:
                     counts.failed += _unanswered(batch.id, outcome, retry, answered, bad_out)
             return {
@@ -395,6 +409,13 @@ def _unanswered(batch_id: str, outcome: str, retry: Path, answered: set[str], ou
             out.write(line.to_json() + b"\n")
             count += 1
     return count
+
+
+def _output_line(line: BatchOutputLine, reused: bool) -> bytes:
+    """A line of the output file; one answered by an earlier batch says so (`"reused": true`)."""
+    # The field goes last, spliced in, so the rest of the line is byte for byte what it would be.
+    raw = line.to_json()
+    return raw[:-1] + b',"reused":true}' if reused else raw
 
 
 def _set(doc: BatchDocument, **fields: Any) -> BatchDocument:
