@@ -115,9 +115,13 @@ def test_serve_reuse_runs_only_a_grown_batchs_new_rows_and_never_crosses_keys(tm
         assert batch.request_counts is not None
         assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (8, 8, 0)
         for i in range(6):
-            # The earlier line, byte for byte, under this batch's custom_id, with the mark last.
+            # The earlier line, byte for byte, under this batch's custom_id and an id of its own, the mark last.
             expected = old[i].replace(f'"custom_id":"a{i}"', f'"custom_id":"b{i}"')[:-1] + ',"reused":true}'
-            assert new[i] == expected
+            earlier_id, own_id = json.loads(old[i])["id"], json.loads(new[i])["id"]
+            assert new[i] == expected.replace(f'"id":"{earlier_id}"', f'"id":"{own_id}"')
+        assert len({json.loads(line)["id"] for line in new}) == 8 and all(
+            batch.id in json.loads(x)["id"] for x in new[:6]
+        )
         assert [json.loads(line).get("reused") for line in new[6:]] == [None, None]
         # The batch's usage is the engine's work: the two new rows' tokens only.
         ran = [json.loads(line)["response"]["body"]["usage"] for line in new[6:]]

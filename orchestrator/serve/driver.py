@@ -278,7 +278,10 @@ class BatchSteps:
                         bad_out.write(line.to_json() + b"\n")
                     else:
                         counts.completed += 1
-                        good_out.write(_output_line(line, line.custom_id in reused) + b"\n")
+                        reuse_id = (
+                            f"batch_req_{batch.id}-reused-{counts.completed}" if line.custom_id in reused else None
+                        )
+                        good_out.write(_output_line(line, reuse_id) + b"\n")
                 if outcome in UNANSWERED:
                     counts.failed += _unanswered(batch.id, outcome, retry, answered, bad_out)
             return {
@@ -411,11 +414,13 @@ def _unanswered(batch_id: str, outcome: str, retry: Path, answered: set[str], ou
     return count
 
 
-def _output_line(line: BatchOutputLine, reused: bool) -> bytes:
-    """A line of the output file; one answered by an earlier batch says so (`"reused": true`)."""
-    # The field goes last, spliced in, so the rest of the line is byte for byte what it would be.
-    raw = line.to_json()
-    return raw[:-1] + b',"reused":true}' if reused else raw
+def _output_line(line: BatchOutputLine, reuse_id: str | None) -> bytes:
+    """A line of the output file; one answered by an earlier batch says so (`"reused": true`) under
+    an `id` of this batch (the earlier one's could equal the id of a line this batch ran)."""
+    if reuse_id is None:
+        return line.to_json()
+    # The field goes last, spliced in, so the rest of the line is byte for byte the earlier one's.
+    return line.model_copy(update={"id": reuse_id}).to_json()[:-1] + b',"reused":true}'
 
 
 def _set(doc: BatchDocument, **fields: Any) -> BatchDocument:
