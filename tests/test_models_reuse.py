@@ -1,0 +1,158 @@
+"""Answer reuse (`--reuse-from`) in runs of several models and in sweeps: a key per row x model or arm."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import read_manifest
+from orchestrator.core.store import open_store
+from tests.support.runs import Answer, answer_chunk
+from tests.test_models import MODELS, batch_lines
+from tests.test_reuse import collect, questions, reused_rows
+
+TWO_MODELS = ["--model", f"tiny={MODELS / 'tiny-llama'}", "--model", f"think={MODELS / 'tiny-think'}"]
+BATCH = ["--format", "openai-batch"]
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "orch.yaml").write_text("sampling:\n  max_tokens: 16\n  temperature: 0\n")
+    return tmp_path
+
+
+def prepare(store: str, run: str, data: Path, *args: str) -> None:
+    flags = ["--run", run, "--store", store, "--rows-per-chunk", "5"]
+    assert main(["prepare", str(data), *flags, *args]) == 0
+
+
+def finish(store: str, run: str) -> dict[str | None, list[str]]:
+    """Every chunk answered through the worker protocol's own objects, each answer naming its
+    model and request; returns the custom_ids each model pool was asked (what reached its engine)."""
+    s, layout = open_store(store), RunLayout(run)
+    asked: dict[str | None, list[str]] = {}
+    for entry in read_manifest(s, layout):
+        requests = [json.loads(line) for line in s.get(layout.chunk(entry.chunk)).data.splitlines()]
+        answers = []
+        for i, r in enumerate(requests):
+            said = " / ".join(m["content"] for m in r["body"]["messages"])
+            answers.append(Answer(i, r["custom_id"], f"{entry.model} to {said} ({r['body'].get('max_tokens')})"))
+            asked.setdefault(entry.model, []).append(r["custom_id"])
+        answer_chunk(s, layout, entry.chunk, [answers])
+    return {model: sorted(ids, key=_order) for model, ids in asked.items()}
+
+
+def _order(custom_id: str) -> tuple[int, str]:
+    row, _, arm = custom_id.partition("#")
+    return int(row[1:]), arm
+
+
+def status_rows(store: str, run: str, capsys) -> dict[str, int]:
+    capsys.readouterr()
+    assert main(["status", "--run", run, "--store", store, "--json"]) == 0
+    rows: dict[str, int] = json.loads(capsys.readouterr().out)["rows"]
+    return {k: rows[k] for k in ("total", "reused", "errors")}
+
+
+def test_models_reuse_grown_two_model_input_runs_only_the_new_rows_of_each_model(workdir, capsys):
+    """Two models, lines naming each in turn: 40 rows answered, then the same lines and 4 new ones
+    prepared with --reuse-from. Only the new rows reach each model's chunks; every old answer comes
+    back byte for byte, every row once, in input order."""
+    store = str(workdir / "store")
+    prepare(store, "first", batch_lines(workdir / "q.jsonl", ["tiny", "think"], rows=40), *TWO_MODELS, *BATCH)
+    finish(store, "first")
+    first = collect(store, "first", workdir / "first.jsonl", capsys)
+    assert first["complete"] and first["rows_written"] == 40
+
+    prepare(store, "second", batch_lines(workdir / "grown.jsonl", ["tiny", "think"], rows=44), *TWO_MODELS, *BATCH,
+            "--reuse-from", "first")  # fmt: skip
+    assert reused_rows(store, "second") == 40
+    assert status_rows(store, "second", capsys) == {"total": 4, "reused": 40, "errors": 0}
+    assert finish(store, "second") == {"tiny": ["r40", "r42"], "think": ["r41", "r43"]}
+    second = collect(store, "second", workdir / "second.jsonl", capsys)
+    assert second["complete"] and second["rows_total"] == 44 and second["reused"] == 40 and second["rows_run"] == 4
+    assert second["missing"] == 0 and second["duplicates"] == 0
+    old = (workdir / "first.jsonl").read_bytes().splitlines()
+    new = (workdir / "second.jsonl").read_bytes().splitlines()
+    assert new[:40] == old
+    assert [json.loads(line)["custom_id"] for line in new] == [f"r{i}" for i in range(44)]
+    assert "think to Question 43?" in new[43].decode()
+
+    # Its index holds both runs' answers: a third run of the same lines reuses every one.
+    prepare(store, "third", workdir / "grown.jsonl", *TWO_MODELS, *BATCH, "--reuse-from", "second")
+    assert reused_rows(store, "third") == 44 and read_manifest(open_store(store), RunLayout("third")) == []
+    third = collect(store, "third", workdir / "third.jsonl", capsys)
+    assert third["complete"] and (workdir / "third.jsonl").read_bytes() == (workdir / "second.jsonl").read_bytes()
+
+
+SWEEP = """
+sampling: {max_tokens: 16, temperature: 0}
+sweep:
+  arms:
+    plain: {}
+    terse: {system_prompt: "Answer in one word.", sampling: {max_tokens: 3}}
+"""
+
+
+def test_models_reuse_grown_sweep_runs_only_the_new_rows_of_each_arm(workdir, capsys):
+    """One model x two prompt arms over 20 rows, then 22: each arm of each old row is reused (its
+    own key: the arm's system prompt and max_tokens are in its request), the new rows run per arm."""
+    (workdir / "orch.yaml").write_text(SWEEP)
+    store, text = str(workdir / "store"), ["--format", "text", "--text-column", "question", "--id-column", "id"]
+    model = ["--model", str(MODELS / "tiny-llama")]
+    prepare(store, "first", questions(workdir / "q.jsonl", 20), *model, *text)
+    finish(store, "first")
+    first = collect(store, "first", workdir / "first.jsonl", capsys)
+    assert first["complete"] and first["rows_written"] == 40
+
+    prepare(store, "second", questions(workdir / "grown.jsonl", 22), *model, *text, "--reuse-from", "first")
+    assert reused_rows(store, "second") == 40
+    assert finish(store, "second") == {None: ["q20#plain", "q20#terse", "q21#plain", "q21#terse"]}
+    second = collect(store, "second", workdir / "second.jsonl", capsys)
+    assert second["complete"] and second["rows_total"] == 44 and second["reused"] == 40 and second["rows_run"] == 4
+    old = (workdir / "first.jsonl").read_bytes().splitlines()
+    new = (workdir / "second.jsonl").read_bytes().splitlines()
+    assert new[:40] == old
+    assert [json.loads(line)["custom_id"] for line in new] == [
+        f"q{i}#{a}" for i in range(22) for a in ("plain", "terse")
+    ]
+    assert "Answer in one word. / Question 21? (3)" in new[43].decode()
+
+    # Another system prompt for one arm: that arm's rows run again, the other arm's are reused.
+    (workdir / "orch.yaml").write_text(SWEEP.replace("Answer in one word.", "Be brief."))
+    prepare(store, "third", workdir / "grown.jsonl", *model, *text, "--reuse-from", "second")
+    assert reused_rows(store, "third") == 22
+    assert finish(store, "third") == {None: [f"q{i}#terse" for i in range(22)]}
+
+
+def test_models_reuse_a_changed_second_model_runs_its_rows_again_only(workdir, tmp_path, capsys):
+    """The second model's weights change (same name, same kind of directory): its rows run again,
+    the first model's are reused; nothing is reused across the two models."""
+    store = str(workdir / "store")
+    data = batch_lines(workdir / "q.jsonl", ["tiny", "think"], rows=20)
+    prepare(store, "first", data, *TWO_MODELS, *BATCH)
+    finish(store, "first")
+    collect(store, "first", workdir / "first.jsonl", capsys)
+
+    retrained = tmp_path / "think-retrained"
+    shutil.copytree(MODELS / "tiny-think", retrained)
+    weights = retrained / "model.safetensors"
+    data_bytes = bytearray(weights.read_bytes())
+    data_bytes[-1] ^= 0xFF  # one weight differs
+    weights.write_bytes(bytes(data_bytes))
+    models = ["--model", f"tiny={MODELS / 'tiny-llama'}", "--model", f"think={retrained}"]
+    prepare(store, "second", data, *models, *BATCH, "--reuse-from", "first")
+    assert reused_rows(store, "second") == 10
+    assert finish(store, "second") == {"think": [f"r{i}" for i in range(1, 20, 2)]}
+    second = collect(store, "second", workdir / "second.jsonl", capsys)
+    assert second["complete"] and second["reused"] == 10 and second["rows_run"] == 10
+    old = (workdir / "first.jsonl").read_bytes().splitlines()
+    new = (workdir / "second.jsonl").read_bytes().splitlines()
+    assert new[0::2] == old[0::2]  # the first model's answers, reused
+    assert [json.loads(line)["custom_id"] for line in new] == [f"r{i}" for i in range(20)]
