@@ -102,14 +102,25 @@ sweep:
 
 def test_models_reuse_grown_sweep_runs_only_the_new_rows_of_each_arm(workdir, capsys):
     """One model x two prompt arms over 20 rows, then 22: each arm of each old row is reused (its
-    own key: the arm's system prompt and max_tokens are in its request), the new rows run per arm."""
-    (workdir / "orch.yaml").write_text(SWEEP)
+    own key: the arm's system prompt and max_tokens are in its request), the new rows run per arm.
+    The arm that changes nothing asks what a run of the model alone asked: it reuses that run's."""
     store, text = str(workdir / "store"), ["--format", "text", "--text-column", "question", "--id-column", "id"]
     model = ["--model", str(MODELS / "tiny-llama")]
-    prepare(store, "first", questions(workdir / "q.jsonl", 20), *model, *text)
-    finish(store, "first")
+    prepare(store, "single", questions(workdir / "q.jsonl", 20), *model, *text)
+    finish(store, "single")
+    single = collect(store, "single", workdir / "single.jsonl", capsys)
+
+    (workdir / "orch.yaml").write_text(SWEEP)
+    prepare(store, "first", workdir / "q.jsonl", *model, *text, "--reuse-from", "single")
+    assert reused_rows(store, "first") == 20
+    assert finish(store, "first") == {None: [f"q{i}#terse" for i in range(20)]}
     first = collect(store, "first", workdir / "first.jsonl", capsys)
-    assert first["complete"] and first["rows_written"] == 40
+    assert first["complete"] and first["rows_written"] == 40 and first["reused"] == single["rows_written"]
+    plain = [json.loads(line) for line in (workdir / "first.jsonl").read_bytes().splitlines()[0::2]]
+    alone = [json.loads(line) for line in (workdir / "single.jsonl").read_bytes().splitlines()]
+    assert [(x["custom_id"], x["response"]) for x in plain] == [
+        (f"{x['custom_id']}#plain", x["response"]) for x in alone
+    ]
 
     prepare(store, "second", questions(workdir / "grown.jsonl", 22), *model, *text, "--reuse-from", "first")
     assert reused_rows(store, "second") == 40
@@ -156,3 +167,35 @@ def test_models_reuse_a_changed_second_model_runs_its_rows_again_only(workdir, t
     new = (workdir / "second.jsonl").read_bytes().splitlines()
     assert new[0::2] == old[0::2]  # the first model's answers, reused
     assert [json.loads(line)["custom_id"] for line in new] == [f"r{i}" for i in range(20)]
+
+
+@pytest.mark.slow
+def test_models_reuse_orch_run_of_a_sweep_gives_the_engine_only_the_new_rows(workdir, capsys):
+    """The whole path with a real worker and engine: a sweep of the tiny model x two prompt arms over
+    6 rows, then over 7 with --reuse-from. The second run's done markers hold the new row's two arms
+    alone, and its output starts with the first run's, byte for byte."""
+    from orchestrator.core.records import DoneMarker, parse_record
+
+    (workdir / "orch.yaml").write_text(
+        SWEEP + "workers:\n  count: 1\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n"
+    )
+    flags = ["--model", str(MODELS / "tiny-llama"), "--format", "text", "--text-column", "question"]
+    flags += ["--id-column", "id", "--rows-per-chunk", "4", "--interval", "1"]
+    first, grown = questions(workdir / "q.jsonl", 6), questions(workdir / "grown.jsonl", 7)
+    assert main(["run", str(first), "--run", "one", *flags, "--out", str(workdir / "one.jsonl")]) == 0
+    capsys.readouterr()
+    args = ["run", str(grown), "--run", "two", *flags, "--reuse-from", "one", "--out", str(workdir / "two.jsonl")]
+    assert main(args) == 0
+    assert "reused 12 row(s) from earlier runs, ran 2, 14 in all" in capsys.readouterr().out
+    store, layout = open_store(str(workdir / ".orch")), RunLayout("two")
+    markers = [
+        parse_record(DoneMarker, store.get(layout.done(e.chunk)).data, layout.done(e.chunk))
+        for e in read_manifest(store, layout)
+    ]
+    assert sum(m.rows for m in markers) == 2
+    old = (workdir / "one.jsonl").read_bytes().splitlines()
+    new = (workdir / "two.jsonl").read_bytes().splitlines()
+    assert new[:12] == old
+    assert [json.loads(line)["custom_id"] for line in new] == [
+        f"q{i}#{a}" for i in range(7) for a in ("plain", "terse")
+    ]
