@@ -78,6 +78,10 @@ def test_models_reuse_grown_two_model_input_runs_only_the_new_rows_of_each_model
     second = collect(store, "second", workdir / "second.jsonl", capsys)
     assert second["complete"] and second["rows_total"] == 44 and second["reused"] == 40 and second["rows_run"] == 4
     assert second["missing"] == 0 and second["duplicates"] == 0
+    capsys.readouterr()
+    assert main(["status", "--run", "second", "--store", store, "--json"]) == 0
+    models = json.loads(capsys.readouterr().out)["models"]
+    assert {name: m["rows"]["total"] for name, m in models.items()} == {"tiny": 2, "think": 2}  # run, not reused
     old = (workdir / "first.jsonl").read_bytes().splitlines()
     new = (workdir / "second.jsonl").read_bytes().splitlines()
     assert new[:40] == old
