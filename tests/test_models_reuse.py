@@ -173,6 +173,45 @@ def test_models_reuse_a_changed_second_model_runs_its_rows_again_only(workdir, t
     assert [json.loads(line)["custom_id"] for line in new] == [f"r{i}" for i in range(20)]
 
 
+def test_models_reuse_rows_set_aside_keep_their_places_among_reused_and_run_rows(workdir):
+    """Rows set aside at prepare (a model no entry serves; a line that is not JSON, once per arm)
+    are answered in their input places between the reused rows and the rows run."""
+
+    def lines(run: str) -> list[dict[str, object]]:
+        out = workdir / f"{run}.jsonl"
+        assert main(["collect", "--run", run, "--store", store, "--out", str(out), "--max-error-rate", "1"]) == 0
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    store = str(workdir / "store")
+    three = ["tiny", "think", "nope"]
+    prepare(store, "a", batch_lines(workdir / "a.jsonl", three, rows=9), *TWO_MODELS, *BATCH)
+    finish(store, "a")
+    a = lines("a")
+    prepare(store, "b", batch_lines(workdir / "b.jsonl", three, rows=12), *TWO_MODELS, *BATCH, "--reuse-from", "a")
+    assert finish(store, "b") == {"tiny": ["r9"], "think": ["r10"]}
+    b = lines("b")
+    assert [x["custom_id"] for x in b] == [f"r{i}" for i in range(12)]
+    assert [x["error"] is not None for x in b] == [i % 3 == 2 for i in range(12)]
+    assert [x for x in b[:9] if x["error"] is None] == [x for x in a if x["error"] is None]
+
+    (workdir / "orch.yaml").write_text(SWEEP)
+    text = ["--format", "text", "--text-column", "question", "--id-column", "id", "--model", str(MODELS / "tiny-llama")]
+    data = questions(workdir / "q.jsonl", 4)
+    data.write_text(data.read_text() + "not json\n")
+    prepare(store, "s1", data, *text)
+    finish(store, "s1")
+    s1 = lines("s1")
+    data.write_text(data.read_text() + json.dumps({"id": "q9", "question": "New?"}) + "\n")
+    prepare(store, "s2", data, *text, "--reuse-from", "s1")
+    assert finish(store, "s2") == {None: ["q9#plain", "q9#terse"]}
+    s2 = lines("s2")
+    arms = ("plain", "terse")
+    assert [x["custom_id"] for x in s2] == [
+        f"{row}#{a}" for row in ["q0", "q1", "q2", "q3", "line-5", "q9"] for a in arms
+    ]
+    assert s2[:8] == s1[:8] and [x["error"] is not None for x in s2] == [False] * 8 + [True] * 2 + [False] * 2
+
+
 @pytest.mark.slow
 def test_models_reuse_orch_run_of_a_sweep_gives_the_engine_only_the_new_rows(workdir, capsys):
     """The whole path with a real worker and engine: a sweep of the tiny model x two prompt arms over

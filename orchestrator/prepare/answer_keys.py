@@ -167,10 +167,6 @@ class PoolKeys:
         """Each pool's context digest (hex), as the prepare record keeps them for collect."""
         return {name: keys.digest.hex() for name, keys in self.pools.items()} if self.usable else {}
 
-    @property
-    def samples_by_default(self) -> bool:
-        return any(keys.samples_by_default for keys in self.pools.values())
-
     def of_request(self, request: Request) -> bytes:
         return self.pools[request.pool or ""].of_line(request.line)
 
