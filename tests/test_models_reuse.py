@@ -242,3 +242,29 @@ def test_models_reuse_orch_run_of_a_sweep_gives_the_engine_only_the_new_rows(wor
     assert [json.loads(line)["custom_id"] for line in new] == [
         f"q{i}#{a}" for i in range(7) for a in ("plain", "terse")
     ]
+
+
+def test_models_reuse_a_grown_table_read_against_a_sweep_is_read_whole_and_reuses_its_unchanged_arm(
+    tmp_path, workdir, capsys
+):
+    """A Delta table swept (two arms), then grown and prepared for one model with --reuse-from the
+    sweep: the sweep's chunks are not its rows in order, so the table is read whole (never keyed
+    incrementally against them); the arm that changed nothing answers the old rows."""
+    from tests.test_tables import Tables, answer_all, chunk_lines, rows
+    from tests.test_tables import prepare as prepare_table
+
+    tables = Tables(tmp_path)
+    tables.write("delta", rows(0, 5))
+    store = str(workdir / "store")
+    (workdir / "orch.yaml").write_text(SWEEP)
+    assert prepare_table(store, "sw", tables.uri("delta")) == 0
+    answer_all(store, "sw")
+    assert main(["collect", "--run", "sw", "--store", store, "--out", str(workdir / "sw.jsonl")]) == 0
+    tables.write("delta", rows(5, 2))
+    (workdir / "orch.yaml").write_text("sampling: {max_tokens: 16, temperature: 0}\n")
+    capsys.readouterr()
+    assert prepare_table(store, "one", tables.uri("delta"), "--reuse-from", "sw") == 0
+    said = capsys.readouterr().err
+    assert "the whole table is read and keyed again (run sw is of several models or a sweep)" in said
+    assert "5 of 7 rows answered by sw" in said
+    assert [line["custom_id"] for line in chunk_lines(store, "one")] == ["r5", "r6"]
