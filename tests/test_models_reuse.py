@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.cli import main
@@ -125,6 +126,10 @@ def test_models_reuse_grown_sweep_runs_only_the_new_rows_of_each_arm(workdir, ca
     assert [(x["custom_id"], x["response"]) for x in plain] == [
         (f"{x['custom_id']}#plain", x["response"]) for x in alone
     ]
+    assert main(["collect", "--run", "first", "--store", store, "--out", str(workdir / "first.parquet")]) == 0
+    table = pq.read_table(workdir / "first.parquet").to_pydict()
+    assert table["reused_plain"] == [True] * 20 and table["reused_terse"] == [False] * 20  # each arm's own mark
+    assert table["text_plain"] == [x["response"]["body"]["choices"][0]["message"]["content"] for x in alone]
 
     prepare(store, "second", questions(workdir / "grown.jsonl", 22), *model, *text, "--reuse-from", "first")
     assert reused_rows(store, "second") == 40
