@@ -210,7 +210,8 @@ def collect(
         else:
             set_aside = _SetAside(store, layout, writer, retry, report)
             for number, entry in enumerate(entries):
-                index.add_chunk(number, _collect_chunk(store, layout, entry, writer, retry, report, set_aside))
+                answered = _collect_chunk(store, layout, entry, writer, retry, report, set_aside)
+                index.add_chunk(number, answered, entry.model)
             set_aside.rest()
         report.retry_rows = retry.count
         if not (partial or report.complete):
@@ -245,7 +246,7 @@ def _collect_in_input_order(
         positions = InputPositions(store, layout, report.rows_total + set_aside.count + reused)
         for number, entry in enumerate(entries):
             answered = _collect_chunk(store, layout, entry, ordered, retry, report, set_aside, positions)
-            index.add_chunk(number, answered)
+            index.add_chunk(number, answered, entry.model)
             ordered.end_run()
         if reuse is not None:
             reuse.place(ordered, positions, report)

@@ -165,17 +165,23 @@ class AnswerIndexBuilder:
         self.store, self.layout, self.reused = store, layout, reused
         self.parts: list[npt.NDArray[Any]] = []
         found = read_record(store, layout.prepare_record, PrepareRecord)
-        digest = found[0].key_digest if found is not None else None
-        self.keys = LineKeys(bytes.fromhex(digest)) if digest else None
+        record = found[0] if found is not None else None
+        # Each model pool's keys (several models, a sweep), or the run's one model's under "".
+        digests = dict(record.key_digests) if record is not None else {}
+        if record is not None and record.key_digest:
+            digests[""] = record.key_digest
+        self.keys = {pool: LineKeys(bytes.fromhex(digest)) for pool, digest in digests.items()}
         self.runs = [layout.run]
 
-    def add_chunk(self, number: int, answered: list[tuple[int, bytes]]) -> None:
-        """Chunk `number` of the manifest: its rows answered without an error, with their request lines."""
+    def add_chunk(self, number: int, answered: list[tuple[int, bytes]], model: str | None = None) -> None:
+        """Chunk `number` of the manifest (of `model`'s pool): its rows answered without an error,
+        with their request lines."""
         import numpy as np
 
-        if self.keys is None or not answered:
+        keys_of_pool = self.keys.get(model or "")
+        if keys_of_pool is None or not answered:
             return
-        keys = keys_of(b"".join(self.keys.of_line(line) for _, line in answered))
+        keys = keys_of(b"".join(keys_of_pool.of_line(line) for _, line in answered))
         records = np.zeros(len(keys), dtype=record_dtype())
         records["hi"], records["lo"], records["chunk"] = keys["hi"], keys["lo"], number
         records["row"] = [row for row, _ in answered]
@@ -184,7 +190,7 @@ class AnswerIndexBuilder:
     def write(self, chunks_done: int) -> None:
         import numpy as np
 
-        if self.keys is None:
+        if not self.keys:
             return  # prepared by an orch that kept no key digest
         if self.reused is not None:
             rows = self.reused.rows
@@ -195,4 +201,11 @@ class AnswerIndexBuilder:
             records["run"] = numbers[rows["run"]]
             self.parts.append(records)
         merged = np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=record_dtype())
-        write_index(self.store, self.layout, merged, self.runs, self.keys.digest.hex()[:32], chunks_done)
+        write_index(self.store, self.layout, merged, self.runs, self._context(), chunks_done)
+
+    def _context(self) -> str:
+        """The index's context (for diagnosis): the key digest, or a digest of each pool's."""
+        if list(self.keys) == [""]:
+            return self.keys[""].digest.hex()[:32]
+        pools = sorted((pool, keys.digest.hex()) for pool, keys in self.keys.items())
+        return hashlib.blake2b(orjson.dumps(pools), digest_size=16).hexdigest()

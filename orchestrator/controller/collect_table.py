@@ -49,7 +49,7 @@ class TableSpec:
     engine_args: dict[str, Any]
     response_format: dict[str, Any] | None
     kept: KeptColumns | None = None
-    #: Prepared with --reuse-from: a `reused` column says which rows earlier runs answered.
+    #: Prepared with --reuse-from: a `reused` column says which rows earlier runs answered (a sweep's: per arm).
     reuse: bool = False
     #: A sweep's arms, in order: each answer column once per arm, `<column>_<arm>`, one row per input row.
     arms: tuple[str, ...] = ()
@@ -294,20 +294,19 @@ class TableWriter:
         answer = [("embeddings", "embeddings") if spec.pooling else ("text", "string")]
         if self.fields is not None:
             answer += [*self.fields.columns(), ("parse_error", "string")]
-        answer += list(_TAIL.items())
-        if spec.arms:  # a sweep: a row's arms side by side
+        answer += list(_TAIL.items()) + ([("reused", "bool")] if spec.reuse else [])
+        if spec.arms:  # a sweep: a row's arms side by side, each arm reused or run on its own
             answer = [(f"{name}_{arm}", kind) for arm in spec.arms for name, kind in answer]
-        self.columns = columns + answer + ([("reused", "bool")] if spec.reuse else [])
+        self.columns = columns + answer
         self.rows: list[list[Any]] = []
         self.parquet: Any = None
         #: A sweep: the row whose arms are being gathered (its id, position, each arm's values).
         self.gathering: tuple[str, int | None, dict[str, list[Any]]] | None = None
-        self.reused_row = False  # a sweep: whether an arm of the row being gathered was reused
 
     def add(self, line: BatchOutputLine, position: int | None = None, *, reused: bool = False) -> None:
-        flag = [reused] if self.spec.reuse else []
+        answer = [*self._answer(line), *([reused] if self.spec.reuse else [])]
         if not self.spec.arms:
-            self._write([line.custom_id, *(self.kept.at(position) if self.kept else []), *self._answer(line), *flag])
+            self._write([line.custom_id, *(self.kept.at(position) if self.kept else []), *answer])
             return
         # Arms come one after the other (positions row x arms + arm): gather a row's, then write it.
         row_id, _, arm = (line.custom_id or "").rpartition("#")
@@ -316,23 +315,18 @@ class TableWriter:
             self._write_gathered()
         if self.gathering is None:
             self.gathering = (row_id, row_position, {})
-        self.gathering[2][arm] = self._answer(line)
-        self.reused_row = self.reused_row or reused
+        self.gathering[2][arm] = answer
 
     def _write_gathered(self) -> None:
         if self.gathering is None:
             return
         row_id, position, arms = self.gathering
         self.gathering = None
-        flag = [self.reused_row] if self.spec.reuse else []
-        self.reused_row = False
-        width = (len(self.columns) - 1 - (len(self.kept.columns()) if self.kept else 0) - len(flag)) // len(
-            self.spec.arms
-        )
+        width = (len(self.columns) - 1 - (len(self.kept.columns()) if self.kept else 0)) // len(self.spec.arms)
         row = [row_id, *(self.kept.at(position) if self.kept else [])]
         for arm in self.spec.arms:
             row += arms.get(arm, [None] * width)  # an arm with no line (a partial collect): nulls
-        self._write([*row, *flag])
+        self._write(row)
 
     def _answer(self, line: BatchOutputLine) -> list[Any]:
         """The columns after the id and the kept ones: the answer, its fields, the tail."""

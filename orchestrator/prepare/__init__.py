@@ -23,7 +23,7 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError, SpecError
 from orchestrator.core.records import ManifestEntry, PrepareRecord, read_jsonl, read_record, write_jsonl
 from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, ChunkingSpec, RunSpec
-from orchestrator.prepare.answer_keys import AnswerKeys
+from orchestrator.prepare.answer_keys import AnswerKeys, PoolKeys
 from orchestrator.prepare.check import RequestCheck
 from orchestrator.prepare.conversion import Conversion, convert_rows, input_rows
 from orchestrator.prepare.formats import BadRow, Request, make_converter, needed_columns
@@ -135,20 +135,17 @@ def prepare_run(
             f"WARNING: the input has no rows ({', '.join(f.uri for f in files)}): nothing to run, the output is empty"
         )
     errors = ErrorWriter(strict, several_files=len(files) > 1)
-    keys = AnswerKeys(spec)
     pooled = bool(spec.models or spec.sweep.arms)
-    if pooled and spec.reuse.runs:
-        raise InputError(
-            "reuse.from (--reuse-from) with several models or a sweep is not supported yet",
-            hint="prepare without --reuse-from, or run one model per run to reuse its answers",
-        )
+    keys = PoolKeys(spec) if pooled else AnswerKeys(spec)
     sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix and not pooled else None
     writer: ChunkWriter | None = None
     requests = RequestCheck(spec) if check else None
     reuse = _plan_reuse(ctx, files, total, keys, strict, progress, requests) if spec.reuse.runs else None
     try:
         if pooled:
-            writer, rows_in = _pooled_chunks(ctx, files, total, errors, strict, progress, requests)
+            # Reusing, the first pass (_plan_reuse) checked the requests already.
+            checked = requests if reuse is None else None
+            writer, rows_in = _pooled_chunks(ctx, files, total, errors, strict, progress, checked, reuse)
         elif reuse is not None:
             writer, rows_in = _write_reusing(ctx, files, total, errors, strict, progress, reuse, sorter)
         elif sorter is None:
@@ -181,7 +178,11 @@ def prepare_run(
         if sorter is not None:
             sorter.discard()
         errors.discard()
-    reused = {"key_digest": keys.digest.hex() if keys.usable else None, "reused": reuse.count if reuse else 0}
+    reused: dict[str, Any] = {"reused": reuse.count if reuse else 0}
+    if isinstance(keys, PoolKeys):
+        reused["key_digests"] = keys.digests
+    else:
+        reused["key_digest"] = keys.digest.hex() if keys.usable else None
     record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in, reused)
     return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
 
@@ -222,15 +223,19 @@ def _plan_reuse(
     ctx: RunContext,
     files: list[SourceFile],
     total: int,
-    keys: AnswerKeys,
+    keys: AnswerKeys | PoolKeys,
     strict: bool,
     progress: Progress,
     requests: RequestCheck | None,
 ) -> ReusePlan:
     """reuse.py steps 1-2: every good row's key, looked up in the runs `reuse.from` names. This
-    first pass also checks the requests (`requests`), so a refused one stops before any lookup."""
-    grown = _grown(ctx, files, keys, progress)
-    collected = KeyCollector(keys, total)
+    first pass also checks the requests (`requests`), so a refused one stops before any lookup.
+    A sweep keys a request per row and arm, at its place in the space of position x arm."""
+    arms = len(ctx.spec.sweep.arms)
+    slots = total * max(arms, 1)
+    # Only a one-model run's chunks hold its input rows in order: a grown table is read whole otherwise.
+    grown = _grown(ctx, files, keys, progress) if isinstance(keys, AnswerKeys) else None
+    collected = KeyCollector(keys, slots)
     errors = ErrorWriter(strict, several_files=len(files) > 1)  # the second pass reports bad rows
     try:
         if grown is None:
@@ -244,12 +249,13 @@ def _plan_reuse(
             convert_rows(appended, ctx.spec.input, total - grown.rows, lambda _row: None, rows_in, progress)
             progress(f"keyed {total - grown.rows:,} appended rows; {grown.rows:,} older rows keyed by {grown.run}")
         _stop_if_refused(requests)
-        plan = plan_reuse(ctx, collected, total)
+        plan = plan_reuse(ctx, collected, slots)
     finally:
         errors.discard()
         collected.discard()
+    of = f"{slots:,} requests ({total:,} rows x {arms} arms)" if arms else f"{total:,} rows"
     progress(
-        f"{plan.count:,} of {total:,} rows answered by {', '.join(ctx.spec.reuse.runs)}"
+        f"{plan.count:,} of {of} answered by {', '.join(ctx.spec.reuse.runs)}"
         + (f" ({plan.sampled_skipped:,} that sample run again: reuse.sampled)" if plan.sampled_skipped else "")
     )
     return plan
@@ -309,14 +315,24 @@ def _pooled_chunks(
     strict: bool,
     progress: Progress,
     requests: RequestCheck | None,
+    reuse: ReusePlan | None = None,
 ) -> tuple[ChunkWriter, Conversion]:
-    """Several models, or a sweep: rows held per model, then chunks cut per model (prepare/pools.py)."""
+    """Several models, or a sweep: rows held per model, then chunks cut per model (prepare/pools.py);
+    with `reuse`, only the requests (row x model or arm) no earlier run answered."""
     spec = ctx.spec
     pools = PoolSorters(list(spec.models) or [""], spec.chunking)
     try:
         arms = f" x {len(spec.sweep.arms)} arms" if spec.sweep.arms else ""
         progress(f"{total:,} rows{arms} in {len(files)} file(s), for {len(pools.order)} model(s)")
-        rows_in = Conversion(ctx, files, pools.add, errors, strict, requests)
+        keep = pools.add
+        if reuse is not None:
+            progress(f"{reuse.good - reuse.count:,} requests to run")
+
+            def keep(request: Request, position: int) -> None:
+                if not reuse.take(request, position):
+                    pools.add(request, position)
+
+        rows_in = Conversion(ctx, files, keep, errors, strict, requests)
         convert_rows(files, spec.input, total, lambda _row: None, rows_in, progress)
         _stop_if_refused(requests)
         writer = ChunkWriter(ctx, pools.boundaries(), grouped=True, by_prefix=spec.chunking.group_by_prefix)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.model_source import is_bucket_url, is_local_path, served_name
+from orchestrator.core.pools import spec_for_pool
 from orchestrator.core.spec import RunSpec
 from orchestrator.prepare.formats import Request
 
@@ -142,10 +143,35 @@ class AnswerKeys(LineKeys):
         """A request that names no temperature or seed samples."""
         return _samples(self.default_temperature, self.default_seeded)
 
+    def of_request(self, request: Request) -> bytes:
+        return self.of_line(request.line)
+
     def sampled(self, request: Request) -> bool:
         """temperature > 0 without a seed, with the worker's defaults resolved."""
         temperature = request.temperature if request.temperature is not None else self.default_temperature
         return _samples(temperature, request.seeded if request.seeded is not None else self.default_seeded)
+
+
+class PoolKeys:
+    """The answer keys of a run of several models or a sweep: each model pool keys its rows under its
+    own context (its served name, weights and engine settings, as a run of that model alone would),
+    chosen by the request's pool. An arm's prompt and sampling are in its request body already."""
+
+    def __init__(self, spec: RunSpec):
+        #: `models:` names; "" for a sweep of the run's one model (what Request.pool is then).
+        self.pools = {name: AnswerKeys(spec_for_pool(spec, name or None)) for name in list(spec.models) or [""]}
+        self.usable = all(keys.usable for keys in self.pools.values())
+
+    @property
+    def digests(self) -> dict[str, str]:
+        """Each pool's context digest (hex), as the prepare record keeps them for collect."""
+        return {name: keys.digest.hex() for name, keys in self.pools.items()} if self.usable else {}
+
+    def of_request(self, request: Request) -> bytes:
+        return self.pools[request.pool or ""].of_line(request.line)
+
+    def sampled(self, request: Request) -> bool:
+        return self.pools[request.pool or ""].sampled(request)
 
 
 def _samples(temperature: float | None, seeded: bool) -> bool:

@@ -46,6 +46,10 @@ def grown_table(ctx: RunContext, files: list[SourceFile], key_digest: str | None
         then = _same_table(found[0], source) if found is not None else None
         if found is None or then is None:
             continue
+        if found[0].key_digests:
+            # Its chunks hold requests per model or arm: their rows are not its input rows in order.
+            reasons.append(f"run {run} is of several models or a sweep")
+            continue
         if found[0].key_digest != key_digest:
             reasons.append(f"run {run} keyed its answers otherwise (model, template or sampling changed)")
             continue

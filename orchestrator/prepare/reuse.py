@@ -33,7 +33,7 @@ from orchestrator.core.errors import InputError
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import ReuseRecord, ReuseSource
 from orchestrator.prepare.answer_index import PartCursor, keys_of, read_index, run_number
-from orchestrator.prepare.answer_keys import AnswerKeys
+from orchestrator.prepare.answer_keys import AnswerKeys, PoolKeys
 from orchestrator.prepare.formats import Request
 from orchestrator.prepare.spill import BUFFER_ROWS, Spill
 
@@ -62,9 +62,10 @@ def spilled_key_dtype() -> Any:
 
 class KeyCollector:
     """Step 1: every good row's key, input position and whether it samples, spilled by key range
-    (the key's first bits) into partitions of about PARTITION_ROWS rows each."""
+    (the key's first bits) into partitions of about PARTITION_ROWS rows each. `total` counts input
+    positions (a sweep's: rows x arms); PoolKeys key each row under its own model's context."""
 
-    def __init__(self, keys: AnswerKeys, total: int):
+    def __init__(self, keys: AnswerKeys | PoolKeys, total: int):
         self.answer_keys = keys
         # 2**bits partitions: total / 2**bits <= PARTITION_ROWS (keys are uniform: BLAKE2b).
         self.bits = min(((max(total, 1) - 1) // PARTITION_ROWS).bit_length(), 16)
@@ -78,7 +79,7 @@ class KeyCollector:
         return self.spill.count + len(self.positions)
 
     def add(self, request: Request, position: int) -> None:
-        self.keys += self.answer_keys.of_line(request.line)
+        self.keys += self.answer_keys.of_request(request)
         self.positions.append(position)
         self.sampled.append(self.answer_keys.sampled(request))
         if len(self.positions) >= BUFFER_ROWS:

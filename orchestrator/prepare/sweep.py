@@ -52,12 +52,15 @@ def _for_arm(
     convert: Converter, arm: str, model: str | None, sampling: dict[str, Any], defaults: SamplingSpec
 ) -> Converter:
     """The arm's request for a row: the row's, with the arm's custom_id, model and sampling. The
-    sampling goes into the body: a worker fills a body's missing fields from the run's defaults."""
+    sampling goes into the body: a worker fills a body's missing fields from the run's defaults. The
+    model comes first, as in a run of one model's requests: an arm that changes nothing asks what
+    such a run asked, byte for byte, so it reuses that run's answers (answer_keys.py)."""
 
     def converted(record: dict[str, Any], source: str, number: int) -> Request:
         request = convert(record, source, number)
         line = json.loads(request.line)
-        body = {**line["body"], **({"model": model} if model else {}), **sampling}
+        named = {"model": model} if model else {}
+        body = {**named, **{k: v for k, v in line["body"].items() if k not in named}, **sampling}
         return rebuilt(arm_id(request.custom_id, arm), line["url"], body, request, defaults)
 
     return converted

@@ -100,6 +100,11 @@ class PrepareRecord(Record):
         description="the answer keys' context digest (hex, prepare/answer_keys.py): collect keys the chunks' "
         "lines with it (None: prepared before answer keys; such a run cannot be reused from)",
     )
+    key_digests: dict[str, str] = Field(
+        default_factory=dict,
+        description='a run of several models or a sweep: each model pool\'s key digest (`models:` name; "" for '
+        "the run's one model), as collect keys each chunk's lines by its model; key_digest is then None",
+    )
     reused: int = Field(0, description="input rows answered from earlier runs (reuse.json), in no chunk")
 
 
