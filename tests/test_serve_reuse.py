@@ -22,6 +22,7 @@ from orchestrator.prepare.answer_index import record_dtype, write_index
 from orchestrator.serve.batch_states import LAYOUT
 from orchestrator.serve.reuse import earlier_runs
 from tests.test_serve import (
+    ALIAS,
     KEY,
     OTHER_KEY,
     SPEC,
@@ -145,3 +146,24 @@ def test_serve_reuse_runs_only_a_grown_batchs_new_rows_and_never_crosses_keys(tm
         assert engine_rows(server, batch.id) == (8, 0)
         assert all("reused" not in json.loads(line) for line in lines)
         assert lines_of(server.client(KEY), batch.error_file_id) == []
+
+
+@pytest.mark.slow
+def test_serve_reuse_in_batches_naming_two_models_runs_each_models_new_rows_only(tmp_path):
+    """`serve.several_models` with reuse: a grown batch of lines naming `tiny` and its alias runs
+    only its two new rows, one per model; the old rows keep their answers under the name they asked for."""
+    spec = REUSE_SPEC.replace("  rows_per_chunk: 4\n", "  rows_per_chunk: 4\n  several_models: true\n")
+
+    def lines(prefix: str, n: int) -> list[dict[str, Any]]:
+        return [
+            chat_line(f"{prefix}{i}", f"Question {i}?", "tiny" if i % 2 else ALIAS, temperature=0) for i in range(n)
+        ]
+
+    with running_server(tmp_path / "server", str(tmp_path / "store"), spec) as server:
+        _, old = run_batch(server, KEY, write_requests(tmp_path / "first.jsonl", lines("a", 4)))
+        batch, new = run_batch(server, KEY, write_requests(tmp_path / "grown.jsonl", lines("b", 6)))
+        assert engine_rows(server, batch.id) == (2, 4)
+        bodies = [json.loads(line)["response"]["body"] for line in new]
+        assert [b["model"] for b in bodies] == ["tiny" if i % 2 else ALIAS for i in range(6)]
+        assert [b["choices"] for b in bodies[:4]] == [json.loads(line)["response"]["body"]["choices"] for line in old]
+        assert [json.loads(line).get("reused") for line in new] == [True] * 4 + [None] * 2

@@ -108,8 +108,7 @@ class BatchSteps:
         # The spec's reuse.from is dropped: a server's batches belong to many API keys, and answers
         # never cross them; only the owner's own batches are reused from (serve.reuse).
         data = self.settings.spec.model_dump(mode="json", exclude={"serve", "reuse"})
-        # Reuse with several models is not supported by prepare yet: such a batch runs every row.
-        if owner is not None and self.settings.spec.serve.reuse and len(served) == 1:
+        if owner is not None and self.settings.spec.serve.reuse:
             data["reuse"] = {
                 "from": earlier_runs(self.store, owner, batch_id),
                 "sampled": self.settings.spec.reuse.sampled,
