@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -20,6 +21,8 @@ from orchestrator.commands.shared import (
 )
 
 if TYPE_CHECKING:
+    from orchestrator.controller.run import StartedRun
+    from orchestrator.core.context import RunContext
     from orchestrator.prepare import PrepareReport
 
 
@@ -92,10 +95,17 @@ def run_command(
         on_prepared=prepared,
         echo=click.echo,
     )
-    if started.remaining:
-        click.echo(workers_line(started.launched, started.running, started.launcher.name))
-        # 4. watch until every chunk has a marker
-        follow_run(ctx, started.launcher, interval)
+    _follow(ctx, started, interval)  # 4. watch until every chunk has a marker
+    if ctx.spec.sweep.cascade:
+        from orchestrator.controller.cascade_run import run_stages
+
+        def run_stage(stage: RunContext, stage_sources: list[str]) -> None:
+            # A later stage of a cascade: steps 1-4 on its own run (each a no-op when done).
+            report = functools.partial(print_prepare_report, stage)
+            launched = start_run(stage, stage_sources, check=not no_check, on_prepared=report, echo=click.echo)
+            _follow(stage, launched, interval)
+
+        run_stages(ctx, run_stage, click.echo)
     # 5. collect
     result = collect(
         ctx.store,
@@ -115,6 +125,12 @@ def run_command(
         )
     check_error_rate(result, max_error_rate)
     return 0
+
+
+def _follow(ctx: RunContext, started: StartedRun, interval: float) -> None:
+    if started.remaining:
+        click.echo(workers_line(started.launched, started.running, started.launcher.name))
+        follow_run(ctx, started.launcher, interval)
 
 
 def register(cli: click.Group) -> None:

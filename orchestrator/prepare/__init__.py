@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.core.context import RunContext
-from orchestrator.core.errors import InputError, SpecError
+from orchestrator.core.errors import InputError
 from orchestrator.core.records import ManifestEntry, PrepareRecord, read_jsonl, read_record, write_jsonl
-from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, ChunkingSpec, RunSpec
+from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, ChunkingSpec
 from orchestrator.prepare.answer_keys import AnswerKeys
 from orchestrator.prepare.check import RequestCheck
 from orchestrator.prepare.conversion import Conversion, convert_rows, input_rows
@@ -118,7 +118,6 @@ def prepare_run(
     input with requests they would refuse stops prepare before any chunk is written (RequestsRefused)."""
     started = time.monotonic()
     spec, layout = ctx.spec, ctx.layout
-    _refuse_cascade(spec)
     files = resolve_sources(sources)
     done = _existing_record(ctx)
     if done is not None:
@@ -184,16 +183,6 @@ def prepare_run(
     reused = {"key_digest": keys.digest.hex() if keys.usable else None, "reused": reuse.count if reuse else 0}
     record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in, reused)
     return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
-
-
-def _refuse_cascade(spec: RunSpec) -> None:
-    if spec.sweep.cascade:
-        # Stage 1 alone would run as an ordinary pool and read as the cascade's answers: refuse it.
-        raise SpecError(
-            "running a cascade is not built yet: its spec and escalation step are (docs/models.md)",
-            hint="drop sweep.cascade and run each model as a sweep arm, or one run per model",
-            where="sweep.cascade",
-        )
 
 
 def _stop_if_refused(requests: RequestCheck | None) -> None:
