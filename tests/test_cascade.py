@@ -182,6 +182,12 @@ def test_cascade_run_escalates_on_length_and_regex_and_keeps_the_rest(tmp_path):
         else:
             assert body["model"] == "small" and body["choices"] == alone[cid]["choices"]
     assert f"small answered 9, escalated {len(escalated)}; large answered {len(escalated)}, escalated 0" in out
+    stages = json.loads(orch_ok("status", "--run", "c", "--json", cwd=tmp_path))["cascade"]
+    n = len(escalated)
+    assert [(s["model"], s["run"], s["rows"], s["answered"], s["escalated"]) for s in stages] == [
+        ("small", "c", 9, 9, n),
+        ("large", "c.stage-1", n, n, 0),
+    ]
 
     import pyarrow.parquet as pq
 
@@ -240,6 +246,9 @@ def test_cascade_prepare_sends_every_row_to_the_first_model_and_collect_waits_fo
     assert [(e["model"], e["rows"]) for e in manifest] == [("small", 1)]
     errors = (store / "runs" / "c" / "prepare-errors.jsonl").read_text()
     assert '"b"' in errors and "model_not_found" in errors
+    status = orch("status", "--run", "c", "--store", store, "--json", cwd=tmp_path)
+    stages = [(s["model"], s["rows"], s["answered"], s["escalated"]) for s in json.loads(status.stdout)["cascade"]]
+    assert stages == [("small", 1, 0, None), ("large", None, 0, 0)]
     done = orch("collect", "--run", "c", "--store", store, "--out", tmp_path / "out.jsonl", cwd=tmp_path)
     assert done.returncode != 0 and "cascade stage 1" in done.stderr and "orch run" in done.stderr
     assert not (tmp_path / "out.jsonl").exists()

@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.controller.cascade import Escalated, Final, final_answers, next_stage, read_stage, record_stage
 from orchestrator.controller.chunk_answers import chunk_answers
@@ -139,6 +139,25 @@ def run_stages(
             source = Path(folder) / f"stage-{stage}.jsonl"
             source.write_text("".join(row.line + "\n" for row in rows), encoding="utf-8")
             run_stage(stage_context(ctx, stage), [str(source)])
+
+
+def stages_status(store: Store, layout: RunLayout, cascade: list[str]) -> list[dict[str, Any]]:
+    """`orch status`'s view of a cascade, a row per stage: its model and run, the rows it has to
+    answer and has answered (in done chunks), and the rows it passed on (None until recorded)."""
+    stages: list[dict[str, Any]] = []
+    for stage, model in enumerate(cascade):
+        run = RunLayout(stage_run(layout.run, stage))
+        entries = read_manifest(store, run) if store.head(run.manifest) is not None else []
+        rows: int | None = sum(e.rows for e in entries)
+        if stage > 0 and not entries:
+            recorded = read_stage(store, _prefix(layout), stage)
+            rows = None if recorded is None else len(recorded)
+        answered = sum(e.rows for e in entries if store.head(run.done(e.chunk)) is not None)
+        passed = read_stage(store, _prefix(layout), stage + 1) if stage + 1 < len(cascade) else []
+        escalated = None if passed is None else len(passed)
+        stages.append({"stage": stage, "model": model, "run": run.run, "rows": rows, "answered": answered})
+        stages[-1]["escalated"] = escalated
+    return stages
 
 
 @dataclass
