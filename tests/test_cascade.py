@@ -252,3 +252,67 @@ def test_cascade_prepare_sends_every_row_to_the_first_model_and_collect_waits_fo
     done = orch("collect", "--run", "c", "--store", store, "--out", tmp_path / "out.jsonl", cwd=tmp_path)
     assert done.returncode != 0 and "cascade stage 1" in done.stderr and "orch run" in done.stderr
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_cascade_three_stages_answer_each_row_once_by_its_last_model(tmp_path):
+    """Three models, answered through the protocol's own objects (no engine): stage n+1 gets exactly
+    the rows stage n answered "unsure", in input order; run_stages started again (a controller that
+    died and came back) makes no second set; collect writes each row once, in input order, with its
+    last stage's answer, and counts each stage's rows answered and passed on."""
+    from orchestrator.controller.cascade_run import escalate, run_stages, stage_context
+    from orchestrator.controller.collect import collect
+    from orchestrator.core.context import RunContext
+    from orchestrator.core.records import read_manifest
+    from orchestrator.core.store import open_store
+    from orchestrator.prepare import prepare_run
+    from tests.support.runs import Answer, answer_chunk
+
+    flags = {"run": "t", "store": str(tmp_path / "store"), "input.format": "openai-batch"}
+    flags |= {"chunking.rows_per_chunk": 2, "models": {"a": "x/a", "b": "x/b", "c": "x/c"}}
+    flags["sweep"] = {"cascade": ["a", "b", "c"], "escalate_when": {"regex": "unsure"}}
+    spec = load_spec(None, flags, env={}, default_file=False)
+    store = open_store(flags["store"])
+    ctx = RunContext(spec, store, spec.layout)
+    unsure = {"a": {"r1", "r3", "r4"}, "b": {"r3"}, "c": set()}
+
+    def answer_all(run: RunContext, model: str) -> None:
+        for entry in read_manifest(store, run.layout):
+            if store.head(run.layout.done(entry.chunk)) is not None:
+                continue
+            ids = [json.loads(x)["custom_id"] for x in store.get(run.layout.chunk(entry.chunk)).data.splitlines()]
+            rows = [Answer(i, c, "unsure" if c in unsure[model] else f"sure-{model}") for i, c in enumerate(ids)]
+            answer_chunk(store, run.layout, entry.chunk, [rows])
+
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(request(f"r{i}", messages=[{"role": "user", "content": f"q{i}"}]) + "\n" for i in range(6)))
+    prepare_run(ctx, [str(data)], check=False)
+    answer_all(ctx, "a")
+    started: list[str] = []
+
+    def run_stage(stage: RunContext, sources: list[str]) -> None:
+        started.append(stage.layout.run)
+        prepare_run(stage, sources, check=False)
+        answer_all(stage, next(iter(stage.spec.models)))  # a stage's run has one model
+
+    run_stages(ctx, run_stage, lambda _line: None)
+    assert started == ["t.stage-1", "t.stage-2"]
+    assert [(r.position, json.loads(r.line)["body"]["model"]) for r in escalate(ctx, 1)] == [
+        (1, "b"),
+        (3, "b"),
+        (4, "b"),
+    ]
+    run_stages(ctx, run_stage, lambda _line: None)  # again: the recorded stages, each prepared once
+    for stage, rows in ((1, 3), (2, 1)):
+        assert sum(e.rows for e in read_manifest(store, stage_context(ctx, stage).layout)) == rows
+    out = tmp_path / "out.jsonl"
+    report = collect(store, ctx.layout, out, partial=False)
+    lines = lines_of(out)
+    assert [(x["custom_id"], x["response"]["body"]["choices"][0]["message"]["content"]) for x in lines] == [
+        ("r0", "sure-a"), ("r1", "sure-b"), ("r2", "sure-a"), ("r3", "sure-c"), ("r4", "sure-b"), ("r5", "sure-a"),
+    ]  # fmt: skip
+    assert report.complete and report.cascade == {
+        "a": {"answered": 6, "escalated": 3},
+        "b": {"answered": 3, "escalated": 1},
+        "c": {"answered": 1, "escalated": 0},
+    }
+    assert report.tokens.generated_tokens == 2 * (6 + 3 + 1)  # every stage's tokens

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,9 @@ from orchestrator.core.store import Store
 
 if TYPE_CHECKING:
     from orchestrator.controller.collect import CollectReport
+
+#: A stage's answers by custom_id.
+Answers = dict[str, BatchOutputLine]
 
 
 def stage_run(run: str, stage: int) -> str:
@@ -66,28 +69,30 @@ def _prefix(layout: RunLayout) -> str:
     return layout.root.rstrip("/")
 
 
-def _answers(store: Store, layout: RunLayout, stage: int) -> tuple[dict[str, int], dict[str, BatchOutputLine]]:
-    """A finished stage's rows: custom_id -> its input position (where known), and its answers by custom_id."""
+def _chunks(store: Store, layout: RunLayout, stage: int) -> Iterator[tuple[list[tuple[int, str]], Answers]]:
+    """A finished stage's chunks, one at a time (memory stays bounded by a chunk): each row's place
+    in the stage's input and its request line, and the chunk's answers by custom_id."""
     found = read_record(store, layout.prepare_record, PrepareRecord)
     if found is None:
         raise IncompleteRun(f"cascade stage {stage} (run {layout.run!r}) is not prepared", hint="orch run it again")
     positions = InputPositions(store, layout, found[0].rows + found[0].errors)
-    places: dict[str, int] = {}
-    answers: dict[str, BatchOutputLine] = {}
     for entry in read_manifest(store, layout):
         lines = chunk_answers(store, layout, entry)
         if lines is None:
             raise IncompleteRun(
                 f"cascade stage {stage} (run {layout.run!r}): chunk {entry.chunk} is not done",
-                hint="orch run again finishes it",
+                hint="`orch run` with the same arguments finishes it",
             )
-        rows = positions.of(entry) if entry.positions else range(entry.first or 0, (entry.first or 0) + entry.rows)
-        for row, place in enumerate(rows):
-            line = lines.get(row)
-            if line is not None and line.custom_id is not None:
-                places[line.custom_id] = place
-                answers[line.custom_id] = line
-    return places, answers
+        first = entry.first or 0
+        places = positions.of(entry) if entry.positions else range(first, first + entry.rows)
+        requests = store.get(layout.chunk(entry.chunk)).data.decode().splitlines()
+        answers = {line.custom_id: line for line in lines.values() if line.custom_id is not None}
+        yield list(zip(places, requests, strict=False)), answers
+
+
+def _answers(store: Store, layout: RunLayout, stage: int) -> Answers:
+    """Every answer of a finished later stage (its rows are the escalated ones only)."""
+    return {cid: line for _, answers in _chunks(store, layout, stage) for cid, line in answers.items()}
 
 
 def escalate(ctx: RunContext, stage: int) -> list[Escalated]:
@@ -98,29 +103,22 @@ def escalate(ctx: RunContext, stage: int) -> list[Escalated]:
     if recorded is not None:
         return recorded
     before = read_stage(store, prefix, stage - 1) if stage > 1 else None
-    if before is not None and not before:
-        return record_stage(store, prefix, stage, [])  # nothing reached stage n-1: nothing goes on
     layout = RunLayout(stage_run(ctx.layout.run, stage - 1))
-    places, answers = _answers(store, layout, stage - 1)
-    if before is None:  # stage 0: its chunks' request lines, at their rows' places in the input
-        requests = [(places.get(_custom_id(line), -1), line) for line in _request_lines(store, layout)]
+    when, model = ctx.spec.sweep.escalate_when, ctx.spec.sweep.cascade[stage]
+    if before is None:  # stage 0: chunk by chunk, holding only the rows that go on
+        rows = [
+            row for requests, answers in _chunks(store, layout, 0) for row in next_stage(requests, answers, when, model)
+        ]
+        rows.sort(key=lambda row: row.position)
+    elif before:
+        rows = next_stage([(r.position, r.line) for r in before], _answers(store, layout, stage - 1), when, model)
     else:
-        requests = [(r.position, r.line) for r in before]
-    rows = next_stage(requests, answers, ctx.spec.sweep.escalate_when, ctx.spec.sweep.cascade[stage])
+        rows = []  # nothing reached stage n-1: nothing goes on
     return record_stage(store, prefix, stage, rows)
 
 
 def _custom_id(line: str) -> str:
     return str(json.loads(line)["custom_id"])
-
-
-def _request_lines(store: Store, layout: RunLayout) -> list[str]:
-    return [
-        raw
-        for entry in read_manifest(store, layout)
-        for raw in store.get(layout.chunk(entry.chunk)).data.decode().splitlines()
-        if raw.strip()
-    ]
 
 
 def run_stages(
@@ -179,7 +177,7 @@ class CascadeAnswers:
         cascade: list[str] = sweep.get("cascade") or []
         if not cascade:
             return None
-        stages: list[tuple[str, dict[str, BatchOutputLine]]] = [(cascade[0], {})]
+        stages: list[tuple[str, Answers]] = [(cascade[0], {})]
         reasons, sizes = [], []
         for stage in range(1, len(cascade)):
             rows = read_stage(store, _prefix(layout), stage)
@@ -188,7 +186,7 @@ class CascadeAnswers:
                     f"cascade stage {stage} ({cascade[stage]!r}) of run {layout.run!r} is not made yet",
                     hint="`orch run` with the same arguments runs the cascade's later stages",
                 )
-            answers = _answers(store, RunLayout(stage_run(layout.run, stage)), stage)[1] if rows else {}
+            answers = _answers(store, RunLayout(stage_run(layout.run, stage)), stage) if rows else {}
             stages.append((cascade[stage], answers))
             reasons.append({_custom_id(r.line): r.reason for r in rows})
             sizes.append(len(rows))
