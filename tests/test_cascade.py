@@ -316,3 +316,15 @@ def test_cascade_three_stages_answer_each_row_once_by_its_last_model(tmp_path):
         "c": {"answered": 1, "escalated": 0},
     }
     assert report.tokens.generated_tokens == 2 * (6 + 3 + 1)  # every stage's tokens
+
+
+def test_cascade_serve_is_refused_naming_the_field(tmp_path):
+    """`orch serve` would run a batch's first stage alone (the later ones live in `orch run`): refused at start."""
+    from tests.test_faults import orch
+
+    (tmp_path / "orch.yaml").write_text(
+        "models: {small: x/small, large: x/large}\n"
+        "sweep: {cascade: [small, large], escalate_when: {finish_reason: [length]}}\n"
+    )
+    done = orch("serve", "--store", tmp_path / "store", "--port", "0", cwd=tmp_path, timeout=60)
+    assert done.returncode != 0 and "sweep.cascade" in done.stderr and "orch run" in done.stderr

@@ -65,6 +65,12 @@ def stage_context(ctx: RunContext, stage: int) -> RunContext:
     return RunContext(spec, ctx.store, RunLayout(spec.run or ""))
 
 
+def check_stage_names(ctx: RunContext) -> None:
+    """Every later stage's run name is valid (`<run>.stage-<n>`, at most 100 characters)."""
+    for stage in range(1, len(ctx.spec.sweep.cascade)):
+        stage_context(ctx, stage)
+
+
 def _prefix(layout: RunLayout) -> str:
     return layout.root.rstrip("/")
 
