@@ -280,8 +280,12 @@ def test_cascade_three_stages_answer_each_row_once_by_its_last_model(tmp_path):
             if store.head(run.layout.done(entry.chunk)) is not None:
                 continue
             ids = [json.loads(x)["custom_id"] for x in store.get(run.layout.chunk(entry.chunk)).data.splitlines()]
-            rows = [Answer(i, c, "unsure" if c in unsure[model] else f"sure-{model}") for i, c in enumerate(ids)]
-            answer_chunk(store, run.layout, entry.chunk, [rows])
+            answer_chunk(store, run.layout, entry.chunk, [[reply(i, c, model) for i, c in enumerate(ids)]])
+
+    def reply(row: int, custom_id: str, model: str) -> Answer:
+        if (model, custom_id) == ("c", "r3"):
+            return Answer(row, custom_id, error="boom")  # the last stage fails a row
+        return Answer(row, custom_id, "unsure" if custom_id in unsure[model] else f"sure-{model}")
 
     data = tmp_path / "in.jsonl"
     data.write_text("".join(request(f"r{i}", messages=[{"role": "user", "content": f"q{i}"}]) + "\n" for i in range(6)))
@@ -305,17 +309,23 @@ def test_cascade_three_stages_answer_each_row_once_by_its_last_model(tmp_path):
     for stage, rows in ((1, 3), (2, 1)):
         assert sum(e.rows for e in read_manifest(store, stage_context(ctx, stage).layout)) == rows
     out = tmp_path / "out.jsonl"
-    report = collect(store, ctx.layout, out, partial=False)
+    report = collect(store, ctx.layout, out, partial=False, retry_out=tmp_path / "retry.jsonl")
     lines = lines_of(out)
-    assert [(x["custom_id"], x["response"]["body"]["choices"][0]["message"]["content"]) for x in lines] == [
-        ("r0", "sure-a"), ("r1", "sure-b"), ("r2", "sure-a"), ("r3", "sure-c"), ("r4", "sure-b"), ("r5", "sure-a"),
-    ]  # fmt: skip
+    said = [
+        x["error"]["code"] if x["error"] else x["response"]["body"]["choices"][0]["message"]["content"] for x in lines
+    ]
+    assert [x["custom_id"] for x in lines] == [f"r{i}" for i in range(6)]
+    assert said == ["sure-a", "sure-b", "sure-a", "boom", "sure-b", "sure-a"]
+    # The last stage's failed row: an error row, and its request (for model c) in the retry file.
+    assert report.errors == 1 and [
+        (x["custom_id"], x["body"]["model"]) for x in lines_of(tmp_path / "retry.jsonl")
+    ] == [("r3", "c")]
     assert report.complete and report.cascade == {
         "a": {"answered": 6, "escalated": 3},
         "b": {"answered": 3, "escalated": 1},
         "c": {"answered": 1, "escalated": 0},
     }
-    assert report.tokens.generated_tokens == 2 * (6 + 3 + 1)  # every stage's tokens
+    assert report.tokens.generated_tokens == 2 * (6 + 3)  # every stage's tokens (the error row has none)
 
 
 def test_cascade_serve_is_refused_naming_the_field(tmp_path):

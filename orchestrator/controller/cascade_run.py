@@ -172,7 +172,8 @@ class CascadeAnswers:
     #: Per model, in cascade order: rows it answered, and rows of those it passed on.
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     tokens: TokenCounts = field(default_factory=TokenCounts)
-    failed: int = 0
+    #: The request lines of the rows whose final answer failed, for collect's retry file.
+    failed: list[bytes] = field(default_factory=list)
 
     @classmethod
     def load(cls, store: Store, layout: RunLayout) -> CascadeAnswers | None:
@@ -184,7 +185,7 @@ class CascadeAnswers:
         if not cascade:
             return None
         stages: list[tuple[str, Answers]] = [(cascade[0], {})]
-        reasons, sizes = [], []
+        reasons, sizes, requests = [], [], {}
         for stage in range(1, len(cascade)):
             rows = read_stage(store, _prefix(layout), stage)
             if rows is None:
@@ -195,6 +196,7 @@ class CascadeAnswers:
             answers = _answers(store, RunLayout(stage_run(layout.run, stage)), stage) if rows else {}
             stages.append((cascade[stage], answers))
             reasons.append({_custom_id(r.line): r.reason for r in rows})
+            requests.update({_custom_id(r.line): r.line for r in rows})  # the last stage's request wins
             sizes.append(len(rows))
         done = cls(final_answers(stages, reasons))
         found = read_record(store, layout.prepare_record, PrepareRecord)
@@ -206,14 +208,14 @@ class CascadeAnswers:
             for line in answers.values():
                 usage = line.usage()
                 done.tokens.add(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
-        done.failed = sum(1 for final in done.finals.values() if final.line.failed)
+        done.failed = [(requests[cid] + "\n").encode() for cid, final in done.finals.items() if final.line.failed]
         return done
 
     def finish(self, report: CollectReport) -> None:
         """Collect's report: the later stages' tokens and failed final answers, and the per-model counts."""
         t = self.tokens
         report.tokens.add(t.prompt_tokens, t.cached_tokens, t.generated_tokens)
-        report.errors += self.failed
+        report.errors += len(self.failed)
         report.cascade = self.counts
 
     def final(self, line: BatchOutputLine) -> tuple[BatchOutputLine, Final | None]:

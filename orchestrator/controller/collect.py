@@ -217,6 +217,8 @@ def collect(
             for number, entry in enumerate(entries):
                 index.add_chunk(number, _collect_chunk(store, layout, entry, writer, retry, report, set_aside))
             set_aside.rest()
+        for request_line in cascade.failed if cascade else []:  # a later stage's failed answer
+            retry.add(request_line)
         report.retry_rows = retry.count
         if not (partial or report.complete):
             writer.output.discard()
