@@ -54,7 +54,7 @@ def stage_spec(spec: RunSpec, stage: int) -> RunSpec:
         "run": stage_run(spec.run or "", stage),
         "models": {model: spec.models[model]},
         "sweep": SweepSpec(),
-        "input": InputSpec(format="openai-batch"),
+        "input": InputSpec(format="openai-batch", max_line_bytes=spec.input.max_line_bytes),
         "reuse": ReuseSpec(),
     }
     return spec.model_copy(update=update, deep=True)
