@@ -107,6 +107,9 @@ def print_collect_report(report: CollectReport) -> None:
         from orchestrator.controller.token_cost import tokens_line
 
         click.echo(tokens_line(r.tokens.to_dict(), r.cost_per_m_tokens or {}))
+    if r.cascade:
+        stages = (f"{m} answered {c['answered']:,}, escalated {c['escalated']:,}" for m, c in r.cascade.items())
+        click.echo("cascade: " + "; ".join(stages))
     if r.reused:
         usd = f", ${r.usd_saved:,.4f}" if r.usd_saved is not None else ""
         click.echo(

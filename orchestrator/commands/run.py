@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -20,6 +21,8 @@ from orchestrator.commands.shared import (
 )
 
 if TYPE_CHECKING:
+    from orchestrator.controller.run import StartedRun
+    from orchestrator.core.context import RunContext
     from orchestrator.prepare import PrepareReport
 
 
@@ -56,6 +59,7 @@ def run_command(
 
     Every step is idempotent: running the same command again picks up where it stopped.
     """
+    from orchestrator.controller.cascade_run import check_stage_names
     from orchestrator.controller.collect import check_output, collect, output_shape
     from orchestrator.controller.collect_table import table_spec
     from orchestrator.controller.error_rate import check_error_rate
@@ -82,6 +86,8 @@ def run_command(
             # A column the input lacks is refused now, before any worker is paid for.
             table_spec(ctx.store, ctx.layout, container, keep_columns)
 
+    if ctx.spec.sweep.cascade:
+        check_stage_names(ctx)  # a stage's run name too long is said now, not after stage 0 has run
     # 1-3. prepare, plan, launch the workers the remaining chunks need (each a no-op when done)
     started = start_run(
         ctx,
@@ -92,10 +98,9 @@ def run_command(
         on_prepared=prepared,
         echo=click.echo,
     )
-    if started.remaining:
-        click.echo(workers_line(started.launched, started.running, started.launcher.name))
-        # 4. watch until every chunk has a marker
-        follow_run(ctx, started.launcher, interval)
+    _follow(ctx, started, interval)  # 4. watch until every chunk has a marker
+    if ctx.spec.sweep.cascade:
+        _run_later_stages(ctx, not no_check, interval)
     # 5. collect
     result = collect(
         ctx.store,
@@ -115,6 +120,24 @@ def run_command(
         )
     check_error_rate(result, max_error_rate)
     return 0
+
+
+def _follow(ctx: RunContext, started: StartedRun, interval: float) -> None:
+    if started.remaining:
+        click.echo(workers_line(started.launched, started.running, started.launcher.name))
+        follow_run(ctx, started.launcher, interval)
+
+
+def _run_later_stages(ctx: RunContext, check: bool, interval: float) -> None:
+    """A cascade's stages after the first, each steps 1-4 on its own run (each a no-op when done)."""
+    from orchestrator.controller.cascade_run import run_stages
+    from orchestrator.controller.run import start_run
+
+    def run_stage(stage: RunContext, sources: list[str]) -> None:
+        report = functools.partial(print_prepare_report, stage)
+        _follow(stage, start_run(stage, sources, check=check, on_prepared=report, echo=click.echo), interval)
+
+    run_stages(ctx, run_stage, click.echo)
 
 
 def register(cli: click.Group) -> None:

@@ -69,12 +69,19 @@ def serve_command(
     markers. Everything lives in the store: stop or kill the server, start it again, and every
     batch carries on (`orch status --run BATCH_ID` shows one).
     """
+    from orchestrator.core.errors import SpecError
     from orchestrator.core.spec_load import load_spec
     from orchestrator.serve.app import serve
     from orchestrator.serve.settings import EVERY_INTERFACE, load_settings
 
     flags = {k: v for k, v in {"store": store, "backend": backend, "serve.reuse": reuse}.items() if v is not None}
     spec = load_spec(spec_file, flags)
+    if spec.sweep.cascade:  # a batch would be its first stage alone: the later ones live in `orch run`
+        raise SpecError(
+            "orch serve does not run a cascade",
+            hint="serve without sweep.cascade; run the cascade with orch run (docs/models.md)",
+            where="sweep.cascade",
+        )
     # Read once, then out of the environment: the workers started from here never inherit the keys.
     api_keys = os.environ.pop("ORCH_API_KEYS", None)
     hosts = [*os.environ.get("ORCH_SERVE_ALLOWED_HOSTS", "").split(","), *allowed_hosts]

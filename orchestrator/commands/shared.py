@@ -368,6 +368,8 @@ def follow_run(
         interrupted(ctx, launcher)
     check_complete(ctx, report)
     click.echo(f"run {ctx.layout.run!r} complete: {report.chunks_total} chunks done")
+    if ctx.spec.sweep.cascade:  # the later stages live in `orch run` alone (controller/cascade_run.py)
+        click.echo("that was a cascade's first stage: `orch run` runs the next ones (launch, resume, watch stop here)")
     return 0
 
 

@@ -132,6 +132,7 @@ def status_view(status: RunStatus) -> Group:
     head.extend(_clock_warnings(status))
     models: list[Any] = [Text(""), models_table(status.models)] if status.models else []
     models += [Text(""), arms_table(status.arms)] if status.arms else []
+    models += [Text(""), cascade_table(status.cascade)] if status.cascade else []
     return Group(*head, *models, Text(""), *([_workers_table(status)] if status.workers else []), *_failures(status))
 
 
@@ -169,6 +170,16 @@ def arms_table(arms: dict[str, dict[str, Any]]) -> Table:
             f"{a['usd']:,.4f}",
             "-" if per_m is None else f"{per_m:,.4f}",
         )
+    return grid
+
+
+def cascade_table(stages: list[dict[str, Any]]) -> Table:
+    """A cascade: a row per stage (its model and run, rows to answer, answered, passed on)."""
+    numbers = ("rows", "answered", "escalated")
+    grid = table("stage", "model", "run", *numbers, right=numbers)
+    for s in stages:
+        shown = ["-" if s[key] is None else f"{s[key]:,}" for key in numbers]
+        grid.add_row(str(s["stage"]), s["model"], s["run"], *shown)
     return grid
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.core.errors import PreconditionFailed, SpecError
+from orchestrator.core.errors import NotFound, PreconditionFailed, SpecError
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.spec import EscalateSpec
 from orchestrator.core.store.base import Store
@@ -116,7 +116,16 @@ def record_stage(store: Store, run_prefix: str, stage: int, rows: Sequence[Escal
         store.put_if_absent(key, data)
         return list(rows)
     except PreconditionFailed:
-        return [Escalated(p, line, reason) for p, line, reason in json.loads(store.get(key).data)]
+        return read_stage(store, run_prefix, stage) or []
+
+
+def read_stage(store: Store, run_prefix: str, stage: int) -> list[Escalated] | None:
+    """Stage `stage`'s recorded requests, None while it is not recorded (stage n-1 not yet done)."""
+    try:
+        data = store.get(stage_key(run_prefix, stage)).data
+    except NotFound:
+        return None
+    return [Escalated(p, line, reason) for p, line, reason in json.loads(data)]
 
 
 @dataclass(frozen=True)

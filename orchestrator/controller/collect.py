@@ -32,7 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.controller.cascade_run import CascadeAnswers
 from orchestrator.controller.chunk_answers import chunk_answers
+from orchestrator.controller.collect_parquet import flatten_lines, parquet_schema
 from orchestrator.controller.collect_reuse import AnswerIndexBuilder, ReusedAnswers
 from orchestrator.controller.collect_table import TableSpec, TableWriter, table_spec
 from orchestrator.controller.input_order import InputOrder, InputPositions, LineSink
@@ -88,6 +90,8 @@ class CollectReport:
     #: The reused rows' tokens, what running them again would have cost, and its $ at the source runs' prices.
     tokens_saved: TokenCounts = field(default_factory=TokenCounts)
     usd_saved: float | None = None
+    #: A cascade: per model, rows it answered and rows of those it escalated (cascade_run.py).
+    cascade: dict[str, dict[str, int]] | None = None
 
     @property
     def rows_run(self) -> int:
@@ -204,7 +208,8 @@ def collect(
     )
     reuse = ReusedAnswers.load(store, layout)
     index = AnswerIndexBuilder(store, layout, reuse)
-    with _Writer(out, container, table) as writer, _RetryWriter(retry_out) as retry:
+    cascade = CascadeAnswers.load(store, layout)  # a cascade's rows take their last stage's answer
+    with _Writer(out, container, table, cascade) as writer, _RetryWriter(retry_out) as retry:
         if any(e.positions for e in entries) or reuse is not None:
             _collect_in_input_order(store, layout, entries, writer, retry, report, reuse, index)
         else:
@@ -213,11 +218,15 @@ def collect(
                 answered = _collect_chunk(store, layout, entry, writer, retry, report, set_aside)
                 index.add_chunk(number, answered, entry.model)
             set_aside.rest()
+        for request_line in cascade.failed if cascade else []:  # a later stage's failed answer
+            retry.add(request_line)
         report.retry_rows = retry.count
         if not (partial or report.complete):
             writer.output.discard()
             report.out_written = False
     index.write(report.chunks_complete)
+    if cascade is not None:
+        cascade.finish(report)
     if prices is not None:
         from orchestrator.controller.status import status_of
 
@@ -370,8 +379,8 @@ class _Writer:
     table's rows, into a file that takes the output's name only when everything was written
     (core/tempfiles.AtomicFile)."""
 
-    def __init__(self, out: str | os.PathLike[str], fmt: str, table: TableSpec | None = None):
-        self.fmt = fmt
+    def __init__(self, out: str | os.PathLike[str], fmt: str, table: TableSpec | None, cascade: CascadeAnswers | None):
+        self.fmt, self.cascade = fmt, cascade
         self.output = _atomic(out)
         self.file = self.output.file
         self.rows: list[BatchOutputLine] = []
@@ -379,8 +388,11 @@ class _Writer:
         self.table = TableWriter(self.file, fmt, table) if table is not None else None
 
     def add(self, line: BatchOutputLine, position: int | None = None, *, reused: bool = False) -> None:
+        final = None
+        if self.cascade is not None:
+            line, final = self.cascade.final(line)
         if self.table is not None:
-            self.table.add(line, position, reused=reused)
+            self.table.add(line, position, reused=reused, escalated=final.escalated if final else None)
         elif self.fmt == "jsonl":
             self.file.write(line.to_json() + b"\n")
         else:
@@ -394,7 +406,7 @@ class _Writer:
 
         if not self.rows:
             return
-        table = pa.table(_flatten(self.rows), schema=_parquet_schema())
+        table = pa.table(flatten_lines(self.rows), schema=parquet_schema())
         if self.parquet is None:
             self.parquet = pq.ParquetWriter(self.file, table.schema, compression="zstd")
         self.parquet.write_table(table)
@@ -414,7 +426,7 @@ class _Writer:
                 if self.parquet is None:  # no rows at all: still a valid, empty file
                     import pyarrow.parquet as pq
 
-                    self.parquet = pq.ParquetWriter(self.file, _parquet_schema())
+                    self.parquet = pq.ParquetWriter(self.file, parquet_schema())
                 self.parquet.close()
 
 
@@ -456,45 +468,3 @@ def _published(output: AtomicFile) -> Iterator[None]:
             yield
     except OSError as e:
         raise _unwritable(output.path, e) from None
-
-
-def _parquet_schema() -> Any:
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("custom_id", pa.string()),
-            ("status_code", pa.int32()),
-            ("text", pa.string()),
-            ("finish_reason", pa.string()),
-            ("prompt_tokens", pa.int64()),
-            ("completion_tokens", pa.int64()),
-            ("embeddings", pa.list_(pa.list_(pa.float32()))),  # one vector per input of an embeddings line
-            ("error_code", pa.string()),
-            ("error_message", pa.string()),
-            ("id", pa.string()),
-            ("response", pa.string()),
-            ("error", pa.string()),
-        ]
-    )
-
-
-def _flatten(lines: list[BatchOutputLine]) -> dict[str, list[Any]]:
-    """The columns people query first, next to the full response and error as JSON text."""
-    cols: dict[str, list[Any]] = {name: [] for name in _parquet_schema().names}
-    for line in lines:
-        body = line.response.body if line.response is not None else None
-        usage = line.usage() if body and "usage" in body else None
-        cols["custom_id"].append(line.custom_id)
-        cols["status_code"].append(line.response.status_code if line.response is not None else None)
-        cols["text"].append(line.text())
-        cols["finish_reason"].append(line.first_choice().get("finish_reason"))
-        cols["prompt_tokens"].append(usage.prompt_tokens if usage else None)
-        cols["completion_tokens"].append(usage.completion_tokens if usage else None)
-        cols["embeddings"].append(line.embeddings())
-        cols["error_code"].append(line.error.code if line.error else None)
-        cols["error_message"].append(line.error.message if line.error else None)
-        cols["id"].append(line.id)
-        cols["response"].append(line.response.model_dump_json() if line.response is not None else None)
-        cols["error"].append(line.error.model_dump_json() if line.error else None)
-    return cols

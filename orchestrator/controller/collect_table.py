@@ -11,6 +11,7 @@ Columns, in this order:
                         is not JSON or does not hold to the schema
     finish_reason, prompt_tokens, completion_tokens, error_code, error_message
     model               the served name (core/model_source.served_name), never a path
+    escalated           a cascade: why the row went on to a later model (null where the first answered it)
 A kept column named as one of these is written `input_<name>`, a schema field `answer_<name>`.
 A sweep (spec `sweep.arms`) has one row per input row, its id without `#<arm>`, and the columns
 from the answer on once per arm, `<column>_<arm>` (text_small, text_large, ...), arm by arm.
@@ -53,6 +54,8 @@ class TableSpec:
     reuse: bool = False
     #: A sweep's arms, in order: each answer column once per arm, `<column>_<arm>`, one row per input row.
     arms: tuple[str, ...] = ()
+    #: A cascade: an `escalated` column says why a row went on to a later model (null: the first answered it).
+    cascade: bool = False
 
     def keeping(self, kept: KeptColumns) -> TableSpec:
         return dataclasses.replace(self, kept=kept)
@@ -68,6 +71,7 @@ class TableSpec:
             response_format=spec_input.get("response_format"),
             reuse=bool((spec.get("reuse") or {}).get("runs")),
             arms=tuple((spec.get("sweep") or {}).get("arms") or ()),
+            cascade=bool((spec.get("sweep") or {}).get("cascade")),
         )
 
 
@@ -298,15 +302,19 @@ class TableWriter:
         if spec.arms:  # a sweep: a row's arms side by side, each arm reused or run on its own
             answer = [(f"{name}_{arm}", kind) for arm in spec.arms for name, kind in answer]
         self.columns = columns + answer
+        self.columns += [("escalated", "string")] if spec.cascade else []
         self.rows: list[list[Any]] = []
         self.parquet: Any = None
         #: A sweep: the row whose arms are being gathered (its id, position, each arm's values).
         self.gathering: tuple[str, int | None, dict[str, list[Any]]] | None = None
 
-    def add(self, line: BatchOutputLine, position: int | None = None, *, reused: bool = False) -> None:
+    def add(
+        self, line: BatchOutputLine, position: int | None = None, *, reused: bool = False, escalated: str | None = None
+    ) -> None:
         answer = [*self._answer(line), *([reused] if self.spec.reuse else [])]
-        if not self.spec.arms:
-            self._write([line.custom_id, *(self.kept.at(position) if self.kept else []), *answer])
+        if not self.spec.arms:  # (a cascade has no arms)
+            cascade = [escalated] if self.spec.cascade else []
+            self._write([line.custom_id, *(self.kept.at(position) if self.kept else []), *answer, *cascade])
             return
         # Arms come one after the other (positions row x arms + arm): gather a row's, then write it.
         row_id, _, arm = (line.custom_id or "").rpartition("#")

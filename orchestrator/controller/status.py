@@ -169,6 +169,8 @@ class RunStatus:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: A sweep: each arm's rows, errors, tokens and its share of its pool's cost (controller/arm_cost.py).
     arms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: A cascade: a row per stage, its rows answered and escalated (controller/cascade_run.py).
+    cascade: list[dict[str, Any]] = field(default_factory=list)
     #: The forecast's duration band beside the pace's projected finish (controller/forecast_check.py).
     forecast: dict[str, Any] | None = None
 
@@ -445,6 +447,10 @@ def status_of(
 
         finished = (facts.manifest, facts.done & {e.chunk for e in facts.manifest})
         status.arms = arms_status(store, layout, spec, finished, status.models, status.cost["so_far_usd"])
+    if spec is not None and spec.sweep.cascade:
+        from orchestrator.controller.cascade_run import stages_status
+
+        status.cascade = stages_status(store, layout, spec.sweep.cascade)
     return status
 
 

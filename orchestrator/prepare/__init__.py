@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.core.context import RunContext
-from orchestrator.core.errors import InputError, SpecError
+from orchestrator.core.errors import InputError
 from orchestrator.core.records import ManifestEntry, PrepareRecord, read_jsonl, read_record, write_jsonl
 from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, ChunkingSpec, RunSpec
 from orchestrator.prepare.answer_keys import AnswerKeys, PoolKeys
@@ -118,7 +118,6 @@ def prepare_run(
     input with requests they would refuse stops prepare before any chunk is written (RequestsRefused)."""
     started = time.monotonic()
     spec, layout = ctx.spec, ctx.layout
-    _refuse_cascade(spec)
     files = resolve_sources(sources)
     done = _existing_record(ctx)
     if done is not None:
@@ -135,6 +134,7 @@ def prepare_run(
             f"WARNING: the input has no rows ({', '.join(f.uri for f in files)}): nothing to run, the output is empty"
         )
     errors = ErrorWriter(strict, several_files=len(files) > 1)
+    _refuse_reuse_in_a_cascade(spec)
     pooled = bool(spec.models or spec.sweep.arms)
     keys = PoolKeys(spec) if pooled else AnswerKeys(spec)
     sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix and not pooled else None
@@ -185,16 +185,6 @@ def prepare_run(
         reused["key_digest"] = keys.digest.hex() if keys.usable else None
     record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in, reused)
     return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
-
-
-def _refuse_cascade(spec: RunSpec) -> None:
-    if spec.sweep.cascade:
-        # Stage 1 alone would run as an ordinary pool and read as the cascade's answers: refuse it.
-        raise SpecError(
-            "running a cascade is not built yet: its spec and escalation step are (docs/models.md)",
-            hint="drop sweep.cascade and run each model as a sweep arm, or one run per model",
-            where="sweep.cascade",
-        )
 
 
 def _stop_if_refused(requests: RequestCheck | None) -> None:
@@ -305,6 +295,15 @@ def _write_reusing(
     writer = ChunkWriter(ctx, _chunk_boundaries(spec.chunking, max(sorter.count, 1)), grouped=True)
     writer.write_sorted(sorter.sorted_rows())
     return writer, rows_in
+
+
+def _refuse_reuse_in_a_cascade(spec: RunSpec) -> None:
+    """A reused first-stage answer is in no chunk: the later stages would never see it to escalate it."""
+    if spec.sweep.cascade and spec.reuse.runs:
+        raise InputError(
+            "reuse.from (--reuse-from) with a cascade (sweep.cascade) is not supported",
+            hint="run the cascade without --reuse-from",
+        )
 
 
 def _pooled_chunks(

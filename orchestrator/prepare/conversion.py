@@ -10,11 +10,10 @@ import time
 from collections.abc import Callable, Iterator
 
 from orchestrator.core.context import RunContext
-from orchestrator.core.pools import model_names
 from orchestrator.core.spec import InputSpec
 from orchestrator.prepare.check import RequestCheck
 from orchestrator.prepare.formats import BadRow, Converter, Request, make_converter, needed_columns
-from orchestrator.prepare.pools import MODEL_NOT_FOUND, ModelRouter
+from orchestrator.prepare.pools import MODEL_NOT_FOUND, model_router
 from orchestrator.prepare.sources import COLUMNAR_KINDS, RawRow, SourceFile, iter_rows, parquet_first_user_turns
 from orchestrator.prepare.sweep import Arm, sweep_arms
 from orchestrator.prepare.writers import ErrorWriter
@@ -72,7 +71,7 @@ class Conversion:
         # Several models: a line names its own (body.model) or goes to the first; none is filled in.
         one_model = None if ctx.spec.models else ctx.spec.model.name
         self.convert = make_converter(ctx.spec.input, ctx.spec.sampling, one_model, ctx.spec.model.runner)
-        self.router = ModelRouter(model_names(ctx.spec), list(ctx.spec.models)) if ctx.spec.models else None
+        self.router = model_router(ctx.spec)
         self.arms = sweep_arms(ctx.spec)
         self.files = files
         self.keep = keep  # a good request and its input position

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, ChunkingSpec
+from orchestrator.core.pools import model_names
+from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, ChunkingSpec, RunSpec
 from orchestrator.prepare.formats import Request
 from orchestrator.prepare.grouping import RUN_BYTES, PrefixSorter
 from orchestrator.prepare.writers import ChunkWriter
@@ -36,6 +37,19 @@ class ModelRouter:
     def not_found(self, request: Request) -> str:
         served = ", ".join(self.order)
         return f"{MODEL_NOT_FOUND}: model {request.named_model!r} is not served by this run (models: {served})"
+
+
+def model_router(spec: RunSpec) -> ModelRouter | None:
+    """The router of a run of several models (None for one model). A cascade's run is its first
+    stage: every row goes to the cascade's first model, and a line naming another is set aside
+    (later stages are runs of their own, controller/cascade_run.py)."""
+    if not spec.models:
+        return None
+    names, order = model_names(spec), list(spec.models)
+    if spec.sweep.cascade:
+        first = spec.sweep.cascade[0]
+        names, order = {name: pool for name, pool in names.items() if pool == first}, [first]
+    return ModelRouter(names, order)
 
 
 class PoolSorters:
