@@ -2,18 +2,20 @@
 duration and cost p10/p50/p90 from the simulator run over seeds with the measured speed.
 
 Work is counted in engine seconds of one worker over the rows the run has left (the probe's own rows are
-done): each row costs its generated tokens at the probe's seconds per generated token, its uncached
-prompt tokens at PREFILL_WEIGHT of that (one probe chunk measures one engine time, so the split between
-prefill and decode is an assumption, said in the record's note). The probe runs two full engine batches
-by default: the rate is taken past the first (the engine's warm-up, added once per worker) at the
-concurrency a saturated worker of the run reaches; which share of the first batch's excess was
-warm-up is not measured, so each draw takes a rate log-uniform between that and the probe's whole
-rate (the band holds the split's doubt). Output lengths: per stratum, the probe's generated /
-max_tokens ratios, resampled with replacement (a bootstrap of the stratum's mean) and applied to the
-stratum's max_tokens in the run; strata the probe missed draw from all its rows. Prompt tokens: the
-run's bytes / 4, corrected by the probe's measured ratio; cached share as the probe measured it. The
-rate itself varies from one engine to the next (RATE_SIGMA, measured by bench/forecast_bench.py): each
-draw scales it by a log-normal factor, so the band holds both spreads.
+done): each row costs its generated tokens at the probe's seconds per unit, its uncached prompt
+tokens at PREFILL_WEIGHT of a unit (one probe chunk measures one engine time, so the split between
+prefill and decode is an assumption, said in the record's note). A unit is a generated token of a
+full engine batch: the probe's own decode is counted in slot-steps (probe_work.py), since its few
+batches run part-empty where the run's stay full. The probe runs two full engine batches by
+default: the rate is taken past the first (the engine's warm-up, added once per worker); which share
+of the first batch's excess was warm-up is not measured, so each draw takes a rate log-uniform
+between that and the probe's whole rate (the band holds the split's doubt). Output lengths: per
+stratum, the probe's generated / max_tokens ratios, resampled with replacement (a bootstrap of the
+stratum's mean) and applied to the stratum's max_tokens in the run; strata the probe missed draw
+from all its rows. Prompt tokens: the run's bytes / 4, corrected by the probe's measured ratio;
+cached share from the probe's hits and the run's prefix groups (probe_work.py). The rate itself
+varies from one engine to the next (RATE_SIGMA, measured by bench/forecast_bench.py): each draw
+scales it by a log-normal factor, so the band holds both spreads.
 
 A local fleet: the busiest worker of the plan over the rows left, at the probe's rate shared by
 the workers this machine's cores hold at once.
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
+from orchestrator.controller.probe_work import run_cached_share, units_until
 from orchestrator.core.context import RunContext
 from orchestrator.core.records import ManifestEntry
 from orchestrator.core.records.forecast import (
@@ -46,6 +49,10 @@ from orchestrator.core.records.forecast import (
 
 #: Cost of an uncached prompt token against a generated one in a saturated batch (an assumption).
 PREFILL_WEIGHT = 0.05
+#: The share of an engine step's cost that does not grow with the rows running (probe_work.py): not
+#: measured, so each draw takes one in this range. Mostly fixed where weights are read once a step
+#: (a GPU's decode) or the engine's own overhead dominates (a small model on a CPU).
+FIXED_STEP_SHARE = (0.5, 1.0)
 BOOTSTRAP = 400
 SEEDS = 5
 #: The price table's speeds are for a 7-8B model.
@@ -57,6 +64,11 @@ CPU_GUESS_SPEED_SPREAD = 10.0
 #: Workers sharing one machine's cores do not add up: two single-thread workers on this 2-vCPU
 #: machine each ran at 0.78-0.85 of one alone (bench/forecast_bench.py; the probe runs alone).
 SHARED_CORE_EFFICIENCY = 0.82
+#: More worker threads than cores cost more again: 4 single-thread workers on 2 vCPUs each had 0.49 of a
+#: CPU and spent 1.58x the probe's CPU seconds a token, where 2 workers spent 1.12-1.2x on the steady
+#: workloads (bench/forecast_bench.py, 2026-11-26): 1.17 / 1.58 (processes switched on a core evict
+#: each other's caches).
+OVERSUBSCRIBED_EFFICIENCY = 0.74
 #: Spread (log-normal sigma) of one worker's engine rate against another's on the same workload:
 #: what a probe's one measured rate cannot see (bench/forecast_bench.py, docs/BENCHMARKS.md).
 RATE_SIGMA = 0.1
@@ -98,15 +110,28 @@ def warm_up_split(probe: ProbeRecord) -> bool:
     return fb is not None and len(fb) >= 6 and fb[2] < len(probe.samples)
 
 
-def probe_rate(probe: ProbeRecord) -> tuple[float, float]:
+def probe_units(probe: ProbeRecord, fixed: float = 1.0, rows_done: int | None = None) -> float:
+    """Engine units of the probe's rows, all of them or (`rows_done`) up to its first batch: decode in
+    slot-steps where the probe knows its engine batch (probe_work.py; `fixed` the step's fixed share),
+    else in generated tokens, and prefill at PREFILL_WEIGHT per uncached prompt token."""
+    s, fb = probe.samples, probe.first_batch
+    if rows_done is not None and fb is not None:
+        prefill, tokens = fb[3] - fb[5], fb[4]
+    else:
+        prefill, tokens = sum(x.prompt_tokens - x.cached_tokens for x in s), sum(x.completion_tokens for x in s)
+    if probe.engine_batch:
+        tokens = units_until([x.completion_tokens for x in s], probe.engine_batch, fixed, rows_done)
+    return tokens + PREFILL_WEIGHT * prefill
+
+
+def probe_rate(probe: ProbeRecord, fixed: float = 1.0) -> tuple[float, float]:
     """(engine seconds per work unit, warm-up seconds): the rate past the first engine batch when the
     probe ran more than one (its heartbeat's `first_batch`), the first batch's excess as the warm-up."""
-    s = probe.samples
     busy = probe.busy_s or 0.0
-    units = sum(x.completion_tokens + PREFILL_WEIGHT * (x.prompt_tokens - x.cached_tokens) for x in s)
+    units = probe_units(probe, fixed)
     fb = probe.first_batch
     if fb is not None and warm_up_split(probe):
-        first_units = fb[4] + PREFILL_WEIGHT * (fb[3] - fb[5])
+        first_units = probe_units(probe, fixed, rows_done=int(fb[2]))
         if busy > fb[0] and units > first_units:
             rate = (busy - fb[0]) / (units - first_units)
             return rate, max(0.0, fb[0] - first_units * rate)
@@ -117,22 +142,26 @@ def rate_draw(probe: ProbeRecord, rng: random.Random) -> float:
     """One draw of the probe's seconds per work unit, log-uniform between the rate past its first
     batch and its whole rate (warm-up in): which share of the first batch's excess was warm-up is
     not measured, and the two batches of a probe differ by up to 1.8x in CPU seconds a row
-    (bench/forecast_bench.py's short-output store: 12.7 and 7.1 ms), so the band holds both."""
-    past_first = probe_rate(probe)[0]
-    units = sum(x.completion_tokens + PREFILL_WEIGHT * (x.prompt_tokens - x.cached_tokens) for x in probe.samples)
+    (bench/forecast_bench.py's short-output store: 12.7 and 7.1 ms), so the band holds both. The
+    step's fixed share (probe_work.py) is drawn too: it matters only where the probe's batches ran
+    part-empty."""
+    fixed = rng.uniform(*FIXED_STEP_SHARE)
+    past_first = probe_rate(probe, fixed)[0]
+    units = probe_units(probe, fixed)
     whole = (probe.busy_s or 0.0) / units if units else past_first
     if past_first <= 0 or whole <= past_first:
         return past_first
     return float(past_first * (whole / past_first) ** rng.random())
 
 
-def work_seconds(probe: ProbeRecord, rng: random.Random) -> tuple[float, float, float]:
-    """One bootstrap draw: (engine seconds of one worker, generated tokens, prompt tokens) for the rows left."""
+def work_seconds(probe: ProbeRecord, rng: random.Random, workers: int = 1) -> tuple[float, float, float]:
+    """One bootstrap draw: (engine seconds of one worker, generated tokens, prompt tokens) for the rows
+    left, by `workers` workers (each meets a prefix group's first row once: a cache miss)."""
     s = probe.samples
     sec_per_unit = rate_draw(probe, rng)
     est = sum(x.est_prompt_tokens for x in s)
     prompt_ratio = sum(x.prompt_tokens for x in s) / est if est else 1.0
-    cached = sum(x.cached_tokens for x in s) / max(1, sum(x.prompt_tokens for x in s))
+    cached = run_cached_share(s, probe.strata, workers)
     by_stratum: dict[str, list[RowSample]] = {}
     for x in s:
         by_stratum.setdefault(x.stratum, []).append(x)
@@ -150,17 +179,21 @@ def work_seconds(probe: ProbeRecord, rng: random.Random) -> tuple[float, float, 
 
 def local_parallelism(workers: int, threads: int | None) -> float:
     """Workers on this machine share its cores: N workers of `threads` each go min(N, cores/threads) times as
-    fast, less what sharing a machine costs (SHARED_CORE_EFFICIENCY)."""
+    fast, less what sharing a machine costs (SHARED_CORE_EFFICIENCY), and more where they want more
+    threads than it has (OVERSUBSCRIBED_EFFICIENCY)."""
     cores = os.cpu_count() or 1
+    want = float(workers * max(1, threads or 1))
     par = min(float(workers), max(1.0, cores / max(1, threads or 1)))
-    return par * SHARED_CORE_EFFICIENCY if par > 1 else par
+    if par <= 1:
+        return par
+    return par * SHARED_CORE_EFFICIENCY * (OVERSUBSCRIBED_EFFICIENCY if want > cores else 1.0)
 
 
 def forecast_from_probe(
     ctx: RunContext, probe: ProbeRecord, manifest: Sequence[ManifestEntry], workers: int, at: float
 ) -> ForecastRecord:
     rng = random.Random(0)
-    draws = [work_seconds(probe, rng) for _ in range(BOOTSTRAP)]
+    draws = [work_seconds(probe, rng, workers) for _ in range(BOOTSTRAP)]
     work = band([d[0] for d in draws])
     out = band([d[1] for d in draws])
     left = [e for e in manifest if e.chunk != probe.chunk]

@@ -1,0 +1,87 @@
+"""What a probe's few batches cost against a run's full ones: slot-steps, cache hits, shared cores."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from orchestrator.controller import forecast
+from orchestrator.controller.forecast import local_parallelism, probe_units, work_seconds
+from orchestrator.controller.probe_work import run_cached_share, slot_schedule, units_until
+from orchestrator.core.records.forecast import ProbeRecord, RowSample, StratumCount
+
+
+def test_slot_schedule_admits_rows_in_order_as_slots_free():
+    # Two slots: rows of 5, 1, 1, 3 steps. The third row takes the slot the second freed at step 1.
+    assert slot_schedule([5, 1, 1, 3], 2) == [(0, 5), (0, 1), (1, 2), (2, 5)]
+
+
+def test_units_until_counts_a_part_empty_step_as_a_full_one_where_the_step_is_all_fixed():
+    # 8 slots, one row of 160 tokens and seven of 10: 160 steps, 230 tokens.
+    lengths = [160] + [10] * 7
+    assert units_until(lengths, 8, 1.0) == 8 * 160
+    assert units_until(lengths, 8, 0.0) == 230  # all per row: a token is a token
+    assert units_until(lengths, 8, 0.5) == pytest.approx(0.5 * 1280 + 0.5 * 230)
+    # Full batches cost one unit a token whatever the fixed share.
+    assert units_until([16] * 16, 8, 1.0) == units_until([16] * 16, 8, 0.3) == 256
+    # Up to the step the 8th row finished: the 7 short rows end at 10, the next row starts at 10.
+    assert units_until([*lengths, 10], 8, 1.0, rows_done=8) == 8 * 20
+
+
+def _sample(stratum: str, completion: int, cached: int = 0, prompt: int = 100) -> RowSample:
+    return RowSample(
+        stratum=stratum,
+        est_prompt_tokens=prompt,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=completion,
+        max_tokens=completion,
+        hit_max=True,
+    )
+
+
+def test_heavy_tailed_probe_forecasts_the_rate_of_full_batches():
+    # 16 probe rows: one of 160 tokens, fifteen of 10, run at 8 at a time. The engine took 1 ms a
+    # full step (8 tokens): the 160-step probe took 0.16 s. Counted in tokens (what the forecast did
+    # before) the rate is 0.16 s / 310 tokens, 4x the 1/8 ms a token of a run at full batches.
+    rows = [_sample("s", 160)] + [_sample("s", 10)] * 15
+    probe = ProbeRecord(
+        chunk="p",
+        rows=16,
+        share=0.01,
+        strata={"s": StratumCount(rows=1600, max_tokens=31000, est_prompt_tokens=160000)},
+        created_at=0.0,
+        busy_s=0.16 + 0.05 * sum(x.prompt_tokens for x in rows) / 8000,
+        engine_batch=8,
+        samples=rows,
+    )
+    assert probe_units(probe, 1.0) == pytest.approx(8 * 160 + 0.05 * 1600)
+    draws = [work_seconds(probe, random.Random(seed))[0] for seed in range(200)]
+    # The rows left: 1,584 rows of 31000 * 1584 / 1600 tokens in all, at 1/8 ms a token (+ prefill).
+    full = (31000 - 310) / 8000 + 0.05 * (160000 - 1600) / 8000
+    assert 0.8 * full < statistics.median(draws) < 1.6 * full
+    untouched = probe.model_copy(update={"engine_batch": None})
+    assert statistics.median(work_seconds(untouched, random.Random(s))[0] for s in range(200)) > 3 * full
+
+
+def test_run_cached_share_counts_the_hits_the_run_will_have_not_the_probes():
+    # 4 prefix groups; the probe's 16 rows hit on 12 (512 of 640 tokens each); the run has 1,100
+    # rows of those groups on 2 workers: all but 8 hit.
+    samples = [_sample(f"p9.m4.g{i % 4}", 24, cached=0 if i < 4 else 512, prompt=640) for i in range(16)]
+    strata = {f"p9.m4.g{g}": StratumCount(rows=275) for g in range(4)}
+    assert run_cached_share(samples, strata, 2) == pytest.approx(0.8 * 1092 / 1100)
+    # Rows that share nothing: the probe's own share (a chat template's head) is kept.
+    lone = [_sample(f"p9.m4.x{i}", 24, cached=16 * (i > 0)) for i in range(4)]
+    assert run_cached_share(lone, {x.stratum: StratumCount(rows=1) for x in lone}, 2) == pytest.approx(0.12)
+    assert run_cached_share([_sample("s", 24)], {"s": StratumCount(rows=9)}, 2) == 0.0
+
+
+def test_local_parallelism_charges_oversubscribed_cores(monkeypatch):
+    monkeypatch.setattr(forecast.os, "cpu_count", lambda: 2)
+    assert local_parallelism(1, 1) == 1.0
+    assert local_parallelism(2, 1) == pytest.approx(2 * forecast.SHARED_CORE_EFFICIENCY)
+    # Four single-thread workers on two cores: two at a time, and what switching costs.
+    four = local_parallelism(4, 1)
+    assert four == pytest.approx(2 * forecast.SHARED_CORE_EFFICIENCY * forecast.OVERSUBSCRIBED_EFFICIENCY)
