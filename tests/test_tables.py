@@ -348,3 +348,31 @@ def test_prepare_reuse_from_a_table_changed_by_a_delete_says_it_reads_the_whole_
     assert main(["collect", "--run", "b", "--store", store, "--out", str(tmp_path / "b.jsonl")]) == 0
     out = [json.loads(line)["custom_id"] for line in (tmp_path / "b.jsonl").read_text().splitlines()]
     assert sorted(out) == sorted(f"r{i}" for i in range(8) if i != 1)
+
+
+def test_iceberg_rows_follow_field_ids_through_renames_and_a_dropped_and_added_column(tables):
+    """Data files read as plain Parquet where they hold the columns as the table names them now
+    (table_lake._plain_iceberg_file); a renamed column, or one dropped and added again under its old
+    name (a new field id: the old files' values are not its values), goes through pyiceberg."""
+    from pyiceberg.types import StringType
+
+    from orchestrator.prepare.tables import table_batches
+
+    tables.write("iceberg", rows(0, 3))
+    iceberg = tables.catalog().load_table("db.q")
+    with iceberg.update_schema() as update:
+        update.rename_column("question", "text")
+    iceberg = tables.catalog().load_table("db.q")
+    iceberg.append(pa.table({"id": ["r3"], "text": ["question 3"], "n": [3]}))
+    with iceberg.update_schema() as update:
+        update.delete_column("n")
+    with iceberg.update_schema() as update:
+        update.add_column("n", StringType())
+    iceberg = tables.catalog().load_table("db.q")
+    iceberg.append(pa.table({"id": ["r4"], "text": ["question 4"], "n": ["new"]}))
+    (source,) = resolve_sources([tables.uri("iceberg")])
+    # Each file's batches as its reader types them (a plain file's string, pyiceberg's large_string).
+    read = [row for batch in table_batches(source, ["id", "text", "n"]) for row in batch.to_pylist()]
+    assert [row["id"] for row in read] == ["r0", "r1", "r2", "r3", "r4"]
+    assert [row["text"] for row in read] == [f"question {i}" for i in range(5)]
+    assert [row["n"] for row in read] == [None, None, None, None, "new"]
