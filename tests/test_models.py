@@ -262,6 +262,19 @@ def test_plan_estimate_prices_each_pool_on_its_own_machines(tmp_path, capsys):
     assert "pool smol (slowest): 1 worker on A100" in out, out
 
 
+def test_estimate_probe_is_refused_for_several_models_before_it_touches_the_run(tmp_path, capsys):
+    """One probe chunk is one worker's: a chunk of several models' rows would be answered by one of
+    them. Refused, naming the field and where each pool's estimate is, with the manifest untouched."""
+    args = _two_pool_run(tmp_path, "", smol_on="NVIDIA A100")
+    store, layout = open_store(args[args.index("--store") + 1]), RunLayout(args[args.index("--run") + 1])
+    before = read_manifest(store, layout)
+    capsys.readouterr()
+    assert main(["estimate", *args, "--probe"]) == 1
+    err = capsys.readouterr().err
+    assert "several models" in err and "models" in err and "orch plan" in err
+    assert read_manifest(store, layout) == before
+
+
 def test_deadline_policy_adds_on_demand_workers_to_the_pool_that_is_late(tmp_path, monkeypatch):
     """Five hours into a six-hour deadline, tiny's worker covers its rows left and smol's is far too
     slow: the run as a whole has the rate it needs (tiny's surplus), but the policy decides pool by

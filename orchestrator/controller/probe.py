@@ -52,6 +52,14 @@ def run_probe(
     echo: Callable[[str], None] = lambda _l: None,
 ) -> ProbeRecord:
     """The run's probe: made and run now, or the one made before (launched again if it never finished)."""
+    if ctx.spec.models:
+        # One probe chunk is one worker's: rows of several models in it would be answered by one model.
+        raise OrchError(
+            f"`orch estimate --probe` is not built for a run of several models ({', '.join(ctx.spec.models)})",
+            hint="`orch plan` prints each model's pool estimated on its own machines; or probe each "
+            "model as a run of its own",
+            where="models",
+        )
     probe = read_probe(ctx)
     if probe is not None and probe.busy_s is not None:
         echo(f"probe: {probe.rows} rows measured before ({probe.chunk}): reused")
