@@ -275,6 +275,31 @@ def test_estimate_probe_is_refused_for_several_models_before_it_touches_the_run(
     assert read_manifest(store, layout) == before
 
 
+def test_estimate_guesses_each_pool_on_its_own_machines_and_the_run_ends_with_the_slowest(tmp_path, capsys):
+    """`orch estimate` of two models: each pool guessed alone (its rows, its workers, its machines:
+    smol on 2 x A100 a worker costs twice the A100 time); the run's duration band is the slower
+    pool's, quantile by quantile, and its cost the two summed."""
+    args = _two_pool_run(tmp_path, ", resources: {gpus: [A100], gpus_per_worker: 2}", smol_on="NVIDIA A100")
+    with open(tmp_path / "orch.yaml", "a") as spec:
+        spec.write("backend: skypilot\n")  # priced machines; nothing is launched
+    capsys.readouterr()
+    assert main(["estimate", *args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    pools = {
+        name: next(c for c in r["candidates"] if c["gpu"] + "/spot" == r["fleet"]) for name, r in doc["pools"].items()
+    }
+    assert set(pools) == {"tiny", "smol"} and pools["smol"]["gpu"] == "A100" and pools["tiny"]["gpu"] != "A100"
+    (run,) = doc["candidates"]
+    for q in ("p10", "p50", "p90"):
+        assert run["duration_s"][q] == max(p["duration_s"][q] for p in pools.values())
+        assert run["cost_usd"][q] == pytest.approx(sum(p["cost_usd"][q] for p in pools.values()), abs=0.02)
+    smol = pools["smol"]
+    price = load_gpu_table().get("A100").spot_usd_h
+    assert smol["cost_usd"]["p50"] == pytest.approx(smol["duration_s"]["p50"] / 3600 * price * 2, rel=0.02)
+    assert main(["estimate", *args]) == 0
+    assert "pool smol: 1 worker(s) on A100" in capsys.readouterr().out
+
+
 def test_deadline_policy_adds_on_demand_workers_to_the_pool_that_is_late(tmp_path, monkeypatch):
     """Five hours into a six-hour deadline, tiny's worker covers its rows left and smol's is far too
     slow: the run as a whole has the rate it needs (tiny's surplus), but the policy decides pool by

@@ -37,6 +37,7 @@ def estimate_command(
 ) -> int:
     """Forecast the run's duration and cost per candidate (spot and on-demand), p10/p50/p90; kept in the store."""
     from orchestrator.controller.forecast import forecast_from_probe, guess
+    from orchestrator.controller.forecast_pools import guess_pools
     from orchestrator.controller.probe import probe_summary, read_probe, run_probe
     from orchestrator.core.records import read_manifest
 
@@ -50,6 +51,8 @@ def estimate_command(
     n = ctx.spec.workers.count
     if made is not None and made.busy_s is not None:
         record = forecast_from_probe(ctx, made, manifest, n, time.time())
+    elif ctx.spec.models:
+        record = guess_pools(ctx, manifest, time.time())
     else:
         record = guess(ctx, manifest, n, time.time())
     ctx.store.put(ctx.layout.forecast, record.to_bytes())
@@ -95,6 +98,15 @@ def _print(doc: dict[str, Any]) -> None:
             c["basis"],
         )
     console().print(table)
+    for pool, record in doc.get("pools", {}).items():
+        c = next(
+            c for c in record["candidates"] if f"{c['gpu']}/{'spot' if c['spot'] else 'on-demand'}" == record["fleet"]
+        )
+        d, u = c["duration_s"], c["cost_usd"]
+        click.echo(
+            f"pool {pool}: {c['workers']} worker(s) on {c['gpu']}: {duration_text(d['p50'])} "
+            f"({duration_text(d['p10'])}-{duration_text(d['p90'])}), ${u['p50']:,.2f} ({c['basis']})"
+        )
     click.echo(doc["note"])
 
 

@@ -73,3 +73,5 @@ class ForecastRecord(Record):
     note: str = ""
     #: Filled by collect (or status once the run is complete): what the run really took.
     actual: dict[str, float] | None = None
+    #: A run of several models: each pool's own forecast (controller/forecast_pools.py).
+    pools: dict[str, ForecastRecord] = Field(default_factory=dict)
