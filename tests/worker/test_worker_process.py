@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.errors import StoreBusy
 from orchestrator.core.exits import WorkerStatus
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout, chunk_id
@@ -25,6 +26,7 @@ from orchestrator.core.protocol.leases import acquire, read_lease, release
 from orchestrator.core.protocol.parts import iter_part_lines, part_codec
 from orchestrator.core.records import DoneMarker
 from orchestrator.core.store import open_store
+from orchestrator.core.store.base import StoreSettings
 from orchestrator.core.worker_ids import planned_list
 from tests.support.runs import Answer, chat_request, make_run
 
@@ -235,12 +237,22 @@ def test_worker_that_loses_a_lease_mid_chunk_drops_it_and_goes_on(tiny_model, tm
     while not (beat := read_heartbeats(store, layout).get("0")) or beat.chunk != "part_00000" or beat.rows_done == 0:
         assert time.monotonic() < deadline and worker.proc.poll() is None, worker.stderr
         time.sleep(0.05)
+    # The peer waits a second, not 30, for a store write lock: the signal may freeze the worker
+    # inside a write (its heartbeat thread renewing a lease), holding the lock (CI, load 30).
+    peer_store = open_store(store_uri, StoreSettings(lock_timeout=1.0))
     worker.proc.send_signal(signal.SIGSTOP)
     try:
         # A peer takes the lease as soon as it has expired (the frozen worker cannot renew it).
-        while (
-            peer := acquire(store, layout, "part_00000", worker="1", holder="1.peer", ttl=600, now=time.time())
-        ) is None:
+        while True:
+            try:
+                peer = acquire(peer_store, layout, "part_00000", worker="1", holder="1.peer", ttl=600, now=time.time())
+            except StoreBusy:  # frozen mid-write: let it finish that write, then freeze it again
+                worker.proc.send_signal(signal.SIGCONT)
+                time.sleep(0.1)
+                worker.proc.send_signal(signal.SIGSTOP)
+                continue
+            if peer is not None:
+                break
             time.sleep(0.1)
     finally:
         worker.proc.send_signal(signal.SIGCONT)
