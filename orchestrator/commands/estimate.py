@@ -71,6 +71,7 @@ def _print(doc: dict[str, Any]) -> None:
 
     from orchestrator.commands.console import console
     from orchestrator.controller.status import duration as duration_text
+    from orchestrator.core.records.forecast import ForecastRecord
 
     if "probe" in doc:
         p = doc["probe"]
@@ -99,13 +100,13 @@ def _print(doc: dict[str, Any]) -> None:
         )
     console().print(table)
     for pool, record in doc.get("pools", {}).items():
-        c = next(
-            c for c in record["candidates"] if f"{c['gpu']}/{'spot' if c['spot'] else 'on-demand'}" == record["fleet"]
-        )
-        d, u = c["duration_s"], c["cost_usd"]
+        c = ForecastRecord.model_validate(record).fleet_candidate()
+        if c is None:
+            continue
+        d, u = c.duration_s, c.cost_usd
         click.echo(
-            f"pool {pool}: {c['workers']} worker(s) on {c['gpu']}: {duration_text(d['p50'])} "
-            f"({duration_text(d['p10'])}-{duration_text(d['p90'])}), ${u['p50']:,.2f} ({c['basis']})"
+            f"pool {pool}: {c.workers} worker(s) on {c.gpu}: {duration_text(d.p50)} "
+            f"({duration_text(d.p10)}-{duration_text(d.p90)}), ${u.p50:,.2f} ({c.basis})"
         )
     click.echo(doc["note"])
 

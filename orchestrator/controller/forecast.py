@@ -229,7 +229,7 @@ def forecast_from_probe(
         output_tokens=out,
         prompt_tokens=round(statistics.fmean(d[2] for d in draws)),
         candidates=candidates,
-        fleet=f"{candidates[0].gpu}/{'spot' if candidates[0].spot else 'on-demand'}",
+        fleet=candidates[0].key,
         note=f"engine time from {probe.rows} probe rows; "
         f"prefill weighed {PREFILL_WEIGHT} of a generated token (assumed)"
         + _below_batch(ctx, probe)
@@ -381,7 +381,7 @@ def guess(ctx: RunContext, manifest: Sequence[ManifestEntry], workers: int, at: 
         output_tokens=out,
         prompt_tokens=prompt,
         candidates=candidates,
-        fleet=f"{candidates[0].gpu}/{'spot' if candidates[0].spot else 'on-demand'}",
+        fleet=candidates[0].key,
         note=f"a guess ({size}; outputs 10-100% of max_tokens): "
         "`orch estimate --probe` narrows it, measured on about 1% of the rows",
     )

@@ -43,7 +43,8 @@ def record_actual(
 
         marker = read_marker(store, layout, probe[0].chunk)
         leave_out = marker.holder if marker is not None else None
-    fleet = next(c for c in record.candidates if f"{c.gpu}/{'spot' if c.spot else 'on-demand'}" == record.fleet)
+    fleet = record.fleet_candidate()
+    assert fleet is not None, record.fleet  # forecast.py names one of its candidates
     engine = fleet_engine_s(store, layout, leave_out)
     actual = {
         "engine_s": round(engine, 2),
@@ -65,7 +66,7 @@ def forecast_beside_pace(
     so far projects (time since the first launch plus the ETA), and how right it was once collected."""
     if record is None:
         return None
-    fleet = next((c for c in record.candidates if f"{c.gpu}/{'spot' if c.spot else 'on-demand'}" == record.fleet), None)
+    fleet = record.fleet_candidate()
     if fleet is None:
         return None
     view: dict[str, Any] = {"kind": record.kind, "duration_s": fleet.duration_s.model_dump(), "projected_s": None}

@@ -48,7 +48,7 @@ def guess_pools(ctx: RunContext, manifest: Sequence[ManifestEntry], at: float) -
         output_tokens=_summed([r.output_tokens for r in pools.values()]),
         prompt_tokens=sum(r.prompt_tokens for r in pools.values()),
         candidates=[run],
-        fleet=f"{run.gpu}/{'spot' if run.spot else 'on-demand'}",
+        fleet=run.key,
         note=f"a guess per model ({', '.join(pools)}): each pool's size, machines and rows; "
         "`orch plan --estimate` has each pool's speed once chunks are done",
         pools=pools,
@@ -56,8 +56,10 @@ def guess_pools(ctx: RunContext, manifest: Sequence[ManifestEntry], at: float) -
 
 
 def _fleet(record: ForecastRecord) -> CandidateForecast:
-    """The candidate a pool runs on (its record's fleet)."""
-    return next(c for c in record.candidates if f"{c.gpu}/{'spot' if c.spot else 'on-demand'}" == record.fleet)
+    """The candidate a pool runs on (its record's fleet: forecast.guess names one of its own)."""
+    fleet = record.fleet_candidate()
+    assert fleet is not None, record.fleet
+    return fleet
 
 
 def _priced_per_gpu(record: ForecastRecord, gpus_per_worker: int) -> ForecastRecord:

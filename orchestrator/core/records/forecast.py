@@ -61,6 +61,11 @@ class CandidateForecast(Record):
     engine_s: Band = Field(description="the fleet's engine time (its makespan less start-up)")
     basis: str = Field(description="measured on this accelerator, or scaled from it / from the table")
 
+    @property
+    def key(self) -> str:
+        """`gpu/spot` or `gpu/on-demand`: how a forecast's `fleet` names its candidate."""
+        return f"{self.gpu}/{'spot' if self.spot else 'on-demand'}"
+
 
 class ForecastRecord(Record):
     at: float
@@ -75,3 +80,7 @@ class ForecastRecord(Record):
     actual: dict[str, float] | None = None
     #: A run of several models: each pool's own forecast (controller/forecast_pools.py).
     pools: dict[str, ForecastRecord] = Field(default_factory=dict)
+
+    def fleet_candidate(self) -> CandidateForecast | None:
+        """The candidate the run uses (the one `fleet` names)."""
+        return next((c for c in self.candidates if c.key == self.fleet), None)
