@@ -263,7 +263,7 @@ class BatchSteps:
             merged, retry = Path(tmp) / "merged.jsonl", Path(tmp) / "retry.jsonl"
             good, bad = Path(tmp) / "output.jsonl", Path(tmp) / "errors.jsonl"
             tokens = collect(self.store, ctx.layout, merged, retry_out=retry).tokens
-            reused = reused_custom_ids(self.store, ctx.layout)
+            reused = reused_custom_ids(self.store, ctx.layout) if ctx.spec.reuse.runs else set()
             answered: set[str] = set()
             with open(merged, "rb") as lines, open(good, "wb") as good_out, open(bad, "wb") as bad_out:
                 for raw in lines:
