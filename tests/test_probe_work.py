@@ -81,7 +81,11 @@ def test_run_cached_share_counts_the_hits_the_run_will_have_not_the_probes():
 def test_local_parallelism_charges_oversubscribed_cores(monkeypatch):
     monkeypatch.setattr(forecast.os, "cpu_count", lambda: 2)
     assert local_parallelism(1, 1) == 1.0
-    assert local_parallelism(2, 1) == pytest.approx(2 * forecast.SHARED_CORE_EFFICIENCY)
-    # Four single-thread workers on two cores: two at a time, and what switching costs.
-    four = local_parallelism(4, 1)
-    assert four == pytest.approx(2 * forecast.SHARED_CORE_EFFICIENCY * forecast.OVERSUBSCRIBED_EFFICIENCY)
+    low, high = forecast.SHARED_CORE_EFFICIENCY
+    assert local_parallelism(2, 1, (0.0, 0.0)) == pytest.approx(2 * low)
+    assert local_parallelism(2, 1, (1.0, 0.0)) == pytest.approx(2 * high)
+    assert local_parallelism(2, 1) == pytest.approx(low + high)  # the middle of the range
+    # Four single-thread workers on two cores: two at a time, and what switching costs (drawn too).
+    over_low = forecast.OVERSUBSCRIBED_EFFICIENCY[0]
+    assert local_parallelism(4, 1, (0.0, 0.0)) == pytest.approx(2 * low * over_low)
+    assert local_parallelism(4, 1, (0.0, 0.0)) < local_parallelism(4, 1, (0.0, 1.0)) == local_parallelism(2, 1, (0, 0))
