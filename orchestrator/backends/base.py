@@ -82,6 +82,8 @@ class LaunchRequest:
     zones: list[str] = field(default_factory=list)
     #: A run of several models: the model the worker loads (its pool), whose resources it runs on.
     model: str | None = None
+    #: A probe of one candidate accelerator: the GPU types it is pinned to; None: the spec's.
+    gpus: list[str] | None = None
 
 
 @dataclass

@@ -59,6 +59,8 @@ def render_worker_task(template: dict[str, Any], spec: RunSpec, request: LaunchR
     task = copy.deepcopy(template)
     task["name"] = request.name
     spec = spec_for_pool(spec, request.model)  # a run of several models: this worker's model and machines
+    if request.gpus is not None:  # a probe of one candidate GPU type
+        spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpus": list(request.gpus)})})
     r = spec.resources
     envs = dict(task.get("envs") or {})
     envs.update(request.envs)

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from orchestrator.commands.shared import Invocation, common_options
+from orchestrator.controller.probe_launch import PROBE_BUDGET_USD
 
 
 @click.command("estimate")
@@ -31,14 +32,28 @@ from orchestrator.commands.shared import Invocation, common_options
     help="the fewest rows a probe takes [default: two engine batches (model.engine_args.max_num_seqs, else 256): "
     "one to warm up, one to measure]",
 )
+@click.option(
+    "--probe-budget",
+    type=click.FloatRange(0.0, min_open=True),
+    default=PROBE_BUDGET_USD,
+    show_default=True,
+    help="USD the probes may spend on SkyPilot, shared by the candidate GPU types (each probed on its own, "
+    "spot): a probe past its share is cancelled and its rows are left to the run",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the forecast as JSON")
 def estimate_command(
-    inv: Invocation, workers: int | None, probe: bool, probe_share: float, probe_rows: int | None, as_json: bool
+    inv: Invocation,
+    workers: int | None,
+    probe: bool,
+    probe_share: float,
+    probe_rows: int | None,
+    probe_budget: float,
+    as_json: bool,
 ) -> int:
     """Forecast the run's duration and cost per candidate (spot and on-demand), p10/p50/p90; kept in the store."""
-    from orchestrator.controller.forecast import forecast_from_probe, guess
+    from orchestrator.controller.forecast import forecast_from_probes, guess
     from orchestrator.controller.forecast_pools import guess_pools
-    from orchestrator.controller.probe import probe_summary, read_probe, run_probe
+    from orchestrator.controller.probe import probe_summary, read_probes, run_probes
     from orchestrator.core.records import read_manifest
 
     flags = dict(inv.flags)
@@ -46,19 +61,25 @@ def estimate_command(
         flags["workers.count"] = workers
     ctx = Invocation(inv.spec_file, flags).context(freeze=True)
     echo = (lambda _l: None) if as_json else (lambda line: click.echo(line, err=True))
-    made = run_probe(ctx, probe_share, min_rows=probe_rows, echo=echo) if probe else read_probe(ctx)
+    made = (
+        run_probes(ctx, probe_share, min_rows=probe_rows, budget_usd=probe_budget, echo=echo)
+        if probe
+        else read_probes(ctx.store, ctx.layout)
+    )
+    measured = [p for p in made if p.busy_s is not None]
     manifest = read_manifest(ctx.store, ctx.layout)
     n = ctx.spec.workers.count
-    if made is not None and made.busy_s is not None:
-        record = forecast_from_probe(ctx, made, manifest, n, time.time())
+    if measured:
+        record = forecast_from_probes(ctx, made, manifest, n, time.time())
     elif ctx.spec.models:
         record = guess_pools(ctx, manifest, time.time())
     else:
         record = guess(ctx, manifest, n, time.time())
     ctx.store.put(ctx.layout.forecast, record.to_bytes())
     doc: dict[str, Any] = record.model_dump()
-    if made is not None and made.busy_s is not None:
-        doc["probe"] = probe_summary(made)
+    if measured:
+        doc["probe"] = probe_summary(measured[0])
+        doc["probes"] = [probe_summary(p) for p in made]
     if as_json:
         click.echo(json.dumps(doc))
         return 0
@@ -73,8 +94,10 @@ def _print(doc: dict[str, Any]) -> None:
     from orchestrator.controller.status import duration as duration_text
     from orchestrator.core.records.forecast import ForecastRecord
 
-    if "probe" in doc:
-        p = doc["probe"]
+    for p in doc.get("probes", []):
+        if p["stopped"] or p["engine_s"] is None:
+            click.echo(f"probe on {p['gpu']}: {p['rows']} rows, nothing measured: {p['stopped'] or 'not finished'}")
+            continue
         click.echo(
             f"probe: {p['rows']} rows ({p['share']:.1%}) on {p['accelerator']}: "
             f"{p['decode_tokens_per_s']} generated tok/s, "

@@ -93,10 +93,11 @@ def model_params(model: str | None) -> float | None:
         return None
 
 
-def left_strata(probe: ProbeRecord) -> dict[str, StratumCount]:
-    """The run's strata less the probe's rows: what the run's workers still have to answer."""
+def left_strata(probe: ProbeRecord, done: Sequence[RowSample] | None = None) -> dict[str, StratumCount]:
+    """The run's strata less the rows probes answered (`done`; by default this probe's): what the
+    run's workers still have to answer."""
     left = {name: count.model_copy() for name, count in probe.strata.items()}
-    for x in probe.samples:
+    for x in probe.samples if done is None else done:
         c = left.get(x.stratum)
         if c is not None:
             c.rows, c.max_tokens = c.rows - 1, c.max_tokens - x.max_tokens
@@ -156,9 +157,12 @@ def rate_draw(probe: ProbeRecord, rng: random.Random) -> float:
     return float(past_first * (whole / past_first) ** rng.random())
 
 
-def work_seconds(probe: ProbeRecord, rng: random.Random, workers: int = 1) -> tuple[float, float, float]:
+def work_seconds(
+    probe: ProbeRecord, rng: random.Random, workers: int = 1, done: Sequence[RowSample] | None = None
+) -> tuple[float, float, float]:
     """One bootstrap draw: (engine seconds of one worker, generated tokens, prompt tokens) for the rows
-    left, by `workers` workers (each meets a prefix group's first row once: a cache miss)."""
+    left (all but `done`, by default this probe's), by `workers` workers (each meets a prefix group's
+    first row once: a cache miss)."""
     s = probe.samples
     sec_per_unit = rate_draw(probe, rng)
     est = sum(x.est_prompt_tokens for x in s)
@@ -168,7 +172,7 @@ def work_seconds(probe: ProbeRecord, rng: random.Random, workers: int = 1) -> tu
     for x in s:
         by_stratum.setdefault(x.stratum, []).append(x)
     out_total = prompt_total = 0.0
-    for name, count in left_strata(probe).items():
+    for name, count in left_strata(probe, done).items():
         pool = by_stratum.get(name) or s
         draw = [rng.choice(pool) for _ in pool]
         ratio = statistics.fmean(x.completion_tokens / max(1, x.max_tokens) for x in draw)
@@ -197,39 +201,36 @@ def _within(span: tuple[float, float], at: float) -> float:
     return span[0] + (span[1] - span[0]) * at
 
 
-def forecast_from_probe(
-    ctx: RunContext, probe: ProbeRecord, manifest: Sequence[ManifestEntry], workers: int, at: float
+def forecast_from_probes(
+    ctx: RunContext, probes: Sequence[ProbeRecord], manifest: Sequence[ManifestEntry], workers: int, at: float
 ) -> ForecastRecord:
-    rng = random.Random(0)
-    draws = [work_seconds(probe, rng, workers) for _ in range(BOOTSTRAP)]
+    """The forecast from the measured probes (the first measured one for the run's tokens and a local
+    fleet; on SkyPilot each candidate from its own probe where it has one, else scaled by the table)."""
+    measured = [p for p in probes if p.busy_s is not None]
+    first = measured[0]
+    done = [x for p in measured for x in p.samples]
+    draws = _draws(first, workers, done)
     work = band([d[0] for d in draws])
     out = band([d[1] for d in draws])
-    left = [e for e in manifest if e.chunk != probe.chunk]
-    startup = probe.load_s or 0.0
+    left = [e for e in manifest if e.chunk not in {p.chunk for p in measured}]
+    startup = first.load_s or 0.0
     candidates: list[CandidateForecast] = []
-    acc = probe.accelerator or "cpu"
-    prices = load_gpu_table()
     if ctx.spec.backend == "local":
-        candidates.append(_local_candidate(probe, left, workers, [d[0] for d in draws], startup))
+        candidates.append(_local_candidate(first, left, workers, [d[0] for d in draws], startup))
     else:
-        gen_tok_s = sum(x.completion_tokens for x in probe.samples) / (probe.busy_s or 1.0)
+        prices = load_gpu_table()
         for g in ctx.spec.resources.gpus:
-            gpu = prices.get(g)
-            measured = prices.find(acc) is gpu
-            speed = 1.0 if measured else _table_speed(prices, g, ctx.spec.model.name) / max(gen_tok_s, 1e-9)
+            own = next((p for p in measured if prices.find(p.accelerator) is prices.get(g)), None)
+            if own is not None:
+                mine = work if own is first else band([d[0] for d in _draws(own, workers, done)])
+                scaled, basis = [mine.p10, mine.p50, mine.p90], f"measured on {g} ({own.rows} probe rows)"
+            else:
+                speed = _speed_against(prices, g, first, ctx.spec.model.name)
+                scaled = [w / speed for w in (work.p10, work.p50, work.p90)]
+                basis = f"scaled from the probe on {first.accelerator or 'cpu'} by the table ({speed:.2g}x)"
             for spot in (True, False):
-                candidates.append(
-                    _simulated(
-                        ctx,
-                        prices,
-                        g,
-                        spot,
-                        workers,
-                        left,
-                        [w / speed for w in (work.p10, work.p50, work.p90)],
-                        "measured" if measured else f"scaled from the probe by the table ({speed:.1f}x)",
-                    )
-                )
+                candidates.append(_simulated(ctx, prices, g, spot, workers, left, scaled, basis))
+    unmeasured = [p for p in probes if p.busy_s is None]
     return ForecastRecord(
         at=at,
         kind="probe",
@@ -238,11 +239,27 @@ def forecast_from_probe(
         prompt_tokens=round(statistics.fmean(d[2] for d in draws)),
         candidates=candidates,
         fleet=candidates[0].key,
-        note=f"engine time from {probe.rows} probe rows; "
-        f"prefill weighed {PREFILL_WEIGHT} of a generated token (assumed)"
-        + _below_batch(ctx, probe)
-        + warm_up_note(probe),
+        note=f"engine time from {first.rows} probe rows"
+        + "".join(f"; the probe on {p.gpu} measured nothing ({p.stopped or 'it did not finish'})" for p in unmeasured)
+        + f"; prefill weighed {PREFILL_WEIGHT} of a generated token (assumed)"
+        + _below_batch(ctx, first)
+        + warm_up_note(first),
     )
+
+
+def _draws(probe: ProbeRecord, workers: int, done: Sequence[RowSample]) -> list[tuple[float, float, float]]:
+    rng = random.Random(0)
+    return [work_seconds(probe, rng, workers, done) for _ in range(BOOTSTRAP)]
+
+
+def _speed_against(prices: GpuTable, gpu: str, probe: ProbeRecord, model: str | None) -> float:
+    """How much faster `gpu` answers than the probe's accelerator: the table's ratio where the probe
+    ran on a GPU it lists, else the table's speed for the model's size against the probe's tokens/s."""
+    measured_on = prices.find(probe.accelerator)
+    if measured_on is not None:
+        return prices.get(gpu).relative_speed / measured_on.relative_speed
+    gen_tok_s = sum(x.completion_tokens for x in probe.samples) / (probe.busy_s or 1.0)
+    return _table_speed(prices, gpu, model) / max(gen_tok_s, 1e-9)
 
 
 def warm_up_note(probe: ProbeRecord) -> str:

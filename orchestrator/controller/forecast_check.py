@@ -3,22 +3,23 @@ run beside the forecast's p50, kept in its forecast record (collect writes it; `
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import Heartbeat
 from orchestrator.core.records.base import read_record
-from orchestrator.core.records.forecast import ForecastRecord, ProbeRecord
+from orchestrator.core.records.forecast import ForecastRecord
 from orchestrator.core.store import Store
 from orchestrator.core.worker_ids import job_worker
 
 
-def fleet_engine_s(store: Store, layout: RunLayout, leave_out: str | None) -> float:
-    """The fleet's engine time: the busiest worker's engine seconds (its processes added), the probe's left out."""
+def fleet_engine_s(store: Store, layout: RunLayout, leave_out: Collection[str]) -> float:
+    """The fleet's engine time: the busiest worker's engine seconds (its processes added), the probes' left out."""
     per_worker: dict[str, float] = {}
     for worker, summary in read_heartbeats(store, layout).items():
-        if summary.holder == leave_out:
+        if summary.holder in leave_out:
             continue
         key = next((i.key for i in store.list(f"{layout.heartbeats_prefix}{worker}/")), None)
         if key is None:
@@ -36,13 +37,12 @@ def record_actual(
     if found is None:
         return None
     record = found[0]
-    probe = read_record(store, layout.probe, ProbeRecord)
-    leave_out = None
-    if probe is not None:
-        from orchestrator.core.records import read_marker
+    from orchestrator.controller.probe import read_probes
+    from orchestrator.core.records import read_marker
 
-        marker = read_marker(store, layout, probe[0].chunk)
-        leave_out = marker.holder if marker is not None else None
+    # The probes' workers answered before the fleet started: their engine time is not the fleet's.
+    markers = [read_marker(store, layout, p.chunk) for p in read_probes(store, layout) if p.busy_s is not None]
+    leave_out = {m.holder for m in markers if m is not None}
     fleet = record.fleet_candidate()
     assert fleet is not None, record.fleet  # forecast.py names one of its candidates
     engine = fleet_engine_s(store, layout, leave_out)

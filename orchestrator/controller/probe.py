@@ -1,9 +1,13 @@
 """`orch estimate --probe`: run a stratified sample of the run's rows through a real worker, and keep what it measured.
 
-1. Sample and carve (controller/probe_carve.py): the rows move into a probe chunk, first on worker
-   0's list; nothing else changes for the run.
-2. Launch worker 0 through the run's backend with ORCH_MAX_CHUNKS=1: it claims the probe chunk by
-   the ordinary lease, answers it, writes its done marker and exits. Its rows are the run's.
+1. Sample and carve (controller/probe_carve.py): the rows move into a probe chunk, first on a
+   worker's list; nothing else changes for the run. On SkyPilot with several candidate GPUs, one
+   probe chunk per candidate, each a sample of its own (disjoint rows), on its own worker's list.
+2. Launch that worker through the run's backend with ORCH_MAX_CHUNKS=1 (on SkyPilot pinned to its
+   candidate GPU, spot): it claims the probe chunk by the ordinary lease, answers it, writes its
+   done marker and exits. Its rows are the run's. A candidate's probe is cancelled once its spot
+   price times the time since its launch spends its share of `--probe-budget`; its chunk is left
+   to the run's workers (nothing is lost), and that candidate is forecast from the table.
 3. Measure: per row, from the marker's parts (prompt, cached and generated tokens, whether it
    stopped at max_tokens); the engine and load seconds from the worker's last heartbeat.
 A probe already made is reused; one whose worker died is launched again (its chunk resumes).
@@ -26,32 +30,57 @@ from orchestrator.controller.probe_carve import (
     run_rows,
     sample_rows,
 )
+from orchestrator.controller.probe_launch import PROBE_BUDGET_USD, launch_and_wait, on
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError
 from orchestrator.core.protocol.heartbeats import newest_heartbeat_of
+from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.parts import iter_part_lines
 from orchestrator.core.records import read_manifest, read_marker
 from orchestrator.core.records.base import read_record
 from orchestrator.core.records.forecast import ProbeRecord, RowSample, StratumCount
+from orchestrator.core.store import Store
 
-#: How often the probe's chunk and job are looked at while it runs.
-POLL_S = 1.0
+
+def probe_candidates(ctx: RunContext) -> list[str | None]:
+    """The accelerators probed, each on its own: on SkyPilot every GPU type the spec names; else
+    (this machine, or a cluster of CPUs) the one its workers run on (None)."""
+    if ctx.spec.backend == "local" or not ctx.spec.resources.gpus:
+        return [None]
+    return list(ctx.spec.resources.gpus)
 
 
 def read_probe(ctx: RunContext) -> ProbeRecord | None:
+    """The first candidate's probe (the only one but on SkyPilot with several GPU types)."""
     found = read_record(ctx.store, ctx.layout.probe, ProbeRecord)
     return found[0] if found is not None else None
 
 
-def run_probe(
+def read_probes(store: Store, layout: RunLayout) -> list[ProbeRecord]:
+    """Every candidate's probe, the first candidate's first (none: no probe was made)."""
+    first = read_record(store, layout.probe, ProbeRecord)
+    if first is None:
+        return []
+    others = sorted(store.list(layout.probes_prefix), key=lambda i: i.key)
+    return [first[0], *(ProbeRecord.from_bytes(store.get(i.key).data) for i in others)]
+
+
+def _probe_key(layout: RunLayout, probe: ProbeRecord, first: bool) -> str:
+    return layout.probe if first or probe.gpu is None else layout.probe_of(probe.gpu)
+
+
+def run_probes(
     ctx: RunContext,
     share: float,
     *,
     min_rows: int | None = None,
+    budget_usd: float = PROBE_BUDGET_USD,
     timeout_s: float = 3600.0,
     echo: Callable[[str], None] = lambda _l: None,
-) -> ProbeRecord:
-    """The run's probe: made and run now, or the one made before (launched again if it never finished)."""
+    launcher: Launcher | None = None,
+) -> list[ProbeRecord]:
+    """The run's probes, one per candidate accelerator: made and run now, or those made before
+    (launched again if they never finished, unless their budget was spent). At least one measured."""
     if ctx.spec.models:
         # One probe chunk is one worker's: rows of several models in it would be answered by one model.
         raise OrchError(
@@ -60,103 +89,92 @@ def run_probe(
             "model as a run of its own",
             where="models",
         )
-    probe = read_probe(ctx)
-    if probe is not None and probe.busy_s is not None:
-        echo(f"probe: {probe.rows} rows measured before ({probe.chunk}): reused")
-        return probe
-    if probe is None:
-        probe = _carve(ctx, share, min_rows or 2 * engine_batch(ctx))
-        echo(f"probe: {probe.rows} rows ({probe.share:.1%}) in {len(probe.strata)} strata carved into {probe.chunk}")
-    if read_marker(ctx.store, ctx.layout, probe.chunk) is None:
-        _launch_and_wait(ctx, probe, timeout_s, echo)
-    probe = _measure(ctx, probe)
-    ctx.store.put(ctx.layout.probe, probe.to_bytes())
-    return probe
+    probes = read_probes(ctx.store, ctx.layout)
+    if probes and all(p.busy_s is not None or p.stopped for p in probes):
+        for p in probes:
+            echo(f"probe{on(p)}: {p.rows} rows {'measured before' if p.stopped is None else p.stopped} ({p.chunk})")
+        return probes
+    if len(probes) < len(probe_candidates(ctx)):
+        probes = _carve(ctx, share, min_rows or 2 * engine_batch(ctx), probes, echo)
+    todo = {p.chunk for p in probes if p.busy_s is None and not p.stopped}
+    unfinished = [p for p in probes if p.chunk in todo and read_marker(ctx.store, ctx.layout, p.chunk) is None]
+    stopped = launch_and_wait(ctx, probes, unfinished, budget_usd, timeout_s, echo, launcher) if unfinished else {}
+    for i, p in enumerate(probes):
+        if p.chunk in todo and p.chunk not in stopped:
+            probes[i] = _measure(ctx, p)
+        elif p.chunk in stopped and stopped[p.chunk].budget:
+            probes[i] = p.model_copy(update={"stopped": stopped[p.chunk].reason})
+        ctx.store.put(_probe_key(ctx.layout, probes[i], i == 0), probes[i].to_bytes())
+    if not any(p.busy_s is not None for p in probes):
+        first = next(iter(stopped.values()))
+        raise OrchError(first.reason, hint=first.hint)
+    for p in probes:
+        if p.chunk in stopped:
+            echo(f"probe{on(p)}: {stopped[p.chunk].reason}: forecast from the table; its rows are left to the run")
+    return probes
 
 
-def _carve(ctx: RunContext, share: float, min_rows: int) -> ProbeRecord:
+def _carve(
+    ctx: RunContext, share: float, min_rows: int, made: list[ProbeRecord], echo: Callable[[str], None]
+) -> list[ProbeRecord]:
+    """A probe chunk for each candidate without one: a sample of the rows outside the probe chunks
+    already carved, of `share` of all the run's rows. Each record is written once its chunk is, so
+    an interrupted estimate carves only what it had not; then the plan, each chunk first on its
+    worker's list (worker i probes candidate i)."""
     from orchestrator.controller.plan import plan_chunks, write_plan
 
     refuse_if_started(ctx)
+    candidates = probe_candidates(ctx)
+    probes = list(made)
     manifest = read_manifest(ctx.store, ctx.layout)
     rows = run_rows(ctx, manifest)
-    picked = sample_rows(rows, share, min_rows, seed=ctx.layout.run)
-    if not picked:
-        raise OrchError(
-            f"run {ctx.layout.run!r} has {len(rows)} rows: too few to probe (a probe takes at most a quarter)",
-            hint="run it: `orch run` measures as it goes",
-        )
     strata: dict[str, StratumCount] = {}
     for r in rows:
         s = strata.setdefault(r.stratum, StratumCount())
         s.rows += 1
         s.max_tokens += r.max_tokens
         s.est_prompt_tokens += len(r.line) // 4
-    entry = carve_probe_chunk(ctx, picked)
-    plan = plan_chunks(read_manifest(ctx.store, ctx.layout), ctx.spec.workers.count)
-    write_plan(ctx.store, ctx.layout, probe_first_plan(plan, entry.chunk))
-    probe = ProbeRecord(
-        chunk=entry.chunk, rows=len(picked), share=len(picked) / len(rows), strata=strata, created_at=time.time()
-    )
-    # The rows' strata, in the probe chunk's order, ride along until measured.
-    probe.samples = [
-        RowSample(
-            stratum=r.stratum,
-            est_prompt_tokens=len(r.line) // 4,
-            prompt_tokens=0,
-            cached_tokens=0,
-            completion_tokens=0,
-            max_tokens=r.max_tokens,
-            hit_max=False,
-        )
-        for r in picked
-    ]
-    ctx.store.put(ctx.layout.probe, probe.to_bytes())
-    return probe
-
-
-def _launch_and_wait(ctx: RunContext, probe: ProbeRecord, timeout_s: float, echo: Callable[[str], None]) -> None:
-    from orchestrator.backends import backend_for
-    from orchestrator.backends.base import LaunchRequest
-    from orchestrator.controller.launch import worker_envs
-
-    launcher = backend_for(ctx)
-    envs = {**worker_envs(ctx, 0, os.environ), "ORCH_MAX_CHUNKS": "1"}
-    jobs = launcher.launch([LaunchRequest(worker=0, name=f"orch-{ctx.layout.run}-probe", envs=envs)])
-    job = jobs[0]
-    echo(f"probe: worker 0 launched ({job}) on the {ctx.spec.backend} backend; waiting for {probe.chunk}")
-    deadline = time.monotonic() + timeout_s
-    while read_marker(ctx.store, ctx.layout, probe.chunk) is None:
-        state = launcher.statuses([job]).get(job)
-        if state is not None and state.state.is_terminal():
-            if read_marker(ctx.store, ctx.layout, probe.chunk) is not None:
-                break
+    want = max(min_rows, int(share * len(rows) + 0.999999))
+    for gpu in candidates[len(probes) :]:
+        taken = {p.chunk for p in probes}
+        free = run_rows(ctx, [e for e in read_manifest(ctx.store, ctx.layout) if e.chunk not in taken])
+        picked = sample_rows(free, 0.0, want, seed=ctx.layout.run if gpu is None else f"{ctx.layout.run}/{gpu}")
+        if not picked:
             raise OrchError(
-                f"the probe worker ({job}) ended {state.state.value} before its chunk {probe.chunk} was done",
-                hint="`orch logs` shows why; `orch estimate --probe` again resumes the probe chunk",
+                f"run {ctx.layout.run!r} has {len(rows)} rows: too few to probe (a probe takes at most a quarter)",
+                hint="run it: `orch run` measures as it goes",
             )
-        if time.monotonic() > deadline:
-            launcher.cancel([job])
-            raise OrchError(f"the probe took over {timeout_s:.0f} s: cancelled", hint="a smaller --probe-share")
-        time.sleep(POLL_S)
-    _wait_for_last_beat(ctx, probe, lambda: _ended(launcher, job), deadline)
-
-
-def _ended(launcher: Launcher, job: str) -> bool:
-    state = launcher.statuses([job]).get(job)
-    return state is not None and bool(state.state.is_terminal())
-
-
-def _wait_for_last_beat(ctx: RunContext, probe: ProbeRecord, ended: Callable[[], bool], deadline: float) -> None:
-    """The worker writes the chunk's done marker before its last heartbeat (exited: the whole chunk's
-    engine seconds). Measured at the marker, a 44-row probe read a beat from mid-chunk: 0.23 s of
-    engine time for 30,703 prompt tokens (bench/forecast_bench.py, 2026-11-26)."""
-    marker = read_marker(ctx.store, ctx.layout, probe.chunk)
-    while marker is not None and time.monotonic() < deadline:
-        beat = newest_heartbeat_of(ctx.store, ctx.layout, marker.holder)
-        if (beat is not None and beat.state == "exited") or ended():
-            return
-        time.sleep(POLL_S)
+        entry = carve_probe_chunk(ctx, picked)
+        probe = ProbeRecord(
+            chunk=entry.chunk,
+            gpu=gpu,
+            rows=len(picked),
+            share=len(picked) / len(rows),
+            strata=strata,
+            created_at=time.time(),
+            # The rows' strata, in the probe chunk's order, ride along until measured.
+            samples=[
+                RowSample(
+                    stratum=r.stratum,
+                    est_prompt_tokens=len(r.line) // 4,
+                    prompt_tokens=0,
+                    cached_tokens=0,
+                    completion_tokens=0,
+                    max_tokens=r.max_tokens,
+                    hit_max=False,
+                )
+                for r in picked
+            ],
+        )
+        ctx.store.put(_probe_key(ctx.layout, probe, not probes), probe.to_bytes())
+        probes.append(probe)
+        echo(
+            f"probe{on(probe)}: {probe.rows} rows ({probe.share:.1%}) in {len(strata)} strata carved into {probe.chunk}"
+        )
+    manifest = read_manifest(ctx.store, ctx.layout)
+    plan = plan_chunks(manifest, max(ctx.spec.workers.count, len(probes)))
+    write_plan(ctx.store, ctx.layout, probe_first_plan(plan, [p.chunk for p in probes]))
+    return probes
 
 
 def _measure(ctx: RunContext, probe: ProbeRecord) -> ProbeRecord:
@@ -204,11 +222,13 @@ def probe_summary(probe: ProbeRecord) -> dict[str, Any]:
         json.dumps(
             {
                 "chunk": probe.chunk,
+                "gpu": probe.gpu,
+                "stopped": probe.stopped,
                 "rows": probe.rows,
                 "share": round(probe.share, 4),
                 "strata": len(probe.strata),
                 "accelerator": probe.accelerator,
-                "engine_s": busy,
+                "engine_s": probe.busy_s,
                 "load_s": probe.load_s,
                 "engine_cpu_s": probe.busy_cpu_s,
                 "decode_tokens_per_s": round(out / busy, 1) if busy else None,

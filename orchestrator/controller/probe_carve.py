@@ -202,8 +202,9 @@ def _write_chunk(ctx: RunContext, chunk: str, rows: list[SampledRow], old: Manif
     return ManifestEntry.model_validate(update)
 
 
-def probe_first_plan(plan: PlanRecord, probe: str) -> PlanRecord:
-    """The plan with the probe chunk first on worker 0's list: the probe worker (worker 0, one chunk) claims it."""
-    workers = [a.model_copy(update={"chunks": [c for c in a.chunks if c != probe]}) for a in plan.workers]
-    workers[0] = workers[0].model_copy(update={"chunks": [probe, *workers[0].chunks]})
+def probe_first_plan(plan: PlanRecord, probes: Sequence[str]) -> PlanRecord:
+    """The plan with probe chunk i first on worker i's list: the probe worker i (one chunk) claims it."""
+    workers = [a.model_copy(update={"chunks": [c for c in a.chunks if c not in probes]}) for a in plan.workers]
+    for i, probe in enumerate(probes):
+        workers[i] = workers[i].model_copy(update={"chunks": [probe, *workers[i].chunks]})
     return plan.model_copy(update={"workers": workers})

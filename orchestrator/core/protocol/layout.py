@@ -72,8 +72,16 @@ class RunLayout:
     # Written by `orch estimate`.
     @property
     def probe(self) -> str:
-        """ProbeRecord: the probe chunk, its rows' strata and what it measured."""
+        """ProbeRecord: the probe chunk, its rows' strata and what it measured (the first candidate's)."""
         return f"{self.root}probe.json"
+
+    def probe_of(self, gpu: str) -> str:
+        """ProbeRecord of a further candidate accelerator, each probed on its own (SkyPilot)."""
+        return f"{self.probes_prefix}{gpu}.json"
+
+    @property
+    def probes_prefix(self) -> str:
+        return f"{self.root}probe-"
 
     @property
     def forecast(self) -> str:

@@ -1,0 +1,185 @@
+"""A probe's workers: one per candidate accelerator, launched through the run's backend, watched
+until each chunk is done, its job ended or its share of the budget spent (then cancelled).
+
+Worker i probes candidate i (its list starts with that candidate's probe chunk: probe_carve.py) with
+ORCH_MAX_CHUNKS=1; on SkyPilot pinned to its GPU type, spot. A candidate's share of `--probe-budget`
+buys so many seconds of its spot price (the price table's cheapest cloud, times gpus_per_worker),
+counted from its launch (a machine is paid from provisioning on); one whose share buys less than a
+start-up is not launched at all. A probe on this machine or on a cluster of CPUs has no price.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from orchestrator.backends.base import Launcher, LaunchRequest
+from orchestrator.core.context import RunContext
+from orchestrator.core.errors import LaunchFailed
+from orchestrator.core.protocol.heartbeats import newest_heartbeat_of
+from orchestrator.core.records import read_marker
+from orchestrator.core.records.forecast import ProbeRecord
+
+#: How often the probe's chunks and jobs are looked at while they run.
+POLL_S = 1.0
+#: The spending cap of all candidates' probes together, in USD (`--probe-budget`).
+PROBE_BUDGET_USD = 20.0
+BUDGET_HINT = "a larger --probe-budget, or fewer GPU types in resources.gpus"
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """Why a candidate's probe measured nothing."""
+
+    reason: str
+    hint: str
+    budget: bool = False  # its budget was spent: not launched again
+
+
+@dataclasses.dataclass(frozen=True)
+class Cap:
+    """What a candidate's probe may spend: seconds of its spot price."""
+
+    seconds: float
+    usd_h: float
+
+    def usd(self) -> float:
+        return self.seconds / 3600 * self.usd_h
+
+
+def on(probe: ProbeRecord) -> str:
+    return f" on {probe.gpu}" if probe.gpu else ""
+
+
+def budget_caps(ctx: RunContext, probes: Sequence[ProbeRecord], budget_usd: float) -> dict[str, Cap]:
+    """Each priced candidate's equal share of the budget, per probe chunk."""
+    from orchestrator.controller.pricing import load_gpu_table
+
+    prices = load_gpu_table()
+    priced = [p for p in probes if p.gpu is not None]
+    caps = {}
+    for p in priced:
+        assert p.gpu is not None
+        usd_h = prices.get(p.gpu).spot_usd_h * ctx.spec.resources.gpus_per_worker
+        caps[p.chunk] = Cap(budget_usd / len(priced) / usd_h * 3600, usd_h)
+    return caps
+
+
+def launch_and_wait(
+    ctx: RunContext,
+    probes: Sequence[ProbeRecord],
+    unfinished: Sequence[ProbeRecord],
+    budget_usd: float,
+    timeout_s: float,
+    echo: Callable[[str], None],
+    launcher: Launcher | None = None,
+) -> dict[str, Stop]:
+    """Launch a worker for each unfinished probe and wait until each chunk is done, its job ended, or
+    its budget spent. Returns the probe chunks that stopped, and why."""
+    from orchestrator.backends import backend_for
+    from orchestrator.controller.estimate import RESTART_OVERHEAD_S
+
+    launcher = launcher or backend_for(ctx)
+    caps = budget_caps(ctx, unfinished, budget_usd)
+    stopped: dict[str, Stop] = {}
+    requests: dict[int, tuple[ProbeRecord, LaunchRequest]] = {}
+    for p in unfinished:
+        cap = caps.get(p.chunk)
+        if cap is not None and cap.seconds < RESTART_OVERHEAD_S:
+            stopped[p.chunk] = Stop(
+                f"not launched: its share of the budget (${cap.usd():,.2f}) buys {cap.seconds:,.0f} s of a spot "
+                f"{p.gpu} at ${cap.usd_h:,.2f}/h, less than a start-up ({RESTART_OVERHEAD_S:.0f} s)",
+                BUDGET_HINT,
+                budget=True,
+            )
+            continue
+        worker = list(probes).index(p)
+        requests[worker] = (p, _request(ctx, worker, p))
+    try:
+        jobs = launcher.launch([r for _, r in requests.values()]) if requests else {}
+    except LaunchFailed as e:
+        jobs = e.launched
+        for worker, reason in e.failures.items():
+            p = requests[worker][0]
+            stopped[p.chunk] = Stop(f"the probe{on(p)} was not launched: {reason}", e.hint or "")
+    waiting = {requests[w][0].chunk: (requests[w][0], job) for w, job in jobs.items()}
+    for p, job in waiting.values():
+        echo(
+            f"probe{on(p)}: worker {list(probes).index(p)} launched ({job}) on the {ctx.spec.backend} backend; "
+            f"waiting for {p.chunk}"
+        )
+    started = time.monotonic()
+    while waiting:
+        for chunk, (p, job) in list(waiting.items()):
+            stop = _check(ctx, launcher, p, job, caps.get(chunk), started, timeout_s)
+            if stop is not None:
+                stopped[chunk] = stop
+            if stop is not None or read_marker(ctx.store, ctx.layout, chunk) is not None:
+                del waiting[chunk]
+        if waiting:
+            time.sleep(POLL_S)
+    return stopped
+
+
+def _request(ctx: RunContext, worker: int, probe: ProbeRecord) -> LaunchRequest:
+    """The run's launch request for `worker`, one chunk long; on SkyPilot pinned to its candidate, spot."""
+    from orchestrator.controller.launch import launch_request
+
+    r = launch_request(ctx, worker, os.environ, use_spot=True if probe.gpu else None)
+    return dataclasses.replace(
+        r,
+        name=f"orch-{ctx.layout.run}-probe" + (f"-{probe.gpu.lower()}" if probe.gpu else ""),
+        envs={**r.envs, "ORCH_MAX_CHUNKS": "1"},
+        gpus=[probe.gpu] if probe.gpu else None,
+    )
+
+
+def _check(
+    ctx: RunContext, launcher: Launcher, probe: ProbeRecord, job: str, cap: Cap | None, started: float, timeout_s: float
+) -> Stop | None:
+    """One look at a probe's job: None while it runs or once its chunk is done (its last beat
+    awaited), else why it stopped (ended first, cancelled at its budget or at the timeout)."""
+    deadline = started + timeout_s
+    if read_marker(ctx.store, ctx.layout, probe.chunk) is not None:
+        _wait_for_last_beat(ctx, probe, lambda: _ended(launcher, job), deadline)
+        return None
+    state = launcher.statuses([job]).get(job)
+    if state is not None and state.state.is_terminal():
+        if read_marker(ctx.store, ctx.layout, probe.chunk) is not None:
+            return None  # done as it ended
+        return Stop(
+            f"the probe worker{on(probe)} ({job}) ended {state.state.value} before its chunk {probe.chunk} was done",
+            "`orch logs` shows why; `orch estimate --probe` again resumes the probe chunk",
+        )
+    now = time.monotonic()
+    if cap is not None and now - started > cap.seconds:
+        launcher.cancel([job])
+        return Stop(
+            f"cancelled at its budget (${cap.usd():,.2f}: {cap.seconds:,.0f} s of a spot {probe.gpu} "
+            f"at ${cap.usd_h:,.2f}/h)",
+            BUDGET_HINT,
+            budget=True,
+        )
+    if now > deadline:
+        launcher.cancel([job])
+        return Stop(f"the probe{on(probe)} took over {timeout_s:.0f} s: cancelled", "a smaller --probe-share")
+    return None
+
+
+def _ended(launcher: Launcher, job: str) -> bool:
+    state = launcher.statuses([job]).get(job)
+    return state is not None and bool(state.state.is_terminal())
+
+
+def _wait_for_last_beat(ctx: RunContext, probe: ProbeRecord, ended: Callable[[], bool], deadline: float) -> None:
+    """The worker writes the chunk's done marker before its last heartbeat (exited: the whole chunk's
+    engine seconds). Measured at the marker, a 44-row probe read a beat from mid-chunk: 0.23 s of
+    engine time for 30,703 prompt tokens (bench/forecast_bench.py, 2026-11-26)."""
+    marker = read_marker(ctx.store, ctx.layout, probe.chunk)
+    while marker is not None and time.monotonic() < deadline:
+        beat = newest_heartbeat_of(ctx.store, ctx.layout, marker.holder)
+        if (beat is not None and beat.state == "exited") or ended():
+            return
+        time.sleep(POLL_S)

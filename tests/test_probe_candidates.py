@@ -1,0 +1,171 @@
+"""`orch estimate --probe` on SkyPilot: one probe per candidate GPU type, pinned to it on spot, under a
+budget. Everything is real (the task template, SkyPilot's own YAML loader and Task objects, the S3
+store, the protocol) but the API server and the GPU machines, which cannot be reached from here: the
+scripted server records the launches, and a GPU worker is played by the protocol's own objects
+answering the chunk its list starts with, as the worker would."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from orchestrator.backends.skypilot import SkyPilotLauncher
+from orchestrator.controller import probe_launch
+from orchestrator.controller.forecast import forecast_from_probes
+from orchestrator.controller.probe import read_probes, run_probes
+from orchestrator.core.context import RunContext
+from orchestrator.core.errors import OrchError
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import read_manifest, read_marker
+from orchestrator.core.spec_load import load_spec
+from orchestrator.core.store import open_store
+from tests.conftest import make_store_uri
+from tests.support.fake_sky import ScriptedSky
+from tests.support.runs import Answer, answer_chunk, chat_request, make_run
+
+#: What each candidate's machine reports as its accelerator (nvidia-smi's names).
+REPORTED = {"L4": "NVIDIA L4", "A100": "NVIDIA A100-SXM4-40GB"}
+
+
+@pytest.fixture(autouse=True)
+def sky_home(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+    monkeypatch.setenv("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
+
+
+@pytest.fixture
+def ctx(request, tmp_path):
+    """A run of 4 chunks x 50 rows in a real S3 store (moto), for 2 workers on L4 or A100."""
+    uri = make_store_uri("moto", request, tmp_path)
+    store = open_store(uri)
+    chunks = [[chat_request(f"c{c}-{i}", f"question {c} {i}", max_tokens=16) for i in range(50)] for c in range(4)]
+    make_run(store, "pc", chunks, model="m", workers=2)
+    flags = {"run": "pc", "store": uri, "backend": "skypilot", "resources.gpus": ["L4", "A100"], "workers.count": 2}
+    spec = load_spec(None, flags, env={}, default_file=False)
+    return RunContext(spec, store, RunLayout("pc"))
+
+
+def pinned(task):
+    """(GPU type, spot) of a SkyPilot task the loader built, which must name exactly one."""
+    (resources,) = task.resources
+    (gpu,) = resources.accelerators
+    return gpu, resources.use_spot
+
+
+class GpuWorkers(threading.Thread):
+    """The candidates' machines: each launched task's worker answers the first chunk of its list (its
+    probe chunk, ORCH_MAX_CHUNKS=1), reporting its GPU, and its job ends; tasks in `stall` never answer."""
+
+    def __init__(self, ctx: RunContext, sky: ScriptedSky, stall: set[str] = frozenset()):
+        super().__init__(daemon=True)
+        self.ctx, self.sky, self.stall = ctx, sky, stall
+        self.answered: dict[str, str] = {}  # chunk -> GPU type
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # a task not as expected: its job fails, and the probe with it
+            self.error = e
+            for job_id, _task, _name in self.sky.launched:
+                self.sky.script_job(job_id, ["FAILED"])
+
+    def _serve(self) -> None:
+        seen: set[int] = set()
+        while not self.done.is_set():
+            for job_id, task, _name in list(self.sky.launched):
+                if job_id in seen:
+                    continue
+                seen.add(job_id)
+                gpu, _ = pinned(task)
+                if gpu in self.stall:
+                    continue
+                assert task.envs["ORCH_MAX_CHUNKS"] == "1"
+                listed = self.ctx.store.get(self.ctx.layout.root + task.envs["ORCH_WORKER_LIST"]).data.decode()
+                chunk = listed.split()[0].rsplit("/", 1)[-1].removesuffix(".jsonl")
+                rows = len(self.ctx.store.get(self.ctx.layout.chunk(chunk)).data.splitlines())
+                answers = [Answer(i, f"{chunk}-{i}", "a") for i in range(rows)]
+                worker = task.envs["ORCH_WORKER"]
+                answer_chunk(
+                    self.ctx.store, self.ctx.layout, chunk, [answers], worker=worker, accelerator=REPORTED[gpu]
+                )
+                self.answered[chunk] = gpu
+                self.sky.script_job(job_id, ["SUCCEEDED"])
+            time.sleep(0.05)
+
+
+def test_each_candidate_gpu_is_probed_on_its_own_spot_machine_and_forecast_from_it(ctx):
+    sky = ScriptedSky(script=["STARTING", "RUNNING"])
+    workers = GpuWorkers(ctx, sky)
+    workers.start()
+    rows_before = sum(e.rows for e in read_manifest(ctx.store, ctx.layout))
+    try:
+        probes = run_probes(ctx, 0.05, min_rows=8, launcher=SkyPilotLauncher(ctx.spec, sdk=sky))
+    finally:
+        workers.done.set()
+        assert workers.error is None, workers.error
+    # One launch per candidate: pinned to its GPU type, on spot, named for it.
+    assert sorted((name, *pinned(task)) for _, task, name in sky.launched) == [
+        ("orch-pc-probe-a100", "A100", True),
+        ("orch-pc-probe-l4", "L4", True),
+    ]
+    # Each probe measured on its own machine, its own rows: disjoint samples of the run, 5% each.
+    assert [(p.gpu, p.rows, p.accelerator) for p in probes] == [("L4", 10, "NVIDIA L4"), ("A100", 10, REPORTED["A100"])]
+    assert workers.answered == {probes[0].chunk: "L4", probes[1].chunk: "A100"}
+    manifest = read_manifest(ctx.store, ctx.layout)
+    assert sum(e.rows for e in manifest) == rows_before  # rows moved, none copied
+    assert read_probes(ctx.store, ctx.layout) == probes
+    # Each candidate forecast from its own probe; a second estimate reuses them, launching nothing.
+    record = forecast_from_probes(ctx, probes, manifest, 2, time.time())
+    basis = {c.gpu: c.basis for c in record.candidates}
+    assert basis == {"L4": "measured on L4 (10 probe rows)", "A100": "measured on A100 (10 probe rows)"}
+    assert run_probes(ctx, 0.05, min_rows=8, launcher=SkyPilotLauncher(ctx.spec, sdk=sky)) == probes
+    assert len(sky.launched) == 2
+
+
+def test_a_candidate_past_its_share_of_the_budget_is_cancelled_and_its_rows_left_to_the_run(ctx, monkeypatch):
+    # The A100's machine never answers (capacity lost, a slow start): its share of the budget runs out.
+    from orchestrator.controller import estimate
+
+    monkeypatch.setattr(estimate, "RESTART_OVERHEAD_S", 0.0)  # no start-up to fit in a budget this small
+    sky = ScriptedSky(script=["STARTING", "RUNNING"])
+    workers = GpuWorkers(ctx, sky, stall={"A100"})
+    workers.start()
+    budget = 0.002  # $0.001 each: about a second of an A100 at spot prices
+    try:
+        probes = run_probes(ctx, 0.05, min_rows=8, budget_usd=budget, launcher=SkyPilotLauncher(ctx.spec, sdk=sky))
+    finally:
+        workers.done.set()
+        assert workers.error is None, workers.error
+    l4, a100 = probes
+    assert l4.busy_s is not None and a100.busy_s is None
+    assert a100.stopped is not None and a100.stopped.startswith("cancelled at its budget ($0.00:"), a100.stopped
+    (a100_job,) = [job for job, task, _ in sky.launched if pinned(task)[0] == "A100"]
+    assert sky.cancelled == [a100_job]
+    # Nothing lost: the A100 probe's chunk is not done, and it heads worker 1's list for the run.
+    assert read_marker(ctx.store, ctx.layout, a100.chunk) is None
+    listed = ctx.store.get(ctx.layout.worker_list("1")).data.decode().split()
+    assert listed[0] == ctx.layout.chunk_path(a100.chunk)
+    # The A100 is forecast from the L4's probe by the table, and the record says why.
+    record = forecast_from_probes(ctx, probes, read_manifest(ctx.store, ctx.layout), 2, time.time())
+    basis = {c.gpu: c.basis for c in record.candidates}
+    assert basis["L4"].startswith("measured on L4") and basis["A100"].startswith("scaled from the probe on NVIDIA L4")
+    assert "the probe on A100 measured nothing (cancelled at its budget" in record.note
+    # A spent budget is not spent again: the next estimate launches nothing.
+    assert run_probes(ctx, 0.05, min_rows=8, budget_usd=budget, launcher=SkyPilotLauncher(ctx.spec, sdk=sky)) == probes
+    assert len(sky.launched) == 2
+
+
+def test_a_budget_too_small_for_a_start_up_launches_no_candidate_and_says_so(ctx):
+    sky = ScriptedSky()
+    # $0.01 each: 129 s of an L4 at $0.28/h, 31 s of an A100; a start-up takes 600 s.
+    with pytest.raises(
+        OrchError, match=r"not launched: its share of the budget \(\$0\.01\) buys 129 s of a spot L4"
+    ) as e:
+        run_probes(ctx, 0.05, min_rows=8, budget_usd=0.02, launcher=SkyPilotLauncher(ctx.spec, sdk=sky))
+    assert e.value.hint == probe_launch.BUDGET_HINT
+    assert sky.launched == []
+    assert [p.stopped is not None for p in read_probes(ctx.store, ctx.layout)] == [True, True]
