@@ -169,3 +169,42 @@ def test_a_budget_too_small_for_a_start_up_launches_no_candidate_and_says_so(ctx
     assert e.value.hint == probe_launch.BUDGET_HINT
     assert sky.launched == []
     assert [p.stopped is not None for p in read_probes(ctx.store, ctx.layout)] == [True, True]
+
+
+def test_a_cluster_of_cpus_is_one_candidate_with_an_allocation_per_worker(ctx):
+    from orchestrator.controller.forecast import guess
+    from orchestrator.controller.probe import probe_candidates
+    from orchestrator.core.records.forecast import ProbeRecord, RowSample, StratumCount
+
+    resources = ctx.spec.resources.model_copy(update={"gpus": []})
+    cpus = RunContext(ctx.spec.model_copy(update={"resources": resources}), ctx.store, ctx.layout)
+    assert probe_candidates(cpus) == [None]  # one probe, on whatever the workers run on
+    manifest = read_manifest(ctx.store, ctx.layout)
+    (guessed,) = guess(cpus, manifest, 2, 0.0).candidates
+    assert (guessed.gpu, guessed.spot, guessed.cost_usd.p90) == ("cpu", False, 0.0)
+    row = RowSample(
+        stratum="s",
+        est_prompt_tokens=4,
+        prompt_tokens=4,
+        cached_tokens=0,
+        completion_tokens=16,
+        max_tokens=16,
+        hit_max=True,
+    )
+    strata = {"s": StratumCount(rows=200, max_tokens=3200, est_prompt_tokens=800)}
+    probe = ProbeRecord(
+        chunk="part_00009",
+        rows=8,
+        share=0.04,
+        strata=strata,
+        created_at=0.0,
+        busy_s=1.0,
+        accelerator="cpu",
+        samples=[row] * 8,
+    )
+    (cluster,) = forecast_from_probes(cpus, [probe], manifest, 2, 0.0).candidates
+    assert cluster.basis == "measured on cpu (8 rows, 2 workers, one allocation each)"
+    # The same probe on this machine: two workers share its cores, each slower than one alone.
+    local = RunContext(cpus.spec.model_copy(update={"backend": "local"}), ctx.store, ctx.layout)
+    (shared,) = forecast_from_probes(local, [probe], manifest, 2, 0.0).candidates
+    assert shared.engine_s.p50 > cluster.engine_s.p50

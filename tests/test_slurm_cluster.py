@@ -28,6 +28,7 @@ import yaml
 
 from orchestrator.core.protocol.heartbeats import live_heartbeats, read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import read_manifest, read_marker
 from orchestrator.core.store import open_store
 from tests.support import s3servers
 from tests.support.datasets import write_jsonl
@@ -162,6 +163,17 @@ def new_part(store: Any, layout: RunLayout, worker: int, old_holders: set[str]) 
     return next(((k, h) for k, h in parts(store, layout, worker).items() if h not in old_holders), None)
 
 
+def shared_model(env: dict[str, str]) -> Path:
+    """The weights where every node reads them (a cluster's shared disk), readable by the job's user."""
+    model = Path(env["ORCH_LOCAL_SLURM_SHARED"]) / "tiny-llama"
+    if not (model / ".built").exists():
+        shutil.rmtree(model, ignore_errors=True)
+        shutil.copytree(ROOT / ".cache" / "models" / "tiny-llama", model)
+        for path in [model, *model.iterdir()]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    return model
+
+
 def launch_with_a_bad_setup(env: dict[str, str], store_uri: str, model: Path, where: Path) -> subprocess.Popen[str]:
     """Run `bad`: one worker whose task's set-up fails at its second line, launched with `orch
     launch --follow` (SkyPilot restarts nothing, orch relaunches it once: its retry budget) in
@@ -217,12 +229,7 @@ def test_slurm_workers_answer_survive_two_lost_allocations_and_cancel_leaves_not
         tmp_path / "q.jsonl",
         [{"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}?"}]} for i in range(rows)],
     )
-    # The weights where every node reads them (a cluster's shared disk), readable by the job's user.
-    model = Path(env["ORCH_LOCAL_SLURM_SHARED"]) / "tiny-llama"
-    shutil.rmtree(model, ignore_errors=True)
-    shutil.copytree(ROOT / ".cache" / "models" / "tiny-llama", model)
-    for path in [model, *model.iterdir()]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    model = shared_model(env)
     prepared = orch(env, "prepare", str(data), *run, "--num-chunks", "4", "--id-column", "id", "--model", str(model))
     assert prepared.returncode == 0, prepared.stderr
     store, layout = open_store(store_uri), RunLayout("sl")
@@ -315,6 +322,61 @@ def test_slurm_workers_answer_survive_two_lost_allocations_and_cancel_leaves_not
         + f"; test {time.monotonic() - started:.0f}s; states {watch.states}"
     )
     assert max(recoveries) <= 2 * first_rows
+
+
+# Two real start-ups on SkyPilot (the probe's worker, then the run's): 400-600 s on a quiet machine.
+@pytest.mark.timeout(2400)
+def test_slurm_probe_runs_on_a_skypilot_worker_and_its_rows_are_answered_once(slurm_env, seaweedfs_server, tmp_path):
+    """`orch estimate --probe` on the skypilot backend: the probe chunk answered by a managed job on the
+    cluster (a cluster of CPUs: one candidate, an allocation per worker), the forecast made from what it
+    measured, and the run's worker then skips it: every row once."""
+    env = dict(slurm_env, PWD=str(tmp_path), PYTHONPATH=str(ROOT))
+    store_uri = seaweedfs_server.store_uri(seaweedfs_server.new_bucket(), "orch")
+    run = ["--run", "pr", "--store", store_uri]
+    cluster = env["ORCH_LOCAL_SLURM_NAME"]
+    (tmp_path / "orch.yaml").write_text(
+        "backend: skypilot\n"
+        "sampling:\n  max_tokens: 16\n  temperature: 0\n"
+        "model:\n  engine_args: {max_num_seqs: 4}\n"
+        "workers:\n  heartbeat_interval: 1\n"
+        "resources:\n  gpus: []\n  cpus: 1\n  memory: 4\n"
+        f"  infra: [slurm/{cluster}]\n"
+        f"  worker_env: {(ROOT / '.venv-worker').resolve()}\n"
+    )
+    rows = 120
+    data = write_jsonl(
+        tmp_path / "q.jsonl",
+        [{"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}?"}]} for i in range(rows)],
+    )
+    model = shared_model(env)
+    prepared = orch(env, "prepare", str(data), *run, "--num-chunks", "3", "--id-column", "id", "--model", str(model))
+    assert prepared.returncode == 0, prepared.stderr
+    estimated = orch(env, "estimate", *run, "--probe", "--probe-rows", "8", "--json", timeout=1200)
+    assert estimated.returncode == 0, estimated.stderr
+    assert "probe: worker 0 launched (" in estimated.stderr and "on the skypilot backend" in estimated.stderr
+    doc = json.loads(estimated.stdout)
+    assert doc["kind"] == "probe" and doc["probe"]["rows"] == 8 and doc["probe"]["hit_max_tokens"] == 8, doc["probe"]
+    (candidate,) = doc["candidates"]
+    assert candidate["gpu"] == doc["probe"]["accelerator"] and "one allocation each" in candidate["basis"], candidate
+    assert 0 < candidate["duration_s"]["p10"] <= candidate["duration_s"]["p50"] <= candidate["duration_s"]["p90"]
+    store, layout = open_store(store_uri), RunLayout("pr")
+    probe_marker = read_marker(store, layout, doc["probe"]["chunk"])
+    assert probe_marker is not None and probe_marker.rows == 8
+    # The run: one worker on the cluster answers the other chunks, and the probe's is left as it was.
+    launched = orch(env, "launch", *run, "--workers", "1")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    watch = StatusWatch(env, run)
+    watch.start()
+    wait_for("the run's worker done", lambda: watch.sequence(0)[-1:] == ["SUCCEEDED"], 900)
+    watch.done.set()
+    watch.join(timeout=120)
+    assert read_marker(store, layout, doc["probe"]["chunk"]) == probe_marker
+    out = tmp_path / "answers.jsonl"
+    collected = orch(env, "collect", *run, "--out", str(out))
+    assert collected.returncode == 0, collected.stderr
+    ids = [json.loads(line)["custom_id"] for line in out.read_text().splitlines()]
+    assert ids == [f"q{i}" for i in range(rows)]
+    assert sum(m.rows for m in (read_marker(store, layout, e.chunk) for e in read_manifest(store, layout)) if m) == rows
 
 
 def test_slurm_dry_run_checks_the_cluster_through_the_running_api_server(slurm_env, tmp_path):

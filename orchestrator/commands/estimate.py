@@ -60,7 +60,10 @@ def estimate_command(
     if workers is not None:
         flags["workers.count"] = workers
     ctx = Invocation(inv.spec_file, flags).context(freeze=True)
-    echo = (lambda _l: None) if as_json else (lambda line: click.echo(line, err=True))
+
+    def echo(line: str) -> None:  # the probe's progress, with --json too: on SkyPilot it takes minutes
+        click.echo(line, err=True)
+
     made = (
         run_probes(ctx, probe_share, min_rows=probe_rows, budget_usd=probe_budget, echo=echo)
         if probe

@@ -215,8 +215,9 @@ def forecast_from_probes(
     left = [e for e in manifest if e.chunk not in {p.chunk for p in measured}]
     startup = first.load_s or 0.0
     candidates: list[CandidateForecast] = []
-    if ctx.spec.backend == "local":
-        candidates.append(_local_candidate(first, left, workers, [d[0] for d in draws], startup))
+    if ctx.spec.backend == "local" or not ctx.spec.resources.gpus:
+        shared = ctx.spec.backend == "local"  # else a cluster of CPUs: an allocation per worker
+        candidates.append(_cpu_candidate(first, left, workers, [d[0] for d in draws], startup, shared))
     else:
         prices = load_gpu_table()
         for g in ctx.spec.resources.gpus:
@@ -294,11 +295,17 @@ def busiest_share(left: Sequence[ManifestEntry], workers: int) -> float:
     return max(a.est_tokens for a in plan.workers) / total if total else 1.0 / workers
 
 
-def _local_candidate(
-    probe: ProbeRecord, left: Sequence[ManifestEntry], workers: int, work: Sequence[float], startup: float
+def _cpu_candidate(
+    probe: ProbeRecord,
+    left: Sequence[ManifestEntry],
+    workers: int,
+    work: Sequence[float],
+    startup: float,
+    shared: bool,
 ) -> CandidateForecast:
-    """This machine: the busiest worker's work at the probe's rate, shared by the workers its cores run
-    at once, at a sharing efficiency drawn for each of the work's draws (the band holds its doubt)."""
+    """CPUs: the busiest worker's work at the probe's rate. On this machine (`shared`) the workers
+    share its cores, at a sharing efficiency drawn for each of the work's draws (the band holds its
+    doubt); on a cluster each worker has its allocation. No price: the machines are one's own."""
     acc = probe.accelerator or "cpu"
     rng = random.Random(1)
     busiest, warm_alone = busiest_share(left, workers), probe_rate(probe)[1]
@@ -306,9 +313,11 @@ def _local_candidate(
     for w in work:
         # N workers sharing the cores each go par/N of the probe's speed; the busiest ends last, and
         # each worker warms its engine up once.
-        slowdown = workers / local_parallelism(workers, probe.threads, (rng.random(), rng.random()))
+        par = local_parallelism(workers, probe.threads, (rng.random(), rng.random())) if shared else workers
+        slowdown = workers / par
         engine.append(w * busiest * slowdown + warm_alone * slowdown)
     eng = band(engine)
+    where = f"{workers} workers sharing {os.cpu_count()} cores" if shared else f"{workers} workers, one allocation each"
     return CandidateForecast(
         gpu=acc,
         spot=False,
@@ -318,7 +327,7 @@ def _local_candidate(
             p10=round(eng.p10 + startup, 2), p50=round(eng.p50 + startup, 2), p90=round(eng.p90 + startup, 2)
         ),
         cost_usd=Band(p10=0.0, p50=0.0, p90=0.0),
-        basis=f"measured on {acc} ({probe.rows} rows, {workers} workers sharing {os.cpu_count()} cores)",
+        basis=f"measured on {acc} ({probe.rows} rows, {where})",
     )
 
 
@@ -376,7 +385,7 @@ def guess(ctx: RunContext, manifest: Sequence[ManifestEntry], workers: int, at: 
     prompt = sum(e.est_prompt_tokens for e in manifest)
     out = Band(p10=round(0.1 * max_out), p50=round(0.5 * max_out), p90=float(max_out))
     candidates = []
-    gpus = ["cpu"] if ctx.spec.backend == "local" else ctx.spec.resources.gpus
+    gpus = ctx.spec.resources.gpus if ctx.spec.backend != "local" and ctx.spec.resources.gpus else ["cpu"]
     for g in gpus:
         speed = _table_speed(prices, g if g != "cpu" else "L4", ctx.spec.model.name)
         if g == "cpu":
@@ -384,7 +393,7 @@ def guess(ctx: RunContext, manifest: Sequence[ManifestEntry], workers: int, at: 
         units = [t + PREFILL_WEIGHT * prompt for t in (out.p10, out.p50, out.p90)]
         spread = CPU_GUESS_SPEED_SPREAD if g == "cpu" else GUESS_SPEED_SPREAD
         lo, mid, hi = (units[0] / speed / spread, units[1] / speed, units[2] / speed * spread)
-        par = local_parallelism(workers, None) if g == "cpu" else float(workers)
+        par = local_parallelism(workers, None) if ctx.spec.backend == "local" else float(workers)
         eng = Band(p10=round(lo / par, 2), p50=round(mid / par, 2), p90=round(hi / par, 2))
         usd = 0.0 if g == "cpu" else prices.get(g).spot_usd_h * workers / 3600
         candidates.append(
