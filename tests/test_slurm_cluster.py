@@ -163,14 +163,21 @@ def new_part(store: Any, layout: RunLayout, worker: int, old_holders: set[str]) 
     return next(((k, h) for k, h in parts(store, layout, worker).items() if h not in old_holders), None)
 
 
-def shared_model(env: dict[str, str]) -> Path:
-    """The weights where every node reads them (a cluster's shared disk), readable by the job's user."""
+def prepare_questions(env: dict[str, str], run: list[str], rows: int, chunks: int) -> Path:
+    """`orch prepare` of `rows` questions q0.. in `chunks` chunks, for the tiny model, its weights where
+    every node reads them (a cluster's shared disk), readable by the job's user; returns their path."""
     model = Path(env["ORCH_LOCAL_SLURM_SHARED"]) / "tiny-llama"
-    if not (model / ".built").exists():
-        shutil.rmtree(model, ignore_errors=True)
-        shutil.copytree(ROOT / ".cache" / "models" / "tiny-llama", model)
-        for path in [model, *model.iterdir()]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
+    shutil.rmtree(model, ignore_errors=True)
+    shutil.copytree(ROOT / ".cache" / "models" / "tiny-llama", model)
+    for path in [model, *model.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    data = write_jsonl(
+        Path(env["PWD"]) / "q.jsonl",
+        [{"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}?"}]} for i in range(rows)],
+    )
+    args = ["--num-chunks", str(chunks), "--id-column", "id", "--model", str(model)]
+    prepared = orch(env, "prepare", str(data), *run, *args)
+    assert prepared.returncode == 0, prepared.stderr
     return model
 
 
@@ -225,13 +232,7 @@ def test_slurm_workers_answer_survive_two_lost_allocations_and_cancel_leaves_not
     )
     # 4 chunks of 100 rows: worker 0 has a second chunk to answer whatever worker 1 takes.
     rows = 400
-    data = write_jsonl(
-        tmp_path / "q.jsonl",
-        [{"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}?"}]} for i in range(rows)],
-    )
-    model = shared_model(env)
-    prepared = orch(env, "prepare", str(data), *run, "--num-chunks", "4", "--id-column", "id", "--model", str(model))
-    assert prepared.returncode == 0, prepared.stderr
+    model = prepare_questions(env, run, rows, chunks=4)
     store, layout = open_store(store_uri), RunLayout("sl")
     cluster = env["ORCH_LOCAL_SLURM_NAME"]
     watch = StatusWatch(env, run)
@@ -344,13 +345,7 @@ def test_slurm_probe_runs_on_a_skypilot_worker_and_its_rows_are_answered_once(sl
         f"  worker_env: {(ROOT / '.venv-worker').resolve()}\n"
     )
     rows = 120
-    data = write_jsonl(
-        tmp_path / "q.jsonl",
-        [{"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}?"}]} for i in range(rows)],
-    )
-    model = shared_model(env)
-    prepared = orch(env, "prepare", str(data), *run, "--num-chunks", "3", "--id-column", "id", "--model", str(model))
-    assert prepared.returncode == 0, prepared.stderr
+    prepare_questions(env, run, rows, chunks=3)
     estimated = orch(env, "estimate", *run, "--probe", "--probe-rows", "8", "--json", timeout=1200)
     assert estimated.returncode == 0, estimated.stderr
     assert "probe: worker 0 launched (" in estimated.stderr and "on the skypilot backend" in estimated.stderr
