@@ -90,11 +90,12 @@ def run_probes(
             where="models",
         )
     probes = read_probes(ctx.store, ctx.layout)
-    if probes and all(p.busy_s is not None or p.stopped for p in probes):
+    carved = len(probes) >= len(probe_candidates(ctx))
+    if probes and carved and all(p.busy_s is not None or p.stopped for p in probes):
         for p in probes:
             echo(f"probe{on(p)}: {p.rows} rows {'measured before' if p.stopped is None else p.stopped} ({p.chunk})")
         return probes
-    if len(probes) < len(probe_candidates(ctx)):
+    if not carved:
         probes = _carve(ctx, share, min_rows or 2 * engine_batch(ctx), probes, echo)
     todo = {p.chunk for p in probes if p.busy_s is None and not p.stopped}
     unfinished = [p for p in probes if p.chunk in todo and read_marker(ctx.store, ctx.layout, p.chunk) is None]
