@@ -127,8 +127,29 @@ def older_twin(
 def live_heartbeats(store: Store, layout: RunLayout, *, now: float, heartbeat_interval: float) -> list[Heartbeat]:
     """The full heartbeat (host and pid included) of every process still beating (`is_beating`):
     one listing, then one GET per such process. A publish writes its new key before it deletes the
-    old one, so a listing may hold two keys of one process: its newest is the one read."""
-    prefix = layout.heartbeats_prefix
+    old one, so a listing may hold two keys of one process: its newest is the one read. A process
+    whose listed key was gone by the GET (it beat in between) is listed and read once more."""
+    bodies: dict[str, Heartbeat] = {}
+    wanted: set[str] | None = None  # first pass: every beating process
+    for _ in range(2):
+        missed = set()
+        for holder, key in _newest_beating(store, layout.heartbeats_prefix, now, heartbeat_interval).items():
+            if holder in bodies or (wanted is not None and holder not in wanted):
+                continue
+            try:
+                bodies[holder] = Heartbeat.from_bytes(store.get(key).data)
+            except (StoreError, ValueError):
+                # It published a newer beat and deleted the one listed in between (a beat a second
+                # under load): listed again once, not dropped as if it had stopped.
+                missed.add(holder)
+        if not missed:
+            break
+        wanted = missed
+    return list(bodies.values())
+
+
+def _newest_beating(store: Store, prefix: str, now: float, heartbeat_interval: float) -> dict[str, str]:
+    """holder -> the key of its newest beat, for every process still beating."""
     newest: dict[str, tuple[HeartbeatSummary, str]] = {}
     for info in store.list(prefix):
         summary = _decode(info.key[len(prefix) :].partition("/")[2])
@@ -137,11 +158,7 @@ def live_heartbeats(store: Store, layout: RunLayout, *, now: float, heartbeat_in
         seen = newest.get(summary.holder)
         if seen is None or summary.updated_at > seen[0].updated_at:
             newest[summary.holder] = (summary, info.key)
-    bodies = []
-    for _summary, key in newest.values():
-        with contextlib.suppress(StoreError, ValueError):
-            bodies.append(Heartbeat.from_bytes(store.get(key).data))
-    return bodies
+    return {holder: key for holder, (_summary, key) in newest.items()}
 
 
 def newest_heartbeat_of(store: Store, layout: RunLayout, holder: str) -> Heartbeat | None:

@@ -1,0 +1,39 @@
+"""Reading the processes that still beat while they beat: a beat published between the listing and
+the read (its listed key deleted) must not make a live process look stopped."""
+
+from __future__ import annotations
+
+import time
+
+from orchestrator.core.protocol.heartbeats import HeartbeatPublisher, live_heartbeats
+from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.records import Heartbeat
+from orchestrator.core.store import open_store
+
+
+class BeatsWhileRead:
+    """The store as a reader sees it while a worker beats: the first read of that worker's listed
+    beat comes just after its next publish, which deleted it (a beat a second, on a loaded machine)."""
+
+    def __init__(self, store, publisher: HeartbeatPublisher):
+        self.store, self.publisher, self.beaten = store, publisher, False
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def get(self, key):
+        if not self.beaten and "/heartbeats/" in key:
+            self.beaten = True
+            self.publisher.publish(updated_at=time.time(), chunk_rows_done=2)
+        return self.store.get(key)
+
+
+def test_a_worker_beating_between_the_listing_and_the_read_is_still_found(tmp_path):
+    store, layout = open_store(str(tmp_path)), RunLayout("r")
+    now = time.time()
+    beat = Heartbeat(worker="1", holder="1.a", state="running", started_at=now, updated_at=now, pid=4242)
+    publisher = HeartbeatPublisher(store, layout, beat)
+    publisher.publish()
+    racing = BeatsWhileRead(store, publisher)
+    (found,) = live_heartbeats(racing, layout, now=time.time(), heartbeat_interval=1)
+    assert racing.beaten and (found.holder, found.pid, found.chunk_rows_done) == ("1.a", 4242, 2)
