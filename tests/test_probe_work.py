@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import random
 import statistics
 
@@ -89,3 +90,26 @@ def test_local_parallelism_charges_oversubscribed_cores(monkeypatch):
     over_low = forecast.OVERSUBSCRIBED_EFFICIENCY[0]
     assert local_parallelism(4, 1, (0.0, 0.0)) == pytest.approx(2 * low * over_low)
     assert local_parallelism(4, 1, (0.0, 0.0)) < local_parallelism(4, 1, (0.0, 1.0)) == local_parallelism(2, 1, (0, 0))
+
+
+def test_probe_work_replays_the_rows_in_the_order_the_worker_fed_its_engine():
+    """The worker sends a chunk's rows by prefix (worker/chunks.py), not as written: a probe whose
+    longest row went in last ran part-empty at its end, one whose longest went in first did not.
+    Counted in the order as written, the heavy-tailed bench's forecast was +82% (run 7)."""
+    from orchestrator.core.prefix import feed_order
+    from worker.chunks import _windows
+
+    # Written: short rows, then the long one; their prefixes send the long one first.
+    lines = [b'{"body": {"messages": "b%d"}}' % i for i in range(8)] + [b'{"body": {"messages": "a"}}']
+    order = feed_order(lines)
+    assert order[0] == 8
+    (window,) = _windows(io.BytesIO(b"\n".join(lines) + b"\n"), set(), 4096)
+    assert [index for index, _ in window] == order  # the worker's own order
+    rank = {row: place for place, row in enumerate(order)}
+    samples = [_sample("s", 10) for _ in range(8)] + [_sample("s", 160)]
+    ranked = [x.model_copy(update={"feed_rank": rank[i]}) for i, x in enumerate(samples)]
+    probe = ProbeRecord(chunk="c", rows=9, share=0.01, strata={}, created_at=0.0, engine_batch=8, busy_s=1.0)
+    as_written = probe_units(probe.model_copy(update={"samples": samples}), fixed=1.0)
+    as_fed = probe_units(probe.model_copy(update={"samples": ranked}), fixed=1.0)
+    fed_first, fed_last = units_until([160] + [10] * 8, 8, 1.0), units_until([10] * 8 + [160], 8, 1.0)
+    assert fed_first < fed_last and as_written - as_fed == pytest.approx(fed_last - fed_first)

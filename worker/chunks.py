@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
-from orchestrator.core.prefix import prefix_head
+from orchestrator.core.prefix import feed_order
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.crashes import poison_evidence
 from orchestrator.core.protocol.layout import RunLayout
@@ -104,7 +104,7 @@ def _windows(source: IO[bytes], skip: set[int], size: int) -> Iterator[list[tupl
 
 def _by_prefix(window: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
     if len(window) > 1:
-        window.sort(key=lambda row: (prefix_head(row[1]), -len(row[1]), row[0]))
+        window = [window[i] for i in feed_order([line for _, line in window])]
     return window
 
 

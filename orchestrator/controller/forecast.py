@@ -62,14 +62,13 @@ GUESS_SPEED_SPREAD = 3.0
 #: A CPU has no row in the price table: its guess is an L4's speed / 20, within 10x either way.
 CPU_GUESS_SPEED_SPREAD = 10.0
 #: Workers sharing one machine's cores do not add up, and by how much depends on the workload and on
-#: what else the machine runs: two single-thread workers on this 2-vCPU machine each ran at 0.78-0.85
-#: of one alone on steady workloads and at 0.98 on short outputs (bench/forecast_bench.py, runs 4-6;
+#: what else the machine runs: two single-thread workers on this 2-vCPU machine each ran at 0.74-0.85
+#: of one alone on steady workloads and at 0.98 on short outputs (bench/forecast_bench.py, runs 4-7;
 #: the probe runs alone). Not measured by a probe: each draw takes one in this range.
-SHARED_CORE_EFFICIENCY = (0.78, 1.0)
-#: More worker threads than cores cost more again, by as much again as this range: 4 single-thread
-#: workers on 2 vCPUs made 0.61 of two alone in run 4 (0.82 x 0.74) and 0.93 in run 6, both on a
-#: quiet machine (processes switched on a core evict each other's caches; one waiting on its store
-#: leaves its core to another).
+SHARED_CORE_EFFICIENCY = (0.74, 1.0)
+#: More worker threads than cores cost more again, up to as much again as this range: 4 single-thread
+#: workers on 2 vCPUs spent 1.58x the probe's CPU seconds a token where 2 spent 1.17x (run 4: 0.74);
+#: runs 6-7 replayed with the engine's feed order (probe_units) fall inside the range.
 OVERSUBSCRIBED_EFFICIENCY = (0.74, 1.0)
 #: Spread (log-normal sigma) of one worker's engine rate against another's on the same workload:
 #: what a probe's one measured rate cannot see (bench/forecast_bench.py, docs/BENCHMARKS.md).
@@ -123,8 +122,14 @@ def probe_units(probe: ProbeRecord, fixed: float = 1.0, rows_done: int | None = 
     else:
         prefill, tokens = sum(x.prompt_tokens - x.cached_tokens for x in s), sum(x.completion_tokens for x in s)
     if probe.engine_batch:
-        tokens = units_until([x.completion_tokens for x in s], probe.engine_batch, fixed, rows_done)
+        tokens = units_until([x.completion_tokens for x in fed(s)], probe.engine_batch, fixed, rows_done)
     return tokens + PREFILL_WEIGHT * prefill
+
+
+def fed(samples: Sequence[RowSample]) -> list[RowSample]:
+    """The probe's rows in the order its worker sent them to the engine (by prefix: worker/chunks.py),
+    as recorded at carving; as written where a record predates that."""
+    return sorted(samples, key=lambda x: x.feed_rank if x.feed_rank is not None else -1)
 
 
 def probe_rate(probe: ProbeRecord, fixed: float = 1.0) -> tuple[float, float]:

@@ -33,6 +33,7 @@ from orchestrator.controller.probe_carve import (
 from orchestrator.controller.probe_launch import PROBE_BUDGET_USD, launch_and_wait, on
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError
+from orchestrator.core.prefix import feed_order
 from orchestrator.core.protocol.heartbeats import newest_heartbeat_of
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.parts import iter_part_lines
@@ -146,6 +147,7 @@ def _carve(
                 hint="run it: `orch run` measures as it goes",
             )
         entry = carve_probe_chunk(ctx, picked)
+        rank = {row: place for place, row in enumerate(feed_order([r.line for r in picked]))}
         probe = ProbeRecord(
             chunk=entry.chunk,
             gpu=gpu,
@@ -163,8 +165,9 @@ def _carve(
                     completion_tokens=0,
                     max_tokens=r.max_tokens,
                     hit_max=False,
+                    feed_rank=rank[i],
                 )
-                for r in picked
+                for i, r in enumerate(picked)
             ],
         )
         ctx.store.put(_probe_key(ctx.layout, probe, not probes), probe.to_bytes())

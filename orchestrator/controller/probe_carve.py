@@ -10,9 +10,6 @@ Strata: prompt length (powers of two of its bytes / 4), prefix group (the first 
 the body) and max_tokens (powers of two). The sample is at least one full engine batch (`engine_batch`).
 Allocation is proportional, at least one row per stratum
 while the sample has room, drawn with a seed from the run's name so a retry picks the same rows.
-The probe chunk holds its rows longest `max_tokens` first: a probe of a few batches ends when its
-longest row does, and one sent last runs on alone in an emptied engine; sent first, it runs beside
-the others (the probe's cost in a heavy-tailed run; probe_work.py counts its steps in this order).
 """
 
 from __future__ import annotations
@@ -122,8 +119,7 @@ def _set_aside_positions(ctx: RunContext) -> set[int]:
 
 
 def sample_rows(rows: Sequence[SampledRow], share: float, min_rows: int, seed: str) -> list[SampledRow]:
-    """A stratified sample: max(min_rows, share of the rows), never more than a quarter of them; the
-    rows longest `max_tokens` first, in input order among equals."""
+    """A stratified sample: max(min_rows, share of the rows), never more than a quarter of them, in input order."""
     want = min(max(min_rows, math.ceil(share * len(rows))), len(rows) // 4)
     if want <= 0:
         return []
@@ -142,7 +138,7 @@ def sample_rows(rows: Sequence[SampledRow], share: float, min_rows: int, seed: s
             break
         quota[s] += 1 if quota[s] < len(strata[s]) else 0
     picked = [r for s in sorted(strata) for r in rng.sample(strata[s], min(quota[s], len(strata[s])))]
-    return sorted(picked, key=lambda r: (-r.max_tokens, r.position))
+    return sorted(picked, key=lambda r: r.position)
 
 
 def refuse_if_started(ctx: RunContext) -> None:

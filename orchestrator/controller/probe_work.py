@@ -1,7 +1,8 @@
 """A probe's work in engine units: what its few batches cost against a run's full ones.
 
 A continuous-batching engine runs up to `slots` rows at once (vLLM's max_num_seqs) and each step
-makes one token for every row running; a row enters when a slot frees, in the order it was sent.
+makes one token for every row running; a row enters when a slot frees, in the order it was sent
+(the worker sends a chunk's rows by prefix, not as written: forecast.fed).
 A run's worker keeps its slots full (it feeds the next chunk while the current one drains), so a
 run's steps are about its generated tokens / slots. A probe of a couple of batches does not: in a
 heavy-tailed probe the short rows finish and the slots stand empty while the longest row goes on,

@@ -26,3 +26,10 @@ def prefix_head(line: bytes, prefix_bytes: int = PREFIX_BYTES) -> bytes:
 def prefix_hash(head: bytes) -> str:
     """A short name for a prefix group, as the manifest records it."""
     return hashlib.blake2b(head, digest_size=8).hexdigest()
+
+
+def feed_order(lines: list[bytes]) -> list[int]:
+    """The order a worker sends a window of a chunk's lines to its engine (indices into `lines`):
+    by prefix, so rows sharing one meet in the prefix cache; longest line first within a prefix;
+    then as written. The probe replays its rows through the engine's slots in this order."""
+    return sorted(range(len(lines)), key=lambda i: (prefix_head(lines[i]), -len(lines[i]), i))

@@ -26,6 +26,7 @@ class RowSample(Record):
     completion_tokens: int
     max_tokens: int
     hit_max: bool = Field(description="finish_reason 'length': stopped at max_tokens")
+    feed_rank: int | None = Field(None, description="its place in the order the worker sent the rows to its engine")
 
 
 class ProbeRecord(Record):
