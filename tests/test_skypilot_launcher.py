@@ -57,6 +57,12 @@ def make_ctx(request, tmp_path):
     return make
 
 
+def job_ids(ctx, workers):
+    """Each worker's current job id: launches run side by side, so which got job 1 is theirs to decide."""
+    jobs = read_jobs(ctx.store, ctx.layout)[0].current_jobs()
+    return [jobs[w].job_id for w in range(workers)]
+
+
 def finish(ctx, chunk):
     index = int(chunk.rsplit("_", 1)[1])
     answer_chunk(ctx.store, ctx.layout, chunk, [[Answer(i, f"c{index}-{i}", "a") for i in range(2)]])
@@ -246,11 +252,12 @@ def test_cancel_and_status_see_an_orphaned_record_and_do_not_wait_on_it(make_ctx
     sky = ScriptedSky()
     launcher = SkyPilotLauncher(ctx.spec, sdk=sky)
     launch_workers(ctx, launcher, [0, 1])
+    j0, j1 = job_ids(ctx, 2)
     # Half a minute past each whole minute: the status reads the store's clock, which may stand a
     # moment behind time.time() or pass it while the test runs, and durations print in whole minutes.
     now = time.time()
-    sky.script_job(1, [{"status": "RUNNING", "start_at": now - 3630, "last_recovered_at": -1}])
-    sky.script_job(2, [{"status": "RUNNING", "start_at": now - 3630, "last_recovered_at": now - 1230}])
+    sky.script_job(int(j0), [{"status": "RUNNING", "start_at": now - 3630, "last_recovered_at": -1}])
+    sky.script_job(int(j1), [{"status": "RUNNING", "start_at": now - 3630, "last_recovered_at": now - 1230}])
     for worker, beat in ((0, now - 3330), (1, now)):
         HeartbeatPublisher(
             ctx.store,
@@ -259,12 +266,13 @@ def test_cancel_and_status_see_an_orphaned_record_and_do_not_wait_on_it(make_ctx
         ).publish()
     w0, w1 = current_status(ctx, launcher=launcher).workers
     assert (
-        w0.failure_reason and "job 1's record is orphaned: RUNNING for 60m, no heartbeat for 55m" in w0.failure_reason
+        w0.failure_reason
+        and f"job {j0}'s record is orphaned: RUNNING for 60m, no heartbeat for 55m" in w0.failure_reason
     )
     assert w1.failure_reason is None  # RUNNING again since its recovery, and beating
     monkeypatch.setattr(launch, "backend_for", lambda _ctx, _name=None: launcher)
     cancelled = cancel_workers(ctx)
-    assert (cancelled.live, cancelled.orphaned, sky.cancelled) == (["2"], ["1"], [2])
+    assert (cancelled.live, cancelled.orphaned, sky.cancelled) == ([j1], [j0], [int(j1)])
 
 
 def test_a_job_still_in_its_set_up_or_beating_is_not_orphaned():
@@ -288,6 +296,7 @@ def test_loop_relaunches_a_worker_whose_record_is_orphaned_and_not_one_that_beat
     HeartbeatPublisher(
         ctx.store, ctx.layout, Heartbeat(worker="1", holder="1.a", state="running", started_at=now, updated_at=now)
     ).publish()
+    job_of_0, _ = job_ids(ctx, 2)
     report = Reconciler(ctx, SkyPilotLauncher(ctx.spec, sdk=sky)).tick()
     assert report.relaunched == {0: "relaunch after UNKNOWN"}
-    assert "orphaned record" in str(report.statuses["1"].failure_reason) and report.live == 1
+    assert "orphaned record" in str(report.statuses[job_of_0].failure_reason) and report.live == 1
