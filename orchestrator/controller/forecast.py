@@ -188,6 +188,11 @@ def work_seconds(
     return units_total * sec_per_unit * rate_noise, out_total, prompt_total
 
 
+def on_cpus(ctx: RunContext) -> bool:
+    """The run's workers answer on CPUs: this machine's (local), or a cluster's (SkyPilot, no GPU type)."""
+    return ctx.spec.backend == "local" or not ctx.spec.resources.gpus
+
+
 def local_parallelism(workers: int, threads: int | None, draw: tuple[float, float] = (0.5, 0.5)) -> float:
     """Workers on this machine share its cores: N workers of `threads` each go min(N, cores/threads) times as
     fast, less what sharing a machine costs (SHARED_CORE_EFFICIENCY), and more where they want more
@@ -220,7 +225,7 @@ def forecast_from_probes(
     left = [e for e in manifest if e.chunk not in {p.chunk for p in measured}]
     startup = first.load_s or 0.0
     candidates: list[CandidateForecast] = []
-    if ctx.spec.backend == "local" or not ctx.spec.resources.gpus:
+    if on_cpus(ctx):
         shared = ctx.spec.backend == "local"  # else a cluster of CPUs: an allocation per worker
         candidates.append(_cpu_candidate(first, left, workers, [d[0] for d in draws], startup, shared))
     else:
@@ -390,7 +395,7 @@ def guess(ctx: RunContext, manifest: Sequence[ManifestEntry], workers: int, at: 
     prompt = sum(e.est_prompt_tokens for e in manifest)
     out = Band(p10=round(0.1 * max_out), p50=round(0.5 * max_out), p90=float(max_out))
     candidates = []
-    gpus = ctx.spec.resources.gpus if ctx.spec.backend != "local" and ctx.spec.resources.gpus else ["cpu"]
+    gpus = ["cpu"] if on_cpus(ctx) else ctx.spec.resources.gpus
     for g in gpus:
         speed = _table_speed(prices, g if g != "cpu" else "L4", ctx.spec.model.name)
         if g == "cpu":

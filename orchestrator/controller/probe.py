@@ -16,12 +16,14 @@ A probe already made is reused; one whose worker died is launched again (its chu
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from orchestrator.backends.base import Launcher
+from orchestrator.controller.forecast import on_cpus
 from orchestrator.controller.probe_carve import (
     carve_probe_chunk,
     engine_batch,
@@ -46,15 +48,7 @@ from orchestrator.core.store import Store
 def probe_candidates(ctx: RunContext) -> list[str | None]:
     """The accelerators probed, each on its own: on SkyPilot every GPU type the spec names; else
     (this machine, or a cluster of CPUs) the one its workers run on (None)."""
-    if ctx.spec.backend == "local" or not ctx.spec.resources.gpus:
-        return [None]
-    return list(ctx.spec.resources.gpus)
-
-
-def read_probe(ctx: RunContext) -> ProbeRecord | None:
-    """The first candidate's probe (the only one but on SkyPilot with several GPU types)."""
-    found = read_record(ctx.store, ctx.layout.probe, ProbeRecord)
-    return found[0] if found is not None else None
+    return [None] if on_cpus(ctx) else list(ctx.spec.resources.gpus)
 
 
 def read_probes(store: Store, layout: RunLayout) -> list[ProbeRecord]:
@@ -136,10 +130,15 @@ def _carve(
         s.rows += 1
         s.max_tokens += r.max_tokens
         s.est_prompt_tokens += len(r.line) // 4
-    want = max(min_rows, int(share * len(rows) + 0.999999))
+    want = max(min_rows, math.ceil(share * len(rows)))
     for gpu in candidates[len(probes) :]:
+        # Each carve rewrites the chunks it took rows from: the rows are read again after one.
         taken = {p.chunk for p in probes}
-        free = run_rows(ctx, [e for e in read_manifest(ctx.store, ctx.layout) if e.chunk not in taken])
+        free = (
+            rows
+            if not taken
+            else run_rows(ctx, [e for e in read_manifest(ctx.store, ctx.layout) if e.chunk not in taken])
+        )
         picked = sample_rows(free, 0.0, want, seed=ctx.layout.run if gpu is None else f"{ctx.layout.run}/{gpu}")
         if not picked:
             raise OrchError(

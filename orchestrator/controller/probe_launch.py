@@ -85,6 +85,7 @@ def launch_and_wait(
     caps = budget_caps(ctx, unfinished, budget_usd)
     stopped: dict[str, Stop] = {}
     requests: dict[int, tuple[ProbeRecord, LaunchRequest]] = {}
+    worker_of = {p.chunk: i for i, p in enumerate(probes)}  # worker i probes candidate i
     for p in unfinished:
         cap = caps.get(p.chunk)
         if cap is not None and cap.seconds < RESTART_OVERHEAD_S:
@@ -95,8 +96,7 @@ def launch_and_wait(
                 budget=True,
             )
             continue
-        worker = list(probes).index(p)
-        requests[worker] = (p, _request(ctx, worker, p))
+        requests[worker_of[p.chunk]] = (p, _request(ctx, worker_of[p.chunk], p))
     try:
         jobs = launcher.launch([r for _, r in requests.values()]) if requests else {}
     except LaunchFailed as e:
@@ -107,16 +107,16 @@ def launch_and_wait(
     waiting = {requests[w][0].chunk: (requests[w][0], job) for w, job in jobs.items()}
     for p, job in waiting.values():
         echo(
-            f"probe{on(p)}: worker {list(probes).index(p)} launched ({job}) on the {ctx.spec.backend} backend; "
+            f"probe{on(p)}: worker {worker_of[p.chunk]} launched ({job}) on the {ctx.spec.backend} backend; "
             f"waiting for {p.chunk}"
         )
     started = time.monotonic()
     while waiting:
         for chunk, (p, job) in list(waiting.items()):
-            stop = _check(ctx, launcher, p, job, caps.get(chunk), started, timeout_s)
+            over, stop = _check(ctx, launcher, p, job, caps.get(chunk), started, timeout_s)
             if stop is not None:
                 stopped[chunk] = stop
-            if stop is not None or read_marker(ctx.store, ctx.layout, chunk) is not None:
+            if over:
                 del waiting[chunk]
         if waiting:
             time.sleep(POLL_S)
@@ -138,25 +138,25 @@ def _request(ctx: RunContext, worker: int, probe: ProbeRecord) -> LaunchRequest:
 
 def _check(
     ctx: RunContext, launcher: Launcher, probe: ProbeRecord, job: str, cap: Cap | None, started: float, timeout_s: float
-) -> Stop | None:
-    """One look at a probe's job: None while it runs or once its chunk is done (its last beat
-    awaited), else why it stopped (ended first, cancelled at its budget or at the timeout)."""
+) -> tuple[bool, Stop | None]:
+    """One look at a probe's job: (over, why it stopped). Over once its chunk is done (its last beat
+    awaited), or with a reason once it ended first or was cancelled at its budget or the timeout."""
     deadline = started + timeout_s
     if read_marker(ctx.store, ctx.layout, probe.chunk) is not None:
         _wait_for_last_beat(ctx, probe, lambda: _ended(launcher, job), deadline)
-        return None
+        return True, None
     state = launcher.statuses([job]).get(job)
     if state is not None and state.state.is_terminal():
         if read_marker(ctx.store, ctx.layout, probe.chunk) is not None:
-            return None  # done as it ended
-        return Stop(
+            return False, None  # done as it ended: measured on the next look
+        return True, Stop(
             f"the probe worker{on(probe)} ({job}) ended {state.state.value} before its chunk {probe.chunk} was done",
             "`orch logs` shows why; `orch estimate --probe` again resumes the probe chunk",
         )
     now = time.monotonic()
     if cap is not None and now - started > cap.seconds:
         launcher.cancel([job])
-        return Stop(
+        return True, Stop(
             f"cancelled at its budget (${cap.usd():,.2f}: {cap.seconds:,.0f} s of a spot {probe.gpu} "
             f"at ${cap.usd_h:,.2f}/h)",
             BUDGET_HINT,
@@ -164,8 +164,8 @@ def _check(
         )
     if now > deadline:
         launcher.cancel([job])
-        return Stop(f"the probe{on(probe)} took over {timeout_s:.0f} s: cancelled", "a smaller --probe-share")
-    return None
+        return True, Stop(f"the probe{on(probe)} took over {timeout_s:.0f} s: cancelled", "a smaller --probe-share")
+    return False, None
 
 
 def _ended(launcher: Launcher, job: str) -> bool:

@@ -129,13 +129,11 @@ def live_heartbeats(store: Store, layout: RunLayout, *, now: float, heartbeat_in
     one listing, then one GET per such process. A publish writes its new key before it deletes the
     old one, so a listing may hold two keys of one process: its newest is the one read. A process
     whose listed key was gone by the GET (it beat in between) is listed and read once more."""
+    keys = _newest_beating(store, layout.heartbeats_prefix, now, heartbeat_interval)
     bodies: dict[str, Heartbeat] = {}
-    wanted: set[str] | None = None  # first pass: every beating process
     for _ in range(2):
         missed = set()
-        for holder, key in _newest_beating(store, layout.heartbeats_prefix, now, heartbeat_interval).items():
-            if holder in bodies or (wanted is not None and holder not in wanted):
-                continue
+        for holder, key in keys.items():
             try:
                 bodies[holder] = Heartbeat.from_bytes(store.get(key).data)
             except (StoreError, ValueError):
@@ -144,7 +142,8 @@ def live_heartbeats(store: Store, layout: RunLayout, *, now: float, heartbeat_in
                 missed.add(holder)
         if not missed:
             break
-        wanted = missed
+        listed = _newest_beating(store, layout.heartbeats_prefix, now, heartbeat_interval)
+        keys = {holder: key for holder, key in listed.items() if holder in missed}
     return list(bodies.values())
 
 
