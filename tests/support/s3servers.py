@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -163,15 +164,32 @@ def seaweedfs() -> Iterator[S3Server]:
 
 @contextlib.contextmanager
 def moto_server() -> Iterator[S3Server]:
-    """moto's S3 server in a thread: starts in milliseconds, enforces conditional writes."""
-    from moto.server import ThreadedMotoServer
+    """moto's S3 server in a thread: starts in milliseconds, enforces conditional writes.
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+    moto checks If-Match / If-None-Match and then writes, as two steps, on a thread per request:
+    two racing conditional PUTs can both pass the check, and one update is lost (CI saw 79 of 80
+    counter bumps land). A GET racing a PUT of the same key can also read the buffer the PUT just
+    closed (a 500). S3 makes each request one step; one lock around each request makes moto do the
+    same (moto runs on the GIL, so little concurrency is lost).
+    """
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    app = DomainDispatcherApplication(create_backend_app)
+    one_at_a_time = threading.Lock()
+
+    def atomic_requests(environ, start_response):
+        with one_at_a_time:
+            return list(app(environ, start_response))
+
+    server = make_server("127.0.0.1", 0, atomic_requests, threaded=True, request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
+    thread.start()
+    host, port = server.server_address[:2]
     try:
         s3 = S3Server("moto", f"http://{host}:{port}")
         _wait_ready(s3, None, Path("/dev/null"))
         yield s3
     finally:
-        server.stop()
+        server.shutdown()
+        thread.join()
