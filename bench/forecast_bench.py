@@ -6,9 +6,12 @@ Each workload, in a fresh store with the tiny test model (.cache/models/tiny-lla
 lines, so each row's `max_tokens` (and `ignore_eos`, for output lengths the workload decides)
 reaches the engine as written. The engine batch is `max_num_seqs` ENGINE_BATCH: the probe runs at
 least two full batches (the first warms the engine up), so the run must be ~70x that for a probe
-within 1.5% of its rows; at the default 1% share the probe of 4,400 rows is 44 rows (5 batches): a
-16-row probe (1,100 rows) measured the engine still warming up past its first batch (+45% on short
-outputs, docs/BENCHMARKS.md).
+within 1.5% of its rows; at the default 1% share the probe of 8,800 rows is 88 rows (11 batches, about
+a second of engine time). Smaller runs give probes too short to measure a rate on a shared machine:
+a 16-row probe (1,100 rows) measured the engine still warming up past its first batch (+45% on short
+outputs), and 44-row probes (4,400 rows, 0.3-1 s) carried the machine's second-to-second swings (up
+to +55%) and spent up to 1.7% on heavy-tailed outputs, whose longest rows decode alone
+(docs/BENCHMARKS.md, runs 7-9).
 
 Reported per workload: forecast p50 and p10-p90 of the fleet's engine time against the actual
 (the busiest worker's engine seconds), inside the band or not, the guess's band and whether it
@@ -72,16 +75,16 @@ def _heavy_tail(rng: random.Random) -> int:
 Workload = tuple[int, int, Callable[[int, random.Random], dict[str, Any]]]
 #: name -> its workload.
 WORKLOADS: dict[str, Workload] = {
-    "short prompts, short outputs": (2, 4400, lambda i, r: _line(i, _words(r, 5, 20), 16)),
-    "long prompts, short outputs": (2, 4400, lambda i, r: _line(i, _words(r, 120, 200), 16)),
-    "short prompts, long outputs": (2, 4400, lambda i, r: _line(i, _words(r, 5, 20), 64)),
-    "heavy-tailed outputs": (2, 4400, lambda i, r: _line(i, _words(r, 10, 40), _heavy_tail(r))),
+    "short prompts, short outputs": (2, 8800, lambda i, r: _line(i, _words(r, 5, 20), 16)),
+    "long prompts, short outputs": (2, 8800, lambda i, r: _line(i, _words(r, 120, 200), 16)),
+    "short prompts, long outputs": (2, 8800, lambda i, r: _line(i, _words(r, 5, 20), 64)),
+    "heavy-tailed outputs": (2, 8800, lambda i, r: _line(i, _words(r, 10, 40), _heavy_tail(r))),
     "shared prefixes": (
         2,
-        4400,
+        8800,
         lambda i, r: _line(i, _words(r, 5, 15), 24, system=_words(random.Random(i % 4), 150, 150)),
     ),
-    "mixed max_tokens, 4 workers": (4, 4800, lambda i, r: _line(i, _words(r, 10, 60), r.choice([8, 24, 48]))),
+    "mixed max_tokens, 4 workers": (4, 9600, lambda i, r: _line(i, _words(r, 10, 60), r.choice([8, 24, 48]))),
 }
 
 

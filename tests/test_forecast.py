@@ -11,7 +11,15 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.commands.views import forecast_error, forecast_line
-from orchestrator.controller.forecast import band, left_strata, probe_rate, warm_up_note, warm_up_split, work_seconds
+from orchestrator.controller.forecast import (
+    band,
+    left_strata,
+    probe_rate,
+    short_probe_note,
+    warm_up_note,
+    warm_up_split,
+    work_seconds,
+)
 from orchestrator.controller.forecast_check import forecast_beside_pace
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_marker
@@ -158,6 +166,20 @@ def test_work_seconds_band_holds_the_rate_spread_when_every_row_is_alike():
     draws = [work_seconds(_probe(20, 100), random.Random(seed))[0] for seed in range(400)]
     b = band(draws)
     assert b.p10 < 40 * 0.95 and b.p90 > 40 * 1.05
+
+
+def test_a_probe_measured_over_a_fraction_of_a_second_gets_a_wider_band_and_says_so():
+    # The same rate (0.1 s a row) measured over 0.1 s and over 30 s of engine time: calibration run
+    # 9's 0.3 s probe was 39% slower a row than its run. The short probe's band must hold that.
+    def spread(rows: int, busy_s: float) -> tuple[float, float]:
+        b = band([work_seconds(_probe(rows, 100 * rows, busy_s=busy_s), random.Random(s))[0] for s in range(400)])
+        return b.p10 / b.p50, b.p90 / b.p50
+
+    short, long = spread(1, 0.1), spread(300, 30.0)
+    assert short[0] < 0.72 and short[1] > 1.4
+    assert 0.8 < long[0] < 0.93 and 1.07 < long[1] < 1.2
+    assert "measured over 0.1 engine seconds" in short_probe_note(_probe(1, 100, busy_s=0.1))
+    assert short_probe_note(_probe(300, 30000, busy_s=30.0)) == ""
 
 
 def test_forecast_beside_pace_places_the_projected_finish_in_the_band():

@@ -14,8 +14,9 @@ stratum, the probe's generated / max_tokens ratios, resampled with replacement (
 stratum's mean) and applied to the stratum's max_tokens in the run; strata the probe missed draw
 from all its rows. Prompt tokens: the run's bytes / 4, corrected by the probe's measured ratio;
 cached share from the probe's hits and the run's prefix groups (probe_work.py). The rate itself
-varies from one engine to the next (RATE_SIGMA, measured by bench/forecast_bench.py): each draw
-scales it by a log-normal factor, so the band holds both spreads.
+varies from one engine to the next (RATE_SIGMA, measured by bench/forecast_bench.py), and more when the
+probe measured it over few seconds (WINDOW_SIGMA): each draw scales it by a log-normal factor, so the
+band holds these spreads too.
 
 A local fleet: the busiest worker of the plan over the rows left, at the probe's rate shared by
 the workers this machine's cores hold at once, at an efficiency of sharing drawn in its measured range.
@@ -28,6 +29,7 @@ max_tokens: a wide band, and the note says `--probe` narrows it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import statistics
@@ -73,6 +75,11 @@ OVERSUBSCRIBED_EFFICIENCY = (0.74, 1.0)
 #: Spread (log-normal sigma) of one worker's engine rate against another's on the same workload:
 #: what a probe's one measured rate cannot see (bench/forecast_bench.py, docs/BENCHMARKS.md).
 RATE_SIGMA = 0.1
+#: A machine's speed wanders at the scale of a second (neighbours, a shared VM's steal), so a rate
+#: taken over T seconds of engine time is off by this much / sqrt(T) more: 0.1 is 10% for a probe
+#: that measured 1 s, 1.3% for one of a minute. Fitted on calibration runs 8-9 (probes of 0.3-0.8 s
+#: off by up to 39% in CPU seconds a row) and checked on later runs (docs/BENCHMARKS.md).
+WINDOW_SIGMA = 0.1
 
 
 def band(values: Sequence[float]) -> Band:
@@ -162,6 +169,18 @@ def rate_draw(probe: ProbeRecord, rng: random.Random) -> float:
     return float(past_first * (whole / past_first) ** rng.random())
 
 
+def measured_s(probe: ProbeRecord) -> float:
+    """The engine seconds the probe's rate was taken over: past its first batch where it split there."""
+    busy, fb = probe.busy_s or 0.0, probe.first_batch
+    return busy - fb[0] if fb is not None and warm_up_split(probe) and busy > fb[0] else busy
+
+
+def rate_sigma(probe: ProbeRecord) -> float:
+    """The log-normal spread of the run's rate around the probe's: RATE_SIGMA, and WINDOW_SIGMA for a
+    rate measured over so few seconds."""
+    return math.hypot(RATE_SIGMA, WINDOW_SIGMA / math.sqrt(max(measured_s(probe), 0.01)))
+
+
 def work_seconds(
     probe: ProbeRecord, rng: random.Random, workers: int = 1, done: Sequence[RowSample] | None = None
 ) -> tuple[float, float, float]:
@@ -184,7 +203,7 @@ def work_seconds(
         out_total += ratio * count.max_tokens
         prompt_total += count.est_prompt_tokens * prompt_ratio
     units_total = out_total + PREFILL_WEIGHT * prompt_total * (1 - cached)
-    rate_noise = rng.lognormvariate(0.0, RATE_SIGMA)
+    rate_noise = rng.lognormvariate(0.0, rate_sigma(probe))
     return units_total * sec_per_unit * rate_noise, out_total, prompt_total
 
 
@@ -254,7 +273,8 @@ def forecast_from_probes(
         + "".join(f"; the probe on {p.gpu} measured nothing ({p.stopped or 'it did not finish'})" for p in unmeasured)
         + f"; prefill weighed {PREFILL_WEIGHT} of a generated token (assumed)"
         + _below_batch(ctx, first)
-        + warm_up_note(first),
+        + warm_up_note(first)
+        + short_probe_note(first),
     )
 
 
@@ -279,6 +299,16 @@ def warm_up_note(probe: ProbeRecord) -> str:
     return (
         f"; all {len(probe.samples)} probe rows came back in one drain of the engine, so its warm-up is in "
         "the rate: the forecast is high (measured +44% on a 16-row probe); a larger --probe-share splits it"
+    )
+
+
+def short_probe_note(probe: ProbeRecord) -> str:
+    window = WINDOW_SIGMA / math.sqrt(max(measured_s(probe), 0.01))
+    if window <= RATE_SIGMA:
+        return ""
+    return (
+        f"; the probe's rate was measured over {measured_s(probe):.2g} engine seconds, which alone may be off "
+        f"by {window:.0%} (one sigma): the band holds that, and a larger --probe-share narrows it"
     )
 
 
