@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
+import signal
 import statistics
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from orchestrator.backends import backend_for
 from orchestrator.cli import main
 from orchestrator.commands.views import forecast_error, forecast_line
 from orchestrator.controller.forecast import (
@@ -21,6 +26,7 @@ from orchestrator.controller.forecast import (
     work_seconds,
 )
 from orchestrator.controller.forecast_check import forecast_beside_pace
+from orchestrator.core.context import resolve_spec
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_marker
 from orchestrator.core.records.forecast import (
@@ -33,6 +39,7 @@ from orchestrator.core.records.forecast import (
 )
 from orchestrator.core.store import open_store
 from tests.support.datasets import write_jsonl
+from tests.support.runs import orch_process
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / ".cache" / "models" / "tiny-llama"
@@ -53,6 +60,61 @@ def workdir(tmp_path, monkeypatch):
         main(["prepare", "q.jsonl", "--run", "f", "--num-chunks", "4", "--id-column", "id", "--model", str(TINY)]) == 0
     )
     return tmp_path
+
+
+def _read_until(proc: subprocess.Popen, text: str) -> str:
+    """The process's stderr up to the line holding `text` (bounded by the process: it fails if it ends first)."""
+    seen = ""
+    while text not in seen:
+        line = proc.stderr.readline()
+        assert line, f"{text!r} never came: {seen}{proc.communicate()}"
+        seen += line
+    return seen
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_estimate_probe_leaves_one_probe_worker_that_the_next_estimate_waits_for(workdir):
+    """A real SIGINT while the probe runs: the probe worker goes on and orch says so; the same
+    command again waits for that worker instead of launching a second one on the same chunk. The
+    worker is held still (SIGSTOP) across the interrupt, so it is surely still running then."""
+    probe = ["estimate", "--run", "f", "--model", str(TINY), "--workers", "2", "--probe", "--probe-rows", "32"]
+    proc = orch_process(workdir, *probe)
+    pid = int(re.search(r"launched \(local-(\d+)-", _read_until(proc, "launched"))[1])
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err
+        assert "the probe goes on without it on the local backend: job local-" in err and "Traceback" not in err
+        assert "--probe    waits for it again" in err
+        again = orch_process(workdir, *probe, "--json")
+        assert "still runs: waiting for" in _read_until(again, "still runs")
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    out, err = again.communicate(timeout=900)
+    assert again.returncode == 0, err
+    doc = json.loads(out)
+    assert doc["kind"] == "probe" and doc["probe"]["rows"] == 32
+    assert len(list((workdir / ".orch" / "logs" / "f").glob("worker-0-*.log"))) == 1  # one probe worker, not two
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_the_probe_and_the_next_estimate_resumes_its_chunk(workdir, capsys):
+    probe = ["estimate", "--run", "f", "--model", str(TINY), "--workers", "2", "--probe", "--probe-rows", "32"]
+    proc = orch_process(workdir, *probe)
+    job = re.search(r"launched \((local-[\d-]+)\)", _read_until(proc, "launched"))[1]
+    proc.send_signal(signal.SIGINT)
+    _read_until(proc, "Ctrl-C again")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "stopped the probe (1 worker(s))" in err, err
+    ctx = resolve_spec(None, {"run": "f"})
+    assert not backend_for(ctx).statuses([job])[job].state.is_live()
+    capsys.readouterr()
+    assert main([*probe, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    marker = read_marker(open_store(str(workdir / ".orch")), RunLayout("f"), doc["probe"]["chunk"])
+    assert doc["probe"]["rows"] == 32 and marker is not None and marker.rows == 32
 
 
 @pytest.mark.usefixtures("workdir")

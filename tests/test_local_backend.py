@@ -26,7 +26,7 @@ from orchestrator.core.context import resolve_spec
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.records import read_jobs
 from tests.support.datasets import write_jsonl
-from tests.support.runs import chat_request
+from tests.support.runs import chat_request, orch_process
 
 pytestmark = pytest.mark.slow
 
@@ -234,26 +234,6 @@ def test_chaos_workers_killed_again_and_again_still_answer_every_row_once(workdi
     assert main(["collect", "--run", "chaos", "--out", str(workdir / "chaos.jsonl")]) == 0
     ids = collected_ids(workdir / "chaos.jsonl")
     assert ids == [f"q{i}" for i in range(2400)]
-
-
-def orch_process(workdir: Path, *args: str) -> subprocess.Popen:
-    """`orch` as the user runs it, a process of its own (stderr read as it comes), Ctrl-C delivered
-    as a terminal delivers it: where these tests run in the background of a shell without job
-    control, SIGINT is ignored, and a child inherits that (a handler, unlike SIG_IGN, is reset at
-    exec), so orch would never see the tests' Ctrl-C."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        return subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "orch"), *args],
-            cwd=workdir,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def wait_for_running_workers(run: str, count: int, proc: subprocess.Popen) -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from orchestrator.commands.shared import Invocation, common_options
+from orchestrator.commands.shared import SECOND_INTERRUPT_S, Invocation, common_options, run_flags
 from orchestrator.controller.probe_launch import PROBE_BUDGET_USD
+from orchestrator.core.context import RunContext
 
 
 @click.command("estimate")
@@ -64,11 +65,14 @@ def estimate_command(
     def echo(line: str) -> None:  # the probe's progress, with --json too: on SkyPilot it takes minutes
         click.echo(line, err=True)
 
-    made = (
-        run_probes(ctx, probe_share, min_rows=probe_rows, budget_usd=probe_budget, echo=echo)
-        if probe
-        else read_probes(ctx.store, ctx.layout)
-    )
+    try:
+        made = (
+            run_probes(ctx, probe_share, min_rows=probe_rows, budget_usd=probe_budget, echo=echo)
+            if probe
+            else read_probes(ctx.store, ctx.layout)
+        )
+    except KeyboardInterrupt:
+        _probe_interrupted(ctx)
     measured = [p for p in made if p.busy_s is not None]
     manifest = read_manifest(ctx.store, ctx.layout)
     n = ctx.spec.workers.count
@@ -88,6 +92,38 @@ def estimate_command(
         return 0
     _print(doc)
     return 0
+
+
+def _probe_interrupted(ctx: RunContext) -> NoReturn:
+    """Ctrl-C while the probe runs: its worker goes on (on SkyPilot, a machine being paid for), and
+    says so; the same command waits for it again, and a second Ctrl-C stops it. Exits 130."""
+    from orchestrator.backends import backend_for
+    from orchestrator.controller.probe import read_probes
+    from orchestrator.controller.probe_launch import live_probe_jobs, on
+
+    launcher = backend_for(ctx)
+    probes = read_probes(ctx.store, ctx.layout)
+    running = [p for p in probes if p.chunk in live_probe_jobs(launcher, probes)]
+    lines = ["interrupted: `orch estimate` stops here"]
+    if running:
+        lines.append(
+            f"the probe goes on without it on the {launcher.name} backend: "
+            + ", ".join(f"job {p.job}{on(p)} answering {p.chunk}" for p in running)
+        )
+        lines.append(f"  orch estimate {run_flags(ctx)} --probe    waits for it again and forecasts")
+    click.echo("\n".join(lines), err=True)
+    if running:
+        try:  # entered before the prompt: a second Ctrl-C may come the moment it is shown
+            click.echo(f"Ctrl-C again within {SECOND_INTERRUPT_S:g}s stops the probe now.", err=True)
+            time.sleep(SECOND_INTERRUPT_S)
+        except KeyboardInterrupt:
+            launcher.cancel([p.job for p in running if p.job is not None])
+            click.echo(
+                f"stopped the probe ({len(running)} worker(s)); the rows it finished are kept, and "
+                "`orch estimate --probe` again resumes its chunk (or the run answers it)",
+                err=True,
+            )
+    raise click.exceptions.Exit(130)
 
 
 def _print(doc: dict[str, Any]) -> None:

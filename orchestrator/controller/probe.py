@@ -32,7 +32,7 @@ from orchestrator.controller.probe_carve import (
     run_rows,
     sample_rows,
 )
-from orchestrator.controller.probe_launch import PROBE_BUDGET_USD, launch_and_wait, on
+from orchestrator.controller.probe_launch import PROBE_BUDGET_USD, Stop, launch_and_wait, on
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError
 from orchestrator.core.prefix import feed_order
@@ -94,7 +94,7 @@ def run_probes(
         probes = _carve(ctx, share, min_rows or 2 * engine_batch(ctx), probes, echo)
     todo = {p.chunk for p in probes if p.busy_s is None and not p.stopped}
     unfinished = [p for p in probes if p.chunk in todo and read_marker(ctx.store, ctx.layout, p.chunk) is None]
-    stopped = launch_and_wait(ctx, probes, unfinished, budget_usd, timeout_s, echo, launcher) if unfinished else {}
+    stopped = _launch(ctx, probes, unfinished, budget_usd, timeout_s, echo, launcher) if unfinished else {}
     for i, p in enumerate(probes):
         if p.chunk in todo and p.chunk not in stopped:
             probes[i] = _measure(ctx, p)
@@ -108,6 +108,28 @@ def run_probes(
         if p.chunk in stopped:
             echo(f"probe{on(p)}: {stopped[p.chunk].reason}: forecast from the table; its rows are left to the run")
     return probes
+
+
+def _launch(
+    ctx: RunContext,
+    probes: list[ProbeRecord],
+    unfinished: list[ProbeRecord],
+    budget_usd: float,
+    timeout_s: float,
+    echo: Callable[[str], None],
+    launcher: Launcher | None,
+) -> dict[str, Stop]:
+    """launch_and_wait through the run's backend, each worker's job kept in its probe record the
+    moment it is launched (in `probes` and the store): an estimate interrupted later names it, and
+    the next one waits on it instead of launching another."""
+    from orchestrator.backends import backend_for
+
+    def launched(probe: ProbeRecord, job: str) -> None:
+        i = probes.index(probe)
+        probes[i] = probe.model_copy(update={"job": job})
+        ctx.store.put(_probe_key(ctx.layout, probes[i], i == 0), probes[i].to_bytes())
+
+    return launch_and_wait(ctx, probes, unfinished, budget_usd, timeout_s, echo, launcher or backend_for(ctx), launched)
 
 
 def _carve(

@@ -74,19 +74,23 @@ def launch_and_wait(
     budget_usd: float,
     timeout_s: float,
     echo: Callable[[str], None],
-    launcher: Launcher | None = None,
+    launcher: Launcher,
+    launched: Callable[[ProbeRecord, str], None] = lambda _p, _job: None,
 ) -> dict[str, Stop]:
-    """Launch a worker for each unfinished probe and wait until each chunk is done, its job ended, or
-    its budget spent. Returns the probe chunks that stopped, and why."""
-    from orchestrator.backends import backend_for
+    """Launch a worker for each unfinished probe (`launched` keeps its job) and wait until each chunk
+    is done, its job ended, or its budget spent. A probe whose recorded job still runs (an estimate
+    interrupted before) is waited on, not launched again. Returns the probe chunks that stopped, and why."""
     from orchestrator.controller.estimate import RESTART_OVERHEAD_S
 
-    launcher = launcher or backend_for(ctx)
     caps = budget_caps(ctx, unfinished, budget_usd)
     stopped: dict[str, Stop] = {}
     requests: dict[int, tuple[ProbeRecord, LaunchRequest]] = {}
     worker_of = {p.chunk: i for i, p in enumerate(probes)}  # worker i probes candidate i
+    running = live_probe_jobs(launcher, unfinished)
     for p in unfinished:
+        if p.chunk in running:
+            echo(f"probe{on(p)}: worker {worker_of[p.chunk]} ({p.job}) still runs: waiting for {p.chunk} again")
+            continue
         cap = caps.get(p.chunk)
         if cap is not None and cap.seconds < RESTART_OVERHEAD_S:
             stopped[p.chunk] = Stop(
@@ -106,10 +110,12 @@ def launch_and_wait(
             stopped[p.chunk] = Stop(f"the probe{on(p)} was not launched: {reason}", e.hint or "")
     waiting = {requests[w][0].chunk: (requests[w][0], job) for w, job in jobs.items()}
     for p, job in waiting.values():
+        launched(p, job)
         echo(
             f"probe{on(p)}: worker {worker_of[p.chunk]} launched ({job}) on the {ctx.spec.backend} backend; "
             f"waiting for {p.chunk}"
         )
+    waiting |= {p.chunk: (p, p.job) for p in unfinished if p.chunk in running and p.job is not None}
     started = time.monotonic()
     while waiting:
         for chunk, (p, job) in list(waiting.items()):
@@ -121,6 +127,13 @@ def launch_and_wait(
         if waiting:
             time.sleep(POLL_S)
     return stopped
+
+
+def live_probe_jobs(launcher: Launcher, probes: Sequence[ProbeRecord]) -> set[str]:
+    """The probe chunks whose recorded job is live now."""
+    jobs = {p.job: p.chunk for p in probes if p.job is not None and p.busy_s is None}
+    states = launcher.statuses(list(jobs)) if jobs else {}
+    return {chunk for job, chunk in jobs.items() if job in states and states[job].state.is_live()}
 
 
 def _request(ctx: RunContext, worker: int, probe: ProbeRecord) -> LaunchRequest:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from orchestrator.core.frozen_spec import freeze_spec
@@ -13,6 +17,8 @@ from orchestrator.core.protocol.layout import RunLayout, chunk_id
 from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment, write_jsonl
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def chat_request(custom_id: str, content: str, **params: Any) -> dict[str, Any]:
@@ -141,3 +147,23 @@ def answer_chunk(
         job.checkpoint(list(part))
     clock[0] += seconds
     assert job.complete(worker=worker, model="m", spec_hash="h", accelerator=accelerator) is not None
+
+
+def orch_process(workdir: Path, *args: str) -> subprocess.Popen:
+    """`orch` as the user runs it, a process of its own (stderr read as it comes), Ctrl-C delivered
+    as a terminal delivers it: where these tests run in the background of a shell without job
+    control, SIGINT is ignored, and a child inherits that (a handler, unlike SIG_IGN, is reset at
+    exec), so orch would never see the tests' Ctrl-C."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(
+            [str(ROOT / ".venv" / "bin" / "orch"), *args],
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -33,6 +33,9 @@ class ProbeRecord(Record):
     chunk: str = Field(description="the probe chunk (one of the manifest's)")
     gpu: str | None = Field(None, description="the candidate accelerator it was pinned to (None: the spec's choice)")
     stopped: str | None = Field(None, description="why it measured nothing: its budget spent, or its job's end")
+    job: str | None = Field(
+        None, description="its worker's job, once launched: a later estimate waits on it while it runs"
+    )
     rows: int
     share: float = Field(description="of the run's rows")
     strata: dict[str, StratumCount] = Field(description="every row of the run, probe rows included")
