@@ -103,7 +103,8 @@ def _probe_interrupted(ctx: RunContext) -> NoReturn:
 
     launcher = backend_for(ctx)
     probes = read_probes(ctx.store, ctx.layout)
-    running = [p for p in probes if p.chunk in live_probe_jobs(launcher, probes)]
+    live = live_probe_jobs(launcher, probes)
+    running = [p for p in probes if p.chunk in live]
     lines = ["interrupted: `orch estimate` stops here"]
     if running:
         lines.append(

@@ -175,10 +175,14 @@ def measured_s(probe: ProbeRecord) -> float:
     return busy - fb[0] if fb is not None and warm_up_split(probe) and busy > fb[0] else busy
 
 
+def window_sigma(probe: ProbeRecord) -> float:
+    """The spread of a rate measured over the probe's few seconds alone (WINDOW_SIGMA / sqrt(T))."""
+    return WINDOW_SIGMA / math.sqrt(max(measured_s(probe), 0.01))
+
+
 def rate_sigma(probe: ProbeRecord) -> float:
-    """The log-normal spread of the run's rate around the probe's: RATE_SIGMA, and WINDOW_SIGMA for a
-    rate measured over so few seconds."""
-    return math.hypot(RATE_SIGMA, WINDOW_SIGMA / math.sqrt(max(measured_s(probe), 0.01)))
+    """The log-normal spread of the run's rate around the probe's: RATE_SIGMA and the window's."""
+    return math.hypot(RATE_SIGMA, window_sigma(probe))
 
 
 def work_seconds(
@@ -303,7 +307,7 @@ def warm_up_note(probe: ProbeRecord) -> str:
 
 
 def short_probe_note(probe: ProbeRecord) -> str:
-    window = WINDOW_SIGMA / math.sqrt(max(measured_s(probe), 0.01))
+    window = window_sigma(probe)
     if window <= RATE_SIGMA:
         return ""
     return (
