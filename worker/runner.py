@@ -500,7 +500,7 @@ class Worker:
                 self.loading = False
             self.totals.load_s = time.monotonic() - started
             self.totals.load_cpu_s = time.process_time() - started_cpu
-            self.totals.batch_rows = int(getattr(self._engine, "capacity", 0) or 0)
+            self.totals.batch_rows = int(getattr(self._engine, "batch_rows", 0) or 0)
             if self.identity.accelerator is None:
                 self.identity.accelerator = self._engine.accelerator
             self.heartbeat.soon(state="running", accelerator=self.identity.accelerator, loaded=True)

@@ -22,6 +22,12 @@ class Engine(Protocol):
         this many in its hands before it claims another chunk."""
 
     @property
+    def batch_rows(self) -> int:
+        """The most rows one engine step runs together (vLLM's max_num_seqs, the transformers
+        engine's max_batch_size; its pool, `capacity`, holds two batches): a probe's first batch,
+        which carries the engine's warm-up, ends when this many rows are done (worker/totals.py)."""
+
+    @property
     def sampling_defaults(self) -> dict[str, Any]:
         """The model's own sampling defaults (temperature, top_p... from its generation_config.json,
         as vLLM's server reads them): what a request and the spec leave unset."""

@@ -8,8 +8,8 @@ logprobs. So:
 1. Requests are pulled into a pool of up to `capacity` prompts, refilled after every batch.
 2. The next batch is built around the oldest request in the pool: the requests that generate
    alike (same parameters; max_tokens and stop strings aside), the closest to it in length, as
-   many as `max_batch_size` sequences and `max_batch_tokens` padded tokens allow. Sorted by length,
-   the batch is little padding; anchored on the oldest, no request waits behind newer ones.
+   many as `max_batch_size` sequences and `max_batch_tokens` padded tokens allow
+   (orchestrator/core/static_batches.py, which the forecast replays).
 3. One `model.generate` call runs the batch; each row stops at its own max_tokens.
 Per-request parameters are honoured exactly: a sampled request with a seed is generated alone,
 so its answer depends on the request only, never on what shared its batch. Differences from
@@ -42,6 +42,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Stoppi
 from orchestrator.core.errors import SpecError
 from orchestrator.core.model_source import served_name
 from orchestrator.core.spec import ModelSpec
+from orchestrator.core.static_batches import POOL_BATCHES, BatchLimits, pick_batch
 from worker.outputs import Choice, TokenLogprob, success_line
 from worker.prompts import PromptBuilder
 from worker.wire import POOLING_KINDS, EngineRequest, GenerationParams, RowResult, error_row
@@ -59,18 +60,6 @@ CPU_MEMORY_CAP = 4 * 2**30
 _END: Any = object()
 
 
-@dataclass(frozen=True)
-class BatchLimits:
-    """How large one `generate` call may be."""
-
-    #: Sequences (a request with n=4 counts 4).
-    max_batch_size: int
-    #: Sequences x (the longest prompt + the largest max_tokens): the padded tokens of the call.
-    max_batch_tokens: int
-    #: Sequences x steps for requests that want logprobs: every step's scores are kept.
-    max_logprob_steps: int
-
-
 @dataclass(eq=False)
 class _Ready:
     """A request in the pool, its prompt built."""
@@ -79,9 +68,22 @@ class _Ready:
     ids: list[int]
     key: tuple[Any, ...]
 
+    # What the batch picker reads (orchestrator/core/static_batches.py).
     @property
-    def length(self) -> int:
-        return len(self.ids) + self.request.params.max_tokens
+    def prompt_len(self) -> int:
+        return len(self.ids)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.request.params.max_tokens
+
+    @property
+    def sequences(self) -> int:
+        return self.request.params.n
+
+    @property
+    def logprobs(self) -> bool:
+        return self.request.params.logprobs is not None
 
 
 class TransformersEngine:
@@ -112,12 +114,30 @@ class TransformersEngine:
         self.max_model_len: int = spec.max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.prompts = PromptBuilder(self.tokenizer, spec.chat_template, self.max_model_len)
         self.limits = _limits(self.model, self.device, batch_args, batch_size)
-        # The pool: two batches' worth, so that the next batch has requests of similar lengths to pick from.
-        self.capacity = max_in_flight or 2 * self.limits.max_batch_size
+        self.capacity = max_in_flight or POOL_BATCHES * self.limits.max_batch_size
+        self.batch_rows = self.limits.max_batch_size
         self.accelerator = torch.cuda.get_device_name(0) if self.device == "cuda" else "cpu"
         self._pool: list[_Ready] = []
         self._aborted = False
         self._alone = 0  # a distinct key for each request generated alone
+        if self.device == "cuda":
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One small `generate` at load: a GPU's first call loads its kernels and sets up cuBLAS and
+        the allocator. Left to the first batch, that is engine time on the first rows, which a probe
+        measures its rate from (controller/forecast.py): on an H200 a probe's 64 rows took 1.71 s
+        where its run's rows took 13-18 ms each (0.9 s for 64). Paid here, it is part of the load."""
+        ids = torch.full((2, 8), self.tokenizer.pad_token_id, device=self.device)
+        with torch.inference_mode():
+            self.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=4,
+                min_new_tokens=4,
+                do_sample=False,
+                pad_token_id=self.tokenizer.pad_token_id,
+            )
 
     # -- Engine ------------------------------------------------------------------------------
     def run(self, requests: Iterator[EngineRequest | None]) -> Generator[list[RowResult], None, None]:
@@ -336,45 +356,6 @@ def batch_key(p: GenerationParams) -> tuple[Any, ...] | None:
         return None
     sampling = (p.temperature, p.top_p, p.top_k, p.min_p) if sampled else ()
     return (p.n, p.min_tokens, p.repetition_penalty, p.ignore_eos, p.logprobs is not None, p.logit_bias, *sampling)
-
-
-def pick_batch(pool: list[_Ready], limits: BatchLimits) -> list[_Ready]:
-    """Step 2 of the module docstring. `pool` is in arrival order; the batch comes sorted by length.
-
-    From the oldest request, the batch grows one request at a time, to the shorter or the longer
-    side in length order, whichever adds less padding, while it stays within the limits."""
-    oldest = pool[0]
-    alike = sorted((r for r in pool if r.key == oldest.key), key=lambda r: r.length)
-    n, logprobs = oldest.request.params.n, oldest.request.params.logprobs is not None
-    lo = next(i for i, r in enumerate(alike) if r is oldest)
-    hi = lo + 1  # the batch is alike[lo:hi]
-    longest, most_new, useful = len(oldest.ids), oldest.request.params.max_tokens, oldest.length
-
-    def fits(sequences: int, padded: int, steps: int) -> bool:
-        return (
-            sequences <= limits.max_batch_size
-            and sequences * padded <= limits.max_batch_tokens
-            and (not logprobs or sequences * steps <= limits.max_logprob_steps)
-        )
-
-    while True:
-        best: tuple[int, int, int, int] | None = None  # (padding, index, longest, most_new)
-        sequences = (hi - lo + 1) * n
-        for other in (lo - 1, hi):
-            if not 0 <= other < len(alike):
-                continue
-            candidate = alike[other]
-            grown = max(longest, len(candidate.ids)), max(most_new, candidate.request.params.max_tokens)
-            if not fits(sequences, sum(grown), grown[1]):
-                continue
-            padding = (hi - lo + 1) * sum(grown) - useful - candidate.length
-            if best is None or padding < best[0]:
-                best = (padding, other, *grown)
-        if best is None:
-            return alike[lo:hi]
-        _, other, longest, most_new = best
-        useful += alike[other].length
-        lo, hi = min(lo, other), max(hi, other + 1)
 
 
 # transformers is not installed where the types are checked: its base class is Any there.

@@ -102,7 +102,7 @@ class VllmEngine:
         # As vLLM's server: the model's generation_config.json for what a request leaves unset.
         self.sampling_defaults: dict[str, Any] = engine.model_config.get_diff_sampling_param()
         self.prompts = PromptBuilder(self.tokenizer, spec.chat_template, self.max_model_len)
-        self.capacity = engine.vllm_config.scheduler_config.max_num_seqs
+        self.capacity = self.batch_rows = engine.vllm_config.scheduler_config.max_num_seqs
         # Keep the scheduler's queue deeper than what it runs at once, so a finished sequence is
         # replaced in the very next step.
         self.max_in_flight = max_in_flight or max(4 * self.capacity, 256)
