@@ -10,7 +10,14 @@ import pytest
 
 from orchestrator.controller import forecast
 from orchestrator.controller.forecast import local_parallelism, probe_units, work_seconds
-from orchestrator.controller.probe_work import run_cached_share, slot_schedule, units_until
+from orchestrator.controller.probe_work import (
+    StaticRow,
+    run_cached_share,
+    slot_schedule,
+    static_batches,
+    static_units,
+    units_until,
+)
 from orchestrator.core.records.forecast import ProbeRecord, RowSample, StratumCount
 
 
@@ -65,6 +72,44 @@ def test_heavy_tailed_probe_forecasts_the_rate_of_full_batches():
     assert 0.8 * full < statistics.median(draws) < 1.6 * full
     untouched = probe.model_copy(update={"engine_batch": None})
     assert statistics.median(work_seconds(untouched, random.Random(s))[0] for s in range(200)) > 3 * full
+
+
+def test_static_batches_replay_picks_by_length_from_a_pool_of_two_batches():
+    # Batches of 2 from a pool of 4. Sent: short, long, short, long, short, short. The first batch is
+    # the oldest (short) and the closest in length (the other short); the long rows go together
+    # once the pool refills, not in send order (which would give two batches of 20 steps).
+    short, long = (10, 2, 2), (10, 20, 20)
+    rows = [StaticRow(*r) for r in (short, long, short, long, short, short)]
+    assert static_batches(rows, 2) == [(2, 2), (2, 20), (2, 2)]
+    assert static_units(rows, 2, 1.0) == 2 * 2 + 2 * 20 + 2 * 2
+    assert static_units(rows, 2, 1.0, rows_done=2) == 2 * 2  # the first batch alone
+    # A part-empty batch costs its fixed share of the full batch.
+    assert static_units(rows[:1], 2, 0.5) == 2 * (0.5 * 2 + 0.5 * 1)
+
+
+def test_a_static_batch_probe_forecasts_the_batches_its_run_will_run():
+    # The transformers engine runs a batch until its longest row ends. 16 probe rows, 8 a batch, in
+    # one pool: the 160-token row holds its batch of 8 for 160 steps, the other batch runs 10 (85
+    # steps a row). In the run, one row in 16 is that long: about 64% of its pools of 16 hold one
+    # (1 - (15/16)^16), so a row costs more than the 19.4 tokens it makes on average and less than
+    # the probe's 85 steps. Counted as a continuous engine (vLLM refills a finished row's slot) the
+    # run's rows would cost their tokens alone.
+    rows = [_sample("s", 160)] + [_sample("s", 10)] * 15
+    probe = ProbeRecord(
+        chunk="p",
+        rows=16,
+        share=0.01,
+        strata={"s": StratumCount(rows=1600, max_tokens=31000, est_prompt_tokens=160000)},
+        created_at=0.0,
+        busy_s=1.0,
+        engine_batch=8,
+        static_batches=True,
+        samples=rows,
+    )
+    per_row = statistics.median(work_seconds(probe, random.Random(seed))[0] for seed in range(100)) / 1584
+    assert 0.4 / 16 < per_row < 0.9 / 16  # the probe: 1 s for 16 rows
+    continuous = probe.model_copy(update={"static_batches": False})
+    assert statistics.median(work_seconds(continuous, random.Random(s))[0] for s in range(100)) / 1584 < 0.75 * per_row
 
 
 def test_run_cached_share_counts_the_hits_the_run_will_have_not_the_probes():

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.controller.pricing import GpuTable, load_gpu_table
-from orchestrator.controller.probe_work import run_cached_share, units_until
+from orchestrator.controller.probe_work import StaticRow, run_cached_share, static_units, units_until
 from orchestrator.core.context import RunContext
 from orchestrator.core.records import ManifestEntry
 from orchestrator.core.records.forecast import (
@@ -48,6 +48,7 @@ from orchestrator.core.records.forecast import (
     RowSample,
     StratumCount,
 )
+from orchestrator.core.static_batches import POOL_BATCHES
 
 #: Cost of an uncached prompt token against a generated one in a saturated batch (an assumption).
 PREFILL_WEIGHT = 0.05
@@ -56,6 +57,8 @@ PREFILL_WEIGHT = 0.05
 #: (a GPU's decode) or the engine's own overhead dominates (a small model on a CPU).
 FIXED_STEP_SHARE = (0.5, 1.0)
 BOOTSTRAP = 400
+#: A static-batch engine's run is replayed over this many pools of its rows per draw (work_seconds).
+STATIC_RUN_POOLS = 8
 SEEDS = 5
 #: The price table's speeds are for a 7-8B model.
 TABLE_PARAMS = 8e9
@@ -128,9 +131,15 @@ def probe_units(probe: ProbeRecord, fixed: float = 1.0, rows_done: int | None = 
         prefill, tokens = fb[3] - fb[5], fb[4]
     else:
         prefill, tokens = sum(x.prompt_tokens - x.cached_tokens for x in s), sum(x.completion_tokens for x in s)
-    if probe.engine_batch:
+    if probe.engine_batch and probe.static_batches:
+        tokens = static_units([static_row(x) for x in fed(s)], probe.engine_batch, fixed, rows_done)
+    elif probe.engine_batch:
         tokens = units_until([x.completion_tokens for x in fed(s)], probe.engine_batch, fixed, rows_done)
     return tokens + PREFILL_WEIGHT * prefill
+
+
+def static_row(x: RowSample) -> StaticRow:
+    return StaticRow(x.prompt_tokens, x.max_tokens, x.completion_tokens)
 
 
 def fed(samples: Sequence[RowSample]) -> list[RowSample]:
@@ -200,15 +209,30 @@ def work_seconds(
     for x in s:
         by_stratum.setdefault(x.stratum, []).append(x)
     out_total = prompt_total = 0.0
+    rows: list[tuple[RowSample, float]] = []  # (a drawn row, how many of the run's rows it stands for)
     for name, count in left_strata(probe, done).items():
         pool = by_stratum.get(name) or s
         draw = [rng.choice(pool) for _ in pool]
         ratio = statistics.fmean(x.completion_tokens / max(1, x.max_tokens) for x in draw)
         out_total += ratio * count.max_tokens
         prompt_total += count.est_prompt_tokens * prompt_ratio
-    units_total = out_total + PREFILL_WEIGHT * prompt_total * (1 - cached)
+        rows += [(x, count.rows / len(draw)) for x in draw]
+    decode = out_total  # a continuous engine's full batches: one unit per generated token
+    if probe.static_batches and probe.engine_batch and rows:
+        decode = static_run_units(rows, probe.engine_batch, rng)
+    units_total = decode + PREFILL_WEIGHT * prompt_total * (1 - cached)
     rate_noise = rng.lognormvariate(0.0, rate_sigma(probe))
     return units_total * sec_per_unit * rate_noise, out_total, prompt_total
+
+
+def static_run_units(rows: Sequence[tuple[RowSample, float]], slots: int, rng: random.Random) -> float:
+    """Decode units of the run's rows on a static-batch engine: a replay of its batches over a sample of
+    STATIC_RUN_POOLS pools of the run's rows (drawn by the rows each stands for), scaled to all of them."""
+    weights = [w for _, w in rows]
+    total = sum(weights)
+    size = min(max(1, round(total)), STATIC_RUN_POOLS * POOL_BATCHES * slots)
+    sample = [static_row(x) for x, _ in rng.choices(rows, weights=weights, k=size)]
+    return static_units(sample, slots, 1.0) * total / size
 
 
 def on_cpus(ctx: RunContext) -> bool:
@@ -276,6 +300,10 @@ def forecast_from_probes(
         note=f"engine time from {first.rows} probe rows"
         + "".join(f"; the probe on {p.gpu} measured nothing ({p.stopped or 'it did not finish'})" for p in unmeasured)
         + f"; prefill weighed {PREFILL_WEIGHT} of a generated token (assumed)"
+        + (
+            "; its engine runs each batch to its longest row: its batches replayed as it picks them"
+            * first.static_batches
+        )
         + _below_batch(ctx, first)
         + warm_up_note(first)
         + short_probe_note(first),

@@ -25,6 +25,7 @@ from typing import Any
 from orchestrator.backends.base import Launcher
 from orchestrator.controller.forecast import on_cpus
 from orchestrator.controller.probe_carve import (
+    STATIC_BATCH_ENGINES,
     carve_probe_chunk,
     engine_batch,
     probe_first_plan,
@@ -232,6 +233,7 @@ def _measure(ctx: RunContext, probe: ProbeRecord) -> ProbeRecord:
             "accelerator": marker.accelerator,
             "threads": threads,
             "engine_batch": engine_batch(ctx),
+            "static_batches": ctx.spec.model.engine in STATIC_BATCH_ENGINES,
         }
     )
 

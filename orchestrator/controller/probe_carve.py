@@ -38,6 +38,9 @@ PREFIX_HEAD = 160
 ENGINE_BATCH_DEFAULT = 256
 #: The engine_args key that bounds one engine's batch, per engine.
 BATCH_ARG = {"vllm": "max_num_seqs", "transformers": "max_batch_size"}
+#: Engines whose batch steps until its longest row ends (worker/engine/hf_engine.py), where vLLM
+#: refills a finished row's slot at the next step: a probe's work is counted in their batches.
+STATIC_BATCH_ENGINES = {"transformers"}
 
 
 def engine_batch(ctx: RunContext) -> int:

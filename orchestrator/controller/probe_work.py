@@ -15,15 +15,26 @@ costs `fixed * slots + (1 - fixed) * active` units, so a run at full batches cos
 generated token whatever `fixed` is, and only a probe that ran part-empty depends on it. `fixed` is
 not measured (a probe's one engine time cannot split it); the forecast draws it (forecast.py).
 
+An engine of static batches (the transformers engine) runs a batch until its longest row ends, its
+finished rows riding along, and picks each batch from a pool by length (core/static_batches.py): a
+batch of `active` rows costs its longest row's steps times `fixed * slots + (1 - fixed) * active`
+units. The probe's batches are replayed as its engine picked them, and the run's cost per row is
+that of a replayed sample of the run's rows. Counted in generated tokens instead, an H200 probe on
+mixed output lengths forecast its run 11% short, and on this CPU a heavy-tailed probe, whose one
+160-token row held a batch of 8 for 160 steps, forecast its run 92% long (bench/forecast_gpu_bench.py).
+
 Prompts the prefix cache holds cost no prefill: a probe sees fewer hits than its run (run_cached_share).
 """
 
 from __future__ import annotations
 
 import heapq
+import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from orchestrator.core.records.forecast import RowSample, StratumCount
+from orchestrator.core.static_batches import POOL_BATCHES, BatchLimits, pick_batch
 
 
 def slot_schedule(lengths: Sequence[int], slots: int) -> list[tuple[int, int]]:
@@ -48,6 +59,48 @@ def units_until(lengths: Sequence[int], slots: int, fixed: float, rows_done: int
     step = ends[-1] if rows_done is None else ends[min(len(ends), max(1, rows_done)) - 1]
     tokens = sum(min(end, step) - start for start, end in spans if start < step)
     return fixed * slots * step + (1.0 - fixed) * tokens
+
+
+@dataclass(frozen=True, eq=False)
+class StaticRow:
+    """A row as a static-batch engine's picker sees it (core/static_batches.Pooled), and the steps it ran."""
+
+    prompt_len: int
+    max_tokens: int
+    steps: int
+    key: int = 0
+    sequences: int = 1
+    logprobs: bool = False
+
+
+def static_batches(rows: Sequence[StaticRow], slots: int) -> list[tuple[int, int]]:
+    """(rows, steps) of each batch a static-batch engine of `slots` runs over `rows` sent in this order."""
+    limits = BatchLimits(max(1, slots), sys.maxsize, sys.maxsize)
+    pool: list[StaticRow] = []
+    batches: list[tuple[int, int]] = []
+    sent = 0
+    while sent < len(rows) or pool:
+        while sent < len(rows) and len(pool) < POOL_BATCHES * limits.max_batch_size:
+            pool.append(rows[sent])
+            sent += 1
+        batch = pick_batch(pool, limits)
+        taken = {id(r) for r in batch}
+        pool = [r for r in pool if id(r) not in taken]
+        batches.append((len(batch), max(r.steps for r in batch)))
+    return batches
+
+
+def static_units(rows: Sequence[StaticRow], slots: int, fixed: float, rows_done: int | None = None) -> float:
+    """Decode units of `rows` in a static-batch engine's batches, up to the batch that brought the
+    rows done to `rows_done` (None: all of them)."""
+    units = 0.0
+    done = 0
+    for active, steps in static_batches(rows, slots):
+        units += max(1, steps) * (fixed * slots + (1.0 - fixed) * active)
+        done += active
+        if rows_done is not None and done >= rows_done:
+            break
+    return units
 
 
 def run_cached_share(samples: Sequence[RowSample], strata: Mapping[str, StratumCount], workers: int) -> float:

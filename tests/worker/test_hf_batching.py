@@ -52,6 +52,23 @@ def test_hf_batching_fills_batches_up_to_the_spec_limit(engine):
     rows = {row.custom_id: row for s in done for row in s}
     assert all(rows[f"r{i}"].tokens_out == 2 + i % 5 for i in range(40))
     assert engine.capacity == 32  # the pool: two batches to pick similar lengths from
+    assert engine.batch_rows == 16  # what one batch holds: a probe's first batch ends there
+
+
+def test_hf_batching_the_forecasts_replay_runs_the_batches_the_engine_ran(engine):
+    # The forecast prices a probe of this engine by replaying its batches (controller/probe_work.py):
+    # prompts of several lengths, heavy-tailed answers, sent in this order; the engine's batches
+    # (rows, longest answer) and the replay's must be the same.
+    from orchestrator.controller.probe_work import StaticRow, static_batches
+
+    lengths = [2, 3, 40, 2, 5, 2, 24, 3, 2, 9, 2, 2, 31, 4, 2, 3] * 3
+    reqs = requests(*[msg("word " * (i % 11), max_tokens=n, ignore_eos=True) for i, n in enumerate(lengths)])
+    done = steps(engine, reqs)
+    ran = [(len(s), max(row.tokens_out for row in s)) for s in done]
+    rows = {row.custom_id: row for s in done for row in s}
+    replay = [StaticRow(rows[f"r{i}"].tokens_in, n, rows[f"r{i}"].tokens_out) for i, n in enumerate(lengths)]
+    assert static_batches(replay, 16) == ran
+    assert ran != [(16, max(lengths[i : i + 16])) for i in range(0, 48, 16)]  # not batches in send order
 
 
 def test_hf_batching_batches_are_sorted_by_length(engine):

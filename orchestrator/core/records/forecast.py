@@ -43,6 +43,9 @@ class ProbeRecord(Record):
     accelerator: str | None = Field(None, description="what the probe ran on (its done marker's)")
     threads: int | None = Field(None, description="a local probe: CPU threads its worker had")
     engine_batch: int | None = Field(None, description="rows its engine ran at once (max_num_seqs)")
+    static_batches: bool = Field(
+        False, description="its engine runs each batch to its longest row (transformers), not continuously (vLLM)"
+    )
     busy_s: float | None = Field(None, description="engine seconds of the probe's worker")
     load_s: float | None = None
     busy_cpu_s: float | None = Field(None, description="CPU seconds of the probe's worker in its engine")
