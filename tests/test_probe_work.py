@@ -50,21 +50,25 @@ def _sample(stratum: str, completion: int, cached: int = 0, prompt: int = 100) -
     )
 
 
-def test_heavy_tailed_probe_forecasts_the_rate_of_full_batches():
-    # 16 probe rows: one of 160 tokens, fifteen of 10, run at 8 at a time. The engine took 1 ms a
-    # full step (8 tokens): the 160-step probe took 0.16 s. Counted in tokens (what the forecast did
-    # before) the rate is 0.16 s / 310 tokens, 4x the 1/8 ms a token of a run at full batches.
-    rows = [_sample("s", 160)] + [_sample("s", 10)] * 15
-    probe = ProbeRecord(
+def _heavy_tailed_probe(busy_s: float, **update: object) -> ProbeRecord:
+    """16 probe rows, one of 160 tokens and fifteen of 10, run 8 at a time, of a run of 1,600 such rows."""
+    return ProbeRecord(
         chunk="p",
         rows=16,
         share=0.01,
         strata={"s": StratumCount(rows=1600, max_tokens=31000, est_prompt_tokens=160000)},
         created_at=0.0,
-        busy_s=0.16 + 0.05 * sum(x.prompt_tokens for x in rows) / 8000,
+        busy_s=busy_s,
         engine_batch=8,
-        samples=rows,
-    )
+        samples=[_sample("s", 160)] + [_sample("s", 10)] * 15,
+    ).model_copy(update=update)
+
+
+def test_heavy_tailed_probe_forecasts_the_rate_of_full_batches():
+    # 16 probe rows: one of 160 tokens, fifteen of 10, run at 8 at a time. The engine took 1 ms a
+    # full step (8 tokens): the 160-step probe took 0.16 s. Counted in tokens (what the forecast did
+    # before) the rate is 0.16 s / 310 tokens, 4x the 1/8 ms a token of a run at full batches.
+    probe = _heavy_tailed_probe(0.16 + 0.05 * 1600 / 8000)
     assert probe_units(probe, 1.0) == pytest.approx(8 * 160 + 0.05 * 1600)
     draws = [work_seconds(probe, random.Random(seed))[0] for seed in range(200)]
     # The rows left: 1,584 rows of 31000 * 1584 / 1600 tokens in all, at 1/8 ms a token (+ prefill).
@@ -94,18 +98,7 @@ def test_a_static_batch_probe_forecasts_the_batches_its_run_will_run():
     # (1 - (15/16)^16), so a row costs more than the 19.4 tokens it makes on average and less than
     # the probe's 85 steps. Counted as a continuous engine (vLLM refills a finished row's slot) the
     # run's rows would cost their tokens alone.
-    rows = [_sample("s", 160)] + [_sample("s", 10)] * 15
-    probe = ProbeRecord(
-        chunk="p",
-        rows=16,
-        share=0.01,
-        strata={"s": StratumCount(rows=1600, max_tokens=31000, est_prompt_tokens=160000)},
-        created_at=0.0,
-        busy_s=1.0,
-        engine_batch=8,
-        static_batches=True,
-        samples=rows,
-    )
+    probe = _heavy_tailed_probe(1.0, static_batches=True)
     per_row = statistics.median(work_seconds(probe, random.Random(seed))[0] for seed in range(100)) / 1584
     assert 0.4 / 16 < per_row < 0.9 / 16  # the probe: 1 s for 16 rows
     continuous = probe.model_copy(update={"static_batches": False})
