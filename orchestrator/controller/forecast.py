@@ -345,13 +345,14 @@ def short_probe_note(probe: ProbeRecord) -> str:
 
 
 def _below_batch(ctx: RunContext, probe: ProbeRecord) -> str:
-    from orchestrator.controller.probe_carve import engine_batch
+    from orchestrator.controller.probe_carve import BATCH_ARG, engine_batch
 
     batch = engine_batch(ctx)
     if probe.rows >= batch:
         return ""
     return (
-        f"; the probe ran {probe.rows} rows, less than one engine batch ({batch}, max_num_seqs): "
+        f"; the probe ran {probe.rows} rows, less than one engine batch "
+        f"({batch}, {BATCH_ARG.get(ctx.spec.model.engine, 'max_num_seqs')}): "
         "a run's fuller batches go faster per row than it measured"
     )
 

@@ -120,14 +120,15 @@ class TransformersEngine:
         self._pool: list[_Ready] = []
         self._aborted = False
         self._alone = 0  # a distinct key for each request generated alone
-        if self.device == "cuda":
-            self._warm_up()
+        self._warm_up()
 
     def _warm_up(self) -> None:
         """One small `generate` at load: a GPU's first call loads its kernels and sets up cuBLAS and
         the allocator. Left to the first batch, that is engine time on the first rows, which a probe
         measures its rate from (controller/forecast.py): on an H200 a probe's 64 rows took 1.71 s
-        where its run's rows took 13-18 ms each (0.9 s for 64). Paid here, it is part of the load."""
+        where its run's rows took 13-18 ms each (0.9 s for 64). Paid here, it is part of the load.
+        On a CPU it costs 10-20 ms (tiny Llama), and what it saves the first batch there is within
+        the noise; it runs there too, so that every test of this engine runs it."""
         ids = torch.full((2, 8), self.tokenizer.pad_token_id, device=self.device)
         with torch.inference_mode():
             self.model.generate(
