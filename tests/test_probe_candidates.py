@@ -159,6 +159,47 @@ def test_a_candidate_past_its_share_of_the_budget_is_cancelled_and_its_rows_left
     assert len(sky.launched) == 2
 
 
+def test_a_probe_waited_on_again_keeps_the_budget_clock_of_its_launch(ctx, monkeypatch):
+    # An estimate is interrupted (Ctrl-C) while the A100's machine stalls: its job goes on, paid by
+    # the second. The next estimate waits on that job rather than launch another, and its share of
+    # the budget counts from the launch: a job launched long enough ago is cancelled at once, not
+    # given a fresh share (before, the clock started again at every estimate).
+    from orchestrator.controller import estimate
+
+    monkeypatch.setattr(estimate, "RESTART_OVERHEAD_S", 0.0)
+    sky = ScriptedSky(script=["STARTING", "RUNNING"])
+    workers = GpuWorkers(ctx, sky, stall={"A100"})
+    workers.start()
+    budget = 2.0  # $1 each: about 15 minutes of an A100 at spot prices
+
+    def ctrl_c_once_the_a100_is_launched(line: str) -> None:
+        if "on A100: worker 1 launched" in line:
+            raise KeyboardInterrupt
+
+    launcher = SkyPilotLauncher(ctx.spec, sdk=sky)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_probes(
+                ctx, 0.05, min_rows=8, budget_usd=budget, echo=ctrl_c_once_the_a100_is_launched, launcher=launcher
+            )
+        a100 = read_probes(ctx.store, ctx.layout)[1]
+        assert a100.gpu == "A100" and a100.job is not None and a100.launched_at is not None
+        # As if that estimate had been an hour ago: the job has been paid for since.
+        ctx.store.put(
+            ctx.layout.probe_of("A100"), a100.model_copy(update={"launched_at": a100.launched_at - 3600}).to_bytes()
+        )
+        probes = run_probes(ctx, 0.05, min_rows=8, budget_usd=budget, timeout_s=60, launcher=launcher)
+    finally:
+        workers.done.set()
+        assert workers.error is None, workers.error
+    assert probes[1].stopped is not None and probes[1].stopped.startswith("cancelled at its budget ($1.00:"), probes[
+        1
+    ].stopped
+    assert [str(job) for job in sky.cancelled] == [a100.job]
+    assert len(sky.launched) == 2  # the A100's job was waited on, not launched again
+    assert probes[0].busy_s is not None  # the L4's probe measured
+
+
 def test_a_budget_too_small_for_a_start_up_launches_no_candidate_and_says_so(ctx):
     sky = ScriptedSky()
     # $0.01 each: 129 s of an L4 at $0.28/h, 31 s of an A100; a start-up takes 600 s.

@@ -127,7 +127,7 @@ def _launch(
 
     def launched(probe: ProbeRecord, job: str) -> None:
         i = probes.index(probe)
-        probes[i] = probe.model_copy(update={"job": job})
+        probes[i] = probe.model_copy(update={"job": job, "launched_at": time.time()})
         ctx.store.put(_probe_key(ctx.layout, probes[i], i == 0), probes[i].to_bytes())
 
     return launch_and_wait(ctx, probes, unfinished, budget_usd, timeout_s, echo, launcher or backend_for(ctx), launched)

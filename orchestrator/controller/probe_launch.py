@@ -4,8 +4,9 @@ until each chunk is done, its job ended or its share of the budget spent (then c
 Worker i probes candidate i (its list starts with that candidate's probe chunk: probe_carve.py) with
 ORCH_MAX_CHUNKS=1; on SkyPilot pinned to its GPU type, spot. A candidate's share of `--probe-budget`
 buys so many seconds of its spot price (the price table's cheapest cloud, times gpus_per_worker),
-counted from its launch (a machine is paid from provisioning on); one whose share buys less than a
-start-up is not launched at all. A probe on this machine or on a cluster of CPUs has no price.
+counted from its launch (a machine is paid from provisioning on; a probe waited on again by a later
+estimate keeps the clock of its launch); one whose share buys less than a start-up is not launched
+at all. A probe on this machine or on a cluster of CPUs has no price.
 """
 
 from __future__ import annotations
@@ -117,9 +118,11 @@ def launch_and_wait(
         )
     waiting |= {p.chunk: (p, p.job) for p in unfinished if p.chunk in running and p.job is not None}
     started = time.monotonic()
+    # Each budget counts from its job's launch: a probe launched by an earlier estimate has been paid since.
+    since = {c: started - max(0.0, time.time() - (p.launched_at or time.time())) for c, (p, _) in waiting.items()}
     while waiting:
         for chunk, (p, job) in list(waiting.items()):
-            over, stop = _check(ctx, launcher, p, job, caps.get(chunk), started, timeout_s)
+            over, stop = _check(ctx, launcher, p, job, caps.get(chunk), since[chunk], started, timeout_s)
             if stop is not None:
                 stopped[chunk] = stop
             if over:
@@ -150,10 +153,18 @@ def _request(ctx: RunContext, worker: int, probe: ProbeRecord) -> LaunchRequest:
 
 
 def _check(
-    ctx: RunContext, launcher: Launcher, probe: ProbeRecord, job: str, cap: Cap | None, started: float, timeout_s: float
+    ctx: RunContext,
+    launcher: Launcher,
+    probe: ProbeRecord,
+    job: str,
+    cap: Cap | None,
+    since: float,
+    started: float,
+    timeout_s: float,
 ) -> tuple[bool, Stop | None]:
     """One look at a probe's job: (over, why it stopped). Over once its chunk is done (its last beat
-    awaited), or with a reason once it ended first or was cancelled at its budget or the timeout."""
+    awaited), or with a reason once it ended first or was cancelled at its budget (counted from
+    `since`, its launch) or at this estimate's timeout (from `started`; both time.monotonic())."""
     deadline = started + timeout_s
     if read_marker(ctx.store, ctx.layout, probe.chunk) is not None:
         _wait_for_last_beat(ctx, probe, lambda: _ended(launcher, job), deadline)
@@ -167,7 +178,7 @@ def _check(
             "`orch logs` shows why; `orch estimate --probe` again resumes the probe chunk",
         )
     now = time.monotonic()
-    if cap is not None and now - started > cap.seconds:
+    if cap is not None and now - since > cap.seconds:
         launcher.cancel([job])
         return True, Stop(
             f"cancelled at its budget (${cap.usd():,.2f}: {cap.seconds:,.0f} s of a spot {probe.gpu} "

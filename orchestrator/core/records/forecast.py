@@ -36,6 +36,7 @@ class ProbeRecord(Record):
     job: str | None = Field(
         None, description="its worker's job, once launched: a later estimate waits on it while it runs"
     )
+    launched_at: float | None = Field(None, description="when that job was launched: its budget counts from there")
     rows: int
     share: float = Field(description="of the run's rows")
     strata: dict[str, StratumCount] = Field(description="every row of the run, probe rows included")
