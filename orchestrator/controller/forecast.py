@@ -132,14 +132,10 @@ def probe_units(probe: ProbeRecord, fixed: float = 1.0, rows_done: int | None = 
     else:
         prefill, tokens = sum(x.prompt_tokens - x.cached_tokens for x in s), sum(x.completion_tokens for x in s)
     if probe.engine_batch and probe.static_batches:
-        tokens = static_units([static_row(x) for x in fed(s)], probe.engine_batch, fixed, rows_done)
+        tokens = static_units([StaticRow.of(x) for x in fed(s)], probe.engine_batch, fixed, rows_done)
     elif probe.engine_batch:
         tokens = units_until([x.completion_tokens for x in fed(s)], probe.engine_batch, fixed, rows_done)
     return tokens + PREFILL_WEIGHT * prefill
-
-
-def static_row(x: RowSample) -> StaticRow:
-    return StaticRow(x.prompt_tokens, x.max_tokens, x.completion_tokens)
 
 
 def fed(samples: Sequence[RowSample]) -> list[RowSample]:
@@ -231,7 +227,7 @@ def static_run_units(rows: Sequence[tuple[RowSample, float]], slots: int, rng: r
     weights = [w for _, w in rows]
     total = sum(weights)
     size = min(max(1, round(total)), STATIC_RUN_POOLS * POOL_BATCHES * slots)
-    sample = [static_row(x) for x, _ in rng.choices(rows, weights=weights, k=size)]
+    sample = [StaticRow.of(x) for x, _ in rng.choices(rows, weights=weights, k=size)]
     return static_units(sample, slots, 1.0) * total / size
 
 
@@ -302,7 +298,8 @@ def forecast_from_probes(
         + f"; prefill weighed {PREFILL_WEIGHT} of a generated token (assumed)"
         + (
             "; its engine runs each batch to its longest row: its batches replayed as it picks them"
-            * first.static_batches
+            if first.static_batches
+            else ""
         )
         + _below_batch(ctx, first)
         + warm_up_note(first)

@@ -119,7 +119,8 @@ def launch_and_wait(
     waiting |= {p.chunk: (p, p.job) for p in unfinished if p.chunk in running and p.job is not None}
     started = time.monotonic()
     # Each budget counts from its job's launch: a probe launched by an earlier estimate has been paid since.
-    since = {c: started - max(0.0, time.time() - (p.launched_at or time.time())) for c, (p, _) in waiting.items()}
+    now = time.time()
+    since = {c: started - max(0.0, now - (p.launched_at or now)) for c, (p, _) in waiting.items()}
     while waiting:
         for chunk, (p, job) in list(waiting.items()):
             over, stop = _check(ctx, launcher, p, job, caps.get(chunk), since[chunk], started, timeout_s)

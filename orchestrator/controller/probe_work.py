@@ -72,6 +72,10 @@ class StaticRow:
     sequences: int = 1
     logprobs: bool = False
 
+    @classmethod
+    def of(cls, x: RowSample) -> StaticRow:
+        return cls(x.prompt_tokens, x.max_tokens, x.completion_tokens)
+
 
 def static_batches(rows: Sequence[StaticRow], slots: int) -> list[tuple[int, int]]:
     """(rows, steps) of each batch a static-batch engine of `slots` runs over `rows` sent in this order."""
