@@ -19,6 +19,7 @@ from orchestrator.core.context import resolve_spec
 from orchestrator.core.protocol.heartbeats import live_heartbeats
 from orchestrator.core.records import read_jobs, read_marker
 from tests.support.datasets import write_jsonl
+from tests.support.events import wait_for
 from tests.support.runs import chat_request
 
 pytestmark = pytest.mark.slow
@@ -43,16 +44,6 @@ def status(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     assert main(["status", "--run", "live", "--json"]) == 0
     doc: dict[str, Any] = json.loads(capsys.readouterr().out)
     return doc
-
-
-def wait_for(what: str, found: Callable[[], Any], *, within: float = 600.0) -> Any:
-    """The first truthy `found()`: an event waited for, `within` only a hang guard."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if result := found():
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def status_within_a_beat(capsys, since: float, shows: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:

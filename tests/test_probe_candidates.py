@@ -22,6 +22,7 @@ from orchestrator.core.records import read_manifest, read_marker
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 from tests.conftest import make_store_uri
+from tests.support.events import wait_for
 from tests.support.fake_sky import ScriptedSky
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
@@ -170,7 +171,7 @@ def test_a_probe_waited_on_again_keeps_the_budget_clock_of_its_launch(ctx, monke
     sky = ScriptedSky(script=["STARTING", "RUNNING"])
     workers = GpuWorkers(ctx, sky, stall={"A100"})
     workers.start()
-    budget = 2.0  # $1 each: about 15 minutes of an A100 at spot prices
+    budget = 2.0  # $1 each: 51 minutes of an A100 at $1.17/h spot, the whole $2 would be 103
 
     def ctrl_c_once_the_a100_is_launched(line: str) -> None:
         if "on A100: worker 1 launched" in line:
@@ -182,8 +183,10 @@ def test_a_probe_waited_on_again_keeps_the_budget_clock_of_its_launch(ctx, monke
             run_probes(
                 ctx, 0.05, min_rows=8, budget_usd=budget, echo=ctrl_c_once_the_a100_is_launched, launcher=launcher
             )
-        a100 = read_probes(ctx.store, ctx.layout)[1]
+        l4, a100 = read_probes(ctx.store, ctx.layout)
         assert a100.gpu == "A100" and a100.job is not None and a100.launched_at is not None
+        # The L4's probe finishes meanwhile: the A100's share is still half the budget, not the whole.
+        wait_for("the L4's probe answered", lambda: l4.chunk in workers.answered, timeout=60)
         # As if that estimate had been an hour ago: the job has been paid for since.
         ctx.store.put(
             ctx.layout.probe_of("A100"), a100.model_copy(update={"launched_at": a100.launched_at - 3600}).to_bytes()

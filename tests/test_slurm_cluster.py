@@ -18,9 +18,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psutil
 import pytest
@@ -30,14 +29,13 @@ from orchestrator.core.protocol.heartbeats import live_heartbeats, read_heartbea
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_manifest, read_marker
 from orchestrator.core.store import open_store
-from tests.support import s3servers
+from tests.support import events, s3servers
 from tests.support.datasets import write_jsonl
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 ORCH = [sys.executable, "-m", "orchestrator"]
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -62,18 +60,9 @@ def orch(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.Co
     return subprocess.run([*ORCH, *args], env=env, cwd=env["PWD"], capture_output=True, text=True, timeout=timeout)
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 600) -> T:
-    """Poll until `probe` gives something (an event happened); fail saying what never came. Each
-    event is printed with the seconds it took, so a failed run's captured output is its timeline."""
-    began = time.monotonic()
-    deadline = began + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            print(f"{time.strftime('%H:%M:%S')} {what}: after {time.monotonic() - began:.0f}s", flush=True)
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+def wait_for(what: str, found: Any, timeout: float = 600) -> Any:
+    """An event of the cluster, looked for every half second (squeue and the store are asked each time)."""
+    return events.wait_for(what, found, timeout, every=0.5)
 
 
 def squeue(env: dict[str, str]) -> list[tuple[str, str]]:

@@ -55,7 +55,8 @@ def on(probe: ProbeRecord) -> str:
 
 
 def budget_caps(ctx: RunContext, probes: Sequence[ProbeRecord], budget_usd: float) -> dict[str, Cap]:
-    """Each priced candidate's equal share of the budget, per probe chunk."""
+    """Each priced candidate's equal share of the budget, per probe chunk. Shared among all the run's
+    probes, finished or not: a candidate measured by an earlier estimate has had its share."""
     from orchestrator.controller.pricing import load_gpu_table
 
     prices = load_gpu_table()
@@ -83,7 +84,7 @@ def launch_and_wait(
     interrupted before) is waited on, not launched again. Returns the probe chunks that stopped, and why."""
     from orchestrator.controller.estimate import RESTART_OVERHEAD_S
 
-    caps = budget_caps(ctx, unfinished, budget_usd)
+    caps = budget_caps(ctx, probes, budget_usd)
     stopped: dict[str, Stop] = {}
     requests: dict[int, tuple[ProbeRecord, LaunchRequest]] = {}
     worker_of = {p.chunk: i for i, p in enumerate(probes)}  # worker i probes candidate i
