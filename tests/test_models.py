@@ -16,7 +16,7 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.pools import pool_workers
 from orchestrator.core.protocol.claims import pool_of, pool_share
 from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.records import read_manifest, read_plan
+from orchestrator.core.records import read_manifest, read_marker, read_plan
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 from orchestrator.web.metrics import exposition
@@ -262,17 +262,48 @@ def test_plan_estimate_prices_each_pool_on_its_own_machines(tmp_path, capsys):
     assert "pool smol (slowest): 1 worker on A100" in out, out
 
 
-def test_estimate_probe_is_refused_for_several_models_before_it_touches_the_run(tmp_path, capsys):
-    """One probe chunk is one worker's: a chunk of several models' rows would be answered by one of
-    them. Refused, naming the field and where each pool's estimate is, with the manifest untouched."""
-    args = _two_pool_run(tmp_path, "", smol_on="NVIDIA A100")
-    store, layout = open_store(args[args.index("--store") + 1]), RunLayout(args[args.index("--run") + 1])
-    before = read_manifest(store, layout)
+@pytest.mark.slow
+def test_estimate_probe_measures_each_model_on_a_worker_of_its_pool_and_the_run_answers_every_row_once(
+    tmp_path, monkeypatch, capsys
+):
+    """`orch estimate --probe` on two models: a probe chunk per pool (its own rows, in a chunk of its
+    model), first on a worker of that pool, answered by that model; each pool forecast from its own
+    probe, the run ending with the slower. Then the run answers every other row once, in input order,
+    each by the model it named, and leaves the probes' chunks as they were."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "orch.yaml").write_text(
+        "sampling: {temperature: 0}\nworkers: {heartbeat_interval: 1, checkpoint_interval: 1, lease_ttl: 20}\n"
+    )
+    pattern: list[str | None] = ["tiny", "smol"]
+    data = batch_lines(tmp_path / "in.jsonl", pattern, rows=48, max_tokens=4)
+    args = ["--run", "mp", "--store", str(tmp_path / "store"), "--model", f"tiny={MODELS / 'tiny-llama'}"]
+    args += ["--model", f"smol={MODELS / 'tiny-think'}"]
+    shape = ["--format", "openai-batch", "--rows-per-chunk", "6", "--workers", "2"]
+    assert main(["prepare", str(data), *args, *shape[:4]]) == 0
     capsys.readouterr()
-    assert main(["estimate", *args, "--probe"]) == 1
-    err = capsys.readouterr().err
-    assert "several models" in err and "models" in err and "orch plan" in err
-    assert read_manifest(store, layout) == before
+    assert main(["estimate", *args, "--workers", "2", "--probe", "--probe-rows", "4", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "probe" and [(p["model"], p["rows"]) for p in doc["probes"]] == [("tiny", 4), ("smol", 4)]
+    assert all(p["engine_s"] for p in doc["probes"]) and {r["kind"] for r in doc["pools"].values()} == {"probe"}
+    (run,) = doc["candidates"]
+    pools = [next(c for c in r["candidates"] if c["gpu"] == "cpu") for r in doc["pools"].values()]
+    assert run["duration_s"]["p50"] == max(c["duration_s"]["p50"] for c in pools)
+    store, layout = open_store(str(tmp_path / "store")), RunLayout("mp")
+    entries = {e.chunk: e for e in read_manifest(store, layout)}
+    plan = read_plan(store, layout)
+    assert plan is not None
+    markers = {}
+    for probe in doc["probes"]:
+        assert entries[probe["chunk"]].model == probe["model"]
+        (worker,) = [a for a in plan.workers if a.chunks[:1] == [probe["chunk"]]]
+        assert worker.model == probe["model"]
+        markers[probe["chunk"]] = read_marker(store, layout, probe["chunk"])
+        assert markers[probe["chunk"]] is not None and markers[probe["chunk"]].rows == 4
+    assert main(["run", str(data), *args, *shape, "--out", "out.jsonl", "--interval", "1"]) == 0
+    lines = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [x["custom_id"] for x in lines] == [f"r{i}" for i in range(48)]  # every row, exactly once, in order
+    assert [x["response"]["body"]["model"] for x in lines] == pattern * 24
+    assert {chunk: read_marker(store, layout, chunk) for chunk in markers} == markers
 
 
 def test_estimate_guesses_each_pool_on_its_own_machines_and_the_run_ends_with_the_slowest(tmp_path, capsys):

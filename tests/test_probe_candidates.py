@@ -87,6 +87,8 @@ class GpuWorkers(threading.Thread):
                 assert task.envs["ORCH_MAX_CHUNKS"] == "1"
                 listed = self.ctx.store.get(self.ctx.layout.root + task.envs["ORCH_WORKER_LIST"]).data.decode()
                 chunk = listed.split()[0].rsplit("/", 1)[-1].removesuffix(".jsonl")
+                entry = next(e for e in read_manifest(self.ctx.store, self.ctx.layout) if e.chunk == chunk)
+                assert entry.model == task.envs.get("ORCH_POOL"), (chunk, entry.model, task.envs.get("ORCH_POOL"))
                 rows = len(self.ctx.store.get(self.ctx.layout.chunk(chunk)).data.splitlines())
                 answers = [Answer(i, f"{chunk}-{i}", "a") for i in range(rows)]
                 worker = task.envs["ORCH_WORKER"]
@@ -201,6 +203,64 @@ def test_a_probe_waited_on_again_keeps_the_budget_clock_of_its_launch(ctx, monke
     assert [str(job) for job in sky.cancelled] == [a100.job]
     assert len(sky.launched) == 2  # the A100's job was waited on, not launched again
     assert probes[0].busy_s is not None  # the L4's probe measured
+
+
+def test_each_model_is_probed_on_each_of_its_own_candidates_by_a_worker_of_its_pool(request, tmp_path):
+    """Two models, tiny on L4 or A100, smol on 2 x A100 a worker: three probes, each a chunk of its
+    model's rows first on a worker of its pool, launched with that pool's model, pinned to its GPU
+    on spot; the budget is shared by the three, a 2-GPU worker paying twice; each pool is forecast
+    from its own probes and the run ends with the slower."""
+    from orchestrator.cli import main
+    from orchestrator.controller.forecast_pools import forecast_pools
+    from orchestrator.core.pools import POOL_ENV
+    from orchestrator.core.records import read_plan
+    from tests.test_models import batch_lines
+
+    uri = make_store_uri("moto", request, tmp_path)
+    (tmp_path / "orch.yaml").write_text(
+        "backend: skypilot\nworkers: {count: 2}\nmodels:\n  tiny: {name: org/tiny, resources: {gpus: [L4, A100]}}\n"
+        "  smol: {name: org/smol, resources: {gpus: [A100], gpus_per_worker: 2}}\n"
+    )
+    data = batch_lines(tmp_path / "in.jsonl", ["tiny", "smol"], rows=160, max_tokens=16)
+    args = ["-f", str(tmp_path / "orch.yaml"), "--run", "pm", "--store", uri]
+    assert main(["prepare", str(data), *args, "--format", "openai-batch", "--rows-per-chunk", "20"]) == 0
+    spec = load_spec(str(tmp_path / "orch.yaml"), {"run": "pm", "store": uri}, env={})
+    ctx = RunContext(spec, open_store(uri), RunLayout("pm"))
+    sky = ScriptedSky(script=["STARTING", "RUNNING"])
+    workers = GpuWorkers(ctx, sky)
+    workers.start()
+    try:
+        probes = run_probes(ctx, 0.05, min_rows=4, budget_usd=3.0, launcher=SkyPilotLauncher(ctx.spec, sdk=sky))
+    finally:
+        workers.done.set()
+        assert workers.error is None, workers.error
+    assert [(p.model, p.gpu, p.rows, p.accelerator) for p in probes] == [
+        ("tiny", "L4", 4, "NVIDIA L4"),
+        ("tiny", "A100", 4, REPORTED["A100"]),
+        ("smol", "A100", 4, REPORTED["A100"]),
+    ]
+    assert [(p.model, p.gpu) for p in read_probes(ctx.store, ctx.layout)] == [(p.model, p.gpu) for p in probes]
+    launched = sorted((name, task.envs[POOL_ENV], *pinned(task)) for _, task, name in sky.launched)
+    assert launched == [
+        ("orch-pm-probe-smol-a100", "smol", "A100", True),
+        ("orch-pm-probe-tiny-a100", "tiny", "A100", True),
+        ("orch-pm-probe-tiny-l4", "tiny", "L4", True),
+    ]
+    models = {e.chunk: e.model for e in read_manifest(ctx.store, ctx.layout)}
+    plan = read_plan(ctx.store, ctx.layout)
+    assert plan is not None
+    for p in probes:
+        assert models[p.chunk] == p.model
+        assert [a.model for a in plan.workers if a.chunks[:1] == [p.chunk]] == [p.model]
+    caps = probe_launch.budget_caps(ctx, probes, 3.0)
+    assert [round(caps[p.chunk].usd(), 2) for p in probes] == [1.0, 1.0, 1.0]
+    assert caps[probes[2].chunk].seconds == pytest.approx(caps[probes[1].chunk].seconds / 2)
+    record = forecast_pools(ctx, read_manifest(ctx.store, ctx.layout), probes, 0.0)
+    assert record.kind == "probe" and set(record.pools) == {"tiny", "smol"}
+    assert {pool: r.kind for pool, r in record.pools.items()} == {"tiny": "probe", "smol": "probe"}
+    (run,) = record.candidates
+    fleets = [r.fleet_candidate() for r in record.pools.values()]
+    assert run.duration_s.p90 == max(f.duration_s.p90 for f in fleets if f is not None)
 
 
 def test_a_budget_too_small_for_a_start_up_launches_no_candidate_and_says_so(ctx):

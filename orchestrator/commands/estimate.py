@@ -53,7 +53,7 @@ def estimate_command(
 ) -> int:
     """Forecast the run's duration and cost per candidate (spot and on-demand), p10/p50/p90; kept in the store."""
     from orchestrator.controller.forecast import forecast_from_probes, guess
-    from orchestrator.controller.forecast_pools import guess_pools
+    from orchestrator.controller.forecast_pools import forecast_pools
     from orchestrator.controller.probe import probe_summary, read_probes, run_probes
     from orchestrator.core.records import read_manifest
 
@@ -76,10 +76,10 @@ def estimate_command(
     measured = [p for p in made if p.busy_s is not None]
     manifest = read_manifest(ctx.store, ctx.layout)
     n = ctx.spec.workers.count
-    if measured:
+    if ctx.spec.models:
+        record = forecast_pools(ctx, manifest, made, time.time())
+    elif measured:
         record = forecast_from_probes(ctx, made, manifest, n, time.time())
-    elif ctx.spec.models:
-        record = guess_pools(ctx, manifest, time.time())
     else:
         record = guess(ctx, manifest, n, time.time())
     ctx.store.put(ctx.layout.forecast, record.to_bytes())
@@ -135,11 +135,12 @@ def _print(doc: dict[str, Any]) -> None:
     from orchestrator.core.records.forecast import ForecastRecord
 
     for p in doc.get("probes", []):
+        of = f" of {p['model']}" if p["model"] else ""
         if p["stopped"] or p["engine_s"] is None:
-            click.echo(f"probe on {p['gpu']}: {p['rows']} rows, nothing measured: {p['stopped'] or 'not finished'}")
+            click.echo(f"probe{of} on {p['gpu']}: {p['rows']} rows, nothing measured: {p['stopped'] or 'not finished'}")
             continue
         click.echo(
-            f"probe: {p['rows']} rows ({p['share']:.1%}) on {p['accelerator']}: "
+            f"probe{of}: {p['rows']} rows ({p['share']:.1%}) on {p['accelerator']}: "
             f"{p['decode_tokens_per_s']} generated tok/s, "
             f"{p['prefill_tokens_per_s']} prompt tok/s, prefix cache {p['prefix_cache_hit']:.0%}, "
             f"{p['hit_max_tokens']} rows stopped at max_tokens; "

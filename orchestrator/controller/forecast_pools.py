@@ -1,8 +1,10 @@
-"""`orch estimate` for a run of several models: each pool guessed alone, the run's band from theirs.
+"""`orch estimate` for a run of several models: each pool forecast alone, the run's band from theirs.
 
-Each pool (a `models:` entry) is guessed as a run of its own would be (forecast.guess): its model's
-size, its machines (its `resources`; a worker of `gpus_per_worker` GPUs costs that many), its own
-rows and its workers (the plan's, else the split `orch plan` makes: pool_estimate.pool_fleets).
+Each pool (a `models:` entry) is forecast as a run of its own would be: from its own probes where
+`--probe` measured it (forecast.forecast_from_probes), else guessed (forecast.guess) from its
+model's size; on its machines (its `resources`; a worker of `gpus_per_worker` GPUs costs that
+many), its own rows and its workers (the plan's, else the split `orch plan` makes:
+pool_estimate.pool_fleets).
 The pools run side by side, so the run ends with its slowest: each quantile of the run's duration
 is the largest of the pools' at that quantile, and its cost is theirs summed. Quantile by quantile
 is how the pools move together here: their doubt is mostly shared (one speed table, one share of
@@ -13,23 +15,45 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.controller.forecast import guess
+from orchestrator.controller.forecast import forecast_from_probes, guess
 from orchestrator.controller.pool_estimate import pool_fleets
 from orchestrator.core.context import RunContext
-from orchestrator.core.pools import spec_for_pool
 from orchestrator.core.records import ManifestEntry, read_plan
-from orchestrator.core.records.forecast import Band, CandidateForecast, ForecastRecord
+from orchestrator.core.records.forecast import Band, CandidateForecast, ForecastRecord, ProbeRecord
 
 QUANTILES = ("p10", "p50", "p90")
 
 
-def guess_pools(ctx: RunContext, manifest: Sequence[ManifestEntry], at: float) -> ForecastRecord:
-    """The run's guess from each pool's, with each pool's kept in `pools`."""
+def forecast_pools(
+    ctx: RunContext, manifest: Sequence[ManifestEntry], probes: Sequence[ProbeRecord], at: float
+) -> ForecastRecord:
+    """The run's forecast from each pool's (from its probes where one measured it, else a guess),
+    with each pool's kept in `pools`."""
     pools: dict[str, ForecastRecord] = {}
     for pool, fleet in pool_fleets(ctx.spec, read_plan(ctx.store, ctx.layout), manifest).items():
-        own = RunContext(spec_for_pool(ctx.spec, pool), ctx.store, ctx.layout)
-        record = guess(own, [e for e in manifest if e.model == pool], fleet.workers, at)
+        own, rows = ctx.for_pool(pool), [e for e in manifest if e.model == pool]
+        mine = [p for p in probes if p.model == pool]
+        if any(p.busy_s is not None for p in mine):
+            record = forecast_from_probes(own, mine, rows, fleet.workers, at)
+        else:
+            record = guess(own, rows, fleet.workers, at)
         pools[pool] = _priced_per_gpu(record, fleet.gpus_per_worker)
+    measured = [pool for pool, record in pools.items() if record.kind == "probe"]
+    if measured:
+        guessed = [pool for pool in pools if pool not in measured]
+        note = f"measured per model by its probes ({', '.join(measured)})" + (
+            f"; guessed from the table ({', '.join(guessed)}): no probe of theirs measured" if guessed else ""
+        )
+    else:
+        note = (
+            f"a guess per model ({', '.join(pools)}): each pool's size, machines and rows; "
+            "`orch plan --estimate` has each pool's speed once chunks are done"
+        )
+    return _combined(pools, at, "probe" if measured else "guess", note)
+
+
+def _combined(pools: dict[str, ForecastRecord], at: float, kind: str, note: str) -> ForecastRecord:
+    """The run's record from its pools': they run side by side (see the module's doc)."""
     fleets = {pool: _fleet(record) for pool, record in pools.items()}
     slowest = max(fleets, key=lambda pool: fleets[pool].duration_s.p50)
     run = CandidateForecast(
@@ -43,14 +67,13 @@ def guess_pools(ctx: RunContext, manifest: Sequence[ManifestEntry], at: float) -
     )
     return ForecastRecord(
         at=at,
-        kind="guess",
+        kind=kind,
         workers=run.workers,
         output_tokens=_summed([r.output_tokens for r in pools.values()]),
         prompt_tokens=sum(r.prompt_tokens for r in pools.values()),
         candidates=[run],
         fleet=run.key,
-        note=f"a guess per model ({', '.join(pools)}): each pool's size, machines and rows; "
-        "`orch plan --estimate` has each pool's speed once chunks are done",
+        note=note,
         pools=pools,
     )
 

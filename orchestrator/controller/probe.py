@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,7 @@ from orchestrator.backends.base import Launcher
 from orchestrator.controller.forecast import on_cpus
 from orchestrator.controller.probe_carve import (
     STATIC_BATCH_ENGINES,
+    SampledRow,
     carve_probe_chunk,
     engine_batch,
     probe_first_plan,
@@ -36,11 +38,12 @@ from orchestrator.controller.probe_carve import (
 from orchestrator.controller.probe_launch import PROBE_BUDGET_USD, Stop, launch_and_wait, on
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError
+from orchestrator.core.pools import run_models
 from orchestrator.core.prefix import feed_order
 from orchestrator.core.protocol.heartbeats import newest_heartbeat_of
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.parts import iter_part_lines
-from orchestrator.core.records import read_manifest, read_marker
+from orchestrator.core.records import ManifestEntry, read_manifest, read_marker
 from orchestrator.core.records.base import read_record
 from orchestrator.core.records.forecast import ProbeRecord, RowSample, StratumCount
 from orchestrator.core.store import Store
@@ -52,17 +55,30 @@ def probe_candidates(ctx: RunContext) -> list[str | None]:
     return [None] if on_cpus(ctx) else list(ctx.spec.resources.gpus)
 
 
+def probe_targets(ctx: RunContext) -> list[tuple[str | None, str | None]]:
+    """(model pool, accelerator) of each probe: in a run of several models, each pool with rows on
+    each of its own candidates (its `resources`), as its workers would run; else the candidates."""
+    if not ctx.spec.models:
+        return [(None, gpu) for gpu in probe_candidates(ctx)]
+    pools = dict.fromkeys(e.model for e in read_manifest(ctx.store, ctx.layout) if e.rows)
+    return [
+        (pool, gpu) for pool in run_models(ctx.spec) if pool in pools for gpu in probe_candidates(ctx.for_pool(pool))
+    ]
+
+
 def read_probes(store: Store, layout: RunLayout) -> list[ProbeRecord]:
-    """Every candidate's probe, the first candidate's first (none: no probe was made)."""
+    """Every candidate's probe, in the order they were carved (none: no probe was made)."""
     first = read_record(store, layout.probe, ProbeRecord)
     if first is None:
         return []
-    others = sorted(store.list(layout.probes_prefix), key=lambda i: i.key)
-    return [first[0], *(ProbeRecord.from_bytes(store.get(i.key).data) for i in others)]
+    others = [ProbeRecord.from_bytes(store.get(i.key).data) for i in store.list(layout.probes_prefix)]
+    return [first[0], *sorted(others, key=lambda p: p.created_at)]
 
 
 def _probe_key(layout: RunLayout, probe: ProbeRecord, first: bool) -> str:
-    return layout.probe if first or probe.gpu is None else layout.probe_of(probe.gpu)
+    if first or (probe.gpu is None and probe.model is None):
+        return layout.probe
+    return layout.probe_of(re.sub(r"[^A-Za-z0-9._-]", "_", "-".join(x for x in (probe.model, probe.gpu) if x)))
 
 
 def run_probes(
@@ -75,30 +91,23 @@ def run_probes(
     echo: Callable[[str], None] = lambda _l: None,
     launcher: Launcher | None = None,
 ) -> list[ProbeRecord]:
-    """The run's probes, one per candidate accelerator: made and run now, or those made before
-    (launched again if they never finished, unless their budget was spent). At least one measured."""
-    if ctx.spec.models:
-        # One probe chunk is one worker's: rows of several models in it would be answered by one model.
-        raise OrchError(
-            f"`orch estimate --probe` is not built for a run of several models ({', '.join(ctx.spec.models)})",
-            hint="`orch plan` prints each model's pool estimated on its own machines; or probe each "
-            "model as a run of its own",
-            where="models",
-        )
+    """The run's probes, one per candidate accelerator (of each model pool, in a run of several):
+    made and run now, or those made before (launched again if they never finished, unless their
+    budget was spent). At least one measured."""
     probes = read_probes(ctx.store, ctx.layout)
-    carved = len(probes) >= len(probe_candidates(ctx))
+    carved = len(probes) >= len(probe_targets(ctx))
     if probes and carved and all(p.busy_s is not None or p.stopped for p in probes):
         for p in probes:
             echo(f"probe{on(p)}: {p.rows} rows {'measured before' if p.stopped is None else p.stopped} ({p.chunk})")
         return probes
     if not carved:
-        probes = _carve(ctx, share, min_rows or 2 * engine_batch(ctx), probes, echo)
+        probes = _carve(ctx, share, min_rows, probes, echo)
     todo = {p.chunk for p in probes if p.busy_s is None and not p.stopped}
     unfinished = [p for p in probes if p.chunk in todo and read_marker(ctx.store, ctx.layout, p.chunk) is None]
     stopped = _launch(ctx, probes, unfinished, budget_usd, timeout_s, echo, launcher) if unfinished else {}
     for i, p in enumerate(probes):
         if p.chunk in todo and p.chunk not in stopped:
-            probes[i] = _measure(ctx, p)
+            probes[i] = _measure(ctx.for_pool(p.model), p)
         elif p.chunk in stopped and stopped[p.chunk].budget:
             probes[i] = p.model_copy(update={"stopped": stopped[p.chunk].reason})
         ctx.store.put(_probe_key(ctx.layout, probes[i], i == 0), probes[i].to_bytes())
@@ -134,47 +143,42 @@ def _launch(
 
 
 def _carve(
-    ctx: RunContext, share: float, min_rows: int, made: list[ProbeRecord], echo: Callable[[str], None]
+    ctx: RunContext, share: float, min_rows: int | None, made: list[ProbeRecord], echo: Callable[[str], None]
 ) -> list[ProbeRecord]:
-    """A probe chunk for each candidate without one: a sample of the rows outside the probe chunks
-    already carved, of `share` of all the run's rows. Each record is written once its chunk is, so
-    an interrupted estimate carves only what it had not; then the plan, each chunk first on its
-    worker's list (worker i probes candidate i)."""
-    from orchestrator.controller.plan import plan_chunks, write_plan
-
+    """A probe chunk for each target without one: a sample of its pool's rows outside the probe
+    chunks already carved, of `share` of the pool's rows (at least `min_rows`, else two of its
+    engine's batches). Each record is written once its chunk is, so an interrupted estimate carves
+    only what it had not; then the plan, each chunk first on the list of a worker of its pool."""
     refuse_if_started(ctx)
-    candidates = probe_candidates(ctx)
+    targets = probe_targets(ctx)
     probes = list(made)
-    manifest = read_manifest(ctx.store, ctx.layout)
-    rows = run_rows(ctx, manifest)
-    strata: dict[str, StratumCount] = {}
-    for r in rows:
-        s = strata.setdefault(r.stratum, StratumCount())
-        s.rows += 1
-        s.max_tokens += r.max_tokens
-        s.est_prompt_tokens += len(r.line) // 4
-    want = max(min_rows, math.ceil(share * len(rows)))
-    for gpu in candidates[len(probes) :]:
+    counted: dict[str | None, tuple[int, dict[str, StratumCount]]] = {}
+    for model, gpu in targets[len(probes) :]:
+        if model not in counted:
+            counted[model] = _strata(run_rows(ctx, _pool_entries(read_manifest(ctx.store, ctx.layout), model)))
+        total, strata = counted[model]
+        want = max(min_rows or 2 * engine_batch(ctx.for_pool(model)), math.ceil(share * total))
         # Each carve rewrites the chunks it took rows from: the rows are read again after one.
         taken = {p.chunk for p in probes}
-        free = (
-            rows
-            if not taken
-            else run_rows(ctx, [e for e in read_manifest(ctx.store, ctx.layout) if e.chunk not in taken])
+        free = run_rows(
+            ctx, [e for e in _pool_entries(read_manifest(ctx.store, ctx.layout), model) if e.chunk not in taken]
         )
-        picked = sample_rows(free, 0.0, want, seed=ctx.layout.run if gpu is None else f"{ctx.layout.run}/{gpu}")
+        seed = "/".join(x for x in (ctx.layout.run, model, gpu) if x)
+        picked = sample_rows(free, 0.0, want, seed=seed)
         if not picked:
+            of = f" of model {model!r}" if model else ""
             raise OrchError(
-                f"run {ctx.layout.run!r} has {len(rows)} rows: too few to probe (a probe takes at most a quarter)",
+                f"run {ctx.layout.run!r} has {total} rows{of}: too few to probe (a probe takes at most a quarter)",
                 hint="run it: `orch run` measures as it goes",
             )
-        entry = carve_probe_chunk(ctx, picked)
+        entry = carve_probe_chunk(ctx, picked, model)
         rank = {row: place for place, row in enumerate(feed_order([r.line for r in picked]))}
         probe = ProbeRecord(
             chunk=entry.chunk,
             gpu=gpu,
+            model=model,
             rows=len(picked),
-            share=len(picked) / len(rows),
+            share=len(picked) / total,
             strata=strata,
             created_at=time.time(),
             # The rows' strata, in the probe chunk's order, ride along until measured.
@@ -197,10 +201,37 @@ def _carve(
         echo(
             f"probe{on(probe)}: {probe.rows} rows ({probe.share:.1%}) in {len(strata)} strata carved into {probe.chunk}"
         )
-    manifest = read_manifest(ctx.store, ctx.layout)
-    plan = plan_chunks(manifest, max(ctx.spec.workers.count, len(probes)))
-    write_plan(ctx.store, ctx.layout, probe_first_plan(plan, [p.chunk for p in probes]))
+    _plan_probes(ctx, probes)
     return probes
+
+
+def _pool_entries(entries: list[ManifestEntry], model: str | None) -> list[ManifestEntry]:
+    return entries if model is None else [e for e in entries if e.model == model]
+
+
+def _strata(rows: list[SampledRow]) -> tuple[int, dict[str, StratumCount]]:
+    """(rows, each stratum's count): what a probe's sample stands for."""
+    strata: dict[str, StratumCount] = {}
+    for r in rows:
+        s = strata.setdefault(r.stratum, StratumCount())
+        s.rows += 1
+        s.max_tokens += r.max_tokens
+        s.est_prompt_tokens += len(r.line) // 4
+    return len(rows), strata
+
+
+def _plan_probes(ctx: RunContext, probes: list[ProbeRecord]) -> None:
+    """The run's plan with each probe chunk first on a worker of its pool (a pool has at least as
+    many workers as probes)."""
+    from orchestrator.controller.plan import plan_chunks, plan_pools, pool_counts, write_plan
+
+    manifest = read_manifest(ctx.store, ctx.layout)
+    counts = pool_counts(ctx, manifest, ctx.spec.workers.count)
+    if counts is None:
+        plan = plan_chunks(manifest, max(ctx.spec.workers.count, len(probes)))
+    else:
+        plan = plan_pools(manifest, {m: max(n, sum(p.model == m for p in probes)) for m, n in counts.items()})
+    write_plan(ctx.store, ctx.layout, probe_first_plan(plan, [(p.chunk, p.model) for p in probes]))
 
 
 def _measure(ctx: RunContext, probe: ProbeRecord) -> ProbeRecord:
@@ -249,6 +280,7 @@ def probe_summary(probe: ProbeRecord) -> dict[str, Any]:
         json.dumps(
             {
                 "chunk": probe.chunk,
+                "model": probe.model,
                 "gpu": probe.gpu,
                 "stopped": probe.stopped,
                 "rows": probe.rows,

@@ -154,9 +154,10 @@ def refuse_if_started(ctx: RunContext) -> None:
             )
 
 
-def carve_probe_chunk(ctx: RunContext, picked: Sequence[SampledRow]) -> ManifestEntry:
-    """Move `picked` into a new chunk appended to the manifest; the chunks they left get positions files.
-    Written chunk files first, the manifest last: until it is written the run reads as before."""
+def carve_probe_chunk(ctx: RunContext, picked: Sequence[SampledRow], model: str | None = None) -> ManifestEntry:
+    """Move `picked` (rows of one model pool, `model` in a run of several) into a new chunk appended
+    to the manifest; the chunks they left get positions files. Written chunk files first, the
+    manifest last: until it is written the run reads as before."""
     entries = read_manifest(ctx.store, ctx.layout)
     by_chunk: dict[str, set[int]] = defaultdict(set)
     for r in picked:
@@ -167,7 +168,7 @@ def carve_probe_chunk(ctx: RunContext, picked: Sequence[SampledRow]) -> Manifest
         if r.row not in by_chunk[r.chunk]:
             kept[r.chunk].append(r)
     new_entries = [_rewrite(ctx, e, kept[e.chunk]) if e.chunk in by_chunk else e for e in entries]
-    probe = _write_chunk(ctx, chunk_id(len(entries), len(entries) + 1), list(picked), None)
+    probe = _write_chunk(ctx, chunk_id(len(entries), len(entries) + 1), list(picked), None, model)
     new_entries.append(probe)
     ctx.store.put(ctx.layout.metadata, "".join(f"{e.key}\n" for e in new_entries).encode())
     ctx.store.put(ctx.layout.manifest, write_jsonl(new_entries))
@@ -181,7 +182,9 @@ def _rewrite(ctx: RunContext, entry: ManifestEntry, rows: list[SampledRow]) -> M
     return _write_chunk(ctx, entry.chunk, rows, entry)
 
 
-def _write_chunk(ctx: RunContext, chunk: str, rows: list[SampledRow], old: ManifestEntry | None) -> ManifestEntry:
+def _write_chunk(
+    ctx: RunContext, chunk: str, rows: list[SampledRow], old: ManifestEntry | None, model: str | None = None
+) -> ManifestEntry:
     data = b"".join(r.line + b"\n" for r in rows)
     positions = "".join(f"{r.position}\n" for r in rows).encode()
     ctx.store.put(ctx.layout.chunk(chunk), data)
@@ -198,12 +201,23 @@ def _write_chunk(ctx: RunContext, chunk: str, rows: list[SampledRow], old: Manif
     }
     if old is not None:
         return old.model_copy(update=update)
-    return ManifestEntry.model_validate(update)
+    return ManifestEntry.model_validate({**update, "model": model})
 
 
-def probe_first_plan(plan: PlanRecord, probes: Sequence[str]) -> PlanRecord:
-    """The plan with probe chunk i first on worker i's list: the probe worker i (one chunk) claims it."""
-    workers = [a.model_copy(update={"chunks": [c for c in a.chunks if c not in probes]}) for a in plan.workers]
-    for i, probe in enumerate(probes):
-        workers[i] = workers[i].model_copy(update={"chunks": [probe, *workers[i].chunks]})
+def probe_first_plan(plan: PlanRecord, probes: Sequence[tuple[str, str | None]]) -> PlanRecord:
+    """The plan with each probe chunk (chunk, its model pool) first on the list of a worker of its
+    pool, one probe a worker: that worker, launched for one chunk, claims it."""
+    chunks = {chunk for chunk, _ in probes}
+    workers = [a.model_copy(update={"chunks": [c for c in a.chunks if c not in chunks]}) for a in plan.workers]
+    taken: set[int] = set()
+    for chunk, model in probes:
+        i = next(i for i, a in enumerate(workers) if a.model == model and i not in taken)
+        taken.add(i)
+        workers[i] = workers[i].model_copy(update={"chunks": [chunk, *workers[i].chunks]})
     return plan.model_copy(update={"workers": workers})
+
+
+def probe_workers(plan: PlanRecord, probes: Sequence[str]) -> dict[str, int]:
+    """Probe chunk -> the worker whose list it heads (probe_first_plan's)."""
+    heads = {a.chunks[0]: a.worker for a in plan.workers if a.chunks}
+    return {chunk: heads[chunk] for chunk in probes if chunk in heads}

@@ -1,8 +1,9 @@
 """A probe's workers: one per candidate accelerator, launched through the run's backend, watched
 until each chunk is done, its job ended or its share of the budget spent (then cancelled).
 
-Worker i probes candidate i (its list starts with that candidate's probe chunk: probe_carve.py) with
-ORCH_MAX_CHUNKS=1; on SkyPilot pinned to its GPU type, spot. A candidate's share of `--probe-budget`
+Each probe's worker is the one whose list the plan starts with its probe chunk (a worker of the
+probe's model pool: probe_carve.probe_first_plan), launched with ORCH_MAX_CHUNKS=1 and its pool's
+model; on SkyPilot pinned to its GPU type, spot. A candidate's share of `--probe-budget`
 buys so many seconds of its spot price (the price table's cheapest cloud, times gpus_per_worker),
 counted from its launch (a machine is paid from provisioning on; a probe waited on again by a later
 estimate keeps the clock of its launch); one whose share buys less than a start-up is not launched
@@ -13,14 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 
 from orchestrator.backends.base import Launcher, LaunchRequest
+from orchestrator.controller.probe_carve import probe_workers
 from orchestrator.core.context import RunContext
-from orchestrator.core.errors import LaunchFailed
+from orchestrator.core.errors import LaunchFailed, OrchError
 from orchestrator.core.protocol.heartbeats import newest_heartbeat_of
-from orchestrator.core.records import read_marker
+from orchestrator.core.records import PlanRecord, read_marker, read_plan
 from orchestrator.core.records.forecast import ProbeRecord
 
 #: How often the probe's chunks and jobs are looked at while they run.
@@ -51,7 +54,8 @@ class Cap:
 
 
 def on(probe: ProbeRecord) -> str:
-    return f" on {probe.gpu}" if probe.gpu else ""
+    """The probe's target as a user reads it: " of <model>", " on <gpu>", both or neither."""
+    return (f" of {probe.model}" if probe.model else "") + (f" on {probe.gpu}" if probe.gpu else "")
 
 
 def budget_caps(ctx: RunContext, probes: Sequence[ProbeRecord], budget_usd: float) -> dict[str, Cap]:
@@ -64,7 +68,7 @@ def budget_caps(ctx: RunContext, probes: Sequence[ProbeRecord], budget_usd: floa
     caps = {}
     for p in priced:
         assert p.gpu is not None
-        usd_h = prices.get(p.gpu).spot_usd_h * ctx.spec.resources.gpus_per_worker
+        usd_h = prices.get(p.gpu).spot_usd_h * ctx.for_pool(p.model).spec.resources.gpus_per_worker
         caps[p.chunk] = Cap(budget_usd / len(priced) / usd_h * 3600, usd_h)
     return caps
 
@@ -87,7 +91,7 @@ def launch_and_wait(
     caps = budget_caps(ctx, probes, budget_usd)
     stopped: dict[str, Stop] = {}
     requests: dict[int, tuple[ProbeRecord, LaunchRequest]] = {}
-    worker_of = {p.chunk: i for i, p in enumerate(probes)}  # worker i probes candidate i
+    plan, worker_of = _planned_workers(ctx, unfinished)
     running = live_probe_jobs(launcher, unfinished)
     for p in unfinished:
         if p.chunk in running:
@@ -102,7 +106,7 @@ def launch_and_wait(
                 budget=True,
             )
             continue
-        requests[worker_of[p.chunk]] = (p, _request(ctx, worker_of[p.chunk], p))
+        requests[worker_of[p.chunk]] = (p, _request(ctx, worker_of[p.chunk], p, plan))
     try:
         jobs = launcher.launch([r for _, r in requests.values()]) if requests else {}
     except LaunchFailed as e:
@@ -134,6 +138,20 @@ def launch_and_wait(
     return stopped
 
 
+def _planned_workers(ctx: RunContext, probes: Sequence[ProbeRecord]) -> tuple[PlanRecord | None, dict[str, int]]:
+    """The run's plan and the worker each probe chunk heads the list of (probe_carve.probe_first_plan's)."""
+    plan = read_plan(ctx.store, ctx.layout)
+    worker_of = probe_workers(plan, [p.chunk for p in probes]) if plan is not None else {}
+    if missing := [p.chunk for p in probes if p.chunk not in worker_of]:
+        raise OrchError(
+            f"the run's plan starts no worker's list with the probe chunk(s) {', '.join(missing)}: it was "
+            "planned again since the probe was carved",
+            hint="`orch run` answers them as any chunk; or remove the run and `orch estimate --probe` again",
+            where=ctx.layout.plan,
+        )
+    return plan, worker_of
+
+
 def live_probe_jobs(launcher: Launcher, probes: Sequence[ProbeRecord]) -> set[str]:
     """The probe chunks whose recorded job is live now."""
     jobs = {p.job: p.chunk for p in probes if p.job is not None and p.busy_s is None}
@@ -141,14 +159,16 @@ def live_probe_jobs(launcher: Launcher, probes: Sequence[ProbeRecord]) -> set[st
     return {chunk for job, chunk in jobs.items() if job in states and states[job].state.is_live()}
 
 
-def _request(ctx: RunContext, worker: int, probe: ProbeRecord) -> LaunchRequest:
-    """The run's launch request for `worker`, one chunk long; on SkyPilot pinned to its candidate, spot."""
+def _request(ctx: RunContext, worker: int, probe: ProbeRecord, plan: PlanRecord | None) -> LaunchRequest:
+    """The run's launch request for `worker` (of the probe's pool in `plan`), one chunk long; on
+    SkyPilot pinned to its candidate, spot."""
     from orchestrator.controller.launch import launch_request
 
-    r = launch_request(ctx, worker, os.environ, use_spot=True if probe.gpu else None)
+    r = launch_request(ctx, worker, os.environ, use_spot=True if probe.gpu else None, plan=plan)
+    target = "".join(f"-{re.sub(r'[^a-z0-9]+', '-', x.lower())}" for x in (probe.model, probe.gpu) if x)
     return dataclasses.replace(
         r,
-        name=f"orch-{ctx.layout.run}-probe" + (f"-{probe.gpu.lower()}" if probe.gpu else ""),
+        name=f"orch-{ctx.layout.run}-probe{target}",
         envs={**r.envs, "ORCH_MAX_CHUNKS": "1"},
         gpus=[probe.gpu] if probe.gpu else None,
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.frozen_spec import freeze_spec, read_stored_spec
+from orchestrator.core.pools import spec_for_pool
 from orchestrator.core.protocol.heartbeats import is_beating, read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.spec import RunSpec
@@ -33,6 +34,11 @@ class RunContext:
             notes=self.notes,
             write=write,
         )
+
+    def for_pool(self, pool: str | None) -> RunContext:
+        """What a worker of `pool` works in: its model as the run's model, its machines as the run's
+        resources (core/pools.spec_for_pool); None (a run of one model) is the context itself."""
+        return self if pool is None else RunContext(spec_for_pool(self.spec, pool), self.store, self.layout)
 
 
 def resolve_spec(

@@ -75,9 +75,10 @@ class RunLayout:
         """ProbeRecord: the probe chunk, its rows' strata and what it measured (the first candidate's)."""
         return f"{self.root}probe.json"
 
-    def probe_of(self, gpu: str) -> str:
-        """ProbeRecord of a further candidate accelerator, each probed on its own (SkyPilot)."""
-        return f"{self.probes_prefix}{gpu}.json"
+    def probe_of(self, target: str) -> str:
+        """ProbeRecord of a further candidate, each probed on its own: an accelerator (SkyPilot), a
+        model pool, or both (`<pool>-<gpu>`)."""
+        return f"{self.probes_prefix}{target}.json"
 
     @property
     def probes_prefix(self) -> str:

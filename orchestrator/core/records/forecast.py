@@ -32,6 +32,7 @@ class RowSample(Record):
 class ProbeRecord(Record):
     chunk: str = Field(description="the probe chunk (one of the manifest's)")
     gpu: str | None = Field(None, description="the candidate accelerator it was pinned to (None: the spec's choice)")
+    model: str | None = Field(None, description="the model pool whose rows it answers (a run of several models)")
     stopped: str | None = Field(None, description="why it measured nothing: its budget spent, or its job's end")
     job: str | None = Field(
         None, description="its worker's job, once launched: a later estimate waits on it while it runs"
