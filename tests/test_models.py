@@ -286,6 +286,7 @@ def test_estimate_probe_measures_each_model_on_a_worker_of_its_pool_and_the_run_
     assert doc["kind"] == "probe" and [(p["model"], p["rows"]) for p in doc["probes"]] == [("tiny", 4), ("smol", 4)]
     assert all(p["engine_s"] for p in doc["probes"]) and {r["kind"] for r in doc["pools"].values()} == {"probe"}
     (run,) = doc["candidates"]
+    assert run["basis"].startswith("each pool measured alone; the run ends with its slowest")
     pools = [next(c for c in r["candidates"] if c["gpu"] == "cpu") for r in doc["pools"].values()]
     assert run["duration_s"]["p50"] == max(c["duration_s"]["p50"] for c in pools)
     store, layout = open_store(str(tmp_path / "store")), RunLayout("mp")

@@ -63,7 +63,8 @@ def _combined(pools: dict[str, ForecastRecord], at: float, kind: str, note: str)
         duration_s=_largest([c.duration_s for c in fleets.values()]),
         cost_usd=_summed([c.cost_usd for c in fleets.values()]),
         engine_s=_largest([c.engine_s for c in fleets.values()]),
-        basis=f"each pool guessed alone; the run ends with its slowest ({slowest} at p50)",
+        basis=f"each pool {'measured' if kind == 'probe' else 'guessed'} alone; the run ends with its slowest "
+        f"({slowest} at p50)",
     )
     return ForecastRecord(
         at=at,
