@@ -387,7 +387,8 @@ def _cpu_candidate(
         slowdown = workers / par
         engine.append(w * busiest * slowdown + warm_alone * slowdown)
     eng = band(engine)
-    where = f"{workers} workers sharing {os.cpu_count()} cores" if shared else f"{workers} workers, one allocation each"
+    fleet = f"{workers} worker{'s' if workers != 1 else ''}"
+    where = f"{fleet} sharing {os.cpu_count()} cores" if shared else f"{fleet}, one allocation each"
     return CandidateForecast(
         gpu=acc,
         spot=False,
