@@ -298,3 +298,26 @@ def test_warm_up_note_says_the_rate_is_high_when_every_probe_row_came_back_in_on
     split = _probe(20, 100).model_copy(update={"first_batch": [8.0, 0.0, 10, 100, 1000, 0]})
     assert warm_up_split(split)
     assert warm_up_note(split) == ""
+
+
+def test_a_worker_of_two_gpus_is_forecast_at_twice_one_gpus_price(tmp_path):
+    """`resources.gpus_per_worker: 2`: the same work in the same time, each machine paid for both GPUs."""
+    from orchestrator.controller.forecast import guess
+    from orchestrator.core.context import RunContext
+    from orchestrator.core.records import read_manifest
+    from orchestrator.core.spec_load import load_spec
+    from tests.support.runs import chat_request, make_run
+
+    store = open_store(str(tmp_path / "store"))
+    chunks = [[chat_request(f"c{c}-{i}", "q", max_tokens=8192) for i in range(1000)] for c in range(4)]
+    layout = make_run(store, "g", chunks, model="m")
+    manifest = read_manifest(store, layout)
+    fleets = {}
+    for gpus in (1, 2):
+        flags = {"run": "g", "store": store.uri, "backend": "skypilot", "resources.gpus": ["L4"]}
+        spec = load_spec(None, {**flags, "resources.gpus_per_worker": gpus}, env={}, default_file=False)
+        fleets[gpus] = guess(RunContext(spec, store, layout), manifest, 2, 0.0).fleet_candidate()
+    one, two = fleets[1], fleets[2]
+    assert one is not None and two is not None and one.cost_usd.p50 > 0
+    assert two.duration_s == one.duration_s
+    assert two.cost_usd.p50 == pytest.approx(2 * one.cost_usd.p50, rel=0.01)

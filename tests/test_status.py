@@ -118,6 +118,39 @@ def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
     assert "throughput 0.50 rows/s" in to_text(status_view(status))
 
 
+def test_a_machine_of_several_gpus_is_paid_for_each_and_its_replicas_share_them(tmp_path):
+    """Worker 0 on a machine of 2 A100-80GBs (`resources.gpus_per_worker: 2`, frozen into the run)
+    for two hours costs two GPUs' four hours; worker 1's machine runs one engine per GPU (replicas
+    1r0 and 1r1, each its own heartbeat): each replica pays for one GPU, not for the machine."""
+    store = open_store(str(tmp_path / "store"))
+    chunks = [[chat_request(f"c{c}-{i}", "q") for i in range(4)] for c in range(4)]
+    layout = make_run(store, "g", chunks, model="m", workers=2, spec_flags={"resources.gpus_per_worker": 2})
+    now = time.time()
+    for worker in ("0", "1r0", "1r1"):
+        beat = Heartbeat(
+            worker=worker,
+            holder=f"{worker}.live",
+            state="running",
+            started_at=now - 7200,
+            updated_at=now,
+            accelerator="NVIDIA A100-SXM4-80GB",
+            spot=True,
+            cloud="gcp",
+        )
+        HeartbeatPublisher(store, layout, beat).publish(updated_at=now)
+    status = derive_status(gather(store, layout, None), now=now, prices=load_gpu_table())
+    gpu_hour = load_gpu_table().price("A100-80GB", True, "gcp")
+    by_worker = {w.worker: w.uptime_s for w in status.workers}
+    assert by_worker == {
+        "0": pytest.approx(7200, abs=5),
+        "1": 0.0,
+        "1r0": pytest.approx(7200, abs=5),
+        "1r1": pytest.approx(7200, abs=5),
+    }
+    # Worker 0: 2 h x 2 GPUs; worker 1's replicas: 2 h x 1 GPU each.
+    assert status.cost["so_far_usd"] == pytest.approx(8 * gpu_hour, abs=0.05)
+
+
 def test_status_of_a_complete_run_shows_the_runs_own_pace(tmp_path):
     store, layout = build(str(tmp_path / "store"))
     for c in (1, 2, 3):
@@ -169,7 +202,9 @@ def test_status_reads_markers_with_list_calls_not_one_request_per_chunk(store_ur
     store.requests.reset()
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
     assert status.chunks["done"] == 3
-    assert store.requests.by_op.get("get", 0) == 5  # manifest, plan, jobs, prepare record, forecast
+    # manifest, plan, jobs, prepare record, forecast; and the spec (its workers ran on priced GPUs:
+    # how many a machine has)
+    assert store.requests.by_op.get("get", 0) == 6
     # done/, stats/, heartbeats/, leases/, decisions/, and outputs/ (checkpointed rows of unfinished chunks)
     assert store.requests.by_op.get("list", 0) == 6
 

@@ -31,7 +31,7 @@ from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.status import RunFacts, RunStatus, derive_status, gather
 from orchestrator.controller.zone_steering import RankedZone, describe, earlier_histories, learned_up_s, zone_order
 from orchestrator.core.context import RunContext
-from orchestrator.core.pools import run_models
+from orchestrator.core.pools import machine_gpus, run_models
 from orchestrator.core.records import (
     ChunkStats,
     DecisionRecord,
@@ -144,6 +144,7 @@ class DeadlineControl:
         store, layout, spec = self.ctx.store, self.ctx.layout, self.ctx.spec
         facts = gather(store, layout, None)
         facts.statuses = dict(statuses)
+        facts.machine_gpus = machine_gpus(spec)
         now = self.clock()
         status = derive_status(
             facts,
@@ -242,7 +243,9 @@ class DeadlineControl:
             spot_pace=spot.pace,
             on_demand=on_demand,
             new_worker_rate=new_rate,
-            new_worker_usd_h=0.0 if pick in tp.unpriced else self.prices.get(pick).on_demand_usd_h,
+            new_worker_usd_h=0.0
+            if pick in tp.unpriced
+            else self.prices.get(pick).on_demand_usd_h * facts.machine_gpus_of(pool),
             new_worker_speed=f"a new worker on {pick}: {tp.basis(pick)}",
             cost_so_far_usd=status.cost["so_far_usd"],
             largest_chunk_rows=float(max((e.rows for e in unfinished), default=0)),

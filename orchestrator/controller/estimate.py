@@ -214,7 +214,8 @@ def estimate_run(ctx: RunContext, manifest: Sequence[ManifestEntry]) -> Estimate
         "checkpoint_interval_s": ctx.spec.workers.checkpoint_interval,
         "restart_overhead_s": RESTART_OVERHEAD_S if startup is None else startup,
     }
-    est = estimate(prices, ctx.spec.resources.gpus, ctx.spec.workers.count, manifest, stats, done, **settings)
+    machines = prices.per_machine(ctx.spec.resources.gpus_per_worker)
+    est = estimate(machines, ctx.spec.resources.gpus, ctx.spec.workers.count, manifest, stats, done, **settings)
     fleets = pool_fleets(ctx.spec, read_plan(ctx.store, ctx.layout), manifest)
     pools = estimate_pools(prices, fleets, manifest, stats, done, **settings)
     est.pools = pools.to_dict() if pools is not None else None

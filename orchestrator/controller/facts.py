@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
 from orchestrator.backends.base import JobStatus, Launcher, attempt_statuses
-from orchestrator.core.errors import CorruptRecord
+from orchestrator.core.errors import CorruptRecord, OrchError
+from orchestrator.core.frozen_spec import read_stored_spec
+from orchestrator.core.pools import machine_gpus
 from orchestrator.core.protocol.checkpoints import checkpointed_rows, find_damage, read_chunk_stats
+from orchestrator.core.protocol.claims import pool_of
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.snapshot import list_done
@@ -29,7 +35,9 @@ from orchestrator.core.records import (
     read_record,
 )
 from orchestrator.core.records.forecast import ForecastRecord
+from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store
+from orchestrator.core.worker_ids import job_worker
 
 
 @dataclass
@@ -59,6 +67,27 @@ class RunFacts:
     forecast: ForecastRecord | None = None
     #: chunk -> rows checkpointed so far, for chunks without a marker (from part names).
     checkpointed: dict[str, int] = field(default_factory=dict)
+    #: GPUs a worker's machine has (`gpus_per_worker`) per model pool, None for the run's own
+    #: resources (core/pools.machine_gpus): its machine is paid for all of them. Unset, read from
+    #: the spec frozen into the run when first needed (`load_machine_gpus`).
+    machine_gpus: dict[str | None, int] | None = None
+    load_machine_gpus: Callable[[], dict[str | None, int]] = dict
+
+    def machine_gpus_of(self, pool: str | None) -> int:
+        """GPUs a machine of `pool` has (None: the run's resources)."""
+        if self.machine_gpus is None:
+            self.machine_gpus = self.load_machine_gpus()
+        return self.machine_gpus.get(pool, self.machine_gpus.get(None, 1))
+
+    def gpus_of(self, worker: str) -> float:
+        """The GPUs one process of `worker` ("3", or a replica "3r1") is paid for: its machine's,
+        shared by the replicas running on it."""
+        base = job_worker(worker)
+        gpus = self.machine_gpus_of(pool_of(self.plan, int(base)) if self.plan and base.isdigit() else None)
+        if worker == base:
+            return float(gpus)
+        replicas = sum(1 for w in self.heartbeats if w != base and job_worker(w) == base)
+        return gpus / max(replicas, 1)
 
 
 def latest_decision(store: Store, layout: RunLayout) -> DecisionRecord | None:
@@ -101,6 +130,7 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
     facts.reused = prepared[0].reused if prepared is not None else 0
     facts.forecast = (read_record(store, layout.forecast, ForecastRecord) or (None,))[0]
     facts.prepared_at = prepared[0].created_at or None if prepared is not None else None
+    facts.load_machine_gpus = lambda: _machine_gpus(store, layout)
     current = list(jobs.current_jobs().values())
     if launcher is not None and current:
         try:
@@ -108,6 +138,17 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
         except Exception as e:  # the backend's own trouble must not hide what the store knows
             facts.backend_note = f"cannot ask the {getattr(launcher, 'name', 'backend')} backend: {e}"
     return facts
+
+
+def _machine_gpus(store: Store, layout: RunLayout) -> dict[str | None, int]:
+    """core/pools.machine_gpus of the spec frozen into the run (a command given the spec uses its own)."""
+    stored = read_stored_spec(store, layout)
+    if stored is None:
+        return {}
+    try:
+        return machine_gpus(RunSpec.model_validate(stored[0]))
+    except (ValidationError, OrchError):  # a spec this version cannot read: one GPU a machine
+        return {}
 
 
 def _corrupt_leases(

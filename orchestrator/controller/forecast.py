@@ -272,7 +272,7 @@ def forecast_from_probes(
         shared = ctx.spec.backend == "local"  # else a cluster of CPUs: an allocation per worker
         candidates.append(_cpu_candidate(first, left, workers, [d[0] for d in draws], startup, shared))
     else:
-        prices = load_gpu_table()
+        prices = load_gpu_table().per_machine(ctx.spec.resources.gpus_per_worker)
         for g in ctx.spec.resources.gpus:
             own = next((p for p in measured if prices.find(p.accelerator) is prices.get(g)), None)
             if own is not None:
@@ -451,7 +451,7 @@ def _simulated(
 
 def guess(ctx: RunContext, manifest: Sequence[ManifestEntry], workers: int, at: float) -> ForecastRecord:
     """No probe: the table's speed scaled by the model's size, outputs 10-100% of max_tokens: a wide band."""
-    prices = load_gpu_table()
+    prices = load_gpu_table().per_machine(ctx.spec.resources.gpus_per_worker)
     max_out = sum(e.max_output_tokens for e in manifest)
     prompt = sum(e.est_prompt_tokens for e in manifest)
     out = Band(p10=round(0.1 * max_out), p50=round(0.5 * max_out), p90=float(max_out))

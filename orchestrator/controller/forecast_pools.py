@@ -37,7 +37,7 @@ def forecast_pools(
             record = forecast_from_probes(own, mine, rows, fleet.workers, at)
         else:
             record = guess(own, rows, fleet.workers, at)
-        pools[pool] = _priced_per_gpu(record, fleet.gpus_per_worker)
+        pools[pool] = record
     measured = [pool for pool, record in pools.items() if record.kind == "probe"]
     if measured:
         guessed = [pool for pool in pools if pool not in measured]
@@ -84,19 +84,6 @@ def _fleet(record: ForecastRecord) -> CandidateForecast:
     fleet = record.fleet_candidate()
     assert fleet is not None, record.fleet
     return fleet
-
-
-def _priced_per_gpu(record: ForecastRecord, gpus_per_worker: int) -> ForecastRecord:
-    """A pool's record with its workers' cost times the GPUs each has (the table prices one GPU)."""
-    if gpus_per_worker <= 1:
-        return record
-    scaled = [
-        c.model_copy(
-            update={"cost_usd": Band(**{q: round(getattr(c.cost_usd, q) * gpus_per_worker, 2) for q in QUANTILES})}
-        )
-        for c in record.candidates
-    ]
-    return record.model_copy(update={"candidates": scaled})
 
 
 def _largest(bands: list[Band]) -> Band:

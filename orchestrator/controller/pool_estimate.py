@@ -104,7 +104,8 @@ def estimate_pools(
         mine = [e for e in entries if e.model == pool]
         chunks = {e.chunk for e in mine}
         own_stats = {c: s for c, s in stats.items() if c in chunks}
-        est = estimate(prices, fleet.gpus, fleet.workers, mine, own_stats, done & chunks, **settings)
+        machines = prices.per_machine(fleet.gpus_per_worker)
+        est = estimate(machines, fleet.gpus, fleet.workers, mine, own_stats, done & chunks, **settings)
         f = est.fleet
         pools.append(
             PoolEstimate(
@@ -118,9 +119,9 @@ def estimate_pools(
                 measured=f.measured,
                 basis=f.basis,
                 spot_hours=f.spot_hours,
-                spot_usd=round(f.spot_usd * fleet.gpus_per_worker, 2),
+                spot_usd=f.spot_usd,
                 on_demand_hours=f.on_demand_hours,
-                on_demand_usd=round(f.on_demand_usd * fleet.gpus_per_worker, 2),
+                on_demand_usd=f.on_demand_usd,
             )
         )
     return PoolsEstimate(pools) if pools else None

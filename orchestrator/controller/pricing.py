@@ -86,6 +86,24 @@ class GpuTable(_Strict):
     def price(self, gpu: str, spot: bool, cloud: str | None = None) -> float:
         return self.get(gpu).price(spot, cloud)
 
+    def per_machine(self, gpus_per_worker: int) -> GpuTable:
+        """The table priced per worker machine of `gpus_per_worker` GPUs (a machine is paid for all
+        its GPUs); speeds as they are."""
+        if gpus_per_worker == 1:
+            return self
+        priced = {
+            name: gpu.model_copy(
+                update={
+                    "prices": {
+                        cloud: Price(on_demand=p.on_demand * gpus_per_worker, spot=p.spot * gpus_per_worker)
+                        for cloud, p in gpu.prices.items()
+                    }
+                }
+            )
+            for name, gpu in self.gpus.items()
+        }
+        return self.model_copy(update={"gpus": priced})
+
 
 def refreshed_table_path() -> Path:
     """Where `orch prices --refresh` writes the table it builds from SkyPilot's catalog."""

@@ -63,7 +63,7 @@ JSON shape (stable for scripts):
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -77,6 +77,7 @@ from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.token_cost import realised_cost, tokens_of
 from orchestrator.core import worker_ids
 from orchestrator.core.context import RunContext
+from orchestrator.core.pools import machine_gpus
 from orchestrator.core.protocol.heartbeats import is_beating
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import ChunkStats, JobAttempt, read_jobs
@@ -197,7 +198,7 @@ def derive_status(
     rows_per_s = sum(v.rows_per_s for v in working)
     tokens_per_s = sum(v.tokens_per_s for v in working)
     finished = [s for c, (_, s) in facts.stats.items() if c in done]
-    cost, per_m = _costs(workers, finished, prices, default_spot)
+    cost, per_m = _costs(workers, finished, prices, default_spot, facts.gpus_of)
     remaining = rows["total"] - rows["done"] - rows["in_progress"]
     eta = remaining / rows_per_s if rows_per_s > 0 and remaining > 0 else (0.0 if remaining <= 0 else None)
     last_finish = max((at for c, (at, _) in facts.stats.items() if c in done), default=None)
@@ -316,13 +317,18 @@ def _worker_views(
 
 
 def _costs(
-    workers: list[WorkerView], finished: list[ChunkStats], prices: GpuTable, default_spot: bool
+    workers: list[WorkerView],
+    finished: list[ChunkStats],
+    prices: GpuTable,
+    default_spot: bool,
+    gpus_of: Callable[[str], float],
 ) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
-    """The money so far (the status's `cost`) and what it bought: $ per million tokens, spot and on-demand apart."""
-    by_worker = {
-        v.worker: (_cost_so_far(v, prices, default_spot), v.spot if v.spot is not None else default_spot)
-        for v in workers
-    }
+    """The money so far (the status's `cost`) and what it bought: $ per million tokens, spot and
+    on-demand apart. Each worker's process pays for the GPUs `gpus_of` it (its machine's share)."""
+    by_worker = {}
+    for v in workers:
+        usd = _cost_so_far(v, prices, default_spot)
+        by_worker[v.worker] = (usd * gpus_of(v.worker) if usd else 0.0, v.spot if v.spot is not None else default_spot)
     per_m = realised_cost(finished, by_worker)
     cost = {
         "so_far_usd": round(sum(usd for usd, _ in by_worker.values()), 2),
@@ -334,8 +340,8 @@ def _costs(
 
 
 def _cost_so_far(view: WorkerView, prices: GpuTable, default_spot: bool) -> float:
-    """The worker's machine time at its GPU's price (spot or on-demand as it runs); 0 for a GPU
-    the price table does not know."""
+    """The worker's machine time at one of its GPUs' price (spot or on-demand as it runs); 0 for a
+    GPU the price table does not know."""
     gpu = prices.find(view.accelerator)
     if gpu is None:
         return 0.0
@@ -370,7 +376,7 @@ def _estimate(
 
     try:
         est = estimate(
-            prices,
+            prices.per_machine(facts.machine_gpus_of(None)),
             gpus,
             workers or max(len(facts.plan.workers) if facts.plan else 1, 1),
             facts.manifest,
@@ -432,6 +438,8 @@ def status_of(
     spec: RunSpec | None = None,
 ) -> RunStatus:
     facts = gather(store, layout, launcher)
+    if spec is not None:
+        facts.machine_gpus = machine_gpus(spec)
     status = derive_status(
         facts,
         now=now,

@@ -112,3 +112,11 @@ def pool_workers(spec: RunSpec, rows: Mapping[str, int], total: int) -> dict[str
         biggest = max(shared, key=lambda n: rows[n])
         counts[biggest] = max(1, counts[biggest] + left - sum(counts[n] for n in shared))
     return counts
+
+
+def machine_gpus(spec: RunSpec) -> dict[str | None, int]:
+    """GPUs a worker's machine has (`gpus_per_worker`): the run's resources' (None), and each model
+    pool's own (its `resources`, else the run's). A machine is paid for all of them."""
+    return {None: spec.resources.gpus_per_worker} | {
+        pool: (model.resources or spec.resources).gpus_per_worker for pool, model in run_models(spec).items()
+    }
