@@ -36,6 +36,21 @@ class Backend:
         }
 
 
+def two_hours_on_an_a100(worker: str, now: float, **more: str) -> Heartbeat:
+    """A running worker's heartbeat: up two hours on a spot A100-80GB on GCP."""
+    return Heartbeat(
+        worker=worker,
+        holder=f"{worker}.live",
+        state="running",
+        started_at=now - 7200,
+        updated_at=now,
+        accelerator="NVIDIA A100-SXM4-80GB",
+        spot=True,
+        cloud="gcp",
+        **more,
+    )
+
+
 def build(store_uri):
     store = open_store(store_uri)
     layout = make_run(store, "s", [[chat_request(f"c{c}-{i}", "q") for i in range(10)] for c in range(4)], model="m")
@@ -50,21 +65,7 @@ def build(store_uri):
     )
     acquire(store, layout, "part_00001", worker="0", holder="0.live", ttl=600, now=time.time())
     now = time.time()
-    HeartbeatPublisher(
-        store,
-        layout,
-        Heartbeat(
-            worker="0",
-            holder="0.live",
-            state="running",
-            started_at=now - 7200,
-            updated_at=now,
-            accelerator="NVIDIA A100-SXM4-80GB",
-            spot=True,
-            cloud="gcp",
-            region="us-central1",
-        ),
-    ).publish(
+    HeartbeatPublisher(store, layout, two_hours_on_an_a100("0", now, region="us-central1")).publish(
         chunk="part_00001",
         chunk_rows=10,
         chunk_rows_done=4,
@@ -127,17 +128,7 @@ def test_a_machine_of_several_gpus_is_paid_for_each_and_its_replicas_share_them(
     layout = make_run(store, "g", chunks, model="m", workers=2, spec_flags={"resources.gpus_per_worker": 2})
     now = time.time()
     for worker in ("0", "1r0", "1r1"):
-        beat = Heartbeat(
-            worker=worker,
-            holder=f"{worker}.live",
-            state="running",
-            started_at=now - 7200,
-            updated_at=now,
-            accelerator="NVIDIA A100-SXM4-80GB",
-            spot=True,
-            cloud="gcp",
-        )
-        HeartbeatPublisher(store, layout, beat).publish(updated_at=now)
+        HeartbeatPublisher(store, layout, two_hours_on_an_a100(worker, now)).publish(updated_at=now)
     status = derive_status(gather(store, layout, None), now=now, prices=load_gpu_table())
     gpu_hour = load_gpu_table().price("A100-80GB", True, "gcp")
     by_worker = {w.worker: w.uptime_s for w in status.workers}
