@@ -31,7 +31,7 @@ from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.status import RunFacts, RunStatus, derive_status, gather
 from orchestrator.controller.zone_steering import RankedZone, describe, earlier_histories, learned_up_s, zone_order
 from orchestrator.core.context import RunContext
-from orchestrator.core.pools import machine_gpus, run_models
+from orchestrator.core.pools import run_models
 from orchestrator.core.records import (
     ChunkStats,
     DecisionRecord,
@@ -142,9 +142,8 @@ class DeadlineControl:
         """One round; a run of several models decides pool by pool (each its own work and speed,
         the one deadline) and returns the decision of the pool furthest from the rate it needs."""
         store, layout, spec = self.ctx.store, self.ctx.layout, self.ctx.spec
-        facts = gather(store, layout, None)
+        facts = gather(store, layout, None, spec)
         facts.statuses = dict(statuses)
-        facts.machine_gpus = machine_gpus(spec)
         now = self.clock()
         status = derive_status(
             facts,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -67,9 +68,10 @@ class RunFacts:
     forecast: ForecastRecord | None = None
     #: chunk -> rows checkpointed so far, for chunks without a marker (from part names).
     checkpointed: dict[str, int] = field(default_factory=dict)
-    #: GPUs a worker's machine has (`gpus_per_worker`) per model pool, None for the run's own
-    #: resources (core/pools.machine_gpus): its machine is paid for all of them. Unset, read from
-    #: the spec frozen into the run when first needed (`load_machine_gpus`).
+    #: worker -> how many replica processes ("3r0", "3r1") have beaten for it (none: one engine).
+    replicas: dict[str, int] = field(default_factory=dict)
+    #: GPUs a worker's machine has (core/pools.machine_gpus: per model pool, None for the run's own
+    #: resources), read when first needed (`load_machine_gpus`): its machine is paid for all of them.
     machine_gpus: dict[str | None, int] | None = None
     load_machine_gpus: Callable[[], dict[str | None, int]] = dict
 
@@ -84,10 +86,7 @@ class RunFacts:
         shared by the replicas running on it."""
         base = job_worker(worker)
         gpus = self.machine_gpus_of(pool_of(self.plan, int(base)) if self.plan and base.isdigit() else None)
-        if worker == base:
-            return float(gpus)
-        replicas = sum(1 for w in self.heartbeats if w != base and job_worker(w) == base)
-        return gpus / max(replicas, 1)
+        return float(gpus) if worker == base else gpus / max(self.replicas.get(base, 0), 1)
 
 
 def latest_decision(store: Store, layout: RunLayout) -> DecisionRecord | None:
@@ -99,7 +98,9 @@ def latest_decision(store: Store, layout: RunLayout) -> DecisionRecord | None:
     return found[0] if found is not None else None
 
 
-def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) -> RunFacts:
+def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None, spec: RunSpec | None = None) -> RunFacts:
+    """`spec`: the run's, as the command resolved it; without it, the spec frozen into the run is
+    read (once, when a worker's cost needs its machine's GPUs)."""
     manifest = read_manifest(store, layout)
     plan = read_plan(store, layout)
     jobs, _ = read_jobs(store, layout)
@@ -130,7 +131,10 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
     facts.reused = prepared[0].reused if prepared is not None else 0
     facts.forecast = (read_record(store, layout.forecast, ForecastRecord) or (None,))[0]
     facts.prepared_at = prepared[0].created_at or None if prepared is not None else None
-    facts.load_machine_gpus = lambda: _machine_gpus(store, layout)
+    facts.replicas = dict(Counter(job_worker(w) for w in heartbeats if job_worker(w) != w))
+    facts.load_machine_gpus = (
+        (lambda: machine_gpus(spec)) if spec is not None else (lambda: _machine_gpus(store, layout))
+    )
     current = list(jobs.current_jobs().values())
     if launcher is not None and current:
         try:
@@ -141,7 +145,7 @@ def gather(store: Store, layout: RunLayout, launcher: Launcher | None = None) ->
 
 
 def _machine_gpus(store: Store, layout: RunLayout) -> dict[str | None, int]:
-    """core/pools.machine_gpus of the spec frozen into the run (a command given the spec uses its own)."""
+    """core/pools.machine_gpus of the spec frozen into the run."""
     stored = read_stored_spec(store, layout)
     if stored is None:
         return {}

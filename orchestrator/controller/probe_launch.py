@@ -63,12 +63,12 @@ def budget_caps(ctx: RunContext, probes: Sequence[ProbeRecord], budget_usd: floa
     probes, finished or not: a candidate measured by an earlier estimate has had its share."""
     from orchestrator.controller.pricing import load_gpu_table
 
+    prices = load_gpu_table()
     priced = [p for p in probes if p.gpu is not None]
     caps = {}
     for p in priced:
         assert p.gpu is not None
-        machines = load_gpu_table().per_machine(ctx.for_pool(p.model).spec.resources.gpus_per_worker)
-        usd_h = machines.get(p.gpu).spot_usd_h
+        usd_h = prices.per_machine(ctx.for_pool(p.model).spec.resources.gpus_per_worker).get(p.gpu).spot_usd_h
         caps[p.chunk] = Cap(budget_usd / len(priced) / usd_h * 3600, usd_h)
     return caps
 

@@ -77,7 +77,6 @@ from orchestrator.controller.pricing import GpuTable, load_gpu_table
 from orchestrator.controller.token_cost import realised_cost, tokens_of
 from orchestrator.core import worker_ids
 from orchestrator.core.context import RunContext
-from orchestrator.core.pools import machine_gpus
 from orchestrator.core.protocol.heartbeats import is_beating
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import ChunkStats, JobAttempt, read_jobs
@@ -437,9 +436,7 @@ def status_of(
     workers_planned: int | None = None,
     spec: RunSpec | None = None,
 ) -> RunStatus:
-    facts = gather(store, layout, launcher)
-    if spec is not None:
-        facts.machine_gpus = machine_gpus(spec)
+    facts = gather(store, layout, launcher, spec)
     status = derive_status(
         facts,
         now=now,
