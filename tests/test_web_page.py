@@ -27,6 +27,7 @@ from orchestrator.controller.pricing import load_gpu_table
 from orchestrator.controller.status import derive_status, gather
 from orchestrator.web.page import render_page
 from tests.support.datasets import write_jsonl
+from tests.support.events import wait_for as wait_for_event
 from tests.support.runs import chat_request
 from tests.test_serve import KEY, OTHER_KEY, TINY, create, running_server, upload, wait_for, write_requests
 
@@ -419,8 +420,15 @@ def test_views_share_one_reading_per_interval_and_the_first_views_error_is_its_o
     clock[0] += 4.0
     assert snapshots.get("s") is got[0] and len(reads) == 1  # young enough: no reading
     clock[0] += 2.0
-    fresh = snapshots.get("s")  # older than max_age: read again, and this quick reading waited for
-    assert len(reads) == 2 and fresh.taken_at == 1006.0
+    gate.clear()  # older than max_age: a reading starts; while it is slow, the last one answers
+    assert snapshots.get("s") is got[0] and snapshots.get("s") is got[0]
+    wait_for_event("the second reading to begin", lambda: len(reads) == 2)
+    gate.set()
+    fresh = wait_for_event("the second reading", lambda: (s := snapshots.get("s")).taken_at == 1006.0 and s)
+    assert len(reads) == 2 and fresh is not got[0]
+    clock[0] += 6.0
+    snapshots.wait_s = 30.0  # a reading that ends within wait_s is waited for, not answered stale
+    assert snapshots.get("s").taken_at == 1012.0 and len(reads) == 3
 
     def broken(run):
         raise RuntimeError(f"store down for {run}")
