@@ -16,6 +16,19 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 
 
+@pytest.fixture(autouse=True)
+def no_local_worker_outlives_its_test():
+    """A test that fails or times out mid-run leaves the local workers it started running (they are
+    detached, as a launched job is): they are stopped here, so the next tests get the CPUs."""
+    from orchestrator.backends.local import started_here, stop_started_here
+
+    before = started_here()
+    yield
+    left = stop_started_here(keep=before, grace_s=10)
+    if left:
+        print(f"stopped local workers this test left running: pids {left}")
+
+
 @pytest.fixture(scope="session")
 def seaweedfs_server():
     with s3servers.seaweedfs() as server:

@@ -462,6 +462,26 @@ def test_local_job_keeps_its_exit_code_when_the_disk_fills_while_it_runs(tmp_pat
             assert f"worker exited with {int(code)}" in str(reason) and "is full" in str(reason), seen
 
 
+def test_workers_a_test_left_running_are_stopped_and_those_running_before_it_kept(tmp_path):
+    """conftest's no_local_worker_outlives_its_test: a failed or timed-out test leaves no worker to
+    compete with the next tests for the CPUs; workers it did not start are left alone."""
+    from orchestrator.backends.base import JobState
+    from orchestrator.backends.local import started_here, stop_started_here
+
+    program = tmp_path / "a-worker-that-runs-on"
+    program.write_text("#!/bin/sh\nexec sleep 600\n")
+    program.chmod(0o755)
+    launcher = LocalLauncher(tmp_path / "logs", python=str(program), workers=1)
+    kept = launcher.launch([LaunchRequest(worker=0, name="w0", envs={})])[0]
+    before = started_here()
+    left = launcher.launch([LaunchRequest(worker=1, name="w1", envs={})])[1]
+    assert {s.state for s in launcher.statuses([kept, left]).values()} == {JobState.RUNNING}
+    (stopped,) = stop_started_here(keep=before, grace_s=10)
+    assert str(stopped) in left and launcher.statuses([left])[left].state.is_terminal()
+    assert launcher.statuses([kept])[kept].state == JobState.RUNNING
+    launcher.cancel([kept])
+
+
 def test_watch_says_what_is_full_and_keeps_watching(small_disk, workdir, tiny_model):
     store = str(small_disk / "store")
     prepare_questions(workdir, "f", store, rows=160, chunks=4)

@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -291,6 +291,21 @@ def _recorded_code(exit_file: Path | None) -> int | None:
         return int(exit_file.read_bytes().strip())
     except (OSError, ValueError):
         return None
+
+
+def started_here() -> set[int]:
+    """The pids (process groups) of the workers this process started that still run."""
+    for child in _CHILDREN.values():
+        child.poll()
+    return {pid for pid, child in _CHILDREN.items() if child.returncode is None}
+
+
+def stop_started_here(keep: Collection[int] = (), grace_s: float = 30.0) -> list[int]:
+    """Stop the workers this process started that still run, but those in `keep` (for a process
+    that must leave none behind: a test that timed out or failed mid-run); their pids."""
+    pids = sorted(started_here() - set(keep))
+    _terminate(pids, group=True, grace_s=grace_s)
+    return pids
 
 
 def _terminate(pids: list[int], *, group: bool, grace_s: float = 30.0) -> None:
