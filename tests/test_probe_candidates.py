@@ -263,6 +263,54 @@ def test_each_model_is_probed_on_each_of_its_own_candidates_by_a_worker_of_its_p
     assert run.duration_s.p90 == max(f.duration_s.p90 for f in fleets if f is not None)
 
 
+def test_a_model_with_too_few_rows_to_probe_is_forecast_from_the_table_and_the_others_are_probed(request, tmp_path):
+    """160 rows of tiny, 3 of smol: a probe takes at most a quarter of a pool's rows, so smol is
+    left out (said, and guessed in the forecast) and tiny's candidates are probed; a pool of 4 rows
+    holds one probe of its two candidates. A run too small for any probe says so, naming its pools."""
+    from orchestrator.cli import main
+    from orchestrator.controller.forecast_pools import forecast_pools
+    from orchestrator.controller.probe import probe_plan, probes_held
+    from tests.test_models import batch_lines
+
+    assert [probes_held(n, 2) for n in (3, 4, 5, 160)] == [0, 1, 2, 2]  # 5 rows: 1 of 5, then 1 of 4
+    uri = make_store_uri("moto", request, tmp_path)
+    (tmp_path / "orch.yaml").write_text(
+        "backend: skypilot\nworkers: {count: 2}\nmodels:\n  tiny: {name: org/tiny, resources: {gpus: [L4, A100]}}\n"
+        "  smol: {name: org/smol, resources: {gpus: [A100]}}\n"
+    )
+
+    def prepared(run: str, models: list[str]) -> RunContext:
+        data = batch_lines(tmp_path / f"{run}.jsonl", models, max_tokens=16)
+        args = ["-f", str(tmp_path / "orch.yaml"), "--run", run, "--store", uri, "--format", "openai-batch"]
+        assert main(["prepare", str(data), *args, "--rows-per-chunk", "20"]) == 0
+        spec = load_spec(str(tmp_path / "orch.yaml"), {"run": run, "store": uri}, env={})
+        return RunContext(spec, open_store(uri), RunLayout(run))
+
+    ctx = prepared("small", ["tiny"] * 160 + ["smol"] * 3)
+    sky = ScriptedSky(script=["STARTING", "RUNNING"])
+    workers = GpuWorkers(ctx, sky)
+    workers.start()
+    said: list[str] = []
+    try:
+        probes = run_probes(
+            ctx, 0.05, min_rows=4, budget_usd=3.0, launcher=SkyPilotLauncher(ctx.spec, sdk=sky), echo=said.append
+        )
+    finally:
+        workers.done.set()
+        assert workers.error is None, workers.error
+    assert [(p.model, p.gpu, p.rows) for p in probes] == [("tiny", "L4", 8), ("tiny", "A100", 8)]
+    assert "probe of smol on A100: too few rows (3) to probe: forecast from the table" in said, said
+    record = forecast_pools(ctx, read_manifest(ctx.store, ctx.layout), probes, 0.0)
+    assert {pool: r.kind for pool, r in record.pools.items()} == {"tiny": "probe", "smol": "guess"}
+    assert "guessed from the table (smol)" in record.note, record.note
+
+    four = prepared("four", ["tiny"] * 4 + ["smol"] * 2)
+    assert probe_plan(four) == ([("tiny", "L4")], [("tiny", "A100", 4), ("smol", "A100", 2)])
+    none = prepared("none", ["tiny"] * 3 + ["smol"] * 2)
+    with pytest.raises(OrchError, match=r"too few rows to probe \(3 of model 'tiny', 2 of model 'smol'; "):
+        run_probes(none, 0.05, launcher=SkyPilotLauncher(none.spec, sdk=ScriptedSky()))
+
+
 def test_a_budget_too_small_for_a_start_up_launches_no_candidate_and_says_so(ctx):
     sky = ScriptedSky()
     # $0.01 each: 129 s of an L4 at $0.28/h, 31 s of an A100; a start-up takes 600 s.

@@ -31,11 +31,12 @@ from orchestrator.controller.probe_carve import (
     carve_probe_chunk,
     engine_batch,
     probe_first_plan,
+    probe_room,
     refuse_if_started,
     run_rows,
     sample_rows,
 )
-from orchestrator.controller.probe_launch import PROBE_BUDGET_USD, Stop, launch_and_wait, on
+from orchestrator.controller.probe_launch import PROBE_BUDGET_USD, Stop, launch_and_wait, on, target_name
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError
 from orchestrator.core.pools import run_models
@@ -55,15 +56,45 @@ def probe_candidates(ctx: RunContext) -> list[str | None]:
     return [None] if on_cpus(ctx) else list(ctx.spec.resources.gpus)
 
 
+def pool_rows(ctx: RunContext) -> dict[str | None, int]:
+    """Each model pool's rows (None: a run of one model), probe chunks counted with their pool."""
+    rows: dict[str | None, int] = {}
+    for e in read_manifest(ctx.store, ctx.layout):
+        pool = e.model if ctx.spec.models else None
+        rows[pool] = rows.get(pool, 0) + e.rows
+    return rows
+
+
+def probes_held(rows: int, candidates: int) -> int:
+    """How many of `candidates` probes `rows` hold, each taking at most probe_room of the rows the
+    ones before it left: the rest are forecast from the table."""
+    held = 0
+    while held < candidates and probe_room(rows):
+        rows -= probe_room(rows)
+        held += 1
+    return held
+
+
+def probe_plan(ctx: RunContext) -> tuple[list[tuple[str | None, str | None]], list[tuple[str | None, str | None, int]]]:
+    """(targets, left out): the (model pool, accelerator) of each probe, and each (pool, accelerator,
+    pool's rows) whose pool has too few rows to probe it. A pool's candidates are its own
+    (`resources`), as its workers would run; a run of one model is the pool None."""
+    targets: list[tuple[str | None, str | None]] = []
+    left: list[tuple[str | None, str | None, int]] = []
+    rows = pool_rows(ctx)
+    for pool in run_models(ctx.spec) if ctx.spec.models else [None]:
+        if not rows.get(pool):
+            continue
+        candidates = probe_candidates(ctx.for_pool(pool) if pool else ctx)
+        held = probes_held(rows[pool], len(candidates))
+        targets += [(pool, gpu) for gpu in candidates[:held]]
+        left += [(pool, gpu, rows[pool]) for gpu in candidates[held:]]
+    return targets, left
+
+
 def probe_targets(ctx: RunContext) -> list[tuple[str | None, str | None]]:
-    """(model pool, accelerator) of each probe: in a run of several models, each pool with rows on
-    each of its own candidates (its `resources`), as its workers would run; else the candidates."""
-    if not ctx.spec.models:
-        return [(None, gpu) for gpu in probe_candidates(ctx)]
-    pools = dict.fromkeys(e.model for e in read_manifest(ctx.store, ctx.layout) if e.rows)
-    return [
-        (pool, gpu) for pool in run_models(ctx.spec) if pool in pools for gpu in probe_candidates(ctx.for_pool(pool))
-    ]
+    """probe_plan's targets."""
+    return probe_plan(ctx)[0]
 
 
 def read_probes(store: Store, layout: RunLayout) -> list[ProbeRecord]:
@@ -94,8 +125,16 @@ def run_probes(
     """The run's probes, one per candidate accelerator (of each model pool, in a run of several):
     made and run now, or those made before (launched again if they never finished, unless their
     budget was spent). At least one measured."""
-    probes = read_probes(ctx.store, ctx.layout)
-    carved = len(probes) >= len(probe_targets(ctx))
+    probes, (targets, left) = read_probes(ctx.store, ctx.layout), probe_plan(ctx)
+    if not targets:
+        counts = ", ".join(dict.fromkeys(f"{n} of model {pool!r}" if pool else str(n) for pool, _, n in left))
+        raise OrchError(
+            f"run {ctx.layout.run!r} has too few rows to probe ({counts or 0}; a probe takes at most a quarter)",
+            hint="run it: `orch run` measures as it goes",
+        )
+    for pool, gpu, n in left:
+        echo(f"probe{target_name(pool, gpu)}: too few rows ({n}) to probe: forecast from the table")
+    carved = len(probes) >= len(targets)
     if probes and carved and all(p.busy_s is not None or p.stopped for p in probes):
         for p in probes:
             echo(f"probe{on(p)}: {p.rows} rows {'measured before' if p.stopped is None else p.stopped} ({p.chunk})")
@@ -165,12 +204,7 @@ def _carve(
         )
         seed = "/".join(x for x in (ctx.layout.run, model, gpu) if x)
         picked = sample_rows(free, 0.0, want, seed=seed)
-        if not picked:
-            of = f" of model {model!r}" if model else ""
-            raise OrchError(
-                f"run {ctx.layout.run!r} has {total} rows{of}: too few to probe (a probe takes at most a quarter)",
-                hint="run it: `orch run` measures as it goes",
-            )
+        assert picked, (model, gpu, total)  # probe_plan left out each target its pool's rows could not hold
         entry = carve_probe_chunk(ctx, picked, model)
         rank = {row: place for place, row in enumerate(feed_order([r.line for r in picked]))}
         probe = ProbeRecord(

@@ -121,9 +121,14 @@ def _set_aside_positions(ctx: RunContext) -> set[int]:
     }
 
 
+def probe_room(rows: int) -> int:
+    """The most rows a probe takes of `rows`: a quarter (none of fewer than four)."""
+    return rows // 4
+
+
 def sample_rows(rows: Sequence[SampledRow], share: float, min_rows: int, seed: str) -> list[SampledRow]:
-    """A stratified sample: max(min_rows, share of the rows), never more than a quarter of them, in input order."""
-    want = min(max(min_rows, math.ceil(share * len(rows))), len(rows) // 4)
+    """A stratified sample: max(min_rows, share of the rows), never more than probe_room of them, in input order."""
+    want = min(max(min_rows, math.ceil(share * len(rows))), probe_room(len(rows)))
     if want <= 0:
         return []
     strata: dict[str, list[SampledRow]] = defaultdict(list)

@@ -55,7 +55,11 @@ class Cap:
 
 def on(probe: ProbeRecord) -> str:
     """The probe's target as a user reads it: " of <model>", " on <gpu>", both or neither."""
-    return (f" of {probe.model}" if probe.model else "") + (f" on {probe.gpu}" if probe.gpu else "")
+    return target_name(probe.model, probe.gpu)
+
+
+def target_name(model: str | None, gpu: str | None) -> str:
+    return (f" of {model}" if model else "") + (f" on {gpu}" if gpu else "")
 
 
 def budget_caps(ctx: RunContext, probes: Sequence[ProbeRecord], budget_usd: float) -> dict[str, Cap]:
