@@ -92,11 +92,6 @@ def probe_plan(ctx: RunContext) -> tuple[list[tuple[str | None, str | None]], li
     return targets, left
 
 
-def probe_targets(ctx: RunContext) -> list[tuple[str | None, str | None]]:
-    """probe_plan's targets."""
-    return probe_plan(ctx)[0]
-
-
 def read_probes(store: Store, layout: RunLayout) -> list[ProbeRecord]:
     """Every candidate's probe, in the order they were carved (none: no probe was made)."""
     first = read_record(store, layout.probe, ProbeRecord)
@@ -140,7 +135,7 @@ def run_probes(
             echo(f"probe{on(p)}: {p.rows} rows {'measured before' if p.stopped is None else p.stopped} ({p.chunk})")
         return probes
     if not carved:
-        probes = _carve(ctx, share, min_rows, probes, echo)
+        probes = _carve(ctx, targets, share, min_rows, probes, echo)
     todo = {p.chunk for p in probes if p.busy_s is None and not p.stopped}
     unfinished = [p for p in probes if p.chunk in todo and read_marker(ctx.store, ctx.layout, p.chunk) is None]
     stopped = _launch(ctx, probes, unfinished, budget_usd, timeout_s, echo, launcher) if unfinished else {}
@@ -182,14 +177,18 @@ def _launch(
 
 
 def _carve(
-    ctx: RunContext, share: float, min_rows: int | None, made: list[ProbeRecord], echo: Callable[[str], None]
+    ctx: RunContext,
+    targets: list[tuple[str | None, str | None]],
+    share: float,
+    min_rows: int | None,
+    made: list[ProbeRecord],
+    echo: Callable[[str], None],
 ) -> list[ProbeRecord]:
-    """A probe chunk for each target without one: a sample of its pool's rows outside the probe
+    """A probe chunk for each target (probe_plan's) without one: a sample of its pool's rows outside the probe
     chunks already carved, of `share` of the pool's rows (at least `min_rows`, else two of its
     engine's batches). Each record is written once its chunk is, so an interrupted estimate carves
     only what it had not; then the plan, each chunk first on the list of a worker of its pool."""
     refuse_if_started(ctx)
-    targets = probe_targets(ctx)
     probes = list(made)
     counted: dict[str | None, tuple[int, dict[str, StratumCount]]] = {}
     for model, gpu in targets[len(probes) :]:
