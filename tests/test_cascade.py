@@ -204,13 +204,18 @@ def test_cascade_run_killed_between_stages_does_not_double_stage_one(tmp_path):
     from orchestrator.core.protocol.layout import RunLayout
     from orchestrator.core.records import read_manifest
     from orchestrator.core.store import open_store
-    from tests.test_faults import Background, orch_ok, poll
+    from tests.support.events import wait_for
+    from tests.test_faults import Background, orch_ok
 
     data = cascade_project(tmp_path)
     args = ("run", data, "--run", "k", "--format", "openai-batch", "--rows-per-chunk", "4", "--workers", "1")
     first = Background(*args, "--out", "out.jsonl", cwd=tmp_path)
     store = open_store(str(tmp_path / ".orch"))
-    poll(lambda: read_stage(store, "runs/k", 1) is not None or first.proc.poll() is not None, "stage 1 recorded", 300)
+    wait_for(
+        "stage 1 recorded",
+        lambda: read_stage(store, "runs/k", 1) is not None or first.proc.poll() is not None,
+        every=0.2,
+    )
     first.proc.kill()
     first.proc.wait()
     recorded = read_stage(store, "runs/k", 1)

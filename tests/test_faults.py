@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ from orchestrator.core.protocol.leases import read_lease
 from orchestrator.core.records import read_jobs
 from orchestrator.core.store import open_store
 from tests.support.disks import small_tmpfs
+from tests.support.events import wait_for
 from tests.support.flaky_proxy import FlakyProxy
 from tests.support.s3servers import SeaweedFS
 
@@ -109,13 +109,6 @@ class Background:
             raise AssertionError(f"still running after {timeout}s:\n{self.text[-3000:]}") from None
 
 
-def poll(condition: Callable[[], object], what: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def prepare_questions(workdir: Path, run: str, store: str, *, rows: int, chunks: int) -> None:
     """`orch prepare` of `rows` questions into `chunks` chunks of run `run`."""
     data = questions(workdir / "q.jsonl", rows)
@@ -162,15 +155,14 @@ def test_workers_and_watch_ride_out_a_store_outage(weed, workdir, tiny_model):
         done = len(list(client.list(layout.done_prefix)))
         return done >= 1 and any(b.state == "running" and b.chunk_rows_done > 0 for b in beats.values())
 
-    poll(mid_run, "a finished chunk and a worker mid-chunk")
+    wait_for("a finished chunk and a worker mid-chunk", mid_run, every=0.2)
     before = markers(store, "o")
     weed.kill()
-    poll(
-        lambda: sum("store unreachable" in log for log in worker_logs(workdir, "o").values()) == 2,
+    wait_for(
         "both workers to notice the outage",
-        timeout=120,
+        lambda: sum("store unreachable" in log for log in worker_logs(workdir, "o").values()) == 2,
     )
-    poll(lambda: "store unreachable" in watch.text, "orch watch to notice the outage", timeout=120)
+    wait_for("orch watch to notice the outage", lambda: "store unreachable" in watch.text)
     assert watch.proc.poll() is None, f"orch watch exited during the outage:\n{watch.text}"
     weed.start()
     assert watch.wait() == 0, watch.text
@@ -191,7 +183,7 @@ def test_worker_out_of_outage_budget_exits_75_and_is_relaunched_for_free(weed, w
     prepare_questions(workdir, "b", store, rows=160, chunks=4)
     short = env_with(ORCH_STORE_SETTINGS__OUTAGE_BUDGET="3")
     orch_ok("launch", "--run", "b", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir, env=short)
-    poll(lambda: len(read_heartbeats(open_store(store), RunLayout("b"))) == 2, "both workers up")
+    wait_for("both workers up", lambda: len(read_heartbeats(open_store(store), RunLayout("b"))) == 2, every=0.2)
     watch = Background(
         "watch",
         "--run",
@@ -205,7 +197,7 @@ def test_worker_out_of_outage_budget_exits_75_and_is_relaunched_for_free(weed, w
         cwd=workdir,
         env=env_with(ORCH_STORE_SETTINGS__OUTAGE_BUDGET="600"),
     )
-    poll(lambda: "workers: " in watch.text, "orch watch's first tick")  # it has read the run
+    wait_for("orch watch's first tick", lambda: "workers: " in watch.text)  # it has read the run
     weed.kill()
     exits = workdir / ".orch" / "logs" / "b"
     # A hang guard, not a pace limit: a worker still loading its engine gives up once the load ends
@@ -215,7 +207,7 @@ def test_worker_out_of_outage_budget_exits_75_and_is_relaunched_for_free(weed, w
         """The workers' exit files: each holds a placeholder ("?") from launch until its worker ends."""
         return sorted(p.read_text().strip() for p in exits.glob("*.exit"))
 
-    poll(lambda: len(codes()) == 2 and "?" not in codes(), "both workers to give up", timeout=1000)
+    wait_for("both workers to give up", lambda: len(codes()) == 2 and "?" not in codes(), timeout=1000)
     assert codes() == ["75", "75"]
     assert all("has not answered for" in log for log in worker_logs(workdir, "b").values())
     weed.start()
@@ -301,10 +293,10 @@ def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_serv
     prepare_questions(workdir, "t", store, rows=4800, chunks=6)
     orch_ok("plan", "--run", "t", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
     first = hand_workers(store, "t", "0", workdir)
-    poll(
-        lambda: (b := read_heartbeats(open_store(store), layout).get("0")) and b.state == "running",
+    wait_for(
         "the first worker of id 0",
-        timeout=300,
+        lambda: (b := read_heartbeats(open_store(store), layout).get("0")) and b.state == "running",
+        every=0.2,
     )
     older = read_heartbeats(open_store(store), layout)["0"].holder
     twin = hand_workers(store, "t", "0", workdir)
@@ -317,7 +309,7 @@ def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_serv
 
     # A second worker no job records either: `orch cancel` stops both.
     untracked = hand_workers(store, "t", "1", workdir)
-    poll(lambda: len(read_heartbeats(open_store(store), layout)) == 2, "the untracked worker 1", timeout=300)
+    wait_for("the untracked worker 1", lambda: len(read_heartbeats(open_store(store), layout)) == 2, every=0.2)
     done = orch("cancel", "--run", "t", "--store", store, cwd=workdir)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("outside the recorded jobs") == 2, done.stdout
@@ -434,7 +426,7 @@ def test_local_job_keeps_its_exit_code_when_the_disk_fills_while_it_runs(tmp_pat
         program.chmod(0o755)
         launcher = LocalLauncher(disk / "logs", python=str(program), workers=1)
         job = launcher.launch([LaunchRequest(worker=0, name="w0", envs={})])[0]
-        poll(lambda: launcher.statuses([job])[job].state.is_terminal(), "the job to end", timeout=60)
+        wait_for("the job to end", lambda: launcher.statuses([job])[job].state.is_terminal())
         assert shutil.disk_usage(disk).free < 64 * 1024
         # A controller started since: not the shell's parent, it has only the exit file to go by.
         later = subprocess.run(
@@ -486,11 +478,11 @@ def test_watch_says_what_is_full_and_keeps_watching(small_disk, workdir, tiny_mo
     store = str(small_disk / "store")
     prepare_questions(workdir, "f", store, rows=160, chunks=4)
     orch_ok("launch", "--run", "f", "--store", store, "--model", tiny_model, "--workers", "1", cwd=workdir)
-    poll(lambda: markers(store, "f") >= 1, "a first chunk")
+    wait_for("a first chunk", lambda: markers(store, "f") >= 1, every=0.2)
     filler = small_disk / "filler"
     subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True, check=False)  # until full
     watch = Background("watch", "--run", "f", "--store", store, "--interval", "1", cwd=workdir)
-    poll(lambda: "no space left" in watch.text, "orch watch to say the disk is full", timeout=120)
+    wait_for("orch watch to say the disk is full", lambda: "no space left" in watch.text)
     assert watch.proc.poll() is None and store in watch.text and "Traceback" not in watch.text
     filler.unlink()
     assert watch.wait() == 0, watch.text
@@ -536,7 +528,7 @@ def test_kill_storm_blames_no_row(tmp_path, workdir, tiny_model, hand_workers):
     workers = {w: hand_workers(store, run, w, workdir) for w in ("0", "1")}
     rng, killed = random.Random(31), set()
     for kill in range(10):
-        poll(lambda: mid_chunk(store, run, killed), f"a worker mid-chunk for kill {kill + 1}", timeout=600)
+        wait_for(f"a worker mid-chunk for kill {kill + 1}", lambda: mid_chunk(store, run, killed), every=0.2)
         working = mid_chunk(store, run, killed)
         # A careful chunk's holder when there is one (where the old rule blamed rows), at a random moment.
         worker, holder, _ = rng.choice([w for w in working if w[2]] or working)
