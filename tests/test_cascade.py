@@ -204,7 +204,7 @@ def test_cascade_run_killed_between_stages_does_not_double_stage_one(tmp_path):
     from orchestrator.core.protocol.layout import RunLayout
     from orchestrator.core.records import read_manifest
     from orchestrator.core.store import open_store
-    from tests.support.events import wait_for
+    from tests.support.events import STORE_PACE, wait_for
     from tests.test_faults import Background, orch_ok
 
     data = cascade_project(tmp_path)
@@ -214,7 +214,7 @@ def test_cascade_run_killed_between_stages_does_not_double_stage_one(tmp_path):
     wait_for(
         "stage 1 recorded",
         lambda: read_stage(store, "runs/k", 1) is not None or first.proc.poll() is not None,
-        every=0.2,
+        every=STORE_PACE,
     )
     first.proc.kill()
     first.proc.wait()

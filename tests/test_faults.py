@@ -30,7 +30,7 @@ from orchestrator.core.protocol.leases import read_lease
 from orchestrator.core.records import read_jobs
 from orchestrator.core.store import open_store
 from tests.support.disks import small_tmpfs
-from tests.support.events import wait_for
+from tests.support.events import STORE_PACE, wait_for
 from tests.support.flaky_proxy import FlakyProxy
 from tests.support.s3servers import SeaweedFS
 
@@ -155,7 +155,7 @@ def test_workers_and_watch_ride_out_a_store_outage(weed, workdir, tiny_model):
         done = len(list(client.list(layout.done_prefix)))
         return done >= 1 and any(b.state == "running" and b.chunk_rows_done > 0 for b in beats.values())
 
-    wait_for("a finished chunk and a worker mid-chunk", mid_run, every=0.2)
+    wait_for("a finished chunk and a worker mid-chunk", mid_run, every=STORE_PACE)
     before = markers(store, "o")
     weed.kill()
     wait_for(
@@ -183,7 +183,7 @@ def test_worker_out_of_outage_budget_exits_75_and_is_relaunched_for_free(weed, w
     prepare_questions(workdir, "b", store, rows=160, chunks=4)
     short = env_with(ORCH_STORE_SETTINGS__OUTAGE_BUDGET="3")
     orch_ok("launch", "--run", "b", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir, env=short)
-    wait_for("both workers up", lambda: len(read_heartbeats(open_store(store), RunLayout("b"))) == 2, every=0.2)
+    wait_for("both workers up", lambda: len(read_heartbeats(open_store(store), RunLayout("b"))) == 2, every=STORE_PACE)
     watch = Background(
         "watch",
         "--run",
@@ -296,7 +296,7 @@ def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_serv
     wait_for(
         "the first worker of id 0",
         lambda: (b := read_heartbeats(open_store(store), layout).get("0")) and b.state == "running",
-        every=0.2,
+        every=STORE_PACE,
     )
     older = read_heartbeats(open_store(store), layout)["0"].holder
     twin = hand_workers(store, "t", "0", workdir)
@@ -309,7 +309,7 @@ def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_serv
 
     # A second worker no job records either: `orch cancel` stops both.
     untracked = hand_workers(store, "t", "1", workdir)
-    wait_for("the untracked worker 1", lambda: len(read_heartbeats(open_store(store), layout)) == 2, every=0.2)
+    wait_for("the untracked worker 1", lambda: len(read_heartbeats(open_store(store), layout)) == 2, every=STORE_PACE)
     done = orch("cancel", "--run", "t", "--store", store, cwd=workdir)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("outside the recorded jobs") == 2, done.stdout
@@ -478,7 +478,7 @@ def test_watch_says_what_is_full_and_keeps_watching(small_disk, workdir, tiny_mo
     store = str(small_disk / "store")
     prepare_questions(workdir, "f", store, rows=160, chunks=4)
     orch_ok("launch", "--run", "f", "--store", store, "--model", tiny_model, "--workers", "1", cwd=workdir)
-    wait_for("a first chunk", lambda: markers(store, "f") >= 1, every=0.2)
+    wait_for("a first chunk", lambda: markers(store, "f") >= 1, every=STORE_PACE)
     filler = small_disk / "filler"
     subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True, check=False)  # until full
     watch = Background("watch", "--run", "f", "--store", store, "--interval", "1", cwd=workdir)
@@ -528,8 +528,9 @@ def test_kill_storm_blames_no_row(tmp_path, workdir, tiny_model, hand_workers):
     workers = {w: hand_workers(store, run, w, workdir) for w in ("0", "1")}
     rng, killed = random.Random(31), set()
     for kill in range(10):
-        wait_for(f"a worker mid-chunk for kill {kill + 1}", lambda: mid_chunk(store, run, killed), every=0.2)
-        working = mid_chunk(store, run, killed)
+        working = wait_for(
+            f"a worker mid-chunk for kill {kill + 1}", lambda: mid_chunk(store, run, killed), every=STORE_PACE
+        )
         # A careful chunk's holder when there is one (where the old rule blamed rows), at a random moment.
         worker, holder, _ = rng.choice([w for w in working if w[2]] or working)
         time.sleep(rng.uniform(0.0, 6.0))  # the moment of the kill, not a wait for anything

@@ -20,7 +20,7 @@ from orchestrator.core.records import read_manifest, read_marker, read_plan
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 from orchestrator.web.metrics import exposition
-from tests.support.events import wait_for
+from tests.support.events import STORE_PACE, wait_for
 from tests.support.runs import Answer, answer_chunk
 from tests.test_deadline import beat
 from tests.test_faults import collect_lines, hand_workers, mid_chunk, orch_ok, workdir  # noqa: F401 - fixtures
@@ -112,8 +112,7 @@ def test_kill_storm_on_two_models_answers_each_row_once_by_its_model(tmp_path, w
         def in_pool(pool: str = pool) -> list[tuple[str, str, bool]]:
             return [w for w in mid_chunk(store, run, killed) if w[0] == pool]
 
-        wait_for(f"worker {pool} mid-chunk for kill {kill + 1}", in_pool, every=0.2)
-        _, holder, _ = in_pool()[0]
+        _, holder, _ = wait_for(f"worker {pool} mid-chunk for kill {kill + 1}", in_pool, every=STORE_PACE)[0]
         time.sleep(rng.uniform(0.0, 1.0))  # the moment of the kill, not a wait for anything
         assert workers[pool].proc.poll() is None, f"worker {pool} ended before kill {kill + 1}: run too short"
         workers[pool].proc.kill()

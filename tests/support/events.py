@@ -8,6 +8,10 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+#: How often a wait that reads a run's store looks (`every=`): each look opens a store client and
+#: lists or reads it, and looking every 50 ms would take CPU from the workers under test on 2 cores.
+STORE_PACE = 0.2
+
 
 def wait_for(what: str, found: Callable[[], T | None], timeout: float = 600, every: float = 0.05) -> T:
     """The first truthy `found()`, looked for every `every` seconds; `timeout` is only a hang guard,
