@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,12 +23,15 @@ from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.store import open_store
 from tests.support import s3servers
 from tests.support.datasets import write_jsonl
+from tests.support.events import wait_for
 
 pytestmark = pytest.mark.slow
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 SKY = str(Path(sys.executable).parent / "sky")
 CANARY = "hf_orch_canary_4d1b"
+#: Where `sky api start` serves on this machine (SkyPilot's default local port).
+API_SERVER = "http://127.0.0.1:46580"
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +58,26 @@ def sky_env(tmp_path_factory):
     )
     # The server listens on a fixed port: one left by another HOME would answer for the wrong state.
     subprocess.run([SKY, "api", "stop"], env=env, capture_output=True, timeout=120)
+    # Started here, once: orch's first call would start it too, but SkyPilot waits only 60 s for
+    # it, and on a loaded machine it takes longer (it goes on starting after SkyPilot gives up).
+    start = subprocess.run([SKY, "api", "start"], env=env, capture_output=True, text=True, timeout=600)
+    try:
+        wait_for("the SkyPilot API server to answer", _api_server_healthy, every=1)
+    except AssertionError:
+        log = home / ".sky" / "api_server" / "server.log"
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+        pytest.fail(f"sky api start: {start.stdout}{start.stderr}\n{log}:\n{tail}")
     yield env
     subprocess.run([SKY, "api", "stop"], env=env, capture_output=True, timeout=120)
+
+
+def _api_server_healthy() -> bool:
+    """SkyPilot's health endpoint on its default local port says healthy (no client is started)."""
+    try:
+        with urllib.request.urlopen(f"{API_SERVER}/api/health", timeout=10) as answer:
+            return json.loads(answer.read()).get("status") == "healthy"
+    except (OSError, ValueError):
+        return False
 
 
 def orch(env, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
