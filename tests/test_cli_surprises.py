@@ -127,7 +127,7 @@ def test_run_again_after_ctrl_c_says_it_re_attached_to_the_running_workers(proje
     re-attached to them, not `launched 0 worker(s)`; it follows them to the end and collects.
     The running worker is a process the local backend judges live as it judges any (its pid and
     start time); the test finishes its chunk through the protocol's own objects."""
-    from orchestrator.backends.local import _start_ticks
+    from orchestrator.core.processes import start_ticks
     from orchestrator.core.protocol.layout import RunLayout
 
     write_jsonl(project / "q.jsonl", [{"id": f"q{i}", "text": f"Question {i}?"} for i in range(3)])
@@ -142,7 +142,7 @@ def test_run_again_after_ctrl_c_says_it_re_attached_to_the_running_workers(proje
 
         def running(rec):
             rec.backend = "local"
-            job_id = f"local-{worker.pid}-{_start_ticks(worker.pid)}-{int(time.time() * 1000)}"
+            job_id = f"local-{worker.pid}-{start_ticks(worker.pid)}-{int(time.time() * 1000)}"
             rec.worker(0).attempts.append(JobAttempt(job_id=job_id, backend="local", launched_at=time.time()))
 
         update_jobs(store, layout, running)
@@ -171,3 +171,51 @@ def test_run_again_after_ctrl_c_says_it_re_attached_to_the_running_workers(proje
             if proc is not None:
                 proc.kill()
                 proc.wait()
+
+
+def test_a_launch_its_controller_died_reserving_is_launched_again_at_once(project, capsys):
+    """A controller SIGKILLed between reserving a worker's launch and recording its job left the
+    reservation: on the same machine, the next command sees its controller gone and launches that
+    worker again at once (it waited 15 minutes before); a reservation whose controller still runs
+    is left to it. The controllers are real processes: one ended, one alive."""
+    import json
+    import socket
+
+    from orchestrator.backends.local import stop_started_here
+    from orchestrator.core.processes import start_ticks
+    from orchestrator.core.records import read_jobs
+
+    store = open_store(str(project / ".orch"))
+    chunks = [[chat_request("a", "q")], [chat_request("b", "q")]]
+    layout = make_run(store, "k", chunks, model="org/some-model", workers=2)
+    dead, live = subprocess.Popen(["sleep", "0"]), subprocess.Popen(["sleep", "600"])
+    names = {w: f"{socket.gethostname()}:{p.pid}:{start_ticks(p.pid)}" for w, p in ((0, dead), (1, live))}
+    dead.wait()
+    try:
+
+        def reserved(rec):  # what launch_workers' reservation leaves when its controller is killed
+            rec.backend = "local"
+            for w, by in names.items():
+                attempt = JobAttempt(
+                    job_id=f"pending-{w}-w{w}", backend="local", launched_at=time.time(), pending=True, reserved_by=by
+                )
+                rec.worker(w).attempts.append(attempt)
+
+        update_jobs(store, layout, reserved)
+        capsys.readouterr()
+        assert main(["status", "--run", "k", "--json"]) == 0
+        workers = {int(w["worker"]): w for w in json.loads(capsys.readouterr().out)["workers"]}
+        assert workers[0]["state"] == "FAILED", workers[0]
+        assert f"the controller that reserved it (pid {dead.pid}) is gone" in workers[0]["failure_reason"]
+        assert workers[1]["state"] == "PENDING", workers[1]
+
+        assert main(["resume", "--run", "k"]) == 0
+        out = capsys.readouterr().out
+        assert out == "2 chunk(s) left; launched 1 worker(s) and 1 worker(s) already running (1) on the local backend\n"
+        record, _ = read_jobs(store, layout)
+        assert [len(record.worker(w).attempts) for w in (0, 1)] == [2, 1]
+        assert record.worker(0).attempts[-1].job_id.startswith("local-")
+    finally:
+        stop_started_here()
+        live.kill()
+        live.wait()

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from orchestrator.core.processes import gone
 from orchestrator.core.records import Heartbeat, JobAttempt
 
 #: A launch reserved this long ago and still not recorded: its controller died before submitting.
@@ -125,10 +126,13 @@ class Launcher(Protocol):
     def cancel(self, job_ids: Sequence[str]) -> None:
         """Stop the jobs; cancelling a finished job is not an error."""
 
-    def stop_strays(self, run: str, known: Sequence[str], beats: Sequence[Heartbeat]) -> list[str]:
-        """Stop what works for the run outside the jobs in `known` (launches the jobs record lost),
-        as far as this backend can find it; `beats` are the run's live heartbeats (host, pid).
-        Returns what was stopped, each described for the user."""
+    def find_strays(self, run: str, known: Sequence[str], beats: Sequence[Heartbeat]) -> dict[str, str]:
+        """What works for the run outside the jobs in `known` (launches the jobs record lost), as
+        far as this backend can find it; `beats` are the run's live heartbeats (host, pid).
+        Returns a handle for `stop_strays` -> what it is, described for the user."""
+
+    def stop_strays(self, handles: Sequence[str]) -> None:
+        """Stop what `find_strays` found (what has ended since is no error)."""
 
 
 #: A job the backend has called RUNNING this long, with no heartbeat from its worker for as long,
@@ -159,6 +163,10 @@ def attempt_statuses(launcher: Launcher, attempts: Iterable[JobAttempt], now: fl
             continue
         if a.ended_state is not None:
             out[a.job_id] = JobStatus(a.job_id, JobState(a.ended_state), failure_reason=a.failure_reason)
+        elif a.reserved_by is not None and gone(a.reserved_by):
+            pid = a.reserved_by.split(":")[1]
+            why = f"its launch was never recorded: the controller that reserved it (pid {pid}) is gone"
+            out[a.job_id] = JobStatus(a.job_id, JobState.FAILED, failure_reason=why)
         elif now - a.launched_at < PENDING_TIMEOUT_S:
             out[a.job_id] = JobStatus(a.job_id, JobState.PENDING, started_at=a.launched_at)
         else:

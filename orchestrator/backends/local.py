@@ -35,6 +35,7 @@ from orchestrator import orch_home
 from orchestrator.backends.base import JobState, JobStatus, LaunchRequest
 from orchestrator.core.errors import LaunchFailed
 from orchestrator.core.exits import WorkerExit
+from orchestrator.core.processes import alive, session_leader, start_ticks, started_at
 from orchestrator.core.records import Heartbeat
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store
@@ -144,25 +145,28 @@ class LocalLauncher:
         SIGKILL to whatever is left after a grace period."""
         _terminate([pid for pid in (self._live_pid(j) for j in job_ids) if pid is not None], group=True)
 
-    def stop_strays(self, run: str, known: Sequence[str], beats: Sequence[Heartbeat]) -> list[str]:  # noqa: ARG002 - the heartbeats are the run's already
+    def find_strays(self, run: str, known: Sequence[str], beats: Sequence[Heartbeat]) -> dict[str, str]:  # noqa: ARG002 - the heartbeats are the run's already
         """Worker processes on this machine that heartbeat for the run and belong to no known job:
         their heartbeats name the pid, and the process's start time (from /proc) must match the
-        heartbeat's, so a reused pid is never signalled."""
+        heartbeat's. The handle is `pid-start ticks`, so a pid reused by then is never signalled."""
         ours = {pid for pid in (self._live_pid(j) for j in known) if pid is not None}
         host = socket.gethostname()
         strays: dict[int, str] = {}
         for beat in beats:
             pid = beat.pid
-            if beat.host != host or pid is None or pid == os.getpid() or not _alive(pid):
+            if beat.host != host or pid is None or pid == os.getpid() or not alive(pid):
                 continue
-            if _session_leader(pid) in ours:
+            if session_leader(pid) in ours:
                 continue  # a known job's own worker: cancelled with its job
-            started = _started_at(pid)
+            started = started_at(pid)
             if started is None or not started - 5 <= beat.started_at <= started + 600:
                 continue  # another process now has that pid
             strays[pid] = f"worker {beat.worker} (pid {pid}, holder {beat.holder})"
-        _terminate(list(strays), group=False)
-        return [strays[pid] for pid in sorted(strays)]
+        return {f"{pid}-{start_ticks(pid)}": strays[pid] for pid in sorted(strays)}
+
+    def stop_strays(self, handles: Sequence[str]) -> None:
+        pids = [int(pid) for pid, _, ticks in (h.partition("-") for h in handles) if start_ticks(int(pid)) == ticks]
+        _terminate(pids, group=False)
 
     # -- internals ---------------------------------------------------------------------------
     def _start_safely(self, request: LaunchRequest) -> str | Exception:
@@ -203,7 +207,7 @@ class LocalLauncher:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        job_id = f"local-{proc.pid}-{_start_ticks(proc.pid)}-{stamp}"
+        job_id = f"local-{proc.pid}-{start_ticks(proc.pid)}-{stamp}"
         # Keep the Popen object so this process reaps the child if it is the one watching.
         _CHILDREN[proc.pid] = proc
         return job_id
@@ -239,7 +243,7 @@ class LocalLauncher:
         child = _CHILDREN.get(pid)
         if child is not None:
             child.poll()  # reap, so a finished child does not linger as a zombie
-        if _start_ticks(pid) == ticks and _alive(pid):
+        if start_ticks(pid) == ticks and alive(pid):
             return JobStatus(job_id, JobState.RUNNING, accelerator=None, spot=None, started_at=started, log=log)
         exit_file = next(self.log_dir.glob(f"worker-*-{stamp}.exit"), None)
         code = _recorded_code(exit_file)
@@ -277,7 +281,7 @@ class LocalLauncher:
         except ValueError:
             return None
         pid = int(pid_text)
-        return pid if _start_ticks(pid) == ticks and _alive(pid) else None
+        return pid if start_ticks(pid) == ticks and alive(pid) else None
 
 
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
@@ -319,46 +323,8 @@ def _terminate(pids: list[int], *, group: bool, grace_s: float = 30.0) -> None:
         for pid in pids:
             if (child := _CHILDREN.get(pid)) is not None:
                 child.poll()  # reap our own children, or they stay "alive" as zombies
-        pids = [pid for pid in pids if _alive(pid)]
+        pids = [pid for pid in pids if alive(pid)]
         time.sleep(0.2)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             kill(pid, signal.SIGKILL)
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat after the command name: field 3 (state) is index 0."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _session_leader(pid: int) -> int | None:
-    fields = _stat_fields(pid)
-    return int(fields[3]) if fields else None
-
-
-def _started_at(pid: int) -> float | None:
-    """When the process started, in seconds since the epoch (boot time + its start ticks)."""
-    fields = _stat_fields(pid)
-    if fields is None:
-        return None
-    try:
-        boot = next(
-            float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
-        )
-    except (OSError, StopIteration):
-        return None
-    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-
-
-def _start_ticks(pid: int) -> str:
-    """The process's start time in clock ticks since boot: with the PID, it names one process."""
-    fields = _stat_fields(pid)
-    return fields[19] if fields else "gone"
-
-
-def _alive(pid: int) -> bool:
-    fields = _stat_fields(pid)
-    return fields is not None and fields[0] not in ("Z", "X")

@@ -132,10 +132,10 @@ class SkyPilotLauncher:
         if job_ids:
             self.sdk.cancel([int(j) for j in job_ids])
 
-    def stop_strays(self, run: str, known: Sequence[str], beats: Sequence[Heartbeat]) -> list[str]:  # noqa: ARG002 - the job is the unit here
+    def find_strays(self, run: str, known: Sequence[str], beats: Sequence[Heartbeat]) -> dict[str, str]:  # noqa: ARG002 - the job is the unit here
         """Managed jobs named like this run's workers (`orch-<run>-w<i>`) that the jobs record does
-        not know (a launch whose controller died before recording it): cancelled. Processes inside
-        a known job are the job's business; `cancel.json` in the store stops any that remain."""
+        not know (a launch whose controller died before recording it). Processes inside a known
+        job are the job's business; `cancel.json` in the store stops any that remain."""
         pattern = re.compile(rf"orch-{re.escape(run)}-w\d+")
         try:
             records = self.sdk.unfinished_named(f"orch-{run}-w")
@@ -146,8 +146,10 @@ class SkyPilotLauncher:
             for r in records
             if pattern.fullmatch(str(_get(r, "job_name") or "")) and str(_get(r, "job_id")) not in set(known)
         }
-        self.cancel(sorted(strays))
-        return [f"job {job_id} ({name})" for job_id, name in sorted(strays.items())]
+        return {job_id: f"job {job_id} ({name})" for job_id, name in sorted(strays.items())}
+
+    def stop_strays(self, handles: Sequence[str]) -> None:
+        self.cancel(handles)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

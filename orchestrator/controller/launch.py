@@ -12,7 +12,6 @@ second `orch watch` stays useful (either can go away).
 from __future__ import annotations
 
 import os
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,6 +24,7 @@ from orchestrator.controller.zone_steering import zone_order
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import LaunchFailed
 from orchestrator.core.pools import POOL_ENV, run_models
+from orchestrator.core.processes import this_process
 from orchestrator.core.protocol.adapters import ship_adapters
 from orchestrator.core.protocol.claims import pool_of
 from orchestrator.core.protocol.heartbeats import live_heartbeats, read_heartbeats
@@ -148,7 +148,14 @@ def launch_workers(
     ctx.store.delete(ctx.layout.cancel)  # an earlier `orch cancel` would stop the new workers at once
     token = f"pending-{uuid.uuid4().hex[:12]}"
     attempt = JobAttempt(
-        job_id=token, backend=launcher.name, launched_at=now, reason=reason, use_spot=use_spot, pending=True, pool=pool
+        job_id=token,
+        backend=launcher.name,
+        launched_at=now,
+        reason=reason,
+        use_spot=use_spot,
+        pending=True,
+        pool=pool,
+        reserved_by=this_process(),
     )
     reserved = _reserve(ctx, judged, attempt, count_as_relaunch)
     if not reserved:
@@ -267,28 +274,31 @@ def cancel_workers(ctx: RunContext) -> Cancelled:
     for a cancelled or expired batch.
 
     1. Mark the run cancelled in its jobs record, first: the reconcile loop relaunches nothing after.
-    2. Write cancel.json: every worker that heartbeats for the run stops at its next beat, wherever
-       it runs and whoever launched it (the next launch removes it).
-    3. Ask the backend that launched them which recorded jobs are live, and cancel those (workers
-       flush their finished rows and give their leases back).
-    4. Stop what the record does not know: local worker processes found by the pid and host in
+    2. Find what the record does not know, before anything is told to stop (a worker that stops at
+       step 3 is still found, and named as stopped): local worker processes by the pid and host in
        their heartbeats; SkyPilot jobs named like the run's workers.
+    3. Write cancel.json, whatever step 2 met: every worker that heartbeats for the run stops at its
+       next beat, wherever it runs and whoever launched it (the next launch removes it).
+    4. Ask the backend that launched them which recorded jobs are live, and cancel those (workers
+       flush their finished rows and give their leases back); then stop what step 2 found.
     """
     record = update_jobs(ctx.store, ctx.layout, _mark_cancelled)
-    by = f"{socket.gethostname()}:{os.getpid()}"
-    ctx.store.put(ctx.layout.cancel, CancelRecord(at=time.time(), by=by).to_bytes())
     current = record.current_jobs()
     job_ids = [a.job_id for a in current.values() if not a.pending]
     launcher = backend_for(ctx, record.backend)
     now = time.time()
+    try:
+        interval = ctx.spec.workers.heartbeat_interval
+        beats = live_heartbeats(ctx.store, ctx.layout, now=now, heartbeat_interval=interval)
+        strays = launcher.find_strays(ctx.layout.run, job_ids, beats)
+    finally:
+        ctx.store.put(ctx.layout.cancel, CancelRecord(at=time.time(), by=this_process()).to_bytes())
     statuses = current_statuses(ctx, launcher, {w: a for w, a in current.items() if not a.pending}, now)
     orphans = [j for j, s in statuses.items() if s.orphaned]
     live = [j for j, s in statuses.items() if s.state.is_live()]
     launcher.cancel(live)
-    interval = ctx.spec.workers.heartbeat_interval
-    beats = live_heartbeats(ctx.store, ctx.layout, now=now, heartbeat_interval=interval)
-    strays = launcher.stop_strays(ctx.layout.run, job_ids, beats)
-    return Cancelled(live=live, strays=strays, recorded=len(current), orphaned=orphans)
+    launcher.stop_strays(list(strays))
+    return Cancelled(live=live, strays=list(strays.values()), recorded=len(current), orphaned=orphans)
 
 
 def _mark_cancelled(rec: JobsRecord) -> None:

@@ -170,6 +170,9 @@ class JobAttempt(Record):
     retired: bool = False
     #: Reserved, not submitted yet (or never: a submission that failed has ended_state FAILED).
     pending: bool = False
+    #: The controller that reserved it (`host:pid:start ticks`, core.processes): on that machine,
+    #: a reservation whose controller has died (a SIGKILL between reserving and recording) ends at once.
+    reserved_by: str | None = None
     #: A run of several models, a worker outside the plan (the deadline policy's on-demand ones):
     #: the pool (model) it was launched for, so that a relaunch loads the same one.
     pool: str | None = None
@@ -231,7 +234,7 @@ class CancelRecord(Record):
     sees it (at its next heartbeat) flushes, gives its leases back and stops, tracked or not."""
 
     at: float
-    by: str = Field("", description="host and pid of the `orch cancel` that wrote it")
+    by: str = Field("", description="the `orch cancel` that wrote it: host:pid:start ticks (core.processes)")
 
 
 class AdapterFile(Record):
