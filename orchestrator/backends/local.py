@@ -35,7 +35,7 @@ from orchestrator import orch_home
 from orchestrator.backends.base import JobState, JobStatus, LaunchRequest
 from orchestrator.core.errors import LaunchFailed
 from orchestrator.core.exits import WorkerExit
-from orchestrator.core.processes import alive, session_leader, start_ticks, started_at
+from orchestrator.core.processes import alive, runs, session_leader, start_ticks, started_at
 from orchestrator.core.records import Heartbeat
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store
@@ -165,7 +165,7 @@ class LocalLauncher:
         return {f"{pid}-{start_ticks(pid)}": strays[pid] for pid in sorted(strays)}
 
     def stop_strays(self, handles: Sequence[str]) -> None:
-        pids = [int(pid) for pid, _, ticks in (h.partition("-") for h in handles) if start_ticks(int(pid)) == ticks]
+        pids = [int(pid) for pid, _, ticks in (h.partition("-") for h in handles) if runs(int(pid), ticks)]
         _terminate(pids, group=False)
 
     # -- internals ---------------------------------------------------------------------------
@@ -243,7 +243,7 @@ class LocalLauncher:
         child = _CHILDREN.get(pid)
         if child is not None:
             child.poll()  # reap, so a finished child does not linger as a zombie
-        if start_ticks(pid) == ticks and alive(pid):
+        if runs(pid, ticks):
             return JobStatus(job_id, JobState.RUNNING, accelerator=None, spot=None, started_at=started, log=log)
         exit_file = next(self.log_dir.glob(f"worker-*-{stamp}.exit"), None)
         code = _recorded_code(exit_file)
@@ -281,7 +281,7 @@ class LocalLauncher:
         except ValueError:
             return None
         pid = int(pid_text)
-        return pid if start_ticks(pid) == ticks and alive(pid) else None
+        return pid if runs(pid, ticks) else None
 
 
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}

@@ -32,6 +32,11 @@ def start_ticks(pid: int) -> str:
     return fields[19] if fields else "gone"
 
 
+def runs(pid: int, ticks: str) -> bool:
+    """The process that `pid` and its `start_ticks` name still runs (not one that took its pid since)."""
+    return start_ticks(pid) == ticks and alive(pid)
+
+
 def started_at(pid: int) -> float | None:
     """When the process started, in seconds since the epoch (boot time + its start ticks)."""
     fields = stat_fields(pid)
@@ -63,6 +68,4 @@ def gone(process: str) -> bool:
     parts = process.rsplit(":", 2)
     if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
         return False
-    _, pid_text, ticks = parts
-    pid = int(pid_text)
-    return not (alive(pid) and start_ticks(pid) == ticks)
+    return not runs(int(parts[1]), parts[2])
