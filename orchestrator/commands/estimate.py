@@ -158,7 +158,7 @@ def _print(doc: dict[str, Any]) -> None:
         d, u = c["duration_s"], c["cost_usd"]
         table.add_row(
             f"{c['gpu']} {'spot' if c['spot'] else 'on-demand'}",
-            *(duration_text(d[k]) for k in ("p10", "p50", "p90")),
+            *(duration_text(d[k], exact=True) for k in ("p10", "p50", "p90")),
             *(f"${u[k]:,.2f}" for k in ("p10", "p50", "p90")),
             c["basis"],
         )
@@ -169,8 +169,8 @@ def _print(doc: dict[str, Any]) -> None:
             continue
         d, u = c.duration_s, c.cost_usd
         click.echo(
-            f"pool {pool}: {c.workers} worker(s) on {c.gpu}: {duration_text(d.p50)} "
-            f"({duration_text(d.p10)}-{duration_text(d.p90)}), ${u.p50:,.2f} ({c.basis})"
+            f"pool {pool}: {c.workers} worker(s) on {c.gpu}: {duration_text(d.p50, exact=True)} "
+            f"({duration_text(d.p10, exact=True)}-{duration_text(d.p90, exact=True)}), ${u.p50:,.2f} ({c.basis})"
         )
     click.echo(doc["note"])
 

@@ -274,9 +274,11 @@ def _pace_line(status: RunStatus, eta: str) -> str:
 def forecast_line(f: dict[str, Any]) -> str:
     """The forecast beside the pace: its duration band and the finish the pace projects, or how right it was."""
     d = f["duration_s"]
-    line = f"forecast ({f['kind']}) {_duration(d['p50'])} ({_duration(d['p10'])}-{_duration(d['p90'])})"
+    # To the second under two hours: a band of 2m10s-2m50s rounded to minutes reads 2m-2m.
+    line = f"forecast ({f['kind']}) {_duration(d['p50'], exact=True)} "
+    line += f"({_duration(d['p10'], exact=True)}-{_duration(d['p90'], exact=True)})"
     if f.get("projected_s") is not None:
-        line += f"; at this pace {_duration(f['projected_s'])}: {f['projected_in_band']}"
+        line += f"; at this pace {_duration(f['projected_s'], exact=True)}: {f['projected_in_band']}"
     if f.get("actual"):
         a = f["actual"]
         line += f"; engine time {a['engine_error']:+.0%} ({'inside' if a['inside_band'] else 'outside'} p10-p90)"
