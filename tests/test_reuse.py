@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -135,14 +136,18 @@ def test_reuse_sampled_rows_run_again_unless_asked(workdir, capsys):
     assert reused_rows(store, "asked") == 10
 
 
-def test_reuse_a_corrupt_or_missing_index_is_a_clear_error_and_nothing_is_reused(workdir, capsys):
+def test_reuse_a_corrupt_or_missing_index_is_a_clear_error_and_nothing_is_reused(workdir, capsys, monkeypatch):
     store = str(workdir / "store")
     data = questions(workdir / "q.jsonl", 10)
     prepare(store, "src", data)
     finish(store, "src")
     capsys.readouterr()
+    temp = workdir / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     prepare(store, "early", data, "--reuse-from", "src", code=4)
     assert "has no answer index" in capsys.readouterr().err
+    assert not list(temp.iterdir())  # the refused prepare's temporary files went with it
     collect(store, "src", workdir / "src.jsonl", capsys)
     s = open_store(store)
     index = json.loads(s.get(RunLayout("src").answer_index).data)
@@ -152,6 +157,7 @@ def test_reuse_a_corrupt_or_missing_index_is_a_clear_error_and_nothing_is_reused
     err = capsys.readouterr().err
     assert part in err and "no answer was reused" in err
     assert s.head(RunLayout("cut").prepare_record) is None
+    assert not list(temp.iterdir())
 
 
 def test_reuse_table_output_marks_reused_rows(workdir, capsys):

@@ -133,15 +133,16 @@ def prepare_run(
         progress(
             f"WARNING: the input has no rows ({', '.join(f.uri for f in files)}): nothing to run, the output is empty"
         )
-    errors = ErrorWriter(strict, several_files=len(files) > 1)
     _refuse_reuse_in_a_cascade(spec)
+    errors = ErrorWriter(strict, several_files=len(files) > 1)
     pooled = bool(spec.models or spec.sweep.arms)
     keys = PoolKeys(spec) if pooled else AnswerKeys(spec)
     sorter = PrefixSorter(spec.chunking.prefix_chars) if spec.chunking.group_by_prefix and not pooled else None
     writer: ChunkWriter | None = None
     requests = RequestCheck(spec) if check else None
-    reuse = _plan_reuse(ctx, files, total, keys, strict, progress, requests) if spec.reuse.runs else None
-    try:
+    reuse: ReusePlan | None = None
+    try:  # every temporary file of the steps goes in the end, a refused reuse included
+        reuse = _plan_reuse(ctx, files, total, keys, strict, progress, requests) if spec.reuse.runs else None
         if pooled:
             # Reusing, the first pass (_plan_reuse) checked the requests already.
             checked = requests if reuse is None else None

@@ -215,16 +215,16 @@ def plan_reuse(ctx: RunContext, collected: KeyCollector, total: int) -> ReusePla
             hint="name the model at prepare (--model), as the earlier run did",
         )
     plan = ReusePlan(total, [], collected.count)
-    runs = []
-    for name in ctx.spec.reuse.runs:
-        layout = _source_layout(ctx, name)
-        index = read_index(ctx.store, layout)
-        numbers = [run_number(plan.runs, run) for run in index.runs]
-        # A bucket of sources.bin holds about PARTITION_ROWS rows (chunks of the index's mean size).
-        per_bucket = max(1, PARTITION_ROWS * max(index.chunks_done, 1) // max(index.rows, 1))
-        runs.append((PartCursor(ctx.store, layout, index), numbers, per_bucket))
-    counts = [0] * len(runs)
-    try:
+    try:  # the plan's temporary files go with it on any error, a run without an index included
+        runs = []
+        for name in ctx.spec.reuse.runs:
+            layout = _source_layout(ctx, name)
+            index = read_index(ctx.store, layout)
+            numbers = [run_number(plan.runs, run) for run in index.runs]
+            # A bucket of sources.bin holds about PARTITION_ROWS rows (chunks of the index's mean size).
+            per_bucket = max(1, PARTITION_ROWS * max(index.chunks_done, 1) // max(index.rows, 1))
+            runs.append((PartCursor(ctx.store, layout, index), numbers, per_bucket))
+        counts = [0] * len(runs)
         for records in collected.sorted_partitions():
             _plan_partition(ctx, plan, records, runs, counts)
     except BaseException:
