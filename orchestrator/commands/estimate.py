@@ -132,6 +132,7 @@ def _print(doc: dict[str, Any]) -> None:
 
     from orchestrator.commands.console import console
     from orchestrator.controller.status import duration as duration_text
+    from orchestrator.controller.status import duration_band
     from orchestrator.core.records.forecast import ForecastRecord
 
     for p in doc.get("probes", []):
@@ -169,8 +170,8 @@ def _print(doc: dict[str, Any]) -> None:
             continue
         d, u = c.duration_s, c.cost_usd
         click.echo(
-            f"pool {pool}: {c.workers} worker(s) on {c.gpu}: {duration_text(d.p50, exact=True)} "
-            f"({duration_text(d.p10, exact=True)}-{duration_text(d.p90, exact=True)}), ${u.p50:,.2f} ({c.basis})"
+            f"pool {pool}: {c.workers} worker(s) on {c.gpu}: {duration_band(d.p10, d.p50, d.p90)}, "
+            f"${u.p50:,.2f} ({c.basis})"
         )
     click.echo(doc["note"])
 

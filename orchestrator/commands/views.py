@@ -10,7 +10,7 @@ from orchestrator.backends.base import STATE_COLOURS, JobState
 from orchestrator.commands.console import Group, Table, Text, table
 from orchestrator.controller.estimate import Estimate
 from orchestrator.controller.pricing import GpuTable
-from orchestrator.controller.status import RunStatus, WorkerView
+from orchestrator.controller.status import RunStatus, WorkerView, duration_band
 from orchestrator.controller.status import duration as _duration
 from orchestrator.controller.token_cost import tokens_line
 from orchestrator.core.protocol.clocks import SKEW_WARN_S, describe_offset
@@ -274,9 +274,7 @@ def _pace_line(status: RunStatus, eta: str) -> str:
 def forecast_line(f: dict[str, Any]) -> str:
     """The forecast beside the pace: its duration band and the finish the pace projects, or how right it was."""
     d = f["duration_s"]
-    # To the second under two hours: a band of 2m10s-2m50s rounded to minutes reads 2m-2m.
-    line = f"forecast ({f['kind']}) {_duration(d['p50'], exact=True)} "
-    line += f"({_duration(d['p10'], exact=True)}-{_duration(d['p90'], exact=True)})"
+    line = f"forecast ({f['kind']}) {duration_band(d['p10'], d['p50'], d['p90'])}"
     if f.get("projected_s") is not None:
         line += f"; at this pace {_duration(f['projected_s'], exact=True)}: {f['projected_in_band']}"
     if f.get("actual"):

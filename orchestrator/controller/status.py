@@ -419,6 +419,12 @@ def duration(seconds: float | None, exact: bool = False) -> str:
     return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
 
 
+def duration_band(p10: float, p50: float, p90: float) -> str:
+    """A forecast's duration band, `p50 (p10-p90)`, to the second under two hours: rounded to
+    minutes, a band of 2m10s-2m50s reads 2m-2m."""
+    return f"{duration(p50, exact=True)} ({duration(p10, exact=True)}-{duration(p90, exact=True)})"
+
+
 def to_json(status: RunStatus) -> dict[str, Any]:
     return asdict(status)
 
