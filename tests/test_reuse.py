@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.core.frozen_spec import read_stored_spec
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_manifest
 from orchestrator.core.store import open_store
@@ -31,7 +33,8 @@ def questions(path: Path, n: int, **extra: object) -> Path:
     return write_jsonl(path, [{"id": f"q{i}", "question": f"Question {i}?", **extra} for i in range(n)])
 
 
-def prepare(store: str, run: str, data: Path, *args: str, model: Path = TINY, code: int = 0) -> None:
+def prepare(store: str, run: str, data: Path, *args: str, model: Path | str = TINY, code: int = 0) -> None:
+    """`model`: a path, or NAME=PATH for a run whose one model is named."""
     flags = ["--format", "text", "--text-column", "question", "--id-column", "id", "--rows-per-chunk", "10"]
     assert main(["prepare", str(data), "--run", run, "--store", store, "--model", str(model), *flags, *args]) == code
 
@@ -225,3 +228,86 @@ def test_reuse_lookup_spilled_in_many_key_ranges_parts_and_chunk_ranges_reuses_e
     lines = (workdir / "second.jsonl").read_bytes().splitlines()
     assert [json.loads(line)["custom_id"] for line in lines] == [f"q{i}" for i in range(329, -1, -1)]
     assert all(by_id[json.loads(line)["custom_id"]] == line for line in lines[30:])
+
+
+def test_reuse_an_edited_chat_template_file_reuses_nothing_and_its_copy_elsewhere_reuses_all(workdir, capsys):
+    store = str(workdir / "store")
+    data = questions(workdir / "q.jsonl", 20)
+    template = workdir / "chat.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    spec = (workdir / "orch.yaml").read_text()
+    (workdir / "orch.yaml").write_text(spec + f"model:\n  chat_template: {template}\n")
+    prepare(store, "base", data)
+    finish(store, "base")
+    collect(store, "base", workdir / "base.jsonl", capsys)
+
+    copy = workdir / "elsewhere" / "same.jinja"
+    copy.parent.mkdir()
+    shutil.copy(template, copy)
+    (workdir / "orch.yaml").write_text(spec + f"model:\n  chat_template: {copy}\n")
+    prepare(store, "same-text", data, "--reuse-from", "base")
+    assert reused_rows(store, "same-text") == 20
+    template.write_text("{% for m in messages %}USER: {{ m['content'] }}\n{% endfor %}")
+    (workdir / "orch.yaml").write_text(spec + f"model:\n  chat_template: {template}\n")
+    prepare(store, "edited", data, "--reuse-from", "base")
+    assert reused_rows(store, "edited") == 0 and run_rows(store, "edited") == 20
+    # The run keeps the template's text, not its path: a worker elsewhere needs no copy of the file.
+    frozen = read_stored_spec(open_store(store), RunLayout("edited"))
+    assert frozen is not None and frozen[0]["model"]["chat_template"].startswith("{% for m in messages %}USER:")
+
+
+def _big_weights_model(path: Path) -> Path:
+    """The tiny Llama with a weight file over 32 MiB beside its own (once keyed by name and size only)."""
+    shutil.copytree(TINY, path)
+    with (path / "model-00002-of-00002.safetensors").open("wb") as f:
+        f.write(bytes(33 << 20))
+    return path
+
+
+def test_reuse_weights_changed_at_the_same_size_reuse_nothing_and_a_copy_under_another_path_reuses_all(
+    workdir, tmp_path, capsys
+):
+    store = str(workdir / "store")
+    data = questions(workdir / "q.jsonl", 20)
+    ckpt1 = _big_weights_model(tmp_path / "ckpt1")
+    prepare(store, "base", data, model=ckpt1)
+    finish(store, "base")
+    collect(store, "base", workdir / "base.jsonl", capsys)
+
+    moved = tmp_path / "copied" / "elsewhere"
+    shutil.copytree(ckpt1, moved)
+    prepare(store, "moved", data, "--reuse-from", "base", model=moved)
+    assert reused_rows(store, "moved") == 20
+    ckpt2 = tmp_path / "ckpt2"
+    shutil.copytree(ckpt1, ckpt2)
+    weights = ckpt2 / "model-00002-of-00002.safetensors"
+    stat = weights.stat()
+    with weights.open("r+b") as f:  # one byte deep in the file, size and mtime kept
+        f.seek(20 << 20)
+        f.write(b"\x01")
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    prepare(store, "changed", data, "--reuse-from", "base", model=ckpt2)
+    assert reused_rows(store, "changed") == 0
+
+
+def test_reuse_keys_a_named_model_by_content_not_by_its_name(workdir, tmp_path, capsys):
+    """`--model ft=ckpt1` then `ft=ckpt2`: two fine-tunes under one name share no key; the same
+    weights plain, named or under an alias share all of them."""
+    store = str(workdir / "store")
+    data = questions(workdir / "q.jsonl", 20)
+    ckpt1 = _big_weights_model(tmp_path / "ckpt1")
+    ckpt2 = tmp_path / "ckpt2"
+    shutil.copytree(ckpt1, ckpt2)
+    with (ckpt2 / "model-00002-of-00002.safetensors").open("r+b") as f:
+        f.seek(1 << 20)
+        f.write(b"\x02")
+    prepare(store, "ft1", data, model=f"ft={ckpt1}")
+    finish(store, "ft1")
+    collect(store, "ft1", workdir / "ft1.jsonl", capsys)
+
+    prepare(store, "ft2", data, "--reuse-from", "ft1", model=f"ft={ckpt2}")
+    assert reused_rows(store, "ft2") == 0
+    prepare(store, "plain", data, "--reuse-from", "ft1", model=ckpt1)
+    assert reused_rows(store, "plain") == 20
+    prepare(store, "alias", data, "--reuse-from", "ft1", model=f"other-name={ckpt1}")
+    assert reused_rows(store, "alias") == 20

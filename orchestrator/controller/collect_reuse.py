@@ -170,7 +170,8 @@ class AnswerIndexBuilder:
         digests = dict(record.key_digests) if record is not None else {}
         if record is not None and record.key_digest:
             digests[""] = record.key_digest
-        self.keys = {pool: LineKeys(bytes.fromhex(digest)) for pool, digest in digests.items()}
+        adapters = record.key_adapters if record is not None else {}
+        self.keys = {pool: LineKeys(bytes.fromhex(d), adapters.get(pool, ())) for pool, d in digests.items()}
         self.runs = [layout.run]
 
     def add_chunk(self, number: int, answered: list[tuple[int, bytes]], model: str | None = None) -> None:

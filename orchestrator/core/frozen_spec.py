@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from orchestrator.core.chat_template import with_templates_read
 from orchestrator.core.errors import SpecConflict
 from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import SpecDocument, cas_update, read_record
@@ -92,7 +93,8 @@ def freeze_spec(
         if stored is None:
             merged = spec
             return spec_document(spec) if write else None
-        old = RunSpec.model_validate(stored.spec)
+        # A run frozen by an older orch may hold a template's path: compared as the file's text.
+        old = with_templates_read(RunSpec.model_validate(stored.spec), lenient=True)
         changed: list[str] = []
         merged = _merge_frozen(old, spec, unlocked, changed)
         if notes is not None:

@@ -41,7 +41,11 @@ class ModelSpec(StrictModel):
     engine: Literal["vllm", "transformers"] = Field("vllm", description="inference engine")
     dtype: str = Field("auto", description="weights dtype: auto, float32, bfloat16, float16")
     max_model_len: int | None = Field(None, ge=16, description="context length (prompt + output)")
-    chat_template: str | None = Field(None, description="a Jinja chat template, overriding the model's")
+    chat_template: str | None = Field(
+        None,
+        description="a Jinja chat template overriding the model's: its text, or a file's path (read by each command; "
+        "the run keeps the text)",
+    )
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per model replica")
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="extra keyword arguments for the engine (vllm.LLM)"

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from orchestrator.core.chat_template import with_templates_read
 from orchestrator.core.errors import SpecError
 from orchestrator.core.spec import DEFAULT_SPEC_FILE, RunSpec
 from orchestrator.core.spec_errors import spec_error
@@ -57,7 +58,8 @@ def load_spec(
             spec = RunSpec.model_validate(merged)
         except ValidationError as e:
             raise spec_error(e, source, lines, RunSpec) from None
-    return spec
+    # A template named by its file is read here: the run keeps its text (core/chat_template.py).
+    return with_templates_read(spec)
 
 
 def _spec_path(file: str | os.PathLike[str] | None, cwd: str | os.PathLike[str] | None) -> Path | None:

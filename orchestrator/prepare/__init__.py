@@ -182,8 +182,10 @@ def prepare_run(
     reused: dict[str, Any] = {"reused": reuse.count if reuse else 0}
     if isinstance(keys, PoolKeys):
         reused["key_digests"] = keys.digests
+        reused["key_adapters"] = keys.adapters
     else:
         reused["key_digest"] = keys.digest.hex() if keys.usable else None
+        reused["key_adapters"] = {"": keys.adapter_names} if keys.adapter_names else {}
     record = _record_prepare(ctx, entries, identity, errors, errors_key, rows_in, reused)
     return PrepareReport(layout.run, record, already_prepared=False, seconds=time.monotonic() - started)
 

@@ -171,6 +171,10 @@ def encode_line(record: dict[str, Any]) -> bytes:
 def _request(
     custom_id: str, url: str, body: dict[str, Any], sampling: SamplingSpec, named_model: str | None = None
 ) -> Request:
+    model = body.get("model")
+    if isinstance(model, str) and next(iter(body)) != "model":
+        # body.model first: answer keys leave a model's name out of the key (answer_keys.LineKeys).
+        body = {"model": model, **{k: v for k, v in body.items() if k != "model"}}
     line = encode_line({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
     budget = 0 if url in URLS["pooling"] else _output_budget(body, sampling)  # pooling generates nothing
     temperature = body.get("temperature")

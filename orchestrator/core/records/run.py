@@ -105,6 +105,11 @@ class PrepareRecord(Record):
         description='a run of several models or a sweep: each model pool\'s key digest (`models:` name; "" for '
         "the run's one model), as collect keys each chunk's lines by its model; key_digest is then None",
     )
+    key_adapters: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="each model pool's LoRA adapter names (\"\" for the run's one model): a line whose body.model "
+        "names one keeps that name in its key, since it picks the adapter's weights",
+    )
     reused: int = Field(0, description="input rows answered from earlier runs (reuse.json), in no chunk")
 
 
