@@ -108,10 +108,10 @@ def _orch(cwd: Path, *args: str) -> str:
 
 
 def measure(name: str, workers: int, rows: int, make: Callable[[int, random.Random], dict[str, Any]]) -> dict[str, Any]:
-    from orchestrator.controller.forecast import local_parallelism
-    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.records import read_manifest, read_marker
     from orchestrator.core.store import open_store
+    from orchestrator.planning.forecast import local_parallelism
 
     # Each workload's store is kept (.cache/bench/forecast/<n>) for a look at what the workers measured.
     cwd = CACHE / "forecast" / name.replace(" ", "-").replace(",", "")

@@ -45,7 +45,7 @@ def main(rows: int) -> None:
     from deltalake import write_deltalake
 
     from orchestrator.cli import main as orch
-    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.records import read_manifest
     from orchestrator.core.store import open_store
     from tests.support.runs import Answer, answer_chunk

@@ -23,11 +23,11 @@ def main() -> None:
     import sky  # noqa: F401  (a one-time import cost, not a launch cost)
 
     from orchestrator.backends.skypilot import SkyPilotLauncher
-    from orchestrator.controller.launch import launch_workers
     from orchestrator.core.context import RunContext
-    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.spec_load import load_spec
     from orchestrator.core.store import open_store
+    from orchestrator.fleet.launch import launch_workers
     from tests.support.fake_sky import ScriptedSky
     from tests.support.runs import chat_request, make_run
 

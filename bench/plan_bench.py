@@ -12,9 +12,9 @@ import sys
 import time
 
 from bench.common import save, table
-from orchestrator.controller.plan import plan_chunks, skypilot_example_split
-from orchestrator.core.protocol.layout import chunk_id
+from orchestrator.core.layout import chunk_id
 from orchestrator.core.records import ManifestEntry
+from orchestrator.planning.plan import plan_chunks, skypilot_example_split
 
 
 def main() -> None:

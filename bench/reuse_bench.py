@@ -37,7 +37,7 @@ TINY = ROOT / ".cache" / "models" / "tiny-llama"
 LOOKUP = r"""
 import sys, time, numpy as np
 from orchestrator.core.context import RunContext
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import open_store
 from orchestrator.prepare.answer_keys import AnswerKeys
@@ -64,7 +64,7 @@ plan.discard(); collected.discard()
 BUILD = r"""
 import sys, numpy as np
 from orchestrator.core.store import open_store
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.prepare.answer_index import record_dtype, write_index
 store, n = open_store(sys.argv[1]), int(sys.argv[2])
 rng = np.random.default_rng(0)
@@ -80,7 +80,7 @@ np.save(sys.argv[3], records[["hi", "lo"]][pick].astype([("hi", "<u8"), ("lo", "
 PREPARE = r"""
 import sys, time
 from orchestrator.core.context import RunContext
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import open_store
 from orchestrator.prepare import prepare_run
@@ -96,7 +96,7 @@ print(report.record.rows / (time.monotonic() - started))
 PREPARE_REUSE = r"""
 import sys
 from orchestrator.core.context import RunContext
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import open_store
 from orchestrator.prepare import prepare_run
@@ -110,7 +110,7 @@ print(report.record.rows, report.record.reused, report.seconds)
 
 INDEX_OF_RUN = r"""
 import json, sys, numpy as np
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_manifest
 from orchestrator.core.store import open_store
 from orchestrator.prepare.answer_index import keys_of, record_dtype, write_index

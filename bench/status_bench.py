@@ -24,10 +24,9 @@ from bench.common import save, table
 
 
 def populate(store, layout, chunks: int, workers: int, done: int) -> None:
-    from orchestrator.controller.plan import plan_chunks, write_plan
     from orchestrator.core.frozen_spec import freeze_spec
+    from orchestrator.core.layout import chunk_id
     from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
-    from orchestrator.core.protocol.layout import chunk_id
     from orchestrator.core.records import (
         DoneMarker,
         Heartbeat,
@@ -39,6 +38,7 @@ def populate(store, layout, chunks: int, workers: int, done: int) -> None:
         write_jsonl,
     )
     from orchestrator.core.spec_load import load_spec
+    from orchestrator.planning.plan import plan_chunks, write_plan
 
     spec = load_spec(None, {"run": layout.run, "store": store.uri, "model.name": "m"}, env={}, default_file=False)
     freeze_spec(store, layout, spec)
@@ -121,9 +121,9 @@ def page_views(store, layout, prices, chunks: int, done: int) -> dict:
     import threading
     import urllib.request
 
-    from orchestrator.controller.status import derive_status, gather
     from orchestrator.core.context import RunContext
     from orchestrator.core.spec import RunSpec
+    from orchestrator.runview.status import derive_status, gather
     from orchestrator.web.local import page_server
     from orchestrator.web.snapshots import Snapshots
 
@@ -184,11 +184,11 @@ def page_views(store, layout, prices, chunks: int, done: int) -> dict:
 def main() -> None:
     from orchestrator.commands.console import to_text
     from orchestrator.commands.views import status_view
-    from orchestrator.controller.pricing import load_gpu_table
-    from orchestrator.controller.status import derive_status, gather
-    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.records import read_manifest
     from orchestrator.core.store import open_store
+    from orchestrator.planning.pricing import load_gpu_table
+    from orchestrator.runview.status import derive_status, gather
     from tests.support.s3servers import seaweedfs
 
     quick = "--quick" in sys.argv

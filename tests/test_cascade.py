@@ -9,19 +9,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.controller.cascade import (
-    Escalated,
-    escalation,
-    final_answers,
-    next_stage,
-    record_stage,
-    stage_counts,
-)
+from orchestrator.collect.cascade import final_answers, stage_counts
 from orchestrator.core.errors import SpecError
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.spec import EscalateSpec
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store.memory import MemoryStore
+from orchestrator.fleet.cascade import record_stage
+from orchestrator.planning.escalation import Escalated, escalation, next_stage
 
 MODELS = {"small": "x/small", "large": "x/large"}
 MODEL_DIR = Path(__file__).resolve().parents[1] / ".cache" / "models"
@@ -200,10 +195,10 @@ def test_cascade_run_escalates_on_length_and_regex_and_keeps_the_rest(tmp_path):
 def test_cascade_run_killed_between_stages_does_not_double_stage_one(tmp_path):
     """`orch run` SIGKILLed once stage 1's rows are recorded, and run again: stage 1 is the recorded
     rows, prepared once (its run holds each escalated row once), and the output has every row once."""
-    from orchestrator.controller.cascade import read_stage
-    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.records import read_manifest
     from orchestrator.core.store import open_store
+    from orchestrator.runview.cascade import read_stage
     from tests.support.events import STORE_PACE, wait_for
     from tests.test_faults import Background, orch_ok
 
@@ -280,12 +275,13 @@ def test_cascade_three_stages_answer_each_row_once_by_its_last_model(tmp_path):
     the rows stage n answered "unsure", in input order; run_stages started again (a controller that
     died and came back) makes no second set; collect writes each row once, in input order, with its
     last stage's answer, and counts each stage's rows answered and passed on."""
-    from orchestrator.controller.cascade_run import escalate, run_stages, stage_context
-    from orchestrator.controller.collect import collect
+    from orchestrator.collect.collect import collect
     from orchestrator.core.context import RunContext
     from orchestrator.core.records import read_manifest
     from orchestrator.core.store import open_store
+    from orchestrator.fleet.cascade import escalate, run_stages
     from orchestrator.prepare import prepare_run
+    from orchestrator.runview.cascade import stage_context
     from tests.support.runs import Answer, answer_chunk
 
     flags = {"run": "t", "store": str(tmp_path / "store"), "input.format": "openai-batch"}

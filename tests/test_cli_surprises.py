@@ -127,8 +127,8 @@ def test_run_again_after_ctrl_c_says_it_re_attached_to_the_running_workers(proje
     re-attached to them, not `launched 0 worker(s)`; it follows them to the end and collects.
     The running worker is a process the local backend judges live as it judges any (its pid and
     start time); the test finishes its chunk through the protocol's own objects."""
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.processes import start_ticks
-    from orchestrator.core.protocol.layout import RunLayout
 
     write_jsonl(project / "q.jsonl", [{"id": f"q{i}", "text": f"Question {i}?"} for i in range(3)])
     prepare = ["q.jsonl", "--run", "again", "--format", "text", "--id-column", "id", "--num-chunks", "1"]

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.controller.collect import collect
+from orchestrator.collect.collect import collect
 from orchestrator.core.errors import CorruptOutput
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import DoneMarker, read_manifest
 from orchestrator.core.store import open_store
 from tests.support.datasets import write_jsonl

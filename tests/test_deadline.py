@@ -11,19 +11,19 @@ import pytest
 from orchestrator.backends.skypilot import SkyPilotLauncher
 from orchestrator.commands.console import to_text
 from orchestrator.commands.views import status_view
-from orchestrator.controller.deadline import DeadlineSettings, FleetState, OnDemandWorker, decide, parse_duration
-from orchestrator.controller.launch import launch_workers
-from orchestrator.controller.pricing import load_gpu_table
-from orchestrator.controller.reconcile import Reconciler
-from orchestrator.controller.status import status_of
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import SpecError
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import Heartbeat, ZoneTally, read_jobs, read_record, update_zone_history
 from orchestrator.core.records.run import DecisionRecord
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
+from orchestrator.fleet.launch import launch_workers
+from orchestrator.fleet.reconcile import Reconciler
+from orchestrator.planning.deadline import DeadlineSettings, FleetState, OnDemandWorker, decide, parse_duration
+from orchestrator.planning.pricing import load_gpu_table
+from orchestrator.runview.status import status_of
 from tests.conftest import make_store_uri
 from tests.support.fake_sky import ScriptedSky
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.controller.estimate import estimate
-from orchestrator.controller.pricing import load_gpu_table
 from orchestrator.core.records import ChunkStats, ManifestEntry
 from orchestrator.core.store import open_store
+from orchestrator.planning.estimate import estimate
+from orchestrator.planning.pricing import load_gpu_table
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
 TABLE = load_gpu_table()
@@ -129,9 +129,9 @@ def test_status_and_plan_estimate_use_the_speed_a_cpu_run_measured_and_say_so(tm
 
 def test_deadline_policy_reckons_a_new_worker_at_the_measured_speed(tmp_path):
     from orchestrator.backends.local import LocalLauncher
-    from orchestrator.controller.deadline import DeadlineSettings
-    from orchestrator.controller.deadline_control import DeadlineControl
     from orchestrator.core.context import resolve_spec
+    from orchestrator.fleet.deadline_control import DeadlineControl
+    from orchestrator.planning.deadline import DeadlineSettings
 
     store_uri = str(tmp_path / "store")
     store = open_store(store_uri)
@@ -146,9 +146,9 @@ def test_deadline_policy_reckons_a_new_worker_at_the_measured_speed(tmp_path):
 
 
 def test_startup_is_measured_from_each_workers_launch_to_its_first_flushed_rows(tmp_path):
-    from orchestrator.controller.startup import measured_startup_s
-    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.records import JobAttempt, update_jobs
+    from orchestrator.planning.startup import measured_startup_s
 
     store, layout = open_store(str(tmp_path / "store")), RunLayout("s")
     assert measured_startup_s(store, layout) is None  # nothing launched: the flat assumption stands

@@ -24,8 +24,8 @@ import pytest
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.local import LocalLauncher
 from orchestrator.core.exits import WorkerExit
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.heartbeats import read_heartbeats
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import read_lease
 from orchestrator.core.records import read_jobs
 from orchestrator.core.store import open_store

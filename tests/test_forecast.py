@@ -16,18 +16,8 @@ import pytest
 from orchestrator.backends import backend_for
 from orchestrator.cli import main
 from orchestrator.commands.views import forecast_error, forecast_line
-from orchestrator.controller.forecast import (
-    band,
-    left_strata,
-    probe_rate,
-    short_probe_note,
-    warm_up_note,
-    warm_up_split,
-    work_seconds,
-)
-from orchestrator.controller.forecast_check import forecast_beside_pace
 from orchestrator.core.context import resolve_spec
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_marker
 from orchestrator.core.records.forecast import (
     Band,
@@ -38,6 +28,16 @@ from orchestrator.core.records.forecast import (
     StratumCount,
 )
 from orchestrator.core.store import open_store
+from orchestrator.planning.forecast import (
+    band,
+    left_strata,
+    probe_rate,
+    short_probe_note,
+    warm_up_note,
+    warm_up_split,
+    work_seconds,
+)
+from orchestrator.runview.forecast_check import forecast_beside_pace
 from tests.support.datasets import write_jsonl
 from tests.support.runs import orch_process
 
@@ -309,10 +309,10 @@ def test_warm_up_note_says_the_rate_is_high_when_every_probe_row_came_back_in_on
 
 def test_a_worker_of_two_gpus_is_forecast_at_twice_one_gpus_price(tmp_path):
     """`resources.gpus_per_worker: 2`: the same work in the same time, each machine paid for both GPUs."""
-    from orchestrator.controller.forecast import guess
     from orchestrator.core.context import RunContext
     from orchestrator.core.records import read_manifest
     from orchestrator.core.spec_load import load_spec
+    from orchestrator.planning.forecast import guess
     from tests.support.runs import chat_request, make_run
 
     store = open_store(str(tmp_path / "store"))

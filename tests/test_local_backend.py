@@ -19,12 +19,12 @@ from orchestrator.backends import backend_for
 from orchestrator.backends.base import JobState
 from orchestrator.cli import main
 from orchestrator.commands.views import _duration
-from orchestrator.controller.launch import launch_workers
-from orchestrator.controller.plan import ensure_plan
-from orchestrator.controller.reconcile import Reconciler, watch
 from orchestrator.core.context import resolve_spec
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.records import read_jobs
+from orchestrator.fleet.launch import launch_workers
+from orchestrator.fleet.reconcile import Reconciler, watch
+from orchestrator.planning.plan import ensure_plan
 from tests.support.datasets import write_jsonl
 from tests.support.runs import chat_request, orch_process
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.controller.pricing import load_gpu_table
-from orchestrator.controller.status import status_of
 from orchestrator.core.context import RunContext
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.pools import pool_workers
 from orchestrator.core.protocol.claims import pool_of, pool_share
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_manifest, read_marker, read_plan
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
+from orchestrator.planning.pricing import load_gpu_table
+from orchestrator.runview.status import status_of
 from orchestrator.web.metrics import exposition
 from tests.support.events import STORE_PACE, wait_for
 from tests.support.runs import Answer, answer_chunk
@@ -337,11 +337,11 @@ def test_deadline_policy_adds_on_demand_workers_to_the_pool_that_is_late(tmp_pat
     slow: the run as a whole has the rate it needs (tiny's surplus), but the policy decides pool by
     pool and launches an on-demand worker for smol, loading smol, recorded as smol's."""
     from orchestrator.backends.skypilot import SkyPilotLauncher
-    from orchestrator.controller.deadline import DeadlineSettings
-    from orchestrator.controller.launch import launch_workers
-    from orchestrator.controller.reconcile import Reconciler
     from orchestrator.core.context import RunContext
     from orchestrator.core.records import read_jobs
+    from orchestrator.fleet.launch import launch_workers
+    from orchestrator.fleet.reconcile import Reconciler
+    from orchestrator.planning.deadline import DeadlineSettings
     from tests.support.fake_sky import ScriptedSky
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # SkyPilot's loader writes under HOME

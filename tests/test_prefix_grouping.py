@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_manifest
 from orchestrator.core.records import write_jsonl as records_jsonl
 from orchestrator.core.store import open_store

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import ManifestEntry, read_jsonl
 from orchestrator.core.store import open_store
 from tests.support.datasets import write_jsonl, write_lmsys_parquet

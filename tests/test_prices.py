@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends.base import Offering
-from orchestrator.controller.pricing import load_gpu_table, table_from_offerings
+from orchestrator.planning.pricing import load_gpu_table, table_from_offerings
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 

@@ -8,9 +8,10 @@ import statistics
 
 import pytest
 
-from orchestrator.controller import forecast
-from orchestrator.controller.forecast import local_parallelism, probe_units, work_seconds
-from orchestrator.controller.probe_work import (
+from orchestrator.core.records.forecast import ProbeRecord, RowSample, StratumCount
+from orchestrator.planning import forecast
+from orchestrator.planning.forecast import local_parallelism, probe_units, work_seconds
+from orchestrator.planning.probe_work import (
     StaticRow,
     run_cached_share,
     slot_schedule,
@@ -18,7 +19,6 @@ from orchestrator.controller.probe_work import (
     static_units,
     units_until,
 )
-from orchestrator.core.records.forecast import ProbeRecord, RowSample, StratumCount
 
 
 def test_slot_schedule_admits_rows_in_order_as_slots_free():

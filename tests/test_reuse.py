@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.core.frozen_spec import read_stored_spec
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_manifest
 from orchestrator.core.store import open_store
 from tests.support.datasets import write_jsonl

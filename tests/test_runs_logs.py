@@ -39,7 +39,7 @@ def test_runs_lists_every_run_with_its_state_and_progress(store_uri, capsys):
     three_runs(store_uri)
     store = open_store(store_uri)
     store.requests.reset()
-    from orchestrator.controller.runs import run_names
+    from orchestrator.runview.runs import run_names
 
     assert run_names(store) == ["done", "going", "stopped"]
     assert store.requests.by_op.get("list", 0) == 4  # one per run, and the one that finds no more
@@ -84,7 +84,7 @@ def test_runs_shows_each_runs_model_and_input(tmp_path, capsys):
 def test_delete_removes_every_object_of_the_run_only_with_yes_and_not_under_live_workers(store_uri, capsys):
     three_runs(store_uri)
     store = open_store(store_uri)
-    from orchestrator.controller.runs import run_names
+    from orchestrator.runview.runs import run_names
 
     before = {info.key for info in store.list("runs/done/")}
     assert main(["delete", "--run", "done", "--store", store_uri]) == 1  # no --yes: says, deletes nothing

@@ -35,7 +35,7 @@ from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
 from orchestrator.cli import main
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_jobs, read_plan
 from orchestrator.core.store import open_store
 from tests.support import raw_http

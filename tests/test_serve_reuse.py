@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import BatchDocument, BatchStatus, ReuseRecord, read_manifest, read_record
 from orchestrator.core.store import Store, open_store
 from orchestrator.prepare.answer_index import record_dtype, write_index

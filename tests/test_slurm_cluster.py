@@ -25,8 +25,8 @@ import psutil
 import pytest
 import yaml
 
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.heartbeats import live_heartbeats, read_heartbeats
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_manifest, read_marker
 from orchestrator.core.store import open_store
 from tests.support import events, s3servers

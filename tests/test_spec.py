@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.core.errors import SpecConflict, SpecError
 from orchestrator.core.frozen_spec import freeze_spec, read_stored_spec, spec_hash
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.controller.spot_zones import RESTARTS_FACTOR, draw_restarts_factor
+from orchestrator.planning.spot_zones import RESTARTS_FACTOR, draw_restarts_factor
 from orchestrator.simulate import spot_traces as st
 from orchestrator.simulate.spot_adversary import against
 from orchestrator.simulate.spot_optimum import optimum_costs

@@ -11,16 +11,16 @@ from orchestrator.backends.base import JobState, JobStatus
 from orchestrator.cli import main
 from orchestrator.commands.console import to_text
 from orchestrator.commands.views import status_view
-from orchestrator.controller.activity import WORKER_ACTIVITIES
-from orchestrator.controller.plan import plan_chunks, write_plan
-from orchestrator.controller.pricing import load_gpu_table
-from orchestrator.controller.status import derive_status, gather
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.leases import LeaseKeeper, acquire
 from orchestrator.core.protocol.parts import part_codec
 from orchestrator.core.records import Heartbeat, JobAttempt, read_manifest, update_jobs
 from orchestrator.core.store import open_store
+from orchestrator.planning.plan import plan_chunks, write_plan
+from orchestrator.planning.pricing import load_gpu_table
+from orchestrator.runview.activity import WORKER_ACTIVITIES
+from orchestrator.runview.status import derive_status, gather
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
 
@@ -239,8 +239,8 @@ def test_status_says_what_each_worker_does_and_how_long_it_has_loaded(tmp_path, 
 
 def test_every_job_state_and_heartbeat_reads_as_a_word_status_can_explain():
     """Whatever a worker's job and heartbeat say, its activity is one of WORKER_ACTIVITIES."""
-    from orchestrator.controller.activity import RUN_STATES, run_state, worker_activity
     from orchestrator.core.records import HeartbeatSummary
+    from orchestrator.runview.activity import RUN_STATES, run_state, worker_activity
 
     now = time.time()
     beats = [None] + [
@@ -303,8 +303,8 @@ def test_status_trusts_a_job_that_ended_over_a_fresh_heartbeat_and_shows_final_s
 
 
 def test_run_time_leaves_out_the_time_the_run_sat_cancelled():
-    from orchestrator.controller.pace import run_time_s
     from orchestrator.core.records import JobsRecord
+    from orchestrator.runview.pace import run_time_s
 
     jobs = JobsRecord()
     jobs.worker(0).attempts.append(JobAttempt(job_id="1", backend="local", launched_at=1000.0))

@@ -23,8 +23,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.cli import main
-from orchestrator.controller.pricing import load_gpu_table
-from orchestrator.controller.status import derive_status, gather
+from orchestrator.planning.pricing import load_gpu_table
+from orchestrator.runview.status import derive_status, gather
 from orchestrator.web.page import render_page
 from tests.support.datasets import write_jsonl
 from tests.support.events import wait_for as wait_for_event
@@ -135,7 +135,7 @@ def details_run(tmp_path: Path, answer: str, log_line: str) -> tuple[Any, Any]:
     """A run whose first chunk answered `answer` (and one error row), and worker 0's log ending in
     `log_line`, an ERROR line and a last line; returns (its context, its status)."""
     from orchestrator.core.context import RunContext
-    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.spec import RunSpec
     from orchestrator.core.store import open_store
     from tests.support.runs import Answer, answer_chunk, make_run

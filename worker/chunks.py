@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.prefix import feed_order
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.crashes import poison_evidence
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import HeldLease, LeaseKeeper
 from orchestrator.core.protocol.parts import part_codec
 from orchestrator.core.records import ManifestEntry

@@ -39,10 +39,10 @@ from typing import Any
 from orchestrator.core.errors import RunNotFound
 from orchestrator.core.exits import WorkerStatus
 from orchestrator.core.frozen_spec import spec_hash
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView, pool_share
 from orchestrator.core.protocol.clocks import StoreClock
 from orchestrator.core.protocol.crashes import careful_groups
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
 from orchestrator.core.protocol.outage import Outage, OutageTooLong
 from orchestrator.core.records import ManifestEntry, PlanRecord, read_manifest, read_plan

@@ -54,10 +54,10 @@ def collect_command(
     keep_columns: list[str] | None,
 ) -> int:
     """Merge outputs into one file in input order; check every custom_id appears exactly once."""
-    from orchestrator.controller.collect import collect
-    from orchestrator.controller.error_rate import check_error_rate
-    from orchestrator.controller.pricing import load_gpu_table
+    from orchestrator.collect.collect import collect
+    from orchestrator.collect.error_rate import check_error_rate
     from orchestrator.core.errors import IncompleteRun
+    from orchestrator.planning.pricing import load_gpu_table
 
     ctx = inv.context()
     report = collect(
@@ -93,13 +93,13 @@ def collect_command(
 
 
 def _arms(ctx: Any) -> dict[str, Any]:
-    """A sweep: each arm's rows, tokens and cost, as `orch status` counts them (controller/arm_cost.py)."""
+    """A sweep: each arm's rows, tokens and cost, as `orch status` counts them (runview/arms.py)."""
     if not ctx.spec.sweep.arms:
         return {}
     import time
 
-    from orchestrator.controller.pricing import load_gpu_table
-    from orchestrator.controller.status import status_of
+    from orchestrator.planning.pricing import load_gpu_table
+    from orchestrator.runview.status import status_of
 
     prices, spot = load_gpu_table(), ctx.spec.resources.spot
     return status_of(ctx.store, ctx.layout, None, now=time.time(), prices=prices, default_spot=spot, spec=ctx.spec).arms
@@ -107,10 +107,10 @@ def _arms(ctx: Any) -> dict[str, Any]:
 
 def _forecast_check(ctx: Any, report: Any) -> None:
     """Predicted against actual, when the run was forecast (`orch estimate`): said, and kept in its record."""
-    from orchestrator.controller.forecast_check import record_actual
-    from orchestrator.controller.pace import overall_pace
     from orchestrator.core.protocol.checkpoints import read_chunk_stats
     from orchestrator.core.records import read_jobs
+    from orchestrator.runview.forecast_check import record_actual
+    from orchestrator.runview.pace import overall_pace
 
     pace = overall_pace(list(read_chunk_stats(ctx.store, ctx.layout).values()), read_jobs(ctx.store, ctx.layout)[0])
     usd = (report.cost_per_m_tokens or {}).get("all", {}).get("usd", 0.0)

@@ -9,8 +9,8 @@ from typing import Any, NoReturn
 import click
 
 from orchestrator.commands.shared import SECOND_INTERRUPT_S, Invocation, common_options, run_flags
-from orchestrator.controller.probe_launch import PROBE_BUDGET_USD
 from orchestrator.core.context import RunContext
+from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD
 
 
 @click.command("estimate")
@@ -52,10 +52,12 @@ def estimate_command(
     as_json: bool,
 ) -> int:
     """Forecast the run's duration and cost per candidate (spot and on-demand), p10/p50/p90; kept in the store."""
-    from orchestrator.controller.forecast import forecast_from_probes, guess
-    from orchestrator.controller.forecast_pools import forecast_pools
-    from orchestrator.controller.probe import probe_summary, read_probes, run_probes
     from orchestrator.core.records import read_manifest
+    from orchestrator.core.records.forecast import read_probes
+    from orchestrator.fleet.probe import probe_summary, run_probes
+    from orchestrator.planning.forecast import forecast_from_probes, guess
+    from orchestrator.planning.forecast_pools import forecast_pools
+    from orchestrator.simulate import fleet_outcome
 
     flags = dict(inv.flags)
     if workers is not None:
@@ -77,9 +79,9 @@ def estimate_command(
     manifest = read_manifest(ctx.store, ctx.layout)
     n = ctx.spec.workers.count
     if ctx.spec.models:
-        record = forecast_pools(ctx, manifest, made, time.time())
+        record = forecast_pools(ctx, manifest, made, time.time(), fleet_outcome)
     elif measured:
-        record = forecast_from_probes(ctx, made, manifest, n, time.time())
+        record = forecast_from_probes(ctx, made, manifest, n, time.time(), fleet_outcome)
     else:
         record = guess(ctx, manifest, n, time.time())
     ctx.store.put(ctx.layout.forecast, record.to_bytes())
@@ -98,8 +100,8 @@ def _probe_interrupted(ctx: RunContext) -> NoReturn:
     """Ctrl-C while the probe runs: its worker goes on (on SkyPilot, a machine being paid for), and
     says so; the same command waits for it again, and a second Ctrl-C stops it. Exits 130."""
     from orchestrator.backends import backend_for
-    from orchestrator.controller.probe import read_probes
-    from orchestrator.controller.probe_launch import live_probe_jobs, on
+    from orchestrator.core.records.forecast import read_probes
+    from orchestrator.fleet.probe_launch import live_probe_jobs, on
 
     launcher = backend_for(ctx)
     probes = read_probes(ctx.store, ctx.layout)
@@ -131,9 +133,9 @@ def _print(doc: dict[str, Any]) -> None:
     from rich.table import Table
 
     from orchestrator.commands.console import console
-    from orchestrator.controller.status import duration as duration_text
-    from orchestrator.controller.status import duration_band
     from orchestrator.core.records.forecast import ForecastRecord
+    from orchestrator.runview.status import duration as duration_text
+    from orchestrator.runview.status import duration_band
 
     for p in doc.get("probes", []):
         of = f" of {p['model']}" if p["model"] else ""

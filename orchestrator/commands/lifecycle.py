@@ -49,8 +49,8 @@ def launch_command(
     """Launch one worker per planned list with unfinished chunks (never a second copy of a live
     worker; none at all when every chunk is done)."""
     from orchestrator.backends import backend_for
-    from orchestrator.controller.launch import launch_workers
-    from orchestrator.controller.plan import ensure_plan, workers_needed
+    from orchestrator.fleet.launch import launch_workers
+    from orchestrator.planning.plan import ensure_plan, workers_needed
 
     if spot_only and on_demand_only:
         raise click.UsageError("--spot and --on-demand together mean both: leave both out for that")
@@ -73,7 +73,7 @@ def launch_command(
         )
     plan = ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo, write=not dry_run)
     if dry_run:
-        from orchestrator.controller.launch import dry_run_requests
+        from orchestrator.fleet.launch import dry_run_requests
 
         paths = dry_run_requests(
             ctx, [a.worker for a in plan.workers], Path(out_dir or f".orch/dry-run/{ctx.layout.run}"), plan=plan
@@ -181,10 +181,10 @@ def watch_command(
     if randomize and deadline is None:
         raise click.BadParameter("--randomize goes with --deadline", param_hint="--randomize")
     if deadline is not None:
-        from orchestrator.controller.deadline import DeadlineSettings, parse_duration
-        from orchestrator.controller.estimate import RESTART_OVERHEAD_S
-        from orchestrator.controller.spot_zones import RESTARTS_FACTOR, draw_restarts_factor
-        from orchestrator.controller.startup import measured_startup_s
+        from orchestrator.planning.deadline import DeadlineSettings, parse_duration
+        from orchestrator.planning.estimate import RESTART_OVERHEAD_S
+        from orchestrator.planning.spot_zones import RESTARTS_FACTOR, draw_restarts_factor
+        from orchestrator.planning.startup import measured_startup_s
 
         if restart_overhead is None:  # the run's own workers' start-up, once any has answered
             restart_overhead = measured_startup_s(ctx.store, ctx.layout) or RESTART_OVERHEAD_S
@@ -207,8 +207,8 @@ def watch_command(
 def resume_command(inv: Invocation, backend: str | None, follow: bool, interval: float) -> int:
     """Relaunch just the workers the remaining chunks need, from the markers in the store."""
     from orchestrator.backends import backend_for
-    from orchestrator.controller.launch import launch_workers
-    from orchestrator.controller.plan import workers_needed
+    from orchestrator.fleet.launch import launch_workers
+    from orchestrator.planning.plan import workers_needed
 
     ctx = inv.with_flags(backend=backend).context(model="required")
     launcher = backend_for(ctx)
@@ -238,7 +238,7 @@ def cancel_command(inv: Invocation, backend: str | None) -> int:
     3. What the record does not know is stopped too: local worker processes found by the pid and
        host in their heartbeats; SkyPilot jobs named like the run's workers.
     """
-    from orchestrator.controller.launch import cancel_workers
+    from orchestrator.fleet.launch import cancel_workers
 
     ctx = inv.with_flags(backend=backend).context()
     cancelled = cancel_workers(ctx)

@@ -85,9 +85,9 @@ def plan_command(inv: Invocation, workers: int | None, as_json: bool, with_estim
     """Spread the run's chunks over workers, balanced by estimated work; write workers/<i>.txt."""
     from orchestrator.commands.console import console
     from orchestrator.commands.views import render_plan
-    from orchestrator.controller.estimate import estimate_run
-    from orchestrator.controller.plan import make_plan, write_plan
     from orchestrator.core.records import read_manifest
+    from orchestrator.planning.plan import make_plan, write_plan
+    from orchestrator.planning.pool_estimate import estimate_run
 
     flags = dict(inv.flags)
     if workers is not None:

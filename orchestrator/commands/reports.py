@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from orchestrator.controller.collect import CollectReport
+    from orchestrator.collect.report import CollectReport
     from orchestrator.core.context import RunContext
     from orchestrator.prepare import CheckReport, PrepareReport
 
@@ -104,7 +104,7 @@ def print_collect_report(report: CollectReport) -> None:
     if r.duplicates or r.mismatched:
         click.echo(click.style(f"{r.duplicates} duplicate and {r.mismatched} mismatched line(s) left out", fg="red"))
     if r.tokens.total:
-        from orchestrator.controller.token_cost import tokens_line
+        from orchestrator.runview.tokens import tokens_line
 
         click.echo(tokens_line(r.tokens.to_dict(), r.cost_per_m_tokens or {}))
     if r.cascade:

@@ -21,8 +21,8 @@ from orchestrator.commands.shared import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.controller.run import StartedRun
     from orchestrator.core.context import RunContext
+    from orchestrator.fleet.start import StartedRun
     from orchestrator.prepare import PrepareReport
 
 
@@ -59,13 +59,13 @@ def run_command(
 
     Every step is idempotent: running the same command again picks up where it stopped.
     """
-    from orchestrator.controller.cascade_run import check_stage_names
-    from orchestrator.controller.collect import check_output, collect, output_shape
-    from orchestrator.controller.collect_table import table_spec
-    from orchestrator.controller.error_rate import check_error_rate
-    from orchestrator.controller.pricing import load_gpu_table
-    from orchestrator.controller.run import start_run
+    from orchestrator.collect.collect import check_output, collect, output_shape
+    from orchestrator.collect.error_rate import check_error_rate
+    from orchestrator.collect.table import table_spec
     from orchestrator.core.errors import IncompleteRun
+    from orchestrator.fleet.start import start_run
+    from orchestrator.planning.pricing import load_gpu_table
+    from orchestrator.runview.cascade import check_stage_names
 
     # The output is checked before any work: a bad --out found after hours of it loses an evening.
     container = check_output(out)
@@ -130,8 +130,8 @@ def _follow(ctx: RunContext, started: StartedRun, interval: float) -> None:
 
 def _run_later_stages(ctx: RunContext, check: bool, interval: float) -> None:
     """A cascade's stages after the first, each steps 1-4 on its own run (each a no-op when done)."""
-    from orchestrator.controller.cascade_run import run_stages
-    from orchestrator.controller.run import start_run
+    from orchestrator.fleet.cascade import run_stages
+    from orchestrator.fleet.start import start_run
 
     def run_stage(stage: RunContext, sources: list[str]) -> None:
         report = functools.partial(print_prepare_report, stage)

@@ -24,11 +24,11 @@ def runs_command(spec_file: str | None, store: str | None, as_json: bool, prices
     """List the runs in a store: state, chunks and rows done, cost so far, the forecast's error, age."""
     from orchestrator.commands.console import console
     from orchestrator.commands.views import render_runs
-    from orchestrator.controller.pricing import load_gpu_table
-    from orchestrator.controller.runs import list_runs
-    from orchestrator.controller.status import RunStatus
     from orchestrator.core.spec_load import load_spec
     from orchestrator.core.store import open_store
+    from orchestrator.planning.pricing import load_gpu_table
+    from orchestrator.runview.runs import list_runs
+    from orchestrator.runview.status import RunStatus
 
     spec = load_spec(spec_file, {"store": store} if store else {})
     runs = list_runs(open_store(spec.store, spec.store_settings), load_gpu_table(prices))
@@ -59,8 +59,8 @@ def delete_command(inv: Invocation, yes: bool, force: bool) -> int:
     local workers' logs. It asks nothing: without --yes it says what it would delete and deletes
     nothing (exit 1). It refuses a run whose workers are live (`orch cancel` first), unless --force.
     """
-    from orchestrator.controller.runs import delete_run, run_objects
     from orchestrator.core.errors import OrchError, RunNotFound
+    from orchestrator.runview.runs import delete_run, run_objects
 
     ctx = inv.context()
     run, objects = ctx.layout.run, run_objects(ctx.store, ctx.layout)
@@ -88,8 +88,8 @@ def delete_command(inv: Invocation, yes: bool, force: bool) -> int:
 def _live_state(ctx: RunContext) -> str | None:
     """'running' when a worker of the run beats or its job is queued, starting or recovering (the
     backend asked, as `orch status` does); None otherwise, and for a run never prepared."""
-    from orchestrator.controller.status import current_status
     from orchestrator.core.errors import RunNotFound
+    from orchestrator.runview.status import current_status
 
     try:
         return "running" if current_status(ctx).state == "running" else None
@@ -110,10 +110,10 @@ def logs_command(inv: Invocation, worker: str | None, follow: bool, every: bool,
     s3:// or r2:// store); a SkyPilot worker's log is shown by `sky jobs logs JOB` (orch status
     names the job).
     """
-    from orchestrator.controller.runs import follow_logs, latest_logs, log_files
-    from orchestrator.controller.status import current_status
     from orchestrator.core.errors import RunNotFound
     from orchestrator.core.records import read_jobs, read_manifest
+    from orchestrator.runview.runs import follow_logs, latest_logs, log_files
+    from orchestrator.runview.status import current_status
 
     ctx = inv.context()
     read_manifest(ctx.store, ctx.layout)  # RunNotFound, with its hint, for a run that is not there

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from orchestrator.controller.error_rate import DEFAULT_MAX_ERROR_RATE
+from orchestrator.collect.error_rate import DEFAULT_MAX_ERROR_RATE
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Launcher
-    from orchestrator.controller.deadline import DeadlineSettings
-    from orchestrator.controller.reconcile import TickReport
     from orchestrator.core.context import RunContext
     from orchestrator.core.errors import SpecError
+    from orchestrator.fleet.reconcile import TickReport
+    from orchestrator.planning.deadline import DeadlineSettings
 
 
 @dataclass
@@ -338,8 +338,8 @@ def follow_run(
     otherwise (logs, CI) one line per tick. Relaunch events are printed either way."""
     from orchestrator.commands.console import Group, LiveView, Text, console
     from orchestrator.commands.views import status_view, workers_line
-    from orchestrator.controller.follow import check_complete, follow
-    from orchestrator.controller.status import current_status
+    from orchestrator.fleet.follow import check_complete, follow
+    from orchestrator.runview.status import current_status
 
     live = LiveView(console())
     events: list[str] = []
@@ -368,7 +368,7 @@ def follow_run(
         interrupted(ctx, launcher)
     check_complete(ctx, report)
     click.echo(f"run {ctx.layout.run!r} complete: {report.chunks_total} chunks done")
-    if ctx.spec.sweep.cascade:  # the later stages live in `orch run` alone (controller/cascade_run.py)
+    if ctx.spec.sweep.cascade:  # the later stages live in `orch run` alone (fleet/cascade.py)
         click.echo("that was a cascade's first stage: `orch run` runs the next ones (launch, resume, watch stop here)")
     return 0
 
@@ -380,7 +380,7 @@ SECOND_INTERRUPT_S = 5.0
 def interrupted(ctx: RunContext, launcher: Launcher) -> NoReturn:
     """Ctrl-C while following a run: say what goes on without a controller and what to run next;
     on the local backend, a second Ctrl-C within SECOND_INTERRUPT_S stops those workers. Exits 130."""
-    from orchestrator.controller.follow import live_jobs
+    from orchestrator.fleet.follow import live_jobs
 
     live = live_jobs(ctx, launcher)
     flags = run_flags(ctx)
@@ -398,7 +398,7 @@ def interrupted(ctx: RunContext, launcher: Launcher) -> NoReturn:
             click.echo(f"Ctrl-C again within {SECOND_INTERRUPT_S:g}s stops the local workers now.", err=True)
             time.sleep(SECOND_INTERRUPT_S)
         except KeyboardInterrupt:
-            from orchestrator.controller.launch import cancel_workers
+            from orchestrator.fleet.launch import cancel_workers
 
             cancelled = cancel_workers(ctx)
             stopped = len(cancelled.live) + len(cancelled.strays)

@@ -8,13 +8,13 @@ from typing import Any
 
 from orchestrator.backends.base import STATE_COLOURS, JobState
 from orchestrator.commands.console import Group, Table, Text, table
-from orchestrator.controller.estimate import Estimate
-from orchestrator.controller.pricing import GpuTable
-from orchestrator.controller.status import RunStatus, WorkerView, duration_band
-from orchestrator.controller.status import duration as _duration
-from orchestrator.controller.token_cost import tokens_line
 from orchestrator.core.protocol.clocks import SKEW_WARN_S, describe_offset
 from orchestrator.core.records import PlanRecord
+from orchestrator.planning.estimate import Estimate
+from orchestrator.planning.pricing import GpuTable
+from orchestrator.runview.status import RunStatus, WorkerView, duration_band
+from orchestrator.runview.status import duration as _duration
+from orchestrator.runview.tokens import tokens_line
 
 
 def render_plan(plan: PlanRecord) -> Group:

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.frozen_spec import freeze_spec, read_stored_spec
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.pools import spec_for_pool
 from orchestrator.core.protocol.heartbeats import is_beating, read_heartbeats
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import Store, open_store

@@ -10,7 +10,7 @@ from typing import Any
 
 from orchestrator.core.chat_template import with_templates_read
 from orchestrator.core.errors import SpecConflict
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import SpecDocument, cas_update, read_record
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store

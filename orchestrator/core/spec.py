@@ -22,8 +22,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestrator.core.errors import SpecError
+from orchestrator.core.layout import RunLayout, check_run_name
 from orchestrator.core.prefix import PREFIX_BYTES
-from orchestrator.core.protocol.layout import RunLayout, check_run_name
 from orchestrator.core.request_format import check_response_format, template_columns
 from orchestrator.core.store import StoreSettings
 

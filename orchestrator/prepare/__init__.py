@@ -32,11 +32,8 @@ from orchestrator.prepare.grown import Grown, grown_table, old_rows_keyed
 from orchestrator.prepare.identity import input_differences, input_identity
 from orchestrator.prepare.pools import PoolSorters
 from orchestrator.prepare.reuse import KeyCollector, ReusePlan, plan_reuse
-from orchestrator.prepare.sources import (
-    SourceFile,
-    count_rows,
-    resolve_sources,
-)
+from orchestrator.prepare.source_file import SourceFile
+from orchestrator.prepare.sources import count_rows, resolve_sources
 from orchestrator.prepare.writers import ChunkWriter, ErrorWriter
 
 Progress = Callable[[str], None]

@@ -14,7 +14,8 @@ from orchestrator.core.spec import InputSpec
 from orchestrator.prepare.check import RequestCheck
 from orchestrator.prepare.formats import BadRow, Converter, Request, make_converter, needed_columns
 from orchestrator.prepare.pools import MODEL_NOT_FOUND, model_router
-from orchestrator.prepare.sources import COLUMNAR_KINDS, RawRow, SourceFile, iter_rows, parquet_first_user_turns
+from orchestrator.prepare.source_file import COLUMNAR_KINDS, SourceFile
+from orchestrator.prepare.sources import RawRow, iter_rows, parquet_first_user_turns
 from orchestrator.prepare.sweep import Arm, sweep_arms
 from orchestrator.prepare.writers import ErrorWriter
 

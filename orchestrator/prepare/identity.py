@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.core.spec import RunSpec
-from orchestrator.prepare.sources import TABLE_KINDS, SourceFile, content_digest
+from orchestrator.prepare.source_file import TABLE_KINDS, SourceFile
+from orchestrator.prepare.sources import content_digest
 
 
 def input_identity(spec: RunSpec, files: list[SourceFile]) -> dict[str, Any]:

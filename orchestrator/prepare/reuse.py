@@ -30,7 +30,7 @@ import orjson
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import ReuseRecord, ReuseSource
 from orchestrator.prepare.answer_index import PartCursor, keys_of, read_index, run_number
 from orchestrator.prepare.answer_keys import AnswerKeys, PoolKeys

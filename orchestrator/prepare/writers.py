@@ -12,12 +12,13 @@ from typing import Any
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
-from orchestrator.core.protocol.layout import chunk_id
+from orchestrator.core.layout import chunk_id
 from orchestrator.core.records import ManifestEntry, PrepareError
 from orchestrator.core.spec import InputSpec
 from orchestrator.prepare.formats import Request, fallback_custom_id
 from orchestrator.prepare.grouping import PrefixStats, Row
-from orchestrator.prepare.sources import RawRow, SourceFile
+from orchestrator.prepare.source_file import SourceFile
+from orchestrator.prepare.sources import RawRow
 
 #: How much of a bad row its error record and the report quote.
 EXCERPT = 200

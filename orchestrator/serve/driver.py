@@ -19,16 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.backends import backend_for
-from orchestrator.controller.collect import collect
-from orchestrator.controller.launch import cancel_workers
-from orchestrator.controller.reconcile import Reconciler
-from orchestrator.controller.run import start_run
+from orchestrator.collect.collect import collect
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError, OrchError, SpecError
 from orchestrator.core.frozen_spec import freeze_spec, read_stored_spec
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.lines import BatchError, BatchOutputLine
 from orchestrator.core.protocol.checkpoints import read_chunk_stats
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import (
     BatchCounts,
     BatchDocument,
@@ -41,6 +38,9 @@ from orchestrator.core.records import (
     read_record,
 )
 from orchestrator.core.spec import ModelSpec, RunSpec
+from orchestrator.fleet.launch import cancel_workers
+from orchestrator.fleet.reconcile import Reconciler
+from orchestrator.fleet.start import start_run
 from orchestrator.serve.batch_states import LAYOUT, Outcome, ending_state, transition
 from orchestrator.serve.files import save_file
 from orchestrator.serve.reuse import earlier_runs, reused_custom_ids

@@ -1,4 +1,4 @@
-"""orch's deadline policy (controller/deadline.py's `decide`) steering one job over a spot trace, and the baselines.
+"""orch's deadline policy (planning/deadline.py's `decide`) steering one job over a spot trace, and the baselines.
 
 A job is a fleet of one: its work counted in seconds (rows at one row per second), the spot
 worker "up" whenever a zone has capacity (SkyPilot keeps relaunching spot workers; the policy adds
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from orchestrator.controller.deadline import DeadlineSettings, FleetState, OnDemandWorker, decide
-from orchestrator.controller.spot_zones import SpotDeadlinePolicy, ZoneModel, draw_restarts_factor
+from orchestrator.planning.deadline import DeadlineSettings, FleetState, OnDemandWorker, decide
+from orchestrator.planning.spot_zones import SpotDeadlinePolicy, ZoneModel, draw_restarts_factor
 from orchestrator.simulate.spot_replay import Choice, PolicyFactory, SpotPolicy, View
 
 
@@ -80,7 +80,7 @@ class UniformProgress:
 
 @dataclass
 class ZoneAware:
-    """The better policy (controller/spot_zones.py), driven tick by tick: its zone model learns from
+    """The better policy (planning/spot_zones.py), driven tick by tick: its zone model learns from
     every tick's capacity, its safety rule is `decide`'s commit."""
 
     policy: SpotDeadlinePolicy

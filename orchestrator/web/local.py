@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import quote, unquote, urlsplit
 
-from orchestrator.controller.runs import context_in_store
-from orchestrator.controller.status import to_json
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError
 from orchestrator.core.records.run import run_names
+from orchestrator.runview.runs import context_in_store
+from orchestrator.runview.status import to_json
 from orchestrator.web.hosts import AllowedHosts
 from orchestrator.web.metrics import CONTENT_TYPE, exposition
 from orchestrator.web.page import page_of

@@ -1,4 +1,4 @@
-"""A run's web page: the status object (`orchestrator.controller.status.derive_status`) as HTML,
+"""A run's web page: the status object (`orchestrator.runview.status.derive_status`) as HTML,
 with the details read beside it (each worker's log tail and last error, sample answers, error rows:
 web/details.py).
 
@@ -23,9 +23,9 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from orchestrator.controller.status import RunStatus, duration
-from orchestrator.controller.token_cost import tokens_line
 from orchestrator.core.context import RunContext
+from orchestrator.runview.status import RunStatus, duration
+from orchestrator.runview.tokens import tokens_line
 from orchestrator.web.details import RunDetails, read_details
 from orchestrator.web.snapshots import Snapshot
 
@@ -131,7 +131,7 @@ def render_page(
 
 
 def _per_m(status: RunStatus) -> dict[str, Any] | None:
-    """What a million tokens cost, and `orch status`'s tokens line (controller/token_cost.py)."""
+    """What a million tokens cost, and `orch status`'s tokens line (runview/tokens.py)."""
     if not (status.tokens.get("prompt_tokens") or status.tokens.get("generated_tokens")):
         return None
     every = status.cost_per_m_tokens.get("all", {})

@@ -2,7 +2,7 @@
 runs` and `orch status` show), chunks, rows, errors, cost, model and input, linking to its page.
 
 Statuses come from the snapshots (web/snapshots.py: a run's reading is shared with its page), through
-`statuses_of`, as `orch runs` reads them (controller/runs.py); each run's model and input
+`statuses_of`, as `orch runs` reads them (runview/runs.py); each run's model and input
 (`run_origin`: 2 GETs) are read once per reading. At most MAX_RUNS runs are listed.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from orchestrator.controller.runs import run_origin, statuses_of
-from orchestrator.controller.status import RunStatus, duration
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.store import Store
+from orchestrator.runview.runs import run_origin, statuses_of
+from orchestrator.runview.status import RunStatus, duration
 from orchestrator.web.page import Page, template
 from orchestrator.web.snapshots import Snapshot
 

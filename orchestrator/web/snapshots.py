@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from orchestrator.controller.status import RunStatus
+from orchestrator.runview.status import RunStatus
 
 T = TypeVar("T")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.core.errors import OrchError, SpecConflict
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.adapters import fetch_adapters, ship_adapters
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.store import open_store
 
 L = RunLayout("r")

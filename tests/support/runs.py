@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.frozen_spec import freeze_spec
+from orchestrator.core.layout import RunLayout, chunk_id
 from orchestrator.core.lines import BatchError, BatchOutputLine, BatchResponse
-from orchestrator.core.protocol.layout import RunLayout, chunk_id
 from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment, write_jsonl
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import Store

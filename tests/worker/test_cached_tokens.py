@@ -9,7 +9,7 @@ import uuid
 import pytest
 from openai.types.chat import ChatCompletion
 
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import DoneMarker, Heartbeat
 from orchestrator.core.spec import SamplingSpec
 from orchestrator.core.store import open_store
@@ -70,9 +70,9 @@ def test_each_line_carries_vllms_own_cached_token_count(tiny_engine, monkeypatch
 
 
 def test_a_run_reports_cached_tokens_in_summary_heartbeat_markers_status_and_collect(tiny_engine, tiny_model, tmp_path):
-    from orchestrator.controller.collect import collect
-    from orchestrator.controller.pricing import load_gpu_table
-    from orchestrator.controller.status import status_of
+    from orchestrator.collect.collect import collect
+    from orchestrator.planning.pricing import load_gpu_table
+    from orchestrator.runview.status import status_of
 
     store = open_store(str(tmp_path / "store"))
     system = system_prompt()

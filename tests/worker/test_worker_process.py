@@ -20,8 +20,8 @@ import pytest
 
 from orchestrator.core.errors import StoreBusy
 from orchestrator.core.exits import WorkerStatus
+from orchestrator.core.layout import RunLayout, chunk_id
 from orchestrator.core.protocol.heartbeats import read_heartbeats
-from orchestrator.core.protocol.layout import RunLayout, chunk_id
 from orchestrator.core.protocol.leases import acquire, read_lease, release
 from orchestrator.core.protocol.parts import iter_part_lines, part_codec
 from orchestrator.core.records import DoneMarker

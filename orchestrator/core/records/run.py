@@ -10,7 +10,7 @@ import yaml
 from pydantic import Field
 
 from orchestrator.core.errors import RunNotFound
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records.base import (
     Document,
     KeyRecord,
@@ -205,7 +205,7 @@ class JobsRecord(Document):
     #: When the run was cancelled, while it is (the next launch moves it into `pauses`).
     cancelled_at: float | None = None
     #: [cancelled at, launched again at] of every earlier cancel: time the run sat stopped, which
-    #: its run time leaves out (controller/pace.py).
+    #: its run time leaves out (runview/pace.py).
     pauses: list[tuple[float, float]] = Field(default_factory=list)
 
     def worker(self, worker: int) -> WorkerJobs:
@@ -423,7 +423,7 @@ class Heartbeat(HeartbeatSummary):
     tokens_out: int = 0
     tokens_cached: int = 0
     #: Engine seconds (pumps under way included) and model-load seconds of this process: what a
-    #: probe measures its rates over, and the run's actual engine time (controller/forecast.py).
+    #: probe measures its rates over, and the run's actual engine time (planning/forecast.py).
     busy_s: float = 0.0
     load_s: float = 0.0
     #: CPU seconds of this process in the engine's pumps so far (those that ended).

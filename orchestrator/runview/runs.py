@@ -1,0 +1,161 @@
+"""The runs a store holds, and where their workers' logs are: what `orch runs` and `orch logs` read.
+
+1. `run_names` (core/records/run.py) finds the runs, one listing request per run.
+2. `list_runs` gives each run's status (runview/status.py: the same derivation `orch status`
+   shows), read from the store alone: no backend is asked, so a job that is queued without a
+   heartbeat yet reads as stopped until it beats; with each one's model and input (`run_origin`),
+   which the page's runs index reads too.
+3. `delete_run`: every object under the run's prefix, through the store (a directory or S3 alike),
+   and the local backend's logs of it.
+4. `log_files` and `follow_logs`: the local backend's worker logs, `<store>/logs/<run>/` for a
+   directory store and ORCH_HOME/logs/<run>/ on this machine for an s3:// or r2:// one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.context import RunContext
+from orchestrator.core.errors import OrchError, RunNotFound
+from orchestrator.core.frozen_spec import read_stored_spec
+from orchestrator.core.layout import RunLayout
+from orchestrator.core.records import PrepareRecord, read_record
+from orchestrator.core.records.run import run_names
+from orchestrator.core.spec import RunSpec
+from orchestrator.core.store import ObjectInfo, Store
+from orchestrator.planning.pricing import GpuTable
+from orchestrator.runview.status import RunStatus, status_of
+
+
+def list_runs(store: Store, prices: GpuTable, now: float | None = None) -> list[RunStatus | tuple[str, str]]:
+    """Each run's status, or (name, what is wrong) for a run whose records cannot be read."""
+    now = time.time() if now is None else now
+
+    def read(name: str) -> RunStatus:
+        layout = RunLayout(name)
+        model, source = run_origin(store, layout)
+        return dataclasses.replace(status_of(store, layout, None, now=now, prices=prices), model=model, input=source)
+
+    return statuses_of(run_names(store), read)
+
+
+def statuses_of(names: Iterable[str], read: Callable[[str], RunStatus]) -> list[RunStatus | tuple[str, str]]:
+    """`read(name)` of each run, or (name, what is wrong) where it fails: a run that was never
+    prepared, or a record that does not parse."""
+    out: list[RunStatus | tuple[str, str]] = []
+    for name in names:
+        try:
+            out.append(read(name))
+        except OrchError as e:
+            out.append((name, e.message))
+    return out
+
+
+def run_origin(store: Store, layout: RunLayout) -> tuple[str | None, str | None]:
+    """The run's model (its frozen spec's `model.name`) and input (the file prepare read, or the
+    folder its files share and how many): 2 GETs. None where a record does not say (a run not
+    launched names no model yet)."""
+    stored = read_stored_spec(store, layout)
+    model: dict[str, Any] = (stored[0].get("model") or {}) if stored is not None else {}
+    name = model.get("name")
+    several = (stored[0].get("models") or {}) if stored is not None else {}
+    if several:  # a run of several models: their served names
+        name = ", ".join(several)
+    return (name if isinstance(name, str) else None), _input_of(store, layout)
+
+
+def _input_of(store: Store, layout: RunLayout) -> str | None:
+    """What the run was prepared from: the file, or the folder the files share and how many."""
+    found = read_record(store, layout.prepare_record, PrepareRecord)
+    uris = [str(s.get("uri")) for s in found[0].identity.get("sources", [])] if found is not None else []
+    if len(uris) <= 1:
+        return uris[0] if uris else None
+    # By "/"-separated parts, not os.path: `s3://bucket/x` keeps its double slash.
+    parts = [uri.split("/")[:-1] for uri in uris]
+    shared = [p[0] for p in itertools.takewhile(lambda p: len(set(p)) == 1, zip(*parts, strict=False))]
+    folder = "/".join(shared) or "."
+    return f"{folder}/ ({len(uris)} files)"
+
+
+def context_in_store(ctx: RunContext, run: str) -> RunContext:
+    """Another run of `ctx`'s store, with the spec frozen into it (`ctx` itself for its own run):
+    what a page of any run in the store needs to find its logs."""
+    if run == ctx.layout.run:
+        return ctx
+    layout = RunLayout(run)
+    stored = read_stored_spec(ctx.store, layout)
+    if stored is None:
+        raise RunNotFound(f"no run {run!r} in {ctx.spec.store}", hint="orch runs lists the store's runs")
+    return RunContext(RunSpec.model_validate({**stored[0], "store": ctx.spec.store}), ctx.store, layout)
+
+
+def run_objects(store: Store, layout: RunLayout) -> list[ObjectInfo]:
+    """Every object under the run's prefix (what `orch delete` removes)."""
+    return list(store.list(layout.root))
+
+
+def delete_run(store: Store, spec: RunSpec, objects: list[ObjectInfo]) -> None:
+    """Delete the run's objects and the local backend's logs of it. The manifest and prepare record
+    go first: a deletion cut short leaves a run that reads as unprepared, never as an intact one
+    with outputs missing, and `orch delete` again finishes it."""
+    from orchestrator.backends.local import local_log_dir
+
+    first = {spec.layout.manifest, spec.layout.prepare_record}
+    for info in sorted(objects, key=lambda info: info.key not in first):
+        store.delete(info.key)
+    shutil.rmtree(local_log_dir(spec, store), ignore_errors=True)
+
+
+_LOG_NAME = re.compile(r"^worker-(?P<worker>.+)-(?P<ms>\d+)\.log$")
+
+
+def log_files(ctx: RunContext, worker: str | None = None) -> list[Path]:
+    """The run's worker logs on this machine, oldest first (by launch time), of one worker or all."""
+    from orchestrator.backends.local import local_log_dir
+
+    found = []
+    folder = local_log_dir(ctx.spec, ctx.store)
+    for path in folder.glob("worker-*.log") if folder.is_dir() else ():
+        m = _LOG_NAME.match(path.name)
+        if m and (worker is None or m["worker"] == worker):
+            found.append((int(m["ms"]), path))
+    return [path for _, path in sorted(found)]
+
+
+def latest_logs(files: list[Path]) -> dict[str, Path]:
+    """Each worker's newest log among `files` (oldest first, as `log_files` gives them), by worker."""
+    latest: dict[str, Path] = {}
+    for path in files:
+        m = _LOG_NAME.match(path.name)
+        if m:
+            latest[m["worker"]] = path  # a later attempt of the same worker wins
+    return latest
+
+
+def follow_logs(
+    ctx: RunContext, worker: str | None, ended: Callable[[], bool], *, interval: float = 1.0
+) -> Iterator[tuple[Path, str]]:
+    """(log, line) as workers write them, from each log's current end, new logs included, until
+    `ended()` says the run is over (then what is left is read once more)."""
+    offsets = {path: path.stat().st_size for path in log_files(ctx, worker)}
+    while True:
+        over = ended()
+        for path in log_files(ctx, worker):
+            start = offsets.get(path, 0)
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read()
+            complete = data[: data.rfind(b"\n") + 1] if not over else data
+            offsets[path] = start + len(complete)
+            for line in complete.decode("utf-8", "replace").splitlines():
+                yield path, line
+        if over:
+            return
+        time.sleep(interval)
