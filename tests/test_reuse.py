@@ -311,3 +311,19 @@ def test_reuse_keys_a_named_model_by_content_not_by_its_name(workdir, tmp_path, 
     assert reused_rows(store, "plain") == 20
     prepare(store, "alias", data, "--reuse-from", "ft1", model=f"other-name={ckpt1}")
     assert reused_rows(store, "alias") == 20
+
+
+def test_reuse_run_repeats_its_own_commands_and_refuses_another_source_naming_both(workdir, capsys):
+    store = str(workdir / "store")
+    data = questions(workdir / "q.jsonl", 12)
+    prepare(store, "base", data)
+    finish(store, "base")
+    collect(store, "base", workdir / "base.jsonl", capsys)
+    prepare(store, "other", data)
+    prepare(store, "w2", data, "--reuse-from", "base")
+    prepare(store, "w2", data, "--reuse-from", "base")  # the same command again
+    prepare(store, "w2", data)  # without the flag: the run's own reuse stands
+    capsys.readouterr()
+    prepare(store, "w2", data, "--reuse-from", "other", code=3)
+    err = capsys.readouterr().err
+    assert 'reuse: {"runs": ["base"]' in err and '{"runs": ["other"]' in err

@@ -32,14 +32,16 @@ FROZEN_FIELDS: tuple[str, ...] = (
     "requests",
     "input",
     "chunking",
+    "reuse",
 )
 
 #: The fields of a `models:` entry that say where its workers run (core/pools.OPERATIONAL_FIELDS):
 #: free to change, like the run's own workers and resources.
 MODEL_OPERATIONAL_FIELDS = ("workers", "resources")
 
-#: Frozen groups compared as a whole: `num_chunks: 200` then `rows_per_chunk: 100` is one change.
-_ATOMIC_FIELDS = {"chunking"}
+#: Frozen groups compared as a whole: `num_chunks: 200` then `rows_per_chunk: 100` is one change;
+#: `--reuse-from a` then `--reuse-from b` another.
+_ATOMIC_FIELDS = {"chunking", "reuse"}
 
 
 def frozen_view(spec: RunSpec) -> dict[str, Any]:
@@ -51,6 +53,8 @@ def frozen_view(spec: RunSpec) -> dict[str, Any]:
     }
     if not spec.sweep.cascade:  # no cascade: the hash of a run prepared before cascades existed
         view["sweep"] = {k: v for k, v in view["sweep"].items() if k not in ("cascade", "escalate_when")}
+    if not spec.reuse.runs:  # no reuse: the hash of a run prepared before reuse was frozen
+        del view["reuse"]
     return view
 
 

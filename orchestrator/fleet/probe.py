@@ -1,6 +1,6 @@
 """`orch estimate --probe`: run a stratified sample of the run's rows through a real worker, and keep what it measured.
 
-1. Sample and carve (fleet/probe_carve.py): the rows move into a probe chunk, first on a
+1. Sample and carve (prepare/probe_carve.py): the rows move into a probe chunk, first on a
    worker's list; nothing else changes for the run. On SkyPilot with several candidate GPUs, one
    probe chunk per candidate, each a sample of its own (disjoint rows), on its own worker's list.
 2. Launch that worker through the run's backend with ORCH_MAX_CHUNKS=1 (on SkyPilot pinned to its
@@ -33,7 +33,10 @@ from orchestrator.core.protocol.heartbeats import newest_heartbeat_of
 from orchestrator.core.protocol.parts import iter_part_lines
 from orchestrator.core.records import ManifestEntry, read_manifest, read_marker
 from orchestrator.core.records.forecast import ProbeRecord, RowSample, StratumCount, read_probes
-from orchestrator.fleet.probe_carve import (
+from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD, Stop, launch_and_wait, on, target_name
+from orchestrator.planning.forecast import on_cpus
+from orchestrator.planning.probe_work import STATIC_BATCH_ENGINES, engine_batch
+from orchestrator.prepare.probe_carve import (
     SampledRow,
     carve_probe_chunk,
     probe_first_plan,
@@ -42,9 +45,6 @@ from orchestrator.fleet.probe_carve import (
     run_rows,
     sample_rows,
 )
-from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD, Stop, launch_and_wait, on, target_name
-from orchestrator.planning.forecast import on_cpus
-from orchestrator.planning.probe_work import STATIC_BATCH_ENGINES, engine_batch
 
 
 def probe_candidates(ctx: RunContext) -> list[str | None]:

@@ -24,7 +24,7 @@ from orchestrator.core.errors import LaunchFailed, OrchError
 from orchestrator.core.protocol.heartbeats import newest_heartbeat_of
 from orchestrator.core.records import PlanRecord, read_marker, read_plan
 from orchestrator.core.records.forecast import ProbeRecord
-from orchestrator.fleet.probe_carve import probe_workers
+from orchestrator.prepare.probe_carve import probe_workers
 
 #: How often the probe's chunks and jobs are looked at while they run.
 POLL_S = 1.0

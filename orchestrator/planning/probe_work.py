@@ -131,7 +131,7 @@ def run_cached_share(samples: Sequence[RowSample], strata: Mapping[str, StratumC
     few others of their prefix group, so its own share is low where the run's is high (16 probe rows
     of 4 groups: 12 hits; the run's 1,100 rows: all but a few). So: the share of a prompt the cache
     held in a probe row that hit, times the run's hit rate from its prefix groups (a stratum's last
-    field: fleet/probe_carve.py): of a group's n rows over `workers` workers, the first on each
+    field: prepare/probe_carve.py): of a group's n rows over `workers` workers, the first on each
     worker misses. Never below the probe's own share (rows of different groups share a chat
     template's head, which the groups do not see)."""
     prompt = sum(x.prompt_tokens for x in samples)

@@ -8,6 +8,7 @@ import collections
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.spec import InputSpec
@@ -19,29 +20,38 @@ from orchestrator.prepare.sources import RawRow, iter_rows, parquet_first_user_t
 from orchestrator.prepare.sweep import Arm, sweep_arms
 from orchestrator.prepare.writers import ErrorWriter
 
+
+class RowStream(Protocol):
+    """What conversion feeds: the first stage of a chain (prepare/stages.py)."""
+
+    def add(self, request: Request, position: int) -> None:
+        """A converted request at its input position."""
+
+    def before_row(self, position: int) -> None:
+        """Called before each input row is converted (streamed chunks close at input positions)."""
+
+
 Progress = Callable[[str], None]
 
 
-def convert_rows(
+def convert_into(
+    ctx: RunContext,
     files: list[SourceFile],
-    mapping: InputSpec,
     total: int,
-    before_row: Callable[[int], None],
-    rows_in: Conversion,
+    into: RowStream,
+    errors: ErrorWriter,
+    strict: bool,
     progress: Progress,
-) -> None:
-    """Every row of the input, converted; `before_row(position)` is called before each row."""
-    columns = needed_columns(mapping)
-    started = last_note = time.monotonic()
-    row_index = 0
-    for file_index, source in enumerate(files):
-        for raw in input_rows(source, mapping, columns):
-            before_row(row_index)
-            rows_in.take(file_index, source, raw, row_index)
-            row_index += 1
-            if time.monotonic() - last_note > 5:
-                last_note = time.monotonic()
-                progress(f"{row_index:,}/{total:,} rows ({row_index / (last_note - started):,.0f} rows/s)")
+    *,
+    requests: RequestCheck | None = None,
+    first_position: int = 0,
+) -> Conversion:
+    """Every row of `files` converted (and checked, with `requests`) into the chain `into`, input
+    positions counted from `first_position` (a grown table's appended rows come after its older
+    ones). Returns the conversion, with its counts."""
+    conversion = Conversion(ctx, files, into, errors, strict, requests)
+    conversion.run(total, progress, first_position)
+    return conversion
 
 
 def input_rows(source: SourceFile, spec_input: InputSpec, columns: list[str] | None) -> Iterator[RawRow]:
@@ -62,7 +72,7 @@ class Conversion:
         self,
         ctx: RunContext,
         files: list[SourceFile],
-        keep: Callable[[Request, int], None],
+        into: RowStream,
         errors: ErrorWriter,
         strict: bool,
         requests: RequestCheck | None = None,
@@ -75,13 +85,35 @@ class Conversion:
         self.router = model_router(ctx.spec)
         self.arms = sweep_arms(ctx.spec)
         self.files = files
-        self.keep = keep  # a good request and its input position
+        self.into = into  # the first stage: a good request and its input position
+        self.keep = into.add
         self.errors = errors
         self.seen: dict[str, tuple[int, int]] = {}  # custom_id -> (file, row) where it first appeared
         self.models: collections.Counter[str] = collections.Counter()
         self.not_utf8 = NotUtf8(strict)
+        self.current: tuple[SourceFile, RawRow] | None = None
+
+    def run(self, total: int, progress: Progress, first_position: int = 0) -> None:
+        """Every row of the files, converted in order: the one loop prepare turns rows into requests in."""
+        columns = needed_columns(self.spec_input)
+        started = last_note = time.monotonic()
+        row_index = 0
+        for file_index, source in enumerate(self.files):
+            for raw in input_rows(source, self.spec_input, columns):
+                position = first_position + row_index
+                self.into.before_row(position)
+                self.take(file_index, source, raw, position)
+                row_index += 1
+                if time.monotonic() - last_note > 5:
+                    last_note = time.monotonic()
+                    progress(f"{row_index:,}/{total:,} rows ({row_index / (last_note - started):,.0f} rows/s)")
+
+    def where(self) -> str:
+        """The input row being converted, as `file:line` (`file:row` in Parquet)."""
+        return f"{self.current[0].uri}:{self.current[1].number}" if self.current else "?"
 
     def take(self, file_index: int, source: SourceFile, raw: RawRow, position: int) -> None:
+        self.current = (source, raw)
         problem = self._unreadable(source, raw)
         if self.arms:
             # A sweep: the row once per arm, at its place in the space of position x arm.

@@ -26,10 +26,11 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError
 from orchestrator.core.layout import chunk_id
 from orchestrator.core.prefix import prefix_hash, prefix_head
-from orchestrator.core.records import ManifestEntry, PlanRecord, PrepareError, read_manifest, write_jsonl
+from orchestrator.core.records import ManifestEntry, PlanRecord, PrepareError, read_manifest
 from orchestrator.core.records.base import iter_jsonl, read_record
 from orchestrator.core.records.run import PrepareRecord
 from orchestrator.core.store import NotFound
+from orchestrator.prepare.writers import write_manifest
 
 #: Bytes of a request body that name its prefix group for stratifying (a system prompt's start).
 PREFIX_HEAD = 160
@@ -158,8 +159,7 @@ def carve_probe_chunk(ctx: RunContext, picked: Sequence[SampledRow], model: str 
     new_entries = [_rewrite(ctx, e, kept[e.chunk]) if e.chunk in by_chunk else e for e in entries]
     probe = _write_chunk(ctx, chunk_id(len(entries), len(entries) + 1), list(picked), None, model)
     new_entries.append(probe)
-    ctx.store.put(ctx.layout.metadata, "".join(f"{e.key}\n" for e in new_entries).encode())
-    ctx.store.put(ctx.layout.manifest, write_jsonl(new_entries))
+    write_manifest(ctx, new_entries)
     found = read_record(ctx.store, ctx.layout.prepare_record, PrepareRecord)
     if found is not None:
         ctx.store.put(ctx.layout.prepare_record, found[0].model_copy(update={"chunks": len(new_entries)}).to_bytes())
