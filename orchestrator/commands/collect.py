@@ -54,25 +54,15 @@ def collect_command(
     keep_columns: list[str] | None,
 ) -> int:
     """Merge outputs into one file in input order; check every custom_id appears exactly once."""
-    from orchestrator.collect.collect import collect
+    from orchestrator.api.lifecycle import collect_output, describe_actual
     from orchestrator.collect.error_rate import check_error_rate
     from orchestrator.core.errors import IncompleteRun
-    from orchestrator.planning.pricing import load_gpu_table
 
     ctx = inv.context()
-    report = collect(
-        ctx.store,
-        ctx.layout,
-        out,
-        fmt=fmt,
-        retry_out=retry_out,
-        prices=load_gpu_table(),
-        default_spot=ctx.spec.resources.spot,
-        partial=allow_partial,
-        keep_columns=keep_columns,
-    )
-    if report.complete:
-        _forecast_check(ctx, report)
+    collected = collect_output(ctx, out, fmt=fmt, retry_out=retry_out, partial=allow_partial, keep_columns=keep_columns)
+    report = collected.report
+    if collected.forecast is not None:
+        click.echo(describe_actual(collected.forecast), err=True)
     arms = _arms(ctx)
     if as_json:
         click.echo(json.dumps({**report.to_dict(), **({"arms": arms} if arms else {})}))
@@ -103,32 +93,6 @@ def _arms(ctx: Any) -> dict[str, Any]:
 
     prices, spot = load_gpu_table(), ctx.spec.resources.spot
     return status_of(ctx.store, ctx.layout, None, now=time.time(), prices=prices, default_spot=spot, spec=ctx.spec).arms
-
-
-def _forecast_check(ctx: Any, report: Any) -> None:
-    """Predicted against actual, when the run was forecast (`orch estimate`): said, and kept in its record."""
-    from orchestrator.core.protocol.checkpoints import read_chunk_stats
-    from orchestrator.core.records import read_jobs
-    from orchestrator.runview.forecast_check import record_actual
-    from orchestrator.runview.pace import overall_pace
-
-    pace = overall_pace(list(read_chunk_stats(ctx.store, ctx.layout).values()), read_jobs(ctx.store, ctx.layout)[0])
-    usd = (report.cost_per_m_tokens or {}).get("all", {}).get("usd", 0.0)
-    actual = record_actual(
-        ctx.store,
-        ctx.layout,
-        output_tokens=report.tokens.generated_tokens,
-        duration_s=pace["wall_s"] if pace else 0.0,
-        cost_usd=usd,
-    )
-    if actual is not None:
-        click.echo(
-            f"forecast vs actual: engine {actual['engine_error']:+.0%} "
-            f"({'inside' if actual['inside_band'] else 'outside'} p10-p90, actual {actual['engine_s']:.1f} s), "
-            f"output tokens {actual['output_tokens_error']:+.0%}, duration {actual['duration_s']:.0f} s, "
-            f"cost ${actual['cost_usd']:,.2f}",
-            err=True,
-        )
 
 
 def register(cli: click.Group) -> None:

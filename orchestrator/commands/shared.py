@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from orchestrator.core.context import RunContext
     from orchestrator.core.errors import SpecError
     from orchestrator.fleet.reconcile import TickReport
+    from orchestrator.fleet.start import StartedRun
     from orchestrator.planning.deadline import DeadlineSettings
 
 
@@ -333,12 +334,18 @@ def follow_run(
     interval: float,
     retries: int | None = None,
     deadline: DeadlineSettings | None = None,
+    *,
+    later_stages: bool = False,
+    check: bool = True,
 ) -> int:
-    """Follow the run until complete. On a terminal the run's status is redrawn in place each tick;
-    otherwise (logs, CI) one line per tick. Relaunch events are printed either way."""
+    """Follow the run until complete (api/lifecycle.follow_to_end; with `later_stages`, a cascade's
+    next stages too). On a terminal the run's status is redrawn in place each tick; otherwise (logs,
+    CI) one line per tick. Relaunch events are printed either way."""
+    from orchestrator.api.lifecycle import Callbacks, follow_to_end
     from orchestrator.commands.console import Group, LiveView, Text, console
-    from orchestrator.commands.views import status_view, workers_line
-    from orchestrator.fleet.follow import check_complete, follow
+    from orchestrator.commands.reports import print_prepare_report
+    from orchestrator.commands.views import status_view
+    from orchestrator.commands.views import workers_line as busy_workers
     from orchestrator.runview.status import current_status
 
     live = LiveView(console())
@@ -349,8 +356,8 @@ def follow_run(
         if not live.active:
             click.echo(events[-1])
 
-    def tick(report: TickReport) -> None:
-        status = current_status(ctx, launcher=launcher)
+    def tick(run: RunContext, running: Launcher, report: TickReport) -> None:
+        status = current_status(run, launcher=running)
         if live.active:
             recent = [Text(""), Text("events:", style="bold"), *map(Text, events[-8:])] if events else []
             live.show(Group(status_view(status), *recent))
@@ -358,17 +365,37 @@ def follow_run(
             click.echo(
                 f"{time.strftime('%H:%M:%S')} chunks {report.chunks_done}/{report.chunks_total} done, "
                 f"rows {status.rows['done'] + status.rows['in_progress']:,}/{status.rows['total']:,}; "
-                f"workers: {workers_line(status)}"
+                f"workers: {busy_workers(status)}"
             )
 
+    def started(_stage: RunContext, run: StartedRun) -> None:
+        if run.remaining:
+            click.echo(workers_line(run.launched, run.running, run.launcher.name))
+
+    hear = Callbacks(
+        progress=lambda line: click.echo(line, err=True),
+        prepared=print_prepare_report,
+        started=started,
+        tick=tick,
+        event=event,
+        say=click.echo,
+    )
     try:
         with live.running():
-            report = follow(ctx, launcher, interval, retries=retries, deadline=deadline, on_event=event, on_tick=tick)
+            report = follow_to_end(
+                ctx,
+                launcher,
+                interval=interval,
+                check=check,
+                retries=retries,
+                deadline=deadline,
+                later_stages=later_stages,
+                hear=hear,
+            )
     except KeyboardInterrupt:
         interrupted(ctx, launcher)
-    check_complete(ctx, report)
     click.echo(f"run {ctx.layout.run!r} complete: {report.chunks_total} chunks done")
-    if ctx.spec.sweep.cascade:  # the later stages live in `orch run` alone (fleet/cascade.py)
+    if ctx.spec.sweep.cascade and not later_stages:  # the later stages live in `orch run` alone
         click.echo("that was a cascade's first stage: `orch run` runs the next ones (launch, resume, watch stop here)")
     return 0
 

@@ -1,5 +1,5 @@
-"""How right the forecast was: the actual engine time, duration, cost and output tokens of a complete
-run beside the forecast's p50, kept in its forecast record (collect writes it; `orch runs` shows it)."""
+"""How right the forecast was, as the read model shows it: the fleet's engine time, and the forecast's
+band beside the pace so far (collect/forecast_actual.py keeps the actual figures in its record)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.records import Heartbeat
-from orchestrator.core.records.base import read_record
 from orchestrator.core.records.forecast import ForecastRecord
 from orchestrator.core.store import Store
 from orchestrator.core.worker_ids import job_worker
@@ -27,36 +26,6 @@ def fleet_engine_s(store: Store, layout: RunLayout, leave_out: Collection[str]) 
         beat = Heartbeat.from_bytes(store.get(key).data)
         per_worker[job_worker(worker)] = per_worker.get(job_worker(worker), 0.0) + beat.busy_s
     return max(per_worker.values(), default=0.0)
-
-
-def record_actual(
-    store: Store, layout: RunLayout, *, output_tokens: int, duration_s: float, cost_usd: float
-) -> dict[str, Any] | None:
-    """Write the run's actual figures into its forecast record (None: the run had no forecast)."""
-    found = read_record(store, layout.forecast, ForecastRecord)
-    if found is None:
-        return None
-    record = found[0]
-    from orchestrator.core.records import read_marker
-    from orchestrator.core.records.forecast import read_probes
-
-    # The probes' workers answered before the fleet started: their engine time is not the fleet's.
-    markers = [read_marker(store, layout, p.chunk) for p in read_probes(store, layout) if p.busy_s is not None]
-    leave_out = {m.holder for m in markers if m is not None}
-    fleet = record.fleet_candidate()
-    assert fleet is not None, record.fleet  # forecast.py names one of its candidates
-    engine = fleet_engine_s(store, layout, leave_out)
-    actual = {
-        "engine_s": round(engine, 2),
-        "duration_s": round(duration_s, 1),
-        "cost_usd": round(cost_usd, 4),
-        "output_tokens": float(output_tokens),
-    }
-    actual["engine_error"] = round(fleet.engine_s.p50 / engine - 1, 3) if engine else 0.0
-    actual["inside_band"] = float(fleet.engine_s.p10 <= engine <= fleet.engine_s.p90)
-    actual["output_tokens_error"] = round(record.output_tokens.p50 / output_tokens - 1, 3) if output_tokens else 0.0
-    store.put(layout.forecast, record.model_copy(update={"actual": actual}).to_bytes())
-    return actual
 
 
 def forecast_beside_pace(
