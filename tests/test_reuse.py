@@ -327,3 +327,18 @@ def test_reuse_run_repeats_its_own_commands_and_refuses_another_source_naming_bo
     prepare(store, "w2", data, "--reuse-from", "other", code=3)
     err = capsys.readouterr().err
     assert 'reuse: {"runs": ["base"]' in err and '{"runs": ["other"]' in err
+
+
+def test_reuse_check_says_how_many_requests_would_be_reused_and_how_many_paid(workdir, capsys):
+    store = str(workdir / "store")
+    prepare(store, "base", questions(workdir / "q.jsonl", 20))
+    finish(store, "base")
+    collect(store, "base", workdir / "base.jsonl", capsys)
+    grown = questions(workdir / "grown.jsonl", 26)
+    capsys.readouterr()
+    prepare(store, "next", grown, "--reuse-from", "base", "--check")
+    assert "reuse: 20 request(s) answered by earlier runs, 6 to run and pay for" in capsys.readouterr().out
+    prepare(store, "next", grown, "--reuse-from", "base", "--check", "--json")
+    report = json.loads(capsys.readouterr().out)
+    assert (report["reused"], report["to_run"]) == (20, 6)
+    assert open_store(store).head(RunLayout("next").prepare_record) is None  # a check writes nothing

@@ -45,6 +45,7 @@ def prepare_command(
 
     Every request is first held to the workers' own rules: one they would refuse stops prepare
     (exit 10), every problem listed by field with counts and file:line, before any chunk is written."""
+    from orchestrator.core.errors import InputError
     from orchestrator.prepare import check_run, prepare_run
 
     if check_only and no_check:
@@ -59,6 +60,14 @@ def prepare_command(
             raise checked.requests.error()
         if not as_json:
             print_check_report(checked)
+        if checked.set_aside:
+            # A check that passes what prepare would set aside says so in its exit code too.
+            first = checked.first_set_aside[0]
+            raise InputError(
+                f"{checked.set_aside:,} of {checked.rows:,} row(s) would be set aside, e.g. {first}",
+                hint="fix those rows, or how they are read (--format, --template, --id-column, --text-column); "
+                "prepared anyway, they are answered with error lines",
+            )
         return 0
     report = prepare_run(
         ctx, list(sources), strict=strict, check=not no_check, progress=lambda s: click.echo(s, err=True)

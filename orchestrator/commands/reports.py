@@ -68,11 +68,16 @@ def print_prepare_report(ctx: RunContext, report: PrepareReport) -> None:
 
 
 def print_check_report(report: CheckReport) -> None:
-    """`orch prepare --check` on an input the workers would take whole: what was checked, and the rows set aside."""
+    """`orch prepare --check` on an input the workers would take whole: what was checked, the rows set
+    aside, and with `--reuse-from` how many requests earlier runs answered."""
     click.echo(
         f"checked {report.requests.checked:,} request(s) in {report.seconds:.1f}s: the workers would take every one "
         "(nothing written)"
     )
+    if report.reused is not None and report.to_run is not None:
+        click.echo(
+            f"reuse: {report.reused:,} request(s) answered by earlier runs, {report.to_run:,} to run and pay for"
+        )
     if report.set_aside:
         click.echo(click.style(f"{report.set_aside:,} bad row(s) would be set aside", fg="yellow") + ":")
         for problem in report.first_set_aside:

@@ -66,7 +66,8 @@ class PrepareReport:
 
 @dataclass
 class CheckReport:
-    """What `orch prepare --check` found, writing nothing: the request check, and the rows prepare would set aside."""
+    """What `orch prepare --check` found, writing nothing: the request check, the rows prepare would set
+    aside, and with `--reuse-from` how many requests earlier runs answered and how many are left to pay for."""
 
     run: str | None
     rows: int
@@ -74,6 +75,8 @@ class CheckReport:
     set_aside: int
     first_set_aside: list[str]
     seconds: float
+    reused: int | None = None
+    to_run: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,24 +85,40 @@ class CheckReport:
             "requests": self.requests.to_dict(),
             "set_aside": self.set_aside,
             "first_set_aside": self.first_set_aside,
+            "reused": self.reused,
+            "to_run": self.to_run,
             "seconds": round(self.seconds, 3),
         }
 
 
 def check_run(ctx: RunContext, sources: list[str], *, progress: Progress = lambda _line: None) -> CheckReport:
-    """Step 3 without its writing: every row converted and its request checked as the workers would;
-    nothing is written to the store (the bad rows' temporary file is discarded)."""
+    """Step 3 without its writing: every row converted and its request checked as the workers would
+    (with `--reuse-from`, step 2 too: each request looked up in the named runs); nothing is written
+    to the store, and every temporary file goes."""
     started = time.monotonic()
     files = resolve_sources(sources)
     total = sum(count_rows(f, ctx.spec.input.max_line_bytes) for f in files)
     errors = ErrorWriter(strict=False, several_files=len(files) > 1)
     requests = RequestCheck(ctx.spec)
+    reuse: ReusePlan | None = None
     try:
-        convert_into(ctx, files, total, NoChunks(), errors, False, progress, requests=requests)
+        if ctx.spec.reuse.runs and total:
+            reuse = _plan_reuse(ctx, files, total, _answer_keys(ctx.spec), False, progress, requests, errors)
+        else:
+            convert_into(ctx, files, total, NoChunks(), errors, False, progress, requests=requests)
     finally:
         errors.discard()
-    run = ctx.spec.run
-    return CheckReport(run, total, requests, errors.count, errors.first, time.monotonic() - started)
+        if reuse is not None:
+            reuse.discard()
+    report = CheckReport(ctx.spec.run, total, requests, errors.count, errors.first, time.monotonic() - started)
+    if reuse is not None:
+        report.reused, report.to_run = reuse.count, reuse.good - reuse.count
+    return report
+
+
+def _answer_keys(spec: RunSpec) -> AnswerKeys | PoolKeys:
+    """Each request's answer key: under its model pool's context in a run of several models or a sweep."""
+    return PoolKeys(spec) if spec.models or spec.sweep.arms else AnswerKeys(spec)
 
 
 def prepare_run(
@@ -131,7 +150,7 @@ def prepare_run(
         )
     _refuse_reuse_in_a_cascade(spec)
     errors = ErrorWriter(strict, several_files=len(files) > 1)
-    keys = PoolKeys(spec) if spec.models or spec.sweep.arms else AnswerKeys(spec)
+    keys = _answer_keys(spec)
     requests = RequestCheck(spec) if check else None
     reuse: ReusePlan | None = None
     chunker: Chunker | None = None
@@ -197,16 +216,20 @@ def _plan_reuse(
     strict: bool,
     progress: Progress,
     requests: RequestCheck | None,
+    errors: ErrorWriter | None = None,
 ) -> ReusePlan:
     """Step 2 (reuse.py steps 1-2): every good row's key, looked up in the runs `reuse.from` names.
     This first pass also checks the requests (`requests`), so a refused one stops before any lookup.
-    A sweep keys a request per row and arm, at its place in the space of position x arm."""
+    A sweep keys a request per row and arm, at its place in the space of position x arm. Its bad
+    rows go to `errors` (`--check`), else nowhere: the second pass sets them aside."""
     arms = len(ctx.spec.sweep.arms)
     slots = total * max(arms, 1)
     # Only a one-model run's chunks hold its input rows in order: a grown table is read whole otherwise.
     grown = _grown(ctx, files, keys, progress) if isinstance(keys, AnswerKeys) else None
     collected = KeyCollector(keys, slots)
-    errors = ErrorWriter(strict, several_files=len(files) > 1)  # the second pass reports bad rows
+    own_errors = errors is None
+    if errors is None:
+        errors = ErrorWriter(strict, several_files=len(files) > 1)
     try:
         if grown is None:
             convert_into(ctx, files, total, collected, errors, strict, progress, requests=requests)
@@ -222,7 +245,8 @@ def _plan_reuse(
         _stop_if_refused(requests)
         plan = plan_reuse(ctx, collected, slots)
     finally:
-        errors.discard()
+        if own_errors:
+            errors.discard()
         collected.discard()
     of = f"{slots:,} requests ({total:,} rows x {arms} arms)" if arms else f"{total:,} rows"
     progress(
