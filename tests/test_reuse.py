@@ -342,3 +342,29 @@ def test_reuse_check_says_how_many_requests_would_be_reused_and_how_many_paid(wo
     report = json.loads(capsys.readouterr().out)
     assert (report["reused"], report["to_run"]) == (20, 6)
     assert open_store(store).head(RunLayout("next").prepare_record) is None  # a check writes nothing
+
+
+def test_reuse_a_pilot_samples_every_kind_of_row_and_the_full_run_pays_only_for_the_rest(workdir, capsys):
+    """`--limit 20`: a stratified sample (prompt length, output budget, prefix); the whole input's
+    run with --reuse-from the pilot answers the pilot's rows from it and runs the others."""
+    store = str(workdir / "store")
+    kinds = ["Short?", "A much longer question " * 30 + "?"]
+    rows = [{"id": f"q{i}", "question": f"{kinds[i % 2]} {i}"} for i in range(200)]
+    data = write_jsonl(workdir / "q.jsonl", rows)
+    prepare(store, "pilot", data, "--limit", "20")
+    pilot = read_manifest(open_store(store), RunLayout("pilot"))
+    lines = [
+        json.loads(x) for e in pilot for x in open_store(store).get(RunLayout("pilot").chunk(e.chunk)).data.splitlines()
+    ]
+    assert len(lines) == 20
+    picked = [int(line["custom_id"][1:]) for line in lines]
+    assert sum(i % 2 for i in picked) == 10  # both kinds, in proportion
+    assert picked == sorted(picked)  # input order
+    capsys.readouterr()
+    prepare(store, "pilot", data, "--limit", "20")  # the same command: the same sample, already prepared
+    assert "already prepared" in capsys.readouterr().out
+    finish(store, "pilot")
+    assert collect(store, "pilot", workdir / "pilot.jsonl", capsys)["rows_written"] == 20
+
+    prepare(store, "full", data, "--reuse-from", "pilot")
+    assert reused_rows(store, "full") == 20 and run_rows(store, "full") == 180

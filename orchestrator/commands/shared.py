@@ -192,6 +192,14 @@ def input_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 help="the longest JSONL line read (default 64 MiB): a longer one is set aside unread",
             ),
             click.option(
+                "--limit",
+                type=click.IntRange(min=1),
+                default=None,
+                metavar="N",
+                help="a pilot run: a stratified sample of N rows (a later run of the whole input with "
+                "--reuse-from it pays only for the rest)",
+            ),
+            click.option(
                 "--reuse-from",
                 "reuse_from",
                 multiple=True,
@@ -224,6 +232,7 @@ def input_flags(
     json_schema: str | None,
     system_prompt: str | None,
     max_line_bytes: int | None,
+    limit: int | None = None,
     reuse_from: tuple[str, ...] = (),
     reuse_sampled: bool | None = None,
 ) -> dict[str, Any]:
@@ -240,6 +249,7 @@ def input_flags(
         "input.template": template,
         "input.system_prompt": system_prompt,
         "input.max_line_bytes": max_line_bytes,
+        "input.limit": limit,
         "reuse.from": list(reuse_from) or None,
         "reuse.sampled": reuse_sampled,
     }

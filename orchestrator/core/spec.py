@@ -157,6 +157,13 @@ class InputSpec(StrictModel):
     text_as: Literal["chat", "completion"] = Field(
         "chat", description="text: send the filled template as a user message or as a raw prompt"
     )
+    limit: int | None = Field(
+        None,
+        ge=1,
+        description="a pilot run: a stratified sample of this many of the input's rows (by prompt length, output "
+        "budget and prompt prefix) instead of all of them; the whole input's run with --reuse-from the pilot "
+        "then pays only for the rest",
+    )
     max_line_bytes: int = Field(
         MAX_LINE_BYTES,
         ge=1024,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from typing import Protocol
 
 from orchestrator.core.context import RunContext
@@ -45,12 +45,14 @@ def convert_into(
     *,
     requests: RequestCheck | None = None,
     first_position: int = 0,
+    only: Container[int] | None = None,
 ) -> Conversion:
     """Every row of `files` converted (and checked, with `requests`) into the chain `into`, input
     positions counted from `first_position` (a grown table's appended rows come after its older
-    ones). Returns the conversion, with its counts."""
+    ones); with `only`, just the rows at those input positions, numbered again from 0 (a pilot's
+    sample is its run's whole input). Returns the conversion, with its counts."""
     conversion = Conversion(ctx, files, into, errors, strict, requests)
-    conversion.run(total, progress, first_position)
+    conversion.run(total, progress, first_position, only)
     return conversion
 
 
@@ -93,17 +95,21 @@ class Conversion:
         self.not_utf8 = NotUtf8(strict)
         self.current: tuple[SourceFile, RawRow] | None = None
 
-    def run(self, total: int, progress: Progress, first_position: int = 0) -> None:
-        """Every row of the files, converted in order: the one loop prepare turns rows into requests in."""
+    def run(self, total: int, progress: Progress, first_position: int = 0, only: Container[int] | None = None) -> None:
+        """Every row of the files (those at the positions `only` names), converted in order: the one
+        loop prepare turns rows into requests in."""
         columns = needed_columns(self.spec_input)
         started = last_note = time.monotonic()
-        row_index = 0
+        row_index = taken = 0
         for file_index, source in enumerate(self.files):
             for raw in input_rows(source, self.spec_input, columns):
-                position = first_position + row_index
+                row_index += 1
+                if only is not None and row_index - 1 not in only:
+                    continue
+                position = first_position + taken
+                taken += 1
                 self.into.before_row(position)
                 self.take(file_index, source, raw, position)
-                row_index += 1
                 if time.monotonic() - last_note > 5:
                     last_note = time.monotonic()
                     progress(f"{row_index:,}/{total:,} rows ({row_index / (last_note - started):,.0f} rows/s)")

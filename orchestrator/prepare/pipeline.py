@@ -31,6 +31,7 @@ from orchestrator.prepare.conversion import Conversion, convert_into
 from orchestrator.prepare.grown import Grown, grown_table, old_rows_keyed
 from orchestrator.prepare.identity import input_differences, input_identity
 from orchestrator.prepare.reuse import KeyCollector, ReusePlan, plan_reuse
+from orchestrator.prepare.sampling import RowStrata
 from orchestrator.prepare.source_file import SourceFile
 from orchestrator.prepare.sources import count_rows, resolve_sources
 from orchestrator.prepare.stages import Chunker, NoChunks, PreparedLines, compose
@@ -154,15 +155,18 @@ def prepare_run(
     requests = RequestCheck(spec) if check else None
     reuse: ReusePlan | None = None
     chunker: Chunker | None = None
+    # A pilot (input.limit): its stratified sample is the run's whole input, numbered from 0.
+    pilot = _pilot_rows(ctx, files, total, progress) if spec.input.limit and total > spec.input.limit else None
+    rows = total if pilot is None else len(pilot)
     try:  # every temporary file of the steps goes in the end, a refused reuse included
-        reuse = _plan_reuse(ctx, files, total, keys, strict, progress, requests) if spec.reuse.runs else None
-        chunker = compose(ctx, total, len(files), reuse, progress)
+        reuse = _plan_reuse(ctx, files, rows, keys, strict, progress, requests, only=pilot) if spec.reuse.runs else None
+        chunker = compose(ctx, rows, len(files), reuse, progress)
         # Reusing, the first pass (_plan_reuse) checked the requests already.
         checked = requests if reuse is None else None
-        rows_in = convert_into(ctx, files, total, chunker, errors, strict, progress, requests=checked)
+        rows_in = convert_into(ctx, files, total, chunker, errors, strict, progress, requests=checked, only=pilot)
         _stop_if_refused(checked)
         entries = chunker.finish().close()
-        _check_some_rows(entries, total, errors, reuse.count if reuse else 0)
+        _check_some_rows(entries, rows, errors, reuse.count if reuse else 0)
         identity = input_identity(ctx.spec, files)
         # Recorded only now: a prepare that failed leaves the run's spec free to be corrected.
         ctx.freeze()
@@ -175,7 +179,7 @@ def prepare_run(
         if chunker is not None:
             chunker.discard()
         errors.discard()
-    reused: dict[str, Any] = {"reused": reuse.count if reuse else 0}
+    reused: dict[str, Any] = {"reused": reuse.count if reuse else 0, "sampled_from": None if pilot is None else total}
     if isinstance(keys, PoolKeys):
         reused["key_digests"] = keys.digests
         reused["key_adapters"] = keys.adapters
@@ -217,6 +221,8 @@ def _plan_reuse(
     progress: Progress,
     requests: RequestCheck | None,
     errors: ErrorWriter | None = None,
+    *,
+    only: set[int] | None = None,
 ) -> ReusePlan:
     """Step 2 (reuse.py steps 1-2): every good row's key, looked up in the runs `reuse.from` names.
     This first pass also checks the requests (`requests`), so a refused one stops before any lookup.
@@ -225,14 +231,14 @@ def _plan_reuse(
     arms = len(ctx.spec.sweep.arms)
     slots = total * max(arms, 1)
     # Only a one-model run's chunks hold its input rows in order: a grown table is read whole otherwise.
-    grown = _grown(ctx, files, keys, progress) if isinstance(keys, AnswerKeys) else None
+    grown = _grown(ctx, files, keys, progress) if isinstance(keys, AnswerKeys) and only is None else None
     collected = KeyCollector(keys, slots)
     own_errors = errors is None
     if errors is None:
         errors = ErrorWriter(strict, several_files=len(files) > 1)
     try:
         if grown is None:
-            convert_into(ctx, files, total, collected, errors, strict, progress, requests=requests)
+            convert_into(ctx, files, total, collected, errors, strict, progress, requests=requests, only=only)
         else:
             # Only the appended rows are read and keyed; the older ones come keyed from the run that read them.
             collected.add_records(old_rows_keyed(ctx, grown))
@@ -254,6 +260,22 @@ def _plan_reuse(
         + (f" ({plan.sampled_skipped:,} that sample run again: reuse.sampled)" if plan.sampled_skipped else "")
     )
     return plan
+
+
+def _pilot_rows(ctx: RunContext, files: list[SourceFile], total: int, progress: Progress) -> set[int]:
+    """A pilot's rows (input.limit): a first pass over the input keeps each good row's stratum, and a
+    stratified sample of `limit` of them is drawn, seeded by the run's name (the same command picks
+    the same rows). Bad rows are never picked: a pilot's input is its sample alone."""
+    limit = ctx.spec.input.limit or total
+    strata = RowStrata(len(ctx.spec.sweep.arms), ctx.spec.sampling.max_tokens)
+    errors = ErrorWriter(strict=False, several_files=len(files) > 1)
+    try:
+        convert_into(ctx, files, total, strata, errors, False, progress)
+    finally:
+        errors.discard()
+    picked = set(strata.sample(limit, seed=f"pilot:{ctx.layout.run}"))
+    progress(f"a pilot of {len(picked):,} rows: a stratified sample of the input's {total:,} (--limit)")
+    return picked
 
 
 def _grown(ctx: RunContext, files: list[SourceFile], keys: AnswerKeys, progress: Progress) -> Grown | None:
@@ -324,7 +346,7 @@ def _already_prepared(ctx: RunContext, done: PrepareRecord, files: list[SourceFi
 def _first_difference(ctx: RunContext, files: list[SourceFile]) -> str | None:
     """The first input row (file:line) whose request is not the one in the prepared chunks."""
     spec, store, layout = ctx.spec, ctx.store, ctx.layout
-    if spec.chunking.group_by_prefix or spec.models or spec.sweep.arms or spec.reuse.runs:
+    if spec.chunking.group_by_prefix or spec.models or spec.sweep.arms or spec.reuse.runs or spec.input.limit:
         return None  # chunks hold rows in another order, or not all: the files' differences are all there is to say
 
     def prepared() -> Iterator[bytes]:
