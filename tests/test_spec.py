@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from orchestrator.core.errors import SpecConflict, SpecError
@@ -164,3 +166,30 @@ def test_spec_adapters_runner_and_tool_parser_are_frozen_with_the_run(tmp_path):
     for flags in ({"model.lora": {"fr": "./other"}}, {"model.runner": "pooling"}, {"model.tool_parser": "mistral"}):
         with pytest.raises(SpecConflict):
             freeze_spec(store, layout, load_spec(None, {**first, **flags}, env={}, default_file=False))
+
+
+def test_sampling_flags_on_prepare_are_frozen_and_once_answered_a_changed_one_is_refused_naming_both(
+    tmp_path, monkeypatch, capsys
+):
+    from orchestrator.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.jsonl").write_text('{"id": "a", "q": "x"}\n')
+    tiny = str(Path(__file__).resolve().parents[1] / ".cache" / "models" / "tiny-llama")
+    args = ["prepare", "d.jsonl", "--run", "r", "--store", "s", "--model", tiny, "--format", "text"]
+    args += ["--text-column", "q", "--id-column", "id"]
+    assert main([*args, "--max-tokens", "7", "--temperature", "0", "--top-p", "0.5", "--seed", "3"]) == 0
+    stored = read_stored_spec(open_store("s"), RunLayout("r"))
+    assert stored is not None
+    sampling = stored[0]["sampling"]
+    assert (sampling["max_tokens"], sampling["temperature"], sampling["top_p"], sampling["seed"]) == (7, 0.0, 0.5, 3)
+    assert main([*args, "--max-tokens", "7"]) == 0  # the same again, or without the others: nothing changes
+    # Once a chunk has outputs, a changed sampling flag would mix two kinds of answers: refused.
+    from orchestrator.core.records import read_manifest
+    from tests.support.runs import Answer, answer_chunk
+
+    store, layout = open_store("s"), RunLayout("r")
+    answer_chunk(store, layout, read_manifest(store, layout)[0].chunk, [[Answer(0, "a", "x")]])
+    capsys.readouterr()
+    assert main([*args, "--max-tokens", "8"]) == 3
+    assert "sampling.max_tokens: 7 (frozen) != 8 (now)" in capsys.readouterr().err

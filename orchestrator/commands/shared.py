@@ -191,6 +191,15 @@ def input_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 default=None,
                 help="the longest JSONL line read (default 64 MiB): a longer one is set aside unread",
             ),
+            click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="sampling: the output budget"),
+            click.option(
+                "--temperature",
+                type=click.FloatRange(min=0.0),
+                default=None,
+                help="sampling: 0 is greedy (a redone chunk answers the same); default: the model's, else 1.0",
+            ),
+            click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=None, help="sampling"),
+            click.option("--seed", type=int, default=None, help="sampling: a seed makes sampled answers repeatable"),
             click.option(
                 "--limit",
                 type=click.IntRange(min=1),
@@ -232,11 +241,15 @@ def input_flags(
     json_schema: str | None,
     system_prompt: str | None,
     max_line_bytes: int | None,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
     limit: int | None = None,
     reuse_from: tuple[str, ...] = (),
     reuse_sampled: bool | None = None,
 ) -> dict[str, Any]:
-    """The spec flags the input options give (dotted paths)."""
+    """The spec flags the input and sampling options give (dotted paths)."""
     from orchestrator.core.request_format import response_format_of
 
     flags: dict[str, Any] = {
@@ -250,6 +263,10 @@ def input_flags(
         "input.system_prompt": system_prompt,
         "input.max_line_bytes": max_line_bytes,
         "input.limit": limit,
+        "sampling.max_tokens": max_tokens,
+        "sampling.temperature": temperature,
+        "sampling.top_p": top_p,
+        "sampling.seed": seed,
         "reuse.from": list(reuse_from) or None,
         "reuse.sampled": reuse_sampled,
     }
