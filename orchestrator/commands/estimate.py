@@ -30,8 +30,8 @@ from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD
     "--probe-rows",
     type=click.IntRange(1),
     default=None,
-    help="the fewest rows a probe takes [default: two engine batches (model.engine_args.max_num_seqs, else 256): "
-    "one to warm up, one to measure]",
+    help="the fewest rows a probe takes [default: two engine batches (model.engine_args.max_num_seqs, else 256), "
+    "one to warm up and one to measure, within 1.5% of the rows]",
 )
 @click.option(
     "--probe-budget",
