@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +35,7 @@ from orchestrator.collect.input_order import InputOrder, LineSink
 from orchestrator.collect.parquet import flatten_lines, parquet_schema
 from orchestrator.collect.report import CollectReport
 from orchestrator.collect.reuse import AnswerIndexBuilder, ReusedAnswers
+from orchestrator.collect.scratch import remove_leftovers
 from orchestrator.collect.table import TableSpec, TableWriter, table_spec
 from orchestrator.core.errors import OutputError
 from orchestrator.core.layout import RunLayout
@@ -87,9 +87,9 @@ def check_output(out: str | os.PathLike[str], fmt: str | None = None) -> str:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         # Tried for real: permission bits say nothing to root, nor about read-only file systems.
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=f".{Path(out).name}.")
-        os.close(fd)
-        os.unlink(probe)
+        probe = AtomicFile(out)
+        probe.discard()
+        probe.close()
     except OSError as e:
         raise _unwritable(out, e) from None
     return fmt
@@ -112,18 +112,29 @@ def collect(
     default_spot: bool = True,
     partial: bool = True,
     keep_columns: list[str] | None = None,
+    merge_on: str | None = None,
 ) -> CollectReport:
     """With `prices`, the report also says what the run's tokens cost (status's cost so far).
     Without `partial`, an incomplete run's output is not written (a pipeline that waits for the
     file must not take a failed collect for a finished one); the retry file still is: it lists
     the rows left to do. `keep_columns`: input columns a table carries. An Iceberg, Delta or Lance
-    `out` gets the run's rows once (collect_sinks.py)."""
+    `out` gets the run's rows once (sinks.py), appended, or merged on the column `merge_on`.
+    First, what killed collects left (in the temp dir, beside the output) is removed (scratch.py)."""
     from orchestrator.collect.sinks import collect_into_table, table_sink
 
-    if (sink := table_sink(str(out))) is not None:
+    sink = table_sink(str(out))
+    if merge_on is not None and sink is None:
+        raise OutputError(
+            f"--merge-on {merge_on}: {out} is a file, written whole: only a table is merged into",
+            hint="--out delta:PATH, lance:PATH or iceberg://CATALOG/NS.TABLE (docs/tables.md)",
+        )
+    removed = remove_leftovers(None if sink is not None else out, retry_out)
+    if sink is not None:
         again = functools.partial(collect, store, layout, fmt="table", retry_out=retry_out, prices=prices)
         into = functools.partial(again, default_spot=default_spot, partial=partial, keep_columns=keep_columns)
-        return collect_into_table(sink, str(out), layout.run, fmt, into)
+        report = collect_into_table(sink, str(out), layout.run, fmt, into, merge_on)
+        report.leftovers_removed[:0] = removed
+        return report
     container = check_output(out, fmt)
     shape = output_shape(fmt, container)
     if retry_out:
@@ -137,6 +148,7 @@ def collect(
         chunks_total=len(entries),
         rows_total=sum(e.rows for e in entries),
         retry_out=str(retry_out) if retry_out else None,
+        leftovers_removed=removed,
     )
     reuse = ReusedAnswers.load(store, layout)
     index = AnswerIndexBuilder(store, layout, reuse)

@@ -35,6 +35,13 @@ from orchestrator.commands.shared import (
 )
 @keep_columns_option
 @click.option(
+    "--merge-on",
+    default=None,
+    metavar="COLUMN",
+    help="a table --out: upsert the run's rows by this column (the id, say) instead of appending them: "
+    "a row whose key the table has replaces it (Delta MERGE, Iceberg upsert, Lance merge_insert)",
+)
+@click.option(
     "--retry-out",
     type=click.Path(dir_okay=False),
     default=None,
@@ -52,6 +59,7 @@ def collect_command(
     max_error_rate: float,
     as_json: bool,
     keep_columns: list[str] | None,
+    merge_on: str | None,
 ) -> int:
     """Merge outputs into one file in input order; check every custom_id appears exactly once."""
     from orchestrator.collect.collect import collect
@@ -70,6 +78,7 @@ def collect_command(
         default_spot=ctx.spec.resources.spot,
         partial=allow_partial,
         keep_columns=keep_columns,
+        merge_on=merge_on,
     )
     if report.complete:
         _forecast_check(ctx, report)
