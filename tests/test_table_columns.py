@@ -136,3 +136,23 @@ def test_table_types_every_schema_shape_and_names_the_field_that_does_not_fit(tm
 def test_column_kind_of_each_schema_shape(schema, kind):
     root = {**schema, "$defs": {"L": {"enum": ["x", "y"]}, "Loop": {"$ref": "#/$defs/Loop"}}}
     assert column_kind(root) == kind
+
+
+def test_table_columns_are_the_same_for_plain_reuse_and_cascade_runs():
+    """A table that grows week after week keeps its columns whatever the week's run was: `reused`
+    and `escalated` are always there (a sweep's arms: `reused_<arm>` always)."""
+    import io
+
+    from orchestrator.collect.table import TableSpec, TableWriter
+
+    def columns(spec: dict) -> list[tuple[str, str]]:
+        base = {"model": {"name": "m"}, "input": {"id_column": "id"}}
+        return TableWriter(io.BytesIO(), "parquet", TableSpec.of({**base, **spec})).columns
+
+    plain = columns({})
+    assert columns({"reuse": {"runs": ["w1"]}}) == plain
+    assert columns({"sweep": {"cascade": [{"model": "small"}, {"model": "large"}]}}) == plain
+    assert [name for name, _ in plain][-2:] == ["reused", "escalated"]
+    arms = {"sweep": {"arms": {"a": {}, "b": {}}}}
+    assert columns({**arms, "reuse": {"runs": ["w1"]}}) == columns(arms)
+    assert ("reused_b", "bool") in columns(arms)

@@ -82,16 +82,10 @@ def collect_command(
     )
     if report.complete:
         _forecast_check(ctx, report)
-    arms = _arms(ctx)
     if as_json:
-        click.echo(json.dumps({**report.to_dict(), **({"arms": arms} if arms else {})}))
+        click.echo(json.dumps(report.to_dict()))
     else:
         print_collect_report(report)
-        if arms:
-            from orchestrator.commands.console import console
-            from orchestrator.commands.views import arms_table
-
-            console().print(arms_table(arms))
     if not report.complete and not allow_partial:
         raise IncompleteRun(
             f"run {ctx.layout.run!r} is incomplete: {report.missing:,} row(s) missing; {out} was not written",
@@ -99,19 +93,6 @@ def collect_command(
         )
     check_error_rate(report, max_error_rate)
     return 0
-
-
-def _arms(ctx: Any) -> dict[str, Any]:
-    """A sweep: each arm's rows, tokens and cost, as `orch status` counts them (runview/arms.py)."""
-    if not ctx.spec.sweep.arms:
-        return {}
-    import time
-
-    from orchestrator.planning.pricing import load_gpu_table
-    from orchestrator.runview.status import status_of
-
-    prices, spot = load_gpu_table(), ctx.spec.resources.spot
-    return status_of(ctx.store, ctx.layout, None, now=time.time(), prices=prices, default_spot=spot, spec=ctx.spec).arms
 
 
 def _forecast_check(ctx: Any, report: Any) -> None:

@@ -130,3 +130,8 @@ def print_collect_report(report: CollectReport) -> None:
             f"{r.retry_rows:,} failed or missing request(s) written to {r.retry_out} "
             "(orch prepare it with --format openai-batch to retry)"
         )
+    if r.comparison:
+        from orchestrator.commands.console import console
+        from orchestrator.commands.views import comparison_table
+
+        console().print(comparison_table(r.comparison))
