@@ -23,7 +23,7 @@ from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import DoneMarker, read_manifest
 from orchestrator.core.store import open_store
 from tests.support.datasets import write_jsonl
-from tests.support.runs import ROOT, Answer, answer_chunk
+from tests.support.runs import Answer, answer_chunk, orch_process
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 #: A guard against a hang, not a pace: each wait ends at its event.
@@ -73,18 +73,6 @@ class HeldPart:
         os.close(fd)
 
 
-def orch(workdir: Path, temp: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp)}
-    return subprocess.Popen(
-        [str(ROOT / ".venv" / "bin" / "orch"), *args],
-        cwd=workdir,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def entries(folder: Path, start: str) -> set[str]:
     return {p.name for p in folder.iterdir() if p.name.startswith(start)}
 
@@ -102,7 +90,8 @@ def test_collect_killed_leaves_what_the_next_collect_removes_and_a_live_collect_
         return {"file": str(outs / f"{run}.jsonl"), "delta": f"delta:{outs}/{run}"}[kind]
 
     def collect(run: str) -> subprocess.Popen[str]:
-        return orch(tmp_path, temp, "collect", "--run", run, "--store", store_uri, "--out", out(run))
+        args = ("collect", "--run", run, "--store", store_uri, "--out", out(run))
+        return orch_process(tmp_path, *args, env={"TMPDIR": str(temp)})
 
     # 1. A collect that stays live, held half way: its files are there.
     live_part = HeldPart(store_uri, "live")

@@ -22,8 +22,8 @@ from orchestrator.commands.shared import (
     "--out",
     "out",
     required=True,
-    help="output file (.jsonl or .parquet), or a table to append to: iceberg://CATALOG/NS.TABLE, delta:PATH, "
-    "lance:PATH (docs/tables.md)",
+    help="output file (.jsonl or .parquet), or a table to append to (or merge into, --merge-on): "
+    "iceberg://CATALOG/NS.TABLE, delta:PATH, lance:PATH (docs/tables.md)",
 )
 @click.option(
     "--format",

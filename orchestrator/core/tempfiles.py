@@ -101,7 +101,7 @@ def _remove(directory: str, left: Callable[[str], bool]) -> list[Removed]:
     removed = []
     for name in filter(left, names):
         path = os.path.join(directory, name)
-        size = _bytes(path)
+        size = tree_bytes(path)
         try:
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
@@ -113,7 +113,8 @@ def _remove(directory: str, left: Callable[[str], bool]) -> list[Removed]:
     return removed
 
 
-def _bytes(path: str) -> int:
+def tree_bytes(path: str) -> int:
+    """The bytes of a file, or of every file under a folder (links not followed)."""
     if not os.path.isdir(path) or os.path.islink(path):
         with contextlib.suppress(OSError):
             return os.lstat(path).st_size
