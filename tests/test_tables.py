@@ -16,15 +16,10 @@ from orchestrator.core.records import read_manifest
 from orchestrator.core.store import open_store
 from orchestrator.prepare.sources import resolve_sources
 from orchestrator.prepare.tables import appended_since
-from tests.support.runs import Answer, answer_chunk
+from tests.support.tables import answer_all, answer_by_question, answered_run, chunk_lines, prepare, rows
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 KINDS = ["iceberg", "delta", "lance", "hf"]
-
-
-def rows(start: int, count: int) -> pa.Table:
-    ids = range(start, start + count)
-    return pa.table({"id": [f"r{i}" for i in ids], "question": [f"question {i}" for i in ids], "n": list(ids)})
 
 
 class Tables:
@@ -80,18 +75,6 @@ class Tables:
 @pytest.fixture
 def tables(tmp_path: Path) -> Tables:
     return Tables(tmp_path)
-
-
-def prepare(store: str, run: str, source: str, *extra: str) -> int:
-    flags = ["--format", "text", "--text-column", "question", "--id-column", "id", "--model", "m"]
-    return main(["prepare", "--run", run, "--store", store, *flags, *extra, source])
-
-
-def chunk_lines(store: str, run: str) -> list[dict[str, Any]]:
-    s, layout = open_store(store), RunLayout(run)
-    return [
-        json.loads(line) for e in read_manifest(s, layout) for line in s.get(layout.chunk(e.chunk)).data.splitlines()
-    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -216,18 +199,6 @@ def test_appended_since_refuses_a_delete_in_between(tables):
 
 
 # -- sinks -------------------------------------------------------------------------------------
-def answered_run(tmp_path: Path, run: str, count: int) -> str:
-    """A run prepared from a Parquet file, every row answered without an engine."""
-    pq.write_table(rows(0, count), tmp_path / f"{run}.parquet")
-    store = str(tmp_path / "store")
-    assert prepare(store, run, str(tmp_path / f"{run}.parquet")) == 0
-    s, layout = open_store(store), RunLayout(run)
-    for entry in read_manifest(s, layout):
-        ids = [json.loads(line)["custom_id"] for line in s.get(layout.chunk(entry.chunk)).data.splitlines()]
-        answer_chunk(s, layout, entry.chunk, [[Answer(i, cid, f"answer {cid}") for i, cid in enumerate(ids)]])
-    return store
-
-
 def read_sink(kind: str, tables: Tables) -> pa.Table:
     if kind == "iceberg":
         return tables.catalog().load_table("db.answers").scan().to_arrow()
@@ -310,18 +281,6 @@ def test_collect_into_table_refuses_other_columns_the_same_way_in_every_kind(kin
     assert sink_commits(kind, tables) == commits
 
 
-def answer_by_question(store: str, run: str) -> None:
-    """Every row answered with its question: an edited question gets another answer."""
-    s, layout = open_store(store), RunLayout(run)
-    for entry in read_manifest(s, layout):
-        requests = [json.loads(line) for line in s.get(layout.chunk(entry.chunk)).data.splitlines()]
-        answers = [
-            Answer(i, r["custom_id"], f"answer to {r['body']['messages'][-1]['content']}")
-            for i, r in enumerate(requests)
-        ]
-        answer_chunk(s, layout, entry.chunk, [answers])
-
-
 @pytest.mark.parametrize("kind", list(SINKS))
 @pytest.mark.usefixtures("greedy")
 def test_collect_merge_on_keeps_one_row_per_id_with_the_latest_answers(kind, tables, tmp_path, capsys):
@@ -355,6 +314,23 @@ def test_collect_merge_on_keeps_one_row_per_id_with_the_latest_answers(kind, tab
     assert read_sink(kind, tables).num_rows == 11
 
 
+def test_collect_into_a_table_an_older_orch_made_says_which_columns_to_add(tables, tmp_path, capsys):
+    """A table made before `reused` and `escalated` were in every table: refused, saying what to add."""
+    from deltalake import write_deltalake
+
+    store = answered_run(tmp_path, "old", 3)
+    assert main(["collect", "--run", "old", "--store", store, "--out", str(tmp_path / "old.parquet")]) == 0
+    write_deltalake(
+        str(tables.root / "delta_answers"), pq.read_table(tmp_path / "old.parquet").drop(["reused", "escalated"])
+    )
+    other = answered_run(tmp_path, "new", 2)
+    capsys.readouterr()
+    assert main(["collect", "--run", "new", "--store", other, "--out", SINKS["delta"](tables)]) == 1
+    err = capsys.readouterr().err
+    assert "the run has reused, escalated, the table does not" in err
+    assert "add reused (boolean) and escalated (string) to the table" in err
+
+
 def test_collect_merge_on_refuses_a_column_the_run_lacks_or_a_file_output(tables, tmp_path, capsys):
     store = answered_run(tmp_path, "c", 3)
     out = SINKS["delta"](tables)
@@ -384,13 +360,6 @@ def greedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Greedy sampling (orch.yaml in the working folder), so answered rows may be reused."""
     (tmp_path / "orch.yaml").write_text("sampling:\n  temperature: 0\n")
     monkeypatch.chdir(tmp_path)
-
-
-def answer_all(store: str, run: str) -> None:
-    s, layout = open_store(store), RunLayout(run)
-    for entry in read_manifest(s, layout):
-        ids = [json.loads(line)["custom_id"] for line in s.get(layout.chunk(entry.chunk)).data.splitlines()]
-        answer_chunk(s, layout, entry.chunk, [[Answer(i, cid, f"answer {cid}") for i, cid in enumerate(ids)]])
 
 
 @pytest.mark.parametrize("kind", ["iceberg", "delta"])

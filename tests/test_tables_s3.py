@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.cli import main
-from tests.test_tables import answered_run, chunk_lines, prepare, rows
+from tests.support.tables import answered_run, chunk_lines, prepare, rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")]
 KINDS = ["iceberg", "delta", "lance"]

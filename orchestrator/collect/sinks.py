@@ -49,6 +49,8 @@ ORCH_RUN_PROPERTY = "orch.run"
 _BATCH = 10_000
 #: Repeated merge keys named in an error.
 _SHOWN = 3
+#: The columns every table has (table.py), and their types, that an older orch wrote in some runs only.
+EVERY_TABLE = {"reused": "boolean", "escalated": "string"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,12 +188,15 @@ def _same_columns(out: str, table: Any, run: Any, merge_on: str | None) -> list[
     differences = ([f"the table has {', '.join(lacking)}, the run does not"] if lacking else []) + (
         [f"the run has {', '.join(extra)}, the table does not"] if extra else []
     )
+    hint = "collect with the --keep-columns (and the --json-schema) of the runs already in the table, "
+    if extra and set(extra) <= set(EVERY_TABLE):  # a table an older orch made, before they were in every table
+        hint = f"add {' and '.join(f'{n} ({EVERY_TABLE[n]})' for n in extra)} to the table (its library's schema "
+        hint += "evolution: the rows there get nulls), "
     raise OutputError(
         f"cannot {'merge into' if merge_on else 'append to'} {out}: the run's columns are not the table's: "
         + "; ".join(differences + retyped),
         where=out,
-        hint="collect with the --keep-columns (and the --json-schema) of the runs already in the table, "
-        "or into a new table (docs/tables.md lists the columns)",
+        hint=hint + "or collect into a new table (docs/tables.md lists the columns)",
     )
 
 
