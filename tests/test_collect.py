@@ -322,6 +322,7 @@ def test_collect_writes_a_typed_table_of_a_json_schema_run(tmp_path, capsys, mon
     assert table.schema.names == [
         "ticket", "subject", "priority", "tags", "text", "label", "urgent", "score", "topics", "answer_text",
         "parse_error", "finish_reason", "prompt_tokens", "completion_tokens", "error_code", "error_message", "model",
+        "reused", "escalated",
     ]  # fmt: skip
     types = {f.name: f.type for f in table.schema}
     assert types["priority"] == pa.int64() and types["urgent"] == pa.bool_() and types["score"] == pa.int64()

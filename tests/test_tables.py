@@ -16,15 +16,10 @@ from orchestrator.core.records import read_manifest
 from orchestrator.core.store import open_store
 from orchestrator.prepare.sources import resolve_sources
 from orchestrator.prepare.tables import appended_since
-from tests.support.runs import Answer, answer_chunk
+from tests.support.tables import answer_all, answer_by_question, answered_run, chunk_lines, prepare, rows
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 KINDS = ["iceberg", "delta", "lance", "hf"]
-
-
-def rows(start: int, count: int) -> pa.Table:
-    ids = range(start, start + count)
-    return pa.table({"id": [f"r{i}" for i in ids], "question": [f"question {i}" for i in ids], "n": list(ids)})
 
 
 class Tables:
@@ -80,18 +75,6 @@ class Tables:
 @pytest.fixture
 def tables(tmp_path: Path) -> Tables:
     return Tables(tmp_path)
-
-
-def prepare(store: str, run: str, source: str, *extra: str) -> int:
-    flags = ["--format", "text", "--text-column", "question", "--id-column", "id", "--model", "m"]
-    return main(["prepare", "--run", run, "--store", store, *flags, *extra, source])
-
-
-def chunk_lines(store: str, run: str) -> list[dict[str, Any]]:
-    s, layout = open_store(store), RunLayout(run)
-    return [
-        json.loads(line) for e in read_manifest(s, layout) for line in s.get(layout.chunk(e.chunk)).data.splitlines()
-    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -216,18 +199,6 @@ def test_appended_since_refuses_a_delete_in_between(tables):
 
 
 # -- sinks -------------------------------------------------------------------------------------
-def answered_run(tmp_path: Path, run: str, count: int) -> str:
-    """A run prepared from a Parquet file, every row answered without an engine."""
-    pq.write_table(rows(0, count), tmp_path / f"{run}.parquet")
-    store = str(tmp_path / "store")
-    assert prepare(store, run, str(tmp_path / f"{run}.parquet")) == 0
-    s, layout = open_store(store), RunLayout(run)
-    for entry in read_manifest(s, layout):
-        ids = [json.loads(line)["custom_id"] for line in s.get(layout.chunk(entry.chunk)).data.splitlines()]
-        answer_chunk(s, layout, entry.chunk, [[Answer(i, cid, f"answer {cid}") for i, cid in enumerate(ids)]])
-    return store
-
-
 def read_sink(kind: str, tables: Tables) -> pa.Table:
     if kind == "iceberg":
         return tables.catalog().load_table("db.answers").scan().to_arrow()
@@ -266,6 +237,113 @@ def test_collect_into_table_appends_a_run_once(kind, tables, tmp_path, capsys):
     assert read_sink(kind, tables).num_rows == 15
 
 
+def sink_commits(kind: str, tables: Tables) -> int:
+    """How many commits the sink table has had (snapshots, versions)."""
+    if kind == "iceberg":
+        return len(tables.catalog().load_table("db.answers").snapshots())
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        return DeltaTable(str(tables.root / "delta_answers")).version() + 1
+    import lance
+
+    return int(lance.dataset(str(tables.root / "answers.lance")).version)
+
+
+@pytest.mark.parametrize("kind", list(SINKS))
+def test_collect_into_table_refuses_other_columns_the_same_way_in_every_kind(kind, tables, tmp_path, capsys):
+    """A run collected without the --keep-columns the table was made with (or with others) is
+    refused, naming the columns, by Iceberg and Lance as by Delta; nothing is written."""
+    pq.write_table(rows(0, 4), tmp_path / "in.parquet")
+    store = str(tmp_path / "store")
+    for run in ("kept", "plain"):
+        assert prepare(store, run, str(tmp_path / "in.parquet")) == 0
+        answer_all(store, run)
+    out = SINKS[kind](tables)
+    assert main(["collect", "--run", "kept", "--store", store, "--out", out, "--keep-columns", "n"]) == 0
+    commits = sink_commits(kind, tables)
+    capsys.readouterr()
+    assert main(["collect", "--run", "plain", "--store", store, "--out", out]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot append to {out}: the run's columns are not the table's: the table has n, the run does not" in err
+    assert "--keep-columns" in err and sink_commits(kind, tables) == commits
+    assert read_sink(kind, tables).num_rows == 4
+    # The other way round: a column the table lacks; and one of another type.
+    other = tmp_path / "other"
+    other.mkdir()
+    pq.write_table(rows(0, 4).set_column(2, "n", pa.array(["a", "b", "c", "d"])), other / "in.parquet")
+    assert prepare(store, "typed", str(other / "in.parquet")) == 0
+    answer_all(store, "typed")
+    capsys.readouterr()
+    assert main(["collect", "--run", "typed", "--store", store, "--out", out, "--keep-columns", "n,question"]) == 1
+    err = capsys.readouterr().err
+    assert "the run has question, the table does not; n is int64 in the table and string in the run" in err
+    assert sink_commits(kind, tables) == commits
+
+
+@pytest.mark.parametrize("kind", list(SINKS))
+@pytest.mark.usefixtures("greedy")
+def test_collect_merge_on_keeps_one_row_per_id_with_the_latest_answers(kind, tables, tmp_path, capsys):
+    """Week 1's rows, then week 2 (its own run, reusing week 1's unchanged answers: new rows, edited
+    rows and unchanged ones) merged on the id: one row per id, the edited ones with week 2's answers,
+    the same columns both weeks; a second collect of week 2 commits nothing."""
+    store, out = str(tmp_path / "store"), SINKS[kind](tables)
+    pq.write_table(rows(0, 8), tmp_path / "week1.parquet")
+    week2 = rows(0, 11).to_pylist()
+    for edited in (2, 5):
+        week2[edited]["question"] = f"question {edited}, edited"
+    pq.write_table(pa.Table.from_pylist(week2), tmp_path / "week2.parquet")
+    assert prepare(store, "w1", str(tmp_path / "week1.parquet")) == 0
+    answer_by_question(store, "w1")
+    assert main(["collect", "--run", "w1", "--store", store, "--out", out, "--merge-on", "id"]) == 0
+    assert f"appended to {out} at " in capsys.readouterr().out  # a new table: made by the first run's rows
+    assert prepare(store, "w2", str(tmp_path / "week2.parquet"), "--reuse-from", "w1") == 0
+    assert sum(e.rows for e in read_manifest(open_store(store), RunLayout("w2"))) == 5  # 3 new, 2 edited
+    answer_by_question(store, "w2")
+    capsys.readouterr()
+    assert main(["collect", "--run", "w2", "--store", store, "--out", out, "--merge-on", "id"]) == 0
+    said = capsys.readouterr().out
+    assert f"merged into {out} on id at " in said and "3 row(s) inserted" in said and "orch.run=w2" in said
+    table = sorted(read_sink(kind, tables).to_pylist(), key=lambda row: int(row["id"][1:]))
+    assert [row["id"] for row in table] == [f"r{i}" for i in range(11)]  # one row per id
+    assert [row["text"] for row in table] == [f"answer to {row['question']}" for row in week2]
+    assert [row["reused"] for row in table] == [i not in (2, 5, 8, 9, 10) for i in range(11)]
+    commits = sink_commits(kind, tables)
+    assert main(["collect", "--run", "w2", "--store", store, "--out", out, "--merge-on", "id"]) == 0
+    assert f"already in {out} at " in capsys.readouterr().out and sink_commits(kind, tables) == commits
+    assert read_sink(kind, tables).num_rows == 11
+
+
+def test_collect_into_a_table_an_older_orch_made_says_which_columns_to_add(tables, tmp_path, capsys):
+    """A table made before `reused` and `escalated` were in every table: refused, saying what to add."""
+    from deltalake import write_deltalake
+
+    store = answered_run(tmp_path, "old", 3)
+    assert main(["collect", "--run", "old", "--store", store, "--out", str(tmp_path / "old.parquet")]) == 0
+    write_deltalake(
+        str(tables.root / "delta_answers"), pq.read_table(tmp_path / "old.parquet").drop(["reused", "escalated"])
+    )
+    other = answered_run(tmp_path, "new", 2)
+    capsys.readouterr()
+    assert main(["collect", "--run", "new", "--store", other, "--out", SINKS["delta"](tables)]) == 1
+    err = capsys.readouterr().err
+    assert "the run has reused, escalated, the table does not" in err
+    assert "add reused (boolean) and escalated (string) to the table" in err
+
+
+def test_collect_merge_on_refuses_a_column_the_run_lacks_or_a_file_output(tables, tmp_path, capsys):
+    store = answered_run(tmp_path, "c", 3)
+    out = SINKS["delta"](tables)
+    assert main(["collect", "--run", "c", "--store", store, "--out", out, "--merge-on", "idd"]) == 1
+    err = capsys.readouterr().err
+    assert "--merge-on idd: the run's table has no such column (its columns: id, text," in err
+    assert "did you mean 'id'?" in err and not (tables.root / "delta_answers").exists()
+    assert (
+        main(["collect", "--run", "c", "--store", store, "--out", str(tmp_path / "o.parquet"), "--merge-on", "id"]) == 1
+    )
+    assert "only a table is merged into" in capsys.readouterr().err
+
+
 def test_collect_into_table_leaves_an_incomplete_run_out(tables, tmp_path, capsys):
     pq.write_table(rows(0, 4), tmp_path / "in.parquet")
     store = str(tmp_path / "store")
@@ -282,13 +360,6 @@ def greedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Greedy sampling (orch.yaml in the working folder), so answered rows may be reused."""
     (tmp_path / "orch.yaml").write_text("sampling:\n  temperature: 0\n")
     monkeypatch.chdir(tmp_path)
-
-
-def answer_all(store: str, run: str) -> None:
-    s, layout = open_store(store), RunLayout(run)
-    for entry in read_manifest(s, layout):
-        ids = [json.loads(line)["custom_id"] for line in s.get(layout.chunk(entry.chunk)).data.splitlines()]
-        answer_chunk(s, layout, entry.chunk, [[Answer(i, cid, f"answer {cid}") for i, cid in enumerate(ids)]])
 
 
 @pytest.mark.parametrize("kind", ["iceberg", "delta"])

@@ -122,6 +122,7 @@ def collect_output(
     retry_out: str | None = None,
     partial: bool = False,
     keep_columns: list[str] | None = None,
+    merge_on: str | None = None,
 ) -> Collected:
     """Step 3: the run's answers into `out` (a file or a table, input order, every custom_id once);
     a complete run's forecast (if it had one) held against what happened, and kept in its record."""
@@ -135,6 +136,7 @@ def collect_output(
         default_spot=ctx.spec.resources.spot,
         partial=partial,
         keep_columns=keep_columns,
+        merge_on=merge_on,
     )
     return Collected(report, forecast_actual(ctx, report) if report.complete else None)
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,12 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.collect.cascade import CascadeAnswers
+from orchestrator.collect.comparison import ArmComparison
 from orchestrator.collect.input_order import InputOrder, LineSink
 from orchestrator.collect.parquet import flatten_lines, parquet_schema
 from orchestrator.collect.report import CollectReport
 from orchestrator.collect.reuse import AnswerIndexBuilder, ReusedAnswers
+from orchestrator.collect.scratch import remove_leftovers
 from orchestrator.collect.table import TableSpec, TableWriter, table_spec
 from orchestrator.core.errors import OutputError
+from orchestrator.core.frozen_spec import read_stored_spec
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.records import (
@@ -46,6 +48,7 @@ from orchestrator.core.records import (
     iter_jsonl,
     read_manifest,
 )
+from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import NotFound, Store
 from orchestrator.core.tempfiles import AtomicFile
 from orchestrator.planning.pricing import GpuTable
@@ -87,9 +90,9 @@ def check_output(out: str | os.PathLike[str], fmt: str | None = None) -> str:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         # Tried for real: permission bits say nothing to root, nor about read-only file systems.
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=f".{Path(out).name}.")
-        os.close(fd)
-        os.unlink(probe)
+        probe = AtomicFile(out)
+        probe.discard()
+        probe.close()
     except OSError as e:
         raise _unwritable(out, e) from None
     return fmt
@@ -112,23 +115,35 @@ def collect(
     default_spot: bool = True,
     partial: bool = True,
     keep_columns: list[str] | None = None,
+    merge_on: str | None = None,
 ) -> CollectReport:
     """With `prices`, the report also says what the run's tokens cost (status's cost so far).
     Without `partial`, an incomplete run's output is not written (a pipeline that waits for the
     file must not take a failed collect for a finished one); the retry file still is: it lists
     the rows left to do. `keep_columns`: input columns a table carries. An Iceberg, Delta or Lance
-    `out` gets the run's rows once (collect_sinks.py)."""
+    `out` gets the run's rows once (sinks.py), appended, or merged on the column `merge_on`.
+    First, what killed collects left (in the temp dir, beside the output) is removed (scratch.py)."""
     from orchestrator.collect.sinks import collect_into_table, table_sink
 
-    if (sink := table_sink(str(out))) is not None:
+    sink = table_sink(str(out))
+    if merge_on is not None and sink is None:
+        raise OutputError(
+            f"--merge-on {merge_on}: {out} is a file, written whole: only a table is merged into",
+            hint="--out delta:PATH, lance:PATH or iceberg://CATALOG/NS.TABLE (docs/tables.md)",
+        )
+    removed = remove_leftovers(None if sink is not None else out, retry_out)
+    if sink is not None:
         again = functools.partial(collect, store, layout, fmt="table", retry_out=retry_out, prices=prices)
         into = functools.partial(again, default_spot=default_spot, partial=partial, keep_columns=keep_columns)
-        return collect_into_table(sink, str(out), layout.run, fmt, into)
+        report = collect_into_table(sink, str(out), layout.run, fmt, into, merge_on)
+        report.leftovers_removed[:0] = removed
+        return report
     container = check_output(out, fmt)
     shape = output_shape(fmt, container)
     if retry_out:
         check_output(retry_out, "jsonl")
     table = table_spec(store, layout, container, keep_columns) if shape == "table" else None
+    comparison = ArmComparison.of(table or table_spec(store, layout, container, None))  # a sweep's arms
     entries = read_manifest(store, layout)
     report = CollectReport(
         out=str(out),
@@ -137,11 +152,12 @@ def collect(
         chunks_total=len(entries),
         rows_total=sum(e.rows for e in entries),
         retry_out=str(retry_out) if retry_out else None,
+        leftovers_removed=removed,
     )
     reuse = ReusedAnswers.load(store, layout)
     index = AnswerIndexBuilder(store, layout, reuse)
     cascade = CascadeAnswers.load(store, layout)  # a cascade's rows take their last stage's answer
-    with _Writer(out, container, table, cascade) as writer, _RetryWriter(retry_out) as retry:
+    with _Writer(out, container, table, cascade, comparison) as writer, _RetryWriter(retry_out) as retry:
         if any(e.positions for e in entries) or reuse is not None:
             _collect_in_input_order(store, layout, entries, writer, retry, report, reuse, index)
         else:
@@ -162,11 +178,21 @@ def collect(
     if prices is not None:
         from orchestrator.runview.status import status_of
 
-        status = status_of(store, layout, None, now=time.time(), prices=prices, default_spot=default_spot)
+        spec = _run_spec(store, layout) if comparison is not None else None  # prices each arm
+        status = status_of(store, layout, None, now=time.time(), prices=prices, default_spot=default_spot, spec=spec)
         report.cost_per_m_tokens = status.cost_per_m_tokens
+        report.arms = status.arms
         if reuse is not None:
             report.usd_saved = reuse.usd_saved(prices, default_spot)
+    if comparison is not None:
+        report.comparison = comparison.summary(report.arms)
     return report
+
+
+def _run_spec(store: Store, layout: RunLayout) -> RunSpec | None:
+    """The run's frozen spec, as a RunSpec (None for a run without one)."""
+    found = read_stored_spec(store, layout)
+    return RunSpec.model_validate({**found[0], "store": store.uri}) if found is not None else None
 
 
 def _collect_in_input_order(
@@ -311,8 +337,15 @@ class _Writer:
     table's rows, into a file that takes the output's name only when everything was written
     (core/tempfiles.AtomicFile)."""
 
-    def __init__(self, out: str | os.PathLike[str], fmt: str, table: TableSpec | None, cascade: CascadeAnswers | None):
-        self.fmt, self.cascade = fmt, cascade
+    def __init__(
+        self,
+        out: str | os.PathLike[str],
+        fmt: str,
+        table: TableSpec | None,
+        cascade: CascadeAnswers | None,
+        comparison: ArmComparison | None,
+    ):
+        self.fmt, self.cascade, self.comparison = fmt, cascade, comparison
         self.output = _atomic(out)
         self.file = self.output.file
         self.rows: list[BatchOutputLine] = []
@@ -323,6 +356,8 @@ class _Writer:
         final = None
         if self.cascade is not None:
             line, final = self.cascade.final(line)
+        if self.comparison is not None:
+            self.comparison.add(line)
         if self.table is not None:
             self.table.add(line, position, reused=reused, escalated=final.escalated if final else None)
         elif self.fmt == "jsonl":

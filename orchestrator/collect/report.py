@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.core.tempfiles import Removed
 from orchestrator.runview.tokens import TokenCounts
 
 EXAMPLES = 5
@@ -47,6 +48,12 @@ class CollectReport:
     usd_saved: float | None = None
     #: A cascade: per model, rows it answered and rows of those it escalated (cascade_run.py).
     cascade: dict[str, dict[str, int]] | None = None
+    #: A sweep: each arm's rows, errors, tokens and $ (runview/arms.py), when collect was given the price table.
+    arms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: A sweep: each arm's parse errors, tokens and $ per row, agreement with the first arm (comparison.py).
+    comparison: dict[str, Any] | None = None
+    #: Files and folders killed collects left (temp dir, beside the output), removed as this one started.
+    leftovers_removed: list[Removed] = field(default_factory=list)
 
     @property
     def rows_run(self) -> int:

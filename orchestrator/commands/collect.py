@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import click
 
@@ -22,8 +21,8 @@ from orchestrator.commands.shared import (
     "--out",
     "out",
     required=True,
-    help="output file (.jsonl or .parquet), or a table to append to: iceberg://CATALOG/NS.TABLE, delta:PATH, "
-    "lance:PATH (docs/tables.md)",
+    help="output file (.jsonl or .parquet), or a table to append to (or merge into, --merge-on): "
+    "iceberg://CATALOG/NS.TABLE, delta:PATH, lance:PATH (docs/tables.md)",
 )
 @click.option(
     "--format",
@@ -34,6 +33,13 @@ from orchestrator.commands.shared import (
     "jsonl/parquet: the file format, for a name without the ending. Default: .parquet a table, .jsonl openai",
 )
 @keep_columns_option
+@click.option(
+    "--merge-on",
+    default=None,
+    metavar="COLUMN",
+    help="a table --out: upsert the run's rows by this column (the id, say) instead of appending them: "
+    "a row whose key the table has replaces it (Delta MERGE, Iceberg upsert, Lance merge_insert)",
+)
 @click.option(
     "--retry-out",
     type=click.Path(dir_okay=False),
@@ -52,6 +58,7 @@ def collect_command(
     max_error_rate: float,
     as_json: bool,
     keep_columns: list[str] | None,
+    merge_on: str | None,
 ) -> int:
     """Merge outputs into one file in input order; check every custom_id appears exactly once."""
     from orchestrator.api.lifecycle import collect_output, describe_actual
@@ -59,20 +66,16 @@ def collect_command(
     from orchestrator.core.errors import IncompleteRun
 
     ctx = inv.context()
-    collected = collect_output(ctx, out, fmt=fmt, retry_out=retry_out, partial=allow_partial, keep_columns=keep_columns)
+    collected = collect_output(
+        ctx, out, fmt=fmt, retry_out=retry_out, partial=allow_partial, keep_columns=keep_columns, merge_on=merge_on
+    )
     report = collected.report
     if collected.forecast is not None:
         click.echo(describe_actual(collected.forecast), err=True)
-    arms = _arms(ctx)
     if as_json:
-        click.echo(json.dumps({**report.to_dict(), **({"arms": arms} if arms else {})}))
+        click.echo(json.dumps(report.to_dict()))
     else:
         print_collect_report(report)
-        if arms:
-            from orchestrator.commands.console import console
-            from orchestrator.commands.views import arms_table
-
-            console().print(arms_table(arms))
     if not report.complete and not allow_partial:
         raise IncompleteRun(
             f"run {ctx.layout.run!r} is incomplete: {report.missing:,} row(s) missing; {out} was not written",
@@ -80,19 +83,6 @@ def collect_command(
         )
     check_error_rate(report, max_error_rate)
     return 0
-
-
-def _arms(ctx: Any) -> dict[str, Any]:
-    """A sweep: each arm's rows, tokens and cost, as `orch status` counts them (runview/arms.py)."""
-    if not ctx.spec.sweep.arms:
-        return {}
-    import time
-
-    from orchestrator.planning.pricing import load_gpu_table
-    from orchestrator.runview.status import status_of
-
-    prices, spot = load_gpu_table(), ctx.spec.resources.spot
-    return status_of(ctx.store, ctx.layout, None, now=time.time(), prices=prices, default_spot=spot, spec=ctx.spec).arms
 
 
 def register(cli: click.Group) -> None:

@@ -86,6 +86,15 @@ def print_check_report(report: CheckReport) -> None:
 
 def print_collect_report(report: CollectReport) -> None:
     r = report
+    if r.leftovers_removed:
+        size = sum(left.bytes for left in r.leftovers_removed)
+        click.echo(
+            f"removed {len(r.leftovers_removed)} temporary file(s) or folder(s) that killed collects left "
+            f"({size:,} bytes): "
+            + ", ".join(left.path for left in r.leftovers_removed[:3])
+            + (" ..." if len(r.leftovers_removed) > 3 else ""),
+            err=True,
+        )
     chunks = f"{r.chunks_complete}/{r.chunks_total} chunks complete"
     if r.out_written:
         shape = " table" if r.shape == "table" else ""
@@ -126,3 +135,8 @@ def print_collect_report(report: CollectReport) -> None:
             f"{r.retry_rows:,} failed or missing request(s) written to {r.retry_out} "
             "(orch prepare it with --format openai-batch to retry)"
         )
+    if r.comparison:
+        from orchestrator.commands.console import console
+        from orchestrator.commands.views import comparison_table
+
+        console().print(comparison_table(r.comparison))

@@ -173,6 +173,30 @@ def arms_table(arms: dict[str, dict[str, Any]]) -> Table:
     return grid
 
 
+def comparison_table(comparison: Mapping[str, Any]) -> Table:
+    """A sweep's arms compared (collect/comparison.py): a row per arm, its parse errors, tokens and $
+    per row, the rows whose answers differ from the first arm's and the agreement field by field."""
+    numbers = ("rows", "errors", "parse errors", "tok/row", "$/row", f"differ from {comparison['first']}")
+    grid = table("arm", "model", *numbers, "agreement", right=numbers)
+    for name, a in comparison["arms"].items():
+        rate = a["parse_error_rate"]
+        examples = ", ".join(a["differ_examples"][:3]) + (" ..." if a["rows_differ"] and a["rows_differ"] > 3 else "")
+        grid.add_row(
+            name,
+            a["model"] or "-",
+            f"{a['rows']:,}",
+            f"{a['errors']:,}",
+            "-" if rate is None else f"{a['parse_errors']:,} ({rate:.1%})",
+            "-" if a["tokens_per_row"] is None else f"{a['tokens_per_row']:,.1f}",
+            "-" if a["usd_per_row"] is None else f"{a['usd_per_row']:,.6f}",
+            "-" if a["rows_differ"] is None else f"{a['rows_differ']:,}" + (f" ({examples})" if examples else ""),
+            "(first)"
+            if a["agreement"] is None
+            else ", ".join("-" if v is None else f"{k} {v:.0%}" for k, v in a["agreement"].items()),
+        )
+    return grid
+
+
 def cascade_table(stages: list[dict[str, Any]]) -> Table:
     """A cascade: a row per stage (its model and run, rows to answer, answered, passed on)."""
     numbers = ("rows", "answered", "escalated")

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from orchestrator.core.errors import OrchError
+from orchestrator.core.tempfiles import tree_bytes
 
 log = logging.getLogger("orch.serve")
 
@@ -92,7 +93,7 @@ def _remove_abandoned(parent: str) -> None:
         folder = os.path.join(parent, name)
         if not name.startswith(SERVER_PREFIX) or not _abandoned(folder):
             continue
-        left = _folder_bytes(folder)
+        left = tree_bytes(folder)
         shutil.rmtree(folder, ignore_errors=True)
         log.info("removed %s: %d byte(s) of uploads left by a server that was killed", folder, left)
 
@@ -112,12 +113,3 @@ def _abandoned(folder: str) -> bool:
     finally:
         os.close(fd)
     return True
-
-
-def _folder_bytes(folder: str) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(folder):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
