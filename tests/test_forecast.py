@@ -123,8 +123,11 @@ def test_estimate_without_a_probe_says_it_is_a_guess_with_a_wide_band(capsys):
     assert main(["estimate", "--run", "f", "--model", str(TINY), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "guess" and "--probe" in doc["note"] and "parameters from config.json" in doc["note"]
-    d = doc["candidates"][0]["duration_s"]
-    assert d["p90"] >= 9 * d["p10"] > 0  # wide, and said to be a guess
+    (cpu,) = doc["candidates"]
+    e, d = cpu["engine_s"], cpu["duration_s"]
+    assert e["p90"] >= 9 * e["p10"] > 0  # wide, and said to be a guess
+    # Start-up counted: a local worker's, assumed when nothing measured one.
+    assert d["p10"] == pytest.approx(e["p10"] + 30, abs=0.02) and "start-up 30 s assumed" in cpu["basis"]
     assert doc["output_tokens"] == {"p10": 224.0, "p50": 1120.0, "p90": 2240.0}
 
 

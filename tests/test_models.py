@@ -203,10 +203,11 @@ def test_serve_batch_names_several_models_when_the_server_allows_it(tmp_path):
     assert ctx.spec.models["smol"].name == str((MODELS / "tiny-think").resolve())
 
 
-def _two_pool_run(tmp_path: Path, resources: str = "", smol_on: str = "cpu") -> list[str]:
+def _two_pool_run(tmp_path: Path, resources: str = "", smol_on: str = "cpu", backend: str = "local") -> list[str]:
     """A prepared and planned run of two models, tiny (rows 0, 2, ...) and smol (1, 3, ...), with a
     worker each, and one finished chunk per pool: tiny's in 1 s, smol's in 40 s (both 2 tokens a row)."""
     (tmp_path / "orch.yaml").write_text(
+        f"backend: {backend}\n"
         f"models:\n  tiny: {MODELS / 'tiny-llama'}\n  smol: {{name: {MODELS / 'tiny-think'}{resources}}}\n"
     )
     data = batch_lines(tmp_path / "in.jsonl", ["tiny", "smol"], rows=24, max_tokens=8)
@@ -244,22 +245,22 @@ def test_status_estimate_counts_each_pools_work_at_its_own_speed(tmp_path, capsy
 
 
 def test_plan_estimate_prices_each_pool_on_its_own_machines(tmp_path, capsys):
-    """A pool on 2 x A100 per worker costs its A100 time at twice the A100's price; the plan's
-    estimate shows each pool and which one the run waits for."""
-    args = _two_pool_run(tmp_path, ", resources: {gpus: [A100], gpus_per_worker: 2}", smol_on="NVIDIA A100")
+    """A pool on 2 x A100 per worker costs its A100 time at twice the A100's price, at the speed its
+    finished chunk measured; the quote shows each pool and ends with the slowest."""
+    resources = ", resources: {gpus: [A100], gpus_per_worker: 2}"
+    args = _two_pool_run(tmp_path, resources, smol_on="NVIDIA A100", backend="skypilot")
     capsys.readouterr()
     assert main(["plan", *args, "--workers", "2", "--estimate", "--json"]) == 0
-    est = json.loads(capsys.readouterr().out)["estimate"]["pools"]
-    smol = est["pools"]["smol"]
-    assert (smol["gpu"], smol["basis"]) == ("A100", "measured 0 tok/s on A100")
+    quote = json.loads(capsys.readouterr().out)["estimate"]
+    smol = {c["spot"]: c for c in quote["pools"]["smol"]["candidates"]}
+    assert {c["gpu"] for c in smol.values()} == {"A100"} and set(smol) == {True, False}
+    assert "measured on A100 by this run's 1 finished chunk(s)" in smol[False]["basis"]
     price = load_gpu_table().get("A100").on_demand_usd_h
-    assert smol["on_demand_usd"] > 0
-    assert smol["on_demand_usd"] == pytest.approx(smol["on_demand_hours"] * price * 2, abs=0.01)
-    assert est["pools"]["tiny"]["on_demand_usd"] == 0  # measured on cpu: no price
-    assert est["slowest_pool"] == "smol" and est["on_demand_usd"] == smol["on_demand_usd"]
+    on_demand = smol[False]
+    assert on_demand["cost_usd"]["p50"] == pytest.approx(on_demand["duration_s"]["p50"] / 3600 * price * 2, abs=0.01)
+    assert "the run ends with its slowest" in quote["candidates"][0]["basis"]
     assert main(["plan", *args, "--workers", "2", "--estimate"]) == 0
-    out = capsys.readouterr().out
-    assert "pool smol (slowest): 1 worker on A100" in out, out
+    assert "pool smol: 1 worker(s) on A100" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 
 import click
 
+from orchestrator.commands.reports import print_forecast
 from orchestrator.commands.shared import SECOND_INTERRUPT_S, Invocation, common_options, run_flags
 from orchestrator.core.context import RunContext
 from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD
@@ -55,8 +56,7 @@ def estimate_command(
     from orchestrator.core.records import read_manifest
     from orchestrator.core.records.forecast import read_probes
     from orchestrator.fleet.probe import probe_summary, run_probes
-    from orchestrator.planning.forecast import forecast_from_probes, guess
-    from orchestrator.planning.forecast_pools import forecast_pools
+    from orchestrator.planning.quote import quote
     from orchestrator.simulate import fleet_outcome
 
     flags = dict(inv.flags)
@@ -78,12 +78,7 @@ def estimate_command(
     measured = [p for p in made if p.busy_s is not None]
     manifest = read_manifest(ctx.store, ctx.layout)
     n = ctx.spec.workers.count
-    if ctx.spec.models:
-        record = forecast_pools(ctx, manifest, made, time.time(), fleet_outcome)
-    elif measured:
-        record = forecast_from_probes(ctx, made, manifest, n, time.time(), fleet_outcome)
-    else:
-        record = guess(ctx, manifest, n, time.time())
+    record = quote(ctx, manifest, n, made, fleet_outcome, time.time())
     ctx.store.put(ctx.layout.forecast, record.to_bytes())
     doc: dict[str, Any] = record.model_dump()
     if measured:
@@ -92,7 +87,7 @@ def estimate_command(
     if as_json:
         click.echo(json.dumps(doc))
         return 0
-    _print(doc)
+    print_forecast(doc)
     return 0
 
 
@@ -127,55 +122,6 @@ def _probe_interrupted(ctx: RunContext) -> NoReturn:
                 err=True,
             )
     raise click.exceptions.Exit(130)
-
-
-def _print(doc: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from orchestrator.commands.console import console
-    from orchestrator.core.records.forecast import ForecastRecord
-    from orchestrator.runview.status import duration as duration_text
-    from orchestrator.runview.status import duration_band
-
-    for p in doc.get("probes", []):
-        of = f" of {p['model']}" if p["model"] else ""
-        if p["stopped"] or p["engine_s"] is None:
-            click.echo(f"probe{of} on {p['gpu']}: {p['rows']} rows, nothing measured: {p['stopped'] or 'not finished'}")
-            continue
-        click.echo(
-            f"probe{of}: {p['rows']} rows ({p['share']:.1%}) on {p['accelerator']}: "
-            f"{p['decode_tokens_per_s']} generated tok/s, "
-            f"{p['prefill_tokens_per_s']} prompt tok/s, prefix cache {p['prefix_cache_hit']:.0%}, "
-            f"{p['hit_max_tokens']} rows stopped at max_tokens; "
-            f"engine {p['engine_s']:.1f} s, load {p['load_s'] or 0:.1f} s"
-        )
-    o = doc["output_tokens"]
-    click.echo(
-        f"output tokens p10 {o['p10']:,.0f} / p50 {o['p50']:,.0f} / p90 {o['p90']:,.0f}; "
-        f"prompt tokens {doc['prompt_tokens']:,}"
-    )
-    table = Table(title=f"forecast ({doc['kind']}) for {doc['workers']} workers", title_justify="left")
-    for col in ("candidate", "duration p10", "p50", "p90", "cost p10", "p50", "p90", "basis"):
-        table.add_column(col, justify="left" if col in ("candidate", "basis") else "right")
-    for c in doc["candidates"]:
-        d, u = c["duration_s"], c["cost_usd"]
-        table.add_row(
-            f"{c['gpu']} {'spot' if c['spot'] else 'on-demand'}",
-            *(duration_text(d[k], exact=True) for k in ("p10", "p50", "p90")),
-            *(f"${u[k]:,.2f}" for k in ("p10", "p50", "p90")),
-            c["basis"],
-        )
-    console().print(table)
-    for pool, record in doc.get("pools", {}).items():
-        c = ForecastRecord.model_validate(record).fleet_candidate()
-        if c is None:
-            continue
-        d, u = c.duration_s, c.cost_usd
-        click.echo(
-            f"pool {pool}: {c.workers} worker(s) on {c.gpu}: {duration_band(d.p10, d.p50, d.p90)}, "
-            f"${u.p50:,.2f} ({c.basis})"
-        )
-    click.echo(doc["note"])
 
 
 def register(cli: click.Group) -> None:

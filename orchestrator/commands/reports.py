@@ -3,7 +3,7 @@ those steps (prepare, run, collect), beside commands.shared, .views and .console
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -140,3 +140,53 @@ def print_collect_report(report: CollectReport) -> None:
         from orchestrator.commands.views import comparison_table
 
         console().print(comparison_table(r.comparison))
+
+
+def print_forecast(doc: dict[str, Any]) -> None:
+    """A forecast as `orch estimate` and `orch plan --estimate` print it: the probes, the tokens, the bands."""
+    from rich.table import Table
+
+    from orchestrator.commands.console import console
+    from orchestrator.core.records.forecast import ForecastRecord
+    from orchestrator.runview.status import duration as duration_text
+    from orchestrator.runview.status import duration_band
+
+    for p in doc.get("probes", []):
+        of = f" of {p['model']}" if p["model"] else ""
+        if p["stopped"] or p["engine_s"] is None:
+            click.echo(f"probe{of} on {p['gpu']}: {p['rows']} rows, nothing measured: {p['stopped'] or 'not finished'}")
+            continue
+        click.echo(
+            f"probe{of}: {p['rows']} rows ({p['share']:.1%}) on {p['accelerator']}: "
+            f"{p['decode_tokens_per_s']} generated tok/s, "
+            f"{p['prefill_tokens_per_s']} prompt tok/s, prefix cache {p['prefix_cache_hit']:.0%}, "
+            f"{p['hit_max_tokens']} rows stopped at max_tokens; "
+            f"engine {p['engine_s']:.1f} s, load {p['load_s'] or 0:.1f} s"
+        )
+    o = doc["output_tokens"]
+    click.echo(
+        f"output tokens p10 {o['p10']:,.0f} / p50 {o['p50']:,.0f} / p90 {o['p90']:,.0f}; "
+        f"prompt tokens {doc['prompt_tokens']:,}"
+    )
+    table = Table(title=f"forecast ({doc['kind']}) for {doc['workers']} workers", title_justify="left")
+    for col in ("candidate", "duration p10", "p50", "p90", "cost p10", "p50", "p90", "basis"):
+        table.add_column(col, justify="left" if col in ("candidate", "basis") else "right")
+    for c in doc["candidates"]:
+        d, u = c["duration_s"], c["cost_usd"]
+        table.add_row(
+            f"{c['gpu']} {'spot' if c['spot'] else 'on-demand'}",
+            *(duration_text(d[k], exact=True) for k in ("p10", "p50", "p90")),
+            *(f"${u[k]:,.2f}" for k in ("p10", "p50", "p90")),
+            c["basis"],
+        )
+    console().print(table)
+    for pool, record in doc.get("pools", {}).items():
+        c = ForecastRecord.model_validate(record).fleet_candidate()
+        if c is None:
+            continue
+        d, u = c.duration_s, c.cost_usd
+        click.echo(
+            f"pool {pool}: {c.workers} worker(s) on {c.gpu}: {duration_band(d.p10, d.p50, d.p90)}, "
+            f"${u.p50:,.2f} ({c.basis})"
+        )
+    click.echo(doc["note"])
