@@ -19,7 +19,7 @@ from orchestrator.core.records import Heartbeat, JobAttempt, read_manifest, upda
 from orchestrator.core.store import open_store
 from orchestrator.planning.plan import plan_chunks, write_plan
 from orchestrator.planning.pricing import load_gpu_table
-from orchestrator.runview.activity import WORKER_ACTIVITIES
+from orchestrator.runview.states import RunState, WorkerActivity
 from orchestrator.runview.status import derive_status, gather
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
@@ -95,8 +95,8 @@ def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
     job.checkpoint([Answer(0, "c2-0", "x")])
     facts = gather(store, layout, Backend())
     status = derive_status(facts, now=time.time(), prices=load_gpu_table())
-    assert status.chunks == {"total": 4, "done": 1}
-    assert status.rows == {
+    assert status.chunks.model_dump() == {"total": 4, "done": 1}
+    assert status.rows.model_dump() == {
         "total": 40,
         "done": 11,
         "finished": 10,
@@ -106,16 +106,20 @@ def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
         "set_aside": 0,
         "reused": 0,
     }
-    assert status.throughput["rows_per_s"] == 0.5 and status.eta_s == (40 - 10 - 4) / 0.5
+    assert status.throughput.rows_per_s == 0.5 and status.eta_s == (40 - 10 - 4) / 0.5
     w0 = status.workers[0]
     assert (w0.worker, w0.state, w0.recovery_count, w0.chunk, w0.spot) == ("0", "RECOVERING", 2, "part_00001", True)
     assert w0.accelerator == "NVIDIA A100-SXM4-80GB" and w0.cloud == "gcp"
     assert status.workers[1].chunks_finished == 1
     # Two hours of an A100-80GB on GCP spot.
-    assert abs(status.cost["so_far_usd"] - 2 * load_gpu_table().price("A100-80GB", True, "gcp")) < 0.05
-    assert "RECOVERING (recovered 2x)" in to_text(status_view(status))
+    assert abs(status.cost.so_far_usd - 2 * load_gpu_table().price("A100-80GB", True, "gcp")) < 0.05
+    # The backend recovers worker 0 while it beats: a spurious recovery (its check failed, not its machine).
+    assert w0.recovery == "spurious"
+    assert "RECOVERING (recovered 2x, spurious)" in to_text(status_view(status))
+    assert "worker 0: spurious recovery: the worker beats on while its job recovers" in to_text(status_view(status))
     # The finished chunk: 10 rows in an hour (answer_chunk's clock), 2 tokens each.
-    assert status.overall == {"wall_s": 3600.0, "rows_per_s": round(10 / 3600, 3), "tokens_per_s": 0.0}
+    assert status.overall is not None
+    assert status.overall.model_dump() == {"wall_s": 3600.0, "rows_per_s": round(10 / 3600, 3), "tokens_per_s": 0.0}
     assert "throughput 0.50 rows/s" in to_text(status_view(status))
 
 
@@ -139,7 +143,7 @@ def test_a_machine_of_several_gpus_is_paid_for_each_and_its_replicas_share_them(
         "1r1": pytest.approx(7200, abs=5),
     }
     # Worker 0: 2 h x 2 GPUs; worker 1's replicas: 2 h x 1 GPU each.
-    assert status.cost["so_far_usd"] == pytest.approx(8 * gpu_hour, abs=0.05)
+    assert status.cost.so_far_usd == pytest.approx(8 * gpu_hour, abs=0.05)
 
 
 def test_status_of_a_complete_run_shows_the_runs_own_pace(tmp_path):
@@ -148,7 +152,10 @@ def test_status_of_a_complete_run_shows_the_runs_own_pace(tmp_path):
         answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "x") for i in range(10)]], seconds=100)
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
     assert (
-        status.complete and status.overall["wall_s"] == 3600.0 and status.overall["rows_per_s"] == round(40 / 3600, 3)
+        status.complete
+        and status.overall
+        and status.overall.wall_s == 3600.0
+        and status.overall.rows_per_s == round(40 / 3600, 3)
     )
     assert "finished in 60m: 0.01 rows/s, 0 tok/s over the run" in to_text(status_view(status))
 
@@ -159,19 +166,19 @@ def test_status_counts_cached_tokens_and_the_realised_price_per_million_spot_and
     # worker 1 (on demand, says the backend; no heartbeat, so no machine time) finished part_00000.
     answer_chunk(store, layout, "part_00002", [[Answer(i, f"c2-{i}", "x", cached=2) for i in range(10)]], worker="0")
     status = derive_status(gather(store, layout, Backend()), now=time.time(), prices=load_gpu_table())
-    assert status.tokens == {"prompt_tokens": 60, "cached_tokens": 20, "generated_tokens": 40}
+    assert status.tokens.model_dump() == {"prompt_tokens": 60, "cached_tokens": 20, "generated_tokens": 40}
     usd = 2 * load_gpu_table().price("A100-80GB", True, "gcp")
-    spot, on_demand, every = (status.cost_per_m_tokens[k] for k in ("spot", "on_demand", "all"))
-    assert (spot["prompt_tokens"], spot["cached_tokens"], spot["generated_tokens"]) == (30, 20, 20)
-    assert spot["usd"] == pytest.approx(usd, abs=0.01)
-    assert spot["usd_per_m_tokens"] == pytest.approx(usd / 50 * 1e6, rel=1e-3)
-    assert spot["usd_per_m_generated"] == pytest.approx(usd / 20 * 1e6, rel=1e-3)
-    assert on_demand["usd"] == 0.0 and on_demand["usd_per_m_tokens"] == 0.0 and on_demand["prompt_tokens"] == 30
-    assert every["usd_per_m_tokens"] == pytest.approx(usd / 100 * 1e6, rel=1e-3)
-    assert status.cost["spot_usd"] == pytest.approx(usd, abs=0.01) and status.cost["on_demand_usd"] == 0.0
+    spot, on_demand, every = (getattr(status.cost_per_m_tokens, k) for k in ("spot", "on_demand", "all"))
+    assert (spot.prompt_tokens, spot.cached_tokens, spot.generated_tokens) == (30, 20, 20)
+    assert spot.usd == pytest.approx(usd, abs=0.01)
+    assert spot.usd_per_m_tokens == pytest.approx(usd / 50 * 1e6, rel=1e-3)
+    assert spot.usd_per_m_generated == pytest.approx(usd / 20 * 1e6, rel=1e-3)
+    assert on_demand.usd == 0.0 and on_demand.usd_per_m_tokens == 0.0 and on_demand.prompt_tokens == 30
+    assert every.usd_per_m_tokens == pytest.approx(usd / 100 * 1e6, rel=1e-3)
+    assert status.cost.spot_usd == pytest.approx(usd, abs=0.01) and status.cost.on_demand_usd == 0.0
     text = to_text(status_view(status))
     assert "tokens 60 prompt (20 cached, 33%) + 40 generated" in text
-    assert f"spot ${spot['usd_per_m_tokens']:,.4f}/M tokens" in text
+    assert f"spot ${spot.usd_per_m_tokens:,.4f}/M tokens" in text
 
 
 def test_status_json_shape_is_stable(tmp_path, capsys):
@@ -192,7 +199,7 @@ def test_status_reads_markers_with_list_calls_not_one_request_per_chunk(store_ur
         answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "x") for i in range(10)]])
     store.requests.reset()
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
-    assert status.chunks["done"] == 3
+    assert status.chunks.done == 3
     # manifest, plan, jobs, prepare record, forecast; and the spec (its workers ran on priced GPUs:
     # how many a machine has)
     assert store.requests.by_op.get("get", 0) == 6
@@ -232,15 +239,15 @@ def test_status_says_what_each_worker_does_and_how_long_it_has_loaded(tmp_path, 
     later = derive_status(gather(store, layout, Backend()), now=now + 45, prices=load_gpu_table())
     assert [w.activity for w in later.workers] == ["silent", "silent"]
     assert all(45 <= w.activity_s < 50 for w in later.workers)  # build() beat a moment before `now`
-    assert {w.activity for w in status.workers} <= set(WORKER_ACTIVITIES)
+    assert {w.activity for w in status.workers} <= set(WorkerActivity)
     assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
     assert [w["activity"] for w in json.loads(capsys.readouterr().out)["workers"]][1] in ("loading", "silent")
 
 
 def test_every_job_state_and_heartbeat_reads_as_a_word_status_can_explain():
-    """Whatever a worker's job and heartbeat say, its activity is one of WORKER_ACTIVITIES."""
+    """Whatever a worker's job and heartbeat say, its activity is one of WorkerActivity's words."""
     from orchestrator.core.records import HeartbeatSummary
-    from orchestrator.runview.activity import RUN_STATES, run_state, worker_activity
+    from orchestrator.runview.activity import run_state, worker_activity
 
     now = time.time()
     beats = [None] + [
@@ -258,10 +265,13 @@ def test_every_job_state_and_heartbeat_reads_as_a_word_status_can_explain():
             for cancelled in (False, True):
                 word, _ = worker_activity(hb, live, status, attempt, now=now, interval=10, cancelled=cancelled)
                 seen.add(word)
-    assert seen <= set(WORKER_ACTIVITIES), seen - set(WORKER_ACTIVITIES)
+    assert all(isinstance(word, WorkerActivity) for word in seen)
     assert {"queued", "provisioning", "recovering", "loading", "working", "draining", "silent", "failed"} <= seen
-    assert run_state(complete=False, damaged=False, cancelled=False, activities=["loading"], launched=True) == "running"
-    assert run_state(complete=False, damaged=False, cancelled=False, activities=["failed"], launched=True) in RUN_STATES
+    loading, failed = [WorkerActivity.LOADING], [WorkerActivity.FAILED]
+    assert run_state(complete=False, damaged=False, cancelled=False, activities=loading, launched=True) == "running"
+    assert (
+        run_state(complete=False, damaged=False, cancelled=False, activities=failed, launched=True) is RunState.STOPPED
+    )
 
 
 def test_status_trusts_a_job_that_ended_over_a_fresh_heartbeat_and_shows_final_states(tmp_path):

@@ -117,9 +117,12 @@ def test_names_are_shown_as_text_never_run_as_markup(tmp_path):
 
     store, layout = build(str(tmp_path / "store"))
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
-    status.run = "<script>alert('run')</script>"
-    status.workers[0].worker = '"><img src=x onerror=alert(1)>'
-    status.workers[0].failure_reason = "<b>bold</b>"
+    worker = status.workers[0].model_copy(
+        update={"worker": '"><img src=x onerror=alert(1)>', "failure_reason": "<b>bold</b>"}
+    )
+    status = status.model_copy(
+        update={"run": "<script>alert('run')</script>", "workers": [worker, *status.workers[1:]]}
+    )
     page = render_page(status)
     shown = Shown(page.html)
     assert len(shown.scripts) == 1  # the page's own script, nothing else

@@ -25,7 +25,6 @@ import functools
 import json
 import os
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -160,10 +159,10 @@ def collect(
     if cascade is not None:
         cascade.finish(report)
     if prices is not None:
-        from orchestrator.runview.status import status_of
+        from orchestrator.runview.status import cost_so_far
 
-        status = status_of(store, layout, None, now=time.time(), prices=prices, default_spot=default_spot)
-        report.cost_per_m_tokens = status.cost_per_m_tokens
+        _, bought = cost_so_far(store, layout, prices=prices, default_spot=default_spot)
+        report.cost_per_m_tokens = bought.model_dump()
         if reuse is not None:
             report.usd_saved = reuse.usd_saved(prices, default_spot)
     return report

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,6 +14,10 @@ from orchestrator.commands.shared import (
     keep_columns_option,
     max_error_rate_option,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.core.context import RunContext
+    from orchestrator.runview.sections import ArmView
 
 
 @click.command("collect")
@@ -75,7 +79,8 @@ def collect_command(
         _forecast_check(ctx, report)
     arms = _arms(ctx)
     if as_json:
-        click.echo(json.dumps({**report.to_dict(), **({"arms": arms} if arms else {})}))
+        shown = {name: arm.model_dump(mode="json") for name, arm in arms.items()}
+        click.echo(json.dumps({**report.to_dict(), **({"arms": shown} if arms else {})}))
     else:
         print_collect_report(report)
         if arms:
@@ -92,17 +97,12 @@ def collect_command(
     return 0
 
 
-def _arms(ctx: Any) -> dict[str, Any]:
+def _arms(ctx: RunContext) -> dict[str, ArmView]:
     """A sweep: each arm's rows, tokens and cost, as `orch status` counts them (runview/arms.py)."""
-    if not ctx.spec.sweep.arms:
-        return {}
-    import time
-
     from orchestrator.planning.pricing import load_gpu_table
-    from orchestrator.runview.status import status_of
+    from orchestrator.runview.status import sweep_arms
 
-    prices, spot = load_gpu_table(), ctx.spec.resources.spot
-    return status_of(ctx.store, ctx.layout, None, now=time.time(), prices=prices, default_spot=spot, spec=ctx.spec).arms
+    return sweep_arms(ctx.store, ctx.layout, ctx.spec, prices=load_gpu_table(), default_spot=ctx.spec.resources.spot)
 
 
 def _forecast_check(ctx: Any, report: Any) -> None:

@@ -134,8 +134,8 @@ def _print(doc: dict[str, Any]) -> None:
 
     from orchestrator.commands.console import console
     from orchestrator.core.records.forecast import ForecastRecord
-    from orchestrator.runview.status import duration as duration_text
-    from orchestrator.runview.status import duration_band
+    from orchestrator.runview.words import duration as duration_text
+    from orchestrator.runview.words import duration_band
 
     for p in doc.get("probes", []):
         of = f" of {p['model']}" if p["model"] else ""

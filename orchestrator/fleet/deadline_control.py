@@ -92,8 +92,8 @@ class _Scope:
     def of(cls, spec: RunSpec, facts: RunFacts, status: RunStatus, record: JobsRecord, pool: str | None) -> _Scope:
         everyone = {w.worker for w in record.workers.values()}
         if pool is None:
-            done = status.rows["done"] + status.rows["in_progress"]
-            return cls(spec.resources.gpus, list(facts.manifest), facts.stats, everyone, status.rows["total"], done)
+            done = status.rows.done + status.rows.in_progress
+            return cls(spec.resources.gpus, list(facts.manifest), facts.stats, everyone, status.rows.total, done)
         model = run_models(spec).get(pool)
         gpus = (model.resources if model is not None and model.resources else spec.resources).gpus
         entries = [e for e in facts.manifest if e.model == pool]
@@ -246,7 +246,7 @@ class DeadlineControl:
             if pick in tp.unpriced
             else self.prices.get(pick).on_demand_usd_h * facts.machine_gpus_of(pool),
             new_worker_speed=f"a new worker on {pick}: {tp.basis(pick)}",
-            cost_so_far_usd=status.cost["so_far_usd"],
+            cost_so_far_usd=status.cost.so_far_usd,
             largest_chunk_rows=float(max((e.rows for e in unfinished), default=0)),
             open_chunks=sum(1 for e in unfinished if e.chunk not in in_hand),
         )

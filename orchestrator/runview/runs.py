@@ -2,9 +2,8 @@
 
 1. `run_names` (core/records/run.py) finds the runs, one listing request per run.
 2. `list_runs` gives each run's status (runview/status.py: the same derivation `orch status`
-   shows), read from the store alone: no backend is asked, so a job that is queued without a
-   heartbeat yet reads as stopped until it beats; with each one's model and input (`run_origin`),
-   which the page's runs index reads too.
+   shows, each one's model and input with it), read from the store alone: no backend is asked, so
+   a job that is queued without a heartbeat yet reads as stopped until it beats.
 3. `delete_run`: every object under the run's prefix, through the store (a directory or S3 alike),
    and the local backend's logs of it.
 4. `log_files` and `follow_logs`: the local backend's worker logs, `<store>/logs/<run>/` for a
@@ -13,20 +12,16 @@
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError, RunNotFound
 from orchestrator.core.frozen_spec import read_stored_spec
 from orchestrator.core.layout import RunLayout
-from orchestrator.core.records import PrepareRecord, read_record
 from orchestrator.core.records.run import run_names
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import ObjectInfo, Store
@@ -37,13 +32,7 @@ from orchestrator.runview.status import RunStatus, status_of
 def list_runs(store: Store, prices: GpuTable, now: float | None = None) -> list[RunStatus | tuple[str, str]]:
     """Each run's status, or (name, what is wrong) for a run whose records cannot be read."""
     now = time.time() if now is None else now
-
-    def read(name: str) -> RunStatus:
-        layout = RunLayout(name)
-        model, source = run_origin(store, layout)
-        return dataclasses.replace(status_of(store, layout, None, now=now, prices=prices), model=model, input=source)
-
-    return statuses_of(run_names(store), read)
+    return statuses_of(run_names(store), lambda name: status_of(store, RunLayout(name), None, now=now, prices=prices))
 
 
 def statuses_of(names: Iterable[str], read: Callable[[str], RunStatus]) -> list[RunStatus | tuple[str, str]]:
@@ -56,32 +45,6 @@ def statuses_of(names: Iterable[str], read: Callable[[str], RunStatus]) -> list[
         except OrchError as e:
             out.append((name, e.message))
     return out
-
-
-def run_origin(store: Store, layout: RunLayout) -> tuple[str | None, str | None]:
-    """The run's model (its frozen spec's `model.name`) and input (the file prepare read, or the
-    folder its files share and how many): 2 GETs. None where a record does not say (a run not
-    launched names no model yet)."""
-    stored = read_stored_spec(store, layout)
-    model: dict[str, Any] = (stored[0].get("model") or {}) if stored is not None else {}
-    name = model.get("name")
-    several = (stored[0].get("models") or {}) if stored is not None else {}
-    if several:  # a run of several models: their served names
-        name = ", ".join(several)
-    return (name if isinstance(name, str) else None), _input_of(store, layout)
-
-
-def _input_of(store: Store, layout: RunLayout) -> str | None:
-    """What the run was prepared from: the file, or the folder the files share and how many."""
-    found = read_record(store, layout.prepare_record, PrepareRecord)
-    uris = [str(s.get("uri")) for s in found[0].identity.get("sources", [])] if found is not None else []
-    if len(uris) <= 1:
-        return uris[0] if uris else None
-    # By "/"-separated parts, not os.path: `s3://bucket/x` keeps its double slash.
-    parts = [uri.split("/")[:-1] for uri in uris]
-    shared = [p[0] for p in itertools.takewhile(lambda p: len(set(p)) == 1, zip(*parts, strict=False))]
-    folder = "/".join(shared) or "."
-    return f"{folder}/ ({len(uris)} files)"
 
 
 def context_in_store(ctx: RunContext, run: str) -> RunContext:

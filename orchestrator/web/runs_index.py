@@ -2,8 +2,8 @@
 runs` and `orch status` show), chunks, rows, errors, cost, model and input, linking to its page.
 
 Statuses come from the snapshots (web/snapshots.py: a run's reading is shared with its page), through
-`statuses_of`, as `orch runs` reads them (runview/runs.py); each run's model and input
-(`run_origin`: 2 GETs) are read once per reading. At most MAX_RUNS runs are listed.
+`statuses_of`, as `orch runs` reads them (runview/runs.py), each with its model and input. At most
+MAX_RUNS runs are listed.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from orchestrator.core.layout import RunLayout
-from orchestrator.core.store import Store
-from orchestrator.runview.runs import run_origin, statuses_of
-from orchestrator.runview.status import RunStatus, duration
+from orchestrator.runview.runs import statuses_of
+from orchestrator.runview.sections import RunStatus
+from orchestrator.runview.words import duration
 from orchestrator.web.page import Page, template
 from orchestrator.web.snapshots import Snapshot
 
@@ -42,9 +41,7 @@ class IndexRow:
     problem: str | None = None
 
 
-def index_rows(
-    names: Iterable[str], snapshot: Callable[[str], Snapshot], store: Store, now: float | None = None
-) -> list[IndexRow]:
+def index_rows(names: Iterable[str], snapshot: Callable[[str], Snapshot], now: float | None = None) -> list[IndexRow]:
     """A row per run of `names` (the first MAX_RUNS), its status from `snapshot(name)` (the
     snapshots' `get`; OrchError for a run that cannot be read: shown as UNREADABLE)."""
     now = time.time() if now is None else now
@@ -54,27 +51,22 @@ def index_rows(
         if not isinstance(r, RunStatus):
             rows.append(IndexRow(r[0], _href(r[0]), "UNREADABLE", problem=r[1]))
             continue
-        model, source = _origin(snapshot(r.run), store)
         rows.append(
             IndexRow(
                 r.run,
                 _href(r.run),
-                r.state.upper(),
+                str(r.state).upper(),
                 r.backend or "-",
-                f"{r.chunks['done']}/{r.chunks['total']}",
-                f"{r.rows['done']:,}/{r.rows['total']:,}",
-                f"{r.rows['errors']:,}",
-                f"${r.cost['so_far_usd']:,.2f}",
-                model or "-",
-                source or "-",
+                f"{r.chunks.done}/{r.chunks.total}",
+                f"{r.rows.done:,}/{r.rows.total:,}",
+                f"{r.rows.errors:,}",
+                f"${r.cost.so_far_usd:,.2f}",
+                r.model or "-",
+                r.input or "-",
                 duration(now - r.prepared_at) + " ago" if r.prepared_at else "-",
             )
         )
     return rows
-
-
-def _origin(snap: Snapshot, store: Store) -> tuple[str | None, str | None]:
-    return snap.view("origin", lambda s: run_origin(store, RunLayout(s.status.run)))
 
 
 def _href(run: str) -> str:
