@@ -323,3 +323,114 @@ def test_run_time_leaves_out_the_time_the_run_sat_cancelled():
     assert run_time_s(jobs, now=9999.0, finished_at=1450.0) == 150.0
     jobs.cancelled_at = 1480.0  # cancelled again, not resumed: the clock stops there
     assert run_time_s(jobs, now=2000.0, finished_at=None) == 180.0
+
+
+# -- the typed read model: its documented shape, its words and moves, its narrow reads -------------
+def test_status_json_docs_are_the_table_the_types_generate():
+    """docs/operations.md's table of `orch status --json` is generated from the read model's types:
+    a field added, renamed or described anew without regenerating it fails here."""
+    from pathlib import Path
+
+    from orchestrator.runview.schema_doc import markdown, section_of
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    assert section_of(docs) == markdown(), "run: python -m orchestrator.runview.schema_doc --write docs/operations.md"
+    assert "| `workers[].activity` |" in markdown() and "| `between chunks` |" in markdown()
+
+
+def test_status_json_holds_exactly_the_documented_fields(tmp_path, capsys):
+    """What `orch status --json` prints parses back into the documented types, no field beyond them
+    (every section forbids unknown keys), and gives the same JSON again."""
+    from orchestrator.runview.sections import RunStatus
+    from orchestrator.runview.status import to_json
+
+    store, layout = build(str(tmp_path / "store"))
+    answer_chunk(store, layout, "part_00002", [[Answer(i, f"c2-{i}", "x", cached=1) for i in range(10)]], worker="0")
+    assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert to_json(RunStatus.model_validate(doc)) == doc
+    assert doc["state"] == "running" and doc["workers"][0]["activity"] == "working"
+    assert doc["model"] == "m" and doc["backend"] == "skypilot"  # the frozen model; the backend of its launches
+    assert set(doc["rows"]) == {
+        "total",
+        "done",
+        "in_progress",
+        "finished",
+        "checkpointed",
+        "errors",
+        "set_aside",
+        "reused",
+    }
+
+
+def test_status_words_each_have_a_meaning_and_a_colour_and_every_move_is_reachable():
+    """Every run state and worker activity means something in words and has a colour; the table of
+    moves leads from a run's start to each of them, and back to running from every terminal state."""
+    from orchestrator.runview.states import (
+        ACTIVITY_COLOURS,
+        MOVES,
+        RUN_STATE_COLOURS,
+        RUN_TERMINAL,
+        Recovery,
+        reachable,
+    )
+
+    for words, colours, start in (
+        (RunState, RUN_STATE_COLOURS, RunState.PREPARED),
+        (WorkerActivity, ACTIVITY_COLOURS, WorkerActivity.NOT_LAUNCHED),
+    ):
+        for word in words:
+            assert word.meaning and word in colours, word
+            assert reachable(start, word), f"no move leads from {start} to {word}"
+    assert all(reachable(state, RunState.RUNNING) for state in RUN_TERMINAL)
+    assert all(why for why in MOVES.values()) and all(r.meaning for r in Recovery)
+    assert not reachable(RunState.COMPLETE, RunState.PREPARED)  # a run once launched is never unlaunched
+    assert f"{RunState.RUNNING}" == "running" and str(WorkerActivity.BETWEEN_CHUNKS) == "between chunks"
+
+
+def test_recovery_is_spurious_while_the_worker_beats_and_lost_when_it_stopped_without_draining():
+    from orchestrator.core.records import HeartbeatSummary
+    from orchestrator.runview.activity import recovery_of
+    from orchestrator.runview.states import Recovery
+
+    now = 10_000.0
+
+    def beat(state: str, age: float, started: float = now - 3600) -> HeartbeatSummary:
+        return HeartbeatSummary(holder="h", state=state, started_at=started, updated_at=now - age)
+
+    recovering = JobStatus("7", JobState.RECOVERING, recovery_count=0, running_since=now - 3600)
+    # The backend recovers a worker that beat 5 s ago: its check failed, not the machine.
+    assert recovery_of(recovering, beat("running", 5), now=now, interval=10) is Recovery.SPURIOUS
+    # It stopped beating 3 minutes ago, mid-chunk, and never drained: the machine went away.
+    assert recovery_of(recovering, beat("running", 180), now=now, interval=10) is Recovery.LOST
+    # It drained first (a preemption notice, or the recovery's own teardown): no evidence either way.
+    assert recovery_of(recovering, beat("stopping", 180), now=now, interval=10) is None
+    # Recovered (RUNNING again since 60 s ago), and the process beating now started before that: it
+    # outlived the recovery. A process started after it is the new machine's: no verdict.
+    recovered = JobStatus("7", JobState.RUNNING, recovery_count=1, running_since=now - 60)
+    assert recovery_of(recovered, beat("running", 3), now=now, interval=10) is Recovery.SPURIOUS
+    assert recovery_of(recovered, beat("running", 3, started=now - 30), now=now, interval=10) is None
+    assert recovery_of(JobStatus("7", JobState.RUNNING), beat("running", 3), now=now, interval=10) is None
+
+
+def test_narrow_reads_give_the_numbers_the_status_gives(tmp_path):
+    """collect's cost, serve's batch counts and collect's pace read less than the whole status, and
+    give its numbers: one derivation each. A stats entry without a done marker counts for none."""
+    from orchestrator.runview.status import answered_so_far, cost_so_far, pace_so_far
+
+    store, layout = build(str(tmp_path / "store"))
+    answer_chunk(store, layout, "part_00002", [[Answer(i, f"c2-{i}", "x", cached=2) for i in range(10)]], worker="0")
+    # A stray stats entry for a chunk without a marker (stats are a cache of the markers).
+    store.put(layout.stats("part_00003", ["9", "9", "90", "90", "1.0", "1", "x", "0"], 5_000.0), b"")
+    now = time.time()
+    status = derive_status(gather(store, layout, None), now=now, prices=load_gpu_table())
+    store.requests.reset()
+    cost, bought = cost_so_far(store, layout, prices=load_gpu_table(), now=now)
+    assert (cost, bought) == (status.cost, status.cost_per_m_tokens) and cost.so_far_usd > 0
+    # done/, stats/ and heartbeats/ listed; the manifest, prepare record, plan, jobs and spec read: no
+    # leases, decisions, outputs or markers (the whole status reads those too)
+    assert (store.requests.by_op.get("list", 0), store.requests.by_op.get("get", 0)) == (3, 5)
+    answered = answered_so_far(store, layout)
+    assert (answered.rows, answered.errors) == (status.rows.finished, status.rows.errors) == (20, 1)
+    assert answered.tokens == status.tokens
+    assert pace_so_far(store, layout) == status.overall

@@ -107,18 +107,16 @@ def _arms(ctx: RunContext) -> dict[str, ArmView]:
 
 def _forecast_check(ctx: Any, report: Any) -> None:
     """Predicted against actual, when the run was forecast (`orch estimate`): said, and kept in its record."""
-    from orchestrator.core.protocol.checkpoints import read_chunk_stats
-    from orchestrator.core.records import read_jobs
     from orchestrator.runview.forecast_check import record_actual
-    from orchestrator.runview.pace import overall_pace
+    from orchestrator.runview.status import pace_so_far
 
-    pace = overall_pace(list(read_chunk_stats(ctx.store, ctx.layout).values()), read_jobs(ctx.store, ctx.layout)[0])
+    pace = pace_so_far(ctx.store, ctx.layout)
     usd = (report.cost_per_m_tokens or {}).get("all", {}).get("usd", 0.0)
     actual = record_actual(
         ctx.store,
         ctx.layout,
         output_tokens=report.tokens.generated_tokens,
-        duration_s=pace["wall_s"] if pace else 0.0,
+        duration_s=pace.wall_s if pace else 0.0,
         cost_usd=usd,
     )
     if actual is not None:

@@ -111,8 +111,8 @@ class WorkerView(Section):
         None, description="what the evidence says of its job's recovery (null: none, or no evidence either way)"
     )
     accelerator: str | None = Field(None, description="what it runs on (its heartbeat's, else the backend's)")
-    cloud: str | None = None
-    region: str | None = None
+    cloud: str | None = Field(None, description="where it runs (its heartbeat's, else the backend's)")
+    region: str | None = Field(None, description="likewise")
     spot: bool | None = Field(None, description="on spot (null: not known)")
     chunk: str | None = Field(None, description="the chunk it answers now (while it beats)")
     chunk_rows: int = Field(0, description="rows of that chunk")
@@ -131,7 +131,7 @@ class WorkerView(Section):
     failure_reason: str | None = Field(None, description="why its current job failed")
     log: str | None = Field(None, description="its log file, or the command that shows it")
     activity: WorkerActivity = Field(
-        WorkerActivity.NOT_LAUNCHED, description="what it does, in words (docs/operations.md lists them)"
+        WorkerActivity.NOT_LAUNCHED, description="what it does, in words (the table below says each)"
     )
     activity_s: float | None = Field(
         None, description="how long: loading since its process started, silent since its last heartbeat"
@@ -148,18 +148,18 @@ class WorkerView(Section):
 
 class PoolEstimate(Section):
     pool: str = Field(description="the model pool")
-    workers: int
-    rows_left: int
-    tokens_left: float
-    tokens_per_row: float
+    workers: int = Field(description="its workers")
+    rows_left: int = Field(description="its rows not yet in a finished chunk")
+    tokens_left: float = Field(description="output tokens those rows will take")
+    tokens_per_row: float = Field(description="output tokens per row (measured, or half of max_tokens)")
     gpu: str = Field(description="the pool's fleet candidate")
     tokens_per_s: float = Field(description="of one of its workers")
     measured: bool = Field(description="`tokens_per_s` is what the pool measured on that machine")
     basis: str = Field(description="which speed, in words")
-    spot_hours: float
-    spot_usd: float
-    on_demand_hours: float
-    on_demand_usd: float
+    spot_hours: float = Field(description="time left on spot, preemptions counted")
+    spot_usd: float = Field(description="what that costs")
+    on_demand_hours: float = Field(description="time left on demand")
+    on_demand_usd: float = Field(description="what that costs")
 
 
 class Estimate(Section):
@@ -169,13 +169,15 @@ class Estimate(Section):
         description="the fleet's machine: any_of's pick, or what the run measured where the table has no price"
     )
     workers: int = Field(description="workers the estimate counts")
-    tokens_per_s_per_worker: float
+    tokens_per_s_per_worker: float = Field(description="output tokens/s of one worker on `gpu`")
     measured: bool = Field(description="the speed is the run's own")
     basis: str = Field(description="which speed, in words")
-    spot_hours: float
-    spot_usd: float
-    on_demand_hours: float
-    on_demand_usd: float
+    spot_hours: float = Field(
+        description="time left on spot, preemptions counted (a run of several models: its slowest pool's)"
+    )
+    spot_usd: float = Field(description="what that costs (several models: the pools' summed)")
+    on_demand_hours: float = Field(description="time left on demand")
+    on_demand_usd: float = Field(description="what that costs")
     slowest_pool: str | None = Field(None, description="a run of several models: the pool the run ends with")
     pools: Mapping[str, PoolEstimate] | None = Field(None, description="a run of several models: each pool's estimate")
 
@@ -186,47 +188,49 @@ class ForecastCheck(Section):
     kind: str = Field(description="probe (measured) or guess")
     duration_s: Band = Field(description="the fleet's forecast duration, p10/p50/p90")
     projected_s: float | None = Field(description="time since the first launch plus the ETA (null once complete)")
-    projected_in_band: Literal["below p10", "inside", "above p90"] | None = None
+    projected_in_band: Literal["below p10", "inside", "above p90"] | None = Field(
+        None, description="where the projected finish falls in the band"
+    )
     actual: Mapping[str, float] | None = Field(None, description="what the run took, once collected")
 
 
 class ModelRows(Section):
-    total: int
+    total: int = Field(description="the model's rows")
     done: int = Field(description="rows of the model's finished chunks")
-    errors: int
+    errors: int = Field(description="error rows in them")
 
 
 class ModelView(Section):
     """One model of a run of several (runview/models.py)."""
 
-    chunks: Chunks
-    rows: ModelRows
-    tokens: Tokens
+    chunks: Chunks = Field(description="the model's chunks")
+    rows: ModelRows = Field(description="the model's rows")
+    tokens: Tokens = Field(description="of its finished chunks")
     workers: int = Field(description="workers of its pool")
     usd: float = Field(description="its pool's cost so far")
-    usd_per_m_tokens: float | None
+    usd_per_m_tokens: float | None = Field(description="what a million of its tokens cost (null without tokens)")
 
 
 class ArmRows(Section):
     done: int = Field(description="the arm's answers in finished chunks")
-    errors: int
+    errors: int = Field(description="of which errors")
 
 
 class ArmView(Section):
     """One arm of a sweep (runview/arms.py)."""
 
     model: str | None = Field(description="the pool answering it (null: a sweep of one model)")
-    rows: ArmRows
-    tokens: Tokens
+    rows: ArmRows = Field(description="the arm's rows")
+    tokens: Tokens = Field(description="of its answers")
     usd: float = Field(description="its pool's cost shared among the pool's arms by tokens")
-    usd_per_m_tokens: float | None
+    usd_per_m_tokens: float | None = Field(description="what a million of its tokens cost (null without tokens)")
 
 
 class StageView(Section):
     """One stage of a cascade (runview/cascade.py)."""
 
-    stage: int
-    model: str
+    stage: int = Field(description="0 for the run itself")
+    model: str = Field(description="the model answering it")
     run: str = Field(description="the run answering it: the run itself for stage 0")
     rows: int | None = Field(description="rows it has to answer (null until recorded)")
     answered: int = Field(description="rows in its done chunks")
@@ -236,16 +240,16 @@ class StageView(Section):
 class RunStatus(Section):
     """A run as `orch status` shows it, derived once from its facts (runview/status.derive_status)."""
 
-    run: str
-    backend: str | None = Field(description="the backend that launched its workers (null: none launched)")
+    run: str = Field(description="the run's name")
+    backend: str | None = Field(description="the backend its workers run on (null: none launched, none beats)")
     complete: bool = Field(description="every chunk has a marker, and none is damaged")
     backend_note: str | None = Field(description="why the backend could not be asked")
-    chunks: Chunks
-    rows: Rows
+    chunks: Chunks = Field(description="the run's chunks")
+    rows: Rows = Field(description="the run's rows, by how far they got")
     throughput: Throughput = Field(description="live, summed over running workers")
     eta_s: float | None = Field(description="at the live pace (null when unknown)")
-    cost: Cost
-    workers: Sequence[WorkerView]
+    cost: Cost = Field(description="the money so far")
+    workers: Sequence[WorkerView] = Field(description="a row per worker: planned, launched or heartbeating")
     estimate: Estimate | None = Field(None, description="what is left (null without GPU candidates)")
     deadline: DecisionRecord | None = Field(
         None, description="the deadline policy's latest decision (planning/deadline.py)"
@@ -258,8 +262,8 @@ class RunStatus(Section):
         default_factory=dict,
         description="lease key -> what is wrong (treated as expired once older than the lease TTL)",
     )
-    tokens: Tokens
-    cost_per_m_tokens: CostPerM
+    tokens: Tokens = Field(description="tokens of the finished chunks")
+    cost_per_m_tokens: CostPerM = Field(description="what a million tokens cost so far (runview/tokens.py)")
     timeline: Sequence[tuple[float, float]] = Field(
         default_factory=list,
         description="[unix time, chunks done]: the first launch at 0, then finished chunks (at most 200 points)",

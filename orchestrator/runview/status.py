@@ -47,6 +47,7 @@ from orchestrator.runview.sections import (
     Cost,
     CostPerM,
     Estimate,
+    Pace,
     PoolEstimate,
     Rows,
     RunStatus,
@@ -65,6 +66,7 @@ __all__ = [
     "cost_so_far",
     "derive_status",
     "gather",
+    "pace_so_far",
     "status_of",
     "sweep_arms",
     "to_json",
@@ -454,6 +456,12 @@ def sweep_arms(
     cost, _ = costs(workers, finished, prices, default_spot, facts.gpus_of)
     models = models_status(facts, set(finished.done), workers, lambda v: _cost_so_far(v, prices, default_spot))
     return arms_status(spec, read_arm_tallies(store, layout, facts, spec), models, cost.so_far_usd)
+
+
+def pace_so_far(store: Store, layout: RunLayout) -> Pace | None:
+    """The finished chunks' pace as its status says it (`overall`): collect's forecast check."""
+    facts = gather(store, layout, depth=Depth.WORKERS)
+    return overall_pace(finished_of(facts).stats, facts.jobs)
 
 
 @dataclass(frozen=True)
