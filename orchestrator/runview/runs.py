@@ -17,6 +17,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError, RunNotFound
@@ -28,6 +29,8 @@ from orchestrator.core.store import ObjectInfo, Store
 from orchestrator.planning.pricing import GpuTable
 from orchestrator.runview.status import RunStatus, status_of
 
+T = TypeVar("T")
+
 
 def list_runs(store: Store, prices: GpuTable, now: float | None = None) -> list[RunStatus | tuple[str, str]]:
     """Each run's status, or (name, what is wrong) for a run whose records cannot be read."""
@@ -35,10 +38,10 @@ def list_runs(store: Store, prices: GpuTable, now: float | None = None) -> list[
     return statuses_of(run_names(store), lambda name: status_of(store, RunLayout(name), None, now=now, prices=prices))
 
 
-def statuses_of(names: Iterable[str], read: Callable[[str], RunStatus]) -> list[RunStatus | tuple[str, str]]:
-    """`read(name)` of each run, or (name, what is wrong) where it fails: a run that was never
-    prepared, or a record that does not parse."""
-    out: list[RunStatus | tuple[str, str]] = []
+def statuses_of(names: Iterable[str], read: Callable[[str], T]) -> list[T | tuple[str, str]]:
+    """`read(name)` of each run (its status, or a reading of it), or (name, what is wrong) where it
+    fails: a run that was never prepared, or a record that does not parse."""
+    out: list[T | tuple[str, str]] = []
     for name in names:
         try:
             out.append(read(name))

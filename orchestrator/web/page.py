@@ -98,7 +98,7 @@ def page_of(snap: Snapshot, context: Callable[[], RunContext | None], refresh_s:
     def make(s: Snapshot) -> Page:
         ctx = context()
         details = read_details(ctx, s.status) if ctx is not None else None
-        return render_page(s.status, details=details, refresh_s=refresh_s, taken_at=s.taken_at)
+        return render_page(s.status, details=details, refresh_s=refresh_s, taken_at=s.taken_at, problem=s.problem)
 
     return snap.view("page", make)
 
@@ -110,9 +110,11 @@ def render_page(
     now: float | None = None,
     refresh_s: float = 5.0,
     taken_at: float | None = None,
+    problem: str | None = None,
 ) -> Page:
-    """The page of one run, as of `taken_at` (when its status was read). The same status gives the
-    same page: a server renders a reading once, however many views it answers."""
+    """The page of one run, as of `taken_at` (when its status was read; `problem`: why a later
+    reading failed). The same status gives the same page: a server renders a reading once, however
+    many views it answers."""
     now = time.time() if now is None else now
     script = SCRIPT.replace("REFRESH", str(int(refresh_s * 1000)))
     script_hash = "sha256-" + base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
@@ -128,6 +130,7 @@ def render_page(
         refresh_s=max(int(refresh_s), 1),
         taken=time.strftime("%H:%M:%S", time.localtime(taken_at if taken_at is not None else now)),
         taken_at=f"{taken_at if taken_at is not None else now:.3f}",
+        problem=problem,
     )
     return Page(html, script_hash)
 

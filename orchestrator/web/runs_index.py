@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from orchestrator.runview.runs import statuses_of
-from orchestrator.runview.sections import RunStatus
+from orchestrator.runview.states import RunState
 from orchestrator.runview.words import duration
 from orchestrator.web.page import Page, template
 from orchestrator.web.snapshots import Snapshot
@@ -37,7 +37,9 @@ class IndexRow:
     model: str = "-"
     input: str = "-"
     age: str = "-"
-    #: What is wrong with a run whose records cannot be read.
+    #: When its status was read (HH:MM:SS).
+    read_at: str = "-"
+    #: What is wrong with a run whose records cannot be read, or why its latest reading failed.
     problem: str | None = None
 
 
@@ -47,10 +49,11 @@ def index_rows(names: Iterable[str], snapshot: Callable[[str], Snapshot], now: f
     now = time.time() if now is None else now
     rows = []
     listed = [name for _, name in zip(range(MAX_RUNS), names, strict=False)]
-    for r in statuses_of(listed, lambda name: snapshot(name).status):
-        if not isinstance(r, RunStatus):
-            rows.append(IndexRow(r[0], _href(r[0]), "UNREADABLE", problem=r[1]))
+    for snap in statuses_of(listed, snapshot):
+        if not isinstance(snap, Snapshot):
+            rows.append(IndexRow(snap[0], _href(snap[0]), "UNREADABLE", problem=snap[1]))
             continue
+        r = snap.status
         rows.append(
             IndexRow(
                 r.run,
@@ -64,6 +67,8 @@ def index_rows(names: Iterable[str], snapshot: Callable[[str], Snapshot], now: f
                 r.model or "-",
                 r.input or "-",
                 duration(now - r.prepared_at) + " ago" if r.prepared_at else "-",
+                time.strftime("%H:%M:%S", time.localtime(snap.taken_at)),
+                f"the latest reading failed ({snap.problem}): this is an older one" if snap.problem else None,
             )
         )
     return rows
@@ -73,6 +78,12 @@ def _href(run: str) -> str:
     return "/runs/" + quote(run, safe="")
 
 
-def render_index(rows: list[IndexRow], where: str) -> Page:
-    """The index page of `rows`, in the store named `where`. No script: the CSP allows none."""
-    return Page(template("runs.html").render(rows=rows, where=where, max_runs=MAX_RUNS), script_hash="")
+def render_index(rows: list[IndexRow], where: str, refresh_s: float) -> Page:
+    """The index page of `rows`, in the store named `where`. No script (the CSP allows none): while
+    a run goes on, a meta refresh reads the index again every `refresh_s`, so a run that ends is
+    shown ended without a reload."""
+    going = any(row.state == str(RunState.RUNNING).upper() for row in rows)
+    html = template("runs.html").render(
+        rows=rows, where=where, max_runs=MAX_RUNS, refresh_s=max(int(refresh_s), 1) if going else None
+    )
+    return Page(html, script_hash="")
