@@ -8,6 +8,8 @@
    and the local backend's logs of it.
 4. `log_files` and `follow_logs`: the local backend's worker logs, `<store>/logs/<run>/` for a
    directory store and ORCH_HOME/logs/<run>/ on this machine for an s3:// or r2:// one.
+   `is_orch_line` tells orch's own lines in them from the engine's (vLLM's warnings, progress
+   bars, torch's notes), which outnumber them many times: `orch logs` shows orch's first.
 """
 
 from __future__ import annotations
@@ -80,6 +82,26 @@ def delete_run(store: Store, spec: RunSpec, objects: list[ObjectInfo]) -> None:
 
 
 _LOG_NAME = re.compile(r"^worker-(?P<worker>.+)-(?P<ms>\d+)\.log$")
+
+#: How orch's own lines in a worker's log begin: the worker's progress notes (worker/progress.PREFIX),
+#: its `orch.*` loggers as worker/__main__.py formats them, orch's ERROR lines (`ERROR worker 0:
+#: ...`, what status quotes as a failure's reason) and the worker's summary. Every other line is
+#: the engine's, or a library's.
+_ORCH_LINE = re.compile(r"^(\[orch worker\]|(DEBUG|INFO|WARNING|ERROR|CRITICAL) orch[.:]|ERROR |\{\"status\": )")
+
+
+def is_orch_line(line: str) -> bool:
+    """Whether a worker log's line is orch's own (see _ORCH_LINE), not the engine's."""
+    return _ORCH_LINE.match(line) is not None
+
+
+def orch_lines_first(text: str) -> tuple[list[str], list[str]]:
+    """A log's lines split in two, each in its order: orch's own, and the engine's."""
+    orch: list[str] = []
+    engine: list[str] = []
+    for line in text.splitlines():
+        (orch if is_orch_line(line) else engine).append(line)
+    return orch, engine
 
 
 def log_files(ctx: RunContext, worker: str | None = None) -> list[Path]:
