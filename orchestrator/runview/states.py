@@ -22,23 +22,30 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import TypeVar
+
+W = TypeVar("W", bound="Words")
 
 
-class RunState(str, enum.Enum):
-    """The run in a word (`state` in `orch status --json`, the badge of its page, `orch runs`):
-    each member's word, then what it means."""
+class Words(str, enum.Enum):
+    """Words that each mean something: members are `NAME = "word", "what it means"`, compare equal
+    to their word, and show as it (`str(RunState.RUNNING)` is `running`)."""
 
     _value_: str
     meaning: str
 
-    def __new__(cls, word: str, meaning: str) -> RunState:
+    def __new__(cls: type[W], word: str, meaning: str) -> W:
         member = str.__new__(cls, word)
         member._value_, member.meaning = word, meaning
         return member
 
     def __str__(self) -> str:
-        """The word itself, as every view shows it (not `RunState.RUNNING`)."""
         return self._value_
+
+
+class RunState(Words):
+    """The run in a word (`state` in `orch status --json`, the badge of its page, `orch runs`):
+    each member's word, then what it means."""
 
     PREPARED = "prepared", "prepared, no worker launched yet"
     RUNNING = "running", "a worker beats, or a job is queued, starting or recovering"
@@ -55,21 +62,9 @@ class RunState(str, enum.Enum):
         return self in RUN_FAILURES
 
 
-class WorkerActivity(str, enum.Enum):
+class WorkerActivity(Words):
     """What a worker does (`activity` of each worker, the `doing` column): each member's words,
     then what they mean."""
-
-    _value_: str
-    meaning: str
-
-    def __new__(cls, words: str, meaning: str) -> WorkerActivity:
-        member = str.__new__(cls, words)
-        member._value_, member.meaning = words, meaning
-        return member
-
-    def __str__(self) -> str:
-        """The word itself, as every view shows it (not `RunState.RUNNING`)."""
-        return self._value_
 
     NOT_LAUNCHED = "not launched", "planned, no job yet"
     LAUNCHED = "launched", "a job was submitted; the backend says nothing more (or was not asked)"
@@ -96,21 +91,9 @@ class WorkerActivity(str, enum.Enum):
         return self in ACTIVITY_TERMINAL
 
 
-class Recovery(str, enum.Enum):
+class Recovery(Words):
     """What the evidence says of a backend's recovery of a worker's job (a SkyPilot managed job
     RECOVERING, or recovered): whether its machine was really lost. Each member's word, then what it means."""
-
-    _value_: str
-    meaning: str
-
-    def __new__(cls, word: str, meaning: str) -> Recovery:
-        member = str.__new__(cls, word)
-        member._value_, member.meaning = word, meaning
-        return member
-
-    def __str__(self) -> str:
-        """The word itself, as every view shows it (not `RunState.RUNNING`)."""
-        return self._value_
 
     SPURIOUS = (
         "spurious",
