@@ -41,7 +41,7 @@ from orchestrator.planning.deadline import DeadlineSettings, Decision, FleetStat
 from orchestrator.planning.estimate import throughput
 from orchestrator.planning.pricing import GpuTable, load_gpu_table
 from orchestrator.planning.zone_steering import RankedZone, describe, earlier_histories, learned_up_s, zone_order
-from orchestrator.runview.status import RunFacts, RunStatus, derive_status, gather
+from orchestrator.runview.status import RunFacts, RunStatus, derive_status, finished_of, gather, rows_in
 
 Event = Callable[[str], None]
 
@@ -97,15 +97,13 @@ class _Scope:
         model = run_models(spec).get(pool)
         gpus = (model.resources if model is not None and model.resources else spec.resources).gpus
         entries = [e for e in facts.manifest if e.model == pool]
-        rows = {e.chunk: e.rows for e in entries}
         planned = {a.worker for a in facts.plan.workers if a.model == pool} if facts.plan else set()
         # Workers outside the plan (on-demand ones) count for the pool they were launched for.
         extra = {w.worker for w in record.workers.values() if any(a.pool == pool for a in w.attempts)}
-        finished = sum(n for c, n in rows.items() if c in facts.done)
-        saved = sum(min(n, rows[c]) for c, n in facts.checkpointed.items() if c in rows and c not in facts.done)
-        unsaved = sum(v.rows_unsaved for v in status.workers if v.chunk in rows)
-        stats = {c: s for c, s in facts.stats.items() if c in rows}
-        return cls(gpus, entries, stats, planned | extra, sum(rows.values()), finished + saved + unsaved)
+        rows = rows_in(facts, finished_of(facts), status.workers, pool)  # as status counts the run's
+        chunks = {e.chunk for e in entries}
+        stats = {c: s for c, s in facts.stats.items() if c in chunks}
+        return cls(gpus, entries, stats, planned | extra, rows.total, rows.done + rows.in_progress)
 
 
 class DeadlineControl:

@@ -115,7 +115,7 @@ def derive_status(
     finished = finished_of(facts)
     complete = len(finished.done) == len(facts.manifest) and not facts.damaged
     workers = worker_views(facts, finished.done, now=now, heartbeat_interval=heartbeat_interval, complete=complete)
-    rows = _rows(facts, finished, workers)
+    rows = rows_in(facts, finished, workers)
     working = [v for v in workers if v.chunk]  # a chunk is shown only while the worker beats
     rows_per_s = sum(v.rows_per_s for v in working)
     tokens_per_s = sum(v.tokens_per_s for v in working)
@@ -173,25 +173,28 @@ def _backend(facts: RunFacts, spec: RunSpec | None) -> str | None:
     return spec.backend if spec is not None else facts.spec_backend
 
 
-def _rows(facts: RunFacts, finished: Finished, workers: Sequence[WorkerView]) -> Rows:
+def rows_in(facts: RunFacts, finished: Finished, workers: Sequence[WorkerView], pool: str | None = None) -> Rows:
     """Rows by how far they got: in finished chunks, checkpointed in unfinished ones (both kept
-    whatever happens: `done`), and answered in a live worker's memory, not yet saved (`in_progress`)."""
-    rows_by_chunk = {e.chunk: e.rows for e in facts.manifest}
+    whatever happens: `done`), and answered in a live worker's memory, not yet saved (`in_progress`).
+    `pool`: a run of several models' rows of that model only (the deadline policy's, pool by pool)."""
+    rows_by_chunk = {e.chunk: e.rows for e in facts.manifest if pool is None or e.model == pool}
     total = sum(rows_by_chunk.values())
-    saved = sum(
-        min(n, rows_by_chunk[c]) for c, n in facts.checkpointed.items() if c in rows_by_chunk and c not in finished.done
-    )
+    done = finished.done & set(rows_by_chunk)
+    finished_rows = sum(rows_by_chunk[c] for c in done)
+    saved = sum(min(n, rows_by_chunk[c]) for c, n in facts.checkpointed.items() if c in rows_by_chunk and c not in done)
     # A flush between a heartbeat and the listing counts its rows twice until the next beat: capped.
-    unsaved = min(sum(v.rows_unsaved for v in workers), total - finished.rows - saved)
+    unsaved = sum(v.rows_unsaved for v in workers if pool is None or v.chunk in rows_by_chunk)
+    unsaved = min(unsaved, total - finished_rows - saved)
+    errors = sum(s.errors for c, (_, s) in facts.stats.items() if c in done)
     return Rows(
         total=total,
-        done=finished.rows + saved,
+        done=finished_rows + saved,
         in_progress=unsaved,
-        finished=finished.rows,
+        finished=finished_rows,
         checkpointed=saved,
-        errors=finished.errors,
-        set_aside=facts.set_aside,
-        reused=facts.reused,
+        errors=errors,
+        set_aside=facts.set_aside if pool is None else 0,
+        reused=facts.reused if pool is None else 0,
     )
 
 
