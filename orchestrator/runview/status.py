@@ -65,8 +65,10 @@ __all__ = [
     "answered_so_far",
     "cost_so_far",
     "derive_status",
+    "finished_of",
     "gather",
     "pace_so_far",
+    "rows_in",
     "status_of",
     "sweep_arms",
     "to_json",
@@ -87,6 +89,7 @@ class Finished:
 
 
 def finished_of(facts: RunFacts) -> Finished:
+    """The run's finished chunks: those of its manifest with a done marker."""
     rows_by_chunk = {e.chunk: e.rows for e in facts.manifest}
     done = frozenset(facts.done & set(rows_by_chunk))
     stats = tuple(pair for chunk, pair in facts.stats.items() if chunk in done)
