@@ -210,7 +210,7 @@ def main() -> None:
         status = derive_status(gather(store, layout, None), now=time.time(), prices=prices)
         to_text(status_view(status))
         orch_s, orch_requests = time.monotonic() - started, dict(store.requests.by_op)
-        assert status.chunks == {"total": chunks, "done": done}, status.chunks
+        assert status.chunks.model_dump() == {"total": chunks, "done": done}, status.chunks
         assert len(status.workers) == workers
 
         manifest = [e.chunk for e in read_manifest(store, layout)]

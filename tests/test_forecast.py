@@ -267,7 +267,7 @@ def test_forecast_beside_pace_places_the_projected_finish_in_the_band():
         fleet="cpu/on-demand",
     )
     seen = forecast_beside_pace(record, launched_at=1000.0, eta_s=75.0, now=1050.0, complete=False)
-    assert seen is not None and seen["projected_s"] == 125.0 and seen["projected_in_band"] == "above p90"
+    assert seen is not None and seen.projected_s == 125.0 and seen.projected_in_band == "above p90"
     assert forecast_line(seen).endswith(": above p90")
     # A band under two hours is said to the second: rounded to minutes, 2m10s-2m50s read "2m-2m".
     wide = record.model_copy(
@@ -277,11 +277,11 @@ def test_forecast_beside_pace_places_the_projected_finish_in_the_band():
     assert seen is not None
     assert forecast_line(seen) == "forecast (probe) 2m30s (2m10s-2m50s); at this pace 3m05s: above p90"
     seen = forecast_beside_pace(record, launched_at=1000.0, eta_s=45.0, now=1050.0, complete=False)
-    assert seen is not None and seen["projected_in_band"] == "inside"
+    assert seen is not None and seen.projected_in_band == "inside"
     assert forecast_error(seen) == "(probe)"
     done = record.model_copy(update={"actual": {"engine_error": -0.08, "inside_band": 1.0}})
     seen = forecast_beside_pace(done, launched_at=1000.0, eta_s=0.0, now=1200.0, complete=True)
-    assert seen is not None and seen["projected_s"] is None and forecast_error(seen) == "-8%"
+    assert seen is not None and seen.projected_s is None and forecast_error(seen) == "-8%"
     assert forecast_error(None) == "-"
 
 

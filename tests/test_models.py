@@ -372,7 +372,7 @@ def test_deadline_policy_adds_on_demand_workers_to_the_pool_that_is_late(tmp_pat
     names = {name: task for _, task, name in sky.launched}
     assert all(names[f"orch-two-w{w.worker}"].envs["ORCH_POOL"] == "smol" for w in extra)
     shown = status_of(ctx.store, ctx.layout, launcher, now=time.time(), prices=load_gpu_table(), spec=ctx.spec)
-    assert (shown.models["tiny"]["workers"], shown.models["smol"]["workers"]) == (1, 1 + len(extra))
+    assert (shown.models["tiny"].workers, shown.models["smol"].workers) == (1, 1 + len(extra))
 
 
 def _answer(index: int, custom_id: str, generated: int) -> Answer:

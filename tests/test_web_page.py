@@ -117,9 +117,12 @@ def test_names_are_shown_as_text_never_run_as_markup(tmp_path):
 
     store, layout = build(str(tmp_path / "store"))
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
-    status.run = "<script>alert('run')</script>"
-    status.workers[0].worker = '"><img src=x onerror=alert(1)>'
-    status.workers[0].failure_reason = "<b>bold</b>"
+    worker = status.workers[0].model_copy(
+        update={"worker": '"><img src=x onerror=alert(1)>', "failure_reason": "<b>bold</b>"}
+    )
+    status = status.model_copy(
+        update={"run": "<script>alert('run')</script>", "workers": [worker, *status.workers[1:]]}
+    )
     page = render_page(status)
     shown = Shown(page.html)
     assert len(shown.scripts) == 1  # the page's own script, nothing else
@@ -181,6 +184,112 @@ def test_page_state_is_the_word_orch_status_shows(tmp_path):
     assert status.state == "running"
     shown = Shown(render_page(status).html)
     assert shown.text["state"] == "RUNNING" == shown.attrs_of["status"]["data-state"]
+
+
+def local_run(tmp_path: Path, *, reused: int = 0) -> tuple[Any, Any]:
+    """A prepared local run of two CPU workers (jobs recorded on the local backend, as `orch run`
+    records them), worker 0 loading: its store and layout."""
+    from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
+    from orchestrator.core.records import Heartbeat, JobAttempt, PrepareRecord, update_jobs
+    from orchestrator.core.store import open_store
+    from tests.support.runs import make_run
+
+    store = open_store(str(tmp_path / "store"))
+    layout = make_run(
+        store, "cpu", [[chat_request(f"c{c}-{i}", "q") for i in range(3)] for c in range(4)], model="m", workers=2
+    )
+    store.put(
+        layout.prepare_record,
+        PrepareRecord(identity={}, chunks=4, rows=12, errors=0, reused=reused, created_at=time.time()).to_bytes(),
+    )
+    now = time.time()
+    update_jobs(
+        store,
+        layout,
+        lambda rec: [
+            rec.worker(w).attempts.append(JobAttempt(job_id=f"local-{w}", backend="local", launched_at=now))
+            for w in (0, 1)
+        ],
+    )
+    HeartbeatPublisher(
+        store, layout, Heartbeat(worker="0", holder="0.x", state="loading", started_at=now - 5, updated_at=now)
+    ).publish()
+    return store, layout
+
+
+def test_page_of_a_cpu_run_prices_no_gpu_says_its_backend_and_counts_reused_rows(tmp_path):
+    """A local CPU run's page: its backend beside RUNNING (never `not launched`), no estimate on
+    the spec's GPUs before its workers measure a speed (then on the cpu they measured), and the rows
+    answered by earlier runs."""
+    from tests.support.runs import Answer, answer_chunk
+
+    store, layout = local_run(tmp_path, reused=7)
+    prices = load_gpu_table()
+    status = derive_status(gather(store, layout, None), now=time.time(), prices=prices, gpus=["L4"], workers_planned=2)
+    shown = Shown(render_page(status).html)
+    assert status.state == "running" and status.backend == "local" and status.estimate is None
+    assert "not launched" not in render_page(status).html and "L4" not in render_page(status).html
+    assert shown.text["reused"] == "7" and shown.text["state"] == "RUNNING"
+    answer_chunk(store, layout, "part_00000", [[Answer(i, f"c0-{i}", "x") for i in range(3)]], accelerator="cpu")
+    status = derive_status(gather(store, layout, None), now=time.time(), prices=prices, gpus=["L4"], workers_planned=2)
+    assert status.estimate is not None and status.estimate.gpu == "cpu" and status.estimate.measured
+    assert "2 x cpu" in Shown(render_page(status).html).text["estimate"]
+
+
+def test_probe_workers_that_beat_without_a_launch_record_run_on_the_specs_backend(tmp_path):
+    """Workers started outside `orch launch` (a probe's, or by hand) beat with no jobs record: the
+    status names the spec's backend, not none (the page said `not launched` beside RUNNING)."""
+    from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
+    from orchestrator.core.records import Heartbeat
+    from orchestrator.core.store import open_store
+    from tests.support.runs import make_run
+
+    store = open_store(str(tmp_path / "store"))
+    layout = make_run(store, "p", [[chat_request("c0", "q")]], model="m")
+    assert derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table()).backend is None
+    now = time.time()
+    HeartbeatPublisher(
+        store, layout, Heartbeat(worker="0", holder="0.p", state="running", started_at=now, updated_at=now)
+    ).publish()
+    status = derive_status(gather(store, layout, None), now=now, prices=load_gpu_table())
+    assert (status.state, status.backend) == ("running", "local")
+
+
+def test_runs_index_refreshes_while_a_run_goes_on_and_says_an_old_reading_is_old(tmp_path):
+    """The index reads itself again while a run goes on (a finished run no longer reads RUNNING
+    0/51 until a reload), says when each run was read, and a reading that failed after an earlier
+    one shows the earlier one as such, on the index and on the run's page."""
+    from orchestrator.web.page import page_of
+    from orchestrator.web.runs_index import index_rows, render_index
+    from orchestrator.web.snapshots import Snapshots
+
+    store, layout = local_run(tmp_path)
+    clock, failing = [1000.0], [False]
+
+    def read(run: str) -> Any:
+        if failing[0]:
+            raise ConnectionError(f"store of {run} out of reach")
+        return derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
+
+    snapshots = Snapshots(read, max_age=5.0, wait_s=30.0, clock=lambda: clock[0])
+    page = render_index(index_rows(["cpu"], snapshots.get), "store", 5.0)
+    assert '<meta http-equiv="refresh" content="5">' in page.html
+    assert Shown(page.html).runs == {"cpu": "RUNNING"}
+    assert time.strftime("%H:%M:%S", time.localtime(1000.0)) in page.html
+    clock[0], failing[0] = 1010.0, True
+    snap = snapshots.get("cpu")
+    assert snap.taken_at == 1000.0 and snap.problem == "ConnectionError: store of cpu out of reach"
+    index = render_index(index_rows(["cpu"], snapshots.get), "store", 5.0).html
+    assert "the latest reading failed (ConnectionError: store of cpu out of reach): this is an older one" in index
+    assert "store of cpu out of reach" in Shown(page_of(snap, lambda: None, 5.0).html).text["stale"]
+    failing[0] = False
+    from tests.support.runs import Answer, answer_chunk
+
+    for c in range(4):
+        answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "x") for i in range(3)]])
+    clock[0] = 1020.0
+    done = render_index(index_rows(["cpu"], snapshots.get), "store", 5.0).html
+    assert Shown(done).runs == {"cpu": "COMPLETE"} and "http-equiv" not in done and "reading failed" not in done
 
 
 # -- the page in Chromium during a real run (`orch status --web`) ----------------------------------

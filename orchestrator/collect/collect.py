@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -176,17 +175,34 @@ def collect(
     if cascade is not None:
         cascade.finish(report)
     if prices is not None:
-        from orchestrator.runview.status import status_of
-
-        spec = _run_spec(store, layout) if comparison is not None else None  # prices each arm
-        status = status_of(store, layout, None, now=time.time(), prices=prices, default_spot=default_spot, spec=spec)
-        report.cost_per_m_tokens = status.cost_per_m_tokens
-        report.arms = status.arms
-        if reuse is not None:
-            report.usd_saved = reuse.usd_saved(prices, default_spot)
+        _priced(report, store, layout, prices, default_spot, reuse, with_arms=comparison is not None)
     if comparison is not None:
         report.comparison = comparison.summary(report.arms)
     return report
+
+
+def _priced(
+    report: CollectReport,
+    store: Store,
+    layout: RunLayout,
+    prices: GpuTable,
+    default_spot: bool,
+    reuse: ReusedAnswers | None,
+    *,
+    with_arms: bool,
+) -> None:
+    """What the run's tokens cost, as its status counts it (runview's narrow reads): per million
+    tokens, each arm's share (a sweep), and what the reused rows saved."""
+    from orchestrator.runview.status import cost_so_far, sweep_arms
+
+    _, bought = cost_so_far(store, layout, prices=prices, default_spot=default_spot)
+    report.cost_per_m_tokens = bought.model_dump()
+    spec = _run_spec(store, layout) if with_arms else None
+    if spec is not None:
+        arms = sweep_arms(store, layout, spec, prices=prices, default_spot=default_spot)
+        report.arms = {name: arm.model_dump() for name, arm in arms.items()}
+    if reuse is not None:
+        report.usd_saved = reuse.usd_saved(prices, default_spot)
 
 
 def _run_spec(store: Store, layout: RunLayout) -> RunSpec | None:

@@ -6,13 +6,12 @@ from __future__ import annotations
 from orchestrator.collect.report import CollectReport
 from orchestrator.core.context import RunContext
 from orchestrator.core.layout import RunLayout
-from orchestrator.core.protocol.checkpoints import read_chunk_stats
-from orchestrator.core.records import read_jobs, read_marker
+from orchestrator.core.records import read_marker
 from orchestrator.core.records.base import read_record
 from orchestrator.core.records.forecast import ForecastRecord, read_probes
 from orchestrator.core.store import Store
 from orchestrator.runview.forecast_check import fleet_engine_s
-from orchestrator.runview.pace import overall_pace
+from orchestrator.runview.status import pace_so_far
 
 #: The actual figures beside the forecast: engine_s, duration_s, cost_usd, output_tokens, their errors
 #: against the p50 (engine_error, output_tokens_error) and inside_band (1.0 when inside p10-p90).
@@ -22,13 +21,13 @@ ForecastActual = dict[str, float]
 def forecast_actual(ctx: RunContext, report: CollectReport) -> ForecastActual | None:
     """The run's actual figures from its finished chunks and collect's report, written into its
     forecast record; None when the run was never forecast (`orch estimate`)."""
-    pace = overall_pace(list(read_chunk_stats(ctx.store, ctx.layout).values()), read_jobs(ctx.store, ctx.layout)[0])
+    pace = pace_so_far(ctx.store, ctx.layout)
     usd = (report.cost_per_m_tokens or {}).get("all", {}).get("usd", 0.0)
     return record_actual(
         ctx.store,
         ctx.layout,
         output_tokens=report.tokens.generated_tokens,
-        duration_s=pace["wall_s"] if pace else 0.0,
+        duration_s=pace.wall_s if pace else 0.0,
         cost_usd=usd,
     )
 

@@ -112,18 +112,14 @@ class ReusedAnswers:
 
     def usd_saved(self, prices: GpuTable, default_spot: bool) -> float | None:
         """The saved tokens at each source run's realised $ per million tokens (None: no price known)."""
-        import time
-
-        from orchestrator.runview.status import status_of
+        from orchestrator.runview.status import cost_so_far
 
         usd: float | None = None
         for run, saved in zip(self.record.runs, self.saved, strict=True):
             if not saved.total:
                 continue
-            status = status_of(
-                self.store, RunLayout(run), None, now=time.time(), prices=prices, default_spot=default_spot
-            )
-            rate = ((status.cost_per_m_tokens or {}).get("all") or {}).get("usd_per_m_tokens")
+            _, bought = cost_so_far(self.store, RunLayout(run), prices=prices, default_spot=default_spot)
+            rate = bought.all.usd_per_m_tokens
             if rate is not None:
                 usd = (usd or 0.0) + saved.total * rate / 1e6
         return usd

@@ -118,9 +118,11 @@ def print_collect_report(report: CollectReport) -> None:
     if r.duplicates or r.mismatched:
         click.echo(click.style(f"{r.duplicates} duplicate and {r.mismatched} mismatched line(s) left out", fg="red"))
     if r.tokens.total:
+        from orchestrator.runview.sections import CostPerM
         from orchestrator.runview.tokens import tokens_line
 
-        click.echo(tokens_line(r.tokens.to_dict(), r.cost_per_m_tokens or {}))
+        bought = CostPerM.model_validate(r.cost_per_m_tokens) if r.cost_per_m_tokens else None
+        click.echo(tokens_line(r.tokens.section(), bought))
     if r.cascade:
         stages = (f"{m} answered {c['answered']:,}, escalated {c['escalated']:,}" for m, c in r.cascade.items())
         click.echo("cascade: " + "; ".join(stages))
@@ -148,8 +150,8 @@ def print_forecast(doc: dict[str, Any]) -> None:
 
     from orchestrator.commands.console import console
     from orchestrator.core.records.forecast import ForecastRecord
-    from orchestrator.runview.status import duration as duration_text
-    from orchestrator.runview.status import duration_band
+    from orchestrator.runview.words import duration as duration_text
+    from orchestrator.runview.words import duration_band
 
     for p in doc.get("probes", []):
         of = f" of {p['model']}" if p["model"] else ""

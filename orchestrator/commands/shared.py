@@ -391,7 +391,7 @@ def follow_run(
         else:
             click.echo(
                 f"{time.strftime('%H:%M:%S')} chunks {report.chunks_done}/{report.chunks_total} done, "
-                f"rows {status.rows['done'] + status.rows['in_progress']:,}/{status.rows['total']:,}; "
+                f"rows {status.rows.done + status.rows.in_progress:,}/{status.rows.total:,}; "
                 f"workers: {busy_workers(status)}"
             )
 

@@ -4,14 +4,15 @@ band beside the pace so far (collect/forecast_actual.py keeps the actual figures
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import Literal
 
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.records import Heartbeat
-from orchestrator.core.records.forecast import ForecastRecord
+from orchestrator.core.records.forecast import Band, ForecastRecord
 from orchestrator.core.store import Store
 from orchestrator.core.worker_ids import job_worker
+from orchestrator.runview.sections import ForecastCheck
 
 
 def fleet_engine_s(store: Store, layout: RunLayout, leave_out: Collection[str]) -> float:
@@ -30,7 +31,7 @@ def fleet_engine_s(store: Store, layout: RunLayout, leave_out: Collection[str]) 
 
 def forecast_beside_pace(
     record: ForecastRecord | None, *, launched_at: float | None, eta_s: float | None, now: float, complete: bool
-) -> dict[str, Any] | None:
+) -> ForecastCheck | None:
     """What `orch status` shows of the forecast: the fleet's duration band beside the finish the pace
     so far projects (time since the first launch plus the ETA), and how right it was once collected."""
     if record is None:
@@ -38,14 +39,18 @@ def forecast_beside_pace(
     fleet = record.fleet_candidate()
     if fleet is None:
         return None
-    view: dict[str, Any] = {"kind": record.kind, "duration_s": fleet.duration_s.model_dump(), "projected_s": None}
-    if launched_at is not None and eta_s is not None and not complete:
-        projected = now - launched_at + eta_s
-        band = fleet.duration_s
-        view["projected_s"] = round(projected, 1)
-        view["projected_in_band"] = (
-            "below p10" if projected < band.p10 else "inside" if projected <= band.p90 else "above p90"
-        )
-    if record.actual is not None:
-        view["actual"] = dict(record.actual)
-    return view
+    band = fleet.duration_s
+    projected = now - launched_at + eta_s if launched_at is not None and eta_s is not None and not complete else None
+    return ForecastCheck(
+        kind=record.kind,
+        duration_s=band,
+        projected_s=round(projected, 1) if projected is not None else None,
+        projected_in_band=_place_in(band, projected) if projected is not None else None,
+        actual=dict(record.actual) if record.actual is not None else None,
+    )
+
+
+def _place_in(band: Band, value: float) -> Literal["below p10", "inside", "above p90"]:
+    if value < band.p10:
+        return "below p10"
+    return "inside" if value <= band.p90 else "above p90"
