@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -10,7 +9,6 @@ from orchestrator.backends.base import STATE_COLOURS, JobState
 from orchestrator.commands.console import Group, Table, Text, table
 from orchestrator.core.protocol.clocks import SKEW_WARN_S, describe_offset
 from orchestrator.core.records import PlanRecord
-from orchestrator.planning.estimate import Estimate
 from orchestrator.planning.pricing import GpuTable
 from orchestrator.runview.sections import ArmView, ForecastCheck, ModelView, Rows, RunStatus, StageView, WorkerView
 from orchestrator.runview.states import ACTIVITY_COLOURS, RUN_STATE_COLOURS, Recovery
@@ -342,81 +340,6 @@ def render_runs(runs: Sequence[RunStatus | tuple[str, str]], *, now: float) -> T
             _duration(now - r.prepared_at) if r.prepared_at else "-",
         )
     return grid
-
-
-def _pool_lines(pools: dict[str, Any] | None) -> list[Text]:
-    """A run of several models: each pool's time and cost, and the run's (the slowest pool's time,
-    the pools' costs summed); the whole-run table below then blends the pools' speeds."""
-    if not pools:
-        return []
-    lines = [
-        Text(
-            f"Estimate by pool: the run ends with {pools['slowest_pool']}, {_hours(pools['spot_hours'])} for "
-            f"${pools['spot_usd']:,.2f} on spot, {_hours(pools['on_demand_hours'])} for "
-            f"${pools['on_demand_usd']:,.2f} on demand"
-        )
-    ]
-    for name, p in pools["pools"].items():
-        slowest = " (slowest)" if name == pools["slowest_pool"] else ""
-        lines.append(
-            Text(
-                f"  pool {name}{slowest}: {p['workers']} worker{'s' if p['workers'] != 1 else ''} on {p['gpu']} "
-                f"({p['basis']}), {p['rows_left']:,} rows left: {_hours(p['spot_hours'])} for "
-                f"${p['spot_usd']:,.2f} on spot, {_hours(p['on_demand_hours'])} for "
-                f"${p['on_demand_usd']:,.2f} on demand"
-            )
-        )
-    return [*lines, Text("")]
-
-
-def render_estimate(est: Estimate) -> Group:
-    tp = est.throughput
-    others = (
-        "other GPUs scaled from them by relative speed"
-        if set(tp.measured) - set(tp.unpriced)
-        else f"other GPUs from the price table of {est.price_table_date}"
-    )
-    basis = (
-        f"measured on {', '.join(f'{g} ({n} chunks)' for g, n in tp.measured.items())}; {others}"
-        if tp.measured
-        else f"price table of {est.price_table_date} (7-8B model on vLLM)"
-    )
-    pick = "what the run measured on" if tp.unpriced else "any_of's pick, the cheapest per hour when capacity allows"
-    source = "measured" if tp.tokens_per_row_measured else "assumed: half of max_tokens"
-    per_row = f"{tp.tokens_per_row:,.0f} output tokens/row ({source})"
-    numbers = ("tok/s/worker", "spot time", "spot cost", "on-demand", "on-d. cost")
-    grid = table("GPU", *numbers, right=numbers)
-    for c in est.candidates:
-        grid.add_row(
-            c.gpu + (" *" if c.gpu == est.fleet_gpu else ""),
-            f"{c.tokens_per_s:,.0f}" + (" measured" if c.measured else ""),
-            _hours(c.spot_hours),
-            f"{c.spot_usd:,.2f}",
-            _hours(c.on_demand_hours),
-            f"{c.on_demand_usd:,.2f}",
-        )
-    f = est.fleet
-    return Group(
-        *_pool_lines(est.pools),
-        Text(f"Estimate: {est.rows_left:,} of {est.rows_total:,} rows left, {per_row}, {est.workers} workers"),
-        Text(f"speed: {basis}"),
-        grid,
-        Text(
-            f"fleet (*: {pick}): {_hours(f.spot_hours)} for "
-            f"${f.spot_usd:,.2f} on spot, {_hours(f.on_demand_hours)} for ${f.on_demand_usd:,.2f} on demand"
-        ),
-        Text(
-            f"spot includes {est.preemptions_per_hour:g} preemptions per worker-hour, each a "
-            f"{est.restart_overhead_s / 60:.0f}-minute restart plus half a checkpoint interval; costs in USD "
-            f"at the prices of {est.price_table_date} (orch prices; --refresh from SkyPilot's catalog)"
-        ),
-    )
-
-
-def _hours(h: float) -> str:
-    if h == math.inf:
-        return "-"
-    return f"{h:.1f} h" if h >= 1 else f"{h * 60:.0f} min"
 
 
 def render_gpu_table(prices: GpuTable, before: GpuTable | None = None) -> Group:
