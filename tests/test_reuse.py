@@ -97,6 +97,8 @@ def test_reuse_grown_input_runs_only_the_new_rows_and_keeps_old_answers_byte_ide
     second = collect(store, "second", workdir / "second.jsonl", capsys)
     assert second["complete"] and second["rows_total"] == 44 and second["reused"] == 40 and second["rows_run"] == 4
     assert second["tokens_saved"]["prompt_tokens"] == 40 * 3
+    # Every row the first run answered, in its 4 chunks of 10 s each: 40 s of worker time saved.
+    assert second["engine_s_saved"] == pytest.approx(40.0)
     old = (workdir / "first.jsonl").read_bytes().splitlines()
     new = (workdir / "second.jsonl").read_bytes().splitlines()
     assert new[:40] == old  # in input order, byte for byte

@@ -203,6 +203,7 @@ def _priced(
         report.arms = {name: arm.model_dump() for name, arm in arms.items()}
     if reuse is not None:
         report.usd_saved = reuse.usd_saved(prices, default_spot)
+        report.engine_s_saved = reuse.engine_s_saved()
 
 
 def _run_spec(store: Store, layout: RunLayout) -> RunSpec | None:

@@ -46,6 +46,8 @@ class CollectReport:
     #: The reused rows' tokens, what running them again would have cost, and its $ at the source runs' prices.
     tokens_saved: TokenCounts = field(default_factory=TokenCounts)
     usd_saved: float | None = None
+    #: The worker time the reused rows took their source runs (their engine seconds per generated token).
+    engine_s_saved: float | None = None
     #: A cascade: per model, rows it answered and rows of those it escalated (cascade_run.py).
     cascade: dict[str, dict[str, int]] | None = None
     #: A sweep: each arm's rows, errors, tokens and $ (runview/arms.py), when collect was given the price table.

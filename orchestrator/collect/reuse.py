@@ -124,6 +124,19 @@ class ReusedAnswers:
                 usd = (usd or 0.0) + saved.total * rate / 1e6
         return usd
 
+    def engine_s_saved(self) -> float | None:
+        """The worker time the reused rows took their source runs: each run's engine seconds per
+        generated token (its finished chunks' stats) times the tokens it saved (None: none measured)."""
+        from orchestrator.core.protocol.checkpoints import read_chunk_stats
+
+        seconds: float | None = None
+        for run, saved in zip(self.record.runs, self.saved, strict=True):
+            stats = [s for _, s in read_chunk_stats(self.store, RunLayout(run)).values()]
+            generated = sum(s.tokens_out for s in stats)
+            if saved.generated_tokens and generated:
+                seconds = (seconds or 0.0) + saved.generated_tokens * sum(s.seconds for s in stats) / generated
+        return seconds
+
     def _groups(self) -> Iterator[tuple[int, int, list[tuple[int, int]]]]:
         """(run, chunk, [(row, position), ...]) for each source chunk, in sources.bin's order."""
         import itertools

@@ -127,10 +127,13 @@ def print_collect_report(report: CollectReport) -> None:
         stages = (f"{m} answered {c['answered']:,}, escalated {c['escalated']:,}" for m, c in r.cascade.items())
         click.echo("cascade: " + "; ".join(stages))
     if r.reused:
+        from orchestrator.runview.words import duration
+
         usd = f", ${r.usd_saved:,.4f}" if r.usd_saved is not None else ""
+        took = f", {duration(r.engine_s_saved, exact=True)} of worker time" if r.engine_s_saved else ""
         click.echo(
             f"reused {r.reused:,} row(s) from earlier runs, ran {r.rows_run:,}, {r.rows_total:,} in all; "
-            f"saved {r.tokens_saved.total:,} tokens{usd}"
+            f"saved {r.tokens_saved.total:,} tokens{usd}{took}"
         )
     if r.retry_out:
         click.echo(
