@@ -343,6 +343,14 @@ def test_cascade_three_stages_answer_each_row_once_by_its_last_model(tmp_path):
         "c": {"answered": 1, "escalated": 0},
     }
     assert report.tokens.generated_tokens == 2 * (6 + 3)  # every stage's tokens (the error row has none)
+    # Every stage's answers are in the run's index, each under its own model's keys: a plain run of
+    # model b over the same rows reuses the three that stage 1 answered (issue 50 item 3: a cascade
+    # stage and a plain run of the same model reuse each other's answers); the rows sample, so reuse.sampled.
+    plain = {"run": "plain-b", "store": flags["store"], "input.format": "openai-batch", "model.name": "x/b"}
+    plain |= {"reuse.runs": ["t"], "reuse.sampled": True, "chunking.rows_per_chunk": 2}
+    plain_spec = load_spec(None, plain, env={}, default_file=False)
+    reused = prepare_run(RunContext(plain_spec, store, plain_spec.layout), [str(data)], check=False)
+    assert reused.record.reused == 3 and reused.record.rows == 3
 
 
 def test_cascade_serve_is_refused_naming_the_field(tmp_path):

@@ -171,9 +171,11 @@ def collect(
         if not (partial or report.complete):
             writer.output.discard()
             report.out_written = False
-    index.write(report.chunks_complete)
     if cascade is not None:
         cascade.finish(report)
+        for run in cascade.stage_runs:  # the later stages' answers are reusable too, under their models' keys
+            index.add_run(RunLayout(run))
+    index.write(report.chunks_complete)
     if prices is not None:
         _priced(report, store, layout, prices, default_spot, reuse, with_arms=comparison is not None)
     if comparison is not None:
