@@ -12,6 +12,7 @@ from orchestrator.commands.shared import (
     common_options,
     keep_columns_option,
     max_error_rate_option,
+    merge_on_option,
 )
 
 
@@ -33,13 +34,7 @@ from orchestrator.commands.shared import (
     "jsonl/parquet: the file format, for a name without the ending. Default: .parquet a table, .jsonl openai",
 )
 @keep_columns_option
-@click.option(
-    "--merge-on",
-    default=None,
-    metavar="COLUMN",
-    help="a table --out: upsert the run's rows by this column (the id, say) instead of appending them: "
-    "a row whose key the table has replaces it (Delta MERGE, Iceberg upsert, Lance merge_insert)",
-)
+@merge_on_option
 @click.option(
     "--retry-out",
     type=click.Path(dir_okay=False),

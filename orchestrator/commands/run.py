@@ -15,6 +15,7 @@ from orchestrator.commands.shared import (
     input_options,
     keep_columns_option,
     max_error_rate_option,
+    merge_on_option,
     say_spec_changes,
     workers_line,
 )
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 @click.option("--interval", type=float, default=5.0, show_default=True, help="seconds between checks")
 @click.option("--strict", is_flag=True, help="stop at the first bad input row")
 @keep_columns_option
+@merge_on_option
 @click.option(
     "--no-check", is_flag=True, help="skip prepare's request check (the workers answer bad requests with error rows)"
 )
@@ -51,6 +53,7 @@ def run_command(
     no_check: bool,
     max_error_rate: float,
     keep_columns: list[str] | None,
+    merge_on: str | None,
     **input_args: Any,
 ) -> int:
     """Run SOURCES through the model end to end and write one complete output to --out.
@@ -60,12 +63,13 @@ def run_command(
     from orchestrator.api.lifecycle import Callbacks, collect_output, describe_actual, start
     from orchestrator.collect.collect import check_output, output_shape
     from orchestrator.collect.error_rate import check_error_rate
+    from orchestrator.collect.sinks import table_sink
     from orchestrator.collect.table import table_spec
     from orchestrator.core.errors import IncompleteRun
     from orchestrator.runview.cascade import check_stage_names
 
     # The output is checked before any work: a bad --out found after hours of it loses an evening.
-    container = check_output(out)
+    container = "parquet" if table_sink(out) is not None else check_output(out)  # a table: typed columns
     if retry_out:
         check_output(retry_out, "jsonl")
     flags = {**inv.flags, **input_flags(**input_args)}
@@ -95,7 +99,7 @@ def run_command(
     elif ctx.spec.sweep.cascade:
         follow_run(ctx, started.launcher, interval, later_stages=True, check=not no_check)
     # 3. collect
-    collected = collect_output(ctx, out, retry_out=retry_out, keep_columns=keep_columns)
+    collected = collect_output(ctx, out, retry_out=retry_out, keep_columns=keep_columns, merge_on=merge_on)
     result = collected.report
     print_collect_report(result)
     if collected.forecast is not None:

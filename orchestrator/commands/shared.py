@@ -487,3 +487,14 @@ def keep_columns_option(func: Callable[..., Any]) -> Callable[..., Any]:
         metavar="A,B",
         help="input columns to carry into a table output (read again from the run's input), beside the answers",
     )(func)
+
+
+def merge_on_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`--merge-on COL`: a table output keeps one row per value of COL (orch collect, orch run)."""
+    return click.option(
+        "--merge-on",
+        default=None,
+        metavar="COLUMN",
+        help="a table --out: upsert the run's rows by this column (the id, say) instead of appending them: "
+        "a row whose key the table has replaces it (Delta MERGE, Iceberg upsert, Lance merge_insert)",
+    )(func)
