@@ -62,7 +62,6 @@ def run_command(
     from orchestrator.collect.error_rate import check_error_rate
     from orchestrator.collect.table import table_spec
     from orchestrator.core.errors import IncompleteRun
-    from orchestrator.runview.cascade import check_stage_names
 
     # The output is checked before any work: a bad --out found after hours of it loses an evening.
     container = check_output(out)
@@ -83,8 +82,6 @@ def run_command(
             # A column the input lacks is refused now, before any worker is paid for.
             table_spec(run.store, run.layout, container, keep_columns)
 
-    if ctx.spec.sweep.cascade:
-        check_stage_names(ctx)  # a stage's run name too long is said now, not after stage 0 has run
     # 1. prepare, plan, launch the workers the remaining chunks need (each a no-op when done)
     hear = Callbacks(progress=lambda line: click.echo(line, err=True), prepared=prepared, say=click.echo)
     started = start(ctx, list(sources), strict=strict, check=not no_check, hear=hear)
