@@ -107,8 +107,7 @@ def _table_file(table: pa.Table) -> HandedInput:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    # Without the writers' metadata (pandas' index, versions): the same rows make the same file.
-    table = table.replace_schema_metadata(None)
+    table = _canonical(table)
     stream = io.BytesIO()
     with pa.ipc.new_stream(stream, table.schema) as ipc:
         ipc.write_table(table)
@@ -116,6 +115,17 @@ def _table_file(table: pa.Table) -> HandedInput:
     pq.write_table(table, content)
     digest = hashlib.sha256(stream.getvalue()).hexdigest()
     return HandedInput("data.parquet", content.getvalue(), table.num_rows, digest, table)
+
+
+def _canonical(table: pa.Table) -> pa.Table:
+    """The same rows as the same table, whichever library held them: without the writers' metadata
+    (pandas' index, versions), and text as Arrow's plain strings (pandas and polars hold it as large
+    strings or string views)."""
+    import pyarrow as pa
+
+    plain = {pa.large_string(): pa.string(), pa.string_view(): pa.string(), pa.large_binary(): pa.binary()}
+    schema = pa.schema([f.with_type(plain.get(f.type, f.type)) for f in table.schema])
+    return table.replace_schema_metadata(None).cast(schema)
 
 
 def _rows_file(rows: Iterable[Any]) -> HandedInput:
@@ -172,7 +182,7 @@ def _same_as_stored(ctx: RunContext, key: str, handed: HandedInput) -> bool:
     import pyarrow.parquet as pq
 
     try:
-        return bool(pq.read_table(io.BytesIO(stored)).equals(handed.table.replace_schema_metadata(None)))
+        return bool(_canonical(pq.read_table(io.BytesIO(stored))).equals(handed.table))
     except pa.ArrowException:
         return False
 
