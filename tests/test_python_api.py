@@ -156,9 +156,14 @@ def test_the_same_data_again_is_the_same_run_and_other_data_is_refused(workdir):
     kept = runs[0] / "input" / "data.parquet"
     assert pq.read_table(kept).to_pylist() == TICKETS
     written = kept.stat().st_mtime_ns
-    # The same rows from polars and from pyarrow (other writers, other types' metadata) are the same input.
+    # The same rows from polars, Hugging Face and pyarrow (other writers, other string types, other
+    # metadata) are the same input.
     again = orchestrator.estimate(pl.DataFrame(TICKETS), model=tiny, template=TEMPLATE, json_schema=SCHEMA, store=store)
     assert again.record.prompt_tokens == first.record.prompt_tokens
+    from datasets import Dataset
+
+    hugging_face = Dataset.from_list(TICKETS)
+    orchestrator.estimate(hugging_face, model=tiny, template=TEMPLATE, json_schema=SCHEMA, store=store)
     arrow = pa.Table.from_pylist(TICKETS)
     orchestrator.estimate(arrow, model=tiny, template=TEMPLATE, json_schema=SCHEMA, store=store, run=runs[0].name)
     assert [r.name for r in (workdir / "store" / "runs").iterdir()] == [runs[0].name]

@@ -38,6 +38,7 @@ from orchestrator.core.errors import IncompleteRun, RunNotFound, SpecError
 from orchestrator.core.frozen_spec import read_stored_spec
 from orchestrator.core.spec import DEFAULT_SPEC_FILE, SamplingSpec
 from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD, PROBE_SHARE
+from orchestrator.runview.status import current_status
 
 if TYPE_CHECKING:
     import pandas
@@ -170,7 +171,7 @@ class Run:
             await asyncio.shield(finished)
         except asyncio.CancelledError:
             stop.set()
-            with contextlib.suppress(_Stopped, Exception):
+            with contextlib.suppress(Exception):  # _Stopped, or what the follow met meanwhile
                 await finished
             raise
         finally:
@@ -189,8 +190,6 @@ class Run:
         def tick(run: RunContext, running: Launcher, _report: TickReport) -> None:
             if stop is not None and stop.is_set():
                 raise _Stopped(run.layout.run)
-            from orchestrator.runview.status import current_status
-
             if progress:
                 bar.show(current_status(run, launcher=running))
 
@@ -205,8 +204,6 @@ class Run:
 
     def status(self) -> RunStatus:
         """The run as `orch status` sees it: chunks, rows, workers, pace, cost (runview/status.py)."""
-        from orchestrator.runview.status import current_status
-
         return current_status(self._ctx, launcher=self._launcher)
 
     def cancel(self) -> Cancelled:
