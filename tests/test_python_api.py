@@ -2,7 +2,8 @@
 
 The fast tests prepare real runs in real stores and answer their chunks with the protocol's own
 objects (a worker's lease, parts and done marker); the slow ones run real workers on vLLM:
-the labelling job against the CLI's table, a kernel killed with SIGKILL mid-run, the notebook.
+the labelling job against the CLI's table, a kernel killed with SIGKILL mid-run (the notebook:
+test_python_notebook.py).
 """
 
 from __future__ import annotations
@@ -385,33 +386,3 @@ def test_a_kernel_killed_mid_run_loses_nothing_and_attach_answers_every_row_exac
     # 4. The worker outlived the kernel: the new one launched no second one.
     jobs = read_jobs(store, layout)[0]
     assert [len(w.attempts) for w in jobs.workers.values()] == [1]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(2400)
-def test_the_labelling_notebook_runs_in_a_real_kernel(tmp_path):
-    """examples/labelling.ipynb, executed by `jupyter nbconvert --execute` in a project laid out as
-    the repository (the demo's model under .cache): its table holds every ticket, typed."""
-    model("smollm2-135m-instruct")
-    (tmp_path / "examples").mkdir()
-    (tmp_path / ".cache").symlink_to(ROOT / ".cache")
-    notebook = tmp_path / "examples" / "labelling.ipynb"
-    notebook.write_bytes((ROOT / "examples" / "labelling.ipynb").read_bytes())
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "jupyter"), "nbconvert", "--to", "notebook", "--execute", "--inplace",
-         "--ExecutePreprocessor.timeout=1500", str(notebook)],
-        env=env, capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    cells = json.loads(notebook.read_text())["cells"]
-    shown = [
-        "".join(output.get("data", {}).get("text/plain", "")) + "".join(output.get("text", ""))
-        for cell in cells
-        if cell["cell_type"] == "code"
-        for output in cell.get("outputs", [])
-    ]
-    assert not any(o.get("output_type") == "error" for c in cells for o in c.get("outputs", []))
-    table = next(text for text in shown if "category" in text and "urgent" in text)
-    assert all(ticket in table for ticket in ("T1", "T2", "T3", "T4")), table
-    assert "labelled 4 tickets" in "\n".join(shown)
