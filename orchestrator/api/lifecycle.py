@@ -1,7 +1,9 @@
 """A run from its sources to its output, step by step: the one composition `orch run` and the Python API share.
 
 1. start: prepare the sources (once), plan, launch the workers the unfinished chunks need
-   (fleet/start.py); returns at once, the workers going on by themselves.
+   (fleet/start.py); returns at once, the workers going on by themselves. `resume` is step 1 for a
+   run prepared before, by any process: the workers its unfinished chunks need, never a second
+   copy of a live one.
 2. follow_to_end: reconcile until every chunk has a done marker (relaunching workers whose jobs
    end with work left), then a cascade's later stages, each steps 1-2 on a run of its own;
    IncompleteRun, saying why and what to run next, when it stops short.
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.backends import backend_for
 from orchestrator.backends.base import Launcher
 from orchestrator.collect.collect import collect
 from orchestrator.collect.forecast_actual import ForecastActual, forecast_actual
@@ -26,11 +29,14 @@ from orchestrator.collect.report import CollectReport
 from orchestrator.core.context import RunContext
 from orchestrator.fleet.cascade import run_stages
 from orchestrator.fleet.follow import check_complete, follow
+from orchestrator.fleet.launch import launch_workers
 from orchestrator.fleet.reconcile import TickReport
 from orchestrator.fleet.start import StartedRun, start_run
 from orchestrator.planning.deadline import DeadlineSettings
+from orchestrator.planning.plan import workers_needed
 from orchestrator.planning.pricing import load_gpu_table
-from orchestrator.prepare import PrepareReport
+from orchestrator.prepare import PrepareReport, prepare_run
+from orchestrator.runview.cascade import check_stage_names
 
 Say = Callable[[str], None]
 
@@ -52,11 +58,26 @@ class Callbacks:
     say: Say = _quiet
 
 
+def prepare(
+    ctx: RunContext, sources: list[str], *, strict: bool = False, check: bool = True, hear: Callbacks | None = None
+) -> PrepareReport:
+    """Step 1 up to its launch, for a caller that forecasts first (orchestrator.estimate): the
+    sources prepared (once) and the spec recorded."""
+    hear = hear or Callbacks()
+    report = prepare_run(ctx, sources, strict=strict, check=check, progress=hear.progress)
+    ctx.freeze()
+    hear.prepared(ctx, report)
+    return report
+
+
 def start(
     ctx: RunContext, sources: list[str], *, strict: bool = False, check: bool = True, hear: Callbacks | None = None
 ) -> StartedRun:
-    """Step 1."""
+    """Step 1. A cascade's later stages' run names are checked first: one too long is said now,
+    not after stage 0 has run."""
     hear = hear or Callbacks()
+    if ctx.spec.sweep.cascade:
+        check_stage_names(ctx)
     started = start_run(
         ctx,
         sources,
@@ -68,6 +89,28 @@ def start(
     )
     hear.started(ctx, started)
     return started
+
+
+@dataclass
+class Resumed:
+    """What `resume` found and did."""
+
+    launcher: Launcher
+    #: worker -> job id of the workers launched now.
+    launched: dict[int, str]
+    #: Workers the unfinished chunks need that were running already: not launched again.
+    running: list[int]
+    #: The chunks without a done marker: none means the run needs no worker.
+    remaining: list[str]
+
+
+def resume(ctx: RunContext) -> Resumed:
+    """Step 1 for a run prepared before (`orch resume`, `Run.wait` after `orchestrator.attach`)."""
+    launcher = backend_for(ctx)
+    needed, remaining = workers_needed(ctx)
+    launched = launch_workers(ctx, launcher, needed, reason="resume") if remaining else {}
+    running = sorted(w for w in needed if w not in launched) if remaining else []
+    return Resumed(launcher, launched, running, remaining)
 
 
 def follow_to_end(

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import click
 
 from orchestrator.commands.reports import print_forecast
 from orchestrator.commands.shared import SECOND_INTERRUPT_S, Invocation, common_options, run_flags
 from orchestrator.core.context import RunContext
-from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD
+from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD, PROBE_SHARE
 
 
 @click.command("estimate")
@@ -23,7 +23,7 @@ from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD
 @click.option(
     "--probe-share",
     type=click.FloatRange(0.0, 0.25),
-    default=0.01,
+    default=PROBE_SHARE,
     show_default=True,
     help="share of the rows the probe takes (at least --probe-rows)",
 )
@@ -53,11 +53,7 @@ def estimate_command(
     as_json: bool,
 ) -> int:
     """Forecast the run's duration and cost per candidate (spot and on-demand), p10/p50/p90; kept in the store."""
-    from orchestrator.core.records import read_manifest
-    from orchestrator.core.records.forecast import read_probes
-    from orchestrator.fleet.probe import probe_summary, run_probes
-    from orchestrator.planning.quote import quote
-    from orchestrator.simulate import fleet_outcome
+    from orchestrator.api.estimate import forecast_run
 
     flags = dict(inv.flags)
     if workers is not None:
@@ -68,26 +64,15 @@ def estimate_command(
         click.echo(line, err=True)
 
     try:
-        made = (
-            run_probes(ctx, probe_share, min_rows=probe_rows, budget_usd=probe_budget, echo=echo)
-            if probe
-            else read_probes(ctx.store, ctx.layout)
+        forecast = forecast_run(
+            ctx, probe=probe, probe_share=probe_share, probe_rows=probe_rows, probe_budget=probe_budget, echo=echo
         )
     except KeyboardInterrupt:
         _probe_interrupted(ctx)
-    measured = [p for p in made if p.busy_s is not None]
-    manifest = read_manifest(ctx.store, ctx.layout)
-    n = ctx.spec.workers.count
-    record = quote(ctx, manifest, n, made, fleet_outcome, time.time())
-    ctx.store.put(ctx.layout.forecast, record.to_bytes())
-    doc: dict[str, Any] = record.model_dump()
-    if measured:
-        doc["probe"] = probe_summary(measured[0])
-        doc["probes"] = [probe_summary(p) for p in made]
     if as_json:
-        click.echo(json.dumps(doc))
+        click.echo(json.dumps(forecast.to_dict()))
         return 0
-    print_forecast(doc)
+    print_forecast(forecast.to_dict())
     return 0
 
 

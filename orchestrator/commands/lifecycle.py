@@ -206,21 +206,17 @@ def watch_command(
 @click.option("--interval", type=float, default=10.0, show_default=True)
 def resume_command(inv: Invocation, backend: str | None, follow: bool, interval: float) -> int:
     """Relaunch just the workers the remaining chunks need, from the markers in the store."""
-    from orchestrator.backends import backend_for
-    from orchestrator.fleet.launch import launch_workers
-    from orchestrator.planning.plan import workers_needed
+    from orchestrator.api.lifecycle import resume
 
     ctx = inv.with_flags(backend=backend).context(model="required")
-    launcher = backend_for(ctx)
-    needed, remaining = workers_needed(ctx)
-    if not remaining:
+    resumed = resume(ctx)
+    if not resumed.remaining:
         click.echo("every chunk has a marker: nothing to resume (orch collect gives the output)")
         return 0
-    launched = launch_workers(ctx, launcher, needed, reason="resume")
-    running = sorted(w for w in needed if w not in launched)
-    click.echo(f"{len(remaining)} chunk(s) left; {workers_line(launched, running, launcher.name, attach=follow)}")
+    said = workers_line(resumed.launched, resumed.running, resumed.launcher.name, attach=follow)
+    click.echo(f"{len(resumed.remaining)} chunk(s) left; {said}")
     if follow:
-        return follow_run(ctx, launcher, interval)
+        return follow_run(ctx, resumed.launcher, interval)
     return 0
 
 

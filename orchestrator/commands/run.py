@@ -66,7 +66,6 @@ def run_command(
     from orchestrator.collect.sinks import table_sink
     from orchestrator.collect.table import table_spec
     from orchestrator.core.errors import IncompleteRun
-    from orchestrator.runview.cascade import check_stage_names
 
     # The output is checked before any work: a bad --out found after hours of it loses an evening.
     container = "parquet" if table_sink(out) is not None else check_output(out)  # a table: typed columns
@@ -87,8 +86,6 @@ def run_command(
             # A column the input lacks is refused now, before any worker is paid for.
             table_spec(run.store, run.layout, container, keep_columns)
 
-    if ctx.spec.sweep.cascade:
-        check_stage_names(ctx)  # a stage's run name too long is said now, not after stage 0 has run
     # 1. prepare, plan, launch the workers the remaining chunks need (each a no-op when done)
     hear = Callbacks(progress=lambda line: click.echo(line, err=True), prepared=prepared, say=click.echo)
     started = start(ctx, list(sources), strict=strict, check=not no_check, hear=hear)

@@ -69,6 +69,11 @@ class RunLayout:
     def chunk(self, chunk: str) -> str:
         return f"{self.root}chunks/{chunk}.jsonl"
 
+    def handed_input(self, name: str) -> str:
+        """Data a Python caller handed over in memory (a DataFrame, rows), kept as the run's input
+        file: prepare reads it from here, and any process (attach, collect's kept columns) finds it."""
+        return f"{self.root}input/{name}"
+
     # Written by `orch estimate`.
     @property
     def probe(self) -> str:
