@@ -211,7 +211,7 @@ def main() -> None:
     from vllm import LLM
 
     from model_builders import build_smollm2
-    from tests.worker.conftest import MODELS
+    from tests.support.models import MODELS
 
     parser = argparse.ArgumentParser(prog="python -m bench.prefix_bench")
     parser.add_argument("--quick", action="store_true", help="12 templates, 48 rows")

@@ -47,7 +47,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.common import ROOT, save, table
-from tests.worker.conftest import COMPACT_JSON
+from tests.support.models import COMPACT_JSON
 
 WORKLOADS = ("fixed", "varied", "structured", "responses", "memory")
 BATCH_CHAR_COUNT = 2000  # the SkyPilot example's batch size

@@ -11,87 +11,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.core.layout import RunLayout
-from orchestrator.core.records import read_manifest
-from orchestrator.core.store import open_store
 from orchestrator.prepare.sources import resolve_sources
 from orchestrator.prepare.tables import appended_since
-from tests.support.runs import Answer, answer_chunk
+from tests.support.tables import Tables, answer_all, answered_run, chunk_lines, prepare_table, rows
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 KINDS = ["iceberg", "delta", "lance", "hf"]
 
 
-def rows(start: int, count: int) -> pa.Table:
-    ids = range(start, start + count)
-    return pa.table({"id": [f"r{i}" for i in ids], "question": [f"question {i}" for i in ids], "n": list(ids)})
-
-
-class Tables:
-    """A table of each kind under one folder, created and appended to through its own library."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        (root / "wh").mkdir(exist_ok=True)
-        self.query = f"type=sql&uri=sqlite:///{root}/catalog.db&warehouse=file://{root}/wh"
-
-    def uri(self, kind: str, version: Any = None) -> str:
-        at = f"@{version}" if version is not None else ""
-        return {
-            "iceberg": f"iceberg://local/db.q{at}?{self.query}",
-            "delta": f"{self.root}/delta_q{at}",
-            "lance": f"lance:{self.root}/q.lance{at}",
-            "hf": f"{self.root}/hf_q",
-        }[kind]
-
-    def catalog(self) -> Any:
-        from pyiceberg.catalog import load_catalog
-
-        return load_catalog(
-            "local", type="sql", uri=f"sqlite:///{self.root}/catalog.db", warehouse=f"file://{self.root}/wh"
-        )
-
-    def write(self, kind: str, table: pa.Table, **options: Any) -> str:
-        """Create or append; the new snapshot's id or version."""
-        if kind == "iceberg":
-            catalog = self.catalog()
-            catalog.create_namespace_if_not_exists("db")
-            if not catalog.table_exists("db.q"):
-                catalog.create_table("db.q", schema=table.schema)
-            iceberg = catalog.load_table("db.q")
-            iceberg.append(table)
-            return str(iceberg.current_snapshot().snapshot_id)
-        if kind == "delta":
-            from deltalake import DeltaTable, write_deltalake
-
-            write_deltalake(str(self.root / "delta_q"), table, mode="append", **options)
-            return str(DeltaTable(str(self.root / "delta_q")).version())
-        if kind == "lance":
-            import lance
-
-            path = self.root / "q.lance"
-            return str(lance.write_dataset(table, str(path), mode="append" if path.exists() else "create").version)
-        import datasets
-
-        datasets.Dataset(table).save_to_disk(str(self.root / "hf_q"))
-        return "0"
-
-
 @pytest.fixture
 def tables(tmp_path: Path) -> Tables:
     return Tables(tmp_path)
-
-
-def prepare(store: str, run: str, source: str, *extra: str) -> int:
-    flags = ["--format", "text", "--text-column", "question", "--id-column", "id", "--model", "m"]
-    return main(["prepare", "--run", run, "--store", store, *flags, *extra, source])
-
-
-def chunk_lines(store: str, run: str) -> list[dict[str, Any]]:
-    s, layout = open_store(store), RunLayout(run)
-    return [
-        json.loads(line) for e in read_manifest(s, layout) for line in s.get(layout.chunk(e.chunk)).data.splitlines()
-    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -100,11 +30,11 @@ def test_prepare_table_gives_the_parquet_files_requests(kind, tables, tmp_path, 
     tables.write(kind, data)
     pq.write_table(data, tmp_path / "same.parquet")
     store = str(tmp_path / "store")
-    assert prepare(store, "p", str(tmp_path / "same.parquet")) == 0
-    assert prepare(store, "t", tables.uri(kind), "--rows-per-chunk", "7") == 0, capsys.readouterr().err
+    assert prepare_table(store, "p", str(tmp_path / "same.parquet")) == 0
+    assert prepare_table(store, "t", tables.uri(kind), "--rows-per-chunk", "7") == 0, capsys.readouterr().err
     assert chunk_lines(store, "t") == chunk_lines(store, "p")
     capsys.readouterr()
-    assert prepare(store, "t", tables.uri(kind), "--rows-per-chunk", "7") == 0
+    assert prepare_table(store, "t", tables.uri(kind), "--rows-per-chunk", "7") == 0
     assert "already prepared" in capsys.readouterr().out
 
 
@@ -112,25 +42,25 @@ def test_prepare_table_gives_the_parquet_files_requests(kind, tables, tmp_path, 
 def test_prepare_table_new_snapshot_is_new_input_and_at_reads_the_old_one(kind, tables, tmp_path, capsys):
     first = tables.write(kind, rows(0, 5))
     store = str(tmp_path / "store")
-    assert prepare(store, "a", tables.uri(kind)) == 0
+    assert prepare_table(store, "a", tables.uri(kind)) == 0
     latest = tables.write(kind, rows(5, 3))
     capsys.readouterr()
-    assert prepare(store, "a", tables.uri(kind)) == 4
+    assert prepare_table(store, "a", tables.uri(kind)) == 4
     err = capsys.readouterr().err
     word = "snapshot" if kind == "iceberg" else "version"
     assert f"{word} {latest} (8 rows) now, {word} {first} (5 rows) when prepared" in err
-    assert prepare(store, "a", tables.uri(kind, first)) == 0  # time travel: the prepared snapshot, a no-op
+    assert prepare_table(store, "a", tables.uri(kind, first)) == 0  # time travel: the prepared snapshot, a no-op
     assert "already prepared" in capsys.readouterr().out
-    assert prepare(store, "b", tables.uri(kind)) == 0
+    assert prepare_table(store, "b", tables.uri(kind)) == 0
     assert [line["custom_id"] for line in chunk_lines(store, "b")] == [f"r{i}" for i in range(8)]
 
 
 def test_prepare_delta_names_a_schema_change_between_versions(tables, tmp_path, capsys):
     tables.write("delta", rows(0, 4))
     store = str(tmp_path / "store")
-    assert prepare(store, "a", tables.uri("delta")) == 0
+    assert prepare_table(store, "a", tables.uri("delta")) == 0
     tables.write("delta", rows(4, 2).append_column("lang", pa.array(["en", "fr"])), schema_mode="merge")
-    assert prepare(store, "a", tables.uri("delta")) == 4
+    assert prepare_table(store, "a", tables.uri("delta")) == 4
     assert "the schema changed between them: added lang: string" in capsys.readouterr().err
 
 
@@ -139,8 +69,8 @@ def test_prepare_delta_partitioned_reads_the_partition_values(tables, tmp_path):
     tables.write("delta", data, partition_by=["question"])  # the question is in the file paths, not the files
     pq.write_table(data, tmp_path / "same.parquet")
     store = str(tmp_path / "store")
-    assert prepare(store, "p", str(tmp_path / "same.parquet")) == 0
-    assert prepare(store, "t", tables.uri("delta")) == 0
+    assert prepare_table(store, "p", str(tmp_path / "same.parquet")) == 0
+    assert prepare_table(store, "t", tables.uri("delta")) == 0
 
     def by_id(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return sorted(lines, key=lambda line: str(line["custom_id"]))
@@ -152,18 +82,18 @@ def test_prepare_delta_partitioned_reads_the_partition_values(tables, tmp_path):
 def test_prepare_table_version_that_does_not_exist_lists_the_latest(kind, tables, tmp_path, capsys):
     first = tables.write(kind, rows(0, 2))
     tables.write(kind, rows(2, 2))
-    assert prepare(str(tmp_path / "store"), "a", tables.uri(kind, 987654)) == 4
+    assert prepare_table(str(tmp_path / "store"), "a", tables.uri(kind, 987654)) == 4
     err = capsys.readouterr().err
     assert "987654 in the table (the latest: " in err and f"{first} (" in err
 
 
 def test_prepare_iceberg_table_that_does_not_exist_lists_the_namespace(tables, tmp_path, capsys):
     tables.write("iceberg", rows(0, 2))
-    assert prepare(str(tmp_path / "store"), "a", tables.uri("iceberg").replace("db.q", "db.qq")) == 4
+    assert prepare_table(str(tmp_path / "store"), "a", tables.uri("iceberg").replace("db.q", "db.qq")) == 4
     assert "no table 'db.qq' in Iceberg catalog 'local' (namespace db has: db.q; did you mean 'db.q'?)" in (
         capsys.readouterr().err
     )
-    assert prepare(str(tmp_path / "store"), "a", f"delta:{tmp_path}/nothing") == 4
+    assert prepare_table(str(tmp_path / "store"), "a", f"delta:{tmp_path}/nothing") == 4
     assert f"no Delta table at {tmp_path}/nothing" in capsys.readouterr().err
 
 
@@ -184,9 +114,9 @@ def test_prepare_hf_dataset_dict_needs_a_split(tmp_path, capsys):
         str(tmp_path / "dd")
     )
     store = str(tmp_path / "store")
-    assert prepare(store, "a", f"hf:{tmp_path}/dd") == 4
+    assert prepare_table(store, "a", f"hf:{tmp_path}/dd") == 4
     assert "holds the splits train, test: name one" in capsys.readouterr().err
-    assert prepare(store, "a", f"hf:{tmp_path}/dd#test") == 0
+    assert prepare_table(store, "a", f"hf:{tmp_path}/dd#test") == 0
     assert [line["custom_id"] for line in chunk_lines(store, "a")] == ["r3", "r4"]
 
 
@@ -213,19 +143,6 @@ def test_appended_since_refuses_a_delete_in_between(tables):
     (source,) = resolve_sources([tables.uri("delta")])
     with pytest.raises(Exception, match="rows changed, not only appended"):
         list(appended_since(source, first))
-
-
-# -- sinks -------------------------------------------------------------------------------------
-def answered_run(tmp_path: Path, run: str, count: int) -> str:
-    """A run prepared from a Parquet file, every row answered without an engine."""
-    pq.write_table(rows(0, count), tmp_path / f"{run}.parquet")
-    store = str(tmp_path / "store")
-    assert prepare(store, run, str(tmp_path / f"{run}.parquet")) == 0
-    s, layout = open_store(store), RunLayout(run)
-    for entry in read_manifest(s, layout):
-        ids = [json.loads(line)["custom_id"] for line in s.get(layout.chunk(entry.chunk)).data.splitlines()]
-        answer_chunk(s, layout, entry.chunk, [[Answer(i, cid, f"answer {cid}") for i, cid in enumerate(ids)]])
-    return store
 
 
 def read_sink(kind: str, tables: Tables) -> pa.Table:
@@ -269,7 +186,7 @@ def test_collect_into_table_appends_a_run_once(kind, tables, tmp_path, capsys):
 def test_collect_into_table_leaves_an_incomplete_run_out(tables, tmp_path, capsys):
     pq.write_table(rows(0, 4), tmp_path / "in.parquet")
     store = str(tmp_path / "store")
-    assert prepare(store, "c", str(tmp_path / "in.parquet")) == 0
+    assert prepare_table(store, "c", str(tmp_path / "in.parquet")) == 0
     out = SINKS["delta"](tables)
     assert main(["collect", "--run", "c", "--store", store, "--out", out, "--allow-partial"]) == 0
     assert "a table gets a run's rows once, and 4 are missing" in capsys.readouterr().out
@@ -284,24 +201,17 @@ def greedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
 
 
-def answer_all(store: str, run: str) -> None:
-    s, layout = open_store(store), RunLayout(run)
-    for entry in read_manifest(s, layout):
-        ids = [json.loads(line)["custom_id"] for line in s.get(layout.chunk(entry.chunk)).data.splitlines()]
-        answer_chunk(s, layout, entry.chunk, [[Answer(i, cid, f"answer {cid}") for i, cid in enumerate(ids)]])
-
-
 @pytest.mark.parametrize("kind", ["iceberg", "delta"])
 @pytest.mark.usefixtures("greedy")
 def test_prepare_reuse_from_a_grown_table_says_it_only_grew(kind, tables, tmp_path, capsys):
     first = tables.write(kind, rows(0, 5))
     store = str(tmp_path / "store")
-    assert prepare(store, "a", tables.uri(kind)) == 0
+    assert prepare_table(store, "a", tables.uri(kind)) == 0
     answer_all(store, "a")
     assert main(["collect", "--run", "a", "--store", store, "--out", str(tmp_path / "a.jsonl")]) == 0
     tables.write(kind, rows(5, 3))
     capsys.readouterr()
-    assert prepare(store, "b", tables.uri(kind), "--reuse-from", "a", "--rows-per-chunk", "2") == 0
+    assert prepare_table(store, "b", tables.uri(kind), "--reuse-from", "a", "--rows-per-chunk", "2") == 0
     said = capsys.readouterr()
     word = "snapshot" if kind == "iceberg" else "version"
     assert f"grew by 3 rows (appends only) since run a read {word} {first}" in said.out + said.err
@@ -328,7 +238,7 @@ def test_prepare_reuse_from_a_table_changed_by_a_delete_says_it_reads_the_whole_
 
     tables.write(kind, rows(0, 5))
     store = str(tmp_path / "store")
-    assert prepare(store, "a", tables.uri(kind)) == 0
+    assert prepare_table(store, "a", tables.uri(kind)) == 0
     answer_all(store, "a")
     assert main(["collect", "--run", "a", "--store", store, "--out", str(tmp_path / "a.jsonl")]) == 0
     tables.write(kind, rows(5, 3))
@@ -337,7 +247,7 @@ def test_prepare_reuse_from_a_table_changed_by_a_delete_says_it_reads_the_whole_
     else:
         DeltaTable(str(tables.root / "delta_q")).delete("n = 1")
     capsys.readouterr()
-    assert prepare(store, "b", tables.uri(kind), "--reuse-from", "a") == 0
+    assert prepare_table(store, "b", tables.uri(kind), "--reuse-from", "a") == 0
     said = capsys.readouterr()
     assert "the whole table is read and keyed again" in said.out + said.err
     assert "not only appended" in said.err and "appended rows" not in said.err

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ACCESS_KEY = "orch-test-key"
 SECRET_KEY = "orch-test-secret"
 
@@ -193,3 +195,12 @@ def moto_server() -> Iterator[S3Server]:
     finally:
         server.shutdown()
         thread.join()
+
+
+def make_store_uri(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store of the given kind, as a URI a subprocess can open too."""
+    if kind == "local":
+        return str(tmp_path / "store")
+    server = request.getfixturevalue("seaweedfs_server" if kind == "seaweedfs" else "moto_s3_server")
+    bucket = request.getfixturevalue("seaweedfs_bucket") if kind == "seaweedfs" else server.new_bucket()
+    return server.store_uri(bucket, f"t-{uuid.uuid4().hex[:10]}")
