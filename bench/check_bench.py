@@ -21,10 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import CACHE, ROOT, save, table
+from bench.common import CACHE, ROOT, save, sized, table
 
 SCHEMA = {"type": "object", "properties": {"label": {"enum": ["bug", "billing", "other"]}}, "required": ["label"]}
-MISTAKES = {  # field -> what a mistaken line carries instead
+MISTAKES: dict[str, dict[str, object]] = {  # field -> what a mistaken line carries instead
     "temprature": {"temprature": 0.2},
     "max_tokens": {"max_tokens": -5},
     "response_format": {
@@ -83,8 +83,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--quick", action="store_true", help="50,000 rows")
+    parser.add_argument("--smoke", action="store_true", help="2,000 rows, nothing saved")
     opts = parser.parse_args()
-    rows = 50_000 if opts.quick else opts.rows
+    rows = sized(opts.rows, 50_000, 2_000)
     data = CACHE / f"check-{rows}.jsonl"
     if not data.exists():
         print(f"generating {rows:,} request lines in {data} ...", flush=True)

@@ -130,6 +130,7 @@ def run(command: str, where: str, project: Path, env: dict[str, str]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.real_engine  # the demo path: the docs' commands on SmolLM2
 def test_docs_every_unmarked_console_command_runs(project):
     env = environment(project)
     ran = 0

@@ -39,27 +39,26 @@ from orchestrator.planning.forecast import (
 )
 from orchestrator.runview.forecast_check import forecast_beside_pace
 from tests.support.datasets import write_jsonl
+from tests.support.models import TINY
 from tests.support.runs import orch_process
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / ".cache" / "models" / "tiny-llama"
+#: The project directory the probe tests run in: quick heartbeats and checkpoints, 16 tokens an answer.
+pytestmark = pytest.mark.orch_yaml(
+    "sampling:\n  max_tokens: 16\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
+)
 
 
 @pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 16\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
-    )
+def questions_prepared(workdir: Path) -> None:
+    """Run "f": 140 questions of a few lengths, prepared in four chunks for the tiny model."""
     rows = [
         {"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}? " + "w " * (i % 7)}]}
         for i in range(140)
     ]
-    write_jsonl(tmp_path / "q.jsonl", rows)
+    write_jsonl(workdir / "q.jsonl", rows)
     assert (
         main(["prepare", "q.jsonl", "--run", "f", "--num-chunks", "4", "--id-column", "id", "--model", str(TINY)]) == 0
     )
-    return tmp_path
 
 
 def _read_until(proc: subprocess.Popen, text: str) -> str:
@@ -73,6 +72,7 @@ def _read_until(proc: subprocess.Popen, text: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("questions_prepared")
 def test_ctrl_c_on_estimate_probe_leaves_one_probe_worker_that_the_next_estimate_waits_for(workdir):
     """A real SIGINT while the probe runs: the probe worker goes on and orch says so; the same
     command again waits for that worker instead of launching a second one on the same chunk. The
@@ -99,6 +99,7 @@ def test_ctrl_c_on_estimate_probe_leaves_one_probe_worker_that_the_next_estimate
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("questions_prepared")
 def test_a_second_ctrl_c_stops_the_probe_and_the_next_estimate_resumes_its_chunk(workdir, capsys):
     probe = ["estimate", "--run", "f", "--model", str(TINY), "--workers", "2", "--probe", "--probe-rows", "32"]
     proc = orch_process(workdir, *probe)
@@ -117,7 +118,7 @@ def test_a_second_ctrl_c_stops_the_probe_and_the_next_estimate_resumes_its_chunk
     assert doc["probe"]["rows"] == 32 and marker is not None and marker.rows == 32
 
 
-@pytest.mark.usefixtures("workdir")
+@pytest.mark.usefixtures("questions_prepared")
 def test_estimate_without_a_probe_says_it_is_a_guess_with_a_wide_band(capsys):
     capsys.readouterr()
     assert main(["estimate", "--run", "f", "--model", str(TINY), "--json"]) == 0
@@ -132,6 +133,8 @@ def test_estimate_without_a_probe_says_it_is_a_guess_with_a_wide_band(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("questions_prepared")
+@pytest.mark.real_engine  # a probe forecast measured on vLLM
 def test_estimate_probe_rows_are_answered_once_and_skipped_by_the_run(workdir, capsys):
     if not (TINY / ".built").exists():
         pytest.fail("the tiny model is missing: run `make models`")

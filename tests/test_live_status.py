@@ -23,23 +23,18 @@ from orchestrator.core.records import read_jobs, read_marker
 from orchestrator.runview.states import RunState, WorkerActivity, reachable
 from tests.support.datasets import write_jsonl
 from tests.support.events import wait_for
+from tests.support.models import TINY
 from tests.support.runs import chat_request
 
-pytestmark = pytest.mark.slow
-
-MODELS = Path(__file__).resolve().parents[1] / ".cache" / "models"
 #: The workers' heartbeat interval in this test (seconds): what "within a beat" means.
 INTERVAL = 2.0
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "orch.yaml").write_text(
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.orch_yaml(
         f"sampling:\n  temperature: 0\nworkers:\n  heartbeat_interval: {INTERVAL}\n"
         "  checkpoint_interval: 0.5\n  lease_ttl: 30\n"
-    )
-    return tmp_path
+    ),
+]
 
 
 #: Every status the test read, in order (the moves between them are checked at its end).
@@ -85,6 +80,7 @@ def log_line(workdir: Path, text: str) -> Callable[[], bool]:
 
 
 @pytest.mark.timeout(1800)  # a hang guard: two engine loads on a loaded machine
+@pytest.mark.scripted_engine(step_s=0.05)  # a 300-word row takes 15 s
 def test_status_shows_live_rows_dead_workers_final_states_and_run_time_without_cancelled_time(workdir, capsys):
     # Two chunks; in each, one row answers in two tokens while five run 300: rows are answered
     # (and checkpointed, every half second) long before any chunk is done.
@@ -95,7 +91,7 @@ def test_status_shows_live_rows_dead_workers_final_states_and_run_time_without_c
         for i in range(6)
     ]
     data = write_jsonl(workdir / "rows.jsonl", rows)
-    model = str(MODELS / "tiny-llama")
+    model = str(TINY)
     assert main(["prepare", str(data), "--run", "live", "--format", "openai-batch", "--num-chunks", "2"]) == 0
     assert main(["launch", "--run", "live", "--model", model, "--workers", "1"]) == 0
 

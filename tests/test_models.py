@@ -20,27 +20,12 @@ from orchestrator.core.store import open_store
 from orchestrator.planning.pricing import load_gpu_table
 from orchestrator.runview.status import status_of
 from orchestrator.web.metrics import exposition
+from tests.support.cli import collect_lines, mid_chunk, orch_ok
+from tests.support.datasets import batch_lines
 from tests.support.events import STORE_PACE, wait_for
+from tests.support.models import MODELS
+from tests.support.run_states import running_beat
 from tests.support.runs import Answer, answer_chunk
-from tests.test_deadline import beat
-from tests.test_faults import collect_lines, hand_workers, mid_chunk, orch_ok, workdir  # noqa: F401 - fixtures
-
-ROOT = Path(__file__).resolve().parents[1]
-MODELS = ROOT / ".cache" / "models"
-
-
-def batch_lines(path: Path, models: list[str | None], **params: object) -> Path:
-    """openai-batch chat lines r0, r1, ... each naming models[i % len(models)] (None: no body.model)."""
-    with open(path, "w") as f:
-        for i in range(len(models) if not params.get("rows") else int(str(params["rows"]))):
-            body: dict[str, object] = {"messages": [{"role": "user", "content": f"Question {i}?"}]}
-            body.update({k: v for k, v in params.items() if k != "rows"})
-            model = models[i % len(models)]
-            if model is not None:
-                body["model"] = model
-            line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
-            f.write(json.dumps(line) + "\n")
-    return path
 
 
 def test_pool_workers_split_by_rows_unless_a_model_sets_its_own():
@@ -90,7 +75,13 @@ def test_prepare_and_plan_put_each_model_in_its_own_chunks_and_pool(tmp_path, ca
 
 
 @pytest.mark.slow
-def test_kill_storm_on_two_models_answers_each_row_once_by_its_model(tmp_path, workdir, hand_workers):  # noqa: F811
+@pytest.mark.orch_yaml(
+    "sampling:\n  max_tokens: 48\n  temperature: 0\n"
+    "workers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 60\n"
+    "store_settings:\n  worker_attempts: 2\n"
+)
+@pytest.mark.real_engine  # several models, each its own vLLM engine
+def test_kill_storm_on_two_models_answers_each_row_once_by_its_model(tmp_path, workdir, hand_workers):
     """Two pools (the tiny Llama, SmolLM2), one worker each; SIGKILLs land mid-chunk on both pools'
     workers, each started again at once (its lease taken over as a death's). Every row is answered
     exactly once, in input order, by the model it named (body.model carries the served name)."""
@@ -358,8 +349,8 @@ def test_deadline_policy_adds_on_demand_workers_to_the_pool_that_is_late(tmp_pat
     sky = ScriptedSky()
     launcher = SkyPilotLauncher(ctx.spec, sdk=sky)
     launch_workers(ctx, launcher, [0, 1], clock=lambda: time.time() - 5 * 3600)
-    beat(ctx, 0, rows_per_s=1.0)  # tiny: 8 rows left, done in seconds
-    beat(ctx, 1, rows_per_s=1e-4)  # smol: 8 rows left, 22 hours away
+    running_beat(ctx, 0, rows_per_s=1.0)  # tiny: 8 rows left, done in seconds
+    running_beat(ctx, 1, rows_per_s=1e-4)  # smol: 8 rows left, 22 hours away
     settings = DeadlineSettings(deadline_s=6 * 3600, restart_overhead_s=600, max_on_demand=2)
     report = Reconciler(ctx, launcher, deadline=settings).tick()
 
@@ -404,8 +395,8 @@ def test_status_shows_each_sweep_arm_with_its_share_of_its_pools_cost(tmp_path, 
         answers = [_answer(i, cid, 6 if cid.endswith("#c") else 2) for i, cid in enumerate(ids)]
         answer_chunk(store, layout, entry.chunk, [answers], worker=str(0 if entry.model == "tiny" else 1))
     ctx = RunContext(load_spec(None, {"run": "sw"}, env={}, default_file=False), store, layout)
-    beat(ctx, 0, rows_per_s=1.0)  # an hour of an L4 each: what the pools cost so far
-    beat(ctx, 1, rows_per_s=1.0)
+    running_beat(ctx, 0, rows_per_s=1.0)  # an hour of an L4 each: what the pools cost so far
+    running_beat(ctx, 1, rows_per_s=1.0)
     capsys.readouterr()
     assert main(["status", *args, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -15,22 +15,12 @@ from orchestrator.core.frozen_spec import read_stored_spec
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_manifest
 from orchestrator.core.store import open_store
-from tests.support.datasets import write_jsonl
+from tests.support.datasets import text_questions, write_jsonl
+from tests.support.models import TINY
+from tests.support.run_states import collect_json, reused_rows
 from tests.support.runs import Answer, answer_chunk
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / ".cache" / "models" / "tiny-llama"
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "orch.yaml").write_text("sampling:\n  max_tokens: 16\n  temperature: 0\n")
-    return tmp_path
-
-
-def questions(path: Path, n: int, **extra: object) -> Path:
-    return write_jsonl(path, [{"id": f"q{i}", "question": f"Question {i}?", **extra} for i in range(n)])
+pytestmark = pytest.mark.orch_yaml("sampling:\n  max_tokens: 16\n  temperature: 0\n")
 
 
 def prepare(store: str, run: str, data: Path, *args: str, model: Path | str = TINY, code: int = 0) -> None:
@@ -52,34 +42,23 @@ def finish(store: str, run: str) -> None:
         answer_chunk(s, layout, entry.chunk, [answers])
 
 
-def collect(store: str, run: str, out: Path, capsys) -> dict:
-    capsys.readouterr()
-    assert main(["collect", "--run", run, "--store", store, "--out", str(out), "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def reused_rows(store: str, run: str) -> int:
-    record = json.loads(open_store(store).get(RunLayout(run).prepare_record).data)
-    return int(record["reused"])
-
-
 def run_rows(store: str, run: str) -> int:
     return sum(e.rows for e in read_manifest(open_store(store), RunLayout(run)))
 
 
-@pytest.mark.parametrize("store_kind", ["local", "seaweedfs"])
+@pytest.mark.parametrize("store_kind", ["local", pytest.param("seaweedfs", marks=pytest.mark.slow)])
 def test_reuse_grown_input_runs_only_the_new_rows_and_keeps_old_answers_byte_identical(
     workdir, store_kind, request, capsys
 ):
-    from tests.conftest import make_store_uri
+    from tests.support.s3servers import make_store_uri
 
     store = make_store_uri(store_kind, request, workdir)
-    prepare(store, "first", questions(workdir / "q.jsonl", 40))
+    prepare(store, "first", text_questions(workdir / "q.jsonl", 40))
     finish(store, "first")
-    first = collect(store, "first", workdir / "first.jsonl", capsys)
+    first = collect_json(store, "first", workdir / "first.jsonl", capsys)
     assert first["rows_written"] == 40 and first["reused"] == 0
 
-    prepare(store, "second", questions(workdir / "grown.jsonl", 44), "--reuse-from", "first")
+    prepare(store, "second", text_questions(workdir / "grown.jsonl", 44), "--reuse-from", "first")
     assert reused_rows(store, "second") == 40 and run_rows(store, "second") == 4
     capsys.readouterr()
     assert main(["status", "--run", "second", "--store", store, "--json"]) == 0
@@ -94,7 +73,7 @@ def test_reuse_grown_input_runs_only_the_new_rows_and_keeps_old_answers_byte_ide
         "reused": 40,
     }
     finish(store, "second")
-    second = collect(store, "second", workdir / "second.jsonl", capsys)
+    second = collect_json(store, "second", workdir / "second.jsonl", capsys)
     assert second["complete"] and second["rows_total"] == 44 and second["reused"] == 40 and second["rows_run"] == 4
     assert second["tokens_saved"]["prompt_tokens"] == 40 * 3
     # Every row the first run answered, in its 4 chunks of 10 s each: 40 s of worker time saved.
@@ -108,10 +87,10 @@ def test_reuse_grown_input_runs_only_the_new_rows_and_keeps_old_answers_byte_ide
 
 def test_reuse_changed_template_max_tokens_or_model_reuses_nothing_and_unchanged_reuses_all(workdir, tmp_path, capsys):
     store = str(workdir / "store")
-    data = questions(workdir / "q.jsonl", 20)
+    data = text_questions(workdir / "q.jsonl", 20)
     prepare(store, "base", data)
     finish(store, "base")
-    collect(store, "base", workdir / "base.jsonl", capsys)
+    collect_json(store, "base", workdir / "base.jsonl", capsys)
 
     prepare(store, "same", data, "--reuse-from", "base")
     assert reused_rows(store, "same") == 20 and run_rows(store, "same") == 0
@@ -131,10 +110,10 @@ def test_reuse_changed_template_max_tokens_or_model_reuses_nothing_and_unchanged
 def test_reuse_sampled_rows_run_again_unless_asked(workdir, capsys):
     store = str(workdir / "store")
     (workdir / "orch.yaml").write_text("sampling:\n  max_tokens: 16\n  temperature: 0.7\n")
-    data = questions(workdir / "q.jsonl", 10)
+    data = text_questions(workdir / "q.jsonl", 10)
     prepare(store, "sampled", data)
     finish(store, "sampled")
-    collect(store, "sampled", workdir / "s.jsonl", capsys)
+    collect_json(store, "sampled", workdir / "s.jsonl", capsys)
     prepare(store, "again", data, "--reuse-from", "sampled")
     assert reused_rows(store, "again") == 0 and run_rows(store, "again") == 10
     prepare(store, "asked", data, "--reuse-from", "sampled", "--reuse-sampled")
@@ -143,7 +122,7 @@ def test_reuse_sampled_rows_run_again_unless_asked(workdir, capsys):
 
 def test_reuse_a_corrupt_or_missing_index_is_a_clear_error_and_nothing_is_reused(workdir, capsys, monkeypatch):
     store = str(workdir / "store")
-    data = questions(workdir / "q.jsonl", 10)
+    data = text_questions(workdir / "q.jsonl", 10)
     prepare(store, "src", data)
     finish(store, "src")
     capsys.readouterr()
@@ -153,7 +132,7 @@ def test_reuse_a_corrupt_or_missing_index_is_a_clear_error_and_nothing_is_reused
     prepare(store, "early", data, "--reuse-from", "src", code=4)
     assert "has no answer index" in capsys.readouterr().err
     assert not list(temp.iterdir())  # the refused prepare's temporary files went with it
-    collect(store, "src", workdir / "src.jsonl", capsys)
+    collect_json(store, "src", workdir / "src.jsonl", capsys)
     s = open_store(store)
     index = json.loads(s.get(RunLayout("src").answer_index).data)
     part = index["parts"][0]["key"]
@@ -167,10 +146,10 @@ def test_reuse_a_corrupt_or_missing_index_is_a_clear_error_and_nothing_is_reused
 
 def test_reuse_table_output_marks_reused_rows(workdir, capsys):
     store = str(workdir / "store")
-    prepare(store, "t1", questions(workdir / "q.jsonl", 10))
+    prepare(store, "t1", text_questions(workdir / "q.jsonl", 10))
     finish(store, "t1")
-    collect(store, "t1", workdir / "t1.jsonl", capsys)
-    prepare(store, "t2", questions(workdir / "q2.jsonl", 12), "--reuse-from", "t1")
+    collect_json(store, "t1", workdir / "t1.jsonl", capsys)
+    prepare(store, "t2", text_questions(workdir / "q2.jsonl", 12), "--reuse-from", "t1")
     finish(store, "t2")
     capsys.readouterr()
     assert (
@@ -190,7 +169,7 @@ def test_reuse_orch_run_with_the_tiny_model_answers_only_the_new_rows(workdir, c
     )
     flags = ["--model", str(TINY), "--format", "text", "--text-column", "question", "--id-column", "id"]
     flags += ["--rows-per-chunk", "10", "--interval", "1"]
-    first, grown = questions(workdir / "q.jsonl", 20), questions(workdir / "grown.jsonl", 22)
+    first, grown = text_questions(workdir / "q.jsonl", 20), text_questions(workdir / "grown.jsonl", 22)
     assert main(["run", str(first), "--run", "one", *flags, "--out", str(workdir / "one.jsonl")]) == 0
     capsys.readouterr()
     args = ["run", str(grown), "--run", "two", *flags, "--reuse-from", "one", "--out", str(workdir / "two.jsonl")]
@@ -214,9 +193,9 @@ def test_reuse_lookup_spilled_in_many_key_ranges_parts_and_chunk_ranges_reuses_e
     monkeypatch.setattr(reuse, "BUFFER_ROWS", 7)
     monkeypatch.setattr(spill, "BUFFER_ROWS", 5)
     store = str(workdir / "store")
-    prepare(store, "first", questions(workdir / "q.jsonl", 300))
+    prepare(store, "first", text_questions(workdir / "q.jsonl", 300))
     finish(store, "first")
-    old = collect(store, "first", workdir / "first.jsonl", capsys)
+    old = collect_json(store, "first", workdir / "first.jsonl", capsys)
     assert old["rows_written"] == 300
     index = json.loads(open_store(store).get(RunLayout("first").answer_index).data)
     assert len(index["parts"]) == 10
@@ -224,7 +203,7 @@ def test_reuse_lookup_spilled_in_many_key_ranges_parts_and_chunk_ranges_reuses_e
     prepare(store, "second", write_jsonl(workdir / "grown.jsonl", rows[::-1]), "--reuse-from", "first")
     assert reused_rows(store, "second") == 300 and run_rows(store, "second") == 30
     finish(store, "second")
-    new = collect(store, "second", workdir / "second.jsonl", capsys)
+    new = collect_json(store, "second", workdir / "second.jsonl", capsys)
     assert new["complete"] and new["reused"] == 300 and new["rows_total"] == 330
     by_id = {json.loads(line)["custom_id"]: line for line in (workdir / "first.jsonl").read_bytes().splitlines()}
     lines = (workdir / "second.jsonl").read_bytes().splitlines()
@@ -234,14 +213,14 @@ def test_reuse_lookup_spilled_in_many_key_ranges_parts_and_chunk_ranges_reuses_e
 
 def test_reuse_an_edited_chat_template_file_reuses_nothing_and_its_copy_elsewhere_reuses_all(workdir, capsys):
     store = str(workdir / "store")
-    data = questions(workdir / "q.jsonl", 20)
+    data = text_questions(workdir / "q.jsonl", 20)
     template = workdir / "chat.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
     spec = (workdir / "orch.yaml").read_text()
     (workdir / "orch.yaml").write_text(spec + f"model:\n  chat_template: {template}\n")
     prepare(store, "base", data)
     finish(store, "base")
-    collect(store, "base", workdir / "base.jsonl", capsys)
+    collect_json(store, "base", workdir / "base.jsonl", capsys)
 
     copy = workdir / "elsewhere" / "same.jinja"
     copy.parent.mkdir()
@@ -270,11 +249,11 @@ def test_reuse_weights_changed_at_the_same_size_reuse_nothing_and_a_copy_under_a
     workdir, tmp_path, capsys
 ):
     store = str(workdir / "store")
-    data = questions(workdir / "q.jsonl", 20)
+    data = text_questions(workdir / "q.jsonl", 20)
     ckpt1 = _big_weights_model(tmp_path / "ckpt1")
     prepare(store, "base", data, model=ckpt1)
     finish(store, "base")
-    collect(store, "base", workdir / "base.jsonl", capsys)
+    collect_json(store, "base", workdir / "base.jsonl", capsys)
 
     moved = tmp_path / "copied" / "elsewhere"
     shutil.copytree(ckpt1, moved)
@@ -296,7 +275,7 @@ def test_reuse_keys_a_named_model_by_content_not_by_its_name(workdir, tmp_path, 
     """`--model ft=ckpt1` then `ft=ckpt2`: two fine-tunes under one name share no key; the same
     weights plain, named or under an alias share all of them."""
     store = str(workdir / "store")
-    data = questions(workdir / "q.jsonl", 20)
+    data = text_questions(workdir / "q.jsonl", 20)
     ckpt1 = _big_weights_model(tmp_path / "ckpt1")
     ckpt2 = tmp_path / "ckpt2"
     shutil.copytree(ckpt1, ckpt2)
@@ -305,7 +284,7 @@ def test_reuse_keys_a_named_model_by_content_not_by_its_name(workdir, tmp_path, 
         f.write(b"\x02")
     prepare(store, "ft1", data, model=f"ft={ckpt1}")
     finish(store, "ft1")
-    collect(store, "ft1", workdir / "ft1.jsonl", capsys)
+    collect_json(store, "ft1", workdir / "ft1.jsonl", capsys)
 
     prepare(store, "ft2", data, "--reuse-from", "ft1", model=f"ft={ckpt2}")
     assert reused_rows(store, "ft2") == 0
@@ -317,10 +296,10 @@ def test_reuse_keys_a_named_model_by_content_not_by_its_name(workdir, tmp_path, 
 
 def test_reuse_run_repeats_its_own_commands_and_refuses_another_source_naming_both(workdir, capsys):
     store = str(workdir / "store")
-    data = questions(workdir / "q.jsonl", 12)
+    data = text_questions(workdir / "q.jsonl", 12)
     prepare(store, "base", data)
     finish(store, "base")
-    collect(store, "base", workdir / "base.jsonl", capsys)
+    collect_json(store, "base", workdir / "base.jsonl", capsys)
     prepare(store, "other", data)
     prepare(store, "w2", data, "--reuse-from", "base")
     prepare(store, "w2", data, "--reuse-from", "base")  # the same command again
@@ -333,10 +312,10 @@ def test_reuse_run_repeats_its_own_commands_and_refuses_another_source_naming_bo
 
 def test_reuse_check_says_how_many_requests_would_be_reused_and_how_many_paid(workdir, capsys):
     store = str(workdir / "store")
-    prepare(store, "base", questions(workdir / "q.jsonl", 20))
+    prepare(store, "base", text_questions(workdir / "q.jsonl", 20))
     finish(store, "base")
-    collect(store, "base", workdir / "base.jsonl", capsys)
-    grown = questions(workdir / "grown.jsonl", 26)
+    collect_json(store, "base", workdir / "base.jsonl", capsys)
+    grown = text_questions(workdir / "grown.jsonl", 26)
     capsys.readouterr()
     prepare(store, "next", grown, "--reuse-from", "base", "--check")
     assert "reuse: 20 request(s) answered by earlier runs, 6 to run and pay for" in capsys.readouterr().out
@@ -366,7 +345,7 @@ def test_reuse_a_pilot_samples_every_kind_of_row_and_the_full_run_pays_only_for_
     prepare(store, "pilot", data, "--limit", "20")  # the same command: the same sample, already prepared
     assert "already prepared" in capsys.readouterr().out
     finish(store, "pilot")
-    assert collect(store, "pilot", workdir / "pilot.jsonl", capsys)["rows_written"] == 20
+    assert collect_json(store, "pilot", workdir / "pilot.jsonl", capsys)["rows_written"] == 20
 
     prepare(store, "full", data, "--reuse-from", "pilot")
     assert reused_rows(store, "full") == 20 and run_rows(store, "full") == 180

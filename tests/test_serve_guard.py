@@ -29,11 +29,12 @@ from orchestrator.core.errors import SpecError
 from orchestrator.core.store import open_store
 from orchestrator.web.hosts import AllowedHosts, foreign_origin
 from tests.support import raw_http
+from tests.support.models import TINY
 from tests.support.raw_http import MiB
-from tests.test_serve import (
+from tests.support.run_states import run_under_way
+from tests.support.serving import (
     CHAT,
     KEY,
-    TINY,
     Server,
     chat_line,
     final,
@@ -42,7 +43,7 @@ from tests.test_serve import (
     wait_for,
     write_requests,
 )
-from tests.test_web_page import chromium, status_web
+from tests.support.web import chromium, status_web
 
 BOUNDARY = "orch-guard-boundary"
 #: More names the open server answers to, as an operator sets them.
@@ -369,9 +370,8 @@ def test_serve_a_page_of_another_origin_in_chromium_cannot_upload_or_start_a_bat
 # -- orch status --web ---------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_status_web_answers_only_to_loopback_names(tmp_path):
-    from tests.test_status import build
 
-    build(str(tmp_path / "store"))
+    run_under_way(str(tmp_path / "store"))
     with status_web("s", tmp_path, "--store", str(tmp_path / "store")) as url:
         port = int(url.split(":")[2].split("/")[0])
         for host in ("attacker.example", f"attacker.example:{port}", "127.0.0.1.nip.io", ""):

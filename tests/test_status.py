@@ -15,12 +15,12 @@ from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.leases import LeaseKeeper, acquire
 from orchestrator.core.protocol.parts import part_codec
-from orchestrator.core.records import Heartbeat, JobAttempt, read_manifest, update_jobs
+from orchestrator.core.records import Heartbeat, JobAttempt
 from orchestrator.core.store import open_store
-from orchestrator.planning.plan import plan_chunks, write_plan
 from orchestrator.planning.pricing import load_gpu_table
 from orchestrator.runview.states import RunState, WorkerActivity
 from orchestrator.runview.status import derive_status, gather
+from tests.support.run_states import run_under_way, two_hours_on_an_a100
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
 
@@ -36,58 +36,8 @@ class Backend:
         }
 
 
-def two_hours_on_an_a100(worker: str, now: float, **more: str) -> Heartbeat:
-    """A running worker's heartbeat: up two hours on a spot A100-80GB on GCP."""
-    return Heartbeat(
-        worker=worker,
-        holder=f"{worker}.live",
-        state="running",
-        started_at=now - 7200,
-        updated_at=now,
-        accelerator="NVIDIA A100-SXM4-80GB",
-        spot=True,
-        cloud="gcp",
-        **more,
-    )
-
-
-def build(store_uri):
-    store = open_store(store_uri)
-    layout = make_run(store, "s", [[chat_request(f"c{c}-{i}", "q") for i in range(10)] for c in range(4)], model="m")
-    write_plan(store, layout, plan_chunks(read_manifest(store, layout), 2))
-    answer_chunk(
-        store,
-        layout,
-        "part_00000",
-        [[Answer(i, f"c0-{i}", "x") for i in range(9)] + [Answer(9, "c0-9", error="e")]],
-        worker="1",
-        seconds=3600,
-    )
-    acquire(store, layout, "part_00001", worker="0", holder="0.live", ttl=600, now=time.time())
-    now = time.time()
-    HeartbeatPublisher(store, layout, two_hours_on_an_a100("0", now, region="us-central1")).publish(
-        chunk="part_00001",
-        chunk_rows=10,
-        chunk_rows_done=4,
-        rows_saved=1,
-        rows_unsaved=3,
-        rows_per_s=0.5,
-        tokens_per_s=120.0,
-        updated_at=now,
-    )
-    update_jobs(
-        store,
-        layout,
-        lambda rec: [
-            rec.worker(w).attempts.append(JobAttempt(job_id=str(11 + w), backend="skypilot", launched_at=now))
-            for w in (0, 1)
-        ],
-    )
-    return store, layout
-
-
 def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     # Worker 0 checkpointed one row of its chunk (its heartbeat: 1 saved, 3 more in memory).
     held = acquire(store, layout, "part_00002", worker="0", holder="0.old", ttl=600, now=time.time() - 1200)
     keeper = LeaseKeeper(store, layout, held, ttl=600, clock=lambda: time.time() - 1200)
@@ -147,7 +97,7 @@ def test_a_machine_of_several_gpus_is_paid_for_each_and_its_replicas_share_them(
 
 
 def test_status_of_a_complete_run_shows_the_runs_own_pace(tmp_path):
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     for c in (1, 2, 3):
         answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "x") for i in range(10)]], seconds=100)
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
@@ -161,7 +111,7 @@ def test_status_of_a_complete_run_shows_the_runs_own_pace(tmp_path):
 
 
 def test_status_counts_cached_tokens_and_the_realised_price_per_million_spot_and_on_demand(tmp_path):
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     # Worker 0 (two hours of an A100-80GB on GCP spot) finishes a chunk whose prompts were partly cached;
     # worker 1 (on demand, says the backend; no heartbeat, so no machine time) finished part_00000.
     answer_chunk(store, layout, "part_00002", [[Answer(i, f"c2-{i}", "x", cached=2) for i in range(10)]], worker="0")
@@ -182,7 +132,7 @@ def test_status_counts_cached_tokens_and_the_realised_price_per_million_spot_and
 
 
 def test_status_json_shape_is_stable(tmp_path, capsys):
-    build(str(tmp_path / "store"))
+    run_under_way(str(tmp_path / "store"))
     assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) >= {"chunks", "rows", "workers", "throughput", "eta_s", "cost", "complete", "overall"}
@@ -194,7 +144,7 @@ def test_status_json_shape_is_stable(tmp_path, capsys):
 
 
 def test_status_reads_markers_with_list_calls_not_one_request_per_chunk(store_uri):
-    store, layout = build(store_uri)
+    store, layout = run_under_way(store_uri)
     for c in (2, 3):
         answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "x") for i in range(10)]])
     store.requests.reset()
@@ -208,7 +158,7 @@ def test_status_reads_markers_with_list_calls_not_one_request_per_chunk(store_ur
 
 
 def test_status_survives_a_backend_that_cannot_be_asked(tmp_path):
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
 
     class Down:
         name = "skypilot"
@@ -224,7 +174,7 @@ def test_status_survives_a_backend_that_cannot_be_asked(tmp_path):
 def test_status_says_what_each_worker_does_and_how_long_it_has_loaded(tmp_path, capsys):
     """A worker loading its model for 2m10s reads `loading 2m10s`, not just RUNNING and 0 rows/s;
     a job still queued reads `queued`, and every word is one status (and the page) can explain."""
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     now = time.time()
     HeartbeatPublisher(
         store, layout, Heartbeat(worker="1", holder="1.new", state="loading", started_at=now - 130, updated_at=now)
@@ -238,7 +188,7 @@ def test_status_says_what_each_worker_does_and_how_long_it_has_loaded(tmp_path, 
     # Silent past two intervals, still within the liveness window: said, with for how long.
     later = derive_status(gather(store, layout, Backend()), now=now + 45, prices=load_gpu_table())
     assert [w.activity for w in later.workers] == ["silent", "silent"]
-    assert all(45 <= w.activity_s < 50 for w in later.workers)  # build() beat a moment before `now`
+    assert all(45 <= w.activity_s < 50 for w in later.workers)  # run_under_way() beat a moment before `now`
     assert {w.activity for w in status.workers} <= set(WorkerActivity)
     assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
     assert [w["activity"] for w in json.loads(capsys.readouterr().out)["workers"]][1] in ("loading", "silent")
@@ -278,7 +228,7 @@ def test_status_trusts_a_job_that_ended_over_a_fresh_heartbeat_and_shows_final_s
     """A worker whose job the backend says failed is not `working` however fresh its last beat; one
     whose heartbeat said it exited 0 reads SUCCEEDED while its process winds down; under a complete
     run no job reads RUNNING."""
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     now = time.time()
 
     class Ended:
@@ -344,7 +294,7 @@ def test_status_json_holds_exactly_the_documented_fields(tmp_path, capsys):
     from orchestrator.runview.sections import RunStatus
     from orchestrator.runview.status import to_json
 
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     answer_chunk(store, layout, "part_00002", [[Answer(i, f"c2-{i}", "x", cached=1) for i in range(10)]], worker="0")
     assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -418,7 +368,7 @@ def test_narrow_reads_give_the_numbers_the_status_gives(tmp_path):
     give its numbers: one derivation each. A stats entry without a done marker counts for none."""
     from orchestrator.runview.status import answered_so_far, cost_so_far, pace_so_far
 
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     answer_chunk(store, layout, "part_00002", [[Answer(i, f"c2-{i}", "x", cached=2) for i in range(10)]], worker="0")
     # A stray stats entry for a chunk without a marker (stats are a cache of the markers).
     store.put(layout.stats("part_00003", ["9", "9", "90", "90", "1.0", "1", "x", "0"], 5_000.0), b"")

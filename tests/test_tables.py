@@ -16,60 +16,10 @@ from orchestrator.core.records import read_manifest
 from orchestrator.core.store import open_store
 from orchestrator.prepare.sources import resolve_sources
 from orchestrator.prepare.tables import appended_since
-from tests.support.tables import answer_all, answer_by_question, answered_run, chunk_lines, prepare, rows
+from tests.support.tables import Tables, answer_all, answer_by_question, answered_run, chunk_lines, prepare_table, rows
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 KINDS = ["iceberg", "delta", "lance", "hf"]
-
-
-class Tables:
-    """A table of each kind under one folder, created and appended to through its own library."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        (root / "wh").mkdir(exist_ok=True)
-        self.query = f"type=sql&uri=sqlite:///{root}/catalog.db&warehouse=file://{root}/wh"
-
-    def uri(self, kind: str, version: Any = None) -> str:
-        at = f"@{version}" if version is not None else ""
-        return {
-            "iceberg": f"iceberg://local/db.q{at}?{self.query}",
-            "delta": f"{self.root}/delta_q{at}",
-            "lance": f"lance:{self.root}/q.lance{at}",
-            "hf": f"{self.root}/hf_q",
-        }[kind]
-
-    def catalog(self) -> Any:
-        from pyiceberg.catalog import load_catalog
-
-        return load_catalog(
-            "local", type="sql", uri=f"sqlite:///{self.root}/catalog.db", warehouse=f"file://{self.root}/wh"
-        )
-
-    def write(self, kind: str, table: pa.Table, **options: Any) -> str:
-        """Create or append; the new snapshot's id or version."""
-        if kind == "iceberg":
-            catalog = self.catalog()
-            catalog.create_namespace_if_not_exists("db")
-            if not catalog.table_exists("db.q"):
-                catalog.create_table("db.q", schema=table.schema)
-            iceberg = catalog.load_table("db.q")
-            iceberg.append(table)
-            return str(iceberg.current_snapshot().snapshot_id)
-        if kind == "delta":
-            from deltalake import DeltaTable, write_deltalake
-
-            write_deltalake(str(self.root / "delta_q"), table, mode="append", **options)
-            return str(DeltaTable(str(self.root / "delta_q")).version())
-        if kind == "lance":
-            import lance
-
-            path = self.root / "q.lance"
-            return str(lance.write_dataset(table, str(path), mode="append" if path.exists() else "create").version)
-        import datasets
-
-        datasets.Dataset(table).save_to_disk(str(self.root / "hf_q"))
-        return "0"
 
 
 @pytest.fixture
@@ -83,11 +33,11 @@ def test_prepare_table_gives_the_parquet_files_requests(kind, tables, tmp_path, 
     tables.write(kind, data)
     pq.write_table(data, tmp_path / "same.parquet")
     store = str(tmp_path / "store")
-    assert prepare(store, "p", str(tmp_path / "same.parquet")) == 0
-    assert prepare(store, "t", tables.uri(kind), "--rows-per-chunk", "7") == 0, capsys.readouterr().err
+    assert prepare_table(store, "p", str(tmp_path / "same.parquet")) == 0
+    assert prepare_table(store, "t", tables.uri(kind), "--rows-per-chunk", "7") == 0, capsys.readouterr().err
     assert chunk_lines(store, "t") == chunk_lines(store, "p")
     capsys.readouterr()
-    assert prepare(store, "t", tables.uri(kind), "--rows-per-chunk", "7") == 0
+    assert prepare_table(store, "t", tables.uri(kind), "--rows-per-chunk", "7") == 0
     assert "already prepared" in capsys.readouterr().out
 
 
@@ -95,25 +45,25 @@ def test_prepare_table_gives_the_parquet_files_requests(kind, tables, tmp_path, 
 def test_prepare_table_new_snapshot_is_new_input_and_at_reads_the_old_one(kind, tables, tmp_path, capsys):
     first = tables.write(kind, rows(0, 5))
     store = str(tmp_path / "store")
-    assert prepare(store, "a", tables.uri(kind)) == 0
+    assert prepare_table(store, "a", tables.uri(kind)) == 0
     latest = tables.write(kind, rows(5, 3))
     capsys.readouterr()
-    assert prepare(store, "a", tables.uri(kind)) == 4
+    assert prepare_table(store, "a", tables.uri(kind)) == 4
     err = capsys.readouterr().err
     word = "snapshot" if kind == "iceberg" else "version"
     assert f"{word} {latest} (8 rows) now, {word} {first} (5 rows) when prepared" in err
-    assert prepare(store, "a", tables.uri(kind, first)) == 0  # time travel: the prepared snapshot, a no-op
+    assert prepare_table(store, "a", tables.uri(kind, first)) == 0  # time travel: the prepared snapshot, a no-op
     assert "already prepared" in capsys.readouterr().out
-    assert prepare(store, "b", tables.uri(kind)) == 0
+    assert prepare_table(store, "b", tables.uri(kind)) == 0
     assert [line["custom_id"] for line in chunk_lines(store, "b")] == [f"r{i}" for i in range(8)]
 
 
 def test_prepare_delta_names_a_schema_change_between_versions(tables, tmp_path, capsys):
     tables.write("delta", rows(0, 4))
     store = str(tmp_path / "store")
-    assert prepare(store, "a", tables.uri("delta")) == 0
+    assert prepare_table(store, "a", tables.uri("delta")) == 0
     tables.write("delta", rows(4, 2).append_column("lang", pa.array(["en", "fr"])), schema_mode="merge")
-    assert prepare(store, "a", tables.uri("delta")) == 4
+    assert prepare_table(store, "a", tables.uri("delta")) == 4
     assert "the schema changed between them: added lang: string" in capsys.readouterr().err
 
 
@@ -122,8 +72,8 @@ def test_prepare_delta_partitioned_reads_the_partition_values(tables, tmp_path):
     tables.write("delta", data, partition_by=["question"])  # the question is in the file paths, not the files
     pq.write_table(data, tmp_path / "same.parquet")
     store = str(tmp_path / "store")
-    assert prepare(store, "p", str(tmp_path / "same.parquet")) == 0
-    assert prepare(store, "t", tables.uri("delta")) == 0
+    assert prepare_table(store, "p", str(tmp_path / "same.parquet")) == 0
+    assert prepare_table(store, "t", tables.uri("delta")) == 0
 
     def by_id(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return sorted(lines, key=lambda line: str(line["custom_id"]))
@@ -135,18 +85,18 @@ def test_prepare_delta_partitioned_reads_the_partition_values(tables, tmp_path):
 def test_prepare_table_version_that_does_not_exist_lists_the_latest(kind, tables, tmp_path, capsys):
     first = tables.write(kind, rows(0, 2))
     tables.write(kind, rows(2, 2))
-    assert prepare(str(tmp_path / "store"), "a", tables.uri(kind, 987654)) == 4
+    assert prepare_table(str(tmp_path / "store"), "a", tables.uri(kind, 987654)) == 4
     err = capsys.readouterr().err
     assert "987654 in the table (the latest: " in err and f"{first} (" in err
 
 
 def test_prepare_iceberg_table_that_does_not_exist_lists_the_namespace(tables, tmp_path, capsys):
     tables.write("iceberg", rows(0, 2))
-    assert prepare(str(tmp_path / "store"), "a", tables.uri("iceberg").replace("db.q", "db.qq")) == 4
+    assert prepare_table(str(tmp_path / "store"), "a", tables.uri("iceberg").replace("db.q", "db.qq")) == 4
     assert "no table 'db.qq' in Iceberg catalog 'local' (namespace db has: db.q; did you mean 'db.q'?)" in (
         capsys.readouterr().err
     )
-    assert prepare(str(tmp_path / "store"), "a", f"delta:{tmp_path}/nothing") == 4
+    assert prepare_table(str(tmp_path / "store"), "a", f"delta:{tmp_path}/nothing") == 4
     assert f"no Delta table at {tmp_path}/nothing" in capsys.readouterr().err
 
 
@@ -167,9 +117,9 @@ def test_prepare_hf_dataset_dict_needs_a_split(tmp_path, capsys):
         str(tmp_path / "dd")
     )
     store = str(tmp_path / "store")
-    assert prepare(store, "a", f"hf:{tmp_path}/dd") == 4
+    assert prepare_table(store, "a", f"hf:{tmp_path}/dd") == 4
     assert "holds the splits train, test: name one" in capsys.readouterr().err
-    assert prepare(store, "a", f"hf:{tmp_path}/dd#test") == 0
+    assert prepare_table(store, "a", f"hf:{tmp_path}/dd#test") == 0
     assert [line["custom_id"] for line in chunk_lines(store, "a")] == ["r3", "r4"]
 
 
@@ -257,7 +207,7 @@ def test_collect_into_table_refuses_other_columns_the_same_way_in_every_kind(kin
     pq.write_table(rows(0, 4), tmp_path / "in.parquet")
     store = str(tmp_path / "store")
     for run in ("kept", "plain"):
-        assert prepare(store, run, str(tmp_path / "in.parquet")) == 0
+        assert prepare_table(store, run, str(tmp_path / "in.parquet")) == 0
         answer_all(store, run)
     out = SINKS[kind](tables)
     assert main(["collect", "--run", "kept", "--store", store, "--out", out, "--keep-columns", "n"]) == 0
@@ -272,7 +222,7 @@ def test_collect_into_table_refuses_other_columns_the_same_way_in_every_kind(kin
     other = tmp_path / "other"
     other.mkdir()
     pq.write_table(rows(0, 4).set_column(2, "n", pa.array(["a", "b", "c", "d"])), other / "in.parquet")
-    assert prepare(store, "typed", str(other / "in.parquet")) == 0
+    assert prepare_table(store, "typed", str(other / "in.parquet")) == 0
     answer_all(store, "typed")
     capsys.readouterr()
     assert main(["collect", "--run", "typed", "--store", store, "--out", out, "--keep-columns", "n,question"]) == 1
@@ -293,11 +243,11 @@ def test_collect_merge_on_keeps_one_row_per_id_with_the_latest_answers(kind, tab
     for edited in (2, 5):
         week2[edited]["question"] = f"question {edited}, edited"
     pq.write_table(pa.Table.from_pylist(week2), tmp_path / "week2.parquet")
-    assert prepare(store, "w1", str(tmp_path / "week1.parquet")) == 0
+    assert prepare_table(store, "w1", str(tmp_path / "week1.parquet")) == 0
     answer_by_question(store, "w1")
     assert main(["collect", "--run", "w1", "--store", store, "--out", out, "--merge-on", "id"]) == 0
     assert f"appended to {out} at " in capsys.readouterr().out  # a new table: made by the first run's rows
-    assert prepare(store, "w2", str(tmp_path / "week2.parquet"), "--reuse-from", "w1") == 0
+    assert prepare_table(store, "w2", str(tmp_path / "week2.parquet"), "--reuse-from", "w1") == 0
     assert sum(e.rows for e in read_manifest(open_store(store), RunLayout("w2"))) == 5  # 3 new, 2 edited
     answer_by_question(store, "w2")
     capsys.readouterr()
@@ -347,7 +297,7 @@ def test_collect_merge_on_refuses_a_column_the_run_lacks_or_a_file_output(tables
 def test_collect_into_table_leaves_an_incomplete_run_out(tables, tmp_path, capsys):
     pq.write_table(rows(0, 4), tmp_path / "in.parquet")
     store = str(tmp_path / "store")
-    assert prepare(store, "c", str(tmp_path / "in.parquet")) == 0
+    assert prepare_table(store, "c", str(tmp_path / "in.parquet")) == 0
     out = SINKS["delta"](tables)
     assert main(["collect", "--run", "c", "--store", store, "--out", out, "--allow-partial"]) == 0
     assert "a table gets a run's rows once, and 4 are missing" in capsys.readouterr().out
@@ -367,12 +317,12 @@ def greedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_prepare_reuse_from_a_grown_table_says_it_only_grew(kind, tables, tmp_path, capsys):
     first = tables.write(kind, rows(0, 5))
     store = str(tmp_path / "store")
-    assert prepare(store, "a", tables.uri(kind)) == 0
+    assert prepare_table(store, "a", tables.uri(kind)) == 0
     answer_all(store, "a")
     assert main(["collect", "--run", "a", "--store", store, "--out", str(tmp_path / "a.jsonl")]) == 0
     tables.write(kind, rows(5, 3))
     capsys.readouterr()
-    assert prepare(store, "b", tables.uri(kind), "--reuse-from", "a", "--rows-per-chunk", "2") == 0
+    assert prepare_table(store, "b", tables.uri(kind), "--reuse-from", "a", "--rows-per-chunk", "2") == 0
     said = capsys.readouterr()
     word = "snapshot" if kind == "iceberg" else "version"
     assert f"grew by 3 rows (appends only) since run a read {word} {first}" in said.out + said.err
@@ -399,7 +349,7 @@ def test_prepare_reuse_from_a_table_changed_by_a_delete_says_it_reads_the_whole_
 
     tables.write(kind, rows(0, 5))
     store = str(tmp_path / "store")
-    assert prepare(store, "a", tables.uri(kind)) == 0
+    assert prepare_table(store, "a", tables.uri(kind)) == 0
     answer_all(store, "a")
     assert main(["collect", "--run", "a", "--store", store, "--out", str(tmp_path / "a.jsonl")]) == 0
     tables.write(kind, rows(5, 3))
@@ -408,7 +358,7 @@ def test_prepare_reuse_from_a_table_changed_by_a_delete_says_it_reads_the_whole_
     else:
         DeltaTable(str(tables.root / "delta_q")).delete("n = 1")
     capsys.readouterr()
-    assert prepare(store, "b", tables.uri(kind), "--reuse-from", "a") == 0
+    assert prepare_table(store, "b", tables.uri(kind), "--reuse-from", "a") == 0
     said = capsys.readouterr()
     assert "the whole table is read and keyed again" in said.out + said.err
     assert "not only appended" in said.err and "appended rows" not in said.err

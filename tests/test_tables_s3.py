@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.cli import main
-from tests.support.tables import answered_run, chunk_lines, prepare, rows
+from tests.support.tables import answered_run, chunk_lines, prepare_table, rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")]
 KINDS = ["iceberg", "delta", "lance"]
@@ -80,11 +80,11 @@ def test_table_source_on_s3_gives_the_parquet_files_requests(kind, s3_tables, tm
     s3_tables.write(kind, "q", data)
     pq.write_table(data, tmp_path / "same.parquet")
     store = str(tmp_path / "store")
-    assert prepare(store, "p", str(tmp_path / "same.parquet")) == 0
-    assert prepare(store, "t", s3_tables.uri(kind, "q"), "--rows-per-chunk", "6") == 0, capsys.readouterr().err
+    assert prepare_table(store, "p", str(tmp_path / "same.parquet")) == 0
+    assert prepare_table(store, "t", s3_tables.uri(kind, "q"), "--rows-per-chunk", "6") == 0, capsys.readouterr().err
     assert chunk_lines(store, "t") == chunk_lines(store, "p")
     capsys.readouterr()
-    assert prepare(store, "t", s3_tables.uri(kind, "q"), "--rows-per-chunk", "6") == 0
+    assert prepare_table(store, "t", s3_tables.uri(kind, "q"), "--rows-per-chunk", "6") == 0
     assert "already prepared" in capsys.readouterr().out
 
 

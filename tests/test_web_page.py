@@ -5,12 +5,10 @@ headless Chromium (Debian's package) during a real local run, /metrics scraped f
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import html.parser
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -28,17 +26,13 @@ from orchestrator.runview.status import derive_status, gather
 from orchestrator.web.page import render_page
 from tests.support.datasets import write_jsonl
 from tests.support.events import wait_for as wait_for_event
+from tests.support.models import TINY
+from tests.support.run_states import run_under_way
 from tests.support.runs import chat_request
-from tests.test_serve import KEY, OTHER_KEY, TINY, create, running_server, upload, wait_for, write_requests
+from tests.support.serving import KEY, OTHER_KEY, create, running_server, upload, wait_for, write_requests
+from tests.support.web import chromium, status_web
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def chromium() -> str:
-    path = shutil.which("chromium")
-    if path is None:
-        pytest.skip("no chromium: run scripts/system-deps (it installs Debian's chromium)")
-    return path
 
 
 def browse(url: str, *extra: str) -> str:
@@ -113,9 +107,8 @@ class Shown(html.parser.HTMLParser):
 
 # -- the page, unit by unit -------------------------------------------------------------------------
 def test_names_are_shown_as_text_never_run_as_markup(tmp_path):
-    from tests.test_status import build
 
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
     worker = status.workers[0].model_copy(
         update={"worker": '"><img src=x onerror=alert(1)>', "failure_reason": "<b>bold</b>"}
@@ -177,9 +170,8 @@ def test_page_details_show_log_tail_last_error_samples_and_error_rows_as_text(tm
 
 
 def test_page_state_is_the_word_orch_status_shows(tmp_path):
-    from tests.test_status import build
 
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
     assert status.state == "running"
     shown = Shown(render_page(status).html)
@@ -293,48 +285,13 @@ def test_runs_index_refreshes_while_a_run_goes_on_and_says_an_old_reading_is_old
 
 
 # -- the page in Chromium during a real run (`orch status --web`) ----------------------------------
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 24\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
-        "model:\n  engine_args: {max_num_seqs: 1}\n"
-    )
-    return tmp_path
 
 
-@contextlib.contextmanager
-def status_web(run: str, workdir: Path, *args: str):
-    """`orch status --web --port 0` (and `args`) in its own process; yields the page's address."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orchestrator",
-            "status",
-            "--run",
-            run,
-            "--web",
-            "--port",
-            "0",
-            "--interval",
-            "0.5",
-            *args,
-        ],
-        cwd=workdir,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # it says where once it listens
-        assert "http://127.0.0.1:" in line, line + proc.stdout.read()
-        yield next(word for word in line.split() if word.startswith("http://"))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+#: The project directory of a run the page is watched during: one sequence at a time, so it lasts.
+PAGE_RUN_SPEC = (
+    "sampling:\n  max_tokens: 24\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
+    "model:\n  engine_args: {max_num_seqs: 1}\n"
+)
 
 
 def status_json(run: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -344,6 +301,8 @@ def status_json(run: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.orch_yaml(PAGE_RUN_SPEC)
+@pytest.mark.scripted_engine(step_s=0.03)  # about 2.5 minutes of rows, one at a time
 def test_page_in_chromium_during_a_real_run_shows_what_orch_status_says(workdir, capsys):
     if not (TINY / ".built").exists():
         pytest.fail("the tiny model is missing: run `make models` (make test does it)")
@@ -400,6 +359,7 @@ def test_page_in_chromium_during_a_real_run_shows_what_orch_status_says(workdir,
         main(["cancel", "--run", "web"])
 
 
+@pytest.mark.orch_yaml(PAGE_RUN_SPEC)
 def test_runs_index_in_chromium_lists_the_stores_runs_and_links_to_their_pages(tmp_path, workdir):
     ctx, _ = details_run(tmp_path, "<script>alert('answer')</script>", "<script>alert('log')</script>")
     write_jsonl(workdir / "tickets.jsonl", [chat_request("o-0", "q")])
@@ -507,9 +467,8 @@ def test_views_share_one_reading_per_interval_and_the_first_views_error_is_its_o
     import threading
 
     from orchestrator.web.snapshots import Snapshots
-    from tests.test_status import build
 
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     clock, reads, gate = [1000.0], [], threading.Event()
 
     def read(run):
@@ -547,9 +506,8 @@ def test_views_share_one_reading_per_interval_and_the_first_views_error_is_its_o
 
 
 def test_status_web_on_a_run_that_is_not_there_says_so_before_serving(tmp_path, capsys):
-    from tests.test_status import build
 
-    build(str(tmp_path / "store"))
+    run_under_way(str(tmp_path / "store"))
     code = main(["status", "--run", "nope", "--store", str(tmp_path / "store"), "--web", "--port", "0"])
     out = capsys.readouterr()
     assert code != 0 and "nope" in out.err and "http://" not in out.out

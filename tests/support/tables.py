@@ -1,4 +1,5 @@
-"""Small runs from tables and Parquet files, answered without an engine (tests/test_tables.py, tests/test_tables_s3.py)."""
+"""Tables of each kind (Iceberg on a SQL catalog, Delta Lake, Lance, Hugging Face datasets) written through
+their own libraries, and small runs prepared from them and answered without an engine."""
 
 from __future__ import annotations
 
@@ -22,7 +23,57 @@ def rows(start: int, count: int) -> pa.Table:
     return pa.table({"id": [f"r{i}" for i in ids], "question": [f"question {i}" for i in ids], "n": list(ids)})
 
 
-def prepare(store: str, run: str, source: str, *extra: str) -> int:
+class Tables:
+    """A table of each kind under one folder, created and appended to through its own library."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        (root / "wh").mkdir(exist_ok=True)
+        self.query = f"type=sql&uri=sqlite:///{root}/catalog.db&warehouse=file://{root}/wh"
+
+    def uri(self, kind: str, version: Any = None) -> str:
+        at = f"@{version}" if version is not None else ""
+        return {
+            "iceberg": f"iceberg://local/db.q{at}?{self.query}",
+            "delta": f"{self.root}/delta_q{at}",
+            "lance": f"lance:{self.root}/q.lance{at}",
+            "hf": f"{self.root}/hf_q",
+        }[kind]
+
+    def catalog(self) -> Any:
+        from pyiceberg.catalog import load_catalog
+
+        return load_catalog(
+            "local", type="sql", uri=f"sqlite:///{self.root}/catalog.db", warehouse=f"file://{self.root}/wh"
+        )
+
+    def write(self, kind: str, table: pa.Table, **options: Any) -> str:
+        """Create or append; the new snapshot's id or version."""
+        if kind == "iceberg":
+            catalog = self.catalog()
+            catalog.create_namespace_if_not_exists("db")
+            if not catalog.table_exists("db.q"):
+                catalog.create_table("db.q", schema=table.schema)
+            iceberg = catalog.load_table("db.q")
+            iceberg.append(table)
+            return str(iceberg.current_snapshot().snapshot_id)
+        if kind == "delta":
+            from deltalake import DeltaTable, write_deltalake
+
+            write_deltalake(str(self.root / "delta_q"), table, mode="append", **options)
+            return str(DeltaTable(str(self.root / "delta_q")).version())
+        if kind == "lance":
+            import lance
+
+            path = self.root / "q.lance"
+            return str(lance.write_dataset(table, str(path), mode="append" if path.exists() else "create").version)
+        import datasets
+
+        datasets.Dataset(table).save_to_disk(str(self.root / "hf_q"))
+        return "0"
+
+
+def prepare_table(store: str, run: str, source: str, *extra: str) -> int:
     """`orch prepare` of a table or file of `rows`: the question is the text, `id` the id."""
     flags = ["--format", "text", "--text-column", "question", "--id-column", "id", "--model", "m"]
     return main(["prepare", "--run", run, "--store", store, *flags, *extra, source])
@@ -60,6 +111,6 @@ def answered_run(tmp_path: Path, run: str, count: int) -> str:
     """A run prepared from a Parquet file of `count` rows (r0, r1, ...), every row answered; its store."""
     pq.write_table(rows(0, count), tmp_path / f"{run}.parquet")
     store = str(tmp_path / "store")
-    assert prepare(store, run, str(tmp_path / f"{run}.parquet")) == 0
+    assert prepare_table(store, run, str(tmp_path / f"{run}.parquet")) == 0
     answer_all(store, run)
     return store

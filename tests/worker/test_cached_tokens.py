@@ -13,9 +13,9 @@ from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import DoneMarker, Heartbeat
 from orchestrator.core.spec import SamplingSpec
 from orchestrator.core.store import open_store
+from tests.support.engines import run
 from tests.support.runs import make_run
-from tests.worker.test_vllm_engine import run
-from tests.worker.test_worker_process import answered_lines, run_in_process
+from tests.support.worker_process import answered_lines, run_in_process
 from worker.requests import parse_request
 from worker.wire import EngineRequest
 

@@ -9,53 +9,11 @@ import re
 import jsonschema
 import pytest
 
-from orchestrator.core.spec import SamplingSpec
-from tests.support.openai_lines import check_line
-from worker.requests import parse_request
-from worker.wire import EngineRequest
+from tests.support.engines import SCHEMA, answer
 
 pytestmark = pytest.mark.slow
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "label": {"type": "string", "enum": ["positive", "negative", "neutral"]},
-        "urgent": {"type": "boolean"},
-    },
-    "required": ["label", "urgent"],
-    "additionalProperties": False,
-}
 PROMPTS = ["Great product!", "It broke after a day.", "Delivery was on time.", "1 2 3"]
-
-
-def answer(engine, *bodies, url="/v1/chat/completions", defaults=None, unknown_fields="error"):
-    """Each body's output line (checked against the openai SDK's types), in order: the engine's
-    answer, or the error row parsing gave. `defaults`: the spec's sampling (greedy unless given);
-    `unknown_fields`: the spec's `requests.unknown_fields`."""
-    defaults = defaults or SamplingSpec(temperature=0)
-    reqs, rows = [], {}
-    for i, body in enumerate(bodies):
-        parsed = parse_request(
-            json.dumps({"custom_id": f"r{i}", "url": url, "body": body}), i, defaults, unknown_fields
-        )
-        if isinstance(parsed, EngineRequest):
-            reqs.append(parsed)
-        else:
-            rows[parsed.custom_id] = parsed
-    rows |= {row.custom_id: row for step in engine.run(iter(reqs)) for row in step}
-    lines = [rows[f"r{i}"].line.model_dump(mode="json") for i in range(len(bodies))]
-    for line in lines:
-        check_line(line)
-    return lines
-
-
-def prompt_ids(engine, body, url="/v1/chat/completions"):
-    """The prompt token ids orch's vLLM engine generates from for this body (its tools included)."""
-    request = parse_request(json.dumps({"custom_id": "p", "url": url, "body": body}), 0, SamplingSpec(), "warn")
-    assert isinstance(request, EngineRequest), request
-    tools = engine._prepared_tools(request)
-    prompt = engine.prompts.build(request, tools.template_tools if tools else None)
-    return prompt.token_ids
 
 
 def chat(text, **params):
