@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -459,8 +460,9 @@ LABEL_SCHEMA = {
 @pytest.mark.parametrize("fmt", ["text", "chat"])
 def test_prepare_template_over_any_columns_with_a_json_schema(store_dir, tmp_path, capsys, fmt):
     """Tickets to labelling requests: the template names any columns (no text or conversation column
-    needed), the schema file becomes OpenAI's response_format on every line, and a row without a
-    column the template names is set aside with its file, line and columns."""
+    needed), the schema file becomes OpenAI's response_format on every line (the schema stored once
+    in the run, each line naming it by digest), and a row without a column the template names is
+    set aside with its file, line and columns."""
     write_jsonl(tmp_path / "tickets.jsonl", TICKETS)
     (tmp_path / "ticket-label.json").write_text(json.dumps(LABEL_SCHEMA))
     template = "Subject: {subject}\nBody: {body}\nPriority: {priority}"
@@ -478,7 +480,13 @@ def test_prepare_template_over_any_columns_with_a_json_schema(store_dir, tmp_pat
         {"role": "system", "content": "Label the ticket."},
         {"role": "user", "content": "Subject: Refund\nBody: I was charged twice\nPriority: high"},
     ]
-    expected = {"name": "ticket-label", "schema": LABEL_SCHEMA, "strict": True}
+    store, layout = open_store(store_dir), RunLayout("r")
+    [stored] = list(store.list(f"{layout.root}schemas/"))
+    assert json.loads(store.get(stored.key).data) == LABEL_SCHEMA
+    digest = stored.key.rsplit("/", 1)[1].removesuffix(".json")
+    assert digest == hashlib.sha256(store.get(stored.key).data).hexdigest()
+    reference = {"$ref": f"urn:orch:schema:sha256:{digest}"}
+    expected = {"name": "ticket-label", "schema": reference, "strict": True}
     assert all(line["body"]["response_format"] == {"type": "json_schema", "json_schema": expected} for line in lines)
 
 
@@ -499,7 +507,7 @@ def test_prepare_refuses_a_bad_schema_or_template_before_reading_a_row(store_dir
     (tmp_path / "broken.json").write_text('{"type": "object",\n "properties": }\n')
     base = [tmp_path / "tickets.jsonl", "--format", "text", "--num-chunks", "1"]
     assert prepare(store_dir, *base, "--template", "{subject}", "--json-schema", tmp_path / "wrong.json") == 2
-    assert "wrong.json: not a valid JSON Schema at properties/a/type:" in capsys.readouterr().err
+    assert "wrong.json: at #/properties/a/type: not a valid JSON Schema:" in capsys.readouterr().err
     assert prepare(store_dir, *base, "--template", "{subject}", "--json-schema", tmp_path / "broken.json") == 2
     assert "broken.json:2: not valid JSON" in capsys.readouterr().err
     assert prepare(store_dir, *base, "--template", "{subject} {0}") == 2

@@ -39,6 +39,7 @@ from typing import Any
 from orchestrator.core.errors import RunNotFound
 from orchestrator.core.exits import WorkerStatus
 from orchestrator.core.frozen_spec import spec_hash
+from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView, pool_share
 from orchestrator.core.protocol.clocks import StoreClock
@@ -104,6 +105,8 @@ class Worker:
         self.chunks_in_engine = chunks_in_engine
         self.settings = spec.workers
         self.spec_hash = spec_hash(spec)
+        #: The run's schema, which its request lines reference (read from the store with the spec).
+        self.schemas = RunSchemas.of(spec.input.response_format)
         self.totals = Totals(started_at=clock())
         self.progress = progress or ProgressReporter(stream=sys.stderr)
         self._engine: Engine | None = None
@@ -336,7 +339,9 @@ class Worker:
         while active is not None:
             chunk = active.entry.chunk
             sampling = with_model_defaults(self.spec.sampling, engine.sampling_defaults)
-            requests = active.requests(sampling, self.spec.requests.unknown_fields, self.chunks.note_ignored)
+            requests = active.requests(
+                sampling, self.spec.requests.unknown_fields, self.chunks.note_ignored, self.schemas
+            )
             if active.careful:
                 yield from self._feed_carefully(active, requests)
             else:

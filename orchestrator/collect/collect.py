@@ -38,6 +38,8 @@ from orchestrator.collect.report import CollectReport
 from orchestrator.collect.reuse import AnswerIndexBuilder, ReusedAnswers
 from orchestrator.collect.table import TableSpec, TableWriter, table_spec
 from orchestrator.core.errors import OutputError
+from orchestrator.core.frozen_spec import run_schemas
+from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.records import (
@@ -141,7 +143,8 @@ def collect(
     reuse = ReusedAnswers.load(store, layout)
     index = AnswerIndexBuilder(store, layout, reuse)
     cascade = CascadeAnswers.load(store, layout)  # a cascade's rows take their last stage's answer
-    with _Writer(out, container, table, cascade) as writer, _RetryWriter(retry_out) as retry:
+    schemas = run_schemas(store, layout) if retry_out else None  # retried lines carry the run's schema whole
+    with _Writer(out, container, table, cascade) as writer, _RetryWriter(retry_out, schemas) as retry:
         if any(e.positions for e in entries) or reuse is not None:
             _collect_in_input_order(store, layout, entries, writer, retry, report, reuse, index)
         else:
@@ -363,16 +366,18 @@ class _Writer:
 
 
 class _RetryWriter:
-    """The failed and missing requests, published like the output (AtomicFile)."""
+    """The failed and missing requests, published like the output (AtomicFile): whole OpenAI Batch
+    lines, a schema reference replaced by the run's schema (`schemas`)."""
 
-    def __init__(self, path: str | os.PathLike[str] | None):
+    def __init__(self, path: str | os.PathLike[str] | None, schemas: RunSchemas | None = None):
         self.count = 0
         self.output = _atomic(path) if path else None
+        self.schemas = schemas or RunSchemas()
 
     def add(self, request_line: bytes) -> None:
         self.count += 1
         if self.output:
-            self.output.file.write(request_line)
+            self.output.file.write(self.schemas.inflated_line(request_line))
 
     def __enter__(self) -> _RetryWriter:
         return self

@@ -69,6 +69,10 @@ class RunLayout:
     def chunk(self, chunk: str) -> str:
         return f"{self.root}chunks/{chunk}.jsonl"
 
+    def schema(self, digest: str) -> str:
+        """The spec's JSON schema, by its SHA-256: spec.yaml and request lines reference it (core/json_schema.py)."""
+        return f"{self.root}schemas/{digest}.json"
+
     # Written by `orch estimate`.
     @property
     def probe(self) -> str:
