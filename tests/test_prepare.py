@@ -185,12 +185,25 @@ def test_prepare_strict_stops_at_the_first_bad_row(store_dir, tmp_path, capsys):
     assert open_store(store_dir).head(RunLayout("r").manifest) is None
 
 
-def test_prepare_duplicate_ids_are_bad_rows(store_dir, tmp_path):
-    rows = [{"id": "a", "conversation": [{"role": "user", "content": "x"}]}] * 2
-    write_jsonl(tmp_path / "dup.jsonl", rows)
-    assert prepare(store_dir, tmp_path / "dup.jsonl", "--num-chunks", "1", "--id-column", "id") == 0
-    errors = open_store(store_dir).get(RunLayout("r").prepare_errors).data.decode()
-    assert "duplicate custom_id 'a'" in errors and "dup.jsonl:1" in errors
+@pytest.mark.parametrize("grouping", [[], ["--group-by-prefix"]])
+def test_prepare_refuses_a_repeated_custom_id_naming_both_lines(store_dir, tmp_path, capsys, grouping):
+    """Two rows with one id would be two output lines for it (the answer and an error row, before):
+    prepare lists each repeat with both places, across files too, and writes nothing; the same
+    rows without --id-column (ids file:line) prepare."""
+    turn = [{"role": "user", "content": "x"}]
+    (tmp_path / "d").mkdir()
+    write_jsonl(tmp_path / "d" / "a.jsonl", [{"id": i, "conversation": turn} for i in ("a", "b", "a", "c")])
+    write_jsonl(tmp_path / "d" / "b.jsonl", [{"id": i, "conversation": turn} for i in ("c", "d")])
+    args = [tmp_path / "d", "--num-chunks", "2", *grouping]
+    for check in ([], ["--check"]):
+        assert prepare(store_dir, *args, "--id-column", "id", *check) == 4
+        err = capsys.readouterr().err
+        assert "2 row(s) repeat a custom_id of an earlier row" in err
+        assert f"'a': {tmp_path / 'd' / 'a.jsonl'}:1 and {tmp_path / 'd' / 'a.jsonl'}:3" in err
+        assert f"'c': {tmp_path / 'd' / 'a.jsonl'}:4 and {tmp_path / 'd' / 'b.jsonl'}:1" in err
+        assert not os.path.exists(store_dir)
+    assert prepare(store_dir, *args) == 0
+    assert len(chunk_lines(store_dir)) == 6
 
 
 def test_prepare_rerun_is_idempotent(store_dir, tmp_path, capsys):

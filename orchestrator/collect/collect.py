@@ -15,8 +15,9 @@ For every chunk, in manifest order:
 5. Rows set aside at prepare are answered too, in their input place: an error line naming the
    input's file:line and the problem (code `invalid_request`), and their input lines in the
    retry file (as they were read: fixed, they prepare again in the run's input format).
-Memory stays bounded by one chunk. The output appears only when written whole (temp file, rename),
-and not at all for an incomplete run unless partial output was asked for.
+Memory stays bounded by one chunk, plus 8 bytes a row for the check that no custom_id is written
+twice (unique_ids.py). The output appears only when written whole (temp file, rename), and not at
+all for an incomplete run unless partial output was asked for.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from orchestrator.collect.parquet import flatten_lines, parquet_schema
 from orchestrator.collect.report import CollectReport
 from orchestrator.collect.reuse import AnswerIndexBuilder, ReusedAnswers
 from orchestrator.collect.table import TableSpec, TableWriter, table_spec
+from orchestrator.collect.unique_ids import WrittenIds
 from orchestrator.core.errors import OutputError
 from orchestrator.core.frozen_spec import run_schemas
 from orchestrator.core.json_schema import RunSchemas
@@ -155,6 +157,7 @@ def collect(
             set_aside.rest()
         for request_line in cascade.failed if cascade else []:  # a later stage's failed answer
             retry.add(request_line)
+        writer.ids.check(store, layout)  # never two lines with one id: no output rather than that
         report.retry_rows = retry.count
         if not (partial or report.complete):
             writer.output.discard()
@@ -321,8 +324,10 @@ class _Writer:
         self.rows: list[BatchOutputLine] = []
         self.parquet: Any = None  # a pyarrow ParquetWriter, opened at the first row group
         self.table = TableWriter(self.file, fmt, table) if table is not None else None
+        self.ids = WrittenIds()
 
     def add(self, line: BatchOutputLine, position: int | None = None, *, reused: bool = False) -> None:
+        self.ids.add(line.custom_id)
         final = None
         if self.cascade is not None:
             line, final = self.cascade.final(line)
