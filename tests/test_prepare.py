@@ -503,6 +503,35 @@ def test_prepare_template_over_any_columns_with_a_json_schema(store_dir, tmp_pat
     assert all(line["body"]["response_format"] == {"type": "json_schema", "json_schema": expected} for line in lines)
 
 
+@pytest.mark.parametrize("source", ["jsonl", "parquet"])
+def test_prepare_template_writes_structs_and_lists_as_json_and_null_as_nothing(store_dir, tmp_path, source):
+    """A struct column was filled in as Python's repr (`{'a': 0}`), a list as `['t0']`: now JSON,
+    members reachable by index, true/false, a null as nothing, a number formatted as asked
+    (docs/labelling.md, "What a template writes")."""
+    rows = [
+        {"id": "r0", "meta": {"a": 0, "b": "é"}, "tags": ["t0", "t1"], "note": None, "ok": True, "price": 1.5},
+        {"id": "r1", "meta": {"a": 1, "b": None}, "tags": [], "note": "n", "ok": False, "price": 2.0},
+    ]
+    if source == "jsonl":
+        path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = tmp_path / "rows.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    template = "meta={meta} a={meta[a]} tags={tags} note=[{note}] ok={ok} price={price:.2f}"
+    assert (
+        prepare(store_dir, path, "--format", "text", "--template", template, "--id-column", "id", "--num-chunks", "1")
+        == 0
+    )
+    texts = [line["body"]["messages"][0]["content"] for line in chunk_lines(store_dir)]
+    assert texts == [
+        'meta={"a": 0, "b": "é"} a=0 tags=["t0", "t1"] note=[] ok=true price=1.50',
+        'meta={"a": 1, "b": null} a=1 tags=[] note=[n] ok=false price=2.00',
+    ]
+
+
 def test_prepare_response_format_from_the_spec_file(store_dir, tmp_path):
     write_jsonl(tmp_path / "tickets.jsonl", TICKETS[:2])
     (tmp_path / "orch.yaml").write_text(

@@ -288,8 +288,7 @@ def _text(record: dict[str, Any], spec_input: InputSpec) -> str:
             raise BadRow(
                 f"no column {spec_input.text_column!r} (the row has {_columns(record, [spec_input.text_column])})"
             )
-        value = record[spec_input.text_column]
-        return "" if value is None else str(value)
+        return format(as_field(record[spec_input.text_column]))
     missing = [c for c in spec_input.columns() or [] if c not in record]
     if missing:
         names = ", ".join(map(repr, missing))
@@ -297,9 +296,36 @@ def _text(record: dict[str, Any], spec_input: InputSpec) -> str:
             f"the template names column(s) {names}, which the row lacks (the row has {_columns(record, missing)})"
         )
     try:
-        return spec_input.template.format(**{k: ("" if v is None else v) for k, v in record.items()})
+        return spec_input.template.format(**{k: as_field(v) for k, v in record.items()})
     except (KeyError, IndexError, AttributeError, TypeError, ValueError) as e:
         raise BadRow(f"the template cannot be filled from this row ({e}; the row has {_columns(record)})") from None
+
+
+def as_field(value: Any) -> Any:
+    """A column's value as a template writes it (docs/labelling.md): a struct or a list as JSON
+    (`{"a": 0}`, `["t0"]`, not Python's `{'a': 0}`), its members still reachable (`{tags[0]}`,
+    `{meta[source]}`); true and false; a null as nothing; a number as itself (`{price:.2f}` applies);
+    anything else as its text."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list, tuple)):
+        return _JsonField(value)
+    return value
+
+
+class _JsonField:
+    """A struct or list column in a template: JSON where written whole, its members by index."""
+
+    def __init__(self, value: dict[str, Any] | list[Any] | tuple[Any, ...]):
+        self.value = value
+
+    def __getitem__(self, key: Any) -> Any:
+        return as_field(self.value[key])
+
+    def __format__(self, spec: str) -> str:
+        return format(json.dumps(self.value, ensure_ascii=False, default=str), spec)
 
 
 def _columns(record: dict[str, Any], missing: Sequence[str] = ()) -> str:
