@@ -297,9 +297,10 @@ def delete_command(inv: Invocation, yes: bool, force: bool) -> int:
             where="delete",
         )
     if not yes:
-        click.echo(f"would delete {_objects_line(ctx, objects)}" + (", once its workers are stopped" if force else ""))
+        then = ", once its workers are stopped" if state is not None else ""
+        click.echo(f"would delete {_objects_line(ctx, objects)}{then}")
         raise OrchError(f"run {run!r} not deleted", hint="add --yes to delete it", where="delete")
-    if force:
+    if state is not None:  # forced: a live or unreadable run's workers stop before anything goes
         alive = stop_workers_and_wait(ctx)
         if alive:
             raise OrchError(
