@@ -32,30 +32,31 @@ MISTAKES: dict[str, dict[str, object]] = {  # field -> what a mistaken line carr
     },
 }
 EVERY = 1000  # each kind of mistake on one line in EVERY
+#: The words of a ticket's text.
+WORDS = [
+    "the",
+    "order",
+    "arrived",
+    "late",
+    "and",
+    "the",
+    "invoice",
+    "shows",
+    "a",
+    "charge",
+    "twice",
+    "please",
+    "refund",
+    "my",
+    "account",
+]
 
 
 def write_input(path: Path, rows: int) -> None:
     rng = random.Random(0)
-    words = [
-        "the",
-        "order",
-        "arrived",
-        "late",
-        "and",
-        "the",
-        "invoice",
-        "shows",
-        "a",
-        "charge",
-        "twice",
-        "please",
-        "refund",
-        "my",
-        "account",
-    ]
     with open(path, "w") as f:
         for i in range(rows):
-            text = " ".join(rng.choice(words) for _ in range(100))
+            text = " ".join(rng.choice(WORDS) for _ in range(100))
             body: dict[str, object] = {
                 "model": rng.choice(["org/base", "org/base", "org/other"]),
                 "messages": [{"role": "system", "content": "Label the ticket."}, {"role": "user", "content": text}],

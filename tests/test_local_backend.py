@@ -20,13 +20,15 @@ from orchestrator.backends.base import JobState
 from orchestrator.cli import main
 from orchestrator.commands.views import _duration
 from orchestrator.core.context import resolve_spec
-from orchestrator.core.protocol.heartbeats import read_heartbeats
+from orchestrator.core.processes import alive as process_alive
+from orchestrator.core.protocol.heartbeats import live_heartbeats, read_heartbeats
 from orchestrator.core.records import read_jobs
 from orchestrator.fleet.launch import launch_workers
 from orchestrator.fleet.reconcile import Reconciler, watch
 from orchestrator.planning.plan import ensure_plan
 from tests.support.cli import questions
 from tests.support.datasets import write_jsonl
+from tests.support.events import STORE_PACE, wait_for
 from tests.support.models import REPO
 from tests.support.runs import chat_request, orch_process
 
@@ -127,6 +129,34 @@ def test_launch_never_duplicates_a_live_worker_and_cancel_stops_them(workdir, ti
     # ...and resume does, for the chunks still left.
     assert main(["resume", "--run", "c", "--follow", "--interval", "1"]) == 0
     assert main(["collect", "--run", "c", "--out", str(workdir / "c.jsonl")]) == 0
+
+
+def test_delete_force_stops_the_live_worker_before_deleting(workdir, tiny_model, capsys):
+    """`orch delete --yes --force` on a run whose worker works: it left the worker writing
+    heartbeats into the deleted run for 61 s, a stray half-run. Now the worker is stopped (as
+    `orch cancel` stops it) and waited for before anything goes: once delete returns, the worker's
+    process is gone, so nothing can write into the run again, and the run is not in the store."""
+    data = questions(workdir / "q.jsonl", 400)
+    (workdir / "orch.yaml").write_text(
+        "sampling:\n  max_tokens: 256\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n"
+    )
+    assert main(["prepare", str(data), "--run", "d", "--num-chunks", "2", "--id-column", "id"]) == 0
+    assert main(["launch", "--run", "d", "--model", tiny_model, "--workers", "1"]) == 0
+    ctx = resolve_spec(None, {"run": "d"})
+
+    def working():
+        beats = live_heartbeats(ctx.store, ctx.layout, now=time.time(), heartbeat_interval=1)
+        return next((b for b in beats if b.state == "running" and b.rows_done), None)
+
+    beat = wait_for("the worker answering rows", working, every=STORE_PACE)
+    assert beat.pid is not None and process_alive(beat.pid)
+    assert main(["delete", "--run", "d", "--yes"]) == 1
+    assert "or add --force: it stops every worker" in capsys.readouterr().err
+    assert main(["delete", "--run", "d", "--yes", "--force"]) == 0
+    assert not process_alive(beat.pid)
+    assert not list(ctx.store.list(ctx.layout.root))
+    assert main(["runs", "--json"]) == 0
+    assert '"run": "d"' not in capsys.readouterr().out
 
 
 def test_launch_starts_only_the_workers_unfinished_chunks_need(workdir, capsys):

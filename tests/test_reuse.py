@@ -144,6 +144,42 @@ def test_reuse_a_corrupt_or_missing_index_is_a_clear_error_and_nothing_is_reused
     assert not list(temp.iterdir())
 
 
+def test_reuse_a_consistent_forgery_of_the_index_is_taken(workdir, capsys):
+    """The store is the trust boundary (docs/failure-model.md): a part changed without its SHA-256 in
+    index.json is refused, but one rewritten with its SHA-256 updated is an index like any other.
+    Here the forger swaps which rows two keys point at: the later run takes each answer for the
+    other question. What guards a run is who may write its store, not a checksum."""
+    import hashlib
+
+    import numpy as np
+
+    from orchestrator.prepare.answer_index import record_dtype
+
+    store = str(workdir / "store")
+    data = text_questions(workdir / "q.jsonl", 10)
+    prepare(store, "src", data)
+    finish(store, "src")
+    collect_json(store, "src", workdir / "src.jsonl", capsys)
+    s, layout = open_store(store), RunLayout("src")
+    index = json.loads(s.get(layout.answer_index).data)
+    part = index["parts"][0]
+    records = np.frombuffer(s.get(part["key"]).data, dtype=record_dtype()).copy()
+    first, second = (int(np.flatnonzero(records["row"] == row)[0]) for row in (0, 1))
+    records["row"][[first, second]] = records["row"][[second, first]]
+    forged = records.tobytes()
+    s.put(part["key"], forged)
+    prepare(store, "refused", data, "--reuse-from", "src", code=8)  # the checksum catches a change alone
+    assert part["key"] in capsys.readouterr().err
+    part["sha256"] = hashlib.sha256(forged).hexdigest()  # ...not a writer who updates it too
+    s.put(layout.answer_index, json.dumps(index).encode())
+    prepare(store, "taken", data, "--reuse-from", "src")
+    assert reused_rows(store, "taken") == 10
+    collect_json(store, "taken", workdir / "taken.jsonl", capsys)
+    answers = [json.loads(line) for line in (workdir / "taken.jsonl").read_text().splitlines()]
+    content = [a["response"]["body"]["choices"][0]["message"]["content"] for a in answers]
+    assert content[:3] == ["answer to Question 1?", "answer to Question 0?", "answer to Question 2?"]
+
+
 def test_reuse_table_output_marks_reused_rows(workdir, capsys):
     store = str(workdir / "store")
     prepare(store, "t1", text_questions(workdir / "q.jsonl", 10))

@@ -96,10 +96,57 @@ def test_delete_removes_every_object_of_the_run_only_with_yes_and_not_under_live
     assert run_names(store) == ["going", "stopped"] and not list(store.list("runs/done/"))
     # A worker of `going` beats: its run is kept unless --force says otherwise.
     assert main(["delete", "--run", "going", "--store", store_uri, "--yes"]) == 1
-    assert "run 'going' is running" in capsys.readouterr().err and run_names(store) == ["going", "stopped"]
-    assert main(["delete", "--run", "going", "--store", store_uri, "--yes", "--force"]) == 0
-    assert run_names(store) == ["stopped"]
+    err = capsys.readouterr().err
+    assert "run 'going' is running" in err and "or add --force: it stops every worker" in err
+    assert run_names(store) == ["going", "stopped"]
     assert main(["delete", "--run", "gone", "--store", store_uri, "--yes"]) == 5
+
+
+def test_delete_force_refuses_while_a_worker_it_told_to_stop_still_beats(store_uri, capsys):
+    """A worker on another machine that keeps beating after cancel.json (cut off from the store's
+    cancel, say): --force waits the heartbeats' staleness out, then refuses with nothing deleted;
+    once its beats stop, --force deletes."""
+    store = open_store(store_uri)
+    flags = {"workers.heartbeat_interval": 0.5}
+    layout = make_run(store, "stubborn", [[chat_request("s0", "q")]], model="m", spec_flags=flags)
+    stop = threading.Event()
+    began = time.time()
+    beat = Heartbeat(
+        worker="0", holder="0.b", state="running", host="elsewhere", pid=4242, started_at=began, updated_at=began
+    )
+    publisher = HeartbeatPublisher(store, layout, beat)
+    publisher.publish()  # beating before delete looks
+
+    def beat_on() -> None:
+        while not stop.wait(0.1):
+            publisher.publish(updated_at=time.time())
+
+    beating = threading.Thread(target=beat_on)
+    beating.start()
+    try:
+        assert main(["delete", "--run", "stubborn", "--store", store_uri, "--yes", "--force"]) == 1
+        err = capsys.readouterr().err
+        assert "1 worker(s) still alive after they were told to stop (worker 0 (pid 4242 on elsewhere))" in err
+        assert "nothing deleted" in err and store.head(layout.manifest) is not None
+    finally:
+        stop.set()
+        beating.join()
+    assert main(["delete", "--run", "stubborn", "--store", store_uri, "--yes", "--force"]) == 0
+    assert not list(store.list(layout.root))
+
+
+def test_delete_of_a_damaged_run_names_force(store_uri, capsys):
+    """A run whose records do not read cannot say whether its workers are live: refused, and the
+    hint names --force, which deletes it (its store and name come from the flags)."""
+    store = open_store(store_uri)
+    layout = make_run(store, "broken", [[chat_request("b0", "q")]], model="m")
+    for key in (layout.manifest, layout.spec):
+        store.put(key, b"{{{ not a record")
+        assert main(["delete", "--run", "broken", "--store", store_uri, "--yes"]) == 1
+        err = capsys.readouterr().err
+        assert "run 'broken' is damaged" in err and "hint: add --force" in err and "Traceback" not in err
+    assert main(["delete", "--run", "broken", "--store", store_uri, "--yes", "--force"]) == 0
+    assert not list(store.list(layout.root))
 
 
 def test_runs_of_an_empty_store_says_so(tmp_path, capsys):

@@ -90,6 +90,38 @@ def test_serve_refuses_a_bad_allowed_host_saying_where(tmp_path, capsys, monkeyp
     assert code == 2 and "'http://bad.example' is not a host name" in err and "ORCH_SERVE_ALLOWED_HOSTS" in err
 
 
+@pytest.mark.parametrize("planted", ["a file", "another user's folder"])
+def test_serve_refuses_a_spool_folder_it_does_not_own_before_saying_it_listens(tmp_path, planted):
+    """`$TMPDIR/orch-serve-uploads-<uid>` planted by someone else: the server said `listening on`,
+    then died in a traceback. Now one ERROR line naming the folder, exit 1, nothing announced."""
+    import os
+    import sys
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    parent = temp / f"orch-serve-uploads-{os.getuid()}"
+    if planted == "a file":
+        parent.write_text("")
+    else:
+        if os.getuid() != 0:
+            pytest.skip("giving a folder to another user takes root")
+        parent.mkdir(mode=0o777)
+        os.chown(parent, 65534, 65534)
+    serve = [sys.executable, "-m", "orchestrator", "serve", "--model", f"tiny={TINY}", "--port", "0"]
+    done = subprocess.run(
+        [*serve, "--store", str(tmp_path / "store")],
+        env={**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,  # a hang guard: the refusal comes before the server starts
+    )
+    assert done.returncode == 1, done.stderr
+    assert f"ERROR {parent} is not a directory of this user" in done.stderr
+    assert "listening on" not in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("*.json"))
+
+
 # -- the servers, attacked ---------------------------------------------------------------------------
 def spooling_server(workdir: Path, env: dict[str, str]) -> Iterator[Server]:
     (workdir / "tmp").mkdir(parents=True)

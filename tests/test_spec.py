@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from orchestrator.cli import main
 from orchestrator.core.errors import SpecConflict, SpecError
 from orchestrator.core.frozen_spec import freeze_spec, read_stored_spec, spec_hash
 from orchestrator.core.layout import RunLayout
@@ -79,10 +81,30 @@ def test_spec_missing_file_flag_is_an_error(tmp_path):
         load_spec(tmp_path / "nope.yaml", {}, env={}, cwd=tmp_path)
 
 
-def test_spec_run_name_is_checked(tmp_path):
-    spec = load_spec(None, {"run": "../escape"}, env={}, cwd=tmp_path)
-    with pytest.raises(SpecError, match="invalid run name"):
-        _ = spec.layout
+@pytest.mark.parametrize("name", ["../escape", "nl\n", "tab\tin", "a b", "-dash", "", "x" * 101, "bell\x07"])
+def test_spec_run_name_one_pattern_wherever_a_name_comes_from(tmp_path, name):
+    """Flags, the environment, a spec file, --reuse-from and a run's layout (serve's pages, a
+    store's listing) all hold a name to one pattern, matched whole: `nl\n` made runs/nl\n/ before."""
+    with pytest.raises(SpecError, match="not a run name"):
+        load_spec(None, {"run": name}, env={}, cwd=tmp_path)
+    with pytest.raises(SpecError, match="not a run name"):
+        load_spec(None, {}, env={"ORCH_RUN": name}, cwd=tmp_path)
+    (tmp_path / "orch.yaml").write_text(json.dumps({"run": name}))
+    with pytest.raises(SpecError, match="not a run name") as err:
+        load_spec(None, {}, env={}, cwd=tmp_path)
+    assert "orch.yaml:1" in str(err.value)
+    (tmp_path / "orch.yaml").unlink()
+    with pytest.raises(SpecError, match="not a run name"):
+        load_spec(None, {"run": "ok", "reuse.from": ["earlier", name]}, env={}, cwd=tmp_path)
+    with pytest.raises(SpecError, match="not a run name"):
+        RunLayout(name)
+    assert RunLayout("a.b_c-9").root == "runs/a.b_c-9/"
+    (tmp_path / "rows.jsonl").write_text('{"text": "hi"}\n')
+    store = tmp_path / "store"
+    args = ["prepare", str(tmp_path / "rows.jsonl"), "--format", "text", "--store", str(store), "--num-chunks", "1"]
+    assert main([*args, "--run", name]) == 2
+    assert main([*args, "--run", "ok", "--reuse-from", name]) == 2
+    assert not store.exists()
 
 
 def test_freeze_spec_records_then_accepts_same_spec(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.protocol.crashes import careful_groups
 from orchestrator.core.protocol.leases import LeaseLost
 from orchestrator.core.spec import RunSpec
@@ -33,6 +34,7 @@ class RequestFeed:
         chunks: ChunksInHand,
         spec: RunSpec,
         *,
+        schemas: RunSchemas,
         chunks_in_engine: int,
         stopping: Callable[[], bool],
         store_waits: Callable[[], bool],
@@ -42,6 +44,8 @@ class RequestFeed:
     ):
         self.chunks = chunks
         self.spec = spec
+        #: The run's schema, which its request lines reference by digest.
+        self.schemas = schemas
         self.chunks_in_engine = chunks_in_engine
         self.stopping = stopping
         self.store_waits = store_waits
@@ -62,7 +66,9 @@ class RequestFeed:
     def _chunks(self, engine: Engine, active: OpenChunk | None) -> Iterator[EngineRequest | None]:
         while active is not None:
             sampling = with_model_defaults(self.spec.sampling, engine.sampling_defaults)
-            requests = active.requests(sampling, self.spec.requests.unknown_fields, self.chunks.note_ignored)
+            requests = active.requests(
+                sampling, self.spec.requests.unknown_fields, self.chunks.note_ignored, self.schemas
+            )
             if active.careful:
                 yield from self._carefully(active, requests)
             else:

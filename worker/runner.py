@@ -39,6 +39,7 @@ from typing import Any
 from orchestrator.core.errors import RunNotFound
 from orchestrator.core.exits import WorkerStatus
 from orchestrator.core.frozen_spec import spec_hash
+from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView, pool_share
 from orchestrator.core.protocol.clocks import StoreClock
@@ -103,6 +104,8 @@ class Worker:
         self.chunks_in_engine = chunks_in_engine
         self.settings = spec.workers
         self.spec_hash = spec_hash(spec)
+        #: The run's schema, which its request lines reference (read from the store with the spec).
+        self.schemas = RunSchemas.of(spec.input.response_format)
         self.totals = Totals(started_at=clock())
         self.progress = progress or ProgressReporter(stream=sys.stderr)
         self._engine: Engine | None = None
@@ -253,6 +256,7 @@ class Worker:
         feed = RequestFeed(
             self.chunks,
             self.spec,
+            schemas=self.schemas,
             chunks_in_engine=self.chunks_in_engine,
             stopping=lambda: self._shutdown_requested,
             store_waits=lambda: self.outage.down and not self.outage.ready(),

@@ -15,8 +15,9 @@ For every chunk, in manifest order:
 5. Rows set aside at prepare are answered too, in their input place: an error line naming the
    input's file:line and the problem (code `invalid_request`), and their input lines in the
    retry file (as they were read: fixed, they prepare again in the run's input format).
-Memory stays bounded by one chunk. The output appears only when written whole (temp file, rename),
-and not at all for an incomplete run unless partial output was asked for.
+Memory stays bounded by one chunk, plus 8 bytes a row for the check that no custom_id is written
+twice (unique_ids.py). The output appears only when written whole (temp file, rename), and not at
+all for an incomplete run unless partial output was asked for.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from orchestrator.collect.report import CollectReport
 from orchestrator.collect.reuse import AnswerIndexBuilder, ReusedAnswers
 from orchestrator.collect.scratch import remove_leftovers
 from orchestrator.collect.table import TableSpec, TableWriter, table_spec
+from orchestrator.collect.unique_ids import WrittenIds
 from orchestrator.core.errors import OutputError
-from orchestrator.core.frozen_spec import read_stored_spec
+from orchestrator.core.frozen_spec import read_stored_spec, run_schemas
+from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.records import (
@@ -156,7 +159,8 @@ def collect(
     reuse = ReusedAnswers.load(store, layout)
     index = AnswerIndexBuilder(store, layout, reuse)
     cascade = CascadeAnswers.load(store, layout)  # a cascade's rows take their last stage's answer
-    with _Writer(out, container, table, cascade, comparison) as writer, _RetryWriter(retry_out) as retry:
+    schemas = run_schemas(store, layout) if retry_out else None  # retried lines carry the run's schema whole
+    with _Writer(out, container, table, cascade, comparison) as writer, _RetryWriter(retry_out, schemas) as retry:
         if any(e.positions for e in entries) or reuse is not None:
             _collect_in_input_order(store, layout, entries, writer, retry, report, reuse, index)
         else:
@@ -167,6 +171,7 @@ def collect(
             set_aside.rest()
         for request_line in cascade.failed if cascade else []:  # a later stage's failed answer
             retry.add(request_line)
+        writer.ids.check(store, layout)  # never two lines with one id: no output rather than that
         report.retry_rows = retry.count
         if not (partial or report.complete):
             writer.output.discard()
@@ -370,8 +375,10 @@ class _Writer:
         self.rows: list[BatchOutputLine] = []
         self.parquet: Any = None  # a pyarrow ParquetWriter, opened at the first row group
         self.table = TableWriter(self.file, fmt, table) if table is not None else None
+        self.ids = WrittenIds()
 
     def add(self, line: BatchOutputLine, position: int | None = None, *, reused: bool = False) -> None:
+        self.ids.add(line.custom_id)
         final = None
         if self.cascade is not None:
             line, final = self.cascade.final(line)
@@ -417,16 +424,18 @@ class _Writer:
 
 
 class _RetryWriter:
-    """The failed and missing requests, published like the output (AtomicFile)."""
+    """The failed and missing requests, published like the output (AtomicFile): whole OpenAI Batch
+    lines, a schema reference replaced by the run's schema (`schemas`)."""
 
-    def __init__(self, path: str | os.PathLike[str] | None):
+    def __init__(self, path: str | os.PathLike[str] | None, schemas: RunSchemas | None = None):
         self.count = 0
         self.output = _atomic(path) if path else None
+        self.schemas = schemas or RunSchemas()
 
     def add(self, request_line: bytes) -> None:
         self.count += 1
         if self.output:
-            self.output.file.write(request_line)
+            self.output.file.write(self.schemas.inflated_line(request_line))
 
     def __enter__(self) -> _RetryWriter:
         return self

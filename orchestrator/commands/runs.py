@@ -1,19 +1,15 @@
-"""`orch runs` and `orch logs`: finding a store's runs, and reading a run's worker logs."""
+"""`orch runs` and `orch logs`: finding a store's runs, and reading a run's worker logs (`orch delete`
+is with the commands that stop a run's workers, lifecycle.py)."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator.commands.shared import Invocation, common_options
-
-if TYPE_CHECKING:
-    from orchestrator.core.context import RunContext
-
 
 #: The status fields `orch runs --json` gives of each run (then its cost so far and when it was prepared).
 RUNS_JSON_FIELDS = ("run", "state", "backend", "model", "input", "chunks", "rows", "forecast")
@@ -50,54 +46,6 @@ def runs_command(spec_file: str | None, store: str | None, as_json: bool, prices
         return 0
     console().print(render_runs(runs, now=time.time()))
     return 0
-
-
-@click.command("delete")
-@common_options
-@click.option("--yes", "-y", is_flag=True, help="delete; without it, only say what would be deleted")
-@click.option("--force", is_flag=True, help="delete even while the run's workers are live")
-def delete_command(inv: Invocation, yes: bool, force: bool) -> int:
-    """Delete a run: every object under its prefix in the store (a directory, S3 or R2) and its
-    local workers' logs. It asks nothing: without --yes it says what it would delete and deletes
-    nothing (exit 1). It refuses a run whose workers are live (`orch cancel` first), unless --force.
-    """
-    from orchestrator.core.errors import OrchError, RunNotFound
-    from orchestrator.runview.runs import delete_run, run_objects
-
-    ctx = inv.context()
-    run, objects = ctx.layout.run, run_objects(ctx.store, ctx.layout)
-    if not objects:
-        raise RunNotFound(f"no run {run!r} in {ctx.store.uri}: nothing to delete", hint="`orch runs` lists the runs")
-    what = (
-        f"{len(objects)} object(s), {sum(o.size for o in objects):,} bytes, under {ctx.layout.root} in {ctx.store.uri}"
-    )
-    if not force:
-        state = _live_state(ctx)
-        if state is not None:
-            raise OrchError(
-                f"run {run!r} is {state}: its workers would lose the store under them; nothing deleted",
-                hint=f"stop them first (orch cancel --run {run}), or add --force",
-                where="delete",
-            )
-    if not yes:
-        click.echo(f"would delete {what}")
-        raise OrchError(f"run {run!r} not deleted", hint="add --yes to delete it", where="delete")
-    delete_run(ctx.store, ctx.spec, objects)
-    click.echo(f"deleted run {run!r}: {what}")
-    return 0
-
-
-def _live_state(ctx: RunContext) -> str | None:
-    """'running' when a worker of the run beats or its job is queued, starting or recovering (the
-    backend asked, as `orch status` does); None otherwise, and for a run never prepared."""
-    from orchestrator.core.errors import RunNotFound
-    from orchestrator.runview.states import RunState
-    from orchestrator.runview.status import current_status
-
-    try:
-        return "running" if current_status(ctx).state is RunState.RUNNING else None
-    except RunNotFound:  # objects, but no manifest: a run begun and never prepared has no workers
-        return None
 
 
 @click.command("logs")
@@ -180,5 +128,4 @@ def _lines(n: int) -> str:
 
 def register(cli: click.Group) -> None:
     cli.add_command(runs_command)
-    cli.add_command(delete_command)
     cli.add_command(logs_command)

@@ -92,6 +92,8 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], Any]:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise SpecError(f"not valid YAML: {getattr(e, 'problem', e)}", where=where) from None
+    except RecursionError:  # the YAML reader recurses: a few thousand levels exhaust Python's stack
+        raise SpecError("mappings and lists nest too deeply to read", where=str(path)) from None
     if data is None:
         return {}, None
     if not isinstance(data, dict):

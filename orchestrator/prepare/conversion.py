@@ -1,6 +1,8 @@
 """Prepare's step 2, a row at a time: each input row read as its format says and turned into a
 request (for its model's pool, or once per sweep arm), checked as the workers would check it, or
-set aside as a bad row with its file and line."""
+set aside as a bad row with its file and line. A custom_id seen on an earlier row stops prepare
+once every row is read, each repeat listed with both places (RepeatedIds): collect answers an id
+once, and two rows with one id would give two lines for it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from collections.abc import Callable, Container, Iterator
 from typing import Protocol
 
 from orchestrator.core.context import RunContext
+from orchestrator.core.errors import InputError
 from orchestrator.core.spec import InputSpec
 from orchestrator.prepare.check import RequestCheck
 from orchestrator.prepare.formats import BadRow, Converter, Request, make_converter, needed_columns
@@ -91,6 +94,7 @@ class Conversion:
         self.keep = into.add
         self.errors = errors
         self.seen: dict[str, tuple[int, int]] = {}  # custom_id -> (file, row) where it first appeared
+        self.repeated = RepeatedIds()
         self.models: collections.Counter[str] = collections.Counter()
         self.not_utf8 = NotUtf8(strict)
         self.current: tuple[SourceFile, RawRow] | None = None
@@ -113,6 +117,7 @@ class Conversion:
                 if time.monotonic() - last_note > 5:
                     last_note = time.monotonic()
                     progress(f"{row_index:,}/{total:,} rows ({row_index / (last_note - started):,.0f} rows/s)")
+        self.repeated.stop_if_any()
 
     def where(self) -> str:
         """The input row being converted, as `file:line` (`file:row` in Parquet)."""
@@ -140,6 +145,8 @@ class Conversion:
         arm: Arm | None,
     ) -> None:
         request = problem or self._request(convert, file_index, source, raw)
+        if request is None:  # a repeated custom_id: noted, and prepare stops once every row is read
+            return
         arm_name = None if arm is None else arm.name
         if isinstance(request, str):
             self.errors.set_aside(source, raw, position, self.spec_input, request, arm=arm_name)
@@ -170,16 +177,44 @@ class Conversion:
             return f"{raw.replaced} byte(s) of the line are not UTF-8"
         return None
 
-    def _request(self, convert: Converter, file_index: int, source: SourceFile, raw: RawRow) -> Request | str:
-        """The row's request, or what is wrong with it."""
+    def _request(self, convert: Converter, file_index: int, source: SourceFile, raw: RawRow) -> Request | str | None:
+        """The row's request, what is wrong with it, or None for a custom_id an earlier row has (noted)."""
         try:
             request = convert(raw.record or {}, source.name, raw.number)
         except BadRow as e:
             return str(e)
         first = self.seen.setdefault(request.custom_id, (file_index, raw.number))
         if first != (file_index, raw.number):
-            return f"duplicate custom_id {request.custom_id!r} (first at {self.files[first[0]].uri}:{first[1]})"
+            self.repeated.add(request.custom_id, f"{self.files[first[0]].uri}:{first[1]}", f"{source.uri}:{raw.number}")
+            return None
         return request
+
+
+class RepeatedIds:
+    """custom_ids found on a second row: how many, and the first few with both places."""
+
+    SHOWN = 5
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: list[str] = []
+
+    def add(self, custom_id: str, first: str, again: str) -> None:
+        self.count += 1
+        if len(self.first) < self.SHOWN:
+            self.first.append(f"{custom_id!r}: {first} and {again}")
+
+    def stop_if_any(self) -> None:
+        if not self.count:
+            return
+        more = f"\n  ... and {self.count - len(self.first):,} more" if self.count > len(self.first) else ""
+        raise InputError(
+            f"{self.count:,} row(s) repeat a custom_id of an earlier row (collect answers each id once):\n  "
+            + "\n  ".join(self.first)
+            + more,
+            hint="give each row its own custom_id: --id-column naming a column of unique values, or no "
+            "--id-column (each row's id is then its file:line); nothing was written",
+        )
 
 
 class NotUtf8:

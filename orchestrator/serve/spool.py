@@ -58,7 +58,13 @@ def open_spool(temp_dir: str | None = None) -> Spool:
     2. Remove the folders of servers that died (their locks are free), saying what was removed.
     3. Make this server's folder and lock it, before the parent's lock is released."""
     parent = spool_parent(temp_dir)
-    os.makedirs(parent, mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+    except OSError as e:
+        if not os.path.lexists(parent):  # else something else is there: _check_private says what
+            raise OrchError(
+                f"cannot make {parent}: {e.strerror or e}", hint="point TMPDIR at a folder this user can write"
+            ) from None
     _check_private(parent)
     with _locked(os.path.join(parent, LOCK)):
         _remove_abandoned(parent)
