@@ -152,4 +152,4 @@ def test_schema_check_remembers_a_schema_that_passed_and_resolves_only_the_runs_
 
 
 def _format(schema: object) -> dict:
-    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": False}}

@@ -43,7 +43,7 @@ def _walk(node: Any, at: str, strict: bool) -> Iterator[str]:
         return
     place = at or "/"
     for key in node:
-        if key not in KEYWORDS:
+        if key not in KEYWORDS and not key.startswith("x-"):  # x-...: a vendor's extension, by convention
             close = difflib.get_close_matches(key, KEYWORDS, n=1)
             yield f"{place}: unknown keyword {key!r}" + (f" (did you mean {close[0]!r}?)" if close else " (ignored)")
     properties = node.get("properties")
