@@ -125,7 +125,8 @@ def test_prepare_completion_objects_like_the_fm_runner(store_dir, tmp_path):
 
 
 def test_prepare_text_through_a_template(store_dir, tmp_path):
-    write_jsonl(tmp_path / "t.jsonl", [{"text": "the sea", "lang": "French"}])
+    """Columns by name; `{text:.7}` cuts a long column to its first 7 characters."""
+    write_jsonl(tmp_path / "t.jsonl", [{"text": "the sea, and every wave of it", "lang": "French"}])
     assert (
         prepare(
             store_dir,
@@ -133,7 +134,7 @@ def test_prepare_text_through_a_template(store_dir, tmp_path):
             "--format",
             "text",
             "--template",
-            "Translate {text} into {lang}.",
+            "Translate {text:.7} into {lang}.",
             "--num-chunks",
             "1",
         )
