@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, save, table
+from bench.common import ROOT, save, sized, table
 
 PYTHON = sys.executable
 ORCH = [PYTHON, "-m", "orchestrator"]
@@ -278,14 +278,13 @@ def prepare_speed(work: Path, n: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    quick = "--quick" in sys.argv
     with tempfile.TemporaryDirectory(prefix="orch-reuse-bench-") as tmp:
         work = Path(tmp)
         os.chdir(work)
-        grown = grown_input(work, 200 if quick else 2000)
-        lookup_ = key_lookup(work, 1_000_000 if quick else 10_000_000)
-        memory = prepare_memory(work, [20_000, 200_000] if quick else [200_000, 2_000_000])
-        prepare = prepare_speed(work, 50_000 if quick else 300_000)
+        grown = grown_input(work, sized(2000, 200, 20))
+        lookup_ = key_lookup(work, sized(10_000_000, 1_000_000, 10_000))
+        memory = prepare_memory(work, sized([200_000, 2_000_000], [20_000, 200_000], [500, 5_000]))
+        prepare = prepare_speed(work, sized(300_000, 50_000, 1_000))
     os.chdir(ROOT)
     rows = [
         ["grown input: engine tokens", *grown["engine_tokens"], f"{grown['tokens_ratio']:.3f}x"],

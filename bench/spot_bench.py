@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import CACHE, ROOT, save, table
+from bench.common import CACHE, QUICK, ROOT, SMOKE, save, table
 
 ARCHIVES = ("multi-region-v100.tar.gz", "single-region.tar.gz")
 TRACES = CACHE.parent / "spot-traces"
@@ -40,7 +40,7 @@ def unpacked() -> Path:
 
 
 def main() -> None:
-    quick = "--quick" in sys.argv
+    quick = QUICK or SMOKE  # the simulator's own --quick is its smallest run
     folder = unpacked()
     cmd = [sys.executable, "-m", "orchestrator", "simulate", "--traces", str(folder), "--json"]
     started = time.monotonic()

@@ -28,9 +28,10 @@ def project(tmp_path, monkeypatch):
 
 def answered(project: Path, run: str = "r"):
     store = open_store(str(project / ".orch"))
-    layout = make_run(store, run, [[chat_request(f"r{i}", "q") for i in range(2)] for _ in range(2)], model="m")
+    # Each row its own id: collect refuses to write two lines with one id.
+    layout = make_run(store, run, [[chat_request(f"r{c}-{i}", "q") for i in range(2)] for c in range(2)], model="m")
     for c in (0, 1):
-        answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"r{i}", "x") for i in range(2)]])
+        answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"r{c}-{i}", "x") for i in range(2)]])
     return store, layout
 
 

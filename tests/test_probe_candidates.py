@@ -23,10 +23,10 @@ from orchestrator.fleet import probe_launch
 from orchestrator.fleet.probe import run_probes
 from orchestrator.planning.forecast import forecast_from_probes
 from orchestrator.simulate import fleet_outcome
-from tests.conftest import make_store_uri
 from tests.support.events import wait_for
 from tests.support.fake_sky import ScriptedSky
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
+from tests.support.s3servers import make_store_uri
 
 #: What each candidate's machine reports as its accelerator (nvidia-smi's names).
 REPORTED = {"L4": "NVIDIA L4", "A100": "NVIDIA A100-SXM4-40GB"}
@@ -207,6 +207,7 @@ def test_a_probe_waited_on_again_keeps_the_budget_clock_of_its_launch(ctx, monke
     assert probes[0].busy_s is not None  # the L4's probe measured
 
 
+@pytest.mark.slow  # SkyPilot's loader over an S3 server
 def test_each_model_is_probed_on_each_of_its_own_candidates_by_a_worker_of_its_pool(request, tmp_path):
     """Two models, tiny on L4 or A100, smol on 2 x A100 a worker: three probes, each a chunk of its
     model's rows first on a worker of its pool, launched with that pool's model, pinned to its GPU
@@ -216,7 +217,7 @@ def test_each_model_is_probed_on_each_of_its_own_candidates_by_a_worker_of_its_p
     from orchestrator.core.pools import POOL_ENV
     from orchestrator.core.records import read_plan
     from orchestrator.planning.forecast_pools import forecast_pools
-    from tests.test_models import batch_lines
+    from tests.support.datasets import batch_lines
 
     uri = make_store_uri("moto", request, tmp_path)
     (tmp_path / "orch.yaml").write_text(
@@ -265,6 +266,7 @@ def test_each_model_is_probed_on_each_of_its_own_candidates_by_a_worker_of_its_p
     assert run.duration_s.p90 == max(f.duration_s.p90 for f in fleets if f is not None)
 
 
+@pytest.mark.slow  # SkyPilot's loader over an S3 server
 def test_a_model_with_too_few_rows_to_probe_is_forecast_from_the_table_and_the_others_are_probed(request, tmp_path):
     """160 rows of tiny, 3 of smol: a probe takes at most a quarter of a pool's rows, so smol is
     left out (said, and guessed in the forecast) and tiny's candidates are probed; a pool of 4 rows
@@ -272,7 +274,7 @@ def test_a_model_with_too_few_rows_to_probe_is_forecast_from_the_table_and_the_o
     from orchestrator.cli import main
     from orchestrator.fleet.probe import probe_plan, probes_held
     from orchestrator.planning.forecast_pools import forecast_pools
-    from tests.test_models import batch_lines
+    from tests.support.datasets import batch_lines
 
     assert [probes_held(n, 2) for n in (3, 4, 5, 160)] == [0, 1, 2, 2]  # 5 rows: 1 of 5, then 1 of 4
     uri = make_store_uri("moto", request, tmp_path)

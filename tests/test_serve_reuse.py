@@ -21,7 +21,7 @@ from orchestrator.core.store import Store, open_store
 from orchestrator.prepare.answer_index import record_dtype, write_index
 from orchestrator.serve.batch_states import LAYOUT
 from orchestrator.serve.reuse import earlier_runs
-from tests.test_serve import (
+from tests.support.serving import (
     ALIAS,
     KEY,
     OTHER_KEY,

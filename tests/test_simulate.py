@@ -241,6 +241,7 @@ class _CountingStore(MemoryStore):
             yield info
 
 
+@pytest.mark.slow  # fleets of thousands
 def test_the_simulators_work_per_chunk_grows_at_most_logarithmically_with_the_fleet(monkeypatch):
     """Keys listed per chunk, at 8x the workers and 8x the chunks: independent of the machine's speed.
 

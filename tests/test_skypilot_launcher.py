@@ -20,9 +20,9 @@ from orchestrator.fleet import launch
 from orchestrator.fleet.launch import cancel_workers, launch_workers
 from orchestrator.fleet.reconcile import Reconciler, watch
 from orchestrator.runview.status import current_status
-from tests.conftest import make_store_uri
 from tests.support.fake_sky import ScriptedSky
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
+from tests.support.s3servers import make_store_uri
 
 
 @pytest.fixture(autouse=True)

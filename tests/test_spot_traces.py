@@ -199,6 +199,7 @@ def synthetic_layout(root: Path) -> None:
             )
 
 
+@pytest.mark.slow  # every policy over the published traces
 def test_simulate_traces_scores_every_variant_as_json(tmp_path, capsys):
     synthetic_layout(tmp_path)
     assert main(["simulate", "--traces", str(tmp_path), "--quick", "--randomize", "--seeds", "2", "--json"]) == 0

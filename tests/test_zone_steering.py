@@ -18,9 +18,9 @@ from orchestrator.fleet.launch import launch_workers
 from orchestrator.fleet.reconcile import Reconciler
 from orchestrator.planning.spot_zones import ZoneModel
 from orchestrator.planning.zone_steering import rank_zones
-from tests.conftest import make_store_uri
 from tests.support.fake_sky import ScriptedSky
 from tests.support.runs import chat_request, make_run
+from tests.support.s3servers import make_store_uri
 
 A, B, C = "aws/us-east-1/us-east-1a", "aws/us-east-1/us-east-1b", "aws/us-west-2/us-west-2a"
 

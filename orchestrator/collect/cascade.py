@@ -64,6 +64,8 @@ class CascadeAnswers:
     tokens: TokenCounts = field(default_factory=TokenCounts)
     #: The request lines of the rows whose final answer failed, for collect's retry file.
     failed: list[bytes] = field(default_factory=list)
+    #: The later stages' runs that answered rows (each a run of its own): their answers go into the index.
+    stage_runs: list[str] = field(default_factory=list)
 
     @classmethod
     def load(cls, store: Store, layout: RunLayout) -> CascadeAnswers | None:
@@ -89,6 +91,7 @@ class CascadeAnswers:
             requests.update({_custom_id(r.line): r.line for r in rows})  # the last stage's request wins
             sizes.append(len(rows))
         done = cls(final_answers(stages, reasons))
+        done.stage_runs = [stage_run(layout.run, n) for n, size in enumerate(sizes, start=1) if size]
         found = read_record(store, layout.prepare_record, PrepareRecord)
         answered = [found[0].rows if found else 0, *sizes]
         for number, model in enumerate(cascade):

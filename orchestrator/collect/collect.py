@@ -15,8 +15,9 @@ For every chunk, in manifest order:
 5. Rows set aside at prepare are answered too, in their input place: an error line naming the
    input's file:line and the problem (code `invalid_request`), and their input lines in the
    retry file (as they were read: fixed, they prepare again in the run's input format).
-Memory stays bounded by one chunk. The output appears only when written whole (temp file, rename),
-and not at all for an incomplete run unless partial output was asked for.
+Memory stays bounded by one chunk, plus 8 bytes a row for the check that no custom_id is written
+twice (unique_ids.py). The output appears only when written whole (temp file, rename), and not at
+all for an incomplete run unless partial output was asked for.
 """
 
 from __future__ import annotations
@@ -24,20 +25,23 @@ from __future__ import annotations
 import functools
 import json
 import os
-import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from orchestrator.collect.cascade import CascadeAnswers
+from orchestrator.collect.comparison import ArmComparison
 from orchestrator.collect.input_order import InputOrder, LineSink
 from orchestrator.collect.parquet import flatten_lines, parquet_schema
 from orchestrator.collect.report import CollectReport
 from orchestrator.collect.reuse import AnswerIndexBuilder, ReusedAnswers
+from orchestrator.collect.scratch import remove_leftovers
 from orchestrator.collect.table import TableSpec, TableWriter, table_spec
+from orchestrator.collect.unique_ids import WrittenIds
 from orchestrator.core.errors import OutputError
+from orchestrator.core.frozen_spec import read_stored_spec, run_schemas
+from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.records import (
@@ -46,6 +50,7 @@ from orchestrator.core.records import (
     iter_jsonl,
     read_manifest,
 )
+from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import NotFound, Store
 from orchestrator.core.tempfiles import AtomicFile
 from orchestrator.planning.pricing import GpuTable
@@ -87,9 +92,9 @@ def check_output(out: str | os.PathLike[str], fmt: str | None = None) -> str:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         # Tried for real: permission bits say nothing to root, nor about read-only file systems.
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=f".{Path(out).name}.")
-        os.close(fd)
-        os.unlink(probe)
+        probe = AtomicFile(out)
+        probe.discard()
+        probe.close()
     except OSError as e:
         raise _unwritable(out, e) from None
     return fmt
@@ -112,23 +117,35 @@ def collect(
     default_spot: bool = True,
     partial: bool = True,
     keep_columns: list[str] | None = None,
+    merge_on: str | None = None,
 ) -> CollectReport:
     """With `prices`, the report also says what the run's tokens cost (status's cost so far).
     Without `partial`, an incomplete run's output is not written (a pipeline that waits for the
     file must not take a failed collect for a finished one); the retry file still is: it lists
     the rows left to do. `keep_columns`: input columns a table carries. An Iceberg, Delta or Lance
-    `out` gets the run's rows once (collect_sinks.py)."""
+    `out` gets the run's rows once (sinks.py), appended, or merged on the column `merge_on`.
+    First, what killed collects left (in the temp dir, beside the output) is removed (scratch.py)."""
     from orchestrator.collect.sinks import collect_into_table, table_sink
 
-    if (sink := table_sink(str(out))) is not None:
+    sink = table_sink(str(out))
+    if merge_on is not None and sink is None:
+        raise OutputError(
+            f"--merge-on {merge_on}: {out} is a file, written whole: only a table is merged into",
+            hint="--out delta:PATH, lance:PATH or iceberg://CATALOG/NS.TABLE (docs/tables.md)",
+        )
+    removed = remove_leftovers(None if sink is not None else out, retry_out)
+    if sink is not None:
         again = functools.partial(collect, store, layout, fmt="table", retry_out=retry_out, prices=prices)
         into = functools.partial(again, default_spot=default_spot, partial=partial, keep_columns=keep_columns)
-        return collect_into_table(sink, str(out), layout.run, fmt, into)
+        report = collect_into_table(sink, str(out), layout.run, fmt, into, merge_on)
+        report.leftovers_removed[:0] = removed
+        return report
     container = check_output(out, fmt)
     shape = output_shape(fmt, container)
     if retry_out:
         check_output(retry_out, "jsonl")
     table = table_spec(store, layout, container, keep_columns) if shape == "table" else None
+    comparison = ArmComparison.of(table or table_spec(store, layout, container, None))  # a sweep's arms
     entries = read_manifest(store, layout)
     report = CollectReport(
         out=str(out),
@@ -137,11 +154,13 @@ def collect(
         chunks_total=len(entries),
         rows_total=sum(e.rows for e in entries),
         retry_out=str(retry_out) if retry_out else None,
+        leftovers_removed=removed,
     )
     reuse = ReusedAnswers.load(store, layout)
     index = AnswerIndexBuilder(store, layout, reuse)
     cascade = CascadeAnswers.load(store, layout)  # a cascade's rows take their last stage's answer
-    with _Writer(out, container, table, cascade) as writer, _RetryWriter(retry_out) as retry:
+    schemas = run_schemas(store, layout) if retry_out else None  # retried lines carry the run's schema whole
+    with _Writer(out, container, table, cascade, comparison) as writer, _RetryWriter(retry_out, schemas) as retry:
         if any(e.positions for e in entries) or reuse is not None:
             _collect_in_input_order(store, layout, entries, writer, retry, report, reuse, index)
         else:
@@ -152,21 +171,52 @@ def collect(
             set_aside.rest()
         for request_line in cascade.failed if cascade else []:  # a later stage's failed answer
             retry.add(request_line)
+        writer.ids.check(store, layout)  # never two lines with one id: no output rather than that
         report.retry_rows = retry.count
         if not (partial or report.complete):
             writer.output.discard()
             report.out_written = False
-    index.write(report.chunks_complete)
     if cascade is not None:
         cascade.finish(report)
+        for run in cascade.stage_runs:  # the later stages' answers are reusable too, under their models' keys
+            index.add_run(RunLayout(run))
+    index.write(report.chunks_complete)
     if prices is not None:
-        from orchestrator.runview.status import status_of
-
-        status = status_of(store, layout, None, now=time.time(), prices=prices, default_spot=default_spot)
-        report.cost_per_m_tokens = status.cost_per_m_tokens
-        if reuse is not None:
-            report.usd_saved = reuse.usd_saved(prices, default_spot)
+        _priced(report, store, layout, prices, default_spot, reuse, with_arms=comparison is not None)
+    if comparison is not None:
+        report.comparison = comparison.summary(report.arms)
     return report
+
+
+def _priced(
+    report: CollectReport,
+    store: Store,
+    layout: RunLayout,
+    prices: GpuTable,
+    default_spot: bool,
+    reuse: ReusedAnswers | None,
+    *,
+    with_arms: bool,
+) -> None:
+    """What the run's tokens cost, as its status counts it (runview's narrow reads): per million
+    tokens, each arm's share (a sweep), and what the reused rows saved."""
+    from orchestrator.runview.status import cost_so_far, sweep_arms
+
+    _, bought = cost_so_far(store, layout, prices=prices, default_spot=default_spot)
+    report.cost_per_m_tokens = bought.model_dump()
+    spec = _run_spec(store, layout) if with_arms else None
+    if spec is not None:
+        arms = sweep_arms(store, layout, spec, prices=prices, default_spot=default_spot)
+        report.arms = {name: arm.model_dump() for name, arm in arms.items()}
+    if reuse is not None:
+        report.usd_saved = reuse.usd_saved(prices, default_spot)
+        report.engine_s_saved = reuse.engine_s_saved()
+
+
+def _run_spec(store: Store, layout: RunLayout) -> RunSpec | None:
+    """The run's frozen spec, as a RunSpec (None for a run without one)."""
+    found = read_stored_spec(store, layout)
+    return RunSpec.model_validate({**found[0], "store": store.uri}) if found is not None else None
 
 
 def _collect_in_input_order(
@@ -311,18 +361,29 @@ class _Writer:
     table's rows, into a file that takes the output's name only when everything was written
     (core/tempfiles.AtomicFile)."""
 
-    def __init__(self, out: str | os.PathLike[str], fmt: str, table: TableSpec | None, cascade: CascadeAnswers | None):
-        self.fmt, self.cascade = fmt, cascade
+    def __init__(
+        self,
+        out: str | os.PathLike[str],
+        fmt: str,
+        table: TableSpec | None,
+        cascade: CascadeAnswers | None,
+        comparison: ArmComparison | None,
+    ):
+        self.fmt, self.cascade, self.comparison = fmt, cascade, comparison
         self.output = _atomic(out)
         self.file = self.output.file
         self.rows: list[BatchOutputLine] = []
         self.parquet: Any = None  # a pyarrow ParquetWriter, opened at the first row group
         self.table = TableWriter(self.file, fmt, table) if table is not None else None
+        self.ids = WrittenIds()
 
     def add(self, line: BatchOutputLine, position: int | None = None, *, reused: bool = False) -> None:
+        self.ids.add(line.custom_id)
         final = None
         if self.cascade is not None:
             line, final = self.cascade.final(line)
+        if self.comparison is not None:
+            self.comparison.add(line)
         if self.table is not None:
             self.table.add(line, position, reused=reused, escalated=final.escalated if final else None)
         elif self.fmt == "jsonl":
@@ -363,16 +424,18 @@ class _Writer:
 
 
 class _RetryWriter:
-    """The failed and missing requests, published like the output (AtomicFile)."""
+    """The failed and missing requests, published like the output (AtomicFile): whole OpenAI Batch
+    lines, a schema reference replaced by the run's schema (`schemas`)."""
 
-    def __init__(self, path: str | os.PathLike[str] | None):
+    def __init__(self, path: str | os.PathLike[str] | None, schemas: RunSchemas | None = None):
         self.count = 0
         self.output = _atomic(path) if path else None
+        self.schemas = schemas or RunSchemas()
 
     def add(self, request_line: bytes) -> None:
         self.count += 1
         if self.output:
-            self.output.file.write(request_line)
+            self.output.file.write(self.schemas.inflated_line(request_line))
 
     def __enter__(self) -> _RetryWriter:
         return self

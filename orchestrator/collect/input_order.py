@@ -12,10 +12,10 @@ from __future__ import annotations
 import heapq
 import os
 import struct
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from orchestrator.collect.scratch import scratch_dir
 from orchestrator.core.framed import read_framed, write_framed
 from orchestrator.core.lines import BatchOutputLine
 
@@ -37,7 +37,7 @@ class InputOrder:
 
     def __init__(self, write: Callable[[BatchOutputLine, int | None], None]):
         self.write = write
-        self.dir = tempfile.mkdtemp(prefix="orch-collect-")
+        self.dir = scratch_dir()  # a killed collect's is removed by the next one
         self.lines: list[Entry] = []
         self.runs: list[str] = []
         self.arrival = 0

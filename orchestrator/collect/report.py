@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.core.tempfiles import Removed
 from orchestrator.runview.tokens import TokenCounts
 
 EXAMPLES = 5
@@ -45,8 +46,16 @@ class CollectReport:
     #: The reused rows' tokens, what running them again would have cost, and its $ at the source runs' prices.
     tokens_saved: TokenCounts = field(default_factory=TokenCounts)
     usd_saved: float | None = None
+    #: The worker time the reused rows took their source runs (their engine seconds per generated token).
+    engine_s_saved: float | None = None
     #: A cascade: per model, rows it answered and rows of those it escalated (cascade_run.py).
     cascade: dict[str, dict[str, int]] | None = None
+    #: A sweep: each arm's rows, errors, tokens and $ (runview/arms.py), when collect was given the price table.
+    arms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: A sweep: each arm's parse errors, tokens and $ per row, agreement with the first arm (comparison.py).
+    comparison: dict[str, Any] | None = None
+    #: Files and folders killed collects left (temp dir, beside the output), removed as this one started.
+    leftovers_removed: list[Removed] = field(default_factory=list)
 
     @property
     def rows_run(self) -> int:

@@ -112,21 +112,30 @@ class ReusedAnswers:
 
     def usd_saved(self, prices: GpuTable, default_spot: bool) -> float | None:
         """The saved tokens at each source run's realised $ per million tokens (None: no price known)."""
-        import time
-
-        from orchestrator.runview.status import status_of
+        from orchestrator.runview.status import cost_so_far
 
         usd: float | None = None
         for run, saved in zip(self.record.runs, self.saved, strict=True):
             if not saved.total:
                 continue
-            status = status_of(
-                self.store, RunLayout(run), None, now=time.time(), prices=prices, default_spot=default_spot
-            )
-            rate = ((status.cost_per_m_tokens or {}).get("all") or {}).get("usd_per_m_tokens")
+            _, bought = cost_so_far(self.store, RunLayout(run), prices=prices, default_spot=default_spot)
+            rate = bought.all.usd_per_m_tokens
             if rate is not None:
                 usd = (usd or 0.0) + saved.total * rate / 1e6
         return usd
+
+    def engine_s_saved(self) -> float | None:
+        """The worker time the reused rows took their source runs: each run's engine seconds per
+        generated token (its finished chunks' stats) times the tokens it saved (None: none measured)."""
+        from orchestrator.core.protocol.checkpoints import read_chunk_stats
+
+        seconds: float | None = None
+        for run, saved in zip(self.record.runs, self.saved, strict=True):
+            stats = [s for _, s in read_chunk_stats(self.store, RunLayout(run)).values()]
+            generated = sum(s.tokens_out for s in stats)
+            if saved.generated_tokens and generated:
+                seconds = (seconds or 0.0) + saved.generated_tokens * sum(s.seconds for s in stats) / generated
+        return seconds
 
     def _groups(self) -> Iterator[tuple[int, int, list[tuple[int, int]]]]:
         """(run, chunk, [(row, position), ...]) for each source chunk, in sources.bin's order."""
@@ -159,35 +168,65 @@ class ReusedAnswers:
         )
 
 
+def _line_keys(store: Store, layout: RunLayout) -> dict[str, LineKeys]:
+    """Each model pool's line keys as the run's prepare recorded them (several models, a sweep), or the
+    run's one model's under "" (none: prepared by an orch that kept no key digest)."""
+    found = read_record(store, layout.prepare_record, PrepareRecord)
+    if found is None:
+        return {}
+    record = found[0]
+    digests = dict(record.key_digests)
+    if record.key_digest:
+        digests[""] = record.key_digest
+    return {pool: LineKeys(bytes.fromhex(d), record.key_adapters.get(pool, ())) for pool, d in digests.items()}
+
+
 class AnswerIndexBuilder:
     """The keys of the rows answered without error, gathered chunk by chunk, written at the end."""
 
     def __init__(self, store: Store, layout: RunLayout, reused: ReusedAnswers | None):
         self.store, self.layout, self.reused = store, layout, reused
         self.parts: list[npt.NDArray[Any]] = []
-        found = read_record(store, layout.prepare_record, PrepareRecord)
-        record = found[0] if found is not None else None
-        # Each model pool's keys (several models, a sweep), or the run's one model's under "".
-        digests = dict(record.key_digests) if record is not None else {}
-        if record is not None and record.key_digest:
-            digests[""] = record.key_digest
-        adapters = record.key_adapters if record is not None else {}
-        self.keys = {pool: LineKeys(bytes.fromhex(d), adapters.get(pool, ())) for pool, d in digests.items()}
+        self.keys = _line_keys(store, layout)
         self.runs = [layout.run]
 
-    def add_chunk(self, number: int, answered: list[tuple[int, bytes]], model: str | None = None) -> None:
+    def add_chunk(
+        self,
+        number: int,
+        answered: list[tuple[int, bytes]],
+        model: str | None = None,
+        *,
+        keys: dict[str, LineKeys] | None = None,
+        run: int = 0,
+    ) -> None:
         """Chunk `number` of the manifest (of `model`'s pool): its rows answered without an error,
-        with their request lines."""
+        with their request lines; `keys` and `run` for another run's chunk (add_run)."""
         import numpy as np
 
-        keys_of_pool = self.keys.get(model or "")
+        keys_of_pool = (self.keys if keys is None else keys).get(model or "")
         if keys_of_pool is None or not answered:
             return
-        keys = keys_of(b"".join(keys_of_pool.of_line(line) for _, line in answered))
-        records = np.zeros(len(keys), dtype=record_dtype())
-        records["hi"], records["lo"], records["chunk"] = keys["hi"], keys["lo"], number
+        found = keys_of(b"".join(keys_of_pool.of_line(line) for _, line in answered))
+        records = np.zeros(len(found), dtype=record_dtype())
+        records["hi"], records["lo"], records["chunk"], records["run"] = found["hi"], found["lo"], number, run
         records["row"] = [row for row, _ in answered]
         self.parts.append(records)
+
+    def add_run(self, layout: RunLayout) -> None:
+        """Another run's answered rows, keyed under its own models' contexts: a cascade's later stage
+        (a run of its own, never collected alone), so a later run reuses its answers as it reuses
+        this one's."""
+        keys = _line_keys(self.store, layout)
+        if not keys:
+            return
+        self.runs.append(layout.run)
+        for number, entry in enumerate(read_manifest(self.store, layout)):
+            lines = chunk_answers(self.store, layout, entry)
+            if lines is None:
+                continue
+            requests = self.store.get(layout.chunk(entry.chunk)).data.splitlines(keepends=True)
+            answered = [(row, requests[row]) for row, line in sorted(lines.items()) if not line.failed]
+            self.add_chunk(number, answered, entry.model, keys=keys, run=len(self.runs) - 1)
 
     def write(self, chunks_done: int) -> None:
         import numpy as np

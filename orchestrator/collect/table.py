@@ -7,15 +7,26 @@ Columns, in this order:
     <field>..., parse_error
                         a run whose requests carry a json_schema response_format: each of the
                         schema's properties as a typed column (a schema that is not an object: one
-                        column named after it), null with `parse_error` saying why where the answer
-                        is not JSON or does not hold to the schema
+                        column named after it); a field whose value is not JSON, breaks the schema
+                        or does not fit its column is null, and `parse_error` names it and says why
     finish_reason, prompt_tokens, completion_tokens, error_code, error_message
     model               the served name (core/model_source.served_name), never a path
-    escalated           a cascade: why the row went on to a later model (null where the first answered it)
+    reused              whether an earlier run answered the row (--reuse-from); false in any other run
+    escalated           why a cascade's row went on to a later model (null where the first answered it,
+                        and in a run that is not a cascade)
+`reused` and `escalated` are in every table, whatever the run: a table that grows run after run
+(sinks.py) keeps the same columns whether a week's run reused answers, cascaded or not.
 A kept column named as one of these is written `input_<name>`, a schema field `answer_<name>`.
 A sweep (spec `sweep.arms`) has one row per input row, its id without `#<arm>`, and the columns
-from the answer on once per arm, `<column>_<arm>` (text_small, text_large, ...), arm by arm.
+from the answer to `reused` once per arm, `<column>_<arm>` (text_small, text_large, ...), arm by arm.
 The wire format (OpenAI Batch lines) stays `--format openai`.
+
+A schema value's column (column_kind): `type` string, integer, number or boolean, arrays of them,
+the same made nullable (`type: [integer, "null"]`, `anyOf`/`oneOf` with a `{type: null}` branch, as
+pydantic writes optionals), `enum` and `const` of values of one type (null among them allowed),
+a local `$ref` (pydantic's `$defs`) followed; integers and numbers mixed are numbers; anything else
+(objects, mixed types) JSON text. An integer answered as a whole float (`3.0`, valid JSON Schema
+for an integer) is the integer; one beyond the 64-bit range is null, named in `parse_error`.
 """
 
 from __future__ import annotations
@@ -50,12 +61,8 @@ class TableSpec:
     engine_args: dict[str, Any]
     response_format: dict[str, Any] | None
     kept: KeptColumns | None = None
-    #: Prepared with --reuse-from: a `reused` column says which rows earlier runs answered (a sweep's: per arm).
-    reuse: bool = False
     #: A sweep's arms, in order: each answer column once per arm, `<column>_<arm>`, one row per input row.
     arms: tuple[str, ...] = ()
-    #: A cascade: an `escalated` column says why a row went on to a later model (null: the first answered it).
-    cascade: bool = False
 
     def keeping(self, kept: KeptColumns) -> TableSpec:
         return dataclasses.replace(self, kept=kept)
@@ -69,9 +76,7 @@ class TableSpec:
             model=model.get("name") or "",
             engine_args=model.get("engine_args") or {},
             response_format=spec_input.get("response_format"),
-            reuse=bool((spec.get("reuse") or {}).get("runs")),
             arms=tuple((spec.get("sweep") or {}).get("arms") or ()),
-            cascade=bool((spec.get("sweep") or {}).get("cascade")),
         )
 
 
@@ -83,22 +88,55 @@ def table_spec(store: Store, layout: RunLayout, container: str, keep_columns: li
     return spec if not kept else spec.keeping(KeptColumns(store, layout, kept, typed_columns=container == "parquet"))
 
 
-def column_kind(schema: Any) -> str:
-    """The kind of column a JSON Schema value becomes: string, int, float, bool, list:<scalar>, or json."""
+def column_kind(schema: Any, root: Any = None, seen: frozenset[str] = frozenset()) -> str:
+    """The kind of column a JSON Schema value becomes: string, int, float, bool, list:<scalar>, or
+    json (see the module doc). `root`: the schema its `$ref`s point into (default: `schema`)."""
     if not isinstance(schema, dict):
         return "json"
+    root = schema if root is None else root
+    ref = schema.get("$ref")
+    if isinstance(ref, str):  # a loop, or a reference outside this schema: text
+        target = _pointer(root, ref) if ref not in seen else None
+        return column_kind(target, root, seen | {ref}) if target is not None else "json"
+    branches = schema.get("anyOf", schema.get("oneOf"))
+    if isinstance(branches, list) and branches:
+        return _merged_kind({column_kind(b, root, seen) for b in branches if not _only_null(b)})
+    whole = schema.get("allOf")
+    if isinstance(whole, list) and len(whole) == 1 and "type" not in schema:  # pydantic 1's `allOf: [{$ref}]`
+        return column_kind(whole[0], root, seen)
     kind = schema.get("type")
-    if isinstance(kind, list):  # ["string", "null"]: a nullable string
-        kinds = [k for k in kind if k != "null"]
-        kind = kinds[0] if len(kinds) == 1 else None
     if kind is None:
         choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
-        if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
-            return "string"
-    if kind == "array":
-        item = column_kind(schema.get("items"))
+        if isinstance(choices, list) and choices:
+            return _merged_kind({_value_kind(c) for c in choices} - {"null"})
+        return "json"
+    kinds = {k for k in (kind if isinstance(kind, list) else [kind]) if k != "null"}
+    if kinds == {"array"}:
+        item = column_kind(schema.get("items"), root, seen)
         return f"list:{item}" if item in _SCALARS.values() else "json"
-    return _SCALARS.get(kind, "json") if isinstance(kind, str) else "json"
+    if not all(isinstance(k, str) and k in _SCALARS for k in kinds):
+        return "json"
+    return _merged_kind({_SCALARS[k] for k in kinds})
+
+
+def _only_null(schema: Any) -> bool:
+    return isinstance(schema, dict) and (schema.get("type") == "null" or schema.get("const", 0) is None)
+
+
+def _pointer(root: Any, ref: str) -> Any:
+    """The value a local `$ref` (`#`, `#/$defs/Name`) points to in `root`; None for any other."""
+    if not ref.startswith("#"):
+        return None
+    found = root
+    for part in ref[1:].split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(found, dict) and part in found:
+            found = found[part]
+        elif isinstance(found, list) and part.isdigit() and int(part) < len(found):
+            found = found[int(part)]
+        else:
+            return None
+    return found
 
 
 def arrow_type(kind: str) -> Any:
@@ -110,7 +148,8 @@ def arrow_type(kind: str) -> Any:
 
 
 def typed(kind: str, value: Any) -> Any:
-    """`value` as a column of `kind` holds it; ValueError when it is not of that kind."""
+    """`value` as a column of `kind` holds it (a whole float in an int column: the integer);
+    ValueError, saying why, when it is not of that kind or does not fit."""
     if value is None:
         return None
     if kind == "json":
@@ -119,15 +158,30 @@ def typed(kind: str, value: Any) -> Any:
         if not isinstance(value, list):
             raise ValueError(f"expected an array, got {type(value).__name__}")
         return [typed(kind.removeprefix("list:"), v) for v in value]
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "int" and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if kind == "int" and number and isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise ValueError(f"{_shown(value)} does not fit a 64-bit integer column")
     fits = {
         "string": isinstance(value, str),
         "bool": isinstance(value, bool),
-        "int": isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63,
-        "float": isinstance(value, int | float) and not isinstance(value, bool),
+        "int": number and isinstance(value, int),
+        "float": number,
     }[kind]
     if not fits:
-        raise ValueError(f"expected {kind}, got {json.dumps(value, default=str)[:40]}")
-    return float(value) if kind == "float" else value
+        raise ValueError(f"expected {kind}, got {_shown(value)}")
+    if kind == "float":
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError(f"{_shown(value)} does not fit a 64-bit float column") from None
+    return value
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class AnswerFields:
@@ -135,19 +189,24 @@ class AnswerFields:
 
     def __init__(self, json_schema: dict[str, Any], taken: set[str]):
         schema = json_schema.get("schema") or {}
-        properties = schema.get("properties") if schema.get("type") == "object" else None
+        body = _pointer(schema, schema["$ref"]) if isinstance(schema.get("$ref"), str) else schema
+        properties = (
+            body.get("properties") if isinstance(body, dict) and body.get("type", "object") == "object" else None
+        )
         self.whole = not isinstance(properties, dict)  # one column for the whole answer
         fields: dict[str, Any] = properties if isinstance(properties, dict) else {}
         if self.whole:
             fields = {str(json_schema.get("name") or "answer"): schema}
-        self.fields = [(_free(name, taken), name, column_kind(sub)) for name, sub in fields.items()]
+        self.fields = [(_free(name, taken), name, column_kind(sub, schema)) for name, sub in fields.items()]
         self.validator = _validator(schema)
 
     def columns(self) -> list[tuple[str, str]]:
         return [(column, kind) for column, _name, kind in self.fields]
 
     def parse(self, text: str | None, finish_reason: Any) -> tuple[list[Any], str | None]:
-        """The fields' values and None, or all None and what is wrong (None for no answer at all)."""
+        """The fields' values, and None or what is wrong. A field that breaks the schema or does
+        not fit its column is null, named in what is wrong, and the other fields keep their values;
+        an answer that is not JSON (or not an object) leaves every field null."""
         nothing = [None] * len(self.fields)
         if text is None:
             return nothing, None
@@ -156,18 +215,39 @@ class AnswerFields:
         except ValueError as e:
             cut = " (the answer was cut at max_tokens)" if finish_reason == "length" else ""
             return nothing, f"not JSON: {getattr(e, 'msg', e)}{cut}"
-        if self.validator is not None:
-            problem = next(iter(self.validator.iter_errors(answer)), None)
-            if problem is not None:
-                at = "/".join(map(str, problem.absolute_path)) or "the top level"
-                return nothing, f"does not hold to the schema at {at}: {problem.message}"
         if not self.whole and not isinstance(answer, dict):
             return nothing, f"expected an object, got {type(answer).__name__}"
+        problems = self._schema_problems(answer)
+        values: list[Any] = []
+        for _column, name, kind in self.fields:
+            key = "" if self.whole else name
+            if key in problems and not self.whole:
+                values.append(None)
+                continue
+            try:
+                values.append(typed(kind, answer if self.whole else answer.get(name)))
+            except ValueError as e:
+                values.append(None)
+                problems.setdefault(key, f"{name}: {e}")
+        if self.whole and problems:
+            values = nothing
+        return values, "; ".join(problems.values()) or None
+
+    def _schema_problems(self, answer: Any) -> dict[str, str]:
+        """The first problem the schema finds in each field ("" for the top level), as said."""
+        if self.validator is None:
+            return {}
+        problems: dict[str, str] = {}
         try:
-            values = [typed(kind, answer if self.whole else answer.get(name)) for _column, name, kind in self.fields]
-        except ValueError as e:
-            return nothing, str(e)
-        return values, None
+            for problem in self.validator.iter_errors(answer):
+                path = list(problem.absolute_path)
+                key = "" if self.whole or not path else str(path[0])
+                at = "/".join(map(str, path)) or "the top level"
+                message = problem.message if len(problem.message) <= 200 else problem.message[:197] + "..."
+                problems.setdefault(key, f"does not hold to the schema at {at}: {message}")
+        except RecursionError:
+            problems[""] = "the schema could not be checked: its references loop"
+        return problems
 
 
 def _validator(schema: dict[str, Any]) -> Any:
@@ -259,21 +339,21 @@ class KeptColumns:
 
 
 def _value_kind(value: Any) -> str:
+    """The kind of column a JSON value alone would be (null for None; an integer beyond 64 bits: JSON text)."""
     if value is None:
         return "null"
-    for kind in ("bool", "int", "float", "string"):
-        try:
-            typed(kind, value)
-            return kind
-        except ValueError:
-            continue
-    return "json"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int" if -(2**63) <= value < 2**63 else "json"
+    return "float" if isinstance(value, float) else "string" if isinstance(value, str) else "json"
 
 
 def _merged_kind(kinds: set[str]) -> str:
+    """One column for values of these kinds: the one kind, a number for int and float, else JSON text."""
     if kinds == {"int", "float"}:
         return "float"
-    return kinds.pop() if len(kinds) == 1 else ("string" if not kinds else "json")
+    return next(iter(kinds)) if len(kinds) == 1 else ("string" if not kinds else "json")
 
 
 def _unreadable(message: str, where: str | None) -> OutputError:
@@ -299,11 +379,11 @@ class TableWriter:
         answer = [("embeddings", "embeddings") if spec.pooling else ("text", "string")]
         if self.fields is not None:
             answer += [*self.fields.columns(), ("parse_error", "string")]
-        answer += list(_TAIL.items()) + ([("reused", "bool")] if spec.reuse else [])
+        answer += [*_TAIL.items(), ("reused", "bool")]
         if spec.arms:  # a sweep: a row's arms side by side, each arm reused or run on its own
             answer = [(f"{name}_{arm}", kind) for arm in spec.arms for name, kind in answer]
         self.columns = columns + answer
-        self.columns += [("escalated", "string")] if spec.cascade else []
+        self.columns += [] if spec.arms else [("escalated", "string")]
         self.rows: list[list[Any]] = []
         self.parquet: Any = None
         #: A sweep: the row whose arms are being gathered (its id, position, each arm's values).
@@ -312,10 +392,9 @@ class TableWriter:
     def add(
         self, line: BatchOutputLine, position: int | None = None, *, reused: bool = False, escalated: str | None = None
     ) -> None:
-        answer = [*self._answer(line), *([reused] if self.spec.reuse else [])]
+        answer = [*self._answer(line), reused]
         if not self.spec.arms:  # (a cascade has no arms)
-            cascade = [escalated] if self.spec.cascade else []
-            self._write([line.custom_id, *(self.kept.at(position) if self.kept else []), *answer, *cascade])
+            self._write([line.custom_id, *(self.kept.at(position) if self.kept else []), *answer, escalated])
             return
         # Arms come one after the other (positions row x arms + arm): gather a row's, then write it.
         row_id, _, arm = (line.custom_id or "").rpartition("#")

@@ -8,18 +8,27 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
 
-_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+#: A run's name, the one pattern every path that takes one holds it to (flags, spec files, the
+#: environment, `--reuse-from`, serve's batch ids, a store's listing): matched whole, so no
+#: trailing newline or other control character gets in (`$` would match before a final "\n").
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+RUN_NAME_RULE = "letters, digits, '.', '_' and '-' (at most 100), starting with a letter or digit"
+
+
+def run_name_problem(name: object) -> str | None:
+    """What is wrong with `name` as a run's name (the rule it breaks), or None."""
+    if isinstance(name, str) and _RUN_NAME.fullmatch(name):
+        return None
+    return f"not a run name: {RUN_NAME_RULE}"
 
 
 def check_run_name(name: str) -> str:
-    if not _RUN_NAME.match(name or ""):
+    """`name`, or a SpecError saying what is wrong with it."""
+    problem = run_name_problem(name)
+    if problem is not None:
         from orchestrator.core.errors import SpecError
 
-        raise SpecError(
-            f"invalid run name {name!r}",
-            hint="use letters, digits, '.', '_' and '-' (at most 100), starting with a letter or digit",
-            where="run",
-        )
+        raise SpecError(f"{name!r} is {problem}", where="run")
     return name
 
 
@@ -68,6 +77,15 @@ class RunLayout:
 
     def chunk(self, chunk: str) -> str:
         return f"{self.root}chunks/{chunk}.jsonl"
+
+    def handed_input(self, name: str) -> str:
+        """Data a Python caller handed over in memory (a DataFrame, rows), kept as the run's input
+        file: prepare reads it from here, and any process (attach, collect's kept columns) finds it."""
+        return f"{self.root}input/{name}"
+
+    def schema(self, digest: str) -> str:
+        """The spec's JSON schema, by its SHA-256: spec.yaml and request lines reference it (core/json_schema.py)."""
+        return f"{self.root}schemas/{digest}.json"
 
     # Written by `orch estimate`.
     @property

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import PreconditionFailed
+from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.store import Store
 from orchestrator.planning.escalation import Escalated, next_stage
@@ -59,10 +60,11 @@ def escalate(ctx: RunContext, stage: int) -> list[Escalated]:
     layout = RunLayout(stage_run(ctx.layout.run, stage - 1))
     when, model = ctx.spec.sweep.escalate_when, ctx.spec.sweep.cascade[stage]
     if before is None:  # stage 0: chunk by chunk, holding only the rows that go on
+        schemas = RunSchemas.of(ctx.spec.input.response_format)  # stage 0's lines reference the run's schema
         rows = [
             row
             for requests, answers in stage_chunks(store, layout, 0)
-            for row in next_stage(requests, answers, when, model)
+            for row in next_stage(requests, answers, when, model, schemas)
         ]
         rows.sort(key=lambda row: row.position)
     elif before:

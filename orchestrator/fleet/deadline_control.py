@@ -41,7 +41,7 @@ from orchestrator.planning.deadline import DeadlineSettings, Decision, FleetStat
 from orchestrator.planning.estimate import throughput
 from orchestrator.planning.pricing import GpuTable, load_gpu_table
 from orchestrator.planning.zone_steering import RankedZone, describe, earlier_histories, learned_up_s, zone_order
-from orchestrator.runview.status import RunFacts, RunStatus, derive_status, gather
+from orchestrator.runview.status import RunFacts, RunStatus, derive_status, finished_of, gather, rows_in
 
 Event = Callable[[str], None]
 
@@ -92,20 +92,18 @@ class _Scope:
     def of(cls, spec: RunSpec, facts: RunFacts, status: RunStatus, record: JobsRecord, pool: str | None) -> _Scope:
         everyone = {w.worker for w in record.workers.values()}
         if pool is None:
-            done = status.rows["done"] + status.rows["in_progress"]
-            return cls(spec.resources.gpus, list(facts.manifest), facts.stats, everyone, status.rows["total"], done)
+            done = status.rows.done + status.rows.in_progress
+            return cls(spec.resources.gpus, list(facts.manifest), facts.stats, everyone, status.rows.total, done)
         model = run_models(spec).get(pool)
         gpus = (model.resources if model is not None and model.resources else spec.resources).gpus
         entries = [e for e in facts.manifest if e.model == pool]
-        rows = {e.chunk: e.rows for e in entries}
         planned = {a.worker for a in facts.plan.workers if a.model == pool} if facts.plan else set()
         # Workers outside the plan (on-demand ones) count for the pool they were launched for.
         extra = {w.worker for w in record.workers.values() if any(a.pool == pool for a in w.attempts)}
-        finished = sum(n for c, n in rows.items() if c in facts.done)
-        saved = sum(min(n, rows[c]) for c, n in facts.checkpointed.items() if c in rows and c not in facts.done)
-        unsaved = sum(v.rows_unsaved for v in status.workers if v.chunk in rows)
-        stats = {c: s for c, s in facts.stats.items() if c in rows}
-        return cls(gpus, entries, stats, planned | extra, sum(rows.values()), finished + saved + unsaved)
+        rows = rows_in(facts, finished_of(facts), status.workers, pool)  # as status counts the run's
+        chunks = {e.chunk for e in entries}
+        stats = {c: s for c, s in facts.stats.items() if c in chunks}
+        return cls(gpus, entries, stats, planned | extra, rows.total, rows.done + rows.in_progress)
 
 
 class DeadlineControl:
@@ -246,7 +244,7 @@ class DeadlineControl:
             if pick in tp.unpriced
             else self.prices.get(pick).on_demand_usd_h * facts.machine_gpus_of(pool),
             new_worker_speed=f"a new worker on {pick}: {tp.basis(pick)}",
-            cost_so_far_usd=status.cost["so_far_usd"],
+            cost_so_far_usd=status.cost.so_far_usd,
             largest_chunk_rows=float(max((e.rows for e in unfinished), default=0)),
             open_chunks=sum(1 for e in unfinished if e.chunk not in in_hand),
         )

@@ -12,6 +12,7 @@ second `orch watch` stays useful (either can go away).
 from __future__ import annotations
 
 import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,10 +24,11 @@ from orchestrator.backends.base import JobState, JobStatus, Launcher, LaunchRequ
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import LaunchFailed
 from orchestrator.core.pools import POOL_ENV, run_models
+from orchestrator.core.processes import alive as process_alive
 from orchestrator.core.processes import this_process
 from orchestrator.core.protocol.adapters import ship_adapters
 from orchestrator.core.protocol.claims import pool_of
-from orchestrator.core.protocol.heartbeats import live_heartbeats, read_heartbeats
+from orchestrator.core.protocol.heartbeats import STALE_AFTER_BEATS, live_heartbeats, read_heartbeats
 from orchestrator.core.records import (
     CancelRecord,
     JobAttempt,
@@ -299,6 +301,40 @@ def cancel_workers(ctx: RunContext) -> Cancelled:
     launcher.cancel(live)
     launcher.stop_strays(list(strays))
     return Cancelled(live=live, strays=list(strays.values()), recorded=len(current), orphaned=orphans)
+
+
+def stop_workers_and_wait(ctx: RunContext, sleep: Callable[[float], None] = time.sleep) -> list[str]:
+    """Stop every worker of the run and wait until none is alive: what `orch delete --force` does
+    before deleting anything, so no worker writes into a deleted run (a heartbeat recreating it).
+
+    1. cancel_workers: the record says cancelled, cancel.json tells every worker to stop at its next
+       beat, live jobs are cancelled, stray processes stopped (local ones waited for, killed after
+       the grace period).
+    2. Until STALE_AFTER_BEATS heartbeat intervals (and one more, to look once after) have passed
+       (a worker killed without a last beat is then stale everywhere): done once no heartbeat beats
+       for a process that still runs (on this machine its pid tells; elsewhere its beat) and the
+       backend has no live job of the run.
+    Returns what is still alive at the deadline: nothing when every worker stopped."""
+    cancel_workers(ctx)
+    record, _ = read_jobs(ctx.store, ctx.layout)
+    launcher = backend_for(ctx, record.backend)
+    current = {w: a for w, a in record.current_jobs().items() if not a.pending}
+    interval = ctx.spec.workers.heartbeat_interval
+    deadline = time.monotonic() + (STALE_AFTER_BEATS + 1) * interval
+    while True:
+        now = time.time()
+        host = socket.gethostname()
+        beats = live_heartbeats(ctx.store, ctx.layout, now=now, heartbeat_interval=interval)
+        alive = [
+            f"worker {b.worker} (pid {b.pid} on {b.host})"
+            for b in beats
+            if not (b.host == host and b.pid is not None and not process_alive(b.pid))
+        ]
+        statuses = current_statuses(ctx, launcher, current, now) if current else {}
+        alive += [f"job {j} ({s.state.value})" for j, s in statuses.items() if s.state.is_live() and not s.orphaned]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        sleep(min(interval, 1.0))
 
 
 def _mark_cancelled(rec: JobsRecord) -> None:

@@ -1,6 +1,6 @@
 """`orch estimate --probe`: run a stratified sample of the run's rows through a real worker, and keep what it measured.
 
-1. Sample and carve (fleet/probe_carve.py): the rows move into a probe chunk, first on a
+1. Sample and carve (prepare/probe_carve.py): the rows move into a probe chunk, first on a
    worker's list; nothing else changes for the run. On SkyPilot with several candidate GPUs, one
    probe chunk per candidate, each a sample of its own (disjoint rows), on its own worker's list.
 2. Launch that worker through the run's backend with ORCH_MAX_CHUNKS=1 (on SkyPilot pinned to its
@@ -16,7 +16,6 @@ A probe already made is reused; one whose worker died is launched again (its chu
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import time
@@ -33,7 +32,10 @@ from orchestrator.core.protocol.heartbeats import newest_heartbeat_of
 from orchestrator.core.protocol.parts import iter_part_lines
 from orchestrator.core.records import ManifestEntry, read_manifest, read_marker
 from orchestrator.core.records.forecast import ProbeRecord, RowSample, StratumCount, read_probes
-from orchestrator.fleet.probe_carve import (
+from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD, Stop, launch_and_wait, on, target_name
+from orchestrator.planning.forecast import on_cpus
+from orchestrator.planning.probe_work import STATIC_BATCH_ENGINES, engine_batch, probe_size
+from orchestrator.prepare.probe_carve import (
     SampledRow,
     carve_probe_chunk,
     probe_first_plan,
@@ -42,9 +44,6 @@ from orchestrator.fleet.probe_carve import (
     run_rows,
     sample_rows,
 )
-from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD, Stop, launch_and_wait, on, target_name
-from orchestrator.planning.forecast import on_cpus
-from orchestrator.planning.probe_work import STATIC_BATCH_ENGINES, engine_batch
 
 
 def probe_candidates(ctx: RunContext) -> list[str | None]:
@@ -172,10 +171,11 @@ def _carve(
     made: list[ProbeRecord],
     echo: Callable[[str], None],
 ) -> list[ProbeRecord]:
-    """A probe chunk for each target (probe_plan's) without one: a sample of its pool's rows outside the probe
-    chunks already carved, of `share` of the pool's rows (at least `min_rows`, else two of its
-    engine's batches). Each record is written once its chunk is, so an interrupted estimate carves
-    only what it had not; then the plan, each chunk first on the list of a worker of its pool."""
+    """A probe chunk for each target (probe_plan's) without one: a sample of its pool's rows outside
+    the probe chunks already carved, of `share` of the pool's rows (planning/probe_work.probe_size:
+    at least `min_rows`, else two of its engine's batches within 1.5% of the rows). Each record is
+    written once its chunk is, so an interrupted estimate carves only what it had not; then the
+    plan, each chunk first on the list of a worker of its pool."""
     refuse_if_started(ctx)
     probes = list(made)
     counted: dict[str | None, tuple[int, dict[str, StratumCount]]] = {}
@@ -183,7 +183,8 @@ def _carve(
         if model not in counted:
             counted[model] = _strata(run_rows(ctx, _pool_entries(read_manifest(ctx.store, ctx.layout), model)))
         total, strata = counted[model]
-        want = max(min_rows or 2 * engine_batch(ctx.for_pool(model)), math.ceil(share * total))
+        batch = engine_batch(ctx.for_pool(model))
+        want = probe_size(total, share, min_rows, batch)
         # Each carve rewrites the chunks it took rows from: the rows are read again after one.
         taken = {p.chunk for p in probes}
         free = run_rows(
@@ -219,8 +220,14 @@ def _carve(
         )
         ctx.store.put(_probe_key(ctx.layout, probe, not probes), probe.to_bytes())
         probes.append(probe)
+        below = (
+            f"; less than two engine batches ({2 * batch}): --probe-rows {2 * batch} measures a busier engine"
+            if probe.rows < 2 * batch
+            else ""
+        )
         echo(
-            f"probe{on(probe)}: {probe.rows} rows ({probe.share:.1%}) in {len(strata)} strata carved into {probe.chunk}"
+            f"probe{on(probe)}: {probe.rows} rows ({probe.share:.1%} of {total:,}) in {len(strata)} strata "
+            f"carved into {probe.chunk}{below}"
         )
     _plan_probes(ctx, probes)
     return probes

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.errors import SpecError
+from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.spec import EscalateSpec
 
@@ -82,16 +83,20 @@ def next_stage(
     answers: Mapping[str, BatchOutputLine],
     when: EscalateSpec,
     model: str,
+    schemas: RunSchemas | None = None,
 ) -> list[Escalated]:
     """Stage n+1's requests from stage n's: `requests` are (input position, request line), `answers`
     stage n's output lines by custom_id. In input order; a request with no answer yet is a bug in
-    the caller (stage n is not done), reported rather than skipped."""
+    the caller (stage n is not done), reported rather than skipped. `schemas`: the run's, so a
+    line's schema reference is checked against (and, escalated, carries) the schema itself: the
+    next stage is a run of its own, its input whole OpenAI Batch lines."""
     escalated = []
     for position, request_line in sorted(requests):
         request = json.loads(request_line)
         answer = answers.get(request["custom_id"])
         if answer is None:
             raise ValueError(f"stage not finished: no answer for {request['custom_id']!r}")
+        request["body"] = (schemas or RunSchemas()).resolved(request["body"])
         reason = escalation(answer, request["body"], when)
         if reason is not None:
             request["body"] = {**request["body"], "model": model}

@@ -49,6 +49,7 @@ from orchestrator.core.records.forecast import (
     StratumCount,
 )
 from orchestrator.core.static_batches import POOL_BATCHES
+from orchestrator.planning.measured import Measured
 from orchestrator.planning.pricing import GpuTable, load_gpu_table
 from orchestrator.planning.probe_work import StaticRow, run_cached_share, static_units, units_until
 
@@ -68,6 +69,12 @@ TABLE_PARAMS = 8e9
 GUESS_SPEED_SPREAD = 3.0
 #: A CPU has no row in the price table: its guess is an L4's speed / 20, within 10x either way.
 CPU_GUESS_SPEED_SPREAD = 10.0
+#: A speed (and tokens per row) that finished chunks of this model measured on the same kind of
+#: machine: another run's rows and another moment of a shared machine, within 1.5x either way.
+MEASURED_SPEED_SPREAD = 1.5
+#: A local worker's start-up before its first answer when nothing measured it: importing vLLM and
+#: loading a small model, 10-30 s on this 2-core machine (the probe's load_s), up to a minute loaded.
+LOCAL_STARTUP_S = 30.0
 #: Workers sharing one machine's cores do not add up, and by how much depends on the workload and on
 #: what else the machine runs: two single-thread workers on this 2-vCPU machine each ran at 0.74-0.85
 #: of one alone on steady workloads and at 0.98 on short outputs (bench/forecast_bench.py, runs 4-7;
@@ -477,37 +484,84 @@ def _simulated(
     )
 
 
-def guess(ctx: RunContext, manifest: Sequence[ManifestEntry], workers: int, at: float) -> ForecastRecord:
-    """No probe: the table's speed scaled by the model's size, outputs 10-100% of max_tokens: a wide band."""
-    prices = load_gpu_table().per_machine(ctx.spec.resources.gpus_per_worker)
-    max_out = sum(e.max_output_tokens for e in manifest)
+def guess(
+    ctx: RunContext,
+    manifest: Sequence[ManifestEntry],
+    workers: int,
+    at: float,
+    measured: Measured | None = None,
+) -> ForecastRecord:
+    """No probe: the quote from what is known before paying, as a band, for every candidate the spec
+    allows (each GPU spot and on-demand, or the CPUs), start-up included.
+
+    1. Speed: what finished chunks measured on that machine kind (`measured`: this run's, else an
+       earlier run's of the same model; within MEASURED_SPEED_SPREAD), else the price table's scaled
+       by the model's size (within 3x on a GPU, 10x on a CPU).
+    2. Output tokens: per row as measured, else 10-100% of max_tokens.
+    3. Start-up: the measured launch-to-first-answer, else RESTART_OVERHEAD_S on a cloud or cluster
+       and LOCAL_STARTUP_S on this machine; a spot worker also loses what PREEMPTIONS_PER_HOUR cost
+       (a restart and half a checkpoint interval each).
+    """
+    from orchestrator.planning.estimate import PREEMPTIONS_PER_HOUR, RESTART_OVERHEAD_S
+
+    spec = ctx.spec
+    prices = load_gpu_table().per_machine(spec.resources.gpus_per_worker)
+    out = _guessed_output(manifest, measured.tokens_per_row if measured is not None else None)
     prompt = sum(e.est_prompt_tokens for e in manifest)
-    out = Band(p10=round(0.1 * max_out), p50=round(0.5 * max_out), p90=float(max_out))
+    local = spec.backend == "local"
+    startup = measured.startup_s if measured is not None and measured.startup_s is not None else None
+    said = f"; start-up {startup:.0f} s measured" if startup is not None else ""
+    if startup is None:
+        startup = LOCAL_STARTUP_S if local else RESTART_OVERHEAD_S
+        said = f"; start-up {startup:.0f} s assumed"
+    lost_share = min(PREEMPTIONS_PER_HOUR * (startup + spec.workers.checkpoint_interval / 2) / 3600, 0.9)
+    par = local_parallelism(workers, None) if local else float(workers)
+    units = [t + PREFILL_WEIGHT * prompt for t in (out.p10, out.p50, out.p90)]
     candidates = []
-    gpus = ["cpu"] if on_cpus(ctx) else ctx.spec.resources.gpus
-    for g in gpus:
-        speed = _table_speed(prices, g if g != "cpu" else "L4", ctx.spec.model.name)
-        if g == "cpu":
-            speed /= 20  # a CPU against an L4: a guess, and said to be one
-        units = [t + PREFILL_WEIGHT * prompt for t in (out.p10, out.p50, out.p90)]
-        spread = CPU_GUESS_SPEED_SPREAD if g == "cpu" else GUESS_SPEED_SPREAD
-        lo, mid, hi = (units[0] / speed / spread, units[1] / speed, units[2] / speed * spread)
-        par = local_parallelism(workers, None) if ctx.spec.backend == "local" else float(workers)
-        eng = Band(p10=round(lo / par, 2), p50=round(mid / par, 2), p90=round(hi / par, 2))
-        usd = 0.0 if g == "cpu" else prices.get(g).spot_usd_h * workers / 3600
-        candidates.append(
-            CandidateForecast(
-                gpu=g,
-                spot=g != "cpu",
-                workers=workers,
-                engine_s=eng,
-                duration_s=eng,
-                cost_usd=Band(p10=round(eng.p10 * usd, 2), p50=round(eng.p50 * usd, 2), p90=round(eng.p90 * usd, 2)),
-                basis="a guess: the table's speed scaled by the model's size",
-            )
+    for g in ["cpu"] if on_cpus(ctx) else spec.resources.gpus:
+        speed, spread, basis = _guessed_speed(prices, g, spec.model.name, measured)
+        eng = Band(
+            p10=round(units[0] / speed / spread / par, 2),
+            p50=round(units[1] / speed / par, 2),
+            p90=round(units[2] / speed * spread / par, 2),
         )
-    params = model_params(ctx.spec.model.name)
+        allowed = (
+            [False]
+            if g == "cpu"
+            else [x for x, ok in ((True, spec.resources.spot), (False, spec.resources.on_demand)) if ok]
+        )
+        for spot in allowed:
+            slow = 1 / (1 - lost_share) if spot else 1.0
+            duration = Band(
+                p10=round(startup + eng.p10 * slow, 2),
+                p50=round(startup + eng.p50 * slow, 2),
+                p90=round(startup + eng.p90 * slow, 2),
+            )
+            hourly = 0.0 if g == "cpu" else prices.get(g).spot_usd_h if spot else prices.get(g).on_demand_usd_h
+            usd_s = hourly * workers / 3600
+            cost = Band(
+                p10=round(duration.p10 * usd_s, 2),
+                p50=round(duration.p50 * usd_s, 2),
+                p90=round(duration.p90 * usd_s, 2),
+            )
+            candidates.append(
+                CandidateForecast(
+                    gpu=g,
+                    spot=spot,
+                    workers=workers,
+                    engine_s=eng,
+                    duration_s=duration,
+                    cost_usd=cost,
+                    basis=basis + said,
+                )
+            )
+    params = model_params(spec.model.name)
     size = f"{params / 1e9:.3g}B parameters from config.json" if params else "size unknown: taken as 8B"
+    what = (
+        f"speed and tokens per row measured by {measured.source}"
+        if measured is not None and measured.tokens_per_s
+        else f"{size}; outputs 10-100% of max_tokens"
+    )
     return ForecastRecord(
         at=at,
         kind="guess",
@@ -516,6 +570,29 @@ def guess(ctx: RunContext, manifest: Sequence[ManifestEntry], workers: int, at: 
         prompt_tokens=prompt,
         candidates=candidates,
         fleet=candidates[0].key,
-        note=f"a guess ({size}; outputs 10-100% of max_tokens): "
-        "`orch estimate --probe` narrows it, measured on about 1% of the rows",
+        note=f"a guess ({what}): `orch estimate --probe` narrows it, measured on about 1% of the rows",
     )
+
+
+def _guessed_output(manifest: Sequence[ManifestEntry], per_row: float | None) -> Band:
+    """The run's generated tokens: per row as measured (within MEASURED_SPEED_SPREAD, never past
+    max_tokens), else 10-100% of max_tokens."""
+    max_out = float(sum(e.max_output_tokens for e in manifest))
+    if not per_row:
+        return Band(p10=round(0.1 * max_out), p50=round(0.5 * max_out), p90=max_out)
+    mid = per_row * sum(e.rows for e in manifest)
+    mid = min(mid, max_out) if max_out else mid
+    top = min(mid * MEASURED_SPEED_SPREAD, max_out) if max_out else mid * MEASURED_SPEED_SPREAD
+    return Band(p10=round(mid / MEASURED_SPEED_SPREAD), p50=round(mid), p90=round(top))
+
+
+def _guessed_speed(
+    prices: GpuTable, gpu: str, model: str | None, measured: Measured | None
+) -> tuple[float, float, str]:
+    """One worker's generated tokens/s on `gpu` (or `cpu`), how far either way it may be off, and why."""
+    speed = measured.speed(gpu) if measured is not None else None
+    if speed and measured is not None:
+        return speed, MEASURED_SPEED_SPREAD, f"measured on {gpu} by {measured.source}"
+    if gpu == "cpu":  # a CPU against an L4: a guess, and said to be one
+        return _table_speed(prices, "L4", model) / 20, CPU_GUESS_SPEED_SPREAD, "a guess: an L4's table speed / 20"
+    return _table_speed(prices, gpu, model), GUESS_SPEED_SPREAD, "a guess: the table's speed scaled by the model's size"

@@ -19,7 +19,9 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.records import ManifestEntry, read_plan
 from orchestrator.core.records.forecast import Band, CandidateForecast, ForecastRecord, ProbeRecord
 from orchestrator.planning.forecast import FleetSimulator, forecast_from_probes, guess
+from orchestrator.planning.measured import measured_for
 from orchestrator.planning.pool_estimate import pool_fleets
+from orchestrator.planning.pricing import load_gpu_table
 
 QUANTILES = ("p10", "p50", "p90")
 
@@ -34,13 +36,14 @@ def forecast_pools(
     """The run's forecast from each pool's (from its probes where one measured it, else a guess),
     with each pool's kept in `pools`."""
     pools: dict[str, ForecastRecord] = {}
+    prices = load_gpu_table()
     for pool, fleet in pool_fleets(ctx.spec, read_plan(ctx.store, ctx.layout), manifest).items():
         own, rows = ctx.for_pool(pool), [e for e in manifest if e.model == pool]
         mine = [p for p in probes if p.model == pool]
         if any(p.busy_s is not None for p in mine):
             record = forecast_from_probes(own, mine, rows, fleet.workers, at, simulator)
         else:
-            record = guess(own, rows, fleet.workers, at)
+            record = guess(own, rows, fleet.workers, at, measured_for(own, prices, {e.chunk for e in rows}))
         pools[pool] = record
     measured = [pool for pool, record in pools.items() if record.kind == "probe"]
     if measured:
@@ -50,8 +53,8 @@ def forecast_pools(
         )
     else:
         note = (
-            f"a guess per model ({', '.join(pools)}): each pool's size, machines and rows; "
-            "`orch plan --estimate` has each pool's speed once chunks are done"
+            f"a guess per model ({', '.join(pools)}): each pool's size, machines and rows, and its speed where "
+            "its finished chunks (or an earlier run's of its model) measured one; `orch estimate --probe` narrows it"
         )
     return _combined(pools, at, "probe" if measured else "guess", note)
 

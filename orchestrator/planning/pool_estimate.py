@@ -1,5 +1,4 @@
-"""A run's estimate as it stands (estimate_run), and a run of several models pool by pool: each pool's
-work over its own workers' speed.
+"""A run of several models estimated pool by pool: each pool's work over its own workers' speed.
 
 Models of different sizes answer at different speeds on different machines, so one speed for
 the run would be wrong for every pool. Each pool (spec `models:` entry) is estimated alone
@@ -15,15 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from orchestrator.core.context import RunContext
 from orchestrator.core.pools import pool_workers, run_models
-from orchestrator.core.protocol.checkpoints import read_chunk_stats
-from orchestrator.core.protocol.snapshot import list_done
-from orchestrator.core.records import ChunkStats, ManifestEntry, PlanRecord, read_plan
+from orchestrator.core.records import ChunkStats, ManifestEntry, PlanRecord
 from orchestrator.core.spec import RunSpec
-from orchestrator.planning.estimate import RESTART_OVERHEAD_S, Estimate, estimate
-from orchestrator.planning.pricing import GpuTable, load_gpu_table
-from orchestrator.planning.startup import measured_startup_s
+from orchestrator.planning.estimate import estimate
+from orchestrator.planning.pricing import GpuTable
 
 
 @dataclass(frozen=True)
@@ -130,24 +125,3 @@ def estimate_pools(
             )
         )
     return PoolsEstimate(pools) if pools else None
-
-
-def estimate_run(ctx: RunContext, manifest: Sequence[ManifestEntry]) -> Estimate:
-    """The estimate for this run as it stands: finished chunks' stats replace the table's speeds,
-    and the start-up its workers took replaces the assumed one."""
-    startup = measured_startup_s(ctx.store, ctx.layout)
-    prices, stats, done = (
-        load_gpu_table(),
-        read_chunk_stats(ctx.store, ctx.layout),
-        set(list_done(ctx.store, ctx.layout)),
-    )
-    settings = {
-        "checkpoint_interval_s": ctx.spec.workers.checkpoint_interval,
-        "restart_overhead_s": RESTART_OVERHEAD_S if startup is None else startup,
-    }
-    machines = prices.per_machine(ctx.spec.resources.gpus_per_worker)
-    est = estimate(machines, ctx.spec.resources.gpus, ctx.spec.workers.count, manifest, stats, done, **settings)
-    fleets = pool_fleets(ctx.spec, read_plan(ctx.store, ctx.layout), manifest)
-    pools = estimate_pools(prices, fleets, manifest, stats, done, **settings)
-    est.pools = pools.to_dict() if pools is not None else None
-    return est

@@ -29,6 +29,7 @@ Prompts the prefix cache holds cost no prefill: a probe sees fewer hits than its
 from __future__ import annotations
 
 import heapq
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,21 @@ BATCH_ARG = {"vllm": "max_num_seqs", "transformers": "max_batch_size"}
 #: Engines whose batch steps until its longest row ends (worker/engine/hf_engine.py), where vLLM
 #: refills a finished row's slot at the next step: a probe's work is counted in their batches.
 STATIC_BATCH_ENGINES = {"transformers"}
+
+
+#: The most of a run's rows a probe takes unless told otherwise (--probe-rows, --probe-share): two
+#: engine batches measure a busy engine best, but a probe is a sample, not a fifth of a small run.
+DEFAULT_SHARE_CAP = 0.015
+
+
+def probe_size(rows: int, share: float, min_rows: int | None, batch: int) -> int:
+    """How many of `rows` a probe takes: `share` of them, and at least `min_rows` when given; else at
+    least two engine batches (one to warm up, one to measure) as long as those stay within
+    DEFAULT_SHARE_CAP of the rows."""
+    wanted = math.ceil(share * rows)
+    if min_rows is not None:
+        return max(min_rows, wanted)
+    return max(wanted, min(2 * batch, math.floor(DEFAULT_SHARE_CAP * rows)), 1)
 
 
 def engine_batch(ctx: RunContext) -> int:
@@ -131,7 +147,7 @@ def run_cached_share(samples: Sequence[RowSample], strata: Mapping[str, StratumC
     few others of their prefix group, so its own share is low where the run's is high (16 probe rows
     of 4 groups: 12 hits; the run's 1,100 rows: all but a few). So: the share of a prompt the cache
     held in a probe row that hit, times the run's hit rate from its prefix groups (a stratum's last
-    field: fleet/probe_carve.py): of a group's n rows over `workers` workers, the first on each
+    field: prepare/probe_carve.py): of a group's n rows over `workers` workers, the first on each
     worker misses. Never below the probe's own share (rows of different groups share a chat
     template's head, which the groups do not see)."""
     prompt = sum(x.prompt_tokens for x in samples)

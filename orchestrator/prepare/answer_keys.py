@@ -13,7 +13,9 @@ decides the answer:
   the local cache resolves), else the id itself;
 - every LoRA adapter (same identity), and the engine settings that change answers (engine,
   dtype, max_model_len, the chat template's text, runner, tool and reasoning parsers, engine_args
-  other than memory, speed and naming knobs).
+  other than memory, speed and naming knobs);
+- the spec's response_format with its JSON schema's text (the lines carry only the schema's
+  reference, core/json_schema.py).
 
 Nothing that only names a thing: not the model's path, its served name, a `models:` name, an
 alias or a sweep arm's name (the same weights under two names or paths share their keys), nor the
@@ -33,6 +35,7 @@ from typing import Any
 import orjson
 
 from orchestrator.core.file_digests import file_sha256
+from orchestrator.core.json_schema import schema_text
 from orchestrator.core.model_source import is_bucket_url, is_local_path
 from orchestrator.core.pools import spec_for_pool
 from orchestrator.core.spec import RunSpec
@@ -91,7 +94,7 @@ def key_context(spec: RunSpec) -> dict[str, Any]:
     """Everything run-wide that decides an answer (see the module docstring), as plain data."""
     model = spec.model
     name = model.name or ""
-    return {
+    context: dict[str, Any] = {
         "version": KEY_VERSION,
         "model": content_identity(name, model.engine_args),
         "engine": {
@@ -115,6 +118,12 @@ def key_context(spec: RunSpec) -> dict[str, Any]:
         "sampling": spec.sampling.model_dump(mode="json"),
         "unknown_fields": spec.requests.unknown_fields,
     }
+    if spec.input.response_format is not None:
+        # The lines hold the schema's reference (its digest: a key covers it already); the context
+        # holds the whole response_format's text too, so no key ever stands for a schema it did not
+        # see. Only when set: a run without one keys as before, its earlier runs' answers still found.
+        context["response_format"] = _text_digest(schema_text(spec.input.response_format))
+    return context
 
 
 def _text_digest(text: str | None) -> str | None:

@@ -74,6 +74,9 @@ class KeyCollector:
         self.positions = array.array("q")
         self.sampled = bytearray()
 
+    def before_row(self, position: int) -> None:
+        """Nothing to do before a row (the first stage of the reuse plan's pass: conversion.RowStream)."""
+
     @property
     def count(self) -> int:
         return self.spill.count + len(self.positions)

@@ -1,70 +1,61 @@
-"""What a worker does and what a run is, in words: one derivation for `orch status`, `watch`, `run`,
-`runs` and the page, from a worker's heartbeat while it beats, else from its job's state."""
+"""What a worker does and what a run is (runview/states.py's words), derived through two tables: a
+worker's from its heartbeat while it beats, else from its job's state; the run's from its chunks and
+its workers'. One derivation for `orch status`, `watch`, `run`, `runs`, the page and `/metrics`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from orchestrator.backends.base import JobState, JobStatus
 from orchestrator.core.records import HeartbeatSummary, JobAttempt
+from orchestrator.runview.states import GOING, Recovery, RunState, WorkerActivity
 
-#: The words `activity` takes, each with what it means (status, watch, run and the page show them).
-WORKER_ACTIVITIES = {
-    "not launched": "planned, no job yet",
-    "queued": "its job waits for the scheduler or for capacity",
-    "provisioning": "its machine is being started and set up",
-    "recovering": "its machine was lost; the backend starts another",
-    "starting": "the worker program started and looks for work (or waits on an older twin)",
-    "loading": "the worker loads the model into its engine",
-    "working": "the worker answers a chunk's rows",
-    "between chunks": "the worker finished a chunk and looks for the next one",
-    "draining": "cancelled or stopping: it flushes its finished rows and gives its leases back",
-    "silent": "no heartbeat for more than two intervals: the store may be out of its reach, or it hangs",
-    "exited": "the worker program ended",
-    "finished": "its job ended with the worker's success",
-    "failed": "its job failed (see the reason below the table)",
-    "cancelled": "its job was cancelled",
-    "launched": "a job was submitted; the backend says nothing more (or was not asked)",
-    "gone": "its last heartbeat is old and its job is not known: the process is gone",
+A = WorkerActivity
+
+#: A heartbeat silent this many intervals reads `silent` (within the liveness window: it may come back).
+SILENT_AFTER_BEATS = 2
+
+#: What a worker does while its heartbeat beats, by the heartbeat's state; `running` and `idle`
+#: read by whether it holds a chunk.
+BY_HEARTBEAT: Mapping[str, WorkerActivity] = {
+    "starting": A.STARTING,
+    "loading": A.LOADING,
+    "stopping": A.DRAINING,
+}
+
+#: What a worker does when no live heartbeat says, by its job's state. A RUNNING job whose worker
+#: has not beaten yet is starting; UNKNOWN reads from the last heartbeat (`exited`, `gone`).
+BY_JOB_STATE: Mapping[JobState, WorkerActivity] = {
+    JobState.PENDING: A.QUEUED,
+    JobState.STARTING: A.PROVISIONING,
+    JobState.RUNNING: A.STARTING,
+    JobState.RECOVERING: A.RECOVERING,
+    JobState.WINDING_DOWN: A.EXITED,
+    JobState.CANCELLING: A.DRAINING,
+    JobState.SUCCEEDED: A.FINISHED,
+    JobState.CANCELLED: A.CANCELLED,
+    JobState.FAILED: A.FAILED,
+    JobState.FAILED_SETUP: A.FAILED,
+    JobState.FAILED_PRECHECKS: A.FAILED,
+    JobState.FAILED_NO_RESOURCE: A.FAILED,
+    JobState.FAILED_CONTROLLER: A.FAILED,
 }
 
 
-#: The words RunStatus.state takes.
-RUN_STATES = {
-    "complete": "every chunk has a marker and nothing is damaged",
-    "damaged": "every chunk has a marker, but some cannot be collected (`orch redo` them)",
-    "cancelled": "`orch cancel` stopped it; `orch resume` goes on",
-    "running": "a worker beats, or a job is queued, starting or recovering",
-    "stopped": "workers were launched, none runs now, and chunks are left (`orch resume`)",
-    "prepared": "prepared, no worker launched yet",
-}
-
-#: Worker activities that mean the run is going on.
-_GOING = {
-    "queued",
-    "provisioning",
-    "recovering",
-    "starting",
-    "loading",
-    "working",
-    "between chunks",
-    "draining",
-    "silent",
-}
-
-
-def run_state(*, complete: bool, damaged: bool, cancelled: bool, activities: Iterable[str], launched: bool) -> str:
-    """The run in a word (RUN_STATES)."""
+def run_state(
+    *, complete: bool, damaged: bool, cancelled: bool, activities: Iterable[WorkerActivity], launched: bool
+) -> RunState:
+    """The run in a word: its chunks first (complete, damaged), then `orch cancel`, then its workers."""
     if complete:
-        return "complete"
+        return RunState.COMPLETE
     if damaged:
-        return "damaged"
+        return RunState.DAMAGED
     if cancelled:
-        return "cancelled"
-    if any(a in _GOING for a in activities):
-        return "running"
-    return "stopped" if launched else "prepared"
+        return RunState.CANCELLED
+    if any(a in GOING for a in activities):
+        return RunState.RUNNING
+    return RunState.STOPPED if launched else RunState.PREPARED
 
 
 def shown_status(status: JobStatus | None, hb: HeartbeatSummary | None, *, complete: bool) -> JobStatus | None:
@@ -90,33 +81,48 @@ def worker_activity(
     now: float,
     interval: float,
     cancelled: bool,
-) -> tuple[str, float | None]:
-    """The worker's activity in words (WORKER_ACTIVITIES) and, where known, for how long."""
+) -> tuple[WorkerActivity, float | None]:
+    """The worker's activity and, where known, for how long (`live`: its heartbeat while it beats)."""
     if live is not None:
         silent = now - live.updated_at
-        if silent > 2 * interval:
-            return "silent", round(silent, 1)
-        if cancelled or live.state == "stopping":
-            return "draining", None
-        if live.state == "loading":
-            return "loading", round(max(now - live.started_at, 0.0), 1)
-        if live.state == "starting":
-            return "starting", round(max(now - live.started_at, 0.0), 1)
-        return ("working" if live.chunk else "between chunks"), None
-    state = status.state if status is not None else None
-    if state is None or state is JobState.UNKNOWN:
+        if silent > SILENT_AFTER_BEATS * interval:
+            return A.SILENT, round(silent, 1)
+        activity = A.DRAINING if cancelled else BY_HEARTBEAT.get(live.state)
+        if activity is None:
+            return (A.WORKING if live.chunk else A.BETWEEN_CHUNKS), None
+        timed = activity in (A.LOADING, A.STARTING)
+        return activity, round(max(now - live.started_at, 0.0), 1) if timed else None
+    state = status.state if status is not None else JobState.UNKNOWN
+    if state is JobState.UNKNOWN:
         if hb is not None:
-            return ("exited" if hb.state == "exited" else "gone"), None
-        return ("launched" if attempt is not None else "not launched"), None
-    if not state.is_terminal():
-        words = {
-            JobState.PENDING: "queued",
-            JobState.STARTING: "provisioning",
-            JobState.RECOVERING: "recovering",
-            JobState.CANCELLING: "draining",
-            JobState.WINDING_DOWN: "exited",
-        }
-        return words.get(state, "exited" if hb is not None and hb.state == "exited" else "starting"), None
-    if state is JobState.SUCCEEDED:
-        return "finished", None
-    return ("cancelled" if state is JobState.CANCELLED else "failed"), None
+            return (A.EXITED if hb.state == "exited" else A.GONE), None
+        return (A.LAUNCHED if attempt is not None else A.NOT_LAUNCHED), None
+    if state is JobState.RUNNING and hb is not None and hb.state == "exited":
+        return A.EXITED, None
+    return BY_JOB_STATE[state], None
+
+
+def recovery_of(
+    status: JobStatus | None, hb: HeartbeatSummary | None, *, now: float, interval: float
+) -> Recovery | None:
+    """What the evidence says of the job's recovery by the backend (None: no recovery, or no evidence):
+
+    1. The job is RECOVERING and its worker still beats (within two intervals, not exited): the
+       backend's check of the machine failed, not the machine (SPURIOUS).
+    2. The job was recovered and the process that beats now started before the job's current
+       machine did (`running_since`): it outlived the recovery (SPURIOUS).
+    3. The job is RECOVERING and its worker's last heartbeat is old and says it neither drained nor
+       exited: the machine went away under it (LOST). A worker that drained first (a preemption
+       notice, or the recovery's own teardown) is evidence of neither.
+    """
+    if status is None or hb is None:
+        return None
+    fresh = hb.state != "exited" and now - hb.updated_at <= SILENT_AFTER_BEATS * interval
+    if status.state is JobState.RECOVERING:
+        if fresh:
+            return Recovery.SPURIOUS
+        return Recovery.LOST if hb.state not in ("stopping", "exited") else None
+    since = status.running_since
+    if status.recovery_count and since is not None and fresh and hb.started_at < since <= hb.updated_at:
+        return Recovery.SPURIOUS
+    return None

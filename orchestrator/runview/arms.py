@@ -4,17 +4,13 @@ An arm's requests share chunks (and a pool's workers) with the other arms of its
 numbers come from its finished chunks' output lines (custom_id `<row>#<arm>`, prepare/sweep.py),
 and its dollars are its pool's cost so far (runview/models.py; the run's for a sweep of one
 model) shared among the pool's arms by the tokens each used. `orch status` (the table and --json
-field `arms`) and collect's report show them.
-
-JSON shape, arm -> {model, rows: {done, errors}, tokens: {prompt_tokens, cached_tokens,
-generated_tokens}, usd, usd_per_m_tokens}.
+field `arms`: runview/sections.ArmView) and collect's report show them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.lines import BatchOutputLine
@@ -23,6 +19,7 @@ from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store
 from orchestrator.prepare.sweep import ARM_SEPARATOR
 from orchestrator.runview.chunk_answers import chunk_answers
+from orchestrator.runview.sections import ArmRows, ArmView, ModelView
 from orchestrator.runview.tokens import TokenCounts, per_million
 
 
@@ -66,39 +63,32 @@ def finished_lines(
 
 def arms_cost(
     tallies: Mapping[str, ArmTally], pools: Mapping[str, str | None], pool_usd: Mapping[str | None, float]
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, ArmView]:
     """Each arm's numbers, its $ its pool's shared among the pool's arms by tokens (see the module doc)."""
     pool_tokens: dict[str | None, int] = {}
     for arm, tally in tallies.items():
         pool_tokens[pools[arm]] = pool_tokens.get(pools[arm], 0) + tally.tokens.total
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, ArmView] = {}
     for arm, tally in tallies.items():
         pool = pools[arm]
         share = tally.tokens.total / pool_tokens[pool] if pool_tokens[pool] else 0.0
         bought = per_million(pool_usd.get(pool, 0.0) * share, tally.tokens)
-        out[arm] = {
-            "model": pool,
-            "rows": {"done": tally.rows, "errors": tally.errors},
-            "tokens": tally.tokens.to_dict(),
-            "usd": bought["usd"],
-            "usd_per_m_tokens": bought["usd_per_m_tokens"],
-        }
+        out[arm] = ArmView(
+            model=pool,
+            rows=ArmRows(done=tally.rows, errors=tally.errors),
+            tokens=tally.tokens.section(),
+            usd=bought.usd,
+            usd_per_m_tokens=bought.usd_per_m_tokens,
+        )
     return out
 
 
 def arms_status(
-    store: Store,
-    layout: RunLayout,
-    spec: RunSpec,
-    finished: tuple[Sequence[ManifestEntry], set[str]],
-    models: Mapping[str, Mapping[str, Any]],
-    run_usd: float,
-) -> dict[str, dict[str, Any]]:
-    """A sweep's arms as `orch status` shows them (`finished`: the manifest and its finished chunks;
-    `models`: the status's per-model numbers, whose $ the arms share); empty without a sweep."""
-    if not spec.sweep.arms:
+    spec: RunSpec, tallies: Mapping[str, ArmTally] | None, models: Mapping[str, ModelView], run_usd: float
+) -> dict[str, ArmView]:
+    """A sweep's arms as `orch status` shows them (`models`: the status's per-model numbers, whose $
+    the arms share; a sweep of one model shares the run's `run_usd`); empty without a sweep."""
+    if not spec.sweep.arms or tallies is None:
         return {}
-    pools = arm_pools(spec)
-    tallies = tally_arms(finished_lines(store, layout, *finished), pools)
-    pool_usd: dict[str | None, float] = {m: float(v["usd"]) for m, v in models.items()} if models else {None: run_usd}
-    return arms_cost(tallies, pools, pool_usd)
+    pool_usd: dict[str | None, float] = {m: v.usd for m, v in models.items()} if models else {None: run_usd}
+    return arms_cost(tallies, arm_pools(spec), pool_usd)

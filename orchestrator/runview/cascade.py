@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import IncompleteRun, NotFound
@@ -22,6 +21,7 @@ from orchestrator.core.store import Store
 from orchestrator.planning.escalation import Escalated
 from orchestrator.runview.chunk_answers import chunk_answers
 from orchestrator.runview.positions import InputPositions
+from orchestrator.runview.sections import StageView
 
 #: A stage's answers by custom_id.
 Answers = dict[str, BatchOutputLine]
@@ -100,10 +100,10 @@ def stage_answers(store: Store, layout: RunLayout, stage: int) -> Answers:
     return {cid: line for _, answers in stage_chunks(store, layout, stage) for cid, line in answers.items()}
 
 
-def stages_status(store: Store, layout: RunLayout, cascade: list[str]) -> list[dict[str, Any]]:
+def stages_status(store: Store, layout: RunLayout, cascade: list[str]) -> list[StageView]:
     """`orch status`'s view of a cascade, a row per stage: its model and run, the rows it has to
     answer and has answered (in done chunks), and the rows it passed on (None until recorded)."""
-    stages: list[dict[str, Any]] = []
+    stages: list[StageView] = []
     for stage, model in enumerate(cascade):
         run = RunLayout(stage_run(layout.run, stage))
         entries = read_manifest(store, run) if store.head(run.manifest) is not None else []
@@ -114,6 +114,7 @@ def stages_status(store: Store, layout: RunLayout, cascade: list[str]) -> list[d
         answered = sum(e.rows for e in entries if store.head(run.done(e.chunk)) is not None)
         passed = read_stage(store, stage_prefix(layout), stage + 1) if stage + 1 < len(cascade) else []
         escalated = None if passed is None else len(passed)
-        stages.append({"stage": stage, "model": model, "run": run.run, "rows": rows, "answered": answered})
-        stages[-1]["escalated"] = escalated
+        stages.append(
+            StageView(stage=stage, model=model, run=run.run, rows=rows, answered=answered, escalated=escalated)
+        )
     return stages

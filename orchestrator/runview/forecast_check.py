@@ -1,18 +1,18 @@
-"""How right the forecast was: the actual engine time, duration, cost and output tokens of a complete
-run beside the forecast's p50, kept in its forecast record (collect writes it; `orch runs` shows it)."""
+"""How right the forecast was, as the read model shows it: the fleet's engine time, and the forecast's
+band beside the pace so far (collect/forecast_actual.py keeps the actual figures in its record)."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import Literal
 
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.records import Heartbeat
-from orchestrator.core.records.base import read_record
-from orchestrator.core.records.forecast import ForecastRecord
+from orchestrator.core.records.forecast import Band, ForecastRecord
 from orchestrator.core.store import Store
 from orchestrator.core.worker_ids import job_worker
+from orchestrator.runview.sections import ForecastCheck
 
 
 def fleet_engine_s(store: Store, layout: RunLayout, leave_out: Collection[str]) -> float:
@@ -29,39 +29,9 @@ def fleet_engine_s(store: Store, layout: RunLayout, leave_out: Collection[str]) 
     return max(per_worker.values(), default=0.0)
 
 
-def record_actual(
-    store: Store, layout: RunLayout, *, output_tokens: int, duration_s: float, cost_usd: float
-) -> dict[str, Any] | None:
-    """Write the run's actual figures into its forecast record (None: the run had no forecast)."""
-    found = read_record(store, layout.forecast, ForecastRecord)
-    if found is None:
-        return None
-    record = found[0]
-    from orchestrator.core.records import read_marker
-    from orchestrator.core.records.forecast import read_probes
-
-    # The probes' workers answered before the fleet started: their engine time is not the fleet's.
-    markers = [read_marker(store, layout, p.chunk) for p in read_probes(store, layout) if p.busy_s is not None]
-    leave_out = {m.holder for m in markers if m is not None}
-    fleet = record.fleet_candidate()
-    assert fleet is not None, record.fleet  # forecast.py names one of its candidates
-    engine = fleet_engine_s(store, layout, leave_out)
-    actual = {
-        "engine_s": round(engine, 2),
-        "duration_s": round(duration_s, 1),
-        "cost_usd": round(cost_usd, 4),
-        "output_tokens": float(output_tokens),
-    }
-    actual["engine_error"] = round(fleet.engine_s.p50 / engine - 1, 3) if engine else 0.0
-    actual["inside_band"] = float(fleet.engine_s.p10 <= engine <= fleet.engine_s.p90)
-    actual["output_tokens_error"] = round(record.output_tokens.p50 / output_tokens - 1, 3) if output_tokens else 0.0
-    store.put(layout.forecast, record.model_copy(update={"actual": actual}).to_bytes())
-    return actual
-
-
 def forecast_beside_pace(
     record: ForecastRecord | None, *, launched_at: float | None, eta_s: float | None, now: float, complete: bool
-) -> dict[str, Any] | None:
+) -> ForecastCheck | None:
     """What `orch status` shows of the forecast: the fleet's duration band beside the finish the pace
     so far projects (time since the first launch plus the ETA), and how right it was once collected."""
     if record is None:
@@ -69,14 +39,18 @@ def forecast_beside_pace(
     fleet = record.fleet_candidate()
     if fleet is None:
         return None
-    view: dict[str, Any] = {"kind": record.kind, "duration_s": fleet.duration_s.model_dump(), "projected_s": None}
-    if launched_at is not None and eta_s is not None and not complete:
-        projected = now - launched_at + eta_s
-        band = fleet.duration_s
-        view["projected_s"] = round(projected, 1)
-        view["projected_in_band"] = (
-            "below p10" if projected < band.p10 else "inside" if projected <= band.p90 else "above p90"
-        )
-    if record.actual is not None:
-        view["actual"] = dict(record.actual)
-    return view
+    band = fleet.duration_s
+    projected = now - launched_at + eta_s if launched_at is not None and eta_s is not None and not complete else None
+    return ForecastCheck(
+        kind=record.kind,
+        duration_s=band,
+        projected_s=round(projected, 1) if projected is not None else None,
+        projected_in_band=_place_in(band, projected) if projected is not None else None,
+        actual=dict(record.actual) if record.actual is not None else None,
+    )
+
+
+def _place_in(band: Band, value: float) -> Literal["below p10", "inside", "above p90"]:
+    if value < band.p10:
+        return "below p10"
+    return "inside" if value <= band.p90 else "above p90"

@@ -9,10 +9,11 @@ compared by what their answers cost. Empty for a run of one model.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from orchestrator.core.records import ChunkStats, JobsRecord, ManifestEntry, PlanRecord
 from orchestrator.core.worker_ids import job_worker
+from orchestrator.runview.sections import Chunks, ModelRows, ModelView
 from orchestrator.runview.tokens import per_million, tokens_of
 
 
@@ -39,8 +40,8 @@ class _Facts(Protocol):
 
 def models_status(
     facts: _Facts, done: set[str], workers: Sequence[W], cost_of: Callable[[W], float]
-) -> dict[str, dict[str, Any]]:
-    """model -> {chunks, rows, tokens, workers, usd, usd_per_m_tokens}, in the manifest's order."""
+) -> dict[str, ModelView]:
+    """Each model's chunks, rows, tokens, workers and cost, in the manifest's order."""
     manifest, plan, stats = facts.manifest, facts.plan, facts.stats
     models = list(dict.fromkeys(e.model for e in manifest if e.model))
     if not models:
@@ -48,7 +49,7 @@ def models_status(
     # Workers outside the plan (the deadline policy's on-demand ones) count for the pool they were launched for.
     pool: dict[str, str | None] = {k: a.pool for k, w in facts.jobs.workers.items() for a in w.attempts if a.pool}
     pool |= {str(a.worker): a.model for a in plan.workers} if plan is not None else {}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, ModelView] = {}
     for model in models:
         entries = [e for e in manifest if e.model == model]
         finished = [e for e in entries if e.chunk in done]
@@ -56,16 +57,16 @@ def models_status(
         views = [v for v in workers if pool.get(job_worker(v.worker)) == model]
         usd = sum(cost_of(v) for v in views)
         bought = per_million(usd, tokens)
-        out[model] = {
-            "chunks": {"total": len(entries), "done": len(finished)},
-            "rows": {
-                "total": sum(e.rows for e in entries),
-                "done": sum(e.rows for e in finished),
-                "errors": sum(stats[e.chunk][1].errors for e in finished if e.chunk in stats),
-            },
-            "tokens": tokens.to_dict(),
-            "workers": len(views),
-            "usd": round(usd, 4),
-            "usd_per_m_tokens": bought["usd_per_m_tokens"],
-        }
+        out[model] = ModelView(
+            chunks=Chunks(total=len(entries), done=len(finished)),
+            rows=ModelRows(
+                total=sum(e.rows for e in entries),
+                done=sum(e.rows for e in finished),
+                errors=sum(stats[e.chunk][1].errors for e in finished if e.chunk in stats),
+            ),
+            tokens=tokens.section(),
+            workers=len(views),
+            usd=round(usd, 4),
+            usd_per_m_tokens=bought.usd_per_m_tokens,
+        )
     return out

@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.core.records import ChunkStats, JobsRecord
+from orchestrator.runview.sections import Pace
 
 #: The most points `timeline` keeps (a chart's worth, whatever the number of chunks).
 TIMELINE_POINTS = 200
 
 
-def overall_pace(finished: Sequence[tuple[float, ChunkStats]], jobs: JobsRecord) -> dict[str, float] | None:
+def overall_pace(finished: Sequence[tuple[float, ChunkStats]], jobs: JobsRecord) -> Pace | None:
     """The run's pace as its user lived it: from the first launch (workers start, load the model)
     to the last chunk's end. Workers started by hand leave no launch: then from the first chunk's start."""
     if not finished:
@@ -23,11 +24,11 @@ def overall_pace(finished: Sequence[tuple[float, ChunkStats]], jobs: JobsRecord)
     began = min([at - s.seconds for at, s in finished] + launches)
     ended = max(at for at, _ in finished)
     wall = max(ended - began - paused_s(jobs, began, ended), 1e-3)
-    return {
-        "wall_s": round(wall, 1),
-        "rows_per_s": round(sum(s.rows for _, s in finished) / wall, 3),
-        "tokens_per_s": round(sum(s.tokens_out for _, s in finished) / wall, 1),
-    }
+    return Pace(
+        wall_s=round(wall, 1),
+        rows_per_s=round(sum(s.rows for _, s in finished) / wall, 3),
+        tokens_per_s=round(sum(s.tokens_out for _, s in finished) / wall, 1),
+    )
 
 
 def first_launch(jobs: JobsRecord) -> float | None:

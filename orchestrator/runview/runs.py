@@ -2,86 +2,54 @@
 
 1. `run_names` (core/records/run.py) finds the runs, one listing request per run.
 2. `list_runs` gives each run's status (runview/status.py: the same derivation `orch status`
-   shows), read from the store alone: no backend is asked, so a job that is queued without a
-   heartbeat yet reads as stopped until it beats; with each one's model and input (`run_origin`),
-   which the page's runs index reads too.
+   shows, each one's model and input with it), read from the store alone: no backend is asked, so
+   a job that is queued without a heartbeat yet reads as stopped until it beats.
 3. `delete_run`: every object under the run's prefix, through the store (a directory or S3 alike),
    and the local backend's logs of it.
 4. `log_files` and `follow_logs`: the local backend's worker logs, `<store>/logs/<run>/` for a
    directory store and ORCH_HOME/logs/<run>/ on this machine for an s3:// or r2:// one.
+   `is_orch_line` tells orch's own lines in them from the engine's (vLLM's warnings, progress
+   bars, torch's notes), which outnumber them many times: `orch logs` shows orch's first.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError, RunNotFound
 from orchestrator.core.frozen_spec import read_stored_spec
 from orchestrator.core.layout import RunLayout
-from orchestrator.core.records import PrepareRecord, read_record
 from orchestrator.core.records.run import run_names
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import ObjectInfo, Store
 from orchestrator.planning.pricing import GpuTable
 from orchestrator.runview.status import RunStatus, status_of
 
+T = TypeVar("T")
+
 
 def list_runs(store: Store, prices: GpuTable, now: float | None = None) -> list[RunStatus | tuple[str, str]]:
     """Each run's status, or (name, what is wrong) for a run whose records cannot be read."""
     now = time.time() if now is None else now
-
-    def read(name: str) -> RunStatus:
-        layout = RunLayout(name)
-        model, source = run_origin(store, layout)
-        return dataclasses.replace(status_of(store, layout, None, now=now, prices=prices), model=model, input=source)
-
-    return statuses_of(run_names(store), read)
+    return statuses_of(run_names(store), lambda name: status_of(store, RunLayout(name), None, now=now, prices=prices))
 
 
-def statuses_of(names: Iterable[str], read: Callable[[str], RunStatus]) -> list[RunStatus | tuple[str, str]]:
-    """`read(name)` of each run, or (name, what is wrong) where it fails: a run that was never
-    prepared, or a record that does not parse."""
-    out: list[RunStatus | tuple[str, str]] = []
+def statuses_of(names: Iterable[str], read: Callable[[str], T]) -> list[T | tuple[str, str]]:
+    """`read(name)` of each run (its status, or a reading of it), or (name, what is wrong) where it
+    fails: a run that was never prepared, or a record that does not parse."""
+    out: list[T | tuple[str, str]] = []
     for name in names:
         try:
             out.append(read(name))
         except OrchError as e:
             out.append((name, e.message))
     return out
-
-
-def run_origin(store: Store, layout: RunLayout) -> tuple[str | None, str | None]:
-    """The run's model (its frozen spec's `model.name`) and input (the file prepare read, or the
-    folder its files share and how many): 2 GETs. None where a record does not say (a run not
-    launched names no model yet)."""
-    stored = read_stored_spec(store, layout)
-    model: dict[str, Any] = (stored[0].get("model") or {}) if stored is not None else {}
-    name = model.get("name")
-    several = (stored[0].get("models") or {}) if stored is not None else {}
-    if several:  # a run of several models: their served names
-        name = ", ".join(several)
-    return (name if isinstance(name, str) else None), _input_of(store, layout)
-
-
-def _input_of(store: Store, layout: RunLayout) -> str | None:
-    """What the run was prepared from: the file, or the folder the files share and how many."""
-    found = read_record(store, layout.prepare_record, PrepareRecord)
-    uris = [str(s.get("uri")) for s in found[0].identity.get("sources", [])] if found is not None else []
-    if len(uris) <= 1:
-        return uris[0] if uris else None
-    # By "/"-separated parts, not os.path: `s3://bucket/x` keeps its double slash.
-    parts = [uri.split("/")[:-1] for uri in uris]
-    shared = [p[0] for p in itertools.takewhile(lambda p: len(set(p)) == 1, zip(*parts, strict=False))]
-    folder = "/".join(shared) or "."
-    return f"{folder}/ ({len(uris)} files)"
 
 
 def context_in_store(ctx: RunContext, run: str) -> RunContext:
@@ -114,6 +82,26 @@ def delete_run(store: Store, spec: RunSpec, objects: list[ObjectInfo]) -> None:
 
 
 _LOG_NAME = re.compile(r"^worker-(?P<worker>.+)-(?P<ms>\d+)\.log$")
+
+#: How orch's own lines in a worker's log begin: the worker's progress notes (worker/progress.PREFIX),
+#: its `orch.*` loggers as worker/__main__.py formats them, orch's ERROR lines (`ERROR worker 0:
+#: ...`, what status quotes as a failure's reason) and the worker's summary. Every other line is
+#: the engine's, or a library's.
+_ORCH_LINE = re.compile(r"^(\[orch worker\]|(DEBUG|INFO|WARNING|ERROR|CRITICAL) orch[.:]|ERROR |\{\"status\": )")
+
+
+def is_orch_line(line: str) -> bool:
+    """Whether a worker log's line is orch's own (see _ORCH_LINE), not the engine's."""
+    return _ORCH_LINE.match(line) is not None
+
+
+def orch_lines_first(text: str) -> tuple[list[str], list[str]]:
+    """A log's lines split in two, each in its order: orch's own, and the engine's."""
+    orch: list[str] = []
+    engine: list[str] = []
+    for line in text.splitlines():
+        (orch if is_orch_line(line) else engine).append(line)
+    return orch, engine
 
 
 def log_files(ctx: RunContext, worker: str | None = None) -> list[Path]:

@@ -1,4 +1,4 @@
-"""`orch status`: one view of a run, from a handful of requests: listings, never one request per chunk.
+"""`orch status` and every other view of a run: its facts read once, its status derived once from them.
 
 1. `gather` (runview/facts.py) reads the manifest, the plan, the jobs and prepare records (4
    GETs), and lists `done/`, `stats/` (each finished chunk's numbers are in its stats key),
@@ -10,61 +10,19 @@
    read, to name a corrupt one. Once every chunk has a marker, every marker is read and the parts
    listed (checkpoints.find_damage): a run is complete only when nothing is damaged. The backend is
    asked for the state of each worker's current job.
-2. `derive_status` turns those facts into the view: plain data, no I/O.
-3. `to_json` gives it to scripts; `orch status` shows it (commands/views.py: `status_view`).
-
-JSON shape (stable for scripts):
-    run, backend, complete (bool: every chunk has a marker, and none is damaged), backend_note (str|null),
-    state (the run in a word: runview/activity.py), prepared_at (when prepare finished) | null,
-    model, input (the frozen model and what was prepared, for `orch runs`; null in `orch status`),
-    damaged: {chunk: what is wrong} (corrupt markers, parts that do not match them; `orch redo` each),
-    corrupt_leases: {key: what is wrong} (treated as expired once older than the lease TTL),
-    chunks: {total, done},
-    rows: {total, done (kept whatever happens: finished + checkpointed), finished (in finished chunks),
-           checkpointed (in parts of unfinished chunks), in_progress (answered, held in live workers'
-           memory until their next checkpoint: their heartbeats' rows_unsaved), errors (error rows in
-           finished chunks), set_aside (input rows prepare set aside: not in total; collect answers
-           them with error lines), reused (input rows answered by earlier runs, --reuse-from: not in
-           total; collect writes their answers)},
-    timeline: [[unix time, chunks done], ...] (the first launch at 0, then finished chunks; at most
-              pace.TIMELINE_POINTS points, the last one exact),
-    throughput: {rows_per_s, tokens_per_s} (sum over running workers), eta_s (null when unknown),
-    overall: {wall_s, rows_per_s, tokens_per_s} | null (the finished chunks' pace, from the first
-             launch, or the first chunk's start without one, to the last chunk's end, less the time
-             the run sat cancelled),
-    run_time_s: from the first launch to now (to the last chunk's end once complete), less the time
-                the run sat cancelled (between `orch cancel` and the launch that resumed it) | null,
-    cost: {so_far_usd, worker_hours, spot_usd, on_demand_usd} (per-GPU-hour prices x workers' uptime,
-          restarts included),
-    tokens: {prompt_tokens, cached_tokens (prompt tokens the engines' prefix caches held),
-             generated_tokens} (in finished chunks),
-    cost_per_m_tokens: {all, spot, on_demand: {usd, prompt_tokens, cached_tokens, generated_tokens,
-                        usd_per_m_tokens, usd_per_m_generated}} (orchestrator/runview/tokens.py),
-    workers: [{worker, state (its job's, as the backend says; SUCCEEDED once its heartbeat said it
-               exited 0, WINDING_DOWN for a job still running under a complete run: activity.shown_status),
-               job_id, recovery_count, accelerator, cloud, region, spot, chunk, chunk_rows, chunk_rows_done,
-               rows_saved, rows_unsaved (rows of its chunks in hand checkpointed, and answered in memory:
-               while it beats), chunks_assigned, chunks_done_of_own_list, chunks_finished
-               (by this worker, from any list), rows_done, tokens_per_s, rows_per_s, heartbeat_state,
-               heartbeat_age_s, uptime_s, failure_reason (why its current job failed) | null,
-               log (its log file, or the command that shows it) | null, activity (what it does, in words:
-               runview/activity.py), activity_s (how long: loading since its process started, silent since
-               its last heartbeat) | null, clock_offset_s (its clock minus the store's, as its heartbeat
-               measured: core/protocol/clocks.py) | null}],
-    estimate: {gpu, workers, tokens_per_s_per_worker, measured, basis (which speed, in words), spot_hours,
-               spot_usd, on_demand_hours, on_demand_usd} | null (what is left, on the fleet any_of picks, or
-               on what the run measured where the price table has no price: a local cpu;
-               orchestrator/planning/estimate.py),
-    deadline: the deadline policy's latest decision | null ({at, deadline_s, budget_usd, action,
-              mode, reason, launch, retire, elapsed_s, progress, line, need_rows_per_s,
-              have_rows_per_s, slack_s, speed}; orchestrator/planning/deadline.py)
+2. `derive_status` turns those facts into the RunStatus (runview/sections.py): plain data, no I/O,
+   each section through one function. The narrow reads share those functions and read only what
+   they need (facts.Depth): `cost_so_far` (collect's report, reuse's dollars saved), `sweep_arms`
+   (collect's arms table) and `answered_so_far` (serve's batch counts).
+3. `to_json` gives it to scripts; docs/operations.md describes every field, generated from the
+   types (runview/schema_doc.py). `orch status` shows it (commands/views.py: `status_view`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.backends.base import JobState, JobStatus, Launcher, orphaned
@@ -76,103 +34,72 @@ from orchestrator.core.records import ChunkStats, JobAttempt, read_jobs
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store
 from orchestrator.planning.pricing import GpuTable, load_gpu_table
-from orchestrator.runview.activity import run_state, shown_status, worker_activity
-from orchestrator.runview.facts import RunFacts, gather
+from orchestrator.runview.activity import recovery_of, run_state, shown_status, worker_activity
+from orchestrator.runview.arms import arms_status
+from orchestrator.runview.facts import Depth, RunFacts, gather, read_arm_tallies
 from orchestrator.runview.forecast_check import forecast_beside_pace
 from orchestrator.runview.models import models_status
 from orchestrator.runview.pace import first_launch, overall_pace, run_time_s, timeline
-from orchestrator.runview.tokens import realised_cost, tokens_of
+from orchestrator.runview.sections import (
+    NOT_LAUNCHED,
+    ArmView,
+    Chunks,
+    Cost,
+    CostPerM,
+    Estimate,
+    Pace,
+    PoolEstimate,
+    Rows,
+    RunStatus,
+    Throughput,
+    Tokens,
+    WorkerView,
+)
+from orchestrator.runview.tokens import TokenCounts, realised_cost, tokens_of
+from orchestrator.runview.words import duration
 
-__all__ = ["RunFacts", "RunStatus", "WorkerView", "derive_status", "gather", "status_of", "to_json"]
-
-
-@dataclass
-class WorkerView:
-    worker: str
-    state: str
-    job_id: str | None = None
-    recovery_count: int = 0
-    accelerator: str | None = None
-    cloud: str | None = None
-    region: str | None = None
-    spot: bool | None = None
-    chunk: str | None = None
-    chunk_rows: int = 0
-    chunk_rows_done: int = 0
-    #: Rows of its chunks in hand checkpointed, and answered but held in memory (live workers only).
-    rows_saved: int = 0
-    rows_unsaved: int = 0
-    chunks_assigned: int = 0
-    chunks_done_of_own_list: int = 0
-    chunks_finished: int = 0
-    rows_done: int = 0
-    tokens_per_s: float = 0.0
-    rows_per_s: float = 0.0
-    heartbeat_state: str | None = None
-    heartbeat_age_s: float | None = None
-    uptime_s: float = 0.0
-    #: Why the current job failed (a local worker's: its exit and its log's last error line).
-    failure_reason: str | None = None
-    #: Where the current job's log is: a file, or the command that shows it.
-    log: str | None = None
-    #: What the worker does, in words (runview/activity.py): from its heartbeat while it beats,
-    #: else from its job's state.
-    activity: str = "not launched"
-    #: How long it has been at it, where that is known: loading (since its process started), or
-    #: silent (since its last heartbeat).
-    activity_s: float | None = None
-    #: Its clock minus the store's, as its last heartbeat measured (core/protocol/clocks.py).
-    clock_offset_s: float | None = None
+__all__ = [
+    "RunFacts",
+    "RunStatus",
+    "WorkerView",
+    "answered_so_far",
+    "cost_so_far",
+    "derive_status",
+    "finished_of",
+    "gather",
+    "pace_so_far",
+    "rows_in",
+    "status_of",
+    "sweep_arms",
+    "to_json",
+]
 
 
-@dataclass
-class RunStatus:
-    run: str
-    backend: str | None
-    complete: bool
-    backend_note: str | None
-    chunks: dict[str, int]
-    rows: dict[str, int]
-    throughput: dict[str, float]
-    eta_s: float | None
-    cost: dict[str, float]
-    workers: list[WorkerView]
-    #: What is left, on the fleet any_of would pick (`orch plan --estimate`'s fleet line); None
-    #: when no GPU candidates were given.
-    estimate: dict[str, Any] | None = None
-    #: The deadline policy's latest decision, with its reason and numbers.
-    deadline: dict[str, Any] | None = None
-    #: The finished chunks' pace: what a complete run shows instead of live throughput.
-    overall: dict[str, float] | None = None
-    #: chunk -> what is wrong with its marker or parts: the run is not complete until redone.
-    damaged: dict[str, str] = field(default_factory=dict)
-    #: lease key -> what is wrong with it.
-    corrupt_leases: dict[str, str] = field(default_factory=dict)
-    #: Prompt, cached and generated tokens of the finished chunks.
-    tokens: dict[str, int] = field(default_factory=dict)
-    #: The realised $ per million tokens, for all workers and for spot and on-demand ones apart.
-    cost_per_m_tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: [unix time, chunks done] from the first launch to the latest finished chunk (for a chart).
-    timeline: list[list[float]] = field(default_factory=list)
-    #: The run as a whole, in a word (RUN_STATES).
-    state: str = "prepared"
-    #: When prepare finished (`orch runs` shows the run's age), None when not known.
-    prepared_at: float | None = None
-    #: The model the run froze (None until a command named one) and its input, in a few words:
-    #: what `orch runs` shows beside each run (filled by runview/runs.py's list_runs).
-    model: str | None = None
-    input: str | None = None
-    #: From the first launch to now (to the last chunk's end once complete), less the time the run
-    #: sat cancelled (runview/pace.py); None before any launch.
-    run_time_s: float | None = None
-    #: A run of several models: each model's chunks, rows, tokens, workers and cost (runview/models.py).
-    models: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: A sweep: each arm's rows, errors, tokens and its share of its pool's cost (runview/arms.py).
-    arms: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: A cascade: a row per stage, its rows answered and escalated (fleet/cascade.py).
-    cascade: list[dict[str, Any]] = field(default_factory=list)
-    #: The forecast's duration band beside the pace's projected finish (runview/forecast_check.py).
-    forecast: dict[str, Any] | None = None
+@dataclass(frozen=True)
+class Finished:
+    """The chunks whose done marker exists, and their numbers (stats are a cache of the markers:
+    only chunks with one count)."""
+
+    done: frozenset[str]
+    #: (finished at, stats) of each of them that has stats.
+    stats: tuple[tuple[float, ChunkStats], ...]
+    rows: int
+    errors: int
+    tokens: TokenCounts
+
+
+def finished_of(facts: RunFacts) -> Finished:
+    """The run's finished chunks: those of its manifest with a done marker."""
+    rows_by_chunk = {e.chunk: e.rows for e in facts.manifest}
+    done = frozenset(facts.done & set(rows_by_chunk))
+    stats = tuple(pair for chunk, pair in facts.stats.items() if chunk in done)
+    return Finished(
+        done,
+        stats,
+        sum(rows_by_chunk[c] for c in done),
+        sum(s.errors for _, s in stats),
+        tokens_of(s for _, s in stats),
+    )
 
 
 def derive_status(
@@ -186,43 +113,42 @@ def derive_status(
     workers_planned: int | None = None,
     spec: RunSpec | None = None,
 ) -> RunStatus:
-    """The run's status from its facts; `spec` (a run of several models) gives each pool's machines to the estimate."""
-    rows_by_chunk = {e.chunk: e.rows for e in facts.manifest}
-    done = facts.done & set(rows_by_chunk)
-    complete = len(done) == len(rows_by_chunk) and not facts.damaged
-    errors = sum(s.errors for c, (_, s) in facts.stats.items() if c in done)
-    workers = _worker_views(facts, done, now=now, heartbeat_interval=heartbeat_interval, complete=complete)
-    rows = _rows(facts, rows_by_chunk, done, workers)
+    """The run's status from its facts; `spec` (a run of several models) gives each pool's machines
+    to the estimate, and a sweep's arms their pools."""
+    finished = finished_of(facts)
+    complete = len(finished.done) == len(facts.manifest) and not facts.damaged
+    workers = worker_views(facts, finished.done, now=now, heartbeat_interval=heartbeat_interval, complete=complete)
+    rows = rows_in(facts, finished, workers)
     working = [v for v in workers if v.chunk]  # a chunk is shown only while the worker beats
     rows_per_s = sum(v.rows_per_s for v in working)
     tokens_per_s = sum(v.tokens_per_s for v in working)
-    finished = [s for c, (_, s) in facts.stats.items() if c in done]
-    cost, per_m = _costs(workers, finished, prices, default_spot, facts.gpus_of)
-    remaining = rows["total"] - rows["done"] - rows["in_progress"]
+    cost, per_m = costs(workers, finished, prices, default_spot, facts.gpus_of)
+    remaining = rows.total - rows.done - rows.in_progress
     eta = remaining / rows_per_s if rows_per_s > 0 and remaining > 0 else (0.0 if remaining <= 0 else None)
-    last_finish = max((at for c, (at, _) in facts.stats.items() if c in done), default=None)
+    last_finish = max((at for at, _ in finished.stats), default=None)
+    models = models_status(facts, set(finished.done), workers, lambda v: _cost_so_far(v, prices, default_spot))
     return RunStatus(
         run=facts.run,
-        backend=facts.jobs.backend,
+        backend=_backend(facts, spec),
         complete=complete,
         backend_note=facts.backend_note,
-        chunks={"total": len(rows_by_chunk), "done": len(done)},
-        rows={**rows, "errors": errors, "set_aside": facts.set_aside, "reused": facts.reused},
-        throughput={"rows_per_s": round(rows_per_s, 3), "tokens_per_s": round(tokens_per_s, 1)},
+        chunks=Chunks(total=len(facts.manifest), done=len(finished.done)),
+        rows=rows,
+        throughput=Throughput(rows_per_s=round(rows_per_s, 3), tokens_per_s=round(tokens_per_s, 1)),
         eta_s=round(eta, 1) if eta is not None else None,
         cost=cost,
         workers=workers,
         estimate=_estimate(facts, prices, gpus, workers_planned, spec) if gpus else None,
-        deadline=facts.decision.model_dump() if facts.decision is not None else None,
-        overall=overall_pace([s for c, s in facts.stats.items() if c in done], facts.jobs),
+        deadline=facts.decision,
+        overall=overall_pace(finished.stats, facts.jobs),
         damaged=dict(facts.damaged),
         corrupt_leases=dict(facts.corrupt_leases),
-        tokens=tokens_of(finished).to_dict(),
+        tokens=finished.tokens.section(),
         cost_per_m_tokens=per_m,
         forecast=forecast_beside_pace(
             facts.forecast, launched_at=first_launch(facts.jobs), eta_s=eta, now=now, complete=complete
         ),
-        timeline=timeline(sorted(at for c, (at, _) in facts.stats.items() if c in done), facts.jobs),
+        timeline=timeline(sorted(at for at, _ in finished.stats), facts.jobs),
         state=run_state(
             complete=complete,
             damaged=bool(facts.damaged),
@@ -231,30 +157,52 @@ def derive_status(
             launched=bool(facts.jobs.workers or facts.heartbeats),
         ),
         prepared_at=facts.prepared_at,
+        model=facts.model,
+        input=facts.input,
         run_time_s=run_time_s(facts.jobs, now=now, finished_at=last_finish if complete else None),
-        models=models_status(facts, done, workers, lambda v: _cost_so_far(v, prices, default_spot)),
+        models=models,
+        arms=arms_status(spec, facts.arm_tallies, models, cost.so_far_usd) if spec is not None else {},
+        cascade=list(facts.stages),
     )
 
 
-def _rows(facts: RunFacts, rows_by_chunk: dict[str, int], done: set[str], workers: list[WorkerView]) -> dict[str, int]:
+def _backend(facts: RunFacts, spec: RunSpec | None) -> str | None:
+    """The backend that launched the run's workers (its jobs record's, else its latest launch's);
+    workers that beat with no launch recorded (a probe's, or started by hand) run on the spec's
+    backend, not on none."""
+    launched = [a.backend for w in facts.jobs.workers.values() for a in w.attempts]
+    if facts.jobs.backend is not None or launched or not facts.heartbeats:
+        return facts.jobs.backend or (launched[-1] if launched else None)
+    return spec.backend if spec is not None else facts.spec_backend
+
+
+def rows_in(facts: RunFacts, finished: Finished, workers: Sequence[WorkerView], pool: str | None = None) -> Rows:
     """Rows by how far they got: in finished chunks, checkpointed in unfinished ones (both kept
-    whatever happens: `done`), and answered in a live worker's memory, not yet saved (`in_progress`)."""
+    whatever happens: `done`), and answered in a live worker's memory, not yet saved (`in_progress`).
+    `pool`: a run of several models' rows of that model only (the deadline policy's, pool by pool)."""
+    rows_by_chunk = {e.chunk: e.rows for e in facts.manifest if pool is None or e.model == pool}
     total = sum(rows_by_chunk.values())
-    finished = sum(rows_by_chunk[c] for c in done)
+    done = finished.done & set(rows_by_chunk)
+    finished_rows = sum(rows_by_chunk[c] for c in done)
     saved = sum(min(n, rows_by_chunk[c]) for c, n in facts.checkpointed.items() if c in rows_by_chunk and c not in done)
     # A flush between a heartbeat and the listing counts its rows twice until the next beat: capped.
-    unsaved = min(sum(v.rows_unsaved for v in workers), total - finished - saved)
-    return {
-        "total": total,
-        "done": finished + saved,
-        "in_progress": unsaved,
-        "finished": finished,
-        "checkpointed": saved,
-    }
+    unsaved = sum(v.rows_unsaved for v in workers if pool is None or v.chunk in rows_by_chunk)
+    unsaved = min(unsaved, total - finished_rows - saved)
+    errors = sum(s.errors for c, (_, s) in facts.stats.items() if c in done)
+    return Rows(
+        total=total,
+        done=finished_rows + saved,
+        in_progress=unsaved,
+        finished=finished_rows,
+        checkpointed=saved,
+        errors=errors,
+        set_aside=facts.set_aside if pool is None else 0,
+        reused=facts.reused if pool is None else 0,
+    )
 
 
-def _worker_views(
-    facts: RunFacts, done: set[str], *, now: float, heartbeat_interval: float, complete: bool
+def worker_views(
+    facts: RunFacts, done: frozenset[str], *, now: float, heartbeat_interval: float, complete: bool
 ) -> list[WorkerView]:
     """A row per worker: planned, launched or heartbeating. Live figures (chunk, rates) come only
     from a heartbeat that is still beating; totals from the last heartbeat whatever its age."""
@@ -279,12 +227,16 @@ def _worker_views(
         ended = status is not None and status.state.is_terminal()
         beating = hb is not None and not ended and is_beating(hb, now=now, heartbeat_interval=heartbeat_interval)
         live = hb if beating else None
+        activity, activity_s = worker_activity(
+            hb, live, status, attempt, now=now, interval=heartbeat_interval, cancelled=facts.jobs.cancelled
+        )
         views.append(
             WorkerView(
                 worker=name,
-                state=(status.state.value if status else JobState.UNKNOWN.value) if attempt else "NOT LAUNCHED",
+                state=(status.state if status else JobState.UNKNOWN) if attempt else NOT_LAUNCHED,
                 job_id=attempt.job_id if attempt else None,
                 recovery_count=(status.recovery_count if status else 0) + max(recoveries.get(base, 0), 0),
+                recovery=recovery_of(status, hb, now=now, interval=heartbeat_interval),
                 accelerator=(hb.accelerator if hb else None) or (status.accelerator if status else None),
                 cloud=(hb.cloud if hb else None) or (status.cloud if status else None),
                 region=(hb.region if hb else None) or (status.region if status else None),
@@ -305,36 +257,34 @@ def _worker_views(
                 uptime_s=round(hb.uptime_s, 1) if hb else 0.0,
                 failure_reason=_failure(status, attempt, hb.updated_at if hb else None, now=now),
                 log=status.log if status else None,
+                activity=activity,
+                activity_s=activity_s,
                 clock_offset_s=hb.clock_offset_s if hb else None,
             )
-        )
-        view = views[-1]
-        view.activity, view.activity_s = worker_activity(
-            hb, live, status, attempt, now=now, interval=heartbeat_interval, cancelled=facts.jobs.cancelled
         )
     return views
 
 
-def _costs(
-    workers: list[WorkerView],
-    finished: list[ChunkStats],
+def costs(
+    workers: Sequence[WorkerView],
+    finished: Finished,
     prices: GpuTable,
     default_spot: bool,
     gpus_of: Callable[[str], float],
-) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+) -> tuple[Cost, CostPerM]:
     """The money so far (the status's `cost`) and what it bought: $ per million tokens, spot and
     on-demand apart. Each worker's process pays for the GPUs `gpus_of` it (its machine's share)."""
     by_worker = {}
     for v in workers:
         usd = _cost_so_far(v, prices, default_spot)
         by_worker[v.worker] = (usd * gpus_of(v.worker) if usd else 0.0, v.spot if v.spot is not None else default_spot)
-    per_m = realised_cost(finished, by_worker)
-    cost = {
-        "so_far_usd": round(sum(usd for usd, _ in by_worker.values()), 2),
-        "worker_hours": round(sum(v.uptime_s for v in workers) / 3600, 3),
-        "spot_usd": round(per_m["spot"]["usd"], 2),
-        "on_demand_usd": round(per_m["on_demand"]["usd"], 2),
-    }
+    per_m = realised_cost((s for _, s in finished.stats), by_worker)
+    cost = Cost(
+        so_far_usd=round(sum(usd for usd, _ in by_worker.values()), 2),
+        worker_hours=round(sum(v.uptime_s for v in workers) / 3600, 3),
+        spot_usd=round(per_m.spot.usd, 2),
+        on_demand_usd=round(per_m.on_demand.usd, 2),
+    )
     return cost, per_m
 
 
@@ -367,12 +317,19 @@ def _failure(
 
 def _estimate(
     facts: RunFacts, prices: GpuTable, gpus: Sequence[str], workers: int | None, spec: RunSpec | None
-) -> dict[str, Any] | None:
+) -> Estimate | None:
     """The fleet's time and cost for what is left; a run of several models: its pools' (the
-    slowest pool's time, the pools' costs summed, each pool under `pools`)."""
+    slowest pool's time, the pools' costs summed, each pool under `pools`). Workers of the local
+    backend run on this machine, not on the spec's GPUs: their estimate waits for what they measure."""
     from orchestrator.planning.estimate import estimate
     from orchestrator.planning.pool_estimate import estimate_pools, pool_fleets
 
+    if _backend(facts, spec) == "local":
+        measured = {s.accelerator for _, s in facts.stats.values() if s.accelerator}
+        if not measured:
+            return None
+        priced = [gpu.name for gpu in map(prices.find, sorted(measured)) if gpu is not None]
+        gpus = priced or gpus
     try:
         est = estimate(
             prices.per_machine(facts.machine_gpus_of(None)),
@@ -387,46 +344,41 @@ def _estimate(
     except Exception:  # an unknown GPU name in the spec: the status itself must still show
         return None
     f = est.fleet
-    own = {
-        "gpu": f.gpu,
-        "workers": est.workers,
-        "tokens_per_s_per_worker": f.tokens_per_s,
-        "measured": f.measured,
-        "basis": f.basis,
-        "spot_hours": f.spot_hours,
-        "spot_usd": f.spot_usd,
-        "on_demand_hours": f.on_demand_hours,
-        "on_demand_usd": f.on_demand_usd,
-    }
+    own = Estimate(
+        gpu=f.gpu,
+        workers=est.workers,
+        tokens_per_s_per_worker=f.tokens_per_s,
+        measured=f.measured,
+        basis=f.basis,
+        spot_hours=f.spot_hours,
+        spot_usd=f.spot_usd,
+        on_demand_hours=f.on_demand_hours,
+        on_demand_usd=f.on_demand_usd,
+    )
     if pools is None:
         return own
     slow = pools.slowest  # the run's machine and speed are its slowest pool's, not a blend of the pools'
-    by_pool = {"gpu": slow.gpu, "tokens_per_s_per_worker": slow.tokens_per_s, "basis": slow.basis}
-    by_pool |= {"measured": slow.measured, "workers": sum(p.workers for p in pools.pools)}
-    return {**own, **by_pool, **pools.to_dict()}
-
-
-def duration(seconds: float | None, exact: bool = False) -> str:
-    """How a status says a duration (the terminal's and the web page's): 45s, 12m, 3h05m; `exact` keeps
-    the seconds under two hours (`2m10s`: a wait that moves)."""
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds < 120 and not (exact and seconds >= 60):
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m{seconds % 60:02d}s" if exact else f"{seconds // 60}m"
-    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
-
-
-def duration_band(p10: float, p50: float, p90: float) -> str:
-    """A forecast's duration band, `p50 (p10-p90)`, to the second under two hours: rounded to
-    minutes, a band of 2m10s-2m50s reads 2m-2m."""
-    return f"{duration(p50, exact=True)} ({duration(p10, exact=True)}-{duration(p90, exact=True)})"
+    whole = pools.to_dict()
+    return own.model_copy(
+        update={
+            "gpu": slow.gpu,
+            "tokens_per_s_per_worker": slow.tokens_per_s,
+            "basis": slow.basis,
+            "measured": slow.measured,
+            "workers": sum(p.workers for p in pools.pools),
+            "spot_hours": whole["spot_hours"],
+            "spot_usd": whole["spot_usd"],
+            "on_demand_hours": whole["on_demand_hours"],
+            "on_demand_usd": whole["on_demand_usd"],
+            "slowest_pool": whole["slowest_pool"],
+            "pools": {name: PoolEstimate(**p) for name, p in whole["pools"].items()},
+        }
+    )
 
 
 def to_json(status: RunStatus) -> dict[str, Any]:
-    return asdict(status)
+    """`orch status --json`: the status as plain JSON values (its fields: docs/operations.md)."""
+    return status.model_dump(mode="json")
 
 
 def status_of(
@@ -442,9 +394,9 @@ def status_of(
     workers_planned: int | None = None,
     spec: RunSpec | None = None,
 ) -> RunStatus:
-    facts = gather(store, layout, launcher, spec)
-    status = derive_status(
-        facts,
+    """The whole status: `gather`, then `derive_status`."""
+    return derive_status(
+        gather(store, layout, launcher, spec),
         now=now,
         prices=prices,
         heartbeat_interval=heartbeat_interval,
@@ -453,16 +405,6 @@ def status_of(
         workers_planned=workers_planned,
         spec=spec,
     )
-    if spec is not None and spec.sweep.arms:
-        from orchestrator.runview.arms import arms_status
-
-        finished = (facts.manifest, facts.done & {e.chunk for e in facts.manifest})
-        status.arms = arms_status(store, layout, spec, finished, status.models, status.cost["so_far_usd"])
-    if spec is not None and spec.sweep.cascade:
-        from orchestrator.runview.cascade import stages_status
-
-        status.cascade = stages_status(store, layout, spec.sweep.cascade)
-    return status
 
 
 def current_status(ctx: RunContext, prices_path: str | None = None, launcher: Launcher | None = None) -> RunStatus:
@@ -484,3 +426,64 @@ def current_status(ctx: RunContext, prices_path: str | None = None, launcher: La
         workers_planned=ctx.spec.workers.count,
         spec=ctx.spec,
     )
+
+
+# -- narrow reads: one number, read as deep as it needs and derived by the functions above ---------
+
+
+def cost_so_far(
+    store: Store,
+    layout: RunLayout,
+    *,
+    prices: GpuTable,
+    default_spot: bool = True,
+    spec: RunSpec | None = None,
+    now: float | None = None,
+) -> tuple[Cost, CostPerM]:
+    """The run's cost so far and what it bought, as its status counts them, from the store alone
+    (the workers' heartbeats; no backend asked, no damage checked): collect's report and reuse's
+    dollars saved."""
+    facts = gather(store, layout, None, spec, depth=Depth.WORKERS)
+    finished = finished_of(facts)
+    workers = worker_views(facts, finished.done, now=now or time.time(), heartbeat_interval=10.0, complete=False)
+    return costs(workers, finished, prices, default_spot, facts.gpus_of)
+
+
+def sweep_arms(
+    store: Store, layout: RunLayout, spec: RunSpec, *, prices: GpuTable, default_spot: bool = True
+) -> dict[str, ArmView]:
+    """A sweep's arms as its status counts them (each arm's rows and tokens from its finished
+    chunks' answers, its share of its pool's cost): collect's arms table. Empty without a sweep."""
+    if not spec.sweep.arms:
+        return {}
+    facts = gather(store, layout, None, spec, depth=Depth.WORKERS)
+    finished = finished_of(facts)
+    workers = worker_views(facts, finished.done, now=time.time(), heartbeat_interval=10.0, complete=False)
+    cost, _ = costs(workers, finished, prices, default_spot, facts.gpus_of)
+    models = models_status(facts, set(finished.done), workers, lambda v: _cost_so_far(v, prices, default_spot))
+    return arms_status(spec, read_arm_tallies(store, layout, facts, spec), models, cost.so_far_usd)
+
+
+def pace_so_far(store: Store, layout: RunLayout) -> Pace | None:
+    """The finished chunks' pace as its status says it (`overall`): collect's forecast check."""
+    facts = gather(store, layout, depth=Depth.WORKERS)
+    return overall_pace(finished_of(facts).stats, facts.jobs)
+
+
+@dataclass(frozen=True)
+class Answered:
+    """What a run has answered so far, by the rule of its status: rows of chunks with a done
+    marker, their error rows and tokens, and the rows prepare set aside and answered by reuse."""
+
+    rows: int
+    errors: int
+    set_aside: int
+    reused: int
+    tokens: Tokens
+
+
+def answered_so_far(store: Store, layout: RunLayout) -> Answered:
+    """Serve's batch counts (Depth.CHUNKS: two GETs and the done and stats listings)."""
+    facts = gather(store, layout, depth=Depth.CHUNKS)
+    finished = finished_of(facts)
+    return Answered(finished.rows, finished.errors, facts.set_aside, facts.reused, finished.tokens.section())

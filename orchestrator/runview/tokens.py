@@ -8,19 +8,17 @@ The tokens are those of the finished chunks (their stats), each counted for the 
 finished it. While a run goes, workers have been paid for rows not yet in a finished chunk, so the
 rate reads high; once the run is complete it is the run's realised price.
 
-JSON shape (`cost_per_m_tokens` in status and in collect's report), for "all", "spot", "on_demand":
-    {usd, prompt_tokens, cached_tokens, generated_tokens, usd_per_m_tokens (per million prompt +
-     generated tokens) | null, usd_per_m_generated (per million generated tokens) | null}
-A worker whose GPU the price table does not know (a CPU, a local run) costs 0.
+Its shape is runview/sections.CostPerM (`cost_per_m_tokens` in status and in collect's report). A
+worker whose GPU the price table does not know (a CPU, a local run) costs 0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from orchestrator.core.records import ChunkStats
+from orchestrator.runview.sections import Bought, CostPerM, Tokens
 
 
 @dataclass
@@ -46,6 +44,10 @@ class TokenCounts:
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
 
+    def section(self) -> Tokens:
+        """The counts as the status shows them (frozen)."""
+        return Tokens(**self.to_dict())
+
 
 def tokens_of(stats: Iterable[ChunkStats]) -> TokenCounts:
     counts = TokenCounts()
@@ -54,19 +56,17 @@ def tokens_of(stats: Iterable[ChunkStats]) -> TokenCounts:
     return counts
 
 
-def per_million(usd: float, tokens: TokenCounts) -> dict[str, Any]:
+def per_million(usd: float, tokens: TokenCounts) -> Bought:
     """What `usd` bought: the tokens, and the price per million of them (null without tokens)."""
-    return {
-        "usd": round(usd, 4),
+    return Bought(
+        usd=round(usd, 4),
         **tokens.to_dict(),
-        "usd_per_m_tokens": round(usd / tokens.total * 1e6, 4) if tokens.total else None,
-        "usd_per_m_generated": round(usd / tokens.generated_tokens * 1e6, 4) if tokens.generated_tokens else None,
-    }
+        usd_per_m_tokens=round(usd / tokens.total * 1e6, 4) if tokens.total else None,
+        usd_per_m_generated=round(usd / tokens.generated_tokens * 1e6, 4) if tokens.generated_tokens else None,
+    )
 
 
-def realised_cost(
-    finished: Iterable[ChunkStats], cost_by_worker: Mapping[str, tuple[float, bool]]
-) -> dict[str, dict[str, Any]]:
+def realised_cost(finished: Iterable[ChunkStats], cost_by_worker: Mapping[str, tuple[float, bool]]) -> CostPerM:
     """$ per million tokens over the whole run, and for spot and on-demand workers apart.
     `cost_by_worker`: worker -> (USD so far, whether it runs on spot)."""
     tokens = {"all": TokenCounts(), "spot": TokenCounts(), "on_demand": TokenCounts()}
@@ -78,23 +78,27 @@ def realised_cost(
         tokens["all"].add_stats(s)
         if s.worker in cost_by_worker:  # a worker no heartbeat names: neither spot nor on-demand known
             tokens["spot" if cost_by_worker[s.worker][1] else "on_demand"].add_stats(s)
-    return {kind: per_million(usd[kind], tokens[kind]) for kind in tokens}
+    return CostPerM(**{kind: per_million(usd[kind], tokens[kind]) for kind in tokens})
 
 
-def tokens_line(tokens: Mapping[str, int], per_m: Mapping[str, Mapping[str, Any]]) -> str:
+def tokens_line(tokens: Tokens, per_m: CostPerM | None) -> str:
     """Prompt (cached) and generated tokens, and what a million of them cost, spot and on-demand apart."""
-    prompt, cached = tokens["prompt_tokens"], tokens["cached_tokens"]
+    prompt, cached = tokens.prompt_tokens, tokens.cached_tokens
     share = f", {cached / prompt:.0%}" if prompt else ""
-    line = f"tokens {prompt:,} prompt ({cached:,} cached{share}) + {tokens['generated_tokens']:,} generated"
-    rates = [
-        f"{label} {_per_m_text(per_m[kind])}"
-        for kind, label in (("all", "cost"), ("spot", "spot"), ("on_demand", "on-demand"))
-        if kind in per_m and (kind == "all" or per_m[kind]["usd"])
-    ]
+    line = f"tokens {prompt:,} prompt ({cached:,} cached{share}) + {tokens.generated_tokens:,} generated"
+    rates = (
+        [
+            f"{label} {_per_m_text(bought)}"
+            for bought, label in ((per_m.all, "cost"), (per_m.spot, "spot"), (per_m.on_demand, "on-demand"))
+            if label == "cost" or bought.usd
+        ]
+        if per_m is not None
+        else []
+    )
     return line + ("   " + "; ".join(rates) if rates else "")
 
 
-def _per_m_text(cost: Mapping[str, Any]) -> str:
-    if cost["usd_per_m_tokens"] is None:
-        return f"${cost['usd']:,.2f} (no tokens yet)"
-    return f"${cost['usd_per_m_tokens']:,.4f}/M tokens (${cost['usd_per_m_generated'] or 0:,.4f}/M generated)"
+def _per_m_text(cost: Bought) -> str:
+    if cost.usd_per_m_tokens is None:
+        return f"${cost.usd:,.2f} (no tokens yet)"
+    return f"${cost.usd_per_m_tokens:,.4f}/M tokens (${cost.usd_per_m_generated or 0:,.4f}/M generated)"

@@ -109,7 +109,7 @@ def runs_index(who: Viewer, request: Request) -> HTMLResponse:
         except APIError as e:  # a batch whose run was never prepared (it failed validation)
             raise RunNotFound(f"batch {run} has no run: {e.message}") from None
 
-    page = render_index(index_rows(names, snapshot, store), "orch serve")
+    page = render_index(index_rows(names, snapshot), "orch serve", REFRESH_S)
     return HTMLResponse(page.html, headers=page.headers)
 
 

@@ -105,7 +105,7 @@ def _outputs(ctx: RunContext, status: RunStatus) -> tuple[list[Row], list[Row]]:
     errors: list[Row] = []
     for chunk, _ in [item for item in stats if item[1][1].errors][:ERROR_CHUNKS]:
         errors += _rows_of(ctx, chunk, ERRORS - len(errors), errors_only=True)
-    if len(errors) < ERRORS and status.rows.get("set_aside"):
+    if len(errors) < ERRORS and status.rows.set_aside:
         errors += _set_aside(ctx, ERRORS - len(errors))
     return samples, errors
 

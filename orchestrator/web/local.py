@@ -48,8 +48,8 @@ class RunPages:
         if path == "/":
             return self.run_page(run, json_only=False)
         if path == "/runs":
-            rows = index_rows(run_names(self.ctx.store), self.snapshots.get, self.ctx.store)
-            page = render_index(rows, self.ctx.spec.store)
+            rows = index_rows(run_names(self.ctx.store), self.snapshots.get)
+            page = render_index(rows, self.ctx.spec.store, self.refresh_s)
             return 200, "text/html; charset=utf-8", page.html.encode(), page.headers
         if path == "/metrics":
             metrics = self.snapshots.get(run).view("metrics", lambda s: exposition(lambda: [s.status]))

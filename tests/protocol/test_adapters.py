@@ -12,12 +12,10 @@ from orchestrator.core.store import open_store
 L = RunLayout("r")
 
 
-@pytest.fixture(params=["local", "seaweedfs"])
+@pytest.fixture(params=["local", pytest.param("seaweedfs", marks=pytest.mark.slow)])
 def store(request, tmp_path):
-    from tests.conftest import make_store_uri
+    from tests.support.s3servers import make_store_uri
 
-    if request.param != "local":
-        request.applymarker(pytest.mark.slow)
     return open_store(make_store_uri(request.param, request, tmp_path))
 
 

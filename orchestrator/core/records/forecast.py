@@ -11,7 +11,7 @@ from orchestrator.core.store import Store
 
 
 class StratumCount(Record):
-    """The run's rows of one stratum (fleet/probe_carve.py: prompt length, max_tokens, prefix)."""
+    """The run's rows of one stratum (prepare/probe_carve.py: prompt length, max_tokens, prefix)."""
 
     rows: int = 0
     max_tokens: int = Field(0, description="sum over the rows of their max_tokens")

@@ -111,6 +111,9 @@ class PrepareRecord(Record):
         "names one keeps that name in its key, since it picks the adapter's weights",
     )
     reused: int = Field(0, description="input rows answered from earlier runs (reuse.json), in no chunk")
+    sampled_from: int | None = Field(
+        None, description="a pilot (input.limit): the input's rows its stratified sample was drawn from"
+    )
 
 
 class PrepareError(Record):

@@ -6,18 +6,15 @@ in the input, and taken out of the chunks they came from (those get positions fi
 probe worker claims that chunk with a lease and writes its done marker like any other; the run's
 workers skip it as done, and collect places its rows by their positions. Nothing is written twice.
 
-Strata: prompt length (powers of two of its bytes / 4), prefix group (the first PREFIX_HEAD bytes of
-the body) and max_tokens (powers of two). The sample is at least one full engine batch (`engine_batch`).
-Allocation is proportional, at least one row per stratum
-while the sample has room, drawn with a seed from the run's name so a retry picks the same rows.
+The sample is stratified (sampling.py: prompt length, output budget, prefix group), at least one
+full engine batch (planning/probe_work.engine_batch), drawn with a seed from the run's name so a
+retry picks the same rows.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import random
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -25,14 +22,12 @@ from dataclasses import dataclass, replace
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError
 from orchestrator.core.layout import chunk_id
-from orchestrator.core.prefix import prefix_hash, prefix_head
-from orchestrator.core.records import ManifestEntry, PlanRecord, PrepareError, read_manifest, write_jsonl
+from orchestrator.core.records import ManifestEntry, PlanRecord, PrepareError, read_manifest
 from orchestrator.core.records.base import iter_jsonl, read_record
 from orchestrator.core.records.run import PrepareRecord
 from orchestrator.core.store import NotFound
-
-#: Bytes of a request body that name its prefix group for stratifying (a system prompt's start).
-PREFIX_HEAD = 160
+from orchestrator.prepare.sampling import lone_prefixes_merged, row_max_tokens, stratified_sample, stratum_of
+from orchestrator.prepare.writers import write_manifest
 
 
 @dataclass(frozen=True)
@@ -45,22 +40,6 @@ class SampledRow:
     line: bytes
     max_tokens: int
     stratum: str
-
-
-def stratum_of(line: bytes, max_tokens: int) -> str:
-    """`p<log2 prompt tokens>.m<log2 max_tokens>.<prefix>`: what a row's cost depends on."""
-    prompt = max(1, len(line) // 4)
-    prefix = prefix_hash(prefix_head(line, PREFIX_HEAD))[:6]
-    return f"p{int(math.log2(prompt))}.m{int(math.log2(max(1, max_tokens)))}.{prefix}"
-
-
-def row_max_tokens(line: bytes, default: int) -> int:
-    try:
-        body = json.loads(line).get("body") or {}
-    except (ValueError, AttributeError):
-        return default
-    value = body.get("max_completion_tokens") or body.get("max_tokens")
-    return int(value) if isinstance(value, int) and value > 0 else default
 
 
 def run_rows(ctx: RunContext, entries: Sequence[ManifestEntry]) -> list[SampledRow]:
@@ -81,15 +60,8 @@ def run_rows(ctx: RunContext, entries: Sequence[ManifestEntry]) -> list[SampledR
         for i, (line, position) in enumerate(zip(lines, positions, strict=True)):
             m = row_max_tokens(line, ctx.spec.sampling.max_tokens)
             rows.append(SampledRow(entry.chunk, i, position, line, m, stratum_of(line, m)))
-    return _lone_prefixes_merged(rows)
-
-
-def _lone_prefixes_merged(rows: list[SampledRow]) -> list[SampledRow]:
-    """A prefix only one row has is no group: such rows share the stratum `-` for their prefix."""
-    counts: dict[str, int] = defaultdict(int)
-    for r in rows:
-        counts[r.stratum] += 1
-    return [r if counts[r.stratum] > 1 else replace(r, stratum=r.stratum.rsplit(".", 1)[0] + ".-") for r in rows]
+    strata = lone_prefixes_merged([r.stratum for r in rows])
+    return [replace(r, stratum=s) for r, s in zip(rows, strata, strict=True)]
 
 
 def _set_aside_positions(ctx: RunContext) -> set[int]:
@@ -112,24 +84,7 @@ def probe_room(rows: int) -> int:
 def sample_rows(rows: Sequence[SampledRow], share: float, min_rows: int, seed: str) -> list[SampledRow]:
     """A stratified sample: max(min_rows, share of the rows), never more than probe_room of them, in input order."""
     want = min(max(min_rows, math.ceil(share * len(rows))), probe_room(len(rows)))
-    if want <= 0:
-        return []
-    strata: dict[str, list[SampledRow]] = defaultdict(list)
-    for r in rows:
-        strata[r.stratum].append(r)
-    rng = random.Random(hashlib.sha256(seed.encode()).digest())
-    # Proportional shares, rounded down, then one each to the strata left out (largest first), then by remainder.
-    quota = {s: int(want * len(v) / len(rows)) for s, v in strata.items()}
-    order = sorted(strata, key=lambda s: (-(want * len(strata[s]) / len(rows)) % 1, s))
-    for s in sorted(strata, key=lambda s: -len(strata[s])):
-        if sum(quota.values()) < want and quota[s] == 0:
-            quota[s] = 1
-    for s in order:
-        if sum(quota.values()) >= want:
-            break
-        quota[s] += 1 if quota[s] < len(strata[s]) else 0
-    picked = [r for s in sorted(strata) for r in rng.sample(strata[s], min(quota[s], len(strata[s])))]
-    return sorted(picked, key=lambda r: r.position)
+    return stratified_sample(rows, want, seed)
 
 
 def refuse_if_started(ctx: RunContext) -> None:
@@ -158,8 +113,7 @@ def carve_probe_chunk(ctx: RunContext, picked: Sequence[SampledRow], model: str 
     new_entries = [_rewrite(ctx, e, kept[e.chunk]) if e.chunk in by_chunk else e for e in entries]
     probe = _write_chunk(ctx, chunk_id(len(entries), len(entries) + 1), list(picked), None, model)
     new_entries.append(probe)
-    ctx.store.put(ctx.layout.metadata, "".join(f"{e.key}\n" for e in new_entries).encode())
-    ctx.store.put(ctx.layout.manifest, write_jsonl(new_entries))
+    write_manifest(ctx, new_entries)
     found = read_record(ctx.store, ctx.layout.prepare_record, PrepareRecord)
     if found is not None:
         ctx.store.put(ctx.layout.prepare_record, found[0].model_copy(update={"chunks": len(new_entries)}).to_bytes())
