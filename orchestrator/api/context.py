@@ -17,7 +17,7 @@ from orchestrator.core.context import RunContext, resolve_spec
 from orchestrator.core.errors import SpecError
 from orchestrator.core.model_source import is_bucket_url, is_local_path, local_adapter_problem, local_model_problem
 from orchestrator.core.pools import run_models
-from orchestrator.core.request_format import response_format_of
+from orchestrator.core.request.request_format import response_format_of
 
 Warn = Callable[[str], None]
 

@@ -1,5 +1,5 @@
 """What the input spec adds to every request it builds: a template over the row's columns and OpenAI's
-response_format (its JSON schema held to core/json_schema.py's check), both checked when the spec loads."""
+response_format (its JSON schema held to core/request/json_schema.py's check), both checked when the spec loads."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.errors import SpecError
-from orchestrator.core.json_schema import MAX_SCHEMA_BYTES, SchemaProblem, check_json_schema, loaded_schema
-from orchestrator.core.schema_lint import schema_problems
+from orchestrator.core.request.json_schema import MAX_SCHEMA_BYTES, SchemaProblem, check_json_schema, loaded_schema
+from orchestrator.core.request.schema_lint import schema_problems
 
 #: A schema file is read up to this much: its compact JSON is held to MAX_SCHEMA_BYTES, and a file
 #: may be laid out with indentation (a few times the compact size).
@@ -83,7 +83,7 @@ def response_format_of(kind: str | None, schema_file: str | None) -> dict[str, A
 
 
 def load_json_schema(path: str) -> dict[str, Any]:
-    """A JSON Schema file, read and held to the workers' check (core/json_schema.py); every fault
+    """A JSON Schema file, read and held to the workers' check (core/request/json_schema.py); every fault
     names the file (and line, or the place in the schema)."""
     try:
         with open(path, "rb") as f:
@@ -111,7 +111,7 @@ def load_json_schema(path: str) -> dict[str, Any]:
 
 
 def _refuse_mistakes(schema: Any, path: str) -> None:
-    """What the schema's author did not mean (core/schema_lint.py: unknown keywords, `required`
+    """What the schema's author did not mean (core/request/schema_lint.py: unknown keywords, `required`
     names without a property), every one at once, naming the file."""
     try:
         mistakes = schema_problems(schema, strict=False)
