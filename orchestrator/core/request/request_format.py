@@ -73,13 +73,15 @@ def response_format_of(kind: str | None, schema_file: str | None) -> dict[str, A
     if kind not in (None, "json_schema"):
         raise SpecError(f"--response-format {kind} and --json-schema: choose one")
     schema = load_json_schema(schema_file)
-    # Strict (OpenAI's structured outputs) where the schema meets its rules: every object closed,
-    # every property required. vLLM's grammar holds either; a line sent to OpenAI as it is is taken.
+    return schema_format(schema, _schema_name(schema_file))
+
+
+def schema_format(schema: dict[str, Any], name: str) -> dict[str, Any]:
+    """OpenAI's response_format holding answers to `schema`: strict (OpenAI's structured outputs)
+    where the schema meets its rules, every object closed and every property required; vLLM's
+    grammar holds either, and a line sent to OpenAI as it is is taken."""
     strict = not schema_problems(schema, strict=True)
-    return {
-        "type": "json_schema",
-        "json_schema": {"name": _schema_name(schema_file), "schema": schema, "strict": strict},
-    }
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict}}
 
 
 def load_json_schema(path: str) -> dict[str, Any]:
