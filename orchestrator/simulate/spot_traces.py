@@ -1,7 +1,11 @@
 """The published spot-availability traces ("Can't Be Late", NSDI'24) and the benchmark settings scored on them.
 
 Each trace file is `{"metadata": {"gap_seconds": G, ...}, "data": [0, 1, ...]}`, one entry per tick
-of G seconds. The meaning is the one of the simulator that ships with them (`sky_spot/env.py`) and
+of G seconds; the multi-zone files also carry `"prices": [...]`, the zone's spot price (USD/h) per
+tick (us-east-1 zones $1.11-1.85, the others $0.92-1.09 over the 100 traces; the single-zone files
+list none). The published simulator bills a zone at the first of them (`CostModel`).
+
+The meaning of the data is the one of the simulator that ships with them (`sky_spot/env.py`) and
 that every published score uses: **1 means spot capacity is NOT available in that tick**, 0 means it
 is. Read that way, the east zones are the scarce ones although the benchmark's README calls its east
 scenarios "high availability"; the scorer prints each scenario's measured availability beside its name.
