@@ -18,7 +18,7 @@ MODELS := .cache/models
 export HF_HUB_OFFLINE := 1
 export SKYPILOT_DISABLE_USAGE_COLLECTION := 1
 
-.PHONY: setup system-deps lint test test-controller test-worker demo bench bench-gpu models clean
+.PHONY: setup system-deps lint check test test-controller test-worker demo bench bench-gpu models clean
 
 setup: $(VENV)/.installed $(WVENV)/.installed
 
@@ -69,6 +69,12 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+# The inner loop, in minutes: the gates, then the fast tier (docs/testing.md) — every controller test
+# not marked slow, the workers they start on the scripted engine. `make test` runs everything.
+check: setup models
+	$(MAKE) --no-print-directory lint
+	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -m "not slow" -n 2 -q
 
 # Set-up first (the small models built side by side), then the gates and the two suites side by
 # side: the worker suite keeps the cores busy with its one engine while the controller suite

@@ -37,6 +37,9 @@ BENCHMARKS = {
     # On a CPU, a smoke run of `make bench-gpu` and the transformers engine's CPU target.
     "gpu_bench": WORKER,
 }
+#: Benchmarks `make bench` leaves out, each run by hand where it means something (docs/BENCHMARKS.md):
+#: the forecast study on a GPU machine without vLLM (on a CPU only a smoke run of the script).
+BY_HAND = {"forecast_gpu_bench": CONTROLLER}
 
 
 def main(argv: list[str]) -> int:

@@ -21,10 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import CACHE, ROOT, save, table
+from bench.common import CACHE, ROOT, save, sized, table
 
 SCHEMA = {"type": "object", "properties": {"label": {"enum": ["bug", "billing", "other"]}}, "required": ["label"]}
-MISTAKES = {  # field -> what a mistaken line carries instead
+MISTAKES: dict[str, dict[str, object]] = {  # field -> what a mistaken line carries instead
     "temprature": {"temprature": 0.2},
     "max_tokens": {"max_tokens": -5},
     "response_format": {
@@ -32,30 +32,31 @@ MISTAKES = {  # field -> what a mistaken line carries instead
     },
 }
 EVERY = 1000  # each kind of mistake on one line in EVERY
+#: The words of a ticket's text.
+WORDS = [
+    "the",
+    "order",
+    "arrived",
+    "late",
+    "and",
+    "the",
+    "invoice",
+    "shows",
+    "a",
+    "charge",
+    "twice",
+    "please",
+    "refund",
+    "my",
+    "account",
+]
 
 
 def write_input(path: Path, rows: int) -> None:
     rng = random.Random(0)
-    words = [
-        "the",
-        "order",
-        "arrived",
-        "late",
-        "and",
-        "the",
-        "invoice",
-        "shows",
-        "a",
-        "charge",
-        "twice",
-        "please",
-        "refund",
-        "my",
-        "account",
-    ]
     with open(path, "w") as f:
         for i in range(rows):
-            text = " ".join(rng.choice(words) for _ in range(100))
+            text = " ".join(rng.choice(WORDS) for _ in range(100))
             body: dict[str, object] = {
                 "model": rng.choice(["org/base", "org/base", "org/other"]),
                 "messages": [{"role": "system", "content": "Label the ticket."}, {"role": "user", "content": text}],
@@ -83,8 +84,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--quick", action="store_true", help="50,000 rows")
+    parser.add_argument("--smoke", action="store_true", help="2,000 rows, nothing saved")
     opts = parser.parse_args()
-    rows = 50_000 if opts.quick else opts.rows
+    rows = sized(opts.rows, 50_000, 2_000)
     data = CACHE / f"check-{rows}.jsonl"
     if not data.exists():
         print(f"generating {rows:,} request lines in {data} ...", flush=True)

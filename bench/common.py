@@ -5,13 +5,25 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 CACHE = ROOT / ".cache" / "bench"
+#: `--smoke`: a benchmark's smallest run, to show that it still runs (tests/test_bench_smoke.py runs
+#: every one so): seconds, its figures printed and not saved over bench/results.
+SMOKE = "--smoke" in sys.argv[1:]
+#: `--quick`: smaller workloads, figures saved (each benchmark's docstring says how small).
+QUICK = "--quick" in sys.argv[1:]
+Size = TypeVar("Size")
+
+
+def sized(full: Size, quick: Size, smoke: Size) -> Size:
+    """The workload size of this run: `--smoke`'s, `--quick`'s, or the benchmark's own."""
+    return smoke if SMOKE else quick if QUICK else full
 
 
 def machine() -> dict[str, Any]:
@@ -24,7 +36,11 @@ def machine() -> dict[str, Any]:
     }
 
 
-def save(name: str, result: dict[str, Any]) -> Path:
+def save(name: str, result: dict[str, Any]) -> Path | None:
+    """The result in bench/results/<name>.json (a smoke run's only printed)."""
+    if SMOKE:
+        print(f"smoke run of {name}: nothing saved")
+        return None
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"benchmark": name, "machine": machine(), **result}, indent=2))

@@ -26,7 +26,7 @@ store, and measures the machine's own floor beside the probe: a forecast that kn
 engine time from the other rounds (the median of their actuals) and nothing of the machine's state at
 the time. Its error is what the same run moves from one round to the next on this machine; a probe,
 taken minutes before its run, cannot be expected to do better than that.
-`--quick`: the first three workloads at a third of the rows, two rounds.
+`--quick`: the first three workloads at a third of the rows, two rounds; `--smoke`: the first at a tenth, once.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import CACHE, ROOT, save, table
+from bench.common import CACHE, ROOT, save, sized, table
 
 MODEL = ROOT / ".cache" / "models" / "tiny-llama"
 ENGINE_BATCH = 8
@@ -108,10 +108,10 @@ def _orch(cwd: Path, *args: str) -> str:
 
 
 def measure(name: str, workers: int, rows: int, make: Callable[[int, random.Random], dict[str, Any]]) -> dict[str, Any]:
-    from orchestrator.controller.forecast import local_parallelism
-    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.records import read_manifest, read_marker
     from orchestrator.core.store import open_store
+    from orchestrator.planning.forecast import local_parallelism
 
     # Each workload's store is kept (.cache/bench/forecast/<n>) for a look at what the workers measured.
     cwd = CACHE / "forecast" / name.replace(" ", "-").replace(",", "")
@@ -263,13 +263,12 @@ def report(results: list[dict[str, Any]], summary: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    quick = "--quick" in argv
-    n = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 2 if quick else ROUNDS
-    chosen = list(WORKLOADS.items())[:3] if quick else list(WORKLOADS.items())
+    n = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else sized(ROUNDS, 2, 1)
+    chosen = list(WORKLOADS.items())[: sized(len(WORKLOADS), 3, 1)]
     rounds = []
     for i in range(n):
         print(f"--- round {i + 1} of {n} ---", flush=True)
-        rounds.append(study(chosen, 1 / 3 if quick else 1.0)[0])
+        rounds.append(study(chosen, sized(1.0, 1 / 3, 1 / 10))[0])
     add_floor(rounds)
     summaries = [summarise(results) for results in rounds]
     for i, (results, summary) in enumerate(zip(rounds, summaries, strict=True)):

@@ -62,6 +62,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shape", default="smollm2-135m")
     parser.add_argument("--workloads", type=int, default=3, help="the first N workloads")
     parser.add_argument("--only", action="append", default=[], help="this workload (by name; repeat it), in order")
+    parser.add_argument(
+        "--smoke", action="store_true", help="the first workload at a hundredth of the rows, nothing saved"
+    )
     args = parser.parse_args(argv)
     gpu = _gpu_name()
     cuda = gpu is not None
@@ -71,11 +74,12 @@ def main(argv: list[str]) -> int:
         model, _ = build_model(args.shape, "cuda")
         rows = ROWS
     else:
-        model, rows = forecast_bench.MODEL, ROWS // 10
+        model, rows = forecast_bench.MODEL, ROWS // (100 if args.smoke else 10)
     forecast_bench.MODEL = model
     forecast_bench.SPEC = _spec(BATCH if cuda else 8)
     kinds = workloads(rows)
-    chosen = [(n, kinds[n]) for n in args.only] if args.only else list(kinds.items())[: args.workloads]
+    first = 1 if args.smoke else args.workloads
+    chosen = [(n, kinds[n]) for n in args.only] if args.only else list(kinds.items())[:first]
     results, summary = forecast_bench.study(chosen)
     summary.update(device=gpu or "cpu", shape=args.shape if cuda else "tiny-llama")
     forecast_bench.report(results, summary)

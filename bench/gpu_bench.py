@@ -176,7 +176,7 @@ def _generate_call(engine: Any, max_tokens: int) -> Any:
             )
         if engine.device == "cuda":
             torch.cuda.synchronize()
-        return (out.shape[1] - inputs["input_ids"].shape[1]) * len(batch)
+        return int((out.shape[1] - inputs["input_ids"].shape[1]) * len(batch))
 
     return run
 
@@ -229,7 +229,8 @@ def _vllm_call(engine: Any, max_tokens: int) -> Any:
 def run_ceiling(engine: str, model: Path, data: Path, old_batches: bool, candidates: bool) -> dict[str, Any]:
     command = [sys.executable, "-m", "bench.gpu_bench", "--child", engine, str(model), str(data)]
     out, _ = _run(command + (["--old-batches"] if old_batches else []) + (["--candidates"] if candidates else []))
-    return json.loads(out.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
 
 
 # -- (c): orch end to end ---------------------------------------------------------------------------
@@ -371,7 +372,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"path": str(path), "seconds": seconds}))
         return 0
     device = _device()
-    mode = "gpu" if device == "cuda" else "cpu-quick" if args.quick else "cpu"
+    mode = "gpu" if device == "cuda" else "cpu-quick" if args.quick or args.smoke else "cpu"
     sizes = SIZES[mode]
     shapes = args.shapes.split(",") if args.shapes else list(sizes)
     engines = args.engines.split(",") if args.engines else ["transformers"] + (["vllm"] if _has_vllm() else [])
@@ -463,6 +464,7 @@ def _has_vllm() -> bool:
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="on a CPU: smaller sizes (a smoke run)")
+    parser.add_argument("--smoke", action="store_true", help="as --quick, nothing saved")
     parser.add_argument("--shapes", help=f"comma-separated, of: tiny, {', '.join(sorted(SIZES['gpu']))}")
     parser.add_argument("--engines", help="comma-separated: transformers, vllm (default: both where vLLM is installed)")
     parser.add_argument("--prompts", type=int, help="prompts per shape (default: per shape and device)")

@@ -22,6 +22,8 @@ from unittest import mock
 
 import pyarrow as pa
 
+from bench.common import sized
+
 
 def _rows(start: int, count: int) -> pa.Table:
     ids = range(start, start + count)
@@ -45,7 +47,7 @@ def main(rows: int) -> None:
     from deltalake import write_deltalake
 
     from orchestrator.cli import main as orch
-    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.records import read_manifest
     from orchestrator.core.store import open_store
     from tests.support.runs import Answer, answer_chunk
@@ -75,4 +77,4 @@ def main(rows: int) -> None:
 
 if __name__ == "__main__":
     given = [a for a in sys.argv[1:] if not a.startswith("-")]
-    main(int(given[0]) if given else 20_000 if "--quick" in sys.argv else 200_000)
+    main(int(given[0]) if given else sized(200_000, 20_000, 500))

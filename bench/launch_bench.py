@@ -10,11 +10,10 @@ Target: 16 workers in at most 2x the time of one submission.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 
-from bench.common import save, table
+from bench.common import save, sized, table
 
 
 def main() -> None:
@@ -23,24 +22,24 @@ def main() -> None:
     import sky  # noqa: F401  (a one-time import cost, not a launch cost)
 
     from orchestrator.backends.skypilot import SkyPilotLauncher
-    from orchestrator.controller.launch import launch_workers
     from orchestrator.core.context import RunContext
-    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.spec_load import load_spec
     from orchestrator.core.store import open_store
+    from orchestrator.fleet.launch import launch_workers
     from tests.support.fake_sky import ScriptedSky
     from tests.support.runs import chat_request, make_run
 
-    latency = 0.2 if "--quick" in sys.argv else 0.5
+    latency = sized(0.5, 0.2, 0.05)
     workers = 16
 
-    def fresh_run():
+    def fresh_run() -> RunContext:
         store = open_store(tempfile.mkdtemp(prefix="orch-bench-store-"))
         make_run(store, "bench", [[chat_request(f"c{c}", "q")] for c in range(workers)], model="m", workers=workers)
         spec = load_spec(None, {"run": "bench", "store": "r2://b/p", "backend": "skypilot"}, env={}, default_file=False)
         return RunContext(spec, store, RunLayout("bench"))
 
-    def timed(worker_ids, parallel):
+    def timed(worker_ids: list[int], parallel: int) -> float:
         ctx = fresh_run()
         launcher = SkyPilotLauncher(ctx.spec, sdk=ScriptedSky(latency=latency), max_parallel=parallel)
         started = time.monotonic()

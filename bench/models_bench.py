@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, save, table
+from bench.common import ROOT, save, sized, table
 
 MODELS = ROOT / ".cache" / "models"
 MAX_TOKENS = 16
@@ -135,8 +135,9 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--models", type=int, default=3, choices=(2, 3))
     parser.add_argument("--quick", action="store_true", help="20 rows")
+    parser.add_argument("--smoke", action="store_true", help="8 rows, nothing saved")
     args = parser.parse_args()
-    rows = 20 if args.quick else args.rows
+    rows = sized(args.rows, 20, 8)
     entries = model_entries(args.models)
     base = {
         "workers": {"heartbeat_interval": 1, "checkpoint_interval": 5},

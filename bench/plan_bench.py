@@ -8,18 +8,16 @@ left out. Targets: under 2 s, largest load <= 1.05x the mean.
 from __future__ import annotations
 
 import random
-import sys
 import time
 
-from bench.common import save, table
-from orchestrator.controller.plan import plan_chunks, skypilot_example_split
-from orchestrator.core.protocol.layout import chunk_id
+from bench.common import save, sized, table
+from orchestrator.core.layout import chunk_id
 from orchestrator.core.records import ManifestEntry
+from orchestrator.planning.plan import plan_chunks, skypilot_example_split
 
 
 def main() -> None:
-    quick = "--quick" in sys.argv
-    chunks, workers = (10_000, 100) if quick else (100_000, 1_000)
+    chunks, workers = sized((100_000, 1_000), (10_000, 100), (1_000, 10))
     rng = random.Random(0)
     entries = []
     for i in range(chunks):

@@ -29,6 +29,7 @@ torch threads are printed, run_batch's as its own log says them. run_batch's fro
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import random
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -47,6 +48,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
 from bench.common import save, table
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from worker.engine.base import Engine
+
+
+def held(engine: Engine) -> Callable[[], Engine]:
+    """An engine factory for the Worker that hands over an engine already loaded."""
+    return lambda: engine
+
 
 BLOCK = 128
 KV_CACHE_BYTES = 256 * 2**20
@@ -115,9 +127,9 @@ def run_batch(model: str, lines: list[dict[str, Any]], max_tokens: int, work: Pa
     threads: int | None = None
     # vLLM logs to stdout and draws its progress bar on stderr: both read here, as they come.
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.stdout is not None
+    stdout = cast(io.BufferedReader, proc.stdout)  # Popen's pipe, unbuffered text off: read1 takes what is there
     seen = tail = b""
-    while block := proc.stdout.read1(1 << 16):
+    while block := stdout.read1(1 << 16):
         tail = (tail + block)[-2000:]  # what it said last, shown if it fails
         if ready is None:
             seen = seen[-200:] + block
@@ -187,7 +199,7 @@ def orch(llm: Any, model: str, src: Path, grouped: bool, work: Path) -> dict[str
                 store,
                 spec,
                 identity,
-                lambda e=engine: e,
+                held(engine),
                 progress=ProgressReporter(stream=devnull),
                 max_chunks=len(assignment.chunks),
             )
@@ -211,15 +223,16 @@ def main() -> None:
     from vllm import LLM
 
     from model_builders import build_smollm2
-    from tests.worker.conftest import MODELS
+    from tests.support.models import MODELS
 
     parser = argparse.ArgumentParser(prog="python -m bench.prefix_bench")
     parser.add_argument("--quick", action="store_true", help="12 templates, 48 rows")
+    parser.add_argument("--smoke", action="store_true", help="4 templates, 8 rows, nothing saved")
     parser.add_argument("--templates", type=int, help="system prompts (default 24)")
     parser.add_argument("--rows", type=int, help="rows over them (default 192)")
     args = parser.parse_args()
     quick = args.quick or os.environ.get("QUICK") == "1"
-    templates, rows, max_tokens = (12, 48, 8) if quick else (24, 192, 8)
+    templates, rows, max_tokens = (4, 8, 4) if args.smoke else (12, 48, 8) if quick else (24, 192, 8)
     templates, rows = args.templates or templates, args.rows or rows
     model = str(build_smollm2(MODELS / "smollm2-135m-instruct"))
     lines = workload(templates, rows)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from bench.common import CACHE, ROOT, save, table
+from bench.common import CACHE, ROOT, save, sized, table
 
 NAIVE = r"""
 import json, math, sys, pathlib, pyarrow.parquet as pq
@@ -48,8 +48,7 @@ def measure(cmd: list[str]) -> tuple[float, float]:
 
 
 def main() -> None:
-    quick = "--quick" in sys.argv
-    rows = 100_000 if quick else 1_000_000
+    rows = sized(1_000_000, 100_000, 2_000)
     data = CACHE / f"lmsys-{rows}"
     if not (data / ".done").exists():
         shutil.rmtree(data, ignore_errors=True)

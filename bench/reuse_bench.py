@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, save, table
+from bench.common import ROOT, save, sized, table
 
 PYTHON = sys.executable
 ORCH = [PYTHON, "-m", "orchestrator"]
@@ -37,7 +37,7 @@ TINY = ROOT / ".cache" / "models" / "tiny-llama"
 LOOKUP = r"""
 import sys, time, numpy as np
 from orchestrator.core.context import RunContext
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import open_store
 from orchestrator.prepare.answer_keys import AnswerKeys
@@ -64,7 +64,7 @@ plan.discard(); collected.discard()
 BUILD = r"""
 import sys, numpy as np
 from orchestrator.core.store import open_store
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.prepare.answer_index import record_dtype, write_index
 store, n = open_store(sys.argv[1]), int(sys.argv[2])
 rng = np.random.default_rng(0)
@@ -80,7 +80,7 @@ np.save(sys.argv[3], records[["hi", "lo"]][pick].astype([("hi", "<u8"), ("lo", "
 PREPARE = r"""
 import sys, time
 from orchestrator.core.context import RunContext
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import open_store
 from orchestrator.prepare import prepare_run
@@ -96,7 +96,7 @@ print(report.record.rows / (time.monotonic() - started))
 PREPARE_REUSE = r"""
 import sys
 from orchestrator.core.context import RunContext
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import open_store
 from orchestrator.prepare import prepare_run
@@ -110,7 +110,7 @@ print(report.record.rows, report.record.reused, report.seconds)
 
 INDEX_OF_RUN = r"""
 import json, sys, numpy as np
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_manifest
 from orchestrator.core.store import open_store
 from orchestrator.prepare.answer_index import keys_of, record_dtype, write_index
@@ -278,14 +278,13 @@ def prepare_speed(work: Path, n: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    quick = "--quick" in sys.argv
     with tempfile.TemporaryDirectory(prefix="orch-reuse-bench-") as tmp:
         work = Path(tmp)
         os.chdir(work)
-        grown = grown_input(work, 200 if quick else 2000)
-        lookup_ = key_lookup(work, 1_000_000 if quick else 10_000_000)
-        memory = prepare_memory(work, [20_000, 200_000] if quick else [200_000, 2_000_000])
-        prepare = prepare_speed(work, 50_000 if quick else 300_000)
+        grown = grown_input(work, sized(2000, 200, 20))
+        lookup_ = key_lookup(work, sized(10_000_000, 1_000_000, 10_000))
+        memory = prepare_memory(work, sized([200_000, 2_000_000], [20_000, 200_000], [500, 5_000]))
+        prepare = prepare_speed(work, sized(300_000, 50_000, 1_000))
     os.chdir(ROOT)
     rows = [
         ["grown input: engine tokens", *grown["engine_tokens"], f"{grown['tokens_ratio']:.3f}x"],

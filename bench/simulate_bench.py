@@ -24,7 +24,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.common import ROOT, save, table
+from bench.common import ROOT, save, sized, table
 
 SECTIONS = ("compare", "scale", "deadlines")
 
@@ -46,11 +46,11 @@ def simulate_once(workers: int, chunks: int) -> dict[str, Any]:
     return {"chunks": chunks, "seconds": round(seconds, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024), **summary}
 
 
-def scale(quick: bool) -> dict[str, Any]:
+def scale() -> dict[str, Any]:
     """Three sizes side by side. Growth: each size's simulation time (wall less the start-up of a
     1-worker, 1-chunk run) over the previous size's, divided by what n log n allows for that step
     (10 x log(10n)/log(n)): at most 1 when the cost grows as chunks x log(chunks)."""
-    workers, sizes = (200, (200, 2_000, 20_000)) if quick else (1_000, (1_000, 10_000, 100_000))
+    workers, sizes = sized((1_000, (1_000, 10_000, 100_000)), (200, (200, 2_000, 20_000)), (10, (20, 200, 2_000)))
     startup = simulate_once(1, 1)["seconds"]
     rows = [simulate_once(workers, n) for n in sizes]
     for prev, r in zip([None, *rows], rows, strict=False):
@@ -88,12 +88,11 @@ def main() -> None:
     """Usage: python -m bench.simulate_bench [--quick] [compare|scale|deadlines ...] (default: all three)."""
     from orchestrator.simulate import POLICIES, SimConfig, deadline_study, simulate, summarise
 
-    quick = "--quick" in sys.argv
     selected = [a for a in sys.argv[1:] if not a.startswith("-")] or list(SECTIONS)
     unknown = set(selected) - set(SECTIONS)
     if unknown:
         raise SystemExit(f"unknown section(s) {sorted(unknown)}; known: {', '.join(SECTIONS)}")
-    seeds = 5 if quick else 20
+    seeds = sized(20, 5, 1)
     results: dict[str, Any] = {"seeds": seeds}
     if "compare" in selected:
         # 1. orch vs the SkyPilot example.
@@ -135,7 +134,7 @@ def main() -> None:
         }
         results["target_orch_ratio"] = 1.10
     if "scale" in selected:
-        results["scale"] = scale(quick)
+        results["scale"] = scale()
     if "deadlines" in selected:
         # 3. Deadlines.
         outage = SimConfig(outages=1, outage_s=2 * 3600)

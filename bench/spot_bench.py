@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import CACHE, ROOT, save, table
+from bench.common import CACHE, QUICK, ROOT, SMOKE, save, table
 
 ARCHIVES = ("multi-region-v100.tar.gz", "single-region.tar.gz")
 TRACES = CACHE.parent / "spot-traces"
@@ -44,7 +44,7 @@ def unpacked() -> Path:
 
 
 def main() -> None:
-    quick = "--quick" in sys.argv
+    quick = QUICK or SMOKE  # the simulator's own --quick is its smallest run
     costs = "benchmark" if "--benchmark-costs" in sys.argv else "orch"
     folder = unpacked()
     cmd = [sys.executable, "-m", "orchestrator", "simulate", "--traces", str(folder), "--json", "--costs", costs]

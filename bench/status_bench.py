@@ -16,18 +16,23 @@ answers in under 200 ms.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
-from bench.common import save, table
+from bench.common import save, sized, table
+
+if TYPE_CHECKING:
+    from orchestrator.core.layout import RunLayout
+    from orchestrator.core.store import Store
+    from orchestrator.planning.pricing import GpuTable
+    from orchestrator.runview.status import RunStatus
 
 
-def populate(store, layout, chunks: int, workers: int, done: int) -> None:
-    from orchestrator.controller.plan import plan_chunks, write_plan
+def populate(store: Store, layout: RunLayout, chunks: int, workers: int, done: int) -> None:
     from orchestrator.core.frozen_spec import freeze_spec
+    from orchestrator.core.layout import chunk_id
     from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
-    from orchestrator.core.protocol.layout import chunk_id
     from orchestrator.core.records import (
         DoneMarker,
         Heartbeat,
@@ -39,6 +44,7 @@ def populate(store, layout, chunks: int, workers: int, done: int) -> None:
         write_jsonl,
     )
     from orchestrator.core.spec_load import load_spec
+    from orchestrator.planning.plan import plan_chunks, write_plan
 
     spec = load_spec(None, {"run": layout.run, "store": store.uri, "model.name": "m"}, env={}, default_file=False)
     freeze_spec(store, layout, spec)
@@ -114,22 +120,22 @@ def populate(store, layout, chunks: int, workers: int, done: int) -> None:
         list(pool.map(beat, range(workers)))
 
 
-def page_views(store, layout, prices, chunks: int, done: int) -> dict:
+def page_views(store: Store, layout: RunLayout, prices: GpuTable, chunks: int, done: int) -> dict[str, Any]:
     """The page over HTTP while watched: a view every 0.25 s for 10 s, the status read again in the
     background whenever the last reading is over 2 s old (what `orch status --web --interval 2` does)."""
     import statistics
     import threading
     import urllib.request
 
-    from orchestrator.controller.status import derive_status, gather
     from orchestrator.core.context import RunContext
     from orchestrator.core.spec import RunSpec
+    from orchestrator.runview.status import derive_status, gather
     from orchestrator.web.local import page_server
     from orchestrator.web.snapshots import Snapshots
 
-    readings = []
+    readings: list[int] = []
 
-    def read(_run):
+    def read(_run: str) -> RunStatus:
         before = sum(store.requests.by_op.values())
         status = derive_status(gather(store, layout, None), now=time.time(), prices=prices)
         readings.append(sum(store.requests.by_op.values()) - before)
@@ -140,7 +146,7 @@ def page_views(store, layout, prices, chunks: int, done: int) -> dict:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
 
-    def view(path):
+    def view(path: str) -> tuple[float, str]:
         started = time.monotonic()
         with urllib.request.urlopen(base + path, timeout=60) as r:
             body = r.read().decode()
@@ -152,7 +158,8 @@ def page_views(store, layout, prices, chunks: int, done: int) -> dict:
         first_requests = sum(store.requests.by_op.values())
         assert f">{done}/{chunks}<" in body, "the page does not show the chunks done"
         store.requests.reset()
-        times, metrics_times = [], []
+        times: list[float] = []
+        metrics_times: list[float] = []
         cpu = time.process_time()
         ends = time.monotonic() + 10
         while time.monotonic() < ends:
@@ -184,15 +191,14 @@ def page_views(store, layout, prices, chunks: int, done: int) -> dict:
 def main() -> None:
     from orchestrator.commands.console import to_text
     from orchestrator.commands.views import status_view
-    from orchestrator.controller.pricing import load_gpu_table
-    from orchestrator.controller.status import derive_status, gather
-    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.records import read_manifest
     from orchestrator.core.store import open_store
+    from orchestrator.planning.pricing import load_gpu_table
+    from orchestrator.runview.status import derive_status, gather
     from tests.support.s3servers import seaweedfs
 
-    quick = "--quick" in sys.argv
-    chunks, workers, done = (2_000, 200, 1_200) if quick else (10_000, 1_000, 6_000)
+    chunks, workers, done = sized((10_000, 1_000, 6_000), (2_000, 200, 1_200), (100, 10, 60))
     with seaweedfs() as server:
         os.environ.update(server.env())
         store = open_store(server.store_uri(server.new_bucket(), "runs"))
@@ -210,7 +216,7 @@ def main() -> None:
         status = derive_status(gather(store, layout, None), now=time.time(), prices=prices)
         to_text(status_view(status))
         orch_s, orch_requests = time.monotonic() - started, dict(store.requests.by_op)
-        assert status.chunks == {"total": chunks, "done": done}, status.chunks
+        assert status.chunks.model_dump() == {"total": chunks, "done": done}, status.chunks
         assert len(status.workers) == workers
 
         manifest = [e.chunk for e in read_manifest(store, layout)]

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import save, table
+from bench.common import save, sized, table
 from bench.models_bench import MAX_TOKENS, MODELS, orch_run
 
 ARMS = ("formal", "terse", "teacher")
@@ -50,8 +50,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--quick", action="store_true", help="60 rows")
+    parser.add_argument("--smoke", action="store_true", help="8 rows, nothing saved")
     args = parser.parse_args()
-    rows = 60 if args.quick else args.rows
+    rows = sized(args.rows, 60, 8)
     prompts = system_prompts()
     base: dict[str, Any] = {
         "model": {"name": str(MODELS / "tiny-llama")},

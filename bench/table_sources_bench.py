@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import save, table
+from bench.common import save, sized, table
 
 
 def dataset(rows: int) -> Any:
@@ -117,8 +117,8 @@ def measure(rows: int, rounds: int) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    rows = 20_000 if "--quick" in sys.argv else 200_000
-    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
+    rows = sized(200_000, 20_000, 500)
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else sized(3, 3, 1)
     best = measure(rows, rounds)
     base = best["parquet"]
     result: dict[str, Any] = {"rows": rows, "rounds": rounds, "sources": {}}

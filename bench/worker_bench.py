@@ -26,8 +26,8 @@ runner: (a) one `LLM.embed` call over all (the engine's own one-call ceiling) an
 worker end to end. Target: (c)/(a) rows per second at least 0.95. `--embeddings` runs this row alone.
 
 Then the worker's own memory (beyond the engine's): peak RSS growth while it runs one
-100,000-row chunk through an engine that answers at once (so the worker, not the model, is all
-that is measured). Target: at most 300 MB.
+100,000-row chunk through the scripted engine, which answers at once (so the worker, not the
+model, is all that is measured), each answer 256 words. Target: at most 300 MB.
 """
 
 from __future__ import annotations
@@ -39,15 +39,20 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench.common import ROOT, save, table
-from tests.worker.conftest import COMPACT_JSON
+from bench.common import ROOT, save, sized, table
+from tests.support.models import COMPACT_JSON
+
+if TYPE_CHECKING:
+    from orchestrator.core.spec import RunSpec
+    from orchestrator.core.store import Store
+    from worker.engine.base import Engine
 
 WORKLOADS = ("fixed", "varied", "structured", "responses", "memory")
 BATCH_CHAR_COUNT = 2000  # the SkyPilot example's batch size
@@ -86,7 +91,7 @@ def skypilot_batches(prompts: list[str]) -> Iterator[list[str]]:
 
 
 def engine_variants(
-    llm,
+    llm: Any,
     model: str,
     prompts: list[str],
     lengths: list[int],
@@ -134,7 +139,7 @@ def engine_variants(
         engine_spec = ModelSpec(name=model, engine_args=COMPACT_JSON)
         summary = run_worker(store, spec, lambda: VllmEngine(engine_spec, llm=llm), **options)
         assert summary["requests"] == len(prompts) and summary["errors"] == 0, summary
-        return summary["tokens_out"]
+        return int(summary["tokens_out"])
 
     known = {
         "(a) one LLM.chat over all": ceiling,
@@ -225,7 +230,7 @@ def bench_run(
     chunks: int = 4,
     fields: dict[str, Any] | None = None,
     url: str = "/v1/chat/completions",
-):
+) -> tuple[Store, RunSpec]:
     """A prepared and planned run in a fresh local store: (store, spec). Row i asks for lengths[i]
     tokens, greedy, with the body `fields` (ignore_eos by default), as a chat or a /v1/responses line."""
     from orchestrator.core.spec_load import load_spec
@@ -251,8 +256,9 @@ def bench_run(
     return store, spec
 
 
-def run_worker(store, spec, engine_factory, **options: Any) -> dict[str, Any]:
-    """The real Worker over the run; returns its JSON summary."""
+def run_worker(store: Store, spec: RunSpec, engine_factory: Callable[[], Engine], **options: Any) -> dict[str, Any]:
+    """The real Worker over the run, on the engine the factory gives (anything the engine protocol
+    describes: worker/engine/base.py); returns its JSON summary."""
     from worker.heartbeat import WorkerIdentity
     from worker.progress import ProgressReporter
     from worker.runner import Worker
@@ -262,59 +268,28 @@ def run_worker(store, spec, engine_factory, **options: Any) -> dict[str, Any]:
         return Worker(store, spec, WorkerIdentity.new("0", 0), engine_factory, progress=progress, **options).run()
 
 
-class InstantEngine:
-    """Answers every request at once with a fixed text: the worker's own costs, without a model."""
-
-    name = "instant"
-    accelerator = "cpu"
-
-    def __init__(self, answer_chars: int = 1200, window: int = 256):
-        self.text = ("lorem ipsum dolor sit amet " * (answer_chars // 27 + 1))[:answer_chars]
-        self.capacity = window
-
-    def run(self, requests):
-        from worker.engine.base import take_window
-        from worker.outputs import Choice, success_line
-        from worker.wire import RowResult
-
-        while (batch := take_window(requests, self.capacity)) is not None:
-            yield [
-                RowResult(
-                    r.index,
-                    r.custom_id,
-                    success_line(r, [Choice(self.text, "length", 256, None)], 60, "m"),
-                    60,
-                    256,
-                    False,
-                    r.chunk,
-                )
-                for r in batch
-            ]
-
-    def abort(self, chunk: str | None = None) -> None: ...
-    def close(self) -> None: ...
-
-
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def worker_memory(rows: int) -> dict[str, Any]:
-    """Peak RSS growth of the worker over one chunk of `rows` rows (prompts ~LMSys size)."""
+def worker_memory(rows: int, model: str) -> dict[str, Any]:
+    """Peak RSS growth of the worker over one chunk of `rows` rows (prompts ~LMSys size), on the
+    scripted engine with `model`'s name (its config.json is all it reads)."""
     import multiprocessing
 
     from orchestrator.core.spec_load import load_spec
     from orchestrator.core.store import open_store
+    from worker.engine.scripted import ScriptedEngine
 
     # The run is written by a child process, so that none of its memory counts here.
     directory = tempfile.mkdtemp(prefix="orch-bench-memory-")
-    child = multiprocessing.get_context("fork").Process(target=_write_memory_run, args=(directory, rows))
+    child = multiprocessing.get_context("fork").Process(target=_write_memory_run, args=(directory, rows, model))
     child.start()
     child.join()
     assert child.exitcode == 0
     store = open_store(directory)
-    spec = load_spec(None, {"run": "bench", "store": store.uri, "model.name": "m"}, env={}, default_file=False)
+    spec = load_spec(None, {"run": "bench", "store": store.uri, "model.name": model}, env={}, default_file=False)
     baseline = rss_bytes()
     peak = [baseline]
     stop = threading.Event()
@@ -326,7 +301,7 @@ def worker_memory(rows: int) -> dict[str, Any]:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     started = time.perf_counter()
-    summary = run_worker(store, spec, InstantEngine)
+    summary = run_worker(store, spec, lambda: ScriptedEngine(spec.model, step_s=0.0))
     wall = time.perf_counter() - started
     stop.set()
     sampler.join()
@@ -336,12 +311,14 @@ def worker_memory(rows: int) -> dict[str, Any]:
     return {"rows": rows, "seconds": round(wall, 2), "peak_rss_growth_mib": round(growth / 2**20, 1), "target_mib": 300}
 
 
-def _write_memory_run(directory: str, rows: int) -> None:
+def _write_memory_run(directory: str, rows: int, model: str) -> None:
     from orchestrator.core.store import open_store
     from tests.support.runs import chat_request, make_run
 
-    requests = [chat_request(f"r{i}", p, max_tokens=256) for i, p in enumerate(conversations(rows, seed=1))]
-    make_run(open_store(directory), "bench", [requests], model="m", workers=1)
+    # ignore_eos: every answer is 256 words (about 1,500 characters), whatever the prompt.
+    prompts = conversations(rows, seed=1)
+    requests = [chat_request(f"r{i}", p, max_tokens=256, ignore_eos=True) for i, p in enumerate(prompts)]
+    make_run(open_store(directory), "bench", [requests], model=model, workers=1)
 
 
 def embeddings_row(model: str, count: int, rounds: int) -> dict[str, Any]:
@@ -414,13 +391,22 @@ def main() -> None:
         "workloads", nargs="*", metavar="WORKLOAD", help=f"some of {', '.join(WORKLOADS)} (default all)"
     )
     parser.add_argument("--quick", action="store_true", help="smaller workloads, one round")
+    parser.add_argument("--smoke", action="store_true", help="the smallest workloads, one round, nothing saved")
     parser.add_argument("--rounds", type=int, help="rounds of every workload (default 3, varied 2, quick 1)")
     parser.add_argument("--embeddings", action="store_true", help="the embeddings row alone")
     args = parser.parse_args()
     unknown = sorted(set(args.workloads) - set(WORKLOADS))
     if unknown:
         parser.error(f"unknown workload {', '.join(unknown)}: choose from {', '.join(WORKLOADS)}")
-    quick, rounds_flag, selected = args.quick, args.rounds, args.workloads
+    quick, rounds_flag, selected = args.quick or args.smoke, args.rounds, args.workloads
+    memory_rows = sized(100_000, 20_000, 500)
+    if selected == ["memory"]:  # the worker alone: no vLLM engine to build
+        from model_builders import build_tiny
+
+        model = str(build_tiny(ROOT / ".cache" / "models" / "tiny-llama"))
+        print("worker memory beyond the engine:")
+        save("worker_bench_memory", {"memory": worker_memory(memory_rows, model)})
+        return
     if args.embeddings:
         from model_builders import build_smollm2
 
@@ -439,7 +425,7 @@ def main() -> None:
     # Chunks as large as the engine's batch: real chunks are larger still (thousands of rows),
     # which only makes the boundaries between them rarer.
     max_seqs = llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
-    chunks, max_tokens = 2, (8 if quick else 16)
+    chunks, max_tokens = 2, sized(16, 8, 4)
     count = chunks * max_seqs
     prompts = conversations(count)
     # Varied: 1/4 to 4x max_tokens, so each chunk ends in a tail of long answers.
@@ -529,7 +515,7 @@ def main() -> None:
             print(f"{name}: (c)/(a) = {r['c_over_a_median']} median of rounds (target >= 0.95), {r['c_over_a']} best")
     if not selected or "memory" in selected:
         print("worker memory beyond the engine:")
-        results["memory"] = worker_memory(20_000 if quick else 100_000)
+        results["memory"] = worker_memory(memory_rows, model)
     save("worker_bench", results)
 
 

@@ -1,19 +1,38 @@
-"""Fixtures shared by every test: real S3 servers on 127.0.0.1, stores of each backend, a clean HOME."""
+"""Fixtures shared by every test: real S3 servers on 127.0.0.1, stores of each backend, a clean HOME,
+the engine the test's workers run, a project directory, workers started by hand."""
 
 from __future__ import annotations
 
 import os
-import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.support import s3servers
+from tests.support.cli import HandWorker
+from tests.support.models import REAL_ENGINE, TINY, built, scripted_engine
+from tests.support.s3servers import make_store_uri
 
 # Every S3 client in the tests (and in the workers they start) talks to local servers only.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", s3servers.ACCESS_KEY)
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", s3servers.SECRET_KEY)
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+
+
+@pytest.fixture(autouse=True)
+def engine_of_the_tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers this test starts run vLLM when it is marked `real_engine`, else the scripted engine
+    (worker/engine/scripted.py), at the pace a `scripted_engine(step_s=..., load_s=...)` mark sets
+    (default: none)."""
+    if request.node.get_closest_marker("real_engine"):
+        env = REAL_ENGINE
+    else:
+        pace = request.node.get_closest_marker("scripted_engine")
+        env = scripted_engine(**(pace.kwargs if pace else {}))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture(autouse=True)
@@ -27,6 +46,39 @@ def no_local_worker_outlives_its_test():
     left = stop_started_here(keep=before, grace_s=10)
     if left:
         print(f"stopped local workers this test left running: pids {left}")
+
+
+@pytest.fixture
+def workdir(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project directory, the current one for the test: its orch.yaml is the `orch_yaml(text)` mark's
+    (none without one); logs of local workers go under ./.orch."""
+    monkeypatch.chdir(tmp_path)
+    spec = request.node.get_closest_marker("orch_yaml")
+    if spec is not None:
+        (tmp_path / "orch.yaml").write_text(spec.args[0])
+    return tmp_path
+
+
+@pytest.fixture
+def tiny_model() -> str:
+    """The tiny Llama's path (built by `make models`)."""
+    return built(TINY)
+
+
+@pytest.fixture
+def hand_workers() -> Iterator[Callable[..., HandWorker]]:
+    """Starts HandWorkers; whatever still runs when the test ends is killed."""
+    started: list[HandWorker] = []
+
+    def start(store: str, run: str, worker: str, workdir: Path, **env: str) -> HandWorker:
+        started.append(HandWorker(store, run, worker, workdir, **env))
+        return started[-1]
+
+    yield start
+    for hand in started:
+        if hand.proc.poll() is None:
+            hand.proc.kill()
+            hand.proc.wait()
 
 
 @pytest.fixture(scope="session")
@@ -46,18 +98,7 @@ def seaweedfs_bucket(seaweedfs_server):
     return seaweedfs_server.new_bucket()
 
 
-def make_store_uri(kind: str, request: pytest.FixtureRequest, tmp_path) -> str:
-    """A fresh, empty store of the given kind, as a URI a subprocess can open too."""
-    if kind == "local":
-        return str(tmp_path / "store")
-    server = request.getfixturevalue("seaweedfs_server" if kind == "seaweedfs" else "moto_s3_server")
-    bucket = request.getfixturevalue("seaweedfs_bucket") if kind == "seaweedfs" else server.new_bucket()
-    return server.store_uri(bucket, f"t-{uuid.uuid4().hex[:10]}")
-
-
-@pytest.fixture(params=["local", "seaweedfs"])
+@pytest.fixture(params=["local", pytest.param("seaweedfs", marks=pytest.mark.slow)])
 def store_uri(request, tmp_path) -> str:
     """The local directory and the real S3 server: what end-to-end suites run against."""
-    if request.param != "local":
-        request.applymarker(pytest.mark.slow)
     return make_store_uri(request.param, request, tmp_path)

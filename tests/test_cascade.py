@@ -9,19 +9,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.controller.cascade import (
-    Escalated,
-    escalation,
-    final_answers,
-    next_stage,
-    record_stage,
-    stage_counts,
-)
+from orchestrator.collect.cascade import final_answers, stage_counts
 from orchestrator.core.errors import SpecError
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.spec import EscalateSpec
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store.memory import MemoryStore
+from orchestrator.fleet.cascade import record_stage
+from orchestrator.planning.escalation import Escalated, escalation, next_stage
 
 MODELS = {"small": "x/small", "large": "x/large"}
 MODEL_DIR = Path(__file__).resolve().parents[1] / ".cache" / "models"
@@ -143,7 +138,7 @@ def lines_of(path: Path) -> list[dict[str, Any]]:
 
 def first_model_answers(tmp_path: Path, data: Path) -> dict[str, dict[str, Any]]:
     """The rows answered by the first model alone (a run of its own): what stage 0 must have answered."""
-    from tests.test_faults import orch_ok
+    from tests.support.cli import orch_ok
 
     alone = tmp_path / "alone"
     alone.mkdir()
@@ -154,11 +149,12 @@ def first_model_answers(tmp_path: Path, data: Path) -> dict[str, dict[str, Any]]
 
 
 @pytest.mark.slow
+@pytest.mark.real_engine  # escalation on what the model wrote
 def test_cascade_run_escalates_on_length_and_regex_and_keeps_the_rest(tmp_path):
     """`orch run` runs stage 0 (the small model, every row), then stage 1 (the large one) on exactly
     the rows cut by max_tokens or matching the regex; the output has every row once, in input
     order: the large model's answer where escalated, the small model's, unchanged, elsewhere."""
-    from tests.test_faults import orch_ok
+    from tests.support.cli import orch_ok
 
     data = cascade_project(tmp_path)
     out = orch_ok("run", data, "--run", "c", "--format", "openai-batch", "--rows-per-chunk", "4", "--workers", "1",
@@ -200,12 +196,12 @@ def test_cascade_run_escalates_on_length_and_regex_and_keeps_the_rest(tmp_path):
 def test_cascade_run_killed_between_stages_does_not_double_stage_one(tmp_path):
     """`orch run` SIGKILLed once stage 1's rows are recorded, and run again: stage 1 is the recorded
     rows, prepared once (its run holds each escalated row once), and the output has every row once."""
-    from orchestrator.controller.cascade import read_stage
-    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.records import read_manifest
     from orchestrator.core.store import open_store
+    from orchestrator.runview.cascade import read_stage
+    from tests.support.cli import Background, orch_ok
     from tests.support.events import STORE_PACE, wait_for
-    from tests.test_faults import Background, orch_ok
 
     data = cascade_project(tmp_path)
     args = ("run", data, "--run", "k", "--format", "openai-batch", "--rows-per-chunk", "4", "--workers", "1")
@@ -236,7 +232,7 @@ def test_cascade_prepare_sends_every_row_to_the_first_model_and_collect_waits_fo
     """Stage 0 is the run: every row goes to the cascade's first model (a line naming another is set
     aside), and `orch collect` before the later stages are made refuses, naming the stage, rather
     than hand out the first model's answers as the cascade's."""
-    from tests.test_faults import orch
+    from tests.support.cli import orch
 
     (tmp_path / "orch.yaml").write_text(
         "models: {large: x/large, small: x/small}\n"
@@ -261,7 +257,7 @@ def test_cascade_prepare_sends_every_row_to_the_first_model_and_collect_waits_fo
 
 def test_cascade_prepare_with_reuse_from_is_refused_naming_both(tmp_path):
     """A reused first-stage answer would never be looked at for escalation: refused, not half done."""
-    from tests.test_faults import orch
+    from tests.support.cli import orch
 
     (tmp_path / "orch.yaml").write_text(
         "models: {large: x/large, small: x/small}\n"
@@ -280,12 +276,13 @@ def test_cascade_three_stages_answer_each_row_once_by_its_last_model(tmp_path):
     the rows stage n answered "unsure", in input order; run_stages started again (a controller that
     died and came back) makes no second set; collect writes each row once, in input order, with its
     last stage's answer, and counts each stage's rows answered and passed on."""
-    from orchestrator.controller.cascade_run import escalate, run_stages, stage_context
-    from orchestrator.controller.collect import collect
+    from orchestrator.collect.collect import collect
     from orchestrator.core.context import RunContext
     from orchestrator.core.records import read_manifest
     from orchestrator.core.store import open_store
+    from orchestrator.fleet.cascade import escalate, run_stages
     from orchestrator.prepare import prepare_run
+    from orchestrator.runview.cascade import stage_context
     from tests.support.runs import Answer, answer_chunk
 
     flags = {"run": "t", "store": str(tmp_path / "store"), "input.format": "openai-batch"}
@@ -347,15 +344,23 @@ def test_cascade_three_stages_answer_each_row_once_by_its_last_model(tmp_path):
         "c": {"answered": 1, "escalated": 0},
     }
     assert report.tokens.generated_tokens == 2 * (6 + 3)  # every stage's tokens (the error row has none)
+    # Every stage's answers are in the run's index, each under its own model's keys: a plain run of
+    # model b over the same rows reuses the three that stage 1 answered (issue 50 item 3: a cascade
+    # stage and a plain run of the same model reuse each other's answers); the rows sample, so reuse.sampled.
+    plain = {"run": "plain-b", "store": flags["store"], "input.format": "openai-batch", "model.name": "x/b"}
+    plain |= {"reuse.runs": ["t"], "reuse.sampled": True, "chunking.rows_per_chunk": 2}
+    plain_spec = load_spec(None, plain, env={}, default_file=False)
+    reused = prepare_run(RunContext(plain_spec, store, plain_spec.layout), [str(data)], check=False)
+    assert reused.record.reused == 3 and reused.record.rows == 3
 
 
 def test_cascade_serve_is_refused_naming_the_field(tmp_path):
     """`orch serve` would run a batch's first stage alone (the later ones live in `orch run`): refused at start."""
-    from tests.test_faults import orch
+    from tests.support.cli import orch
 
     (tmp_path / "orch.yaml").write_text(
         "models: {small: x/small, large: x/large}\n"
         "sweep: {cascade: [small, large], escalate_when: {finish_reason: [length]}}\n"
     )
-    done = orch("serve", "--store", tmp_path / "store", "--port", "0", cwd=tmp_path, timeout=60)
+    done = orch("serve", "--store", tmp_path / "store", "--port", "0", cwd=tmp_path)
     assert done.returncode != 0 and "sweep.cascade" in done.stderr and "orch run" in done.stderr

@@ -114,6 +114,7 @@ def test_a_local_lora_adapter_that_is_not_there_is_refused_naming_it(project, ca
     assert one_error(capsys.readouterr().err).startswith("ERROR model.lora.sql: ./adapters/sql is not a directory")
 
 
+@pytest.mark.slow  # renders SkyPilot tasks
 def test_a_hub_id_and_a_gguf_file_are_left_to_the_worker(project):
     from orchestrator.core.model_source import local_model_problem
 

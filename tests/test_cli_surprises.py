@@ -28,9 +28,10 @@ def project(tmp_path, monkeypatch):
 
 def answered(project: Path, run: str = "r"):
     store = open_store(str(project / ".orch"))
-    layout = make_run(store, run, [[chat_request(f"r{i}", "q") for i in range(2)] for _ in range(2)], model="m")
+    # Each row its own id: collect refuses to write two lines with one id.
+    layout = make_run(store, run, [[chat_request(f"r{c}-{i}", "q") for i in range(2)] for c in range(2)], model="m")
     for c in (0, 1):
-        answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"r{i}", "x") for i in range(2)]])
+        answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"r{c}-{i}", "x") for i in range(2)]])
     return store, layout
 
 
@@ -127,8 +128,8 @@ def test_run_again_after_ctrl_c_says_it_re_attached_to_the_running_workers(proje
     re-attached to them, not `launched 0 worker(s)`; it follows them to the end and collects.
     The running worker is a process the local backend judges live as it judges any (its pid and
     start time); the test finishes its chunk through the protocol's own objects."""
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.processes import start_ticks
-    from orchestrator.core.protocol.layout import RunLayout
 
     write_jsonl(project / "q.jsonl", [{"id": f"q{i}", "text": f"Question {i}?"} for i in range(3)])
     prepare = ["q.jsonl", "--run", "again", "--format", "text", "--id-column", "id", "--num-chunks", "1"]

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.controller.collect import collect
-from orchestrator.core.errors import CorruptOutput
-from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.records import DoneMarker, read_manifest
+from orchestrator.collect.collect import collect
+from orchestrator.core.errors import CorruptOutput, OutputError
+from orchestrator.core.layout import RunLayout
+from orchestrator.core.records import DoneMarker, PrepareError, read_manifest
 from orchestrator.core.store import open_store
 from tests.support.datasets import write_jsonl
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
@@ -322,6 +322,7 @@ def test_collect_writes_a_typed_table_of_a_json_schema_run(tmp_path, capsys, mon
     assert table.schema.names == [
         "ticket", "subject", "priority", "tags", "text", "label", "urgent", "score", "topics", "answer_text",
         "parse_error", "finish_reason", "prompt_tokens", "completion_tokens", "error_code", "error_message", "model",
+        "reused", "escalated",
     ]  # fmt: skip
     types = {f.name: f.type for f in table.schema}
     assert types["priority"] == pa.int64() and types["urgent"] == pa.bool_() and types["score"] == pa.int64()
@@ -409,3 +410,24 @@ def test_run_refuses_a_kept_column_before_any_worker_is_launched(tmp_path, capsy
     assert read_manifest(store, layout)  # prepared, and kept
     assert store.head(layout.jobs) is None  # no worker launched
     assert not (tmp_path / "t.parquet").exists()
+
+
+def test_collect_never_writes_two_lines_with_one_id(tmp_path, capsys):
+    """A run prepared before prepare refused repeated ids: the repeat was set aside at prepare, and
+    collect wrote it beside the first row's answer (`wrote 403 of 403`, exit 0). Now no output,
+    a non-zero exit, and the id named with both places."""
+    store_uri = str(tmp_path / "s")
+    store, layout = build(store_uri)
+    repeat = PrepareError(
+        source="in.jsonl", line=9, error="duplicate custom_id 'a1' (first at in.jsonl:2)", position=7, custom_id="a1"
+    )
+    store.put(layout.prepare_errors, repeat.to_bytes() + b"\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["collect", "--run", "c", "--store", store_uri, "--out", str(out)]) == OutputError.exit_code
+    err = capsys.readouterr().err
+    assert "1 custom_id(s) would be written on two lines" in err
+    assert "'a1': chunk part_00000 line 2, set aside at prepare (in.jsonl:9: duplicate custom_id" in err
+    assert not out.exists()
+    store.delete(layout.prepare_errors)
+    assert main(["collect", "--run", "c", "--store", store_uri, "--out", str(out), "--max-error-rate", "1"]) == 0
+    assert len(read_lines(out)) == 7

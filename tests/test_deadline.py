@@ -11,22 +11,22 @@ import pytest
 from orchestrator.backends.skypilot import SkyPilotLauncher
 from orchestrator.commands.console import to_text
 from orchestrator.commands.views import status_view
-from orchestrator.controller.deadline import DeadlineSettings, FleetState, OnDemandWorker, decide, parse_duration
-from orchestrator.controller.launch import launch_workers
-from orchestrator.controller.pricing import load_gpu_table
-from orchestrator.controller.reconcile import Reconciler
-from orchestrator.controller.status import status_of
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import SpecError
-from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
-from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.records import Heartbeat, ZoneTally, read_jobs, read_record, update_zone_history
+from orchestrator.core.layout import RunLayout
+from orchestrator.core.records import ZoneTally, read_jobs, read_record, update_zone_history
 from orchestrator.core.records.run import DecisionRecord
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
-from tests.conftest import make_store_uri
+from orchestrator.fleet.launch import launch_workers
+from orchestrator.fleet.reconcile import Reconciler
+from orchestrator.planning.deadline import DeadlineSettings, FleetState, OnDemandWorker, decide, parse_duration
+from orchestrator.planning.pricing import load_gpu_table
+from orchestrator.runview.status import status_of
 from tests.support.fake_sky import ScriptedSky
+from tests.support.run_states import running_beat
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
+from tests.support.s3servers import make_store_uri
 
 H = 3600.0
 EIGHT_HOURS = DeadlineSettings(deadline_s=8 * H, restart_overhead_s=600, max_on_demand=4)
@@ -160,25 +160,6 @@ def make_ctx(tmp_path, chunks=4):
     return RunContext(spec, store, RunLayout("dl"))
 
 
-def beat(ctx, worker, rows_per_s, *, up_h=1.0):
-    now = time.time()
-    HeartbeatPublisher(
-        ctx.store,
-        ctx.layout,
-        Heartbeat(
-            worker=str(worker),
-            holder=f"{worker}.h",
-            state="running",
-            accelerator="NVIDIA L4",
-            spot=True,
-            started_at=now - up_h * H,
-            updated_at=now,
-            chunk=None,
-            rows_per_s=rows_per_s,
-        ),
-    ).publish()
-
-
 def launched_spot_choices(sky):
     return {name: {r.use_spot for r in task.resources} for _, task, name in sky.launched}
 
@@ -189,7 +170,7 @@ def test_watch_behind_schedule_launches_on_demand_through_the_launcher_and_logs_
     launcher = SkyPilotLauncher(ctx.spec, sdk=sky)
     launch_workers(ctx, launcher, [0, 1], clock=lambda: time.time() - 5 * H)  # the run started 5 h ago
     for w in (0, 1):
-        beat(ctx, w, rows_per_s=1e-4)
+        running_beat(ctx, w, rows_per_s=1e-4)
     settings = DeadlineSettings(deadline_s=6 * H, restart_overhead_s=600, max_on_demand=2)
     events = []
     report = Reconciler(ctx, launcher, deadline=settings, on_event=events.append).tick()
@@ -228,7 +209,7 @@ def test_watch_ahead_retires_on_demand_workers_and_never_relaunches_them(tmp_pat
     for c in range(3):  # 75% done at 2 h of 8 h: far ahead of the line
         answer_chunk(ctx.store, ctx.layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "a") for i in range(2)]])
     for w in (0, 1):
-        beat(ctx, w, rows_per_s=1.0)
+        running_beat(ctx, w, rows_per_s=1.0)
     settings = DeadlineSettings(deadline_s=8 * H, restart_overhead_s=600, max_on_demand=2)
     reconciler = Reconciler(ctx, launcher, deadline=settings)
     report = reconciler.tick()
@@ -248,7 +229,7 @@ def test_watch_with_the_budget_spent_launches_nothing_not_even_relaunches(tmp_pa
     launcher = SkyPilotLauncher(ctx.spec, sdk=sky)
     launch_workers(ctx, launcher, [0, 1], clock=lambda: time.time() - 5 * H)
     sky.script_job(1, ["FAILED"])  # worker 0's job fails: normally relaunched
-    beat(ctx, 1, rows_per_s=1e-4, up_h=5.0)  # 5 h of an L4 spot: about $1.40 so far
+    running_beat(ctx, 1, rows_per_s=1e-4, up_h=5.0)  # 5 h of an L4 spot: about $1.40 so far
     settings = DeadlineSettings(deadline_s=6 * H, restart_overhead_s=600, max_on_demand=2, budget_usd=1.0)
     events = []
     report = Reconciler(ctx, launcher, deadline=settings, on_event=events.append).tick()

@@ -89,6 +89,7 @@ def project(tmp_path: Path) -> Path:
     assert (DEMO_MODEL / "config.json").exists(), f"{DEMO_MODEL}: build it with `make models`"
     (tmp_path / ".cache" / "models").mkdir(parents=True)
     (tmp_path / ".cache" / "models" / DEMO_MODEL.name).symlink_to(DEMO_MODEL)
+    (tmp_path / ".cache" / "models" / "tiny-llama").symlink_to(DEMO_MODEL.parent / "tiny-llama")  # a second model
     (tmp_path / ".venv-worker").symlink_to(ROOT / ".venv-worker")
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     write_demo_data(tmp_path / ".cache" / "demo" / "data")
@@ -129,6 +130,7 @@ def run(command: str, where: str, project: Path, env: dict[str, str]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.real_engine  # the demo path: the docs' commands on SmolLM2
 def test_docs_every_unmarked_console_command_runs(project):
     env = environment(project)
     ran = 0

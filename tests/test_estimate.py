@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.controller.estimate import estimate
-from orchestrator.controller.pricing import load_gpu_table
 from orchestrator.core.records import ChunkStats, ManifestEntry
 from orchestrator.core.store import open_store
+from orchestrator.planning.estimate import estimate
+from orchestrator.planning.pricing import load_gpu_table
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
 TABLE = load_gpu_table()
@@ -72,19 +73,26 @@ def test_measured_speeds_replace_the_table_and_scale_the_gpus_not_seen():
     assert est.rows_left == 8000 and est.tokens_left == 8000 * 50
 
 
-def test_plan_estimate_on_the_command_line(tmp_path, capsys):
+def test_plan_estimate_and_estimate_give_one_quote_with_start_up_spot_and_on_demand(tmp_path, capsys):
+    """`orch plan --estimate` and `orch estimate` quote the same figures for the same run (issue 50:
+    they were 20x apart), start-up counted, each GPU spot and on-demand."""
     store = open_store(str(tmp_path / "store"))
-    make_run(
-        store, "e", [[chat_request(f"c{c}-{i}", "q", max_tokens=100) for i in range(10)] for c in range(4)], model="m"
-    )
-    argv = ["plan", "--run", "e", "--store", str(tmp_path / "store"), "--workers", "2", "--estimate"]
-    assert main(argv) == 0
+    chunks = [[chat_request(f"c{c}-{i}", "q", max_tokens=100) for i in range(10)] for c in range(4)]
+    make_run(store, "e", chunks, model="m", spec_flags={"backend": "skypilot", "resources.gpus": ["L4", "A100"]})
+    run = ["--run", "e", "--store", str(tmp_path / "store"), "--workers", "2"]
+    assert main(["plan", *run, "--estimate", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)["estimate"]
+    assert main(["estimate", *run, "--json"]) == 0
+    estimated = json.loads(capsys.readouterr().out)
+    assert planned["candidates"] == estimated["candidates"] and planned["kind"] == estimated["kind"] == "guess"
+    quoted = {(c["gpu"], c["spot"]): c for c in planned["candidates"]}
+    assert set(quoted) == {("L4", True), ("L4", False), ("A100", True), ("A100", False)}
+    for c in quoted.values():
+        assert c["duration_s"]["p10"] >= 600 and "start-up 600 s assumed" in c["basis"]
+    assert quoted["L4", True]["cost_usd"]["p50"] < quoted["L4", False]["cost_usd"]["p50"]
+    assert main(["plan", *run, "--estimate"]) == 0
     out = capsys.readouterr().out
-    assert "Estimate: 40 of 40 rows left, 50 output tokens/row (assumed: half of max_tokens), 2 workers" in out
-    assert "L4 *" in out and "on demand" in out
-    assert main([*argv, "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    assert {c["gpu"] for c in doc["estimate"]["candidates"]} >= {"L4", "A100"}
+    assert "forecast (guess) for 2 workers" in out and "L4 spot" in out and "A100 on-demand" in out
 
 
 def test_status_estimates_what_is_left(tmp_path, capsys):
@@ -121,17 +129,16 @@ def test_status_and_plan_estimate_use_the_speed_a_cpu_run_measured_and_say_so(tm
     assert (est["gpu"], est["measured"], est["basis"]) == ("cpu", True, "measured 2 tok/s on cpu")
     # 20 rows x 2 tokens over 2 workers at 2 tok/s, plus a start-up.
     assert est["on_demand_hours"] == pytest.approx((20 * 2 / 2 / 2 + 600) / 3600, abs=1e-3)
-    assert main(["plan", *run, "--workers", "1", "--estimate"]) == 0
-    out = capsys.readouterr().out
-    assert "speed: measured on cpu (2 chunks); other GPUs from the price table" in out
-    assert "cpu *" in out and "2 measured" in out
+    assert main(["plan", *run, "--workers", "1", "--estimate", "--json"]) == 0
+    (quoted,) = json.loads(capsys.readouterr().out)["estimate"]["candidates"]
+    assert quoted["gpu"] == "cpu" and "measured on cpu by this run's 2 finished chunk(s)" in quoted["basis"]
 
 
 def test_deadline_policy_reckons_a_new_worker_at_the_measured_speed(tmp_path):
     from orchestrator.backends.local import LocalLauncher
-    from orchestrator.controller.deadline import DeadlineSettings
-    from orchestrator.controller.deadline_control import DeadlineControl
     from orchestrator.core.context import resolve_spec
+    from orchestrator.fleet.deadline_control import DeadlineControl
+    from orchestrator.planning.deadline import DeadlineSettings
 
     store_uri = str(tmp_path / "store")
     store = open_store(store_uri)
@@ -146,9 +153,9 @@ def test_deadline_policy_reckons_a_new_worker_at_the_measured_speed(tmp_path):
 
 
 def test_startup_is_measured_from_each_workers_launch_to_its_first_flushed_rows(tmp_path):
-    from orchestrator.controller.startup import measured_startup_s
-    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.records import JobAttempt, update_jobs
+    from orchestrator.planning.startup import measured_startup_s
 
     store, layout = open_store(str(tmp_path / "store")), RunLayout("s")
     assert measured_startup_s(store, layout) is None  # nothing launched: the flat assumption stands
@@ -164,3 +171,28 @@ def test_startup_is_measured_from_each_workers_launch_to_its_first_flushed_rows(
 
     update_jobs(store, layout, launch)
     assert measured_startup_s(store, layout) == pytest.approx(120, abs=1)
+
+
+def test_a_quote_without_a_probe_uses_what_an_earlier_run_of_the_same_model_measured(tmp_path, capsys):
+    """The same weights (here at another path) answered 20 rows at 2 tok/s on this machine's CPUs in an
+    earlier run: the next run's quote takes that speed and its tokens per row, not the table's guess."""
+    import shutil
+
+    tiny = Path(__file__).resolve().parents[1] / ".cache" / "models" / "tiny-llama"
+    copy = tmp_path / "copied-model"
+    shutil.copytree(tiny, copy)
+    store = open_store(str(tmp_path / "store"))
+    chunks = [[chat_request(f"c{c}-{i}", "q", max_tokens=100) for i in range(10)] for c in range(4)]
+    earlier = make_run(store, "week1", chunks, model=str(tiny))
+    for c in (0, 1):
+        answers = [Answer(i, f"c{c}-{i}", "x") for i in range(10)]
+        answer_chunk(store, earlier, f"part_0000{c}", [answers], accelerator="cpu")
+    make_run(store, "week2", chunks, model=str(copy))
+    capsys.readouterr()
+    assert main(["estimate", "--run", "week2", "--store", str(tmp_path / "store"), "--workers", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (cpu,) = doc["candidates"]
+    assert "measured on cpu by run 'week1' (the same model)" in cpu["basis"]
+    assert doc["output_tokens"]["p50"] == 80  # 2 tokens a row, as week1's rows made, x 40 rows
+    # Measured: speed and tokens per row each within 1.5x either way (a table guess on a CPU spans 1,000x).
+    assert cpu["engine_s"]["p90"] <= 1.5**4 * cpu["engine_s"]["p10"] * 1.01

@@ -24,42 +24,25 @@ import pytest
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.local import LocalLauncher
 from orchestrator.core.exits import WorkerExit
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.heartbeats import read_heartbeats
-from orchestrator.core.protocol.layout import RunLayout
-from orchestrator.core.protocol.leases import read_lease
 from orchestrator.core.records import read_jobs
 from orchestrator.core.store import open_store
+from tests.support.cli import Background, collect_lines, env_with, mid_chunk, orch, orch_ok, questions
 from tests.support.disks import small_tmpfs
 from tests.support.events import STORE_PACE, wait_for
 from tests.support.flaky_proxy import FlakyProxy
 from tests.support.s3servers import SeaweedFS
 
-pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[1]
-ORCH = [sys.executable, "-m", "orchestrator"]
-WORKER_PYTHON = str(ROOT / ".venv-worker" / "bin" / "python")
-
-
-@pytest.fixture
-def tiny_model() -> str:
-    path = ROOT / ".cache" / "models" / "tiny-llama"
-    if not (path / ".built").exists():
-        pytest.fail("the tiny model is missing: run `make models` (make test does it)")
-    return str(path)
-
-
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    """A project directory: small generations, quick heartbeats and checkpoints, logs under ./.orch."""
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "orch.yaml").write_text(
+pytestmark = [
+    pytest.mark.slow,
+    # Small generations, quick heartbeats and checkpoints (the project directory's orch.yaml).
+    pytest.mark.orch_yaml(
         "sampling:\n  max_tokens: 48\n  temperature: 0\n"
         "workers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 60\n"
         "store_settings:\n  worker_attempts: 2\n"
-    )
-    return work
+    ),
+]
 
 
 @pytest.fixture
@@ -71,57 +54,12 @@ def weed(tmp_path: Path):
     server.stop()
 
 
-def env_with(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
-
-
-def orch(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*ORCH, *map(str, args)], cwd=cwd, env=env or env_with(), capture_output=True, text=True, timeout=timeout
-    )
-
-
-def orch_ok(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
-    done = orch(*args, cwd=cwd, env=env)
-    assert done.returncode == 0, f"orch {' '.join(map(str, args))}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
-class Background:
-    """An `orch` command running in the background, its output going to a file we can poll."""
-
-    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None):
-        self.out = cwd / f"orch-{time.monotonic_ns()}.out"
-        with open(self.out, "wb") as out:
-            self.proc = subprocess.Popen(
-                [*ORCH, *map(str, args)], cwd=cwd, env=env or env_with(), stdout=out, stderr=subprocess.STDOUT
-            )
-
-    @property
-    def text(self) -> str:
-        return self.out.read_text(errors="replace")
-
-    def wait(self, timeout: float = 300) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError(f"still running after {timeout}s:\n{self.text[-3000:]}") from None
-
-
 def prepare_questions(workdir: Path, run: str, store: str, *, rows: int, chunks: int) -> None:
     """`orch prepare` of `rows` questions into `chunks` chunks of run `run`."""
     data = questions(workdir / "q.jsonl", rows)
     orch_ok(
         "prepare", data, "--run", run, "--store", store, "--num-chunks", str(chunks), "--id-column", "id", cwd=workdir
     )
-
-
-def questions(path: Path, n: int) -> Path:
-    with open(path, "w") as f:
-        for i in range(n):
-            f.write(json.dumps({"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}?"}]}) + "\n")
-    return path
 
 
 def collect_ids(workdir: Path, run: str, store: str) -> list[str]:
@@ -139,6 +77,7 @@ def markers(store: str, run: str) -> int:
 
 
 # -- 1. a store outage ----------------------------------------------------------------------------
+@pytest.mark.scripted_engine(step_s=0.02)  # both workers mid-run when the store goes
 def test_workers_and_watch_ride_out_a_store_outage(weed, workdir, tiny_model):
     """SeaweedFS is killed mid-run and started again on the same data: no process exits, nothing
     is relaunched, and the run finishes with every row once."""
@@ -156,6 +95,7 @@ def test_workers_and_watch_ride_out_a_store_outage(weed, workdir, tiny_model):
         return done >= 1 and any(b.state == "running" and b.chunk_rows_done > 0 for b in beats.values())
 
     wait_for("a finished chunk and a worker mid-chunk", mid_run, every=STORE_PACE)
+    wait_for("orch watch's first tick", lambda: "workers: " in watch.text)  # it has read the run
     before = markers(store, "o")
     weed.kill()
     wait_for(
@@ -176,6 +116,7 @@ def test_workers_and_watch_ride_out_a_store_outage(weed, workdir, tiny_model):
     assert collect_ids(workdir, "o", store) == [f"q{i}" for i in range(3200)]
 
 
+@pytest.mark.scripted_engine(step_s=0.5)  # both still at work when the store goes
 def test_worker_out_of_outage_budget_exits_75_and_is_relaunched_for_free(weed, workdir, tiny_model):
     """Workers give up after their budget with exit 75; `orch watch --retries 0` (which outwaits
     the store) starts them again without spending a retry, and the run completes."""
@@ -219,6 +160,7 @@ def test_worker_out_of_outage_budget_exits_75_and_is_relaunched_for_free(weed, w
 
 
 # -- 2. one controller at a time, no twin workers ---------------------------------------------------
+@pytest.mark.scripted_engine(step_s=0.5)  # worker 0 still at work when it is killed
 def test_concurrent_launches_and_watches_start_one_process_per_worker(seaweedfs_server, workdir, tiny_model):
     """Three `orch launch` at once, then two `orch watch` relaunching the same killed worker, over a
     store 0.3 s away: each worker id gets exactly one process at a time."""
@@ -250,42 +192,7 @@ def test_concurrent_launches_and_watches_start_one_process_per_worker(seaweedfs_
         assert collect_ids(workdir, "c", store) == [f"q{i}" for i in range(240)]
 
 
-class HandWorker:
-    """A worker started by hand, as a lost launch would have left it: no job records it. One
-    thread, as the local launcher gives each of two workers (more only oversubscribes 2 cores)."""
-
-    def __init__(self, store: str, run: str, worker: str, workdir: Path, **env: str):
-        stamp = time.monotonic_ns()
-        self.log, self.out = workdir / f"hand-{worker}-{stamp}.log", workdir / f"hand-{worker}-{stamp}.out"
-        with open(self.log, "wb") as err, open(self.out, "wb") as out:
-            self.proc = subprocess.Popen(
-                [WORKER_PYTHON, "-m", "worker", "--run", run, "--store", store, "--worker", worker],
-                cwd=workdir,
-                env=env_with(OMP_NUM_THREADS="1", **env),
-                stdout=out,
-                stderr=err,
-            )
-
-    def summary(self) -> dict:
-        return json.loads(self.out.read_text().splitlines()[-1])
-
-
-@pytest.fixture
-def hand_workers():
-    """Starts HandWorkers; whatever still runs when the test ends is killed."""
-    started: list[HandWorker] = []
-
-    def start(store: str, run: str, worker: str, workdir: Path, **env: str) -> HandWorker:
-        started.append(HandWorker(store, run, worker, workdir, **env))
-        return started[-1]
-
-    yield start
-    for hand in started:
-        if hand.proc.poll() is None:
-            hand.proc.kill()
-            hand.proc.wait()
-
-
+@pytest.mark.scripted_engine(step_s=0.02)  # the first worker at work when the others start
 def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_server, workdir, tiny_model, hand_workers):
     """Enough rows (4,800) that the first worker is still at work when its twin, then worker 1, start."""
     store = seaweedfs_server.store_uri(seaweedfs_server.new_bucket(), "twins")
@@ -474,6 +381,7 @@ def test_workers_a_test_left_running_are_stopped_and_those_running_before_it_kep
     launcher.cancel([kept])
 
 
+@pytest.mark.scripted_engine(step_s=0.05)  # chunks left when the disk fills
 def test_watch_says_what_is_full_and_keeps_watching(small_disk, workdir, tiny_model):
     store = str(small_disk / "store")
     prepare_questions(workdir, "f", store, rows=160, chunks=4)
@@ -492,31 +400,11 @@ def test_watch_says_what_is_full_and_keeps_watching(small_disk, workdir, tiny_mo
 
 
 # -- issue 31, item 1: no healthy row blamed for a crash ----------------------------------------------
-def collect_lines(workdir: Path, run: str, store: str) -> list[dict]:
-    out = workdir / f"{run}.jsonl"
-    orch_ok("collect", "--run", run, "--store", store, "--out", out, cwd=workdir)
-    return [json.loads(line) for line in out.read_text().splitlines()]
-
-
 def crashed_ids(lines: list[dict]) -> list[str]:
     return [x["custom_id"] for x in lines if x.get("error") and x["error"].get("code") == "worker_crashed"]
 
 
-def mid_chunk(store: str, run: str, gone: set[str]) -> list[tuple[str, str, bool]]:
-    """(worker, holder, careful) of each live process working a chunk: its heartbeat says so and it
-    holds that chunk's lease (`careful`: a holder of it died before). Processes in `gone` are dead
-    (their last heartbeat still says running)."""
-    client, layout = open_store(store), RunLayout(run)
-    found = []
-    for worker, beat in read_heartbeats(client, layout).items():
-        if beat.state != "running" or not beat.chunk or beat.holder in gone:
-            continue
-        lease = read_lease(client, layout, beat.chunk)
-        if lease is not None and lease[0].holder == beat.holder and not lease[0].released:
-            found.append((worker, beat.holder, lease[0].crashes > 0))
-    return found
-
-
+@pytest.mark.real_engine  # a kill storm's exactly-once, with vLLM in the worker
 def test_kill_storm_blames_no_row(tmp_path, workdir, tiny_model, hand_workers):
     """Ten SIGKILLs at random moments mid-chunk, each worker started again at once (its lease is
     taken over as a death's: its chunk goes careful, the rows in flight become suspects and run

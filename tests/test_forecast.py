@@ -16,18 +16,8 @@ import pytest
 from orchestrator.backends import backend_for
 from orchestrator.cli import main
 from orchestrator.commands.views import forecast_error, forecast_line
-from orchestrator.controller.forecast import (
-    band,
-    left_strata,
-    probe_rate,
-    short_probe_note,
-    warm_up_note,
-    warm_up_split,
-    work_seconds,
-)
-from orchestrator.controller.forecast_check import forecast_beside_pace
 from orchestrator.core.context import resolve_spec
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_marker
 from orchestrator.core.records.forecast import (
     Band,
@@ -38,28 +28,37 @@ from orchestrator.core.records.forecast import (
     StratumCount,
 )
 from orchestrator.core.store import open_store
+from orchestrator.planning.forecast import (
+    band,
+    left_strata,
+    probe_rate,
+    short_probe_note,
+    warm_up_note,
+    warm_up_split,
+    work_seconds,
+)
+from orchestrator.runview.forecast_check import forecast_beside_pace
 from tests.support.datasets import write_jsonl
+from tests.support.models import TINY
 from tests.support.runs import orch_process
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / ".cache" / "models" / "tiny-llama"
+#: The project directory the probe tests run in: quick heartbeats and checkpoints, 16 tokens an answer.
+pytestmark = pytest.mark.orch_yaml(
+    "sampling:\n  max_tokens: 16\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
+)
 
 
 @pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 16\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
-    )
+def questions_prepared(workdir: Path) -> None:
+    """Run "f": 140 questions of a few lengths, prepared in four chunks for the tiny model."""
     rows = [
         {"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}? " + "w " * (i % 7)}]}
         for i in range(140)
     ]
-    write_jsonl(tmp_path / "q.jsonl", rows)
+    write_jsonl(workdir / "q.jsonl", rows)
     assert (
         main(["prepare", "q.jsonl", "--run", "f", "--num-chunks", "4", "--id-column", "id", "--model", str(TINY)]) == 0
     )
-    return tmp_path
 
 
 def _read_until(proc: subprocess.Popen, text: str) -> str:
@@ -73,6 +72,7 @@ def _read_until(proc: subprocess.Popen, text: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("questions_prepared")
 def test_ctrl_c_on_estimate_probe_leaves_one_probe_worker_that_the_next_estimate_waits_for(workdir):
     """A real SIGINT while the probe runs: the probe worker goes on and orch says so; the same
     command again waits for that worker instead of launching a second one on the same chunk. The
@@ -99,6 +99,7 @@ def test_ctrl_c_on_estimate_probe_leaves_one_probe_worker_that_the_next_estimate
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("questions_prepared")
 def test_a_second_ctrl_c_stops_the_probe_and_the_next_estimate_resumes_its_chunk(workdir, capsys):
     probe = ["estimate", "--run", "f", "--model", str(TINY), "--workers", "2", "--probe", "--probe-rows", "32"]
     proc = orch_process(workdir, *probe)
@@ -117,18 +118,23 @@ def test_a_second_ctrl_c_stops_the_probe_and_the_next_estimate_resumes_its_chunk
     assert doc["probe"]["rows"] == 32 and marker is not None and marker.rows == 32
 
 
-@pytest.mark.usefixtures("workdir")
+@pytest.mark.usefixtures("questions_prepared")
 def test_estimate_without_a_probe_says_it_is_a_guess_with_a_wide_band(capsys):
     capsys.readouterr()
     assert main(["estimate", "--run", "f", "--model", str(TINY), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "guess" and "--probe" in doc["note"] and "parameters from config.json" in doc["note"]
-    d = doc["candidates"][0]["duration_s"]
-    assert d["p90"] >= 9 * d["p10"] > 0  # wide, and said to be a guess
+    (cpu,) = doc["candidates"]
+    e, d = cpu["engine_s"], cpu["duration_s"]
+    assert e["p90"] >= 9 * e["p10"] > 0  # wide, and said to be a guess
+    # Start-up counted: a local worker's, assumed when nothing measured one.
+    assert d["p10"] == pytest.approx(e["p10"] + 30, abs=0.02) and "start-up 30 s assumed" in cpu["basis"]
     assert doc["output_tokens"] == {"p10": 224.0, "p50": 1120.0, "p90": 2240.0}
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("questions_prepared")
+@pytest.mark.real_engine  # a probe forecast measured on vLLM
 def test_estimate_probe_rows_are_answered_once_and_skipped_by_the_run(workdir, capsys):
     if not (TINY / ".built").exists():
         pytest.fail("the tiny model is missing: run `make models`")
@@ -264,7 +270,7 @@ def test_forecast_beside_pace_places_the_projected_finish_in_the_band():
         fleet="cpu/on-demand",
     )
     seen = forecast_beside_pace(record, launched_at=1000.0, eta_s=75.0, now=1050.0, complete=False)
-    assert seen is not None and seen["projected_s"] == 125.0 and seen["projected_in_band"] == "above p90"
+    assert seen is not None and seen.projected_s == 125.0 and seen.projected_in_band == "above p90"
     assert forecast_line(seen).endswith(": above p90")
     # A band under two hours is said to the second: rounded to minutes, 2m10s-2m50s read "2m-2m".
     wide = record.model_copy(
@@ -274,11 +280,11 @@ def test_forecast_beside_pace_places_the_projected_finish_in_the_band():
     assert seen is not None
     assert forecast_line(seen) == "forecast (probe) 2m30s (2m10s-2m50s); at this pace 3m05s: above p90"
     seen = forecast_beside_pace(record, launched_at=1000.0, eta_s=45.0, now=1050.0, complete=False)
-    assert seen is not None and seen["projected_in_band"] == "inside"
+    assert seen is not None and seen.projected_in_band == "inside"
     assert forecast_error(seen) == "(probe)"
     done = record.model_copy(update={"actual": {"engine_error": -0.08, "inside_band": 1.0}})
     seen = forecast_beside_pace(done, launched_at=1000.0, eta_s=0.0, now=1200.0, complete=True)
-    assert seen is not None and seen["projected_s"] is None and forecast_error(seen) == "-8%"
+    assert seen is not None and seen.projected_s is None and forecast_error(seen) == "-8%"
     assert forecast_error(None) == "-"
 
 
@@ -309,10 +315,10 @@ def test_warm_up_note_says_the_rate_is_high_when_every_probe_row_came_back_in_on
 
 def test_a_worker_of_two_gpus_is_forecast_at_twice_one_gpus_price(tmp_path):
     """`resources.gpus_per_worker: 2`: the same work in the same time, each machine paid for both GPUs."""
-    from orchestrator.controller.forecast import guess
     from orchestrator.core.context import RunContext
     from orchestrator.core.records import read_manifest
     from orchestrator.core.spec_load import load_spec
+    from orchestrator.planning.forecast import guess
     from tests.support.runs import chat_request, make_run
 
     store = open_store(str(tmp_path / "store"))

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_manifest
 from orchestrator.core.store import open_store
 from tests.support.datasets import write_jsonl
@@ -219,7 +219,7 @@ def test_prepare_parquet_damaged_midway_is_exit_4_saying_how_far_it_read(turns, 
 @pytest.fixture(scope="module")
 def limited_server(tmp_path_factory):
     """A real `orch serve` reading lines of at most 1 MiB, taking files of up to 64 MiB."""
-    from tests.test_serve import MAX_FILE_BYTES, SPEC, running_server
+    from tests.support.serving import MAX_FILE_BYTES, SPEC, running_server
 
     spec = SPEC.replace(f"max_file_bytes: {MAX_FILE_BYTES}", f"max_file_bytes: {64 * 2**20}")
     workdir = tmp_path_factory.mktemp("serve-hostile")
@@ -228,7 +228,7 @@ def limited_server(tmp_path_factory):
 
 
 def served_line(custom_id: str, content: str) -> str:
-    from tests.test_serve import chat_line
+    from tests.support.serving import chat_line
 
     return json.dumps(chat_line(custom_id, content))
 
@@ -247,7 +247,7 @@ def peak_kib(pid: int) -> int:
 
 def fail_in_one_round(server, path: Path):
     """Upload and create a batch of the file; returns it once final, and the server's log lines about it."""
-    from tests.test_serve import create, final, upload, wait_for
+    from tests.support.serving import create, final, upload, wait_for
 
     client = server.client()
     created = create(client, upload(client, path).id)

@@ -1,9 +1,11 @@
 """`orch status` during a local run shows what the workers already know: rows answered and not yet
 saved within a heartbeat, checkpointed rows of unfinished chunks after the workers are gone, a killed
-worker as failed at once, the final states, and a run time without the time it sat cancelled."""
+worker as failed at once, the final states, and a run time without the time it sat cancelled; and
+every reading moves from the one before as the read model's table of moves allows."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -18,32 +20,47 @@ from orchestrator.cli import main
 from orchestrator.core.context import resolve_spec
 from orchestrator.core.protocol.heartbeats import live_heartbeats
 from orchestrator.core.records import read_jobs, read_marker
+from orchestrator.runview.states import RunState, WorkerActivity, reachable
 from tests.support.datasets import write_jsonl
 from tests.support.events import wait_for
+from tests.support.models import TINY
 from tests.support.runs import chat_request
 
-pytestmark = pytest.mark.slow
-
-MODELS = Path(__file__).resolve().parents[1] / ".cache" / "models"
 #: The workers' heartbeat interval in this test (seconds): what "within a beat" means.
 INTERVAL = 2.0
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "orch.yaml").write_text(
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.orch_yaml(
         f"sampling:\n  temperature: 0\nworkers:\n  heartbeat_interval: {INTERVAL}\n"
         "  checkpoint_interval: 0.5\n  lease_ttl: 30\n"
-    )
-    return tmp_path
+    ),
+]
+
+
+#: Every status the test read, in order (the moves between them are checked at its end).
+READINGS: list[dict[str, Any]] = []
 
 
 def status(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     capsys.readouterr()
     assert main(["status", "--run", "live", "--json"]) == 0
     doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+    READINGS.append(doc)
     return doc
+
+
+def moves_not_in_the_table(readings: list[dict[str, Any]]) -> list[str]:
+    """Each change of the run's state or a worker's activity between two readings in a row that no
+    path of runview/states.MOVES allows."""
+    wrong = []
+    for before, after in itertools.pairwise(readings):
+        pairs = [(RunState(before["state"]), RunState(after["state"]), "run")]
+        activities = {w["worker"]: w["activity"] for w in before["workers"]}
+        for w in after["workers"]:
+            was = activities.get(w["worker"], WorkerActivity.NOT_LAUNCHED.value)
+            pairs.append((WorkerActivity(was), WorkerActivity(w["activity"]), f"worker {w['worker']}"))
+        wrong += [f"{who}: {a} -> {b}" for a, b, who in pairs if not reachable(a, b)]
+    return wrong
 
 
 def status_within_a_beat(capsys, since: float, shows: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
@@ -63,16 +80,18 @@ def log_line(workdir: Path, text: str) -> Callable[[], bool]:
 
 
 @pytest.mark.timeout(1800)  # a hang guard: two engine loads on a loaded machine
+@pytest.mark.scripted_engine(step_s=0.05)  # a 300-word row takes 15 s
 def test_status_shows_live_rows_dead_workers_final_states_and_run_time_without_cancelled_time(workdir, capsys):
     # Two chunks; in each, one row answers in two tokens while five run 300: rows are answered
     # (and checkpointed, every half second) long before any chunk is done.
+    READINGS.clear()
     rows = [
         chat_request(f"c{c}-{i}", f"Item {c} {i}", max_tokens=2 if i == 0 else 300, ignore_eos=True)
         for c in range(2)
         for i in range(6)
     ]
     data = write_jsonl(workdir / "rows.jsonl", rows)
-    model = str(MODELS / "tiny-llama")
+    model = str(TINY)
     assert main(["prepare", str(data), "--run", "live", "--format", "openai-batch", "--num-chunks", "2"]) == 0
     assert main(["launch", "--run", "live", "--model", model, "--workers", "1"]) == 0
 
@@ -121,3 +140,7 @@ def test_status_shows_live_rows_dead_workers_final_states_and_run_time_without_c
     expected = finished - launched - (resumed - cancelled)
     assert resumed - cancelled > INTERVAL and done["run_time_s"] == pytest.approx(expected, abs=0.2)
     assert done["overall"]["wall_s"] == pytest.approx(expected, abs=0.2), done["overall"]
+
+    # 5. Reading after reading, the run and its worker moved only as the table of moves allows.
+    seen = [(d["state"], [w["activity"] for w in d["workers"]]) for d in READINGS]
+    assert len(READINGS) > 10 and not moves_not_in_the_table(READINGS), (moves_not_in_the_table(READINGS), seen)

@@ -19,49 +19,33 @@ from orchestrator.backends import backend_for
 from orchestrator.backends.base import JobState
 from orchestrator.cli import main
 from orchestrator.commands.views import _duration
-from orchestrator.controller.launch import launch_workers
-from orchestrator.controller.plan import ensure_plan
-from orchestrator.controller.reconcile import Reconciler, watch
 from orchestrator.core.context import resolve_spec
-from orchestrator.core.protocol.heartbeats import read_heartbeats
+from orchestrator.core.processes import alive as process_alive
+from orchestrator.core.protocol.heartbeats import live_heartbeats, read_heartbeats
 from orchestrator.core.records import read_jobs
+from orchestrator.fleet.launch import launch_workers
+from orchestrator.fleet.reconcile import Reconciler, watch
+from orchestrator.planning.plan import ensure_plan
+from tests.support.cli import questions
 from tests.support.datasets import write_jsonl
+from tests.support.events import STORE_PACE, wait_for
+from tests.support.models import REPO
 from tests.support.runs import chat_request, orch_process
 
-pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[1]
-MODELS = ROOT / ".cache" / "models"
-
-
-@pytest.fixture
-def tiny_model():
-    path = MODELS / "tiny-llama"
-    if not (path / ".built").exists():
-        pytest.fail("the tiny model is missing: run `make models` (make test does it)")
-    return str(path)
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """A project directory: orch.yaml with small generations, logs under ./.orch."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 24\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
-    )
-    return tmp_path
-
-
-def questions(path: Path, n: int) -> Path:
-    return write_jsonl(
-        path, [{"id": f"q{i}", "conversation": [{"role": "user", "content": f"Question {i}?"}]} for i in range(n)]
-    )
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.orch_yaml(
+        "sampling:\n  max_tokens: 24\n  temperature: 0\n"
+        "workers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
+    ),
+]
 
 
 def collected_ids(path: Path) -> list[str]:
     return [json.loads(line)["custom_id"] for line in path.read_text().split("\n") if line]
 
 
+@pytest.mark.scripted_engine(load_s=4)  # each tick at 1 s sees the workers loading
 def test_orch_run_on_the_local_backend_answers_everything(workdir, tiny_model, capsys):
     data = questions(workdir / "q.jsonl", 60)
     code = main(
@@ -122,6 +106,7 @@ def test_orch_run_on_the_local_backend_answers_everything(workdir, tiny_model, c
     assert collected_ids(workdir / "again.jsonl") == collected_ids(workdir / "out.jsonl")
 
 
+@pytest.mark.scripted_engine(step_s=0.01)  # still at work at the second launch and the cancel
 def test_launch_never_duplicates_a_live_worker_and_cancel_stops_them(workdir, tiny_model, capsys):
     data = questions(workdir / "q.jsonl", 400)
     (workdir / "orch.yaml").write_text(
@@ -144,6 +129,34 @@ def test_launch_never_duplicates_a_live_worker_and_cancel_stops_them(workdir, ti
     # ...and resume does, for the chunks still left.
     assert main(["resume", "--run", "c", "--follow", "--interval", "1"]) == 0
     assert main(["collect", "--run", "c", "--out", str(workdir / "c.jsonl")]) == 0
+
+
+def test_delete_force_stops_the_live_worker_before_deleting(workdir, tiny_model, capsys):
+    """`orch delete --yes --force` on a run whose worker works: it left the worker writing
+    heartbeats into the deleted run for 61 s, a stray half-run. Now the worker is stopped (as
+    `orch cancel` stops it) and waited for before anything goes: once delete returns, the worker's
+    process is gone, so nothing can write into the run again, and the run is not in the store."""
+    data = questions(workdir / "q.jsonl", 400)
+    (workdir / "orch.yaml").write_text(
+        "sampling:\n  max_tokens: 256\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n"
+    )
+    assert main(["prepare", str(data), "--run", "d", "--num-chunks", "2", "--id-column", "id"]) == 0
+    assert main(["launch", "--run", "d", "--model", tiny_model, "--workers", "1"]) == 0
+    ctx = resolve_spec(None, {"run": "d"})
+
+    def working():
+        beats = live_heartbeats(ctx.store, ctx.layout, now=time.time(), heartbeat_interval=1)
+        return next((b for b in beats if b.state == "running" and b.rows_done), None)
+
+    beat = wait_for("the worker answering rows", working, every=STORE_PACE)
+    assert beat.pid is not None and process_alive(beat.pid)
+    assert main(["delete", "--run", "d", "--yes"]) == 1
+    assert "or add --force: it stops every worker" in capsys.readouterr().err
+    assert main(["delete", "--run", "d", "--yes", "--force"]) == 0
+    assert not process_alive(beat.pid)
+    assert not list(ctx.store.list(ctx.layout.root))
+    assert main(["runs", "--json"]) == 0
+    assert '"run": "d"' not in capsys.readouterr().out
 
 
 def test_launch_starts_only_the_workers_unfinished_chunks_need(workdir, capsys):
@@ -181,6 +194,7 @@ def test_watch_gives_up_when_the_retry_budget_is_spent(workdir, capsys):
     assert "relaunch after FAILED" in out and "1 relaunches spent" in err and "worker exited with 1" in err
 
 
+@pytest.mark.scripted_engine(step_s=0.02)  # a chunk lasts seconds: kills land mid-chunk
 def test_chaos_workers_killed_again_and_again_still_answer_every_row_once(workdir, tiny_model):
     """kill -9 worker processes in the middle of chunks, again and again, while the loop relaunches
     them: nothing lost, nothing twice."""
@@ -256,6 +270,7 @@ def live_job_states(run: str) -> set[JobState]:
     return {s.state for s in backend_for(ctx).statuses(jobs).values()}
 
 
+@pytest.mark.scripted_engine(step_s=0.01)  # the workers still run after the Ctrl-C
 def test_ctrl_c_on_orch_run_says_what_still_runs_and_a_second_one_stops_it(workdir, tiny_model):
     """A real SIGINT to `orch run`: the workers go on (they are not the controller's process group),
     and it says so, with the commands that follow; re-running the command re-attaches and finishes.
@@ -298,6 +313,7 @@ def test_ctrl_c_on_orch_run_says_what_still_runs_and_a_second_one_stops_it(workd
     assert collected_ids(workdir / "twice.jsonl") == [f"q{i}" for i in range(300)]
 
 
+@pytest.mark.real_engine  # vLLM's own refusals and its CPU step budget
 def test_orch_run_answers_poison_rows_with_error_rows_and_completes(workdir, tiny_model, capsys):
     """Rows the engine refuses (`n: 2` with the spec's temperature 0, a seed outside int64) are
     error rows, and seeded, sampled rows that together exceed one engine step (vLLM's CPU budget is 4096
@@ -372,6 +388,7 @@ def worker_summaries(workdir: Path, run: str, count: int) -> list[dict]:
 
 
 @pytest.mark.timeout(1800)  # a hang guard: the run takes minutes on a loaded machine
+@pytest.mark.scripted_engine(step_s=0.005)  # about 40 s of rows, one at a time
 def test_status_live_rates_and_eta_agree_with_the_workers_own_summary(workdir, tiny_model, capsys):
     """`orch status` on a local run under way shows tokens/s, rows/s and an ETA (not 0 and
     unknown), and once complete the run's pace from launch to the last chunk (engine start-up
@@ -480,7 +497,7 @@ def test_an_empty_input_is_an_empty_run_through_every_command(workdir, tiny_mode
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert worker.returncode == 0, worker.stderr
     assert "run steps has no rows (its input was empty)" in worker.stderr
@@ -491,6 +508,7 @@ def test_an_empty_input_is_an_empty_run_through_every_command(workdir, tiny_mode
     assert pq.read_table(workdir / "all.parquet").num_rows == 0
 
 
+@pytest.mark.real_engine  # vLLM's grammar holds answers to the schema
 def test_orch_run_labels_tickets_through_a_template_and_a_json_schema(workdir, tiny_model, capsys):
     """`--template` over the tickets' columns and `--json-schema FILE` reach the engine: every
     answer holds to the schema (vLLM's grammar forces it, whatever the random weights say). The

@@ -10,37 +10,22 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.controller.pricing import load_gpu_table
-from orchestrator.controller.status import status_of
 from orchestrator.core.context import RunContext
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.pools import pool_workers
 from orchestrator.core.protocol.claims import pool_of, pool_share
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_manifest, read_marker, read_plan
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
+from orchestrator.planning.pricing import load_gpu_table
+from orchestrator.runview.status import status_of
 from orchestrator.web.metrics import exposition
+from tests.support.cli import collect_lines, mid_chunk, orch_ok
+from tests.support.datasets import batch_lines
 from tests.support.events import STORE_PACE, wait_for
+from tests.support.models import MODELS
+from tests.support.run_states import running_beat
 from tests.support.runs import Answer, answer_chunk
-from tests.test_deadline import beat
-from tests.test_faults import collect_lines, hand_workers, mid_chunk, orch_ok, workdir  # noqa: F401 - fixtures
-
-ROOT = Path(__file__).resolve().parents[1]
-MODELS = ROOT / ".cache" / "models"
-
-
-def batch_lines(path: Path, models: list[str | None], **params: object) -> Path:
-    """openai-batch chat lines r0, r1, ... each naming models[i % len(models)] (None: no body.model)."""
-    with open(path, "w") as f:
-        for i in range(len(models) if not params.get("rows") else int(str(params["rows"]))):
-            body: dict[str, object] = {"messages": [{"role": "user", "content": f"Question {i}?"}]}
-            body.update({k: v for k, v in params.items() if k != "rows"})
-            model = models[i % len(models)]
-            if model is not None:
-                body["model"] = model
-            line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
-            f.write(json.dumps(line) + "\n")
-    return path
 
 
 def test_pool_workers_split_by_rows_unless_a_model_sets_its_own():
@@ -90,7 +75,13 @@ def test_prepare_and_plan_put_each_model_in_its_own_chunks_and_pool(tmp_path, ca
 
 
 @pytest.mark.slow
-def test_kill_storm_on_two_models_answers_each_row_once_by_its_model(tmp_path, workdir, hand_workers):  # noqa: F811
+@pytest.mark.orch_yaml(
+    "sampling:\n  max_tokens: 48\n  temperature: 0\n"
+    "workers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 60\n"
+    "store_settings:\n  worker_attempts: 2\n"
+)
+@pytest.mark.real_engine  # several models, each its own vLLM engine
+def test_kill_storm_on_two_models_answers_each_row_once_by_its_model(tmp_path, workdir, hand_workers):
     """Two pools (the tiny Llama, SmolLM2), one worker each; SIGKILLs land mid-chunk on both pools'
     workers, each started again at once (its lease taken over as a death's). Every row is answered
     exactly once, in input order, by the model it named (body.model carries the served name)."""
@@ -203,10 +194,11 @@ def test_serve_batch_names_several_models_when_the_server_allows_it(tmp_path):
     assert ctx.spec.models["smol"].name == str((MODELS / "tiny-think").resolve())
 
 
-def _two_pool_run(tmp_path: Path, resources: str = "", smol_on: str = "cpu") -> list[str]:
+def _two_pool_run(tmp_path: Path, resources: str = "", smol_on: str = "cpu", backend: str = "local") -> list[str]:
     """A prepared and planned run of two models, tiny (rows 0, 2, ...) and smol (1, 3, ...), with a
     worker each, and one finished chunk per pool: tiny's in 1 s, smol's in 40 s (both 2 tokens a row)."""
     (tmp_path / "orch.yaml").write_text(
+        f"backend: {backend}\n"
         f"models:\n  tiny: {MODELS / 'tiny-llama'}\n  smol: {{name: {MODELS / 'tiny-think'}{resources}}}\n"
     )
     data = batch_lines(tmp_path / "in.jsonl", ["tiny", "smol"], rows=24, max_tokens=8)
@@ -244,22 +236,22 @@ def test_status_estimate_counts_each_pools_work_at_its_own_speed(tmp_path, capsy
 
 
 def test_plan_estimate_prices_each_pool_on_its_own_machines(tmp_path, capsys):
-    """A pool on 2 x A100 per worker costs its A100 time at twice the A100's price; the plan's
-    estimate shows each pool and which one the run waits for."""
-    args = _two_pool_run(tmp_path, ", resources: {gpus: [A100], gpus_per_worker: 2}", smol_on="NVIDIA A100")
+    """A pool on 2 x A100 per worker costs its A100 time at twice the A100's price, at the speed its
+    finished chunk measured; the quote shows each pool and ends with the slowest."""
+    resources = ", resources: {gpus: [A100], gpus_per_worker: 2}"
+    args = _two_pool_run(tmp_path, resources, smol_on="NVIDIA A100", backend="skypilot")
     capsys.readouterr()
     assert main(["plan", *args, "--workers", "2", "--estimate", "--json"]) == 0
-    est = json.loads(capsys.readouterr().out)["estimate"]["pools"]
-    smol = est["pools"]["smol"]
-    assert (smol["gpu"], smol["basis"]) == ("A100", "measured 0 tok/s on A100")
+    quote = json.loads(capsys.readouterr().out)["estimate"]
+    smol = {c["spot"]: c for c in quote["pools"]["smol"]["candidates"]}
+    assert {c["gpu"] for c in smol.values()} == {"A100"} and set(smol) == {True, False}
+    assert "measured on A100 by this run's 1 finished chunk(s)" in smol[False]["basis"]
     price = load_gpu_table().get("A100").on_demand_usd_h
-    assert smol["on_demand_usd"] > 0
-    assert smol["on_demand_usd"] == pytest.approx(smol["on_demand_hours"] * price * 2, abs=0.01)
-    assert est["pools"]["tiny"]["on_demand_usd"] == 0  # measured on cpu: no price
-    assert est["slowest_pool"] == "smol" and est["on_demand_usd"] == smol["on_demand_usd"]
+    on_demand = smol[False]
+    assert on_demand["cost_usd"]["p50"] == pytest.approx(on_demand["duration_s"]["p50"] / 3600 * price * 2, abs=0.01)
+    assert "the run ends with its slowest" in quote["candidates"][0]["basis"]
     assert main(["plan", *args, "--workers", "2", "--estimate"]) == 0
-    out = capsys.readouterr().out
-    assert "pool smol (slowest): 1 worker on A100" in out, out
+    assert "pool smol: 1 worker(s) on A100" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -337,11 +329,11 @@ def test_deadline_policy_adds_on_demand_workers_to_the_pool_that_is_late(tmp_pat
     slow: the run as a whole has the rate it needs (tiny's surplus), but the policy decides pool by
     pool and launches an on-demand worker for smol, loading smol, recorded as smol's."""
     from orchestrator.backends.skypilot import SkyPilotLauncher
-    from orchestrator.controller.deadline import DeadlineSettings
-    from orchestrator.controller.launch import launch_workers
-    from orchestrator.controller.reconcile import Reconciler
     from orchestrator.core.context import RunContext
     from orchestrator.core.records import read_jobs
+    from orchestrator.fleet.launch import launch_workers
+    from orchestrator.fleet.reconcile import Reconciler
+    from orchestrator.planning.deadline import DeadlineSettings
     from tests.support.fake_sky import ScriptedSky
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # SkyPilot's loader writes under HOME
@@ -357,8 +349,8 @@ def test_deadline_policy_adds_on_demand_workers_to_the_pool_that_is_late(tmp_pat
     sky = ScriptedSky()
     launcher = SkyPilotLauncher(ctx.spec, sdk=sky)
     launch_workers(ctx, launcher, [0, 1], clock=lambda: time.time() - 5 * 3600)
-    beat(ctx, 0, rows_per_s=1.0)  # tiny: 8 rows left, done in seconds
-    beat(ctx, 1, rows_per_s=1e-4)  # smol: 8 rows left, 22 hours away
+    running_beat(ctx, 0, rows_per_s=1.0)  # tiny: 8 rows left, done in seconds
+    running_beat(ctx, 1, rows_per_s=1e-4)  # smol: 8 rows left, 22 hours away
     settings = DeadlineSettings(deadline_s=6 * 3600, restart_overhead_s=600, max_on_demand=2)
     report = Reconciler(ctx, launcher, deadline=settings).tick()
 
@@ -371,7 +363,7 @@ def test_deadline_policy_adds_on_demand_workers_to_the_pool_that_is_late(tmp_pat
     names = {name: task for _, task, name in sky.launched}
     assert all(names[f"orch-two-w{w.worker}"].envs["ORCH_POOL"] == "smol" for w in extra)
     shown = status_of(ctx.store, ctx.layout, launcher, now=time.time(), prices=load_gpu_table(), spec=ctx.spec)
-    assert (shown.models["tiny"]["workers"], shown.models["smol"]["workers"]) == (1, 1 + len(extra))
+    assert (shown.models["tiny"].workers, shown.models["smol"].workers) == (1, 1 + len(extra))
 
 
 def _answer(index: int, custom_id: str, generated: int) -> Answer:
@@ -403,8 +395,8 @@ def test_status_shows_each_sweep_arm_with_its_share_of_its_pools_cost(tmp_path, 
         answers = [_answer(i, cid, 6 if cid.endswith("#c") else 2) for i, cid in enumerate(ids)]
         answer_chunk(store, layout, entry.chunk, [answers], worker=str(0 if entry.model == "tiny" else 1))
     ctx = RunContext(load_spec(None, {"run": "sw"}, env={}, default_file=False), store, layout)
-    beat(ctx, 0, rows_per_s=1.0)  # an hour of an L4 each: what the pools cost so far
-    beat(ctx, 1, rows_per_s=1.0)
+    running_beat(ctx, 0, rows_per_s=1.0)  # an hour of an L4 each: what the pools cost so far
+    running_beat(ctx, 1, rows_per_s=1.0)
     capsys.readouterr()
     assert main(["status", *args, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -10,22 +10,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_manifest
 from orchestrator.core.store import open_store
+from tests.support.datasets import batch_lines, text_questions
+from tests.support.models import MODELS
+from tests.support.run_states import collect_json, reused_rows
 from tests.support.runs import Answer, answer_chunk
-from tests.test_models import MODELS, batch_lines
-from tests.test_reuse import collect, questions, reused_rows
+from tests.support.tables import Tables, answer_all, chunk_lines, prepare_table, rows
 
 TWO_MODELS = ["--model", f"tiny={MODELS / 'tiny-llama'}", "--model", f"think={MODELS / 'tiny-think'}"]
 BATCH = ["--format", "openai-batch"]
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "orch.yaml").write_text("sampling:\n  max_tokens: 16\n  temperature: 0\n")
-    return tmp_path
+pytestmark = pytest.mark.orch_yaml("sampling:\n  max_tokens: 16\n  temperature: 0\n")
 
 
 def prepare(store: str, run: str, data: Path, *args: str) -> None:
@@ -68,7 +64,7 @@ def test_models_reuse_grown_two_model_input_runs_only_the_new_rows_of_each_model
     store = str(workdir / "store")
     prepare(store, "first", batch_lines(workdir / "q.jsonl", ["tiny", "think"], rows=40), *TWO_MODELS, *BATCH)
     finish(store, "first")
-    first = collect(store, "first", workdir / "first.jsonl", capsys)
+    first = collect_json(store, "first", workdir / "first.jsonl", capsys)
     assert first["complete"] and first["rows_written"] == 40
 
     prepare(store, "second", batch_lines(workdir / "grown.jsonl", ["tiny", "think"], rows=44), *TWO_MODELS, *BATCH,
@@ -76,7 +72,7 @@ def test_models_reuse_grown_two_model_input_runs_only_the_new_rows_of_each_model
     assert reused_rows(store, "second") == 40
     assert status_rows(store, "second", capsys) == {"total": 4, "reused": 40, "errors": 0}
     assert finish(store, "second") == {"tiny": ["r40", "r42"], "think": ["r41", "r43"]}
-    second = collect(store, "second", workdir / "second.jsonl", capsys)
+    second = collect_json(store, "second", workdir / "second.jsonl", capsys)
     assert second["complete"] and second["rows_total"] == 44 and second["reused"] == 40 and second["rows_run"] == 4
     assert second["missing"] == 0 and second["duplicates"] == 0
     capsys.readouterr()
@@ -92,7 +88,7 @@ def test_models_reuse_grown_two_model_input_runs_only_the_new_rows_of_each_model
     # Its index holds both runs' answers: a third run of the same lines reuses every one.
     prepare(store, "third", workdir / "grown.jsonl", *TWO_MODELS, *BATCH, "--reuse-from", "second")
     assert reused_rows(store, "third") == 44 and read_manifest(open_store(store), RunLayout("third")) == []
-    third = collect(store, "third", workdir / "third.jsonl", capsys)
+    third = collect_json(store, "third", workdir / "third.jsonl", capsys)
     assert third["complete"] and (workdir / "third.jsonl").read_bytes() == (workdir / "second.jsonl").read_bytes()
 
 
@@ -111,15 +107,15 @@ def test_models_reuse_grown_sweep_runs_only_the_new_rows_of_each_arm(workdir, ca
     The arm that changes nothing asks what a run of the model alone asked: it reuses that run's."""
     store, text = str(workdir / "store"), ["--format", "text", "--text-column", "question", "--id-column", "id"]
     model = ["--model", str(MODELS / "tiny-llama")]
-    prepare(store, "single", questions(workdir / "q.jsonl", 20), *model, *text)
+    prepare(store, "single", text_questions(workdir / "q.jsonl", 20), *model, *text)
     finish(store, "single")
-    single = collect(store, "single", workdir / "single.jsonl", capsys)
+    single = collect_json(store, "single", workdir / "single.jsonl", capsys)
 
     (workdir / "orch.yaml").write_text(SWEEP)
     prepare(store, "first", workdir / "q.jsonl", *model, *text, "--reuse-from", "single")
     assert reused_rows(store, "first") == 20
     assert finish(store, "first") == {None: [f"q{i}#terse" for i in range(20)]}
-    first = collect(store, "first", workdir / "first.jsonl", capsys)
+    first = collect_json(store, "first", workdir / "first.jsonl", capsys)
     assert first["complete"] and first["rows_written"] == 40 and first["reused"] == single["rows_written"]
     plain = [json.loads(line) for line in (workdir / "first.jsonl").read_bytes().splitlines()[0::2]]
     alone = [json.loads(line) for line in (workdir / "single.jsonl").read_bytes().splitlines()]
@@ -131,10 +127,10 @@ def test_models_reuse_grown_sweep_runs_only_the_new_rows_of_each_arm(workdir, ca
     assert table["reused_plain"] == [True] * 20 and table["reused_terse"] == [False] * 20  # each arm's own mark
     assert table["text_plain"] == [x["response"]["body"]["choices"][0]["message"]["content"] for x in alone]
 
-    prepare(store, "second", questions(workdir / "grown.jsonl", 22), *model, *text, "--reuse-from", "first")
+    prepare(store, "second", text_questions(workdir / "grown.jsonl", 22), *model, *text, "--reuse-from", "first")
     assert reused_rows(store, "second") == 40
     assert finish(store, "second") == {None: ["q20#plain", "q20#terse", "q21#plain", "q21#terse"]}
-    second = collect(store, "second", workdir / "second.jsonl", capsys)
+    second = collect_json(store, "second", workdir / "second.jsonl", capsys)
     assert second["complete"] and second["rows_total"] == 44 and second["reused"] == 40 and second["rows_run"] == 4
     old = (workdir / "first.jsonl").read_bytes().splitlines()
     new = (workdir / "second.jsonl").read_bytes().splitlines()
@@ -158,7 +154,7 @@ def test_models_reuse_a_changed_second_model_runs_its_rows_again_only(workdir, t
     data = batch_lines(workdir / "q.jsonl", ["tiny", "think"], rows=20)
     prepare(store, "first", data, *TWO_MODELS, *BATCH)
     finish(store, "first")
-    collect(store, "first", workdir / "first.jsonl", capsys)
+    collect_json(store, "first", workdir / "first.jsonl", capsys)
 
     retrained = tmp_path / "think-retrained"
     shutil.copytree(MODELS / "tiny-think", retrained)
@@ -170,7 +166,7 @@ def test_models_reuse_a_changed_second_model_runs_its_rows_again_only(workdir, t
     prepare(store, "second", data, *models, *BATCH, "--reuse-from", "first")
     assert reused_rows(store, "second") == 10
     assert finish(store, "second") == {"think": [f"r{i}" for i in range(1, 20, 2)]}
-    second = collect(store, "second", workdir / "second.jsonl", capsys)
+    second = collect_json(store, "second", workdir / "second.jsonl", capsys)
     assert second["complete"] and second["reused"] == 10 and second["rows_run"] == 10
     old = (workdir / "first.jsonl").read_bytes().splitlines()
     new = (workdir / "second.jsonl").read_bytes().splitlines()
@@ -201,7 +197,7 @@ def test_models_reuse_rows_set_aside_keep_their_places_among_reused_and_run_rows
 
     (workdir / "orch.yaml").write_text(SWEEP)
     text = ["--format", "text", "--text-column", "question", "--id-column", "id", "--model", str(MODELS / "tiny-llama")]
-    data = questions(workdir / "q.jsonl", 4)
+    data = text_questions(workdir / "q.jsonl", 4)
     data.write_text(data.read_text() + "not json\n")
     prepare(store, "s1", data, *text)
     finish(store, "s1")
@@ -229,7 +225,7 @@ def test_models_reuse_orch_run_of_a_sweep_gives_the_engine_only_the_new_rows(wor
     )
     flags = ["--model", str(MODELS / "tiny-llama"), "--format", "text", "--text-column", "question"]
     flags += ["--id-column", "id", "--rows-per-chunk", "4", "--interval", "1"]
-    first, grown = questions(workdir / "q.jsonl", 6), questions(workdir / "grown.jsonl", 7)
+    first, grown = text_questions(workdir / "q.jsonl", 6), text_questions(workdir / "grown.jsonl", 7)
     assert main(["run", str(first), "--run", "one", *flags, "--out", str(workdir / "one.jsonl")]) == 0
     capsys.readouterr()
     args = ["run", str(grown), "--run", "two", *flags, "--reuse-from", "one", "--out", str(workdir / "two.jsonl")]
@@ -255,9 +251,6 @@ def test_models_reuse_a_grown_table_read_against_a_sweep_is_read_whole_and_reuse
     """A Delta table swept (two arms), then grown and prepared for one model with --reuse-from the
     sweep: the sweep's chunks are not its rows in order, so the table is read whole (never keyed
     incrementally against them); the arm that changed nothing answers the old rows."""
-    from tests.test_tables import Tables, answer_all, chunk_lines, rows
-    from tests.test_tables import prepare as prepare_table
-
     tables = Tables(tmp_path)
     tables.write("delta", rows(0, 5))
     store = str(workdir / "store")

@@ -8,10 +8,10 @@ import random
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.controller.plan import contiguous_split, plan_chunks, skypilot_example_split
-from orchestrator.core.protocol.layout import RunLayout, chunk_id
+from orchestrator.core.layout import RunLayout, chunk_id
 from orchestrator.core.records import ManifestEntry
 from orchestrator.core.store import open_store
+from orchestrator.planning.plan import contiguous_split, plan_chunks, skypilot_example_split
 from tests.support.datasets import write_lmsys_parquet
 
 

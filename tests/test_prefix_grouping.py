@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_manifest
 from orchestrator.core.records import write_jsonl as records_jsonl
 from orchestrator.core.store import open_store
@@ -165,6 +165,7 @@ def test_the_external_sort_spills_runs_and_merges_them_in_order(fan_in):
         sorter.discard()
 
 
+@pytest.mark.slow  # a large input
 def test_grouped_prepare_of_a_large_input_stays_within_bounded_memory(tmp_path):
     """200,000 rows (over 300 MiB of input) through a separate process: its peak RSS stays well
     below what holding the rows would take (runs of 64 MiB spilled, then merged)."""

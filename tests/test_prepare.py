@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import ManifestEntry, read_jsonl
 from orchestrator.core.store import open_store
 from tests.support.datasets import write_jsonl, write_lmsys_parquet
@@ -184,12 +185,25 @@ def test_prepare_strict_stops_at_the_first_bad_row(store_dir, tmp_path, capsys):
     assert open_store(store_dir).head(RunLayout("r").manifest) is None
 
 
-def test_prepare_duplicate_ids_are_bad_rows(store_dir, tmp_path):
-    rows = [{"id": "a", "conversation": [{"role": "user", "content": "x"}]}] * 2
-    write_jsonl(tmp_path / "dup.jsonl", rows)
-    assert prepare(store_dir, tmp_path / "dup.jsonl", "--num-chunks", "1", "--id-column", "id") == 0
-    errors = open_store(store_dir).get(RunLayout("r").prepare_errors).data.decode()
-    assert "duplicate custom_id 'a'" in errors and "dup.jsonl:1" in errors
+@pytest.mark.parametrize("grouping", [[], ["--group-by-prefix"]])
+def test_prepare_refuses_a_repeated_custom_id_naming_both_lines(store_dir, tmp_path, capsys, grouping):
+    """Two rows with one id would be two output lines for it (the answer and an error row, before):
+    prepare lists each repeat with both places, across files too, and writes nothing; the same
+    rows without --id-column (ids file:line) prepare."""
+    turn = [{"role": "user", "content": "x"}]
+    (tmp_path / "d").mkdir()
+    write_jsonl(tmp_path / "d" / "a.jsonl", [{"id": i, "conversation": turn} for i in ("a", "b", "a", "c")])
+    write_jsonl(tmp_path / "d" / "b.jsonl", [{"id": i, "conversation": turn} for i in ("c", "d")])
+    args = [tmp_path / "d", "--num-chunks", "2", *grouping]
+    for check in ([], ["--check"]):
+        assert prepare(store_dir, *args, "--id-column", "id", *check) == 4
+        err = capsys.readouterr().err
+        assert "2 row(s) repeat a custom_id of an earlier row" in err
+        assert f"'a': {tmp_path / 'd' / 'a.jsonl'}:1 and {tmp_path / 'd' / 'a.jsonl'}:3" in err
+        assert f"'c': {tmp_path / 'd' / 'a.jsonl'}:4 and {tmp_path / 'd' / 'b.jsonl'}:1" in err
+        assert not os.path.exists(store_dir)
+    assert prepare(store_dir, *args) == 0
+    assert len(chunk_lines(store_dir)) == 6
 
 
 def test_prepare_rerun_is_idempotent(store_dir, tmp_path, capsys):
@@ -459,8 +473,9 @@ LABEL_SCHEMA = {
 @pytest.mark.parametrize("fmt", ["text", "chat"])
 def test_prepare_template_over_any_columns_with_a_json_schema(store_dir, tmp_path, capsys, fmt):
     """Tickets to labelling requests: the template names any columns (no text or conversation column
-    needed), the schema file becomes OpenAI's response_format on every line, and a row without a
-    column the template names is set aside with its file, line and columns."""
+    needed), the schema file becomes OpenAI's response_format on every line (the schema stored once
+    in the run, each line naming it by digest), and a row without a column the template names is
+    set aside with its file, line and columns."""
     write_jsonl(tmp_path / "tickets.jsonl", TICKETS)
     (tmp_path / "ticket-label.json").write_text(json.dumps(LABEL_SCHEMA))
     template = "Subject: {subject}\nBody: {body}\nPriority: {priority}"
@@ -478,8 +493,43 @@ def test_prepare_template_over_any_columns_with_a_json_schema(store_dir, tmp_pat
         {"role": "system", "content": "Label the ticket."},
         {"role": "user", "content": "Subject: Refund\nBody: I was charged twice\nPriority: high"},
     ]
-    expected = {"name": "ticket-label", "schema": LABEL_SCHEMA, "strict": True}
+    store, layout = open_store(store_dir), RunLayout("r")
+    [stored] = list(store.list(f"{layout.root}schemas/"))
+    assert json.loads(store.get(stored.key).data) == LABEL_SCHEMA
+    digest = stored.key.rsplit("/", 1)[1].removesuffix(".json")
+    assert digest == hashlib.sha256(store.get(stored.key).data).hexdigest()
+    reference = {"$ref": f"urn:orch:schema:sha256:{digest}"}
+    expected = {"name": "ticket-label", "schema": reference, "strict": True}
     assert all(line["body"]["response_format"] == {"type": "json_schema", "json_schema": expected} for line in lines)
+
+
+@pytest.mark.parametrize("source", ["jsonl", "parquet"])
+def test_prepare_template_writes_structs_and_lists_as_json_and_null_as_nothing(store_dir, tmp_path, source):
+    """A struct column was filled in as Python's repr (`{'a': 0}`), a list as `['t0']`: now JSON,
+    members reachable by index, true/false, a null as nothing, a number formatted as asked
+    (docs/labelling.md, "What a template writes")."""
+    rows = [
+        {"id": "r0", "meta": {"a": 0, "b": "é"}, "tags": ["t0", "t1"], "note": None, "ok": True, "price": 1.5},
+        {"id": "r1", "meta": {"a": 1, "b": None}, "tags": [], "note": "n", "ok": False, "price": 2.0},
+    ]
+    if source == "jsonl":
+        path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = tmp_path / "rows.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    template = "meta={meta} a={meta[a]} tags={tags} note=[{note}] ok={ok} price={price:.2f}"
+    assert (
+        prepare(store_dir, path, "--format", "text", "--template", template, "--id-column", "id", "--num-chunks", "1")
+        == 0
+    )
+    texts = [line["body"]["messages"][0]["content"] for line in chunk_lines(store_dir)]
+    assert texts == [
+        'meta={"a": 0, "b": "é"} a=0 tags=["t0", "t1"] note=[] ok=true price=1.50',
+        'meta={"a": 1, "b": null} a=1 tags=[] note=[n] ok=false price=2.00',
+    ]
 
 
 def test_prepare_response_format_from_the_spec_file(store_dir, tmp_path):
@@ -499,7 +549,7 @@ def test_prepare_refuses_a_bad_schema_or_template_before_reading_a_row(store_dir
     (tmp_path / "broken.json").write_text('{"type": "object",\n "properties": }\n')
     base = [tmp_path / "tickets.jsonl", "--format", "text", "--num-chunks", "1"]
     assert prepare(store_dir, *base, "--template", "{subject}", "--json-schema", tmp_path / "wrong.json") == 2
-    assert "wrong.json: not a valid JSON Schema at properties/a/type:" in capsys.readouterr().err
+    assert "wrong.json: at #/properties/a/type: not a valid JSON Schema:" in capsys.readouterr().err
     assert prepare(store_dir, *base, "--template", "{subject}", "--json-schema", tmp_path / "broken.json") == 2
     assert "broken.json:2: not valid JSON" in capsys.readouterr().err
     assert prepare(store_dir, *base, "--template", "{subject} {0}") == 2

@@ -69,12 +69,21 @@ def test_prepare_refuses_before_writing_any_chunk(store_dir, tmp_path, capsys, g
 
 def test_prepare_check_passes_a_clean_file_and_writes_nothing(store_dir, tmp_path, capsys):
     source = tmp_path / "clean.jsonl"
-    write_jsonl(source, [line(i, max_tokens=16, temperature=0.5) for i in range(30)] + [{"custom_id": "x"}])
+    write_jsonl(source, [line(i, max_tokens=16, temperature=0.5) for i in range(30)])
     assert prepare(store_dir, source, "--check") == 0
-    out = capsys.readouterr().out
-    assert "checked 30 request(s)" in out and "1 bad row(s) would be set aside" in out
+    assert "checked 30 request(s)" in capsys.readouterr().out
     assert written(store_dir) == []
-    assert prepare(store_dir, source, "--check", "--json") == 0
+
+
+def test_prepare_check_fails_when_a_row_would_be_set_aside_saying_how_many_and_why(store_dir, tmp_path, capsys):
+    source = tmp_path / "one-bad.jsonl"
+    write_jsonl(source, [line(i, max_tokens=16, temperature=0.5) for i in range(30)] + [{"custom_id": "x"}])
+    assert prepare(store_dir, source, "--check") == 4
+    captured = capsys.readouterr()
+    assert "checked 30 request(s)" in captured.out and "1 bad row(s) would be set aside" in captured.out
+    assert f"ERROR 1 of 31 row(s) would be set aside, e.g. {source}:31" in captured.err
+    assert written(store_dir) == []
+    assert prepare(store_dir, source, "--check", "--json") == 4
     report = json.loads(capsys.readouterr().out)
     assert report["requests"] == {"checked": 30, "refused": 0, "fields": {}} and report["set_aside"] == 1
     assert prepare(store_dir, source) == 0

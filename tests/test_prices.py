@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrator.backends.base import Offering
-from orchestrator.controller.pricing import load_gpu_table, table_from_offerings
-
-ORCH = [sys.executable, "-m", "orchestrator"]
+from orchestrator.planning.pricing import load_gpu_table, table_from_offerings
+from tests.support.cli import orch
 
 # Rows in the shape of SkyPilot's v8 catalog (`~/.sky/catalogs/v8/<cloud>/vms.csv`).
 AWS_VMS = """InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone
@@ -66,20 +63,17 @@ def homes(tmp_path):
     return env, tmp_path
 
 
-def orch(env, cwd, *args):
-    return subprocess.run([*ORCH, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
-
-
+@pytest.mark.slow  # SkyPilot's catalog, in its own process
 def test_prices_refresh_builds_the_table_from_skypilots_catalog(homes):
     env, tmp = homes
     catalogs = Path(env["HOME"]) / ".sky" / "catalogs" / "v8"
     for cloud, text in (("aws", AWS_VMS), ("gcp", GCP_VMS)):
         (catalogs / cloud).mkdir(parents=True)
         (catalogs / cloud / "vms.csv").write_text(text)  # a catalog in place: SkyPilot reads it as it is
-    before = orch(env, tmp, "prices")
+    before = orch("prices", cwd=tmp, env=env)
     assert before.returncode == 0 and f"prices of {load_gpu_table().date}" in before.stdout
 
-    refreshed = orch(env, tmp, "prices", "--refresh", "--clouds", "aws,gcp")
+    refreshed = orch("prices", "--refresh", "--clouds", "aws,gcp", cwd=tmp, env=env)
     assert refreshed.returncode == 0, refreshed.stderr
     assert "SkyPilot catalog (aws, gcp)" in refreshed.stdout and "(was 0.800 / 0.320)" in refreshed.stdout
     written = Path(env["ORCH_HOME"]) / "prices.yaml"
@@ -95,15 +89,16 @@ def test_prices_refresh_builds_the_table_from_skypilots_catalog(homes):
     assert table.gpus["A100"].prices["azure"] == load_gpu_table().gpus["A100"].prices["azure"]  # not refreshed
 
     # From now on the refreshed table is the one in use.
-    after = orch(env, tmp, "prices")
+    after = orch("prices", cwd=tmp, env=env)
     assert "SkyPilot catalog (aws, gcp)" in after.stdout
 
 
+@pytest.mark.slow  # SkyPilot's catalog, in its own process
 def test_prices_refresh_without_a_reachable_catalog_keeps_the_table(homes):
     env, tmp = homes
     # No catalog on disk, and the network refused: SkyPilot cannot fetch one.
     env.update(HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9")
-    result = orch(env, tmp, "prices", "--refresh", "--clouds", "aws")
+    result = orch("prices", "--refresh", "--clouds", "aws", cwd=tmp, env=env)
     assert result.returncode != 0
     assert "aws: SkyPilot's catalog cannot be read" in result.stderr
     assert f"prices stay as in the table of {load_gpu_table().date}" in result.stderr

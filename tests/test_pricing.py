@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.controller.pricing import load_gpu_table
 from orchestrator.core.errors import SpecError
+from orchestrator.planning.pricing import load_gpu_table
 
 
 def test_gpu_table_has_the_default_candidates_with_dated_prices():

@@ -12,19 +12,21 @@ import time
 import pytest
 
 from orchestrator.backends.skypilot import SkyPilotLauncher
-from orchestrator.controller import probe_launch
-from orchestrator.controller.forecast import forecast_from_probes
-from orchestrator.controller.probe import read_probes, run_probes
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_manifest, read_marker
+from orchestrator.core.records.forecast import read_probes
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
-from tests.conftest import make_store_uri
+from orchestrator.fleet import probe_launch
+from orchestrator.fleet.probe import run_probes
+from orchestrator.planning.forecast import forecast_from_probes
+from orchestrator.simulate import fleet_outcome
 from tests.support.events import wait_for
 from tests.support.fake_sky import ScriptedSky
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
+from tests.support.s3servers import make_store_uri
 
 #: What each candidate's machine reports as its accelerator (nvidia-smi's names).
 REPORTED = {"L4": "NVIDIA L4", "A100": "NVIDIA A100-SXM4-40GB"}
@@ -122,7 +124,7 @@ def test_each_candidate_gpu_is_probed_on_its_own_spot_machine_and_forecast_from_
     assert sum(e.rows for e in manifest) == rows_before  # rows moved, none copied
     assert read_probes(ctx.store, ctx.layout) == probes
     # Each candidate forecast from its own probe; a second estimate reuses them, launching nothing.
-    record = forecast_from_probes(ctx, probes, manifest, 2, time.time())
+    record = forecast_from_probes(ctx, probes, manifest, 2, time.time(), fleet_outcome)
     basis = {c.gpu: c.basis for c in record.candidates}
     assert basis == {"L4": "measured on L4 (10 probe rows)", "A100": "measured on A100 (10 probe rows)"}
     assert run_probes(ctx, 0.05, min_rows=8, launcher=SkyPilotLauncher(ctx.spec, sdk=sky)) == probes
@@ -131,7 +133,7 @@ def test_each_candidate_gpu_is_probed_on_its_own_spot_machine_and_forecast_from_
 
 def test_a_candidate_past_its_share_of_the_budget_is_cancelled_and_its_rows_left_to_the_run(ctx, monkeypatch):
     # The A100's machine never answers (capacity lost, a slow start): its share of the budget runs out.
-    from orchestrator.controller import estimate
+    from orchestrator.planning import estimate
 
     monkeypatch.setattr(estimate, "RESTART_OVERHEAD_S", 0.0)  # no start-up to fit in a budget this small
     sky = ScriptedSky(script=["STARTING", "RUNNING"])
@@ -153,7 +155,7 @@ def test_a_candidate_past_its_share_of_the_budget_is_cancelled_and_its_rows_left
     listed = ctx.store.get(ctx.layout.worker_list("1")).data.decode().split()
     assert listed[0] == ctx.layout.chunk_path(a100.chunk)
     # The A100 is forecast from the L4's probe by the table, and the record says why.
-    record = forecast_from_probes(ctx, probes, read_manifest(ctx.store, ctx.layout), 2, time.time())
+    record = forecast_from_probes(ctx, probes, read_manifest(ctx.store, ctx.layout), 2, time.time(), fleet_outcome)
     basis = {c.gpu: c.basis for c in record.candidates}
     assert basis["L4"].startswith("measured on L4") and basis["A100"].startswith("scaled from the probe on NVIDIA L4")
     assert "the probe on A100 measured nothing (cancelled at its budget" in record.note
@@ -167,7 +169,7 @@ def test_a_probe_waited_on_again_keeps_the_budget_clock_of_its_launch(ctx, monke
     # the second. The next estimate waits on that job rather than launch another, and its share of
     # the budget counts from the launch: a job launched long enough ago is cancelled at once, not
     # given a fresh share (before, the clock started again at every estimate).
-    from orchestrator.controller import estimate
+    from orchestrator.planning import estimate
 
     monkeypatch.setattr(estimate, "RESTART_OVERHEAD_S", 0.0)
     sky = ScriptedSky(script=["STARTING", "RUNNING"])
@@ -205,16 +207,17 @@ def test_a_probe_waited_on_again_keeps_the_budget_clock_of_its_launch(ctx, monke
     assert probes[0].busy_s is not None  # the L4's probe measured
 
 
+@pytest.mark.slow  # SkyPilot's loader over an S3 server
 def test_each_model_is_probed_on_each_of_its_own_candidates_by_a_worker_of_its_pool(request, tmp_path):
     """Two models, tiny on L4 or A100, smol on 2 x A100 a worker: three probes, each a chunk of its
     model's rows first on a worker of its pool, launched with that pool's model, pinned to its GPU
     on spot; the budget is shared by the three, a 2-GPU worker paying twice; each pool is forecast
     from its own probes and the run ends with the slower."""
     from orchestrator.cli import main
-    from orchestrator.controller.forecast_pools import forecast_pools
     from orchestrator.core.pools import POOL_ENV
     from orchestrator.core.records import read_plan
-    from tests.test_models import batch_lines
+    from orchestrator.planning.forecast_pools import forecast_pools
+    from tests.support.datasets import batch_lines
 
     uri = make_store_uri("moto", request, tmp_path)
     (tmp_path / "orch.yaml").write_text(
@@ -255,7 +258,7 @@ def test_each_model_is_probed_on_each_of_its_own_candidates_by_a_worker_of_its_p
     caps = probe_launch.budget_caps(ctx, probes, 3.0)
     assert [round(caps[p.chunk].usd(), 2) for p in probes] == [1.0, 1.0, 1.0]
     assert caps[probes[2].chunk].seconds == pytest.approx(caps[probes[1].chunk].seconds / 2)
-    record = forecast_pools(ctx, read_manifest(ctx.store, ctx.layout), probes, 0.0)
+    record = forecast_pools(ctx, read_manifest(ctx.store, ctx.layout), probes, 0.0, fleet_outcome)
     assert record.kind == "probe" and set(record.pools) == {"tiny", "smol"}
     assert {pool: r.kind for pool, r in record.pools.items()} == {"tiny": "probe", "smol": "probe"}
     (run,) = record.candidates
@@ -263,14 +266,15 @@ def test_each_model_is_probed_on_each_of_its_own_candidates_by_a_worker_of_its_p
     assert run.duration_s.p90 == max(f.duration_s.p90 for f in fleets if f is not None)
 
 
+@pytest.mark.slow  # SkyPilot's loader over an S3 server
 def test_a_model_with_too_few_rows_to_probe_is_forecast_from_the_table_and_the_others_are_probed(request, tmp_path):
     """160 rows of tiny, 3 of smol: a probe takes at most a quarter of a pool's rows, so smol is
     left out (said, and guessed in the forecast) and tiny's candidates are probed; a pool of 4 rows
     holds one probe of its two candidates. A run too small for any probe says so, naming its pools."""
     from orchestrator.cli import main
-    from orchestrator.controller.forecast_pools import forecast_pools
-    from orchestrator.controller.probe import probe_plan, probes_held
-    from tests.test_models import batch_lines
+    from orchestrator.fleet.probe import probe_plan, probes_held
+    from orchestrator.planning.forecast_pools import forecast_pools
+    from tests.support.datasets import batch_lines
 
     assert [probes_held(n, 2) for n in (3, 4, 5, 160)] == [0, 1, 2, 2]  # 5 rows: 1 of 5, then 1 of 4
     uri = make_store_uri("moto", request, tmp_path)
@@ -300,7 +304,7 @@ def test_a_model_with_too_few_rows_to_probe_is_forecast_from_the_table_and_the_o
         assert workers.error is None, workers.error
     assert [(p.model, p.gpu, p.rows) for p in probes] == [("tiny", "L4", 8), ("tiny", "A100", 8)]
     assert "probe of smol on A100: too few rows (3) to probe: forecast from the table" in said, said
-    record = forecast_pools(ctx, read_manifest(ctx.store, ctx.layout), probes, 0.0)
+    record = forecast_pools(ctx, read_manifest(ctx.store, ctx.layout), probes, 0.0, fleet_outcome)
     assert {pool: r.kind for pool, r in record.pools.items()} == {"tiny": "probe", "smol": "guess"}
     assert "guessed from the table (smol)" in record.note, record.note
 
@@ -324,9 +328,9 @@ def test_a_budget_too_small_for_a_start_up_launches_no_candidate_and_says_so(ctx
 
 
 def test_a_cluster_of_cpus_is_one_candidate_with_an_allocation_per_worker(ctx):
-    from orchestrator.controller.forecast import guess
-    from orchestrator.controller.probe import probe_candidates
     from orchestrator.core.records.forecast import ProbeRecord, RowSample, StratumCount
+    from orchestrator.fleet.probe import probe_candidates
+    from orchestrator.planning.forecast import guess
 
     resources = ctx.spec.resources.model_copy(update={"gpus": []})
     cpus = RunContext(ctx.spec.model_copy(update={"resources": resources}), ctx.store, ctx.layout)
@@ -354,9 +358,9 @@ def test_a_cluster_of_cpus_is_one_candidate_with_an_allocation_per_worker(ctx):
         accelerator="cpu",
         samples=[row] * 8,
     )
-    (cluster,) = forecast_from_probes(cpus, [probe], manifest, 2, 0.0).candidates
+    (cluster,) = forecast_from_probes(cpus, [probe], manifest, 2, 0.0, fleet_outcome).candidates
     assert cluster.basis == "measured on cpu (8 rows, 2 workers, one allocation each)"
     # The same probe on this machine: two workers share its cores, each slower than one alone.
     local = RunContext(cpus.spec.model_copy(update={"backend": "local"}), ctx.store, ctx.layout)
-    (shared,) = forecast_from_probes(local, [probe], manifest, 2, 0.0).candidates
+    (shared,) = forecast_from_probes(local, [probe], manifest, 2, 0.0, fleet_outcome).candidates
     assert shared.engine_s.p50 > cluster.engine_s.p50

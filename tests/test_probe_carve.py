@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.controller.probe_carve import ENGINE_BATCH_DEFAULT, engine_batch
 from orchestrator.core.context import RunContext
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import open_store
+from orchestrator.planning.probe_work import ENGINE_BATCH_DEFAULT, engine_batch
 
 
 def _context(tmp_path: Path, model: dict[str, object]) -> RunContext:

@@ -8,9 +8,10 @@ import statistics
 
 import pytest
 
-from orchestrator.controller import forecast
-from orchestrator.controller.forecast import local_parallelism, probe_units, work_seconds
-from orchestrator.controller.probe_work import (
+from orchestrator.core.records.forecast import ProbeRecord, RowSample, StratumCount
+from orchestrator.planning import forecast
+from orchestrator.planning.forecast import local_parallelism, probe_units, work_seconds
+from orchestrator.planning.probe_work import (
     StaticRow,
     run_cached_share,
     slot_schedule,
@@ -18,7 +19,6 @@ from orchestrator.controller.probe_work import (
     static_units,
     units_until,
 )
-from orchestrator.core.records.forecast import ProbeRecord, RowSample, StratumCount
 
 
 def test_slot_schedule_admits_rows_in_order_as_slots_free():
@@ -151,3 +151,14 @@ def test_probe_work_replays_the_rows_in_the_order_the_worker_fed_its_engine():
     as_fed = probe_units(probe.model_copy(update={"samples": ranked}), fixed=1.0)
     fed_first, fed_last = units_until([160] + [10] * 8, 8, 1.0), units_until([10] * 8 + [160], 8, 1.0)
     assert fed_first < fed_last and as_written - as_fed == pytest.approx(fed_last - fed_first)
+
+
+def test_probe_size_stays_within_its_share_unless_asked_for_more():
+    from orchestrator.planning.probe_work import probe_size
+
+    assert probe_size(3_000, 0.01, None, 256) == 45  # two batches would be 17%: 1.5% of the run
+    assert probe_size(100_000, 0.01, None, 256) == 1_000  # --probe-share's 1% is more than two batches
+    assert probe_size(40_000, 0.01, None, 256) == 512  # two batches, 1.28%
+    assert probe_size(3_000, 0.01, 512, 256) == 512  # --probe-rows asks for more
+    assert probe_size(20, 0.01, None, 256) == 1
+    assert all(probe_size(n, 0.01, None, 256) <= max(1, 0.015 * n) for n in range(1, 200_000, 997))

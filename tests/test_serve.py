@@ -14,17 +14,13 @@ import contextlib
 import http.client
 import itertools
 import json
-import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,187 +31,53 @@ from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
 from orchestrator.cli import main
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_jobs, read_plan
 from orchestrator.core.store import open_store
 from tests.support import raw_http
+from tests.support.models import REAL_ENGINE, TINY, scripted_engine
 from tests.support.raw_http import MiB
+from tests.support.serving import (
+    ALIAS,
+    CHAT,
+    KEY,
+    MAX_FILE_BYTES,
+    MAX_REQUESTS,
+    OTHER_KEY,
+    RESPONSES,
+    SERVED,
+    SHORT_WINDOWS,
+    SPEC,
+    Server,
+    chat_line,
+    create,
+    final,
+    lines_of,
+    retrieve,
+    running_server,
+    start_server,
+    upload,
+    wait_for,
+    write_requests,
+)
 
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / ".cache" / "models" / "tiny-llama"
-#: The tiny Llama on vLLM's pooling runner: embeddings, score and rerank batches.
-TINY_EMBED = REPO / ".cache" / "models" / "tiny-embed"
-KEY, OTHER_KEY = "sk-orch-test-first-key", "sk-orch-test-second-key"
-CHAT = "/v1/chat/completions"
-RESPONSES = "/v1/responses"
-FINAL = {"completed", "failed", "expired", "cancelled"}
-#: Completion windows short enough for a test (OpenAI accepts only 24h; this server's spec adds these):
-#: the expiry test picks one from how long this machine takes to start a worker right now.
-SHORT_WINDOWS = {f"{s}s": s for s in (45, 60, 90, 120, 180, 240, 360)}
-#: Small limits, so that exceeding them is cheap.
-MAX_REQUESTS, MAX_FILE_BYTES = 400, 100_000
-
-SERVED = f"{{tiny: {TINY}, tiny-embed: {{name: {TINY_EMBED}, runner: pooling}}}}"
-SPEC = f"""\
-sampling: {{max_tokens: 8}}
-workers: {{count: 1, heartbeat_interval: 1, checkpoint_interval: 1, lease_ttl: 20, max_in_flight: 2}}
-serve:
-  models: {SERVED}
-  rows_per_chunk: 4
-  poll_interval: 0.5
-  completion_windows: ["24h", {", ".join(f'"{w}"' for w in SHORT_WINDOWS)}]
-  max_requests: {MAX_REQUESTS}
-  max_file_bytes: {MAX_FILE_BYTES}
-"""
-
-
-# -- the server ---------------------------------------------------------------------------------
-@dataclass
-class Server:
-    proc: subprocess.Popen
-    port: int
-    store_uri: str
-    workdir: Path
-
-    def client(self, key: str = KEY) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, timeout=60)
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-#: OpenAI code naming OpenAI's model runs unchanged: the shared servers answer it with `tiny`.
-ALIAS = "gpt-4o-mini"
-ALIAS_FLAG = ("--model-alias", f"{ALIAS}=tiny")
-
-
-def start_server(workdir: Path, store_uri: str, spec: str = SPEC, env: dict[str, str] | None = None) -> Server:
-    """`orch serve` in its own process, with two keys and an alias of `tiny`; returns once it accepts connections."""
-    if not all((model / ".built").exists() for model in (TINY, TINY_EMBED)):
-        pytest.fail("the tiny models are missing: run `make models` (make test does it)")
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "orch.yaml").write_text(spec)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "ORCH_API_KEYS": f"{KEY},{OTHER_KEY}",
-        "ORCH_HOME": ".orch",
-        **(env or {}),
-    }
-    log = open(workdir / "server.log", "ab")  # noqa: SIM115 - the server process writes it until stopped
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "serve", "--store", store_uri, "--port", str(port), *ALIAS_FLAG],
-        cwd=workdir,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"orch serve exited with {proc.returncode}:\n{(workdir / 'server.log').read_text()[-3000:]}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return Server(proc, port, store_uri, workdir)
-        time.sleep(0.2)
-    proc.kill()
-    pytest.fail("orch serve did not accept connections within 60 s")
-
-
-@contextlib.contextmanager
-def running_server(
-    workdir: Path, store_uri: str, spec: str = SPEC, env: dict[str, str] | None = None
-) -> Iterator[Server]:
-    server = start_server(workdir, store_uri, spec, env)
-    try:
-        yield server
-    finally:
-        server.stop()
-        stop_workers(store_uri)
-
-
-def stop_workers(store_uri: str) -> None:
-    """Whatever workers the batches left running (a test that failed halfway), stopped with `orch cancel`."""
-    store = open_store(store_uri)
-    for run in {info.key.split("/")[1] for info in store.list("runs/")}:
-        main(["cancel", "--run", run, "--store", store_uri])
 
 
 @pytest.fixture(scope="module")
 def local_server(tmp_path_factory) -> Iterator[Server]:
+    """The server most tests share, its workers on vLLM: what the SDK's batches are answered by."""
     workdir = tmp_path_factory.mktemp("serve-local")
-    with running_server(workdir, str(workdir / "store")) as server:
+    with running_server(workdir, str(workdir / "store"), env=REAL_ENGINE) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def seaweedfs_server_for_serve(tmp_path_factory, seaweedfs_server, seaweedfs_bucket) -> Iterator[Server]:
     workdir = tmp_path_factory.mktemp("serve-seaweedfs")
-    with running_server(workdir, seaweedfs_server.store_uri(seaweedfs_bucket, "serve")) as server:
+    store_uri = seaweedfs_server.store_uri(seaweedfs_bucket, "serve")
+    with running_server(workdir, store_uri, env=scripted_engine()) as server:
         yield server
-
-
-# -- the client's side, every object parsed with the SDK's own types --------------------------------
-def upload(client: openai.OpenAI, path: Path) -> FileObject:
-    with open(path, "rb") as f:
-        raw = client.files.with_raw_response.create(file=f, purpose="batch")
-    return FileObject.model_validate(json.loads(raw.text))
-
-
-def create(client: openai.OpenAI, file_id: str, window: str = "24h", **kwargs: Any) -> Batch:
-    raw = client.batches.with_raw_response.create(
-        input_file_id=file_id, endpoint=kwargs.pop("endpoint", CHAT), completion_window=window, **kwargs
-    )
-    return Batch.model_validate(json.loads(raw.text))
-
-
-def retrieve(client: openai.OpenAI, batch_id: str) -> Batch:
-    return Batch.model_validate(json.loads(client.batches.with_raw_response.retrieve(batch_id).text))
-
-
-def wait_for(client: openai.OpenAI, batch_id: str, done: Any, timeout: float = 300) -> tuple[Batch, list[Batch]]:
-    """Poll until `done(batch)`; returns the batch then and every batch object seen on the way."""
-    seen: list[Batch] = []
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        batch = retrieve(client, batch_id)
-        seen.append(batch)
-        if done(batch):
-            return batch, seen
-        time.sleep(0.5)
-    pytest.fail(f"batch {batch_id} still {seen[-1].status} after {timeout:.0f} s: {seen[-1]}")
-
-
-def final(batch: Batch) -> bool:
-    return batch.status in FINAL
-
-
-def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    if file_id is None:
-        return []
-    meta = FileObject.model_validate(json.loads(client.files.with_raw_response.retrieve(file_id).text))
-    assert meta.purpose == "batch_output"
-    return [json.loads(line) for line in client.files.content(file_id).text.split("\n") if line]
-
-
-def chat_line(custom_id: str, content: str, model: str = "tiny", url: str = CHAT, **params: Any) -> dict[str, Any]:
-    body = {"model": model, "messages": [{"role": "user", "content": content}], **params}
-    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
-
-
-def write_requests(path: Path, requests: list[dict[str, Any]]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in requests))
-    return path
 
 
 def mixed_requests(n: int) -> list[dict[str, Any]]:
@@ -236,7 +98,9 @@ def check_split(output: list[dict[str, Any]], errors: list[dict[str, Any]], ids:
 
 
 # -- the tests ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["local", "seaweedfs"])
+# The local server's workers run vLLM (the openai SDK's batch end to end); the SeaweedFS server's the
+# scripted engine: there the store is what the test is about.
+@pytest.mark.parametrize("kind", [pytest.param("local", marks=pytest.mark.real_engine), "seaweedfs"])
 def test_serve_mixed_batch_splits_good_rows_into_output_and_bad_into_errors(kind, request, tmp_path):
     server: Server = request.getfixturevalue("local_server" if kind == "local" else "seaweedfs_server_for_serve")
     client = server.client()
@@ -281,6 +145,7 @@ def test_serve_mixed_batch_splits_good_rows_into_output_and_bad_into_errors(kind
     assert collected == [r["custom_id"] for r in requests]
 
 
+@pytest.mark.real_engine  # orch serve driven by the openai SDK, answered by vLLM
 def test_serve_answers_a_model_alias_under_the_name_the_client_asked_for(local_server, tmp_path):
     """`--model-alias gpt-4o-mini=tiny`: the SDK's batch naming gpt-4o-mini runs on tiny, and every
     answer names gpt-4o-mini; the server said at start-up which base_url to give the SDK."""
@@ -300,6 +165,7 @@ def pooling_line(custom_id: str, url: str, **body: Any) -> dict[str, Any]:
     return {"custom_id": custom_id, "method": "POST", "url": url, "body": {"model": "tiny-embed", **body}}
 
 
+@pytest.mark.real_engine  # vLLM's pooling runner answers
 def test_serve_embeddings_and_score_batches_run_on_pooling_workers(local_server, tmp_path):
     """An embeddings batch and a score batch, each through the SDK and the embedding model's own
     (pooling) workers: every output line an SDK CreateEmbeddingResponse (embeddings) or vLLM's score
@@ -453,6 +319,7 @@ def test_serve_create_refuses_bad_requests_as_openai_does(local_server, tmp_path
         client.files.create(file=f, purpose="fine-tune")
 
 
+@pytest.mark.real_engine  # Response objects of vLLM's answers
 def test_serve_responses_batch_answers_each_line_with_a_response(local_server, tmp_path):
     """A /v1/responses batch as openai-python's examples/responses/batch.py writes it."""
     client = local_server.client()
@@ -582,6 +449,7 @@ def test_serve_refuses_a_bad_configuration_saying_where(tmp_path, capsys):
     assert "no served model 'tiyn' (served: tiny)" in err and "did you mean gpt-4o-mini=tiny?" in err
 
 
+@pytest.mark.scripted_engine(step_s=0.2)  # the worker still at work when the first server is killed
 def test_serve_killed_mid_batch_and_restarted_completes_every_row_exactly_once(tmp_path):
     store_uri = str(tmp_path / "store")
     requests = mixed_requests(16)
@@ -606,43 +474,45 @@ def test_serve_killed_mid_batch_and_restarted_completes_every_row_exactly_once(t
     assert [len(w.attempts) for w in jobs.workers.values()] == [1]
 
 
-def test_serve_cancel_and_expiry_return_the_finished_rows(local_server, tmp_path):
+@pytest.mark.scripted_engine(step_s=0.05)  # a slow row takes 50 s: the batch is surely under way at the end
+def test_serve_cancel_and_expiry_return_the_finished_rows(tmp_path):
     """The first chunk is quick, the rest would take many minutes. One batch is cancelled once its
     first chunk is done; the next one reaches the end of its completion window. That window is
     chosen from the time the first batch took to finish its first chunk (a worker's start-up, which
     a loaded machine stretches to a minute or more), so the second's first chunk is done by then."""
-    client = local_server.client()
-    quick = [chat_line(f"quick{i}", "Hi", max_tokens=4) for i in range(4)]
-    slow = [chat_line(f"slow{i}", "Hi", max_tokens=1000, ignore_eos=True) for i in range(120)]
-    source = upload(client, write_requests(tmp_path / "in.jsonl", quick + slow)).id
-    started = time.time()
-    cancelled = create(client, source)
-    wait_for(client, cancelled.id, lambda b: b.request_counts is not None and b.request_counts.completed >= 4)
-    first_chunk_s = time.time() - started
-    cancelling = Batch.model_validate(json.loads(client.batches.with_raw_response.cancel(cancelled.id).text))
-    assert cancelling.status == "cancelling" and cancelling.cancelling_at is not None
-    ended, _ = wait_for(client, cancelled.id, final, timeout=120)
-    assert ended.status == "cancelled" and ended.cancelled_at is not None
-    assert client.batches.cancel(cancelled.id).status == "cancelled"  # again: nothing changes
+    with running_server(tmp_path / "serve", str(tmp_path / "store")) as server:
+        client = server.client()
+        quick = [chat_line(f"quick{i}", "Hi", max_tokens=4) for i in range(4)]
+        slow = [chat_line(f"slow{i}", "Hi", max_tokens=1000, ignore_eos=True) for i in range(120)]
+        source = upload(client, write_requests(tmp_path / "in.jsonl", quick + slow)).id
+        started = time.time()
+        cancelled = create(client, source)
+        wait_for(client, cancelled.id, lambda b: b.request_counts is not None and b.request_counts.completed >= 4)
+        first_chunk_s = time.time() - started
+        cancelling = Batch.model_validate(json.loads(client.batches.with_raw_response.cancel(cancelled.id).text))
+        assert cancelling.status == "cancelling" and cancelling.cancelling_at is not None
+        ended, _ = wait_for(client, cancelled.id, final, timeout=120)
+        assert ended.status == "cancelled" and ended.cancelled_at is not None
+        assert client.batches.cancel(cancelled.id).status == "cancelled"  # again: nothing changes
 
-    # The worker of the batch cancelled is gone: the next starts on a machine no busier than the first did.
-    window = next((w for w, s in SHORT_WINDOWS.items() if s >= 1.5 * first_chunk_s + 15), "360s")
-    expiring = create(client, source, window=window)
-    assert expiring.expires_at == expiring.created_at + SHORT_WINDOWS[window]
-    expired, _ = wait_for(client, expiring.id, final, timeout=SHORT_WINDOWS[window] + 120)
-    assert expired.status == "expired" and expired.expired_at is not None
-    assert expired.expired_at >= expired.expires_at
+        # The worker of the batch cancelled is gone: the next starts on a machine no busier than the first did.
+        window = next((w for w, s in SHORT_WINDOWS.items() if s >= 1.5 * first_chunk_s + 15), "360s")
+        expiring = create(client, source, window=window)
+        assert expiring.expires_at == expiring.created_at + SHORT_WINDOWS[window]
+        expired, _ = wait_for(client, expiring.id, final, timeout=SHORT_WINDOWS[window] + 120)
+        assert expired.status == "expired" and expired.expired_at is not None
+        assert expired.expired_at >= expired.expires_at
 
-    ids = [r["custom_id"] for r in quick + slow]
-    for batch, code in ((ended, "batch_cancelled"), (expired, "batch_expired")):
-        output, errors = lines_of(client, batch.output_file_id), lines_of(client, batch.error_file_id)
-        check_split(output, errors, ids)
-        done = {line["custom_id"] for line in output}
-        assert {r["custom_id"] for r in quick} <= done, f"the rows finished before the end are returned ({window})"
-        assert len(done) < len(ids)
-        assert {line["error"]["code"] for line in errors} == {code}
-        assert batch.request_counts is not None
-        assert (batch.request_counts.completed, batch.request_counts.failed) == (len(done), len(ids) - len(done))
+        ids = [r["custom_id"] for r in quick + slow]
+        for batch, code in ((ended, "batch_cancelled"), (expired, "batch_expired")):
+            output, errors = lines_of(client, batch.output_file_id), lines_of(client, batch.error_file_id)
+            check_split(output, errors, ids)
+            done = {line["custom_id"] for line in output}
+            assert {r["custom_id"] for r in quick} <= done, f"the rows finished before the end are returned ({window})"
+            assert len(done) < len(ids)
+            assert {line["error"]["code"] for line in errors} == {code}
+            assert batch.request_counts is not None
+            assert (batch.request_counts.completed, batch.request_counts.failed) == (len(done), len(ids) - len(done))
 
 
 # -- request bodies: read only after the key is checked, bounded in size and time -------------------
@@ -855,6 +725,7 @@ def test_serve_restart_removes_the_upload_a_killed_server_left(tmp_path):
             sender.join(timeout=30)
 
 
+@pytest.mark.real_engine  # several models behind one batch, on vLLM
 def test_serve_batch_naming_two_models_answers_each_line_with_its_own(tmp_path):
     """`serve.several_models`: one batch whose lines name `tiny` and its alias `gpt-4o-mini` runs as
     a run of two models (a pool each); every line is answered once, under the name it asked for."""

@@ -29,11 +29,12 @@ from orchestrator.core.errors import SpecError
 from orchestrator.core.store import open_store
 from orchestrator.web.hosts import AllowedHosts, foreign_origin
 from tests.support import raw_http
+from tests.support.models import TINY
 from tests.support.raw_http import MiB
-from tests.test_serve import (
+from tests.support.run_states import run_under_way
+from tests.support.serving import (
     CHAT,
     KEY,
-    TINY,
     Server,
     chat_line,
     final,
@@ -42,7 +43,7 @@ from tests.test_serve import (
     wait_for,
     write_requests,
 )
-from tests.test_web_page import chromium, status_web
+from tests.support.web import chromium, status_web
 
 BOUNDARY = "orch-guard-boundary"
 #: More names the open server answers to, as an operator sets them.
@@ -87,6 +88,38 @@ def test_serve_refuses_a_bad_allowed_host_saying_where(tmp_path, capsys, monkeyp
         code = main(["serve", "--model", f"tiny={TINY}", "--store", str(tmp_path / "store"), "--port", port])
     err = capsys.readouterr().err
     assert code == 2 and "'http://bad.example' is not a host name" in err and "ORCH_SERVE_ALLOWED_HOSTS" in err
+
+
+@pytest.mark.parametrize("planted", ["a file", "another user's folder"])
+def test_serve_refuses_a_spool_folder_it_does_not_own_before_saying_it_listens(tmp_path, planted):
+    """`$TMPDIR/orch-serve-uploads-<uid>` planted by someone else: the server said `listening on`,
+    then died in a traceback. Now one ERROR line naming the folder, exit 1, nothing announced."""
+    import os
+    import sys
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    parent = temp / f"orch-serve-uploads-{os.getuid()}"
+    if planted == "a file":
+        parent.write_text("")
+    else:
+        if os.getuid() != 0:
+            pytest.skip("giving a folder to another user takes root")
+        parent.mkdir(mode=0o777)
+        os.chown(parent, 65534, 65534)
+    serve = [sys.executable, "-m", "orchestrator", "serve", "--model", f"tiny={TINY}", "--port", "0"]
+    done = subprocess.run(
+        [*serve, "--store", str(tmp_path / "store")],
+        env={**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,  # a hang guard: the refusal comes before the server starts
+    )
+    assert done.returncode == 1, done.stderr
+    assert f"ERROR {parent} is not a directory of this user" in done.stderr
+    assert "listening on" not in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("*.json"))
 
 
 # -- the servers, attacked ---------------------------------------------------------------------------
@@ -369,9 +402,8 @@ def test_serve_a_page_of_another_origin_in_chromium_cannot_upload_or_start_a_bat
 # -- orch status --web ---------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_status_web_answers_only_to_loopback_names(tmp_path):
-    from tests.test_status import build
 
-    build(str(tmp_path / "store"))
+    run_under_way(str(tmp_path / "store"))
     with status_web("s", tmp_path, "--store", str(tmp_path / "store")) as url:
         port = int(url.split(":")[2].split("/")[0])
         for host in ("attacker.example", f"attacker.example:{port}", "127.0.0.1.nip.io", ""):

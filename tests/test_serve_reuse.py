@@ -15,13 +15,13 @@ from typing import Any
 import openai
 import pytest
 
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import BatchDocument, BatchStatus, ReuseRecord, read_manifest, read_record
 from orchestrator.core.store import Store, open_store
 from orchestrator.prepare.answer_index import record_dtype, write_index
 from orchestrator.serve.batch_states import LAYOUT
 from orchestrator.serve.reuse import earlier_runs
-from tests.test_serve import (
+from tests.support.serving import (
     ALIAS,
     KEY,
     OTHER_KEY,

@@ -9,13 +9,13 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.controller.plan import plan_chunks
-from orchestrator.controller.pricing import load_gpu_table
 from orchestrator.core.protocol import claims as claims_module
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.claims import ChunkClaimer
 from orchestrator.core.store.base import ObjectInfo
 from orchestrator.core.store.memory import MemoryStore
+from orchestrator.planning.plan import plan_chunks
+from orchestrator.planning.pricing import load_gpu_table
 from orchestrator.simulate import ORCH, SKYPILOT_EXAMPLE, SimConfig, simulate, synthetic_manifest
 from orchestrator.simulate import fleet as fleet_module
 from orchestrator.simulate.fleet import Fleet
@@ -241,6 +241,7 @@ class _CountingStore(MemoryStore):
             yield info
 
 
+@pytest.mark.slow  # fleets of thousands
 def test_the_simulators_work_per_chunk_grows_at_most_logarithmically_with_the_fleet(monkeypatch):
     """Keys listed per chunk, at 8x the workers and 8x the chunks: independent of the machine's speed.
 
@@ -308,7 +309,7 @@ def test_simulate_help_shows_options_not_internals(capsys):
 
 def test_fleet_zones_steered_by_the_launch_ranking_dodge_the_zone_that_preempts():
     """The simulator's spot zones go through the ranking and the history of real launches
-    (controller/zone_steering.py, zone_history.py): listed first, the bad zone is left once seen."""
+    (planning/zone_steering.py, zone_history.py): listed first, the bad zone is left once seen."""
     zones = {"aws/us-east-1/us-east-1a": 2.0, "aws/us-east-1/us-east-1b": 0.05}
     totals = {}
     for order in ("ranked", "listed"):

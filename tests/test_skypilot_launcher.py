@@ -8,21 +8,21 @@ import pytest
 
 from orchestrator.backends.base import JobState, JobStatus, orphaned
 from orchestrator.backends.skypilot import SkyPilotLauncher
-from orchestrator.controller import launch
-from orchestrator.controller.launch import cancel_workers, launch_workers
-from orchestrator.controller.reconcile import Reconciler, watch
-from orchestrator.controller.status import current_status
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import BackendError, LaunchFailed
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import acquire
 from orchestrator.core.records import Heartbeat, read_jobs, update_jobs
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
-from tests.conftest import make_store_uri
+from orchestrator.fleet import launch
+from orchestrator.fleet.launch import cancel_workers, launch_workers
+from orchestrator.fleet.reconcile import Reconciler, watch
+from orchestrator.runview.status import current_status
 from tests.support.fake_sky import ScriptedSky
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
+from tests.support.s3servers import make_store_uri
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.store import open_store
 from tests.support import s3servers
 from tests.support.datasets import write_jsonl

@@ -25,14 +25,14 @@ import psutil
 import pytest
 import yaml
 
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.heartbeats import live_heartbeats, read_heartbeats
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_manifest, read_marker
 from orchestrator.core.store import open_store
 from tests.support import events, s3servers
 from tests.support.datasets import write_jsonl
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_engine]  # its workers run vLLM (docs/testing.md)
 
 ROOT = Path(__file__).resolve().parents[1]
 ORCH = [sys.executable, "-m", "orchestrator"]

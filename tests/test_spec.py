@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from orchestrator.cli import main
 from orchestrator.core.errors import SpecConflict, SpecError
 from orchestrator.core.frozen_spec import freeze_spec, read_stored_spec, spec_hash
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 
@@ -77,10 +81,30 @@ def test_spec_missing_file_flag_is_an_error(tmp_path):
         load_spec(tmp_path / "nope.yaml", {}, env={}, cwd=tmp_path)
 
 
-def test_spec_run_name_is_checked(tmp_path):
-    spec = load_spec(None, {"run": "../escape"}, env={}, cwd=tmp_path)
-    with pytest.raises(SpecError, match="invalid run name"):
-        _ = spec.layout
+@pytest.mark.parametrize("name", ["../escape", "nl\n", "tab\tin", "a b", "-dash", "", "x" * 101, "bell\x07"])
+def test_spec_run_name_one_pattern_wherever_a_name_comes_from(tmp_path, name):
+    """Flags, the environment, a spec file, --reuse-from and a run's layout (serve's pages, a
+    store's listing) all hold a name to one pattern, matched whole: `nl\n` made runs/nl\n/ before."""
+    with pytest.raises(SpecError, match="not a run name"):
+        load_spec(None, {"run": name}, env={}, cwd=tmp_path)
+    with pytest.raises(SpecError, match="not a run name"):
+        load_spec(None, {}, env={"ORCH_RUN": name}, cwd=tmp_path)
+    (tmp_path / "orch.yaml").write_text(json.dumps({"run": name}))
+    with pytest.raises(SpecError, match="not a run name") as err:
+        load_spec(None, {}, env={}, cwd=tmp_path)
+    assert "orch.yaml:1" in str(err.value)
+    (tmp_path / "orch.yaml").unlink()
+    with pytest.raises(SpecError, match="not a run name"):
+        load_spec(None, {"run": "ok", "reuse.from": ["earlier", name]}, env={}, cwd=tmp_path)
+    with pytest.raises(SpecError, match="not a run name"):
+        RunLayout(name)
+    assert RunLayout("a.b_c-9").root == "runs/a.b_c-9/"
+    (tmp_path / "rows.jsonl").write_text('{"text": "hi"}\n')
+    store = tmp_path / "store"
+    args = ["prepare", str(tmp_path / "rows.jsonl"), "--format", "text", "--store", str(store), "--num-chunks", "1"]
+    assert main([*args, "--run", name]) == 2
+    assert main([*args, "--run", "ok", "--reuse-from", name]) == 2
+    assert not store.exists()
 
 
 def test_freeze_spec_records_then_accepts_same_spec(tmp_path):
@@ -164,3 +188,30 @@ def test_spec_adapters_runner_and_tool_parser_are_frozen_with_the_run(tmp_path):
     for flags in ({"model.lora": {"fr": "./other"}}, {"model.runner": "pooling"}, {"model.tool_parser": "mistral"}):
         with pytest.raises(SpecConflict):
             freeze_spec(store, layout, load_spec(None, {**first, **flags}, env={}, default_file=False))
+
+
+def test_sampling_flags_on_prepare_are_frozen_and_once_answered_a_changed_one_is_refused_naming_both(
+    tmp_path, monkeypatch, capsys
+):
+    from orchestrator.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.jsonl").write_text('{"id": "a", "q": "x"}\n')
+    tiny = str(Path(__file__).resolve().parents[1] / ".cache" / "models" / "tiny-llama")
+    args = ["prepare", "d.jsonl", "--run", "r", "--store", "s", "--model", tiny, "--format", "text"]
+    args += ["--text-column", "q", "--id-column", "id"]
+    assert main([*args, "--max-tokens", "7", "--temperature", "0", "--top-p", "0.5", "--seed", "3"]) == 0
+    stored = read_stored_spec(open_store("s"), RunLayout("r"))
+    assert stored is not None
+    sampling = stored[0]["sampling"]
+    assert (sampling["max_tokens"], sampling["temperature"], sampling["top_p"], sampling["seed"]) == (7, 0.0, 0.5, 3)
+    assert main([*args, "--max-tokens", "7"]) == 0  # the same again, or without the others: nothing changes
+    # Once a chunk has outputs, a changed sampling flag would mix two kinds of answers: refused.
+    from orchestrator.core.records import read_manifest
+    from tests.support.runs import Answer, answer_chunk
+
+    store, layout = open_store("s"), RunLayout("r")
+    answer_chunk(store, layout, read_manifest(store, layout)[0].chunk, [[Answer(0, "a", "x")]])
+    capsys.readouterr()
+    assert main([*args, "--max-tokens", "8"]) == 3
+    assert "sampling.max_tokens: 7 (frozen) != 8 (now)" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.controller.spot_zones import RESTARTS_FACTOR, draw_restarts_factor
+from orchestrator.planning.spot_zones import RESTARTS_FACTOR, draw_restarts_factor
 from orchestrator.simulate import spot_traces as st
 from orchestrator.simulate.spot_adversary import against
 from orchestrator.simulate.spot_optimum import optimum_costs
@@ -323,6 +323,7 @@ def synthetic_layout(root: Path) -> None:
             )
 
 
+@pytest.mark.slow  # every policy over the published traces
 @pytest.mark.parametrize("costs", ["orch", "benchmark"])
 def test_simulate_traces_scores_every_variant_as_json(tmp_path, capsys, costs):
     synthetic_layout(tmp_path)

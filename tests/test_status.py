@@ -11,16 +11,16 @@ from orchestrator.backends.base import JobState, JobStatus
 from orchestrator.cli import main
 from orchestrator.commands.console import to_text
 from orchestrator.commands.views import status_view
-from orchestrator.controller.activity import WORKER_ACTIVITIES
-from orchestrator.controller.plan import plan_chunks, write_plan
-from orchestrator.controller.pricing import load_gpu_table
-from orchestrator.controller.status import derive_status, gather
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.leases import LeaseKeeper, acquire
 from orchestrator.core.protocol.parts import part_codec
-from orchestrator.core.records import Heartbeat, JobAttempt, read_manifest, update_jobs
+from orchestrator.core.records import Heartbeat, JobAttempt
 from orchestrator.core.store import open_store
+from orchestrator.planning.pricing import load_gpu_table
+from orchestrator.runview.states import RunState, WorkerActivity
+from orchestrator.runview.status import derive_status, gather
+from tests.support.run_states import run_under_way, two_hours_on_an_a100
 from tests.support.runs import Answer, answer_chunk, chat_request, make_run
 
 
@@ -36,58 +36,8 @@ class Backend:
         }
 
 
-def two_hours_on_an_a100(worker: str, now: float, **more: str) -> Heartbeat:
-    """A running worker's heartbeat: up two hours on a spot A100-80GB on GCP."""
-    return Heartbeat(
-        worker=worker,
-        holder=f"{worker}.live",
-        state="running",
-        started_at=now - 7200,
-        updated_at=now,
-        accelerator="NVIDIA A100-SXM4-80GB",
-        spot=True,
-        cloud="gcp",
-        **more,
-    )
-
-
-def build(store_uri):
-    store = open_store(store_uri)
-    layout = make_run(store, "s", [[chat_request(f"c{c}-{i}", "q") for i in range(10)] for c in range(4)], model="m")
-    write_plan(store, layout, plan_chunks(read_manifest(store, layout), 2))
-    answer_chunk(
-        store,
-        layout,
-        "part_00000",
-        [[Answer(i, f"c0-{i}", "x") for i in range(9)] + [Answer(9, "c0-9", error="e")]],
-        worker="1",
-        seconds=3600,
-    )
-    acquire(store, layout, "part_00001", worker="0", holder="0.live", ttl=600, now=time.time())
-    now = time.time()
-    HeartbeatPublisher(store, layout, two_hours_on_an_a100("0", now, region="us-central1")).publish(
-        chunk="part_00001",
-        chunk_rows=10,
-        chunk_rows_done=4,
-        rows_saved=1,
-        rows_unsaved=3,
-        rows_per_s=0.5,
-        tokens_per_s=120.0,
-        updated_at=now,
-    )
-    update_jobs(
-        store,
-        layout,
-        lambda rec: [
-            rec.worker(w).attempts.append(JobAttempt(job_id=str(11 + w), backend="skypilot", launched_at=now))
-            for w in (0, 1)
-        ],
-    )
-    return store, layout
-
-
 def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     # Worker 0 checkpointed one row of its chunk (its heartbeat: 1 saved, 3 more in memory).
     held = acquire(store, layout, "part_00002", worker="0", holder="0.old", ttl=600, now=time.time() - 1200)
     keeper = LeaseKeeper(store, layout, held, ttl=600, clock=lambda: time.time() - 1200)
@@ -95,8 +45,8 @@ def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
     job.checkpoint([Answer(0, "c2-0", "x")])
     facts = gather(store, layout, Backend())
     status = derive_status(facts, now=time.time(), prices=load_gpu_table())
-    assert status.chunks == {"total": 4, "done": 1}
-    assert status.rows == {
+    assert status.chunks.model_dump() == {"total": 4, "done": 1}
+    assert status.rows.model_dump() == {
         "total": 40,
         "done": 11,
         "finished": 10,
@@ -106,16 +56,20 @@ def test_status_from_listings_counts_chunks_rows_errors_and_costs(tmp_path):
         "set_aside": 0,
         "reused": 0,
     }
-    assert status.throughput["rows_per_s"] == 0.5 and status.eta_s == (40 - 10 - 4) / 0.5
+    assert status.throughput.rows_per_s == 0.5 and status.eta_s == (40 - 10 - 4) / 0.5
     w0 = status.workers[0]
     assert (w0.worker, w0.state, w0.recovery_count, w0.chunk, w0.spot) == ("0", "RECOVERING", 2, "part_00001", True)
     assert w0.accelerator == "NVIDIA A100-SXM4-80GB" and w0.cloud == "gcp"
     assert status.workers[1].chunks_finished == 1
     # Two hours of an A100-80GB on GCP spot.
-    assert abs(status.cost["so_far_usd"] - 2 * load_gpu_table().price("A100-80GB", True, "gcp")) < 0.05
-    assert "RECOVERING (recovered 2x)" in to_text(status_view(status))
+    assert abs(status.cost.so_far_usd - 2 * load_gpu_table().price("A100-80GB", True, "gcp")) < 0.05
+    # The backend recovers worker 0 while it beats: a spurious recovery (its check failed, not its machine).
+    assert w0.recovery == "spurious"
+    assert "RECOVERING (recovered 2x, spurious)" in to_text(status_view(status))
+    assert "worker 0: spurious recovery: the worker beats on while its job recovers" in to_text(status_view(status))
     # The finished chunk: 10 rows in an hour (answer_chunk's clock), 2 tokens each.
-    assert status.overall == {"wall_s": 3600.0, "rows_per_s": round(10 / 3600, 3), "tokens_per_s": 0.0}
+    assert status.overall is not None
+    assert status.overall.model_dump() == {"wall_s": 3600.0, "rows_per_s": round(10 / 3600, 3), "tokens_per_s": 0.0}
     assert "throughput 0.50 rows/s" in to_text(status_view(status))
 
 
@@ -139,43 +93,46 @@ def test_a_machine_of_several_gpus_is_paid_for_each_and_its_replicas_share_them(
         "1r1": pytest.approx(7200, abs=5),
     }
     # Worker 0: 2 h x 2 GPUs; worker 1's replicas: 2 h x 1 GPU each.
-    assert status.cost["so_far_usd"] == pytest.approx(8 * gpu_hour, abs=0.05)
+    assert status.cost.so_far_usd == pytest.approx(8 * gpu_hour, abs=0.05)
 
 
 def test_status_of_a_complete_run_shows_the_runs_own_pace(tmp_path):
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     for c in (1, 2, 3):
         answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "x") for i in range(10)]], seconds=100)
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
     assert (
-        status.complete and status.overall["wall_s"] == 3600.0 and status.overall["rows_per_s"] == round(40 / 3600, 3)
+        status.complete
+        and status.overall
+        and status.overall.wall_s == 3600.0
+        and status.overall.rows_per_s == round(40 / 3600, 3)
     )
     assert "finished in 60m: 0.01 rows/s, 0 tok/s over the run" in to_text(status_view(status))
 
 
 def test_status_counts_cached_tokens_and_the_realised_price_per_million_spot_and_on_demand(tmp_path):
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     # Worker 0 (two hours of an A100-80GB on GCP spot) finishes a chunk whose prompts were partly cached;
     # worker 1 (on demand, says the backend; no heartbeat, so no machine time) finished part_00000.
     answer_chunk(store, layout, "part_00002", [[Answer(i, f"c2-{i}", "x", cached=2) for i in range(10)]], worker="0")
     status = derive_status(gather(store, layout, Backend()), now=time.time(), prices=load_gpu_table())
-    assert status.tokens == {"prompt_tokens": 60, "cached_tokens": 20, "generated_tokens": 40}
+    assert status.tokens.model_dump() == {"prompt_tokens": 60, "cached_tokens": 20, "generated_tokens": 40}
     usd = 2 * load_gpu_table().price("A100-80GB", True, "gcp")
-    spot, on_demand, every = (status.cost_per_m_tokens[k] for k in ("spot", "on_demand", "all"))
-    assert (spot["prompt_tokens"], spot["cached_tokens"], spot["generated_tokens"]) == (30, 20, 20)
-    assert spot["usd"] == pytest.approx(usd, abs=0.01)
-    assert spot["usd_per_m_tokens"] == pytest.approx(usd / 50 * 1e6, rel=1e-3)
-    assert spot["usd_per_m_generated"] == pytest.approx(usd / 20 * 1e6, rel=1e-3)
-    assert on_demand["usd"] == 0.0 and on_demand["usd_per_m_tokens"] == 0.0 and on_demand["prompt_tokens"] == 30
-    assert every["usd_per_m_tokens"] == pytest.approx(usd / 100 * 1e6, rel=1e-3)
-    assert status.cost["spot_usd"] == pytest.approx(usd, abs=0.01) and status.cost["on_demand_usd"] == 0.0
+    spot, on_demand, every = (getattr(status.cost_per_m_tokens, k) for k in ("spot", "on_demand", "all"))
+    assert (spot.prompt_tokens, spot.cached_tokens, spot.generated_tokens) == (30, 20, 20)
+    assert spot.usd == pytest.approx(usd, abs=0.01)
+    assert spot.usd_per_m_tokens == pytest.approx(usd / 50 * 1e6, rel=1e-3)
+    assert spot.usd_per_m_generated == pytest.approx(usd / 20 * 1e6, rel=1e-3)
+    assert on_demand.usd == 0.0 and on_demand.usd_per_m_tokens == 0.0 and on_demand.prompt_tokens == 30
+    assert every.usd_per_m_tokens == pytest.approx(usd / 100 * 1e6, rel=1e-3)
+    assert status.cost.spot_usd == pytest.approx(usd, abs=0.01) and status.cost.on_demand_usd == 0.0
     text = to_text(status_view(status))
     assert "tokens 60 prompt (20 cached, 33%) + 40 generated" in text
-    assert f"spot ${spot['usd_per_m_tokens']:,.4f}/M tokens" in text
+    assert f"spot ${spot.usd_per_m_tokens:,.4f}/M tokens" in text
 
 
 def test_status_json_shape_is_stable(tmp_path, capsys):
-    build(str(tmp_path / "store"))
+    run_under_way(str(tmp_path / "store"))
     assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) >= {"chunks", "rows", "workers", "throughput", "eta_s", "cost", "complete", "overall"}
@@ -187,12 +144,12 @@ def test_status_json_shape_is_stable(tmp_path, capsys):
 
 
 def test_status_reads_markers_with_list_calls_not_one_request_per_chunk(store_uri):
-    store, layout = build(store_uri)
+    store, layout = run_under_way(store_uri)
     for c in (2, 3):
         answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "x") for i in range(10)]])
     store.requests.reset()
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
-    assert status.chunks["done"] == 3
+    assert status.chunks.done == 3
     # manifest, plan, jobs, prepare record, forecast; and the spec (its workers ran on priced GPUs:
     # how many a machine has)
     assert store.requests.by_op.get("get", 0) == 6
@@ -201,7 +158,7 @@ def test_status_reads_markers_with_list_calls_not_one_request_per_chunk(store_ur
 
 
 def test_status_survives_a_backend_that_cannot_be_asked(tmp_path):
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
 
     class Down:
         name = "skypilot"
@@ -217,7 +174,7 @@ def test_status_survives_a_backend_that_cannot_be_asked(tmp_path):
 def test_status_says_what_each_worker_does_and_how_long_it_has_loaded(tmp_path, capsys):
     """A worker loading its model for 2m10s reads `loading 2m10s`, not just RUNNING and 0 rows/s;
     a job still queued reads `queued`, and every word is one status (and the page) can explain."""
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     now = time.time()
     HeartbeatPublisher(
         store, layout, Heartbeat(worker="1", holder="1.new", state="loading", started_at=now - 130, updated_at=now)
@@ -231,16 +188,16 @@ def test_status_says_what_each_worker_does_and_how_long_it_has_loaded(tmp_path, 
     # Silent past two intervals, still within the liveness window: said, with for how long.
     later = derive_status(gather(store, layout, Backend()), now=now + 45, prices=load_gpu_table())
     assert [w.activity for w in later.workers] == ["silent", "silent"]
-    assert all(45 <= w.activity_s < 50 for w in later.workers)  # build() beat a moment before `now`
-    assert {w.activity for w in status.workers} <= set(WORKER_ACTIVITIES)
+    assert all(45 <= w.activity_s < 50 for w in later.workers)  # run_under_way() beat a moment before `now`
+    assert {w.activity for w in status.workers} <= set(WorkerActivity)
     assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
     assert [w["activity"] for w in json.loads(capsys.readouterr().out)["workers"]][1] in ("loading", "silent")
 
 
 def test_every_job_state_and_heartbeat_reads_as_a_word_status_can_explain():
-    """Whatever a worker's job and heartbeat say, its activity is one of WORKER_ACTIVITIES."""
-    from orchestrator.controller.activity import RUN_STATES, run_state, worker_activity
+    """Whatever a worker's job and heartbeat say, its activity is one of WorkerActivity's words."""
     from orchestrator.core.records import HeartbeatSummary
+    from orchestrator.runview.activity import run_state, worker_activity
 
     now = time.time()
     beats = [None] + [
@@ -258,17 +215,20 @@ def test_every_job_state_and_heartbeat_reads_as_a_word_status_can_explain():
             for cancelled in (False, True):
                 word, _ = worker_activity(hb, live, status, attempt, now=now, interval=10, cancelled=cancelled)
                 seen.add(word)
-    assert seen <= set(WORKER_ACTIVITIES), seen - set(WORKER_ACTIVITIES)
+    assert all(isinstance(word, WorkerActivity) for word in seen)
     assert {"queued", "provisioning", "recovering", "loading", "working", "draining", "silent", "failed"} <= seen
-    assert run_state(complete=False, damaged=False, cancelled=False, activities=["loading"], launched=True) == "running"
-    assert run_state(complete=False, damaged=False, cancelled=False, activities=["failed"], launched=True) in RUN_STATES
+    loading, failed = [WorkerActivity.LOADING], [WorkerActivity.FAILED]
+    assert run_state(complete=False, damaged=False, cancelled=False, activities=loading, launched=True) == "running"
+    assert (
+        run_state(complete=False, damaged=False, cancelled=False, activities=failed, launched=True) is RunState.STOPPED
+    )
 
 
 def test_status_trusts_a_job_that_ended_over_a_fresh_heartbeat_and_shows_final_states(tmp_path):
     """A worker whose job the backend says failed is not `working` however fresh its last beat; one
     whose heartbeat said it exited 0 reads SUCCEEDED while its process winds down; under a complete
     run no job reads RUNNING."""
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     now = time.time()
 
     class Ended:
@@ -303,8 +263,8 @@ def test_status_trusts_a_job_that_ended_over_a_fresh_heartbeat_and_shows_final_s
 
 
 def test_run_time_leaves_out_the_time_the_run_sat_cancelled():
-    from orchestrator.controller.pace import run_time_s
     from orchestrator.core.records import JobsRecord
+    from orchestrator.runview.pace import run_time_s
 
     jobs = JobsRecord()
     jobs.worker(0).attempts.append(JobAttempt(job_id="1", backend="local", launched_at=1000.0))
@@ -313,3 +273,114 @@ def test_run_time_leaves_out_the_time_the_run_sat_cancelled():
     assert run_time_s(jobs, now=9999.0, finished_at=1450.0) == 150.0
     jobs.cancelled_at = 1480.0  # cancelled again, not resumed: the clock stops there
     assert run_time_s(jobs, now=2000.0, finished_at=None) == 180.0
+
+
+# -- the typed read model: its documented shape, its words and moves, its narrow reads -------------
+def test_status_json_docs_are_the_table_the_types_generate():
+    """docs/operations.md's table of `orch status --json` is generated from the read model's types:
+    a field added, renamed or described anew without regenerating it fails here."""
+    from pathlib import Path
+
+    from orchestrator.runview.schema_doc import markdown, section_of
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    assert section_of(docs) == markdown(), "run: python -m orchestrator.runview.schema_doc --write docs/operations.md"
+    assert "| `workers[].activity` |" in markdown() and "| `between chunks` |" in markdown()
+
+
+def test_status_json_holds_exactly_the_documented_fields(tmp_path, capsys):
+    """What `orch status --json` prints parses back into the documented types, no field beyond them
+    (every section forbids unknown keys), and gives the same JSON again."""
+    from orchestrator.runview.sections import RunStatus
+    from orchestrator.runview.status import to_json
+
+    store, layout = run_under_way(str(tmp_path / "store"))
+    answer_chunk(store, layout, "part_00002", [[Answer(i, f"c2-{i}", "x", cached=1) for i in range(10)]], worker="0")
+    assert main(["status", "--run", "s", "--store", str(tmp_path / "store"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert to_json(RunStatus.model_validate(doc)) == doc
+    assert doc["state"] == "running" and doc["workers"][0]["activity"] == "working"
+    assert doc["model"] == "m" and doc["backend"] == "skypilot"  # the frozen model; the backend of its launches
+    assert set(doc["rows"]) == {
+        "total",
+        "done",
+        "in_progress",
+        "finished",
+        "checkpointed",
+        "errors",
+        "set_aside",
+        "reused",
+    }
+
+
+def test_status_words_each_have_a_meaning_and_a_colour_and_every_move_is_reachable():
+    """Every run state and worker activity means something in words and has a colour; the table of
+    moves leads from a run's start to each of them, and back to running from every terminal state."""
+    from orchestrator.runview.states import (
+        ACTIVITY_COLOURS,
+        MOVES,
+        RUN_STATE_COLOURS,
+        RUN_TERMINAL,
+        Recovery,
+        reachable,
+    )
+
+    for words, colours, start in (
+        (RunState, RUN_STATE_COLOURS, RunState.PREPARED),
+        (WorkerActivity, ACTIVITY_COLOURS, WorkerActivity.NOT_LAUNCHED),
+    ):
+        for word in words:
+            assert word.meaning and word in colours, word
+            assert reachable(start, word), f"no move leads from {start} to {word}"
+    assert all(reachable(state, RunState.RUNNING) for state in RUN_TERMINAL)
+    assert all(why for why in MOVES.values()) and all(r.meaning for r in Recovery)
+    assert not reachable(RunState.COMPLETE, RunState.PREPARED)  # a run once launched is never unlaunched
+    assert f"{RunState.RUNNING}" == "running" and str(WorkerActivity.BETWEEN_CHUNKS) == "between chunks"
+
+
+def test_recovery_is_spurious_while_the_worker_beats_and_lost_when_it_stopped_without_draining():
+    from orchestrator.core.records import HeartbeatSummary
+    from orchestrator.runview.activity import recovery_of
+    from orchestrator.runview.states import Recovery
+
+    now = 10_000.0
+
+    def beat(state: str, age: float, started: float = now - 3600) -> HeartbeatSummary:
+        return HeartbeatSummary(holder="h", state=state, started_at=started, updated_at=now - age)
+
+    recovering = JobStatus("7", JobState.RECOVERING, recovery_count=0, running_since=now - 3600)
+    # The backend recovers a worker that beat 5 s ago: its check failed, not the machine.
+    assert recovery_of(recovering, beat("running", 5), now=now, interval=10) is Recovery.SPURIOUS
+    # It stopped beating 3 minutes ago, mid-chunk, and never drained: the machine went away.
+    assert recovery_of(recovering, beat("running", 180), now=now, interval=10) is Recovery.LOST
+    # It drained first (a preemption notice, or the recovery's own teardown): no evidence either way.
+    assert recovery_of(recovering, beat("stopping", 180), now=now, interval=10) is None
+    # Recovered (RUNNING again since 60 s ago), and the process beating now started before that: it
+    # outlived the recovery. A process started after it is the new machine's: no verdict.
+    recovered = JobStatus("7", JobState.RUNNING, recovery_count=1, running_since=now - 60)
+    assert recovery_of(recovered, beat("running", 3), now=now, interval=10) is Recovery.SPURIOUS
+    assert recovery_of(recovered, beat("running", 3, started=now - 30), now=now, interval=10) is None
+    assert recovery_of(JobStatus("7", JobState.RUNNING), beat("running", 3), now=now, interval=10) is None
+
+
+def test_narrow_reads_give_the_numbers_the_status_gives(tmp_path):
+    """collect's cost, serve's batch counts and collect's pace read less than the whole status, and
+    give its numbers: one derivation each. A stats entry without a done marker counts for none."""
+    from orchestrator.runview.status import answered_so_far, cost_so_far, pace_so_far
+
+    store, layout = run_under_way(str(tmp_path / "store"))
+    answer_chunk(store, layout, "part_00002", [[Answer(i, f"c2-{i}", "x", cached=2) for i in range(10)]], worker="0")
+    # A stray stats entry for a chunk without a marker (stats are a cache of the markers).
+    store.put(layout.stats("part_00003", ["9", "9", "90", "90", "1.0", "1", "x", "0"], 5_000.0), b"")
+    now = time.time()
+    status = derive_status(gather(store, layout, None), now=now, prices=load_gpu_table())
+    store.requests.reset()
+    cost, bought = cost_so_far(store, layout, prices=load_gpu_table(), now=now)
+    assert (cost, bought) == (status.cost, status.cost_per_m_tokens) and cost.so_far_usd > 0
+    # done/, stats/ and heartbeats/ listed; the manifest, prepare record, plan, jobs and spec read: no
+    # leases, decisions, outputs or markers (the whole status reads those too)
+    assert (store.requests.by_op.get("list", 0), store.requests.by_op.get("get", 0)) == (3, 5)
+    answered = answered_so_far(store, layout)
+    assert (answered.rows, answered.errors) == (status.rows.finished, status.rows.errors) == (20, 1)
+    assert answered.tokens == status.tokens
+    assert pace_so_far(store, layout) == status.overall

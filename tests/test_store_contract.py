@@ -11,17 +11,21 @@ import pytest
 
 from orchestrator.core.store import InvalidKey, NotFound, PreconditionFailed, StoreError, open_store
 from orchestrator.core.store.memory import MemoryStore
-from tests.conftest import make_store_uri
+from tests.support.s3servers import make_store_uri
 
-BACKENDS = ["local", "memory", "seaweedfs", "moto"]
+#: The S3 servers are slow (a server, requests over HTTP): out of the fast tier.
+BACKENDS = [
+    "local",
+    "memory",
+    pytest.param("seaweedfs", marks=pytest.mark.slow),
+    pytest.param("moto", marks=pytest.mark.slow),
+]
 
 
 @pytest.fixture(params=BACKENDS)
 def store(request, tmp_path):
     if request.param == "memory":
         return MemoryStore()
-    if request.param != "local":
-        request.applymarker(pytest.mark.slow)
     return open_store(make_store_uri(request.param, request, tmp_path))
 
 

@@ -16,17 +16,16 @@ import pytest
 
 from orchestrator.core.store import StoreBusy, open_store
 from orchestrator.core.store.local import TMP_MAX_AGE_S, LocalStore
+from tests.support.cli import orch
 from tests.support.disks import small_tmpfs
 from tests.support.flaky_proxy import SilentServer
-
-ROOT = Path(__file__).resolve().parents[1]
-ORCH = [sys.executable, "-m", "orchestrator"]
+from tests.support.models import REPO
 
 
-def orch(*args: str, cwd: Path, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+def timed_orch(*args: str, cwd: Path, timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], float]:
+    """`orch ARGS` in its own process, and the seconds it took."""
     started = time.monotonic()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([*ORCH, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    done = orch(*args, cwd=cwd, timeout=timeout)
     return done, time.monotonic() - started
 
 
@@ -42,12 +41,12 @@ def test_status_on_an_endpoint_that_never_answers_fails_within_20s(tmp_path):
         closed.bind(("127.0.0.1", 0))
         refusing = f"s3://bucket/prefix?endpoint=http://127.0.0.1:{closed.getsockname()[1]}"
     (tmp_path / "orch.yaml").write_text("store_settings:\n  attempts: 1\n")
-    done, startup = orch("status", "--run", "r", "--store", refusing, cwd=tmp_path, timeout=300)
+    done, startup = timed_orch("status", "--run", "r", "--store", refusing, cwd=tmp_path, timeout=300)
     assert done.returncode != 0 and len(error_lines(done.stderr)) == 1, done.stderr
     (tmp_path / "orch.yaml").unlink()
     with SilentServer() as silent:
         store = f"s3://bucket/prefix?endpoint={silent.endpoint}"
-        done, took = orch("status", "--run", "r", "--store", store, cwd=tmp_path, timeout=300)
+        done, took = timed_orch("status", "--run", "r", "--store", store, cwd=tmp_path, timeout=300)
         assert done.returncode != 0
         # 2 tries of a 5 s connect and a 6 s read: 12 s of waiting at most, and some backoff.
         assert took - startup < 17, f"status took {took:.1f}s ({startup:.1f}s of it to start)"
@@ -55,12 +54,12 @@ def test_status_on_an_endpoint_that_never_answers_fails_within_20s(tmp_path):
         assert "Traceback" not in done.stderr
         # The spec's store_settings bound it further.
         (tmp_path / "orch.yaml").write_text("store_settings:\n  read_timeout: 1\n  attempts: 1\n")
-        _, startup = orch("status", "--run", "r", "--store", refusing, cwd=tmp_path, timeout=300)  # start-up now
-        done, took = orch("status", "--run", "r", "--store", store, cwd=tmp_path, timeout=300)
+        _, startup = timed_orch("status", "--run", "r", "--store", refusing, cwd=tmp_path, timeout=300)  # start-up now
+        done, took = timed_orch("status", "--run", "r", "--store", store, cwd=tmp_path, timeout=300)
         assert done.returncode != 0 and took - startup < 5, f"status took {took:.1f}s: {done.stderr}"
         # ...and an unknown key there is refused with file, line and field.
         (tmp_path / "orch.yaml").write_text("store_settings:\n  read_timeout: 1\n  retries: 1\n")
-        done, _ = orch("status", "--run", "r", "--store", store, cwd=tmp_path)
+        done, _ = timed_orch("status", "--run", "r", "--store", store, cwd=tmp_path)
         assert done.returncode == 2 and "orch.yaml:3" in done.stderr and "store_settings.retries" in done.stderr
 
 
@@ -81,7 +80,7 @@ def test_local_store_lock_wait_is_bounded_and_names_the_frozen_holder(tmp_path):
         [sys.executable, "-c", _HOLD_LOCK, str(root), key],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     try:
         assert holder.stdout.readline().strip() == "locked"
@@ -118,7 +117,7 @@ def test_local_store_sweeps_temporary_files_left_by_killed_writers(tmp_path):
     fifo = tmp_path / "feed"
     os.mkfifo(fifo)
     writer = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_WRITER, str(root), str(fifo)], env={**os.environ, "PYTHONPATH": str(ROOT)}
+        [sys.executable, "-c", _KILLED_WRITER, str(root), str(fifo)], env={**os.environ, "PYTHONPATH": str(REPO)}
     )
     with open(fifo, "wb") as feed:
         feed.write(b"x" * 4096)
@@ -152,7 +151,7 @@ def test_prepare_on_a_full_disk_says_what_is_full_and_leaves_no_temporary_files(
         for i in range(3000):
             f.write(json.dumps({"id": f"q{i}", "conversation": [{"role": "user", "content": f"Q{i}? " * 8}]}) + "\n")
     store = small_disk / "store"
-    done, _ = orch(
+    done, _ = timed_orch(
         "prepare",
         str(data),
         "--run",

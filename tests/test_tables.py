@@ -11,87 +11,20 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_manifest
 from orchestrator.core.store import open_store
 from orchestrator.prepare.sources import resolve_sources
 from orchestrator.prepare.tables import appended_since
-from tests.support.runs import Answer, answer_chunk
+from tests.support.tables import Tables, answer_all, answer_by_question, answered_run, chunk_lines, prepare_table, rows
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 KINDS = ["iceberg", "delta", "lance", "hf"]
 
 
-def rows(start: int, count: int) -> pa.Table:
-    ids = range(start, start + count)
-    return pa.table({"id": [f"r{i}" for i in ids], "question": [f"question {i}" for i in ids], "n": list(ids)})
-
-
-class Tables:
-    """A table of each kind under one folder, created and appended to through its own library."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        (root / "wh").mkdir(exist_ok=True)
-        self.query = f"type=sql&uri=sqlite:///{root}/catalog.db&warehouse=file://{root}/wh"
-
-    def uri(self, kind: str, version: Any = None) -> str:
-        at = f"@{version}" if version is not None else ""
-        return {
-            "iceberg": f"iceberg://local/db.q{at}?{self.query}",
-            "delta": f"{self.root}/delta_q{at}",
-            "lance": f"lance:{self.root}/q.lance{at}",
-            "hf": f"{self.root}/hf_q",
-        }[kind]
-
-    def catalog(self) -> Any:
-        from pyiceberg.catalog import load_catalog
-
-        return load_catalog(
-            "local", type="sql", uri=f"sqlite:///{self.root}/catalog.db", warehouse=f"file://{self.root}/wh"
-        )
-
-    def write(self, kind: str, table: pa.Table, **options: Any) -> str:
-        """Create or append; the new snapshot's id or version."""
-        if kind == "iceberg":
-            catalog = self.catalog()
-            catalog.create_namespace_if_not_exists("db")
-            if not catalog.table_exists("db.q"):
-                catalog.create_table("db.q", schema=table.schema)
-            iceberg = catalog.load_table("db.q")
-            iceberg.append(table)
-            return str(iceberg.current_snapshot().snapshot_id)
-        if kind == "delta":
-            from deltalake import DeltaTable, write_deltalake
-
-            write_deltalake(str(self.root / "delta_q"), table, mode="append", **options)
-            return str(DeltaTable(str(self.root / "delta_q")).version())
-        if kind == "lance":
-            import lance
-
-            path = self.root / "q.lance"
-            return str(lance.write_dataset(table, str(path), mode="append" if path.exists() else "create").version)
-        import datasets
-
-        datasets.Dataset(table).save_to_disk(str(self.root / "hf_q"))
-        return "0"
-
-
 @pytest.fixture
 def tables(tmp_path: Path) -> Tables:
     return Tables(tmp_path)
-
-
-def prepare(store: str, run: str, source: str, *extra: str) -> int:
-    flags = ["--format", "text", "--text-column", "question", "--id-column", "id", "--model", "m"]
-    return main(["prepare", "--run", run, "--store", store, *flags, *extra, source])
-
-
-def chunk_lines(store: str, run: str) -> list[dict[str, Any]]:
-    s, layout = open_store(store), RunLayout(run)
-    return [
-        json.loads(line) for e in read_manifest(s, layout) for line in s.get(layout.chunk(e.chunk)).data.splitlines()
-    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -100,11 +33,11 @@ def test_prepare_table_gives_the_parquet_files_requests(kind, tables, tmp_path, 
     tables.write(kind, data)
     pq.write_table(data, tmp_path / "same.parquet")
     store = str(tmp_path / "store")
-    assert prepare(store, "p", str(tmp_path / "same.parquet")) == 0
-    assert prepare(store, "t", tables.uri(kind), "--rows-per-chunk", "7") == 0, capsys.readouterr().err
+    assert prepare_table(store, "p", str(tmp_path / "same.parquet")) == 0
+    assert prepare_table(store, "t", tables.uri(kind), "--rows-per-chunk", "7") == 0, capsys.readouterr().err
     assert chunk_lines(store, "t") == chunk_lines(store, "p")
     capsys.readouterr()
-    assert prepare(store, "t", tables.uri(kind), "--rows-per-chunk", "7") == 0
+    assert prepare_table(store, "t", tables.uri(kind), "--rows-per-chunk", "7") == 0
     assert "already prepared" in capsys.readouterr().out
 
 
@@ -112,25 +45,25 @@ def test_prepare_table_gives_the_parquet_files_requests(kind, tables, tmp_path, 
 def test_prepare_table_new_snapshot_is_new_input_and_at_reads_the_old_one(kind, tables, tmp_path, capsys):
     first = tables.write(kind, rows(0, 5))
     store = str(tmp_path / "store")
-    assert prepare(store, "a", tables.uri(kind)) == 0
+    assert prepare_table(store, "a", tables.uri(kind)) == 0
     latest = tables.write(kind, rows(5, 3))
     capsys.readouterr()
-    assert prepare(store, "a", tables.uri(kind)) == 4
+    assert prepare_table(store, "a", tables.uri(kind)) == 4
     err = capsys.readouterr().err
     word = "snapshot" if kind == "iceberg" else "version"
     assert f"{word} {latest} (8 rows) now, {word} {first} (5 rows) when prepared" in err
-    assert prepare(store, "a", tables.uri(kind, first)) == 0  # time travel: the prepared snapshot, a no-op
+    assert prepare_table(store, "a", tables.uri(kind, first)) == 0  # time travel: the prepared snapshot, a no-op
     assert "already prepared" in capsys.readouterr().out
-    assert prepare(store, "b", tables.uri(kind)) == 0
+    assert prepare_table(store, "b", tables.uri(kind)) == 0
     assert [line["custom_id"] for line in chunk_lines(store, "b")] == [f"r{i}" for i in range(8)]
 
 
 def test_prepare_delta_names_a_schema_change_between_versions(tables, tmp_path, capsys):
     tables.write("delta", rows(0, 4))
     store = str(tmp_path / "store")
-    assert prepare(store, "a", tables.uri("delta")) == 0
+    assert prepare_table(store, "a", tables.uri("delta")) == 0
     tables.write("delta", rows(4, 2).append_column("lang", pa.array(["en", "fr"])), schema_mode="merge")
-    assert prepare(store, "a", tables.uri("delta")) == 4
+    assert prepare_table(store, "a", tables.uri("delta")) == 4
     assert "the schema changed between them: added lang: string" in capsys.readouterr().err
 
 
@@ -139,8 +72,8 @@ def test_prepare_delta_partitioned_reads_the_partition_values(tables, tmp_path):
     tables.write("delta", data, partition_by=["question"])  # the question is in the file paths, not the files
     pq.write_table(data, tmp_path / "same.parquet")
     store = str(tmp_path / "store")
-    assert prepare(store, "p", str(tmp_path / "same.parquet")) == 0
-    assert prepare(store, "t", tables.uri("delta")) == 0
+    assert prepare_table(store, "p", str(tmp_path / "same.parquet")) == 0
+    assert prepare_table(store, "t", tables.uri("delta")) == 0
 
     def by_id(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return sorted(lines, key=lambda line: str(line["custom_id"]))
@@ -152,18 +85,18 @@ def test_prepare_delta_partitioned_reads_the_partition_values(tables, tmp_path):
 def test_prepare_table_version_that_does_not_exist_lists_the_latest(kind, tables, tmp_path, capsys):
     first = tables.write(kind, rows(0, 2))
     tables.write(kind, rows(2, 2))
-    assert prepare(str(tmp_path / "store"), "a", tables.uri(kind, 987654)) == 4
+    assert prepare_table(str(tmp_path / "store"), "a", tables.uri(kind, 987654)) == 4
     err = capsys.readouterr().err
     assert "987654 in the table (the latest: " in err and f"{first} (" in err
 
 
 def test_prepare_iceberg_table_that_does_not_exist_lists_the_namespace(tables, tmp_path, capsys):
     tables.write("iceberg", rows(0, 2))
-    assert prepare(str(tmp_path / "store"), "a", tables.uri("iceberg").replace("db.q", "db.qq")) == 4
+    assert prepare_table(str(tmp_path / "store"), "a", tables.uri("iceberg").replace("db.q", "db.qq")) == 4
     assert "no table 'db.qq' in Iceberg catalog 'local' (namespace db has: db.q; did you mean 'db.q'?)" in (
         capsys.readouterr().err
     )
-    assert prepare(str(tmp_path / "store"), "a", f"delta:{tmp_path}/nothing") == 4
+    assert prepare_table(str(tmp_path / "store"), "a", f"delta:{tmp_path}/nothing") == 4
     assert f"no Delta table at {tmp_path}/nothing" in capsys.readouterr().err
 
 
@@ -184,9 +117,9 @@ def test_prepare_hf_dataset_dict_needs_a_split(tmp_path, capsys):
         str(tmp_path / "dd")
     )
     store = str(tmp_path / "store")
-    assert prepare(store, "a", f"hf:{tmp_path}/dd") == 4
+    assert prepare_table(store, "a", f"hf:{tmp_path}/dd") == 4
     assert "holds the splits train, test: name one" in capsys.readouterr().err
-    assert prepare(store, "a", f"hf:{tmp_path}/dd#test") == 0
+    assert prepare_table(store, "a", f"hf:{tmp_path}/dd#test") == 0
     assert [line["custom_id"] for line in chunk_lines(store, "a")] == ["r3", "r4"]
 
 
@@ -216,18 +149,6 @@ def test_appended_since_refuses_a_delete_in_between(tables):
 
 
 # -- sinks -------------------------------------------------------------------------------------
-def answered_run(tmp_path: Path, run: str, count: int) -> str:
-    """A run prepared from a Parquet file, every row answered without an engine."""
-    pq.write_table(rows(0, count), tmp_path / f"{run}.parquet")
-    store = str(tmp_path / "store")
-    assert prepare(store, run, str(tmp_path / f"{run}.parquet")) == 0
-    s, layout = open_store(store), RunLayout(run)
-    for entry in read_manifest(s, layout):
-        ids = [json.loads(line)["custom_id"] for line in s.get(layout.chunk(entry.chunk)).data.splitlines()]
-        answer_chunk(s, layout, entry.chunk, [[Answer(i, cid, f"answer {cid}") for i, cid in enumerate(ids)]])
-    return store
-
-
 def read_sink(kind: str, tables: Tables) -> pa.Table:
     if kind == "iceberg":
         return tables.catalog().load_table("db.answers").scan().to_arrow()
@@ -266,10 +187,117 @@ def test_collect_into_table_appends_a_run_once(kind, tables, tmp_path, capsys):
     assert read_sink(kind, tables).num_rows == 15
 
 
+def sink_commits(kind: str, tables: Tables) -> int:
+    """How many commits the sink table has had (snapshots, versions)."""
+    if kind == "iceberg":
+        return len(tables.catalog().load_table("db.answers").snapshots())
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        return DeltaTable(str(tables.root / "delta_answers")).version() + 1
+    import lance
+
+    return int(lance.dataset(str(tables.root / "answers.lance")).version)
+
+
+@pytest.mark.parametrize("kind", list(SINKS))
+def test_collect_into_table_refuses_other_columns_the_same_way_in_every_kind(kind, tables, tmp_path, capsys):
+    """A run collected without the --keep-columns the table was made with (or with others) is
+    refused, naming the columns, by Iceberg and Lance as by Delta; nothing is written."""
+    pq.write_table(rows(0, 4), tmp_path / "in.parquet")
+    store = str(tmp_path / "store")
+    for run in ("kept", "plain"):
+        assert prepare_table(store, run, str(tmp_path / "in.parquet")) == 0
+        answer_all(store, run)
+    out = SINKS[kind](tables)
+    assert main(["collect", "--run", "kept", "--store", store, "--out", out, "--keep-columns", "n"]) == 0
+    commits = sink_commits(kind, tables)
+    capsys.readouterr()
+    assert main(["collect", "--run", "plain", "--store", store, "--out", out]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot append to {out}: the run's columns are not the table's: the table has n, the run does not" in err
+    assert "--keep-columns" in err and sink_commits(kind, tables) == commits
+    assert read_sink(kind, tables).num_rows == 4
+    # The other way round: a column the table lacks; and one of another type.
+    other = tmp_path / "other"
+    other.mkdir()
+    pq.write_table(rows(0, 4).set_column(2, "n", pa.array(["a", "b", "c", "d"])), other / "in.parquet")
+    assert prepare_table(store, "typed", str(other / "in.parquet")) == 0
+    answer_all(store, "typed")
+    capsys.readouterr()
+    assert main(["collect", "--run", "typed", "--store", store, "--out", out, "--keep-columns", "n,question"]) == 1
+    err = capsys.readouterr().err
+    assert "the run has question, the table does not; n is int64 in the table and string in the run" in err
+    assert sink_commits(kind, tables) == commits
+
+
+@pytest.mark.parametrize("kind", list(SINKS))
+@pytest.mark.usefixtures("greedy")
+def test_collect_merge_on_keeps_one_row_per_id_with_the_latest_answers(kind, tables, tmp_path, capsys):
+    """Week 1's rows, then week 2 (its own run, reusing week 1's unchanged answers: new rows, edited
+    rows and unchanged ones) merged on the id: one row per id, the edited ones with week 2's answers,
+    the same columns both weeks; a second collect of week 2 commits nothing."""
+    store, out = str(tmp_path / "store"), SINKS[kind](tables)
+    pq.write_table(rows(0, 8), tmp_path / "week1.parquet")
+    week2 = rows(0, 11).to_pylist()
+    for edited in (2, 5):
+        week2[edited]["question"] = f"question {edited}, edited"
+    pq.write_table(pa.Table.from_pylist(week2), tmp_path / "week2.parquet")
+    assert prepare_table(store, "w1", str(tmp_path / "week1.parquet")) == 0
+    answer_by_question(store, "w1")
+    assert main(["collect", "--run", "w1", "--store", store, "--out", out, "--merge-on", "id"]) == 0
+    assert f"appended to {out} at " in capsys.readouterr().out  # a new table: made by the first run's rows
+    assert prepare_table(store, "w2", str(tmp_path / "week2.parquet"), "--reuse-from", "w1") == 0
+    assert sum(e.rows for e in read_manifest(open_store(store), RunLayout("w2"))) == 5  # 3 new, 2 edited
+    answer_by_question(store, "w2")
+    capsys.readouterr()
+    assert main(["collect", "--run", "w2", "--store", store, "--out", out, "--merge-on", "id"]) == 0
+    said = capsys.readouterr().out
+    assert f"merged into {out} on id at " in said and "3 row(s) inserted" in said and "orch.run=w2" in said
+    table = sorted(read_sink(kind, tables).to_pylist(), key=lambda row: int(row["id"][1:]))
+    assert [row["id"] for row in table] == [f"r{i}" for i in range(11)]  # one row per id
+    assert [row["text"] for row in table] == [f"answer to {row['question']}" for row in week2]
+    assert [row["reused"] for row in table] == [i not in (2, 5, 8, 9, 10) for i in range(11)]
+    commits = sink_commits(kind, tables)
+    assert main(["collect", "--run", "w2", "--store", store, "--out", out, "--merge-on", "id"]) == 0
+    assert f"already in {out} at " in capsys.readouterr().out and sink_commits(kind, tables) == commits
+    assert read_sink(kind, tables).num_rows == 11
+
+
+def test_collect_into_a_table_an_older_orch_made_says_which_columns_to_add(tables, tmp_path, capsys):
+    """A table made before `reused` and `escalated` were in every table: refused, saying what to add."""
+    from deltalake import write_deltalake
+
+    store = answered_run(tmp_path, "old", 3)
+    assert main(["collect", "--run", "old", "--store", store, "--out", str(tmp_path / "old.parquet")]) == 0
+    write_deltalake(
+        str(tables.root / "delta_answers"), pq.read_table(tmp_path / "old.parquet").drop(["reused", "escalated"])
+    )
+    other = answered_run(tmp_path, "new", 2)
+    capsys.readouterr()
+    assert main(["collect", "--run", "new", "--store", other, "--out", SINKS["delta"](tables)]) == 1
+    err = capsys.readouterr().err
+    assert "the run has reused, escalated, the table does not" in err
+    assert "add reused (boolean) and escalated (string) to the table" in err
+
+
+def test_collect_merge_on_refuses_a_column_the_run_lacks_or_a_file_output(tables, tmp_path, capsys):
+    store = answered_run(tmp_path, "c", 3)
+    out = SINKS["delta"](tables)
+    assert main(["collect", "--run", "c", "--store", store, "--out", out, "--merge-on", "idd"]) == 1
+    err = capsys.readouterr().err
+    assert "--merge-on idd: the run's table has no such column (its columns: id, text," in err
+    assert "did you mean 'id'?" in err and not (tables.root / "delta_answers").exists()
+    assert (
+        main(["collect", "--run", "c", "--store", store, "--out", str(tmp_path / "o.parquet"), "--merge-on", "id"]) == 1
+    )
+    assert "only a table is merged into" in capsys.readouterr().err
+
+
 def test_collect_into_table_leaves_an_incomplete_run_out(tables, tmp_path, capsys):
     pq.write_table(rows(0, 4), tmp_path / "in.parquet")
     store = str(tmp_path / "store")
-    assert prepare(store, "c", str(tmp_path / "in.parquet")) == 0
+    assert prepare_table(store, "c", str(tmp_path / "in.parquet")) == 0
     out = SINKS["delta"](tables)
     assert main(["collect", "--run", "c", "--store", store, "--out", out, "--allow-partial"]) == 0
     assert "a table gets a run's rows once, and 4 are missing" in capsys.readouterr().out
@@ -284,24 +312,17 @@ def greedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
 
 
-def answer_all(store: str, run: str) -> None:
-    s, layout = open_store(store), RunLayout(run)
-    for entry in read_manifest(s, layout):
-        ids = [json.loads(line)["custom_id"] for line in s.get(layout.chunk(entry.chunk)).data.splitlines()]
-        answer_chunk(s, layout, entry.chunk, [[Answer(i, cid, f"answer {cid}") for i, cid in enumerate(ids)]])
-
-
 @pytest.mark.parametrize("kind", ["iceberg", "delta"])
 @pytest.mark.usefixtures("greedy")
 def test_prepare_reuse_from_a_grown_table_says_it_only_grew(kind, tables, tmp_path, capsys):
     first = tables.write(kind, rows(0, 5))
     store = str(tmp_path / "store")
-    assert prepare(store, "a", tables.uri(kind)) == 0
+    assert prepare_table(store, "a", tables.uri(kind)) == 0
     answer_all(store, "a")
     assert main(["collect", "--run", "a", "--store", store, "--out", str(tmp_path / "a.jsonl")]) == 0
     tables.write(kind, rows(5, 3))
     capsys.readouterr()
-    assert prepare(store, "b", tables.uri(kind), "--reuse-from", "a", "--rows-per-chunk", "2") == 0
+    assert prepare_table(store, "b", tables.uri(kind), "--reuse-from", "a", "--rows-per-chunk", "2") == 0
     said = capsys.readouterr()
     word = "snapshot" if kind == "iceberg" else "version"
     assert f"grew by 3 rows (appends only) since run a read {word} {first}" in said.out + said.err
@@ -328,7 +349,7 @@ def test_prepare_reuse_from_a_table_changed_by_a_delete_says_it_reads_the_whole_
 
     tables.write(kind, rows(0, 5))
     store = str(tmp_path / "store")
-    assert prepare(store, "a", tables.uri(kind)) == 0
+    assert prepare_table(store, "a", tables.uri(kind)) == 0
     answer_all(store, "a")
     assert main(["collect", "--run", "a", "--store", store, "--out", str(tmp_path / "a.jsonl")]) == 0
     tables.write(kind, rows(5, 3))
@@ -337,7 +358,7 @@ def test_prepare_reuse_from_a_table_changed_by_a_delete_says_it_reads_the_whole_
     else:
         DeltaTable(str(tables.root / "delta_q")).delete("n = 1")
     capsys.readouterr()
-    assert prepare(store, "b", tables.uri(kind), "--reuse-from", "a") == 0
+    assert prepare_table(store, "b", tables.uri(kind), "--reuse-from", "a") == 0
     said = capsys.readouterr()
     assert "the whole table is read and keyed again" in said.out + said.err
     assert "not only appended" in said.err and "appended rows" not in said.err

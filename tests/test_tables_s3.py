@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.cli import main
-from tests.test_tables import answered_run, chunk_lines, prepare, rows
+from tests.support.tables import answered_run, chunk_lines, prepare_table, rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")]
 KINDS = ["iceberg", "delta", "lance"]
@@ -80,11 +80,11 @@ def test_table_source_on_s3_gives_the_parquet_files_requests(kind, s3_tables, tm
     s3_tables.write(kind, "q", data)
     pq.write_table(data, tmp_path / "same.parquet")
     store = str(tmp_path / "store")
-    assert prepare(store, "p", str(tmp_path / "same.parquet")) == 0
-    assert prepare(store, "t", s3_tables.uri(kind, "q"), "--rows-per-chunk", "6") == 0, capsys.readouterr().err
+    assert prepare_table(store, "p", str(tmp_path / "same.parquet")) == 0
+    assert prepare_table(store, "t", s3_tables.uri(kind, "q"), "--rows-per-chunk", "6") == 0, capsys.readouterr().err
     assert chunk_lines(store, "t") == chunk_lines(store, "p")
     capsys.readouterr()
-    assert prepare(store, "t", s3_tables.uri(kind, "q"), "--rows-per-chunk", "6") == 0
+    assert prepare_table(store, "t", s3_tables.uri(kind, "q"), "--rows-per-chunk", "6") == 0
     assert "already prepared" in capsys.readouterr().out
 
 
@@ -100,3 +100,16 @@ def test_collect_into_table_on_s3_appends_a_run_once(kind, s3_tables, tmp_path, 
     assert main(["collect", "--run", "c", "--store", store, "--out", out]) == 0
     assert f"already in {out} at " in capsys.readouterr().out
     assert s3_tables.read(kind, "answers").num_rows == 9  # collecting twice never writes the rows twice
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_collect_merge_on_into_table_on_s3_keeps_one_row_per_id(kind, s3_tables, tmp_path, capsys):
+    out = s3_tables.uri(kind, "merged")
+    first = answered_run(tmp_path, "c", 9)
+    assert main(["collect", "--run", "c", "--store", first, "--out", out, "--merge-on", "id"]) == 0
+    grown = answered_run(tmp_path, "d", 12)  # the same 9 ids and 3 more
+    capsys.readouterr()
+    assert main(["collect", "--run", "d", "--store", grown, "--out", out, "--merge-on", "id"]) == 0
+    assert f"merged into {out} on id at " in capsys.readouterr().out
+    written = s3_tables.read(kind, "merged").to_pydict()
+    assert sorted(written["id"], key=lambda i: int(i[1:])) == [f"r{i}" for i in range(12)]

@@ -25,7 +25,10 @@ from orchestrator.cli import main
 from tests.support.datasets import write_jsonl
 from tests.support.openai_lines import check_line
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.orch_yaml("workers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n"),
+]
 
 MODELS = Path(__file__).resolve().parents[1] / ".cache" / "models"
 
@@ -74,13 +77,7 @@ def valid_for_vllm(text: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "orch.yaml").write_text("workers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n")
-    return tmp_path
-
-
+@pytest.mark.real_engine  # what vLLM's run_batch answers, answered alike
 def test_vllm_run_batch_inputs_through_orch(workdir, capsys):
     rows = [
         chat("first", "You answer briefly."),
@@ -101,6 +98,7 @@ def test_vllm_run_batch_inputs_through_orch(workdir, capsys):
     assert "/no_such_url" in errors["bad-url"]["message"]
 
 
+@pytest.mark.real_engine  # what vLLM's run_batch answers, answered alike
 def test_vllm_run_batch_invalid_line_is_answered_not_fatal(workdir, capsys):
     good = chat("kept", "You answer briefly.")
     no_id = {k: v for k, v in chat("x", "You answer briefly.").items() if k != "custom_id"}

@@ -5,12 +5,10 @@ headless Chromium (Debian's package) during a real local run, /metrics scraped f
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import html.parser
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -23,22 +21,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.cli import main
-from orchestrator.controller.pricing import load_gpu_table
-from orchestrator.controller.status import derive_status, gather
+from orchestrator.planning.pricing import load_gpu_table
+from orchestrator.runview.status import derive_status, gather
 from orchestrator.web.page import render_page
 from tests.support.datasets import write_jsonl
 from tests.support.events import wait_for as wait_for_event
+from tests.support.models import TINY
+from tests.support.run_states import run_under_way
 from tests.support.runs import chat_request
-from tests.test_serve import KEY, OTHER_KEY, TINY, create, running_server, upload, wait_for, write_requests
+from tests.support.serving import KEY, OTHER_KEY, create, running_server, upload, wait_for, write_requests
+from tests.support.web import chromium, status_web
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def chromium() -> str:
-    path = shutil.which("chromium")
-    if path is None:
-        pytest.skip("no chromium: run scripts/system-deps (it installs Debian's chromium)")
-    return path
 
 
 def browse(url: str, *extra: str) -> str:
@@ -113,13 +107,15 @@ class Shown(html.parser.HTMLParser):
 
 # -- the page, unit by unit -------------------------------------------------------------------------
 def test_names_are_shown_as_text_never_run_as_markup(tmp_path):
-    from tests.test_status import build
 
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
-    status.run = "<script>alert('run')</script>"
-    status.workers[0].worker = '"><img src=x onerror=alert(1)>'
-    status.workers[0].failure_reason = "<b>bold</b>"
+    worker = status.workers[0].model_copy(
+        update={"worker": '"><img src=x onerror=alert(1)>', "failure_reason": "<b>bold</b>"}
+    )
+    status = status.model_copy(
+        update={"run": "<script>alert('run')</script>", "workers": [worker, *status.workers[1:]]}
+    )
     page = render_page(status)
     shown = Shown(page.html)
     assert len(shown.scripts) == 1  # the page's own script, nothing else
@@ -135,7 +131,7 @@ def details_run(tmp_path: Path, answer: str, log_line: str) -> tuple[Any, Any]:
     """A run whose first chunk answered `answer` (and one error row), and worker 0's log ending in
     `log_line`, an ERROR line and a last line; returns (its context, its status)."""
     from orchestrator.core.context import RunContext
-    from orchestrator.core.protocol.layout import RunLayout
+    from orchestrator.core.layout import RunLayout
     from orchestrator.core.spec import RunSpec
     from orchestrator.core.store import open_store
     from tests.support.runs import Answer, answer_chunk, make_run
@@ -174,58 +170,128 @@ def test_page_details_show_log_tail_last_error_samples_and_error_rows_as_text(tm
 
 
 def test_page_state_is_the_word_orch_status_shows(tmp_path):
-    from tests.test_status import build
 
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     status = derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
     assert status.state == "running"
     shown = Shown(render_page(status).html)
     assert shown.text["state"] == "RUNNING" == shown.attrs_of["status"]["data-state"]
 
 
-# -- the page in Chromium during a real run (`orch status --web`) ----------------------------------
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "orch.yaml").write_text(
-        "sampling:\n  max_tokens: 24\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
-        "model:\n  engine_args: {max_num_seqs: 1}\n"
+def local_run(tmp_path: Path, *, reused: int = 0) -> tuple[Any, Any]:
+    """A prepared local run of two CPU workers (jobs recorded on the local backend, as `orch run`
+    records them), worker 0 loading: its store and layout."""
+    from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
+    from orchestrator.core.records import Heartbeat, JobAttempt, PrepareRecord, update_jobs
+    from orchestrator.core.store import open_store
+    from tests.support.runs import make_run
+
+    store = open_store(str(tmp_path / "store"))
+    layout = make_run(
+        store, "cpu", [[chat_request(f"c{c}-{i}", "q") for i in range(3)] for c in range(4)], model="m", workers=2
     )
-    return tmp_path
-
-
-@contextlib.contextmanager
-def status_web(run: str, workdir: Path, *args: str):
-    """`orch status --web --port 0` (and `args`) in its own process; yields the page's address."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orchestrator",
-            "status",
-            "--run",
-            run,
-            "--web",
-            "--port",
-            "0",
-            "--interval",
-            "0.5",
-            *args,
+    store.put(
+        layout.prepare_record,
+        PrepareRecord(identity={}, chunks=4, rows=12, errors=0, reused=reused, created_at=time.time()).to_bytes(),
+    )
+    now = time.time()
+    update_jobs(
+        store,
+        layout,
+        lambda rec: [
+            rec.worker(w).attempts.append(JobAttempt(job_id=f"local-{w}", backend="local", launched_at=now))
+            for w in (0, 1)
         ],
-        cwd=workdir,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
     )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # it says where once it listens
-        assert "http://127.0.0.1:" in line, line + proc.stdout.read()
-        yield next(word for word in line.split() if word.startswith("http://"))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    HeartbeatPublisher(
+        store, layout, Heartbeat(worker="0", holder="0.x", state="loading", started_at=now - 5, updated_at=now)
+    ).publish()
+    return store, layout
+
+
+def test_page_of_a_cpu_run_prices_no_gpu_says_its_backend_and_counts_reused_rows(tmp_path):
+    """A local CPU run's page: its backend beside RUNNING (never `not launched`), no estimate on
+    the spec's GPUs before its workers measure a speed (then on the cpu they measured), and the rows
+    answered by earlier runs."""
+    from tests.support.runs import Answer, answer_chunk
+
+    store, layout = local_run(tmp_path, reused=7)
+    prices = load_gpu_table()
+    status = derive_status(gather(store, layout, None), now=time.time(), prices=prices, gpus=["L4"], workers_planned=2)
+    shown = Shown(render_page(status).html)
+    assert status.state == "running" and status.backend == "local" and status.estimate is None
+    assert "not launched" not in render_page(status).html and "L4" not in render_page(status).html
+    assert shown.text["reused"] == "7" and shown.text["state"] == "RUNNING"
+    answer_chunk(store, layout, "part_00000", [[Answer(i, f"c0-{i}", "x") for i in range(3)]], accelerator="cpu")
+    status = derive_status(gather(store, layout, None), now=time.time(), prices=prices, gpus=["L4"], workers_planned=2)
+    assert status.estimate is not None and status.estimate.gpu == "cpu" and status.estimate.measured
+    assert "2 x cpu" in Shown(render_page(status).html).text["estimate"]
+
+
+def test_probe_workers_that_beat_without_a_launch_record_run_on_the_specs_backend(tmp_path):
+    """Workers started outside `orch launch` (a probe's, or by hand) beat with no jobs record: the
+    status names the spec's backend, not none (the page said `not launched` beside RUNNING)."""
+    from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
+    from orchestrator.core.records import Heartbeat
+    from orchestrator.core.store import open_store
+    from tests.support.runs import make_run
+
+    store = open_store(str(tmp_path / "store"))
+    layout = make_run(store, "p", [[chat_request("c0", "q")]], model="m")
+    assert derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table()).backend is None
+    now = time.time()
+    HeartbeatPublisher(
+        store, layout, Heartbeat(worker="0", holder="0.p", state="running", started_at=now, updated_at=now)
+    ).publish()
+    status = derive_status(gather(store, layout, None), now=now, prices=load_gpu_table())
+    assert (status.state, status.backend) == ("running", "local")
+
+
+def test_runs_index_refreshes_while_a_run_goes_on_and_says_an_old_reading_is_old(tmp_path):
+    """The index reads itself again while a run goes on (a finished run no longer reads RUNNING
+    0/51 until a reload), says when each run was read, and a reading that failed after an earlier
+    one shows the earlier one as such, on the index and on the run's page."""
+    from orchestrator.web.page import page_of
+    from orchestrator.web.runs_index import index_rows, render_index
+    from orchestrator.web.snapshots import Snapshots
+
+    store, layout = local_run(tmp_path)
+    clock, failing = [1000.0], [False]
+
+    def read(run: str) -> Any:
+        if failing[0]:
+            raise ConnectionError(f"store of {run} out of reach")
+        return derive_status(gather(store, layout, None), now=time.time(), prices=load_gpu_table())
+
+    snapshots = Snapshots(read, max_age=5.0, wait_s=30.0, clock=lambda: clock[0])
+    page = render_index(index_rows(["cpu"], snapshots.get), "store", 5.0)
+    assert '<meta http-equiv="refresh" content="5">' in page.html
+    assert Shown(page.html).runs == {"cpu": "RUNNING"}
+    assert time.strftime("%H:%M:%S", time.localtime(1000.0)) in page.html
+    clock[0], failing[0] = 1010.0, True
+    snap = snapshots.get("cpu")
+    assert snap.taken_at == 1000.0 and snap.problem == "ConnectionError: store of cpu out of reach"
+    index = render_index(index_rows(["cpu"], snapshots.get), "store", 5.0).html
+    assert "the latest reading failed (ConnectionError: store of cpu out of reach): this is an older one" in index
+    assert "store of cpu out of reach" in Shown(page_of(snap, lambda: None, 5.0).html).text["stale"]
+    failing[0] = False
+    from tests.support.runs import Answer, answer_chunk
+
+    for c in range(4):
+        answer_chunk(store, layout, f"part_0000{c}", [[Answer(i, f"c{c}-{i}", "x") for i in range(3)]])
+    clock[0] = 1020.0
+    done = render_index(index_rows(["cpu"], snapshots.get), "store", 5.0).html
+    assert Shown(done).runs == {"cpu": "COMPLETE"} and "http-equiv" not in done and "reading failed" not in done
+
+
+# -- the page in Chromium during a real run (`orch status --web`) ----------------------------------
+
+
+#: The project directory of a run the page is watched during: one sequence at a time, so it lasts.
+PAGE_RUN_SPEC = (
+    "sampling:\n  max_tokens: 24\n  temperature: 0\nworkers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 20\n"
+    "model:\n  engine_args: {max_num_seqs: 1}\n"
+)
 
 
 def status_json(run: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -235,6 +301,8 @@ def status_json(run: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.orch_yaml(PAGE_RUN_SPEC)
+@pytest.mark.scripted_engine(step_s=0.03)  # about 2.5 minutes of rows, one at a time
 def test_page_in_chromium_during_a_real_run_shows_what_orch_status_says(workdir, capsys):
     if not (TINY / ".built").exists():
         pytest.fail("the tiny model is missing: run `make models` (make test does it)")
@@ -291,6 +359,7 @@ def test_page_in_chromium_during_a_real_run_shows_what_orch_status_says(workdir,
         main(["cancel", "--run", "web"])
 
 
+@pytest.mark.orch_yaml(PAGE_RUN_SPEC)
 def test_runs_index_in_chromium_lists_the_stores_runs_and_links_to_their_pages(tmp_path, workdir):
     ctx, _ = details_run(tmp_path, "<script>alert('answer')</script>", "<script>alert('log')</script>")
     write_jsonl(workdir / "tickets.jsonl", [chat_request("o-0", "q")])
@@ -398,9 +467,8 @@ def test_views_share_one_reading_per_interval_and_the_first_views_error_is_its_o
     import threading
 
     from orchestrator.web.snapshots import Snapshots
-    from tests.test_status import build
 
-    store, layout = build(str(tmp_path / "store"))
+    store, layout = run_under_way(str(tmp_path / "store"))
     clock, reads, gate = [1000.0], [], threading.Event()
 
     def read(run):
@@ -438,9 +506,8 @@ def test_views_share_one_reading_per_interval_and_the_first_views_error_is_its_o
 
 
 def test_status_web_on_a_run_that_is_not_there_says_so_before_serving(tmp_path, capsys):
-    from tests.test_status import build
 
-    build(str(tmp_path / "store"))
+    run_under_way(str(tmp_path / "store"))
     code = main(["status", "--run", "nope", "--store", str(tmp_path / "store"), "--web", "--port", "0"])
     out = capsys.readouterr()
     assert code != 0 and "nope" in out.err and "http://" not in out.out

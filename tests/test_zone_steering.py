@@ -8,19 +8,19 @@ import pytest
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.skypilot import SkyPilotLauncher
 from orchestrator.backends.skypilot_render import load_task, load_template, render_worker_task, to_yaml
-from orchestrator.controller.launch import launch_workers
-from orchestrator.controller.reconcile import Reconciler
-from orchestrator.controller.spot_zones import ZoneModel
-from orchestrator.controller.zone_steering import rank_zones
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import SpecError
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import ZoneHistory, ZoneTally, ZoneWatch, read_zone_history
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
-from tests.conftest import make_store_uri
+from orchestrator.fleet.launch import launch_workers
+from orchestrator.fleet.reconcile import Reconciler
+from orchestrator.planning.spot_zones import ZoneModel
+from orchestrator.planning.zone_steering import rank_zones
 from tests.support.fake_sky import ScriptedSky
 from tests.support.runs import chat_request, make_run
+from tests.support.s3servers import make_store_uri
 
 A, B, C = "aws/us-east-1/us-east-1a", "aws/us-east-1/us-east-1b", "aws/us-west-2/us-west-2a"
 

@@ -23,11 +23,11 @@ import click
 from orchestrator.core.errors import OrchError, RunNotFound, render_error
 from orchestrator.core.exits import WorkerExit, WorkerStatus
 from orchestrator.core.frozen_spec import read_stored_spec
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.model_source import MODEL_MOUNT_ENV, is_bucket_url, served_name
 from orchestrator.core.pools import POOL_ENV, spec_for_pool
 from orchestrator.core.protocol.adapters import fetch_adapters
 from orchestrator.core.protocol.claims import pool_of
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import read_plan
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.spec_load import load_spec

@@ -9,10 +9,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
+from orchestrator.core.json_schema import RunSchemas
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.prefix import feed_order
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.crashes import poison_evidence
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import HeldLease, LeaseKeeper
 from orchestrator.core.protocol.parts import part_codec
 from orchestrator.core.records import ManifestEntry
@@ -50,6 +51,7 @@ class OpenChunk:
         sampling: SamplingSpec,
         unknown_fields: str = "error",
         note_ignored: Callable[[tuple[str, ...]], None] | None = None,
+        schemas: RunSchemas | None = None,
     ) -> Iterator[EngineRequest]:
         """The chunk's lines as engine requests, streamed; bad lines, and poison rows (each alone in
         the engine of two holders that died soon after starting it: core/protocol/crashes.py), go
@@ -68,7 +70,7 @@ class OpenChunk:
             return
         for window in _windows(self.source, skip, 1 if self.careful else ORDER_WINDOW):
             for index, line in window:
-                parsed = parse_request(line, index, sampling, unknown_fields)
+                parsed = parse_request(line, index, sampling, unknown_fields, schemas)
                 if isinstance(parsed, EngineRequest) and parsed.ignored and note_ignored is not None:
                     note_ignored(parsed.ignored)
                 if isinstance(parsed, EngineRequest) and index in poison:

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.exits import WorkerStatus
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.clocks import StoreClock
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher, older_twin
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
 from orchestrator.core.records import Heartbeat, HeartbeatSummary
 from orchestrator.core.spec import WorkersSpec

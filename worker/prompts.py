@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.core.errors import ChatTemplateError
+from orchestrator.core.chat_template import read_chat_template
 from worker.wire import EngineRequest, RowResult, error_row
 
 log = logging.getLogger("orch.worker")
@@ -32,26 +31,6 @@ class Prompt:
     """What an engine generates from: the prompt's token ids."""
 
     token_ids: list[int]
-
-
-def read_chat_template(value: str | None) -> str | None:
-    """The spec's `model.chat_template`: the path of a file holding the template, or the template itself."""
-    if value is None:
-        return None
-    if os.path.isfile(value):
-        try:
-            with open(value, encoding="utf-8") as f:
-                return f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ChatTemplateError(f"model.chat_template: cannot read {value!r}: {e}") from None
-    if "{{" in value or "{%" in value:
-        return value
-    # Neither a file nor Jinja: most likely a path that does not exist here. Used as the template
-    # it would replace every prompt with this string.
-    raise ChatTemplateError(
-        f"model.chat_template: {value!r} is neither a file on this machine nor a Jinja template",
-        hint="give the template's text, or the path of a file that holds it (relative to the worker's directory)",
-    )
 
 
 class PromptBuilder:

@@ -1,9 +1,11 @@
 """Canonical request lines (OpenAI Batch format) into engine requests, with each row's own parameters.
 
 A line's body is validated by its URL's model (worker/bodies.py); the spec's `sampling` section
-fills in what the body does not set. Parameters that would change a generation but that we
-cannot honour give an error row naming them: never a silently different answer. Parameters that
-change nothing here (user, metadata, stream...) are ignored.
+fills in what the body does not set, and a reference to the run's JSON schema (what prepare
+writes in place of `--json-schema`'s schema: core/json_schema.RunSchemas) becomes the schema.
+Parameters that would change a generation but that we cannot honour give an error row naming
+them: never a silently different answer. Parameters that change nothing here (user, metadata,
+stream...) are ignored.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from orchestrator.core.json_schema import RunSchemas, SchemaProblem
 from orchestrator.core.spec import SamplingSpec
 from worker.bodies import ChatBody, CompletionBody, ResponsesBody, is_token
 from worker.images import content_parts
@@ -26,19 +29,26 @@ SCORE_URL = "/v1/score"
 RERANK_URL = "/v1/rerank"
 RESPONSES_URL = "/v1/responses"
 URLS = (CHAT_URL, COMPLETION_URL, RESPONSES_URL, EMBEDDINGS_URL, SCORE_URL, RERANK_URL)
+#: A line read without the run's schemas: a reference in it names no schema.
+_NO_SCHEMAS = RunSchemas()
 
 
 def parse_request(
-    line: bytes | str, index: int, defaults: SamplingSpec, unknown_fields: str = "error"
+    line: bytes | str,
+    index: int,
+    defaults: SamplingSpec,
+    unknown_fields: str = "error",
+    schemas: RunSchemas | None = None,
 ) -> EngineRequest | RowResult:
     """An engine request, or an error row when the line cannot become one. `unknown_fields`
     (the spec's `requests.unknown_fields`): "error" refuses a body field no endpoint knows;
-    "warn" drops it, as vLLM's server does, and names it in `EngineRequest.ignored`."""
+    "warn" drops it, as vLLM's server does, and names it in `EngineRequest.ignored`. `schemas`:
+    the run's stored schemas, which a line's schema reference names."""
     custom_id: str | None = None
     try:
         try:
             obj = json.loads(line)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise BadRequest("invalid_json", f"line {index + 1} of the chunk is not JSON: {e}") from None
         if not isinstance(obj, dict):
             raise BadRequest("invalid_request", "a request line is a JSON object")
@@ -48,6 +58,7 @@ def parse_request(
         body = obj.get("body")
         if not isinstance(body, dict):
             raise BadRequest("invalid_request", "the request has no body object", "body")
+        body = _resolved(body, schemas)
         return _engine_request(obj.get("url"), body, index, custom_id, defaults, unknown_fields == "warn")
     except BadRequest as e:
         return RowResult(index, custom_id, error_line(custom_id, e.code, str(e), param=e.param), 0, 0, True)
@@ -67,7 +78,11 @@ _BODIES: dict[str, type[ChatBody | CompletionBody | ResponsesBody | EmbeddingBod
 
 
 def body_problems(
-    url: Any, body: dict[str, Any], defaults: SamplingSpec, unknown_fields: str = "error"
+    url: Any,
+    body: dict[str, Any],
+    defaults: SamplingSpec,
+    unknown_fields: str = "error",
+    schemas: RunSchemas | None = None,
 ) -> list[BadRequest]:
     """Every reason `parse_request` would answer this body with an error row: each field its model
     refuses, or else the first rule beyond single fields it breaks (n with greedy sampling, a
@@ -76,6 +91,10 @@ def body_problems(
     if model is None:
         return [BadRequest("unsupported_url", f"url {url!r} is not one of {', '.join(URLS)}", "url")]
     warn = unknown_fields == "warn"
+    try:
+        body = _resolved(body, schemas)
+    except BadRequest as e:
+        return [e]
     problems = model.problems(_without(body, model.unknown(body)) if warn else body)
     if problems:
         return problems
@@ -84,6 +103,14 @@ def body_problems(
     except BadRequest as e:
         return [e]
     return []
+
+
+def _resolved(body: dict[str, Any], schemas: RunSchemas | None) -> dict[str, Any]:
+    """The body with the run's schema in place of its reference (RunSchemas.resolved)."""
+    try:
+        return (schemas or _NO_SCHEMAS).resolved(body)
+    except SchemaProblem as e:
+        raise BadRequest("invalid_parameter", f"response_format: {e}", "response_format") from None
 
 
 def content_problem(url: str, value: Any) -> BadRequest | None:

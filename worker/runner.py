@@ -7,7 +7,7 @@ One `Worker` is one process with one engine. Per chunk:
    become error rows without reaching the engine. Once the chunk is handed over and the engine
    has room it cannot fill, steps 1-2 run for the next chunk, whose requests fill the batch while
    the current chunk's last rows finish: one engine run over all our chunks, never drained
-   between two of them, and never more than two chunks in hand.
+   between two of them, and never more than two chunks in hand (worker/feed.py).
 4. Every `checkpoint_interval` seconds (or MAX_BUFFERED_ROWS rows) flush a chunk's finished rows
    as a part (renewing its lease first); on SIGTERM/SIGINT flush what is finished, give the
    leases back and stop.
@@ -39,22 +39,22 @@ from typing import Any
 from orchestrator.core.errors import RunNotFound
 from orchestrator.core.exits import WorkerStatus
 from orchestrator.core.frozen_spec import spec_hash
+from orchestrator.core.json_schema import RunSchemas
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView, pool_share
 from orchestrator.core.protocol.clocks import StoreClock
-from orchestrator.core.protocol.crashes import careful_groups
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
 from orchestrator.core.protocol.outage import Outage, OutageTooLong
 from orchestrator.core.records import ManifestEntry, PlanRecord, read_manifest, read_plan
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store, StoreUnavailable
-from worker.bodies import with_model_defaults
 from worker.chunks import ChunksInHand, OpenChunk, open_chunk
 from worker.engine.base import Engine
+from worker.feed import RequestFeed
 from worker.heartbeat import HeartbeatThread, WorkerIdentity
 from worker.progress import ProgressReporter
 from worker.totals import Totals
-from worker.wire import EngineRequest, RowResult
+from worker.wire import RowResult
 
 log = logging.getLogger("orch.worker")
 
@@ -104,6 +104,8 @@ class Worker:
         self.chunks_in_engine = chunks_in_engine
         self.settings = spec.workers
         self.spec_hash = spec_hash(spec)
+        #: The run's schema, which its request lines reference (read from the store with the spec).
+        self.schemas = RunSchemas.of(spec.input.response_format)
         self.totals = Totals(started_at=clock())
         self.progress = progress or ProgressReporter(stream=sys.stderr)
         self._engine: Engine | None = None
@@ -251,9 +253,20 @@ class Worker:
         """Steps 3-5 of the module docstring, for every chunk we get, through one engine run."""
         self.totals.busy_since = time.monotonic()
         self.totals.busy_cpu_since = time.process_time()
+        feed = RequestFeed(
+            self.chunks,
+            self.spec,
+            schemas=self.schemas,
+            chunks_in_engine=self.chunks_in_engine,
+            stopping=lambda: self._shutdown_requested,
+            store_waits=lambda: self.outage.down and not self.outage.ready(),
+            open_next=lambda: self._open_next(claimer, entries),
+            store_down=self._store_down,
+            flush=self._checkpoint,
+        )
         try:
-            with contextlib.closing(engine.run(self._feed(claimer, entries, engine, first))) as steps:
-                while (finished := self._engine_step(steps)) is not None:
+            with contextlib.closing(engine.run(feed.requests(engine, first))) as steps:
+                while (finished := self._engine_step(steps, feed)) is not None:
                     self._count(self.chunks.route(finished))
                     self._after_step(engine)
             self._after_step(engine)  # chunks whose last lines were bad (never reached the engine)
@@ -297,7 +310,7 @@ class Worker:
             raise Shutdown(self._stop_status)
         self.outage.check_budget(f"worker {self.identity.worker}")
 
-    def _engine_step(self, steps: Iterator[list[RowResult]]) -> list[RowResult] | None:
+    def _engine_step(self, steps: Iterator[list[RowResult]], feed: RequestFeed) -> list[RowResult] | None:
         """The rows the engine's next step finished (None at the end). An exception from the engine
         itself, not from our own feed, marks the worker as crashed: its chunks are then given up as
         a dead holder's would be (core/protocol/crashes.py), since a row may have caused it."""
@@ -306,83 +319,11 @@ class Worker:
         except StopIteration:
             return None
         except Exception as e:
-            if e is not self._feed_error:
+            if e is not feed.error:
                 self._engine_failed = True
             raise
 
     _engine_failed = False
-    _feed_error: BaseException | None = None
-
-    def _feed(
-        self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine, active: OpenChunk | None
-    ) -> Iterator[EngineRequest | None]:
-        try:
-            yield from self._feed_chunks(claimer, entries, engine, active)
-        except Exception as e:
-            self._feed_error = e  # ours (the store, a claim), not the engine's
-            raise
-
-    def _feed_chunks(
-        self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry], engine: Engine, active: OpenChunk | None
-    ) -> Iterator[EngineRequest | None]:
-        """The requests of our chunks, one chunk after another, pulled by the engine as it has room.
-
-        The next chunk is claimed just in time: once the current one is handed over entirely and
-        the engine has room the chunks in it cannot fill (fewer than `capacity` rows unfinished,
-        and at most one other chunk still in the engine). Its requests then join the batch while
-        the current chunk's last rows generate. Until then the engine hears "nothing for now", so
-        a worker never holds leases on more than it is about to work on.
-        """
-        while active is not None:
-            chunk = active.entry.chunk
-            sampling = with_model_defaults(self.spec.sampling, engine.sampling_defaults)
-            requests = active.requests(sampling, self.spec.requests.unknown_fields, self.chunks.note_ignored)
-            if active.careful:
-                yield from self._feed_carefully(active, requests)
-            else:
-                for request in requests:  # ends early when the chunk is dropped (OpenChunk.requests)
-                    request.chunk = chunk
-                    active.outstanding += 1
-                    yield request
-            active.fed = True
-            while not self._shutdown_requested and not self._room_for_another(engine):
-                yield None
-            if self._shutdown_requested or (self.outage.down and not self.outage.ready()):
-                return  # the engine finishes what it has; run() waits for the store, then goes on
-            try:
-                active = self._open_next(claimer, entries)
-            except StoreUnavailable as e:
-                self._store_down(e)
-                return
-
-    def _feed_carefully(self, active: OpenChunk, requests: Iterator[EngineRequest]) -> Iterator[EngineRequest | None]:
-        """A chunk that crashed before (core/protocol/crashes.py, step 2): a group at a time, alone
-        in the engine, each group noted in the lease before it is handed over. The rows of the
-        group before are flushed first: a later holder never runs a finished suspect again."""
-        chunk = active.entry.chunk
-        lease = active.keeper.held.lease
-        for group in careful_groups(requests, lambda r: r.index, set(lease.suspects), set(lease.lone_deaths)):
-            # Rows of other chunks in the engine would share this group's fate: let them finish first.
-            while not self._shutdown_requested and any(a.outstanding for a in self.chunks.open.values()):
-                yield None
-            if self._shutdown_requested or chunk not in self.chunks.open:
-                return
-            try:
-                if active.buffer:
-                    self._flush(active)
-                    active.last_flush = self.clock()
-                active.keeper.note_in_flight([r.index for r in group])
-            except LeaseLost:
-                return  # the next step drops the chunk
-            for request in group:
-                if active.dropped:
-                    return  # lost while the group was handed over: the rest is someone else's
-                request.chunk = chunk
-                active.outstanding += 1
-                yield request
-
-    def _room_for_another(self, engine: Engine) -> bool:
-        return self.chunks.room_for_another(engine.capacity, self.chunks_in_engine)
 
     def _open_next(self, claimer: ChunkClaimer, entries: dict[str, ManifestEntry]) -> OpenChunk | None:
         """Step 1 and 2: take the next chunk's lease and resume it."""
@@ -448,8 +389,7 @@ class Worker:
                     now - active.last_flush >= self.settings.checkpoint_interval
                     or len(active.buffer) >= MAX_BUFFERED_ROWS
                 ):
-                    self._flush(active)
-                    active.last_flush = now
+                    self._checkpoint(active)
                 self._store_ok()
             except StoreUnavailable as e:
                 self._store_down(e)
@@ -474,6 +414,11 @@ class Worker:
         active.job.checkpoint(active.buffer)  # renews the lease first: LeaseLost if it is gone
         active.buffer = []
         self.heartbeat.soon()  # the progress, by the heartbeat thread: the engine goes on
+
+    def _checkpoint(self, active: OpenChunk) -> None:
+        """A flush of an unfinished chunk: the next is due a checkpoint interval from now."""
+        self._flush(active)
+        active.last_flush = self.clock()
 
     def _complete(self, active: OpenChunk, engine: Engine) -> None:
         marker = active.job.complete(
@@ -500,7 +445,7 @@ class Worker:
                 self.loading = False
             self.totals.load_s = time.monotonic() - started
             self.totals.load_cpu_s = time.process_time() - started_cpu
-            self.totals.batch_rows = int(getattr(self._engine, "batch_rows", 0) or 0)
+            self.totals.batch_rows = self._engine.batch_rows
             if self.identity.accelerator is None:
                 self.identity.accelerator = self._engine.accelerator
             self.heartbeat.soon(state="running", accelerator=self.identity.accelerator, loaded=True)

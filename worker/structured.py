@@ -2,8 +2,10 @@
 
 The result is plain data (hashable, engine-free): the vLLM engine turns it into vLLM's
 `StructuredOutputsParams` and `SamplingParams.logit_bias`; the transformers engine honours
-`logit_bias` and answers a constraint with an error row naming the engine to use. Whether a
-schema, regex or grammar compiles is vLLM's to say: its refusal becomes the row's error.
+`logit_bias` and answers a constraint with an error row naming the engine to use. A JSON schema
+is held to the one check `orch prepare` runs too (core/json_schema.py: size, nesting, `$ref`s,
+a value that can match it); whether a regex or grammar compiles is vLLM's to say: its refusal
+becomes the row's error. An empty answer under a JSON constraint is never a success (`empty_answer`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from orchestrator.core.json_schema import SchemaProblem, check_json_schema
 from worker.wire import Constraint
 
 #: The constraints of vLLM's `structured_outputs` extension that orch passes on (one per request).
@@ -18,6 +21,8 @@ STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 #: Options vLLM 0.32 accepts per request but does not apply (its grammar backends read them from the
 #: engine's config): refused per row, with where to set them instead.
 ENGINE_WIDE_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
+#: The error code of a row whose answer under a JSON constraint is empty (`empty_answer`).
+EMPTY_ANSWER = "empty_structured_output"
 #: vLLM clamps nothing: OpenAI documents logit_bias values from -100 to 100.
 BIAS_LIMIT = 100.0
 
@@ -74,7 +79,7 @@ def _response_format(value: Any) -> Constraint | None:
                 "response_format json_schema needs json_schema.schema, a JSON schema object", "response_format"
             )
         # `strict` changes nothing here: vLLM always holds the output to the schema.
-        return Constraint("json", json.dumps(schema), "response_format")
+        return Constraint("json", _checked(schema, "response_format"), "response_format")
     raise StructuredError(
         f"response_format type {kind!r}: expected text, json_object or json_schema", "response_format"
     )
@@ -117,6 +122,27 @@ def _structured_outputs(value: Any) -> Constraint | None:
     if kind == "json" and isinstance(arg, str):
         try:
             arg = json.loads(arg)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise StructuredError(f"structured_outputs.json is not JSON: {e}", "structured_outputs") from None
+    if kind == "json":
+        return Constraint(kind, _checked(arg, "structured_outputs.json"), "structured_outputs")
     return Constraint(kind, json.dumps(arg), "structured_outputs")
+
+
+def _checked(schema: Any, name: str) -> str:
+    """The schema's text, once it passed the one schema check (core/json_schema.py)."""
+    try:
+        return check_json_schema(schema)
+    except SchemaProblem as e:
+        raise StructuredError(f"{name}'s JSON schema: {e}", name.partition(".")[0]) from None
+
+
+def empty_answer(constraint: Constraint | None, texts: list[str]) -> str | None:
+    """Why an answer under a JSON constraint is not one: an empty text is not JSON (a schema no
+    value can match ends generation at once, with finish_reason stop). None when no text is empty."""
+    if constraint is None or constraint.kind not in ("json", "json_object") or all(texts):
+        return None
+    return (
+        f"the answer is empty under the row's {constraint.source} JSON constraint: an empty text is not JSON "
+        "(a schema no value can match ends the answer at once); check the schema with orch prepare --check"
+    )

@@ -32,7 +32,7 @@ class Totals:
     busy_cpu_since: float | None = None  # time.process_time() when the pump under way began
     #: Rows one engine batch holds (the engine's capacity, once loaded): when that many rows are
     #: done, `first_batch` keeps [busy_s, busy_cpu_s, rows, tokens_in, tokens_out, tokens_cached]
-    #: so a probe can measure its rate past the engine's warm-up (controller/forecast.py).
+    #: so a probe can measure its rate past the engine's warm-up (planning/forecast.py).
     batch_rows: int = 0
     first_batch: list[float] | None = None
     load_s: float = 0.0  # loading the engine (imports and weights): part of wall_s, not of the work

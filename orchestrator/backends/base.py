@@ -79,7 +79,7 @@ class LaunchRequest:
     secrets: dict[str, str] = field(default_factory=dict)
     #: Only for the deadline policy: force spot (True) or on-demand (False); None = the spec's choice.
     use_spot: bool | None = None
-    #: The spec's zones, best first (controller/zone_steering.py); empty: as the spec lists them.
+    #: The spec's zones, best first (planning/zone_steering.py); empty: as the spec lists them.
     zones: list[str] = field(default_factory=list)
     #: A run of several models: the model the worker loads (its pool), whose resources it runs on.
     model: str | None = None

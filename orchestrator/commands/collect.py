@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import click
 
@@ -13,6 +12,7 @@ from orchestrator.commands.shared import (
     common_options,
     keep_columns_option,
     max_error_rate_option,
+    merge_on_option,
 )
 
 
@@ -22,8 +22,8 @@ from orchestrator.commands.shared import (
     "--out",
     "out",
     required=True,
-    help="output file (.jsonl or .parquet), or a table to append to: iceberg://CATALOG/NS.TABLE, delta:PATH, "
-    "lance:PATH (docs/tables.md)",
+    help="output file (.jsonl or .parquet), or a table to append to (or merge into, --merge-on): "
+    "iceberg://CATALOG/NS.TABLE, delta:PATH, lance:PATH (docs/tables.md)",
 )
 @click.option(
     "--format",
@@ -34,6 +34,7 @@ from orchestrator.commands.shared import (
     "jsonl/parquet: the file format, for a name without the ending. Default: .parquet a table, .jsonl openai",
 )
 @keep_columns_option
+@merge_on_option
 @click.option(
     "--retry-out",
     type=click.Path(dir_okay=False),
@@ -52,37 +53,24 @@ def collect_command(
     max_error_rate: float,
     as_json: bool,
     keep_columns: list[str] | None,
+    merge_on: str | None,
 ) -> int:
     """Merge outputs into one file in input order; check every custom_id appears exactly once."""
-    from orchestrator.controller.collect import collect
-    from orchestrator.controller.error_rate import check_error_rate
-    from orchestrator.controller.pricing import load_gpu_table
+    from orchestrator.api.lifecycle import collect_output, describe_actual
+    from orchestrator.collect.error_rate import check_error_rate
     from orchestrator.core.errors import IncompleteRun
 
     ctx = inv.context()
-    report = collect(
-        ctx.store,
-        ctx.layout,
-        out,
-        fmt=fmt,
-        retry_out=retry_out,
-        prices=load_gpu_table(),
-        default_spot=ctx.spec.resources.spot,
-        partial=allow_partial,
-        keep_columns=keep_columns,
+    collected = collect_output(
+        ctx, out, fmt=fmt, retry_out=retry_out, partial=allow_partial, keep_columns=keep_columns, merge_on=merge_on
     )
-    if report.complete:
-        _forecast_check(ctx, report)
-    arms = _arms(ctx)
+    report = collected.report
+    if collected.forecast is not None:
+        click.echo(describe_actual(collected.forecast), err=True)
     if as_json:
-        click.echo(json.dumps({**report.to_dict(), **({"arms": arms} if arms else {})}))
+        click.echo(json.dumps(report.to_dict()))
     else:
         print_collect_report(report)
-        if arms:
-            from orchestrator.commands.console import console
-            from orchestrator.commands.views import arms_table
-
-            console().print(arms_table(arms))
     if not report.complete and not allow_partial:
         raise IncompleteRun(
             f"run {ctx.layout.run!r} is incomplete: {report.missing:,} row(s) missing; {out} was not written",
@@ -90,45 +78,6 @@ def collect_command(
         )
     check_error_rate(report, max_error_rate)
     return 0
-
-
-def _arms(ctx: Any) -> dict[str, Any]:
-    """A sweep: each arm's rows, tokens and cost, as `orch status` counts them (controller/arm_cost.py)."""
-    if not ctx.spec.sweep.arms:
-        return {}
-    import time
-
-    from orchestrator.controller.pricing import load_gpu_table
-    from orchestrator.controller.status import status_of
-
-    prices, spot = load_gpu_table(), ctx.spec.resources.spot
-    return status_of(ctx.store, ctx.layout, None, now=time.time(), prices=prices, default_spot=spot, spec=ctx.spec).arms
-
-
-def _forecast_check(ctx: Any, report: Any) -> None:
-    """Predicted against actual, when the run was forecast (`orch estimate`): said, and kept in its record."""
-    from orchestrator.controller.forecast_check import record_actual
-    from orchestrator.controller.pace import overall_pace
-    from orchestrator.core.protocol.checkpoints import read_chunk_stats
-    from orchestrator.core.records import read_jobs
-
-    pace = overall_pace(list(read_chunk_stats(ctx.store, ctx.layout).values()), read_jobs(ctx.store, ctx.layout)[0])
-    usd = (report.cost_per_m_tokens or {}).get("all", {}).get("usd", 0.0)
-    actual = record_actual(
-        ctx.store,
-        ctx.layout,
-        output_tokens=report.tokens.generated_tokens,
-        duration_s=pace["wall_s"] if pace else 0.0,
-        cost_usd=usd,
-    )
-    if actual is not None:
-        click.echo(
-            f"forecast vs actual: engine {actual['engine_error']:+.0%} "
-            f"({'inside' if actual['inside_band'] else 'outside'} p10-p90, actual {actual['engine_s']:.1f} s), "
-            f"output tokens {actual['output_tokens_error']:+.0%}, duration {actual['duration_s']:.0f} s, "
-            f"cost ${actual['cost_usd']:,.2f}",
-            err=True,
-        )
 
 
 def register(cli: click.Group) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import click
 
+from orchestrator.commands.reports import print_forecast
 from orchestrator.commands.shared import SECOND_INTERRUPT_S, Invocation, common_options, run_flags
-from orchestrator.controller.probe_launch import PROBE_BUDGET_USD
 from orchestrator.core.context import RunContext
+from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD, PROBE_SHARE
 
 
 @click.command("estimate")
@@ -22,7 +23,7 @@ from orchestrator.core.context import RunContext
 @click.option(
     "--probe-share",
     type=click.FloatRange(0.0, 0.25),
-    default=0.01,
+    default=PROBE_SHARE,
     show_default=True,
     help="share of the rows the probe takes (at least --probe-rows)",
 )
@@ -30,8 +31,8 @@ from orchestrator.core.context import RunContext
     "--probe-rows",
     type=click.IntRange(1),
     default=None,
-    help="the fewest rows a probe takes [default: two engine batches (model.engine_args.max_num_seqs, else 256): "
-    "one to warm up, one to measure]",
+    help="the fewest rows a probe takes [default: two engine batches (model.engine_args.max_num_seqs, else 256), "
+    "one to warm up and one to measure, within 1.5% of the rows]",
 )
 @click.option(
     "--probe-budget",
@@ -52,10 +53,7 @@ def estimate_command(
     as_json: bool,
 ) -> int:
     """Forecast the run's duration and cost per candidate (spot and on-demand), p10/p50/p90; kept in the store."""
-    from orchestrator.controller.forecast import forecast_from_probes, guess
-    from orchestrator.controller.forecast_pools import forecast_pools
-    from orchestrator.controller.probe import probe_summary, read_probes, run_probes
-    from orchestrator.core.records import read_manifest
+    from orchestrator.api.estimate import forecast_run
 
     flags = dict(inv.flags)
     if workers is not None:
@@ -66,31 +64,15 @@ def estimate_command(
         click.echo(line, err=True)
 
     try:
-        made = (
-            run_probes(ctx, probe_share, min_rows=probe_rows, budget_usd=probe_budget, echo=echo)
-            if probe
-            else read_probes(ctx.store, ctx.layout)
+        forecast = forecast_run(
+            ctx, probe=probe, probe_share=probe_share, probe_rows=probe_rows, probe_budget=probe_budget, echo=echo
         )
     except KeyboardInterrupt:
         _probe_interrupted(ctx)
-    measured = [p for p in made if p.busy_s is not None]
-    manifest = read_manifest(ctx.store, ctx.layout)
-    n = ctx.spec.workers.count
-    if ctx.spec.models:
-        record = forecast_pools(ctx, manifest, made, time.time())
-    elif measured:
-        record = forecast_from_probes(ctx, made, manifest, n, time.time())
-    else:
-        record = guess(ctx, manifest, n, time.time())
-    ctx.store.put(ctx.layout.forecast, record.to_bytes())
-    doc: dict[str, Any] = record.model_dump()
-    if measured:
-        doc["probe"] = probe_summary(measured[0])
-        doc["probes"] = [probe_summary(p) for p in made]
     if as_json:
-        click.echo(json.dumps(doc))
+        click.echo(json.dumps(forecast.to_dict()))
         return 0
-    _print(doc)
+    print_forecast(forecast.to_dict())
     return 0
 
 
@@ -98,8 +80,8 @@ def _probe_interrupted(ctx: RunContext) -> NoReturn:
     """Ctrl-C while the probe runs: its worker goes on (on SkyPilot, a machine being paid for), and
     says so; the same command waits for it again, and a second Ctrl-C stops it. Exits 130."""
     from orchestrator.backends import backend_for
-    from orchestrator.controller.probe import read_probes
-    from orchestrator.controller.probe_launch import live_probe_jobs, on
+    from orchestrator.core.records.forecast import read_probes
+    from orchestrator.fleet.probe_launch import live_probe_jobs, on
 
     launcher = backend_for(ctx)
     probes = read_probes(ctx.store, ctx.layout)
@@ -125,55 +107,6 @@ def _probe_interrupted(ctx: RunContext) -> NoReturn:
                 err=True,
             )
     raise click.exceptions.Exit(130)
-
-
-def _print(doc: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from orchestrator.commands.console import console
-    from orchestrator.controller.status import duration as duration_text
-    from orchestrator.controller.status import duration_band
-    from orchestrator.core.records.forecast import ForecastRecord
-
-    for p in doc.get("probes", []):
-        of = f" of {p['model']}" if p["model"] else ""
-        if p["stopped"] or p["engine_s"] is None:
-            click.echo(f"probe{of} on {p['gpu']}: {p['rows']} rows, nothing measured: {p['stopped'] or 'not finished'}")
-            continue
-        click.echo(
-            f"probe{of}: {p['rows']} rows ({p['share']:.1%}) on {p['accelerator']}: "
-            f"{p['decode_tokens_per_s']} generated tok/s, "
-            f"{p['prefill_tokens_per_s']} prompt tok/s, prefix cache {p['prefix_cache_hit']:.0%}, "
-            f"{p['hit_max_tokens']} rows stopped at max_tokens; "
-            f"engine {p['engine_s']:.1f} s, load {p['load_s'] or 0:.1f} s"
-        )
-    o = doc["output_tokens"]
-    click.echo(
-        f"output tokens p10 {o['p10']:,.0f} / p50 {o['p50']:,.0f} / p90 {o['p90']:,.0f}; "
-        f"prompt tokens {doc['prompt_tokens']:,}"
-    )
-    table = Table(title=f"forecast ({doc['kind']}) for {doc['workers']} workers", title_justify="left")
-    for col in ("candidate", "duration p10", "p50", "p90", "cost p10", "p50", "p90", "basis"):
-        table.add_column(col, justify="left" if col in ("candidate", "basis") else "right")
-    for c in doc["candidates"]:
-        d, u = c["duration_s"], c["cost_usd"]
-        table.add_row(
-            f"{c['gpu']} {'spot' if c['spot'] else 'on-demand'}",
-            *(duration_text(d[k], exact=True) for k in ("p10", "p50", "p90")),
-            *(f"${u[k]:,.2f}" for k in ("p10", "p50", "p90")),
-            c["basis"],
-        )
-    console().print(table)
-    for pool, record in doc.get("pools", {}).items():
-        c = ForecastRecord.model_validate(record).fleet_candidate()
-        if c is None:
-            continue
-        d, u = c.duration_s, c.cost_usd
-        click.echo(
-            f"pool {pool}: {c.workers} worker(s) on {c.gpu}: {duration_band(d.p10, d.p50, d.p90)}, "
-            f"${u.p50:,.2f} ({c.basis})"
-        )
-    click.echo(doc["note"])
 
 
 def register(cli: click.Group) -> None:

@@ -1,8 +1,10 @@
-"""`orch launch`, `orch watch`, `orch resume`, `orch cancel`: starting, keeping and stopping a run's workers."""
+"""`orch launch`, `orch watch`, `orch resume`, `orch cancel`, `orch delete`: starting, keeping and
+stopping a run's workers, and deleting a run once none is left."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +17,10 @@ from orchestrator.commands.shared import (
     workers_line,
 )
 from orchestrator.core.spec import RunSpec
+
+if TYPE_CHECKING:
+    from orchestrator.core.context import RunContext
+    from orchestrator.core.store import ObjectInfo
 
 
 @click.command("launch")
@@ -49,8 +55,8 @@ def launch_command(
     """Launch one worker per planned list with unfinished chunks (never a second copy of a live
     worker; none at all when every chunk is done)."""
     from orchestrator.backends import backend_for
-    from orchestrator.controller.launch import launch_workers
-    from orchestrator.controller.plan import ensure_plan, workers_needed
+    from orchestrator.fleet.launch import launch_workers
+    from orchestrator.planning.plan import ensure_plan, workers_needed
 
     if spot_only and on_demand_only:
         raise click.UsageError("--spot and --on-demand together mean both: leave both out for that")
@@ -73,7 +79,7 @@ def launch_command(
         )
     plan = ensure_plan(ctx, ctx.spec.workers.count, echo=click.echo, write=not dry_run)
     if dry_run:
-        from orchestrator.controller.launch import dry_run_requests
+        from orchestrator.fleet.launch import dry_run_requests
 
         paths = dry_run_requests(
             ctx, [a.worker for a in plan.workers], Path(out_dir or f".orch/dry-run/{ctx.layout.run}"), plan=plan
@@ -181,10 +187,10 @@ def watch_command(
     if randomize and deadline is None:
         raise click.BadParameter("--randomize goes with --deadline", param_hint="--randomize")
     if deadline is not None:
-        from orchestrator.controller.deadline import DeadlineSettings, parse_duration
-        from orchestrator.controller.estimate import RESTART_OVERHEAD_S
-        from orchestrator.controller.spot_zones import RESTARTS_FACTOR, draw_restarts_factor
-        from orchestrator.controller.startup import measured_startup_s
+        from orchestrator.planning.deadline import DeadlineSettings, parse_duration
+        from orchestrator.planning.estimate import RESTART_OVERHEAD_S
+        from orchestrator.planning.spot_zones import RESTARTS_FACTOR, draw_restarts_factor
+        from orchestrator.planning.startup import measured_startup_s
 
         if restart_overhead is None:  # the run's own workers' start-up, once any has answered
             restart_overhead = measured_startup_s(ctx.store, ctx.layout) or RESTART_OVERHEAD_S
@@ -206,21 +212,17 @@ def watch_command(
 @click.option("--interval", type=float, default=10.0, show_default=True)
 def resume_command(inv: Invocation, backend: str | None, follow: bool, interval: float) -> int:
     """Relaunch just the workers the remaining chunks need, from the markers in the store."""
-    from orchestrator.backends import backend_for
-    from orchestrator.controller.launch import launch_workers
-    from orchestrator.controller.plan import workers_needed
+    from orchestrator.api.lifecycle import resume
 
     ctx = inv.with_flags(backend=backend).context(model="required")
-    launcher = backend_for(ctx)
-    needed, remaining = workers_needed(ctx)
-    if not remaining:
+    resumed = resume(ctx)
+    if not resumed.remaining:
         click.echo("every chunk has a marker: nothing to resume (orch collect gives the output)")
         return 0
-    launched = launch_workers(ctx, launcher, needed, reason="resume")
-    running = sorted(w for w in needed if w not in launched)
-    click.echo(f"{len(remaining)} chunk(s) left; {workers_line(launched, running, launcher.name, attach=follow)}")
+    said = workers_line(resumed.launched, resumed.running, resumed.launcher.name, attach=follow)
+    click.echo(f"{len(resumed.remaining)} chunk(s) left; {said}")
     if follow:
-        return follow_run(ctx, launcher, interval)
+        return follow_run(ctx, resumed.launcher, interval)
     return 0
 
 
@@ -238,7 +240,7 @@ def cancel_command(inv: Invocation, backend: str | None) -> int:
     3. What the record does not know is stopped too: local worker processes found by the pid and
        host in their heartbeats; SkyPilot jobs named like the run's workers.
     """
-    from orchestrator.controller.launch import cancel_workers
+    from orchestrator.fleet.launch import cancel_workers
 
     ctx = inv.with_flags(backend=backend).context()
     cancelled = cancel_workers(ctx)
@@ -258,6 +260,94 @@ def cancel_command(inv: Invocation, backend: str | None) -> int:
     return 0
 
 
+@click.command("delete")
+@common_options
+@click.option("--yes", "-y", is_flag=True, help="delete; without it, only say what would be deleted")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="delete even a run whose workers are live (they are stopped and waited for first) or whose records "
+    "cannot be read",
+)
+def delete_command(inv: Invocation, yes: bool, force: bool) -> int:
+    """Delete a run: every object under its prefix in the store (a directory, S3 or R2) and its
+    local workers' logs. It asks nothing: without --yes it says what it would delete and deletes
+    nothing (exit 1). It refuses a run whose workers are live (`orch cancel` first) or whose records
+    cannot be read, unless --force: then it stops the run's workers as `orch cancel` does and waits
+    until none is alive (refusing, with nothing deleted, if one still is), and deletes.
+    """
+    from orchestrator.core.errors import OrchError, RunNotFound
+    from orchestrator.fleet.launch import stop_workers_and_wait
+    from orchestrator.runview.runs import delete_run, run_objects
+
+    ctx, damaged = _delete_context(inv)
+    run, objects = ctx.layout.run, run_objects(ctx.store, ctx.layout)
+    if not objects:
+        raise RunNotFound(f"no run {run!r} in {ctx.store.uri}: nothing to delete", hint="`orch runs` lists the runs")
+    state = damaged or _live_state(ctx)
+    if state is not None and not force:
+        first = f"stop its workers first (orch cancel --run {run}), or " if state == "running" else ""
+        raise OrchError(
+            f"run {run!r} is {state}; nothing deleted",
+            hint=f"{first}add --force: it stops every worker that beats for the run, waits for them, then deletes",
+            where="delete",
+        )
+    if not yes:
+        then = ", once its workers are stopped" if state is not None else ""
+        click.echo(f"would delete {_objects_line(ctx, objects)}{then}")
+        raise OrchError(f"run {run!r} not deleted", hint="add --yes to delete it", where="delete")
+    if state is not None:  # forced: a live or unreadable run's workers stop before anything goes
+        alive = stop_workers_and_wait(ctx)
+        if alive:
+            raise OrchError(
+                f"run {run!r}: {len(alive)} worker(s) still alive after they were told to stop "
+                f"({', '.join(alive)}); nothing deleted",
+                hint=f"orch status --run {run} shows them; delete again once they stopped",
+                where="delete",
+            )
+        objects = run_objects(ctx.store, ctx.layout)  # with what stopping them wrote (the cancel record)
+    delete_run(ctx.store, ctx.spec, objects)
+    click.echo(f"deleted run {run!r}: {_objects_line(ctx, objects)}")
+    return 0
+
+
+def _objects_line(ctx: RunContext, objects: list[ObjectInfo]) -> str:
+    size = sum(o.size for o in objects)
+    return f"{len(objects)} object(s), {size:,} bytes, under {ctx.layout.root} in {ctx.store.uri}"
+
+
+def _delete_context(inv: Invocation) -> tuple[RunContext, str | None]:
+    """The run to delete, and what makes it unreadable (None when it reads): a run whose records are
+    damaged is still found (its store and name come from the flags, file and environment)."""
+    from orchestrator.core.context import RunContext
+    from orchestrator.core.errors import OrchError
+    from orchestrator.core.spec_load import load_spec
+    from orchestrator.core.store import open_store
+
+    first = load_spec(inv.spec_file, inv.flags)  # the user's own mistakes are theirs to see
+    layout = first.layout
+    try:
+        return inv.context(), None
+    except OrchError as e:
+        damaged = f"damaged ({e}): whether its workers are live cannot be told"
+        return RunContext(first, open_store(first.store, first.store_settings), layout), damaged
+
+
+def _live_state(ctx: RunContext) -> str | None:
+    """'running' when a worker of the run beats or its job is queued, starting or recovering (the
+    backend asked, as `orch status` does); 'damaged (...)' when the run's records cannot be read;
+    None otherwise, and for a run never prepared."""
+    from orchestrator.core.errors import OrchError, RunNotFound
+    from orchestrator.runview.status import current_status
+
+    try:
+        return "running" if current_status(ctx).state == "running" else None
+    except RunNotFound:  # objects, but no manifest: a run begun and never prepared has no workers
+        return None
+    except OrchError as e:  # a record that does not parse: nothing can say whether workers are live
+        return f"damaged ({e}): whether its workers are live cannot be told"
+
+
 def register(cli: click.Group) -> None:
-    for command in (launch_command, watch_command, resume_command, cancel_command):
+    for command in (launch_command, watch_command, resume_command, cancel_command, delete_command):
         cli.add_command(command)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import click
 
-from orchestrator.commands.reports import print_check_report, print_prepare_report
+from orchestrator.commands.reports import print_check_report, print_forecast, print_prepare_report
 from orchestrator.commands.shared import (
     Invocation,
     common_options,
@@ -45,6 +46,7 @@ def prepare_command(
 
     Every request is first held to the workers' own rules: one they would refuse stops prepare
     (exit 10), every problem listed by field with counts and file:line, before any chunk is written."""
+    from orchestrator.core.errors import InputError
     from orchestrator.prepare import check_run, prepare_run
 
     if check_only and no_check:
@@ -59,6 +61,14 @@ def prepare_command(
             raise checked.requests.error()
         if not as_json:
             print_check_report(checked)
+        if checked.set_aside:
+            # A check that passes what prepare would set aside says so in its exit code too.
+            first = checked.first_set_aside[0]
+            raise InputError(
+                f"{checked.set_aside:,} of {checked.rows:,} row(s) would be set aside, e.g. {first}",
+                hint="fix those rows, or how they are read (--format, --template, --id-column, --text-column); "
+                "prepared anyway, they are answered with error lines",
+            )
         return 0
     report = prepare_run(
         ctx, list(sources), strict=strict, check=not no_check, progress=lambda s: click.echo(s, err=True)
@@ -85,9 +95,11 @@ def plan_command(inv: Invocation, workers: int | None, as_json: bool, with_estim
     """Spread the run's chunks over workers, balanced by estimated work; write workers/<i>.txt."""
     from orchestrator.commands.console import console
     from orchestrator.commands.views import render_plan
-    from orchestrator.controller.estimate import estimate_run
-    from orchestrator.controller.plan import make_plan, write_plan
     from orchestrator.core.records import read_manifest
+    from orchestrator.core.records.forecast import read_probes
+    from orchestrator.planning.plan import make_plan, write_plan
+    from orchestrator.planning.quote import quote
+    from orchestrator.simulate import fleet_outcome
 
     flags = dict(inv.flags)
     if workers is not None:
@@ -98,7 +110,9 @@ def plan_command(inv: Invocation, workers: int | None, as_json: bool, with_estim
     manifest = read_manifest(ctx.store, ctx.layout)
     plan = make_plan(ctx, manifest, ctx.spec.workers.count)
     write_plan(ctx.store, ctx.layout, plan)
-    est = estimate_run(ctx, manifest) if with_estimate else None
+    # The one quote `orch estimate` gives (planning/quote.py): the same run, the same figures.
+    probes = read_probes(ctx.store, ctx.layout) if with_estimate else []
+    est = quote(ctx, manifest, ctx.spec.workers.count, probes, fleet_outcome, time.time()) if with_estimate else None
     if as_json:
         doc = {
             "workers": [a.model_dump() for a in plan.workers],
@@ -107,14 +121,13 @@ def plan_command(inv: Invocation, workers: int | None, as_json: bool, with_estim
             "est_tokens": plan.est_tokens,
         }
         if est is not None:
-            doc["estimate"] = est.to_dict()
+            doc["estimate"] = est.model_dump()
         click.echo(json.dumps(doc))
     else:
         console().print(render_plan(plan))
         if est is not None:
-            from orchestrator.commands.views import render_estimate
-
-            console().print("", render_estimate(est), sep="\n")
+            click.echo("")
+            print_forecast(est.model_dump())
     return 0
 
 

@@ -29,15 +29,15 @@ def prices_command(refresh: bool, clouds: str | None, prices_path: str | None) -
     """
     from orchestrator.commands.console import console
     from orchestrator.commands.views import render_gpu_table
-    from orchestrator.controller.pricing import load_gpu_table, refreshed_table_path
     from orchestrator.core.errors import BackendError
+    from orchestrator.planning.pricing import load_gpu_table, refreshed_table_path
 
     table = load_gpu_table(prices_path)
     if not refresh:
         console().print(render_gpu_table(table))
         return 0
     from orchestrator.backends.skypilot_catalog import catalog_offerings
-    from orchestrator.controller.pricing import table_from_offerings, write_gpu_table
+    from orchestrator.planning.pricing import table_from_offerings, write_gpu_table
 
     wanted = (
         [c.strip().lower() for c in clouds.split(",") if c.strip()]

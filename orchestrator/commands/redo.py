@@ -29,9 +29,9 @@ def redo_command(inv: Invocation, chunks: tuple[str, ...], yes: bool) -> int:
     it needs --yes.
     """
     from orchestrator.core.errors import InputError
+    from orchestrator.core.layout import chunk_id
     from orchestrator.core.protocol.checkpoints import redo_chunk
     from orchestrator.core.protocol.heartbeats import is_beating, read_heartbeats
-    from orchestrator.core.protocol.layout import chunk_id
     from orchestrator.core.records import read_manifest
 
     ctx = inv.context()

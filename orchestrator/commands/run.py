@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -16,12 +15,12 @@ from orchestrator.commands.shared import (
     input_options,
     keep_columns_option,
     max_error_rate_option,
+    merge_on_option,
     say_spec_changes,
     workers_line,
 )
 
 if TYPE_CHECKING:
-    from orchestrator.controller.run import StartedRun
     from orchestrator.core.context import RunContext
     from orchestrator.prepare import PrepareReport
 
@@ -37,6 +36,7 @@ if TYPE_CHECKING:
 @click.option("--interval", type=float, default=5.0, show_default=True, help="seconds between checks")
 @click.option("--strict", is_flag=True, help="stop at the first bad input row")
 @keep_columns_option
+@merge_on_option
 @click.option(
     "--no-check", is_flag=True, help="skip prepare's request check (the workers answer bad requests with error rows)"
 )
@@ -53,22 +53,22 @@ def run_command(
     no_check: bool,
     max_error_rate: float,
     keep_columns: list[str] | None,
+    merge_on: str | None,
     **input_args: Any,
 ) -> int:
     """Run SOURCES through the model end to end and write one complete output to --out.
 
     Every step is idempotent: running the same command again picks up where it stopped.
     """
-    from orchestrator.controller.cascade_run import check_stage_names
-    from orchestrator.controller.collect import check_output, collect, output_shape
-    from orchestrator.controller.collect_table import table_spec
-    from orchestrator.controller.error_rate import check_error_rate
-    from orchestrator.controller.pricing import load_gpu_table
-    from orchestrator.controller.run import start_run
+    from orchestrator.api.lifecycle import Callbacks, collect_output, describe_actual, start
+    from orchestrator.collect.collect import check_output, output_shape
+    from orchestrator.collect.error_rate import check_error_rate
+    from orchestrator.collect.sinks import table_sink
+    from orchestrator.collect.table import table_spec
     from orchestrator.core.errors import IncompleteRun
 
     # The output is checked before any work: a bad --out found after hours of it loses an evening.
-    container = check_output(out)
+    container = "parquet" if table_sink(out) is not None else check_output(out)  # a table: typed columns
     if retry_out:
         check_output(retry_out, "jsonl")
     flags = {**inv.flags, **input_flags(**input_args)}
@@ -79,40 +79,28 @@ def run_command(
     # Checked now, recorded once the prepare succeeded: a failed first attempt locks nothing.
     ctx = Invocation(inv.spec_file, flags).context(check=True, model="required")
 
-    def prepared(report: PrepareReport) -> None:
-        say_spec_changes(ctx)
-        print_prepare_report(ctx, report)
+    def prepared(run: RunContext, report: PrepareReport) -> None:
+        say_spec_changes(run)
+        print_prepare_report(run, report)
         if keep_columns and output_shape(None, container) == "table":
             # A column the input lacks is refused now, before any worker is paid for.
-            table_spec(ctx.store, ctx.layout, container, keep_columns)
+            table_spec(run.store, run.layout, container, keep_columns)
 
-    if ctx.spec.sweep.cascade:
-        check_stage_names(ctx)  # a stage's run name too long is said now, not after stage 0 has run
-    # 1-3. prepare, plan, launch the workers the remaining chunks need (each a no-op when done)
-    started = start_run(
-        ctx,
-        list(sources),
-        strict=strict,
-        check=not no_check,
-        progress=lambda s: click.echo(s, err=True),
-        on_prepared=prepared,
-        echo=click.echo,
-    )
-    _follow(ctx, started, interval)  # 4. watch until every chunk has a marker
-    if ctx.spec.sweep.cascade:
-        _run_later_stages(ctx, not no_check, interval)
-    # 5. collect
-    result = collect(
-        ctx.store,
-        ctx.layout,
-        out,
-        retry_out=retry_out,
-        prices=load_gpu_table(),
-        default_spot=ctx.spec.resources.spot,
-        partial=False,
-        keep_columns=keep_columns,
-    )
+    # 1. prepare, plan, launch the workers the remaining chunks need (each a no-op when done)
+    hear = Callbacks(progress=lambda line: click.echo(line, err=True), prepared=prepared, say=click.echo)
+    started = start(ctx, list(sources), strict=strict, check=not no_check, hear=hear)
+    # 2. follow until every chunk has a marker, then a cascade's later stages
+    if started.remaining:
+        click.echo(workers_line(started.launched, started.running, started.launcher.name))
+        follow_run(ctx, started.launcher, interval, later_stages=True, check=not no_check)
+    elif ctx.spec.sweep.cascade:
+        follow_run(ctx, started.launcher, interval, later_stages=True, check=not no_check)
+    # 3. collect
+    collected = collect_output(ctx, out, retry_out=retry_out, keep_columns=keep_columns, merge_on=merge_on)
+    result = collected.report
     print_collect_report(result)
+    if collected.forecast is not None:
+        click.echo(describe_actual(collected.forecast), err=True)
     if not result.complete:
         raise IncompleteRun(
             f"run {ctx.layout.run!r}: {result.missing:,} row(s) missing; {out} was not written",
@@ -120,24 +108,6 @@ def run_command(
         )
     check_error_rate(result, max_error_rate)
     return 0
-
-
-def _follow(ctx: RunContext, started: StartedRun, interval: float) -> None:
-    if started.remaining:
-        click.echo(workers_line(started.launched, started.running, started.launcher.name))
-        follow_run(ctx, started.launcher, interval)
-
-
-def _run_later_stages(ctx: RunContext, check: bool, interval: float) -> None:
-    """A cascade's stages after the first, each steps 1-4 on its own run (each a no-op when done)."""
-    from orchestrator.controller.cascade_run import run_stages
-    from orchestrator.controller.run import start_run
-
-    def run_stage(stage: RunContext, sources: list[str]) -> None:
-        report = functools.partial(print_prepare_report, stage)
-        _follow(stage, start_run(stage, sources, check=check, on_prepared=report, echo=click.echo), interval)
-
-    run_stages(ctx, run_stage, click.echo)
 
 
 def register(cli: click.Group) -> None:

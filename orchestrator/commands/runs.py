@@ -1,18 +1,18 @@
-"""`orch runs` and `orch logs`: finding a store's runs, and reading a run's worker logs."""
+"""`orch runs` and `orch logs`: finding a store's runs, and reading a run's worker logs (`orch delete`
+is with the commands that stop a run's workers, lifecycle.py)."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator.commands.shared import Invocation, common_options
 
-if TYPE_CHECKING:
-    from orchestrator.core.context import RunContext
+#: The status fields `orch runs --json` gives of each run (then its cost so far and when it was prepared).
+RUNS_JSON_FIELDS = ("run", "state", "backend", "model", "input", "chunks", "rows", "forecast")
 
 
 @click.command("runs")
@@ -24,22 +24,20 @@ def runs_command(spec_file: str | None, store: str | None, as_json: bool, prices
     """List the runs in a store: state, chunks and rows done, cost so far, the forecast's error, age."""
     from orchestrator.commands.console import console
     from orchestrator.commands.views import render_runs
-    from orchestrator.controller.pricing import load_gpu_table
-    from orchestrator.controller.runs import list_runs
-    from orchestrator.controller.status import RunStatus
     from orchestrator.core.spec_load import load_spec
     from orchestrator.core.store import open_store
+    from orchestrator.planning.pricing import load_gpu_table
+    from orchestrator.runview.runs import list_runs
+    from orchestrator.runview.status import RunStatus, to_json
 
     spec = load_spec(spec_file, {"store": store} if store else {})
     runs = list_runs(open_store(spec.store, spec.store_settings), load_gpu_table(prices))
     if as_json:
         for r in runs:
             if isinstance(r, RunStatus):
-                doc = {"run": r.run, "state": r.state, "backend": r.backend, "model": r.model, "input": r.input}
-                counts = {"chunks": r.chunks, "rows": r.rows, "forecast": r.forecast}
-                click.echo(
-                    json.dumps({**doc, **counts, "cost_usd": r.cost["so_far_usd"], "prepared_at": r.prepared_at})
-                )
+                doc = to_json(r)
+                shown = {key: doc[key] for key in RUNS_JSON_FIELDS}
+                click.echo(json.dumps({**shown, "cost_usd": r.cost.so_far_usd, "prepared_at": r.prepared_at}))
             else:
                 click.echo(json.dumps({"run": r[0], "state": "unreadable", "problem": r[1]}))
         return 0
@@ -50,70 +48,36 @@ def runs_command(spec_file: str | None, store: str | None, as_json: bool, prices
     return 0
 
 
-@click.command("delete")
-@common_options
-@click.option("--yes", "-y", is_flag=True, help="delete; without it, only say what would be deleted")
-@click.option("--force", is_flag=True, help="delete even while the run's workers are live")
-def delete_command(inv: Invocation, yes: bool, force: bool) -> int:
-    """Delete a run: every object under its prefix in the store (a directory, S3 or R2) and its
-    local workers' logs. It asks nothing: without --yes it says what it would delete and deletes
-    nothing (exit 1). It refuses a run whose workers are live (`orch cancel` first), unless --force.
-    """
-    from orchestrator.controller.runs import delete_run, run_objects
-    from orchestrator.core.errors import OrchError, RunNotFound
-
-    ctx = inv.context()
-    run, objects = ctx.layout.run, run_objects(ctx.store, ctx.layout)
-    if not objects:
-        raise RunNotFound(f"no run {run!r} in {ctx.store.uri}: nothing to delete", hint="`orch runs` lists the runs")
-    what = (
-        f"{len(objects)} object(s), {sum(o.size for o in objects):,} bytes, under {ctx.layout.root} in {ctx.store.uri}"
-    )
-    if not force:
-        state = _live_state(ctx)
-        if state is not None:
-            raise OrchError(
-                f"run {run!r} is {state}: its workers would lose the store under them; nothing deleted",
-                hint=f"stop them first (orch cancel --run {run}), or add --force",
-                where="delete",
-            )
-    if not yes:
-        click.echo(f"would delete {what}")
-        raise OrchError(f"run {run!r} not deleted", hint="add --yes to delete it", where="delete")
-    delete_run(ctx.store, ctx.spec, objects)
-    click.echo(f"deleted run {run!r}: {what}")
-    return 0
-
-
-def _live_state(ctx: RunContext) -> str | None:
-    """'running' when a worker of the run beats or its job is queued, starting or recovering (the
-    backend asked, as `orch status` does); None otherwise, and for a run never prepared."""
-    from orchestrator.controller.status import current_status
-    from orchestrator.core.errors import RunNotFound
-
-    try:
-        return "running" if current_status(ctx).state == "running" else None
-    except RunNotFound:  # objects, but no manifest: a run begun and never prepared has no workers
-        return None
-
-
 @click.command("logs")
 @common_options
 @click.option("--worker", default=None, help="only this worker's logs (its number)")
 @click.option("--follow", is_flag=True, help="print lines as they are written, until the run ends (or Ctrl-C)")
 @click.option("--all", "every", is_flag=True, help="every attempt's log, not just each worker's latest")
 @click.option("--interval", type=float, default=1.0, show_default=True, help="seconds between reads with --follow")
-def logs_command(inv: Invocation, worker: str | None, follow: bool, every: bool, interval: float) -> int:
+@click.option(
+    "--no-engine",
+    "orch_only",
+    is_flag=True,
+    help="orch's own lines only: the engine's (vLLM's warnings, progress bars) left out, counted",
+)
+def logs_command(
+    inv: Invocation, worker: str | None, follow: bool, every: bool, interval: float, orch_only: bool
+) -> int:
     """Print the run's worker logs: each worker's latest (--all: every attempt), then --follow them.
+
+    Each log shows orch's own lines first (what the worker did: chunks, rows, errors, its summary),
+    then the engine's (vLLM's warnings, progress bars), which --no-engine leaves out. --follow
+    prints lines as they come (with --no-engine, orch's only).
 
     Local workers log on this machine (`<store>/logs/<run>/`, or ORCH_HOME/logs/<run>/ for an
     s3:// or r2:// store); a SkyPilot worker's log is shown by `sky jobs logs JOB` (orch status
     names the job).
     """
-    from orchestrator.controller.runs import follow_logs, latest_logs, log_files
-    from orchestrator.controller.status import current_status
     from orchestrator.core.errors import RunNotFound
     from orchestrator.core.records import read_jobs, read_manifest
+    from orchestrator.runview.runs import follow_logs, is_orch_line, latest_logs, log_files, orch_lines_first
+    from orchestrator.runview.states import RunState
+    from orchestrator.runview.status import current_status
 
     ctx = inv.context()
     read_manifest(ctx.store, ctx.layout)  # RunNotFound, with its hint, for a run that is not there
@@ -132,12 +96,22 @@ def logs_command(inv: Invocation, worker: str | None, follow: bool, every: bool,
         )
     for path in files if every else sorted(latest_logs(files).values()):
         click.echo(f"==> {path} <==")
-        click.echo(path.read_text(errors="replace"), nl=False)
+        orch, engine = orch_lines_first(path.read_text(errors="replace"))
+        click.echo("".join(f"{line}\n" for line in orch), nl=False)
+        if engine and orch_only:
+            click.echo(f"(and {_lines(len(engine))} of the engine's: orch logs without --no-engine shows them)")
+        elif engine:
+            click.echo(f"--- the engine's {_lines(len(engine))} (--no-engine leaves them out) ---")
+            click.echo("".join(f"{line}\n" for line in engine), nl=False)
     if not follow:
         return 0
     shown: Path | None = None
     try:
-        for path, line in follow_logs(ctx, worker, lambda: current_status(ctx).state != "running", interval=interval):
+        for path, line in follow_logs(
+            ctx, worker, lambda: current_status(ctx).state is not RunState.RUNNING, interval=interval
+        ):
+            if orch_only and not is_orch_line(line):
+                continue
             if path != shown:
                 click.echo(f"==> {path} <==")
                 shown = path
@@ -148,7 +122,10 @@ def logs_command(inv: Invocation, worker: str | None, follow: bool, every: bool,
     return 0
 
 
+def _lines(n: int) -> str:
+    return f"{n:,} line{'' if n == 1 else 's'}"
+
+
 def register(cli: click.Group) -> None:
     cli.add_command(runs_command)
-    cli.add_command(delete_command)
     cli.add_command(logs_command)

@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from orchestrator.controller.error_rate import DEFAULT_MAX_ERROR_RATE
+from orchestrator.collect.error_rate import DEFAULT_MAX_ERROR_RATE
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Launcher
-    from orchestrator.controller.deadline import DeadlineSettings
-    from orchestrator.controller.reconcile import TickReport
     from orchestrator.core.context import RunContext
     from orchestrator.core.errors import SpecError
+    from orchestrator.fleet.reconcile import TickReport
+    from orchestrator.fleet.start import StartedRun
+    from orchestrator.planning.deadline import DeadlineSettings
 
 
 @dataclass
@@ -32,24 +33,20 @@ class Invocation:
     flags: dict[str, Any]
 
     def context(self, freeze: bool = False, check: bool = False, model: str | None = None) -> RunContext:
-        """The run's spec (stored < file < env < flags) and store; with `freeze`, the spec is
-        checked against the run's frozen fields and recorded (`check`: checked only). A frozen
-        field that changes because nothing was produced with it yet is said on stderr.
+        """The run's context from the spec file and the flags (api/context.open_run: `freeze`, `check`
+        and `model` mean what they mean there); a frozen field that changes because nothing was
+        produced with it yet is said on stderr."""
+        from orchestrator.api.context import Spelling, open_run
 
-        `model="required"` (a command that starts workers) refuses a run without a model, and
-        `"checked"` (prepare) a local model path that holds no model, before anything is recorded."""
-        from orchestrator.core.context import resolve_spec
-        from orchestrator.core.errors import SpecError
-
-        try:
-            ctx = resolve_spec(self.spec_file, self.flags)
-        except SpecError as e:
-            raise as_flag_error(e) from None
-        if model is not None:
-            from_flag = "model.name" in self.flags or "models" in self.flags
-            check_model(ctx, from_flag=from_flag, required=model == "required")
-        if freeze or check:
-            ctx.freeze(write=freeze)
+        ctx = open_run(
+            self.spec_file,
+            self.flags,
+            freeze=freeze,
+            check=check,
+            model=model,
+            spelling=Spelling(model="--model", rename=as_flag_error),
+            warn=warn,
+        )
         say_spec_changes(ctx)
         return ctx
 
@@ -190,6 +187,23 @@ def input_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 default=None,
                 help="the longest JSONL line read (default 64 MiB): a longer one is set aside unread",
             ),
+            click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="sampling: the output budget"),
+            click.option(
+                "--temperature",
+                type=click.FloatRange(min=0.0),
+                default=None,
+                help="sampling: 0 is greedy (a redone chunk answers the same); default: the model's, else 1.0",
+            ),
+            click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=None, help="sampling"),
+            click.option("--seed", type=int, default=None, help="sampling: a seed makes sampled answers repeatable"),
+            click.option(
+                "--limit",
+                type=click.IntRange(min=1),
+                default=None,
+                metavar="N",
+                help="a pilot run: a stratified sample of N rows (a later run of the whole input with "
+                "--reuse-from it pays only for the rest)",
+            ),
             click.option(
                 "--reuse-from",
                 "reuse_from",
@@ -209,104 +223,12 @@ def input_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def input_flags(
-    fmt: str | None,
-    num_chunks: int | None,
-    rows_per_chunk: int | None,
-    group_by_prefix: bool | None,
-    id_column: str | None,
-    turns: str | None,
-    conversation_column: str | None,
-    text_column: str | None,
-    template: str | None,
-    response_format: str | None,
-    json_schema: str | None,
-    system_prompt: str | None,
-    max_line_bytes: int | None,
-    reuse_from: tuple[str, ...] = (),
-    reuse_sampled: bool | None = None,
-) -> dict[str, Any]:
-    """The spec flags the input options give (dotted paths)."""
-    from orchestrator.core.request_format import response_format_of
+def input_flags(**input_args: Any) -> dict[str, Any]:
+    """The spec flags the input options give (dotted paths): api/context.input_flags, which the
+    Python API's keywords go through too."""
+    from orchestrator.api.context import input_flags as flags_of
 
-    flags: dict[str, Any] = {
-        "input.response_format": response_format_of(response_format, json_schema),
-        "input.format": fmt,
-        "input.id_column": id_column,
-        "input.turns": turns,
-        "input.conversation_column": conversation_column,
-        "input.text_column": text_column,
-        "input.template": template,
-        "input.system_prompt": system_prompt,
-        "input.max_line_bytes": max_line_bytes,
-        "reuse.from": list(reuse_from) or None,
-        "reuse.sampled": reuse_sampled,
-    }
-    flags = {k: v for k, v in flags.items() if v is not None}
-    if num_chunks is not None and rows_per_chunk is not None:
-        raise click.UsageError("--num-chunks and --rows-per-chunk: choose one")
-    if num_chunks is not None:
-        flags.update({"chunking.num_chunks": num_chunks, "chunking.rows_per_chunk": None})
-    if rows_per_chunk is not None:
-        flags.update({"chunking.rows_per_chunk": rows_per_chunk, "chunking.num_chunks": None})
-    if group_by_prefix is not None:
-        flags["chunking.group_by_prefix"] = group_by_prefix
-    return flags
-
-
-def check_model(ctx: RunContext, *, from_flag: bool, required: bool = True) -> None:
-    """The run has a model (when `required`), and a local path names one: a directory with a
-    config.json or a .gguf file (core/model_source.py). Named as the user gave it: `--model` or
-    `model.name`. On the skypilot backend a local path is only warned about: the worker's image
-    may hold it, though this machine's disk is out of the cloud machines' reach."""
-    from orchestrator.core.errors import SpecError
-    from orchestrator.core.pools import run_models
-
-    for pool, model in run_models(ctx.spec).items():  # a run of several models: each one's
-        _check_model_source(ctx, model.name or "", model.lora if required else {}, f"models.{pool}.name")
-    if ctx.spec.models:
-        return
-    name = ctx.spec.model.name
-    if not name:
-        if required:
-            raise SpecError(
-                "no model", hint="pass --model PATH_OR_HUB_ID, or set model.name in orch.yaml", where="model.name"
-            )
-        return
-    where = "--model" if from_flag else "model.name"
-    _check_model_source(ctx, name, ctx.spec.model.lora if required else {}, where)
-
-
-def _check_model_source(ctx: RunContext, name: str, lora: Mapping[str, str], where: str) -> None:
-    """One model's path (and its adapters' shipped at launch) can be read by the run's workers."""
-    from orchestrator.core.errors import SpecError
-    from orchestrator.core.model_source import is_bucket_url, is_local_path, local_adapter_problem, local_model_problem
-
-    if is_bucket_url(name) and ctx.spec.backend != "skypilot":
-        raise SpecError(
-            f"{name} is a bucket: SkyPilot workers mount it, {ctx.spec.backend} workers cannot read it",
-            hint="use --backend skypilot, or give a local copy of the model (or its hub id)",
-            where=where,
-        )
-    if ctx.spec.backend == "skypilot":
-        if is_local_path(name):
-            warn(
-                f"{where} {name} is a path: a cloud machine reads it from its own disk, not this machine's "
-                "(use a hub id, or a path baked into the worker's image)"
-            )
-        return
-    problem = local_model_problem(name)
-    if problem is not None:
-        raise SpecError(
-            problem,
-            hint="give the directory that holds the model's config.json (or a .gguf file), or a hub id such as "
-            "org/name",
-            where=where,
-        )
-    for adapter, source in lora.items():  # shipped at launch, not prepare
-        problem = local_adapter_problem(source)
-        if problem is not None:
-            raise SpecError(problem, hint="give the adapter's directory, or its hub id", where=f"model.lora.{adapter}")
+    return flags_of(**input_args)
 
 
 def warn(message: str) -> None:
@@ -333,13 +255,19 @@ def follow_run(
     interval: float,
     retries: int | None = None,
     deadline: DeadlineSettings | None = None,
+    *,
+    later_stages: bool = False,
+    check: bool = True,
 ) -> int:
-    """Follow the run until complete. On a terminal the run's status is redrawn in place each tick;
-    otherwise (logs, CI) one line per tick. Relaunch events are printed either way."""
+    """Follow the run until complete (api/lifecycle.follow_to_end; with `later_stages`, a cascade's
+    next stages too). On a terminal the run's status is redrawn in place each tick; otherwise (logs,
+    CI) one line per tick. Relaunch events are printed either way."""
+    from orchestrator.api.lifecycle import Callbacks, follow_to_end
     from orchestrator.commands.console import Group, LiveView, Text, console
-    from orchestrator.commands.views import status_view, workers_line
-    from orchestrator.controller.follow import check_complete, follow
-    from orchestrator.controller.status import current_status
+    from orchestrator.commands.reports import print_prepare_report
+    from orchestrator.commands.views import status_view
+    from orchestrator.commands.views import workers_line as busy_workers
+    from orchestrator.runview.status import current_status
 
     live = LiveView(console())
     events: list[str] = []
@@ -349,26 +277,46 @@ def follow_run(
         if not live.active:
             click.echo(events[-1])
 
-    def tick(report: TickReport) -> None:
-        status = current_status(ctx, launcher=launcher)
+    def tick(run: RunContext, running: Launcher, report: TickReport) -> None:
+        status = current_status(run, launcher=running)
         if live.active:
             recent = [Text(""), Text("events:", style="bold"), *map(Text, events[-8:])] if events else []
             live.show(Group(status_view(status), *recent))
         else:
             click.echo(
                 f"{time.strftime('%H:%M:%S')} chunks {report.chunks_done}/{report.chunks_total} done, "
-                f"rows {status.rows['done'] + status.rows['in_progress']:,}/{status.rows['total']:,}; "
-                f"workers: {workers_line(status)}"
+                f"rows {status.rows.done + status.rows.in_progress:,}/{status.rows.total:,}; "
+                f"workers: {busy_workers(status)}"
             )
 
+    def started(_stage: RunContext, run: StartedRun) -> None:
+        if run.remaining:
+            click.echo(workers_line(run.launched, run.running, run.launcher.name))
+
+    hear = Callbacks(
+        progress=lambda line: click.echo(line, err=True),
+        prepared=print_prepare_report,
+        started=started,
+        tick=tick,
+        event=event,
+        say=click.echo,
+    )
     try:
         with live.running():
-            report = follow(ctx, launcher, interval, retries=retries, deadline=deadline, on_event=event, on_tick=tick)
+            report = follow_to_end(
+                ctx,
+                launcher,
+                interval=interval,
+                check=check,
+                retries=retries,
+                deadline=deadline,
+                later_stages=later_stages,
+                hear=hear,
+            )
     except KeyboardInterrupt:
         interrupted(ctx, launcher)
-    check_complete(ctx, report)
     click.echo(f"run {ctx.layout.run!r} complete: {report.chunks_total} chunks done")
-    if ctx.spec.sweep.cascade:  # the later stages live in `orch run` alone (controller/cascade_run.py)
+    if ctx.spec.sweep.cascade and not later_stages:  # the later stages live in `orch run` alone
         click.echo("that was a cascade's first stage: `orch run` runs the next ones (launch, resume, watch stop here)")
     return 0
 
@@ -380,7 +328,7 @@ SECOND_INTERRUPT_S = 5.0
 def interrupted(ctx: RunContext, launcher: Launcher) -> NoReturn:
     """Ctrl-C while following a run: say what goes on without a controller and what to run next;
     on the local backend, a second Ctrl-C within SECOND_INTERRUPT_S stops those workers. Exits 130."""
-    from orchestrator.controller.follow import live_jobs
+    from orchestrator.fleet.follow import live_jobs
 
     live = live_jobs(ctx, launcher)
     flags = run_flags(ctx)
@@ -398,7 +346,7 @@ def interrupted(ctx: RunContext, launcher: Launcher) -> NoReturn:
             click.echo(f"Ctrl-C again within {SECOND_INTERRUPT_S:g}s stops the local workers now.", err=True)
             time.sleep(SECOND_INTERRUPT_S)
         except KeyboardInterrupt:
-            from orchestrator.controller.launch import cancel_workers
+            from orchestrator.fleet.launch import cancel_workers
 
             cancelled = cancel_workers(ctx)
             stopped = len(cancelled.live) + len(cancelled.strays)
@@ -432,4 +380,15 @@ def keep_columns_option(func: Callable[..., Any]) -> Callable[..., Any]:
         default=None,
         metavar="A,B",
         help="input columns to carry into a table output (read again from the run's input), beside the answers",
+    )(func)
+
+
+def merge_on_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`--merge-on COL`: a table output keeps one row per value of COL (orch collect, orch run)."""
+    return click.option(
+        "--merge-on",
+        default=None,
+        metavar="COLUMN",
+        help="a table --out: upsert the run's rows by this column (the id, say) instead of appending them: "
+        "a row whose key the table has replaces it (Delta MERGE, Iceberg upsert, Lance merge_insert)",
     )(func)

@@ -147,8 +147,8 @@ def _startup_s(inv: Invocation, given: float | None, *, measured: bool) -> float
     """A machine's start-up: --restart-overhead, else what the run measured (its workers' median
     from launch to first answer, as its estimate and deadline use), else the default; said on
     stderr, with where it came from (--json output stays clean)."""
-    from orchestrator.controller.estimate import RESTART_OVERHEAD_S
-    from orchestrator.controller.startup import measured_startup_s
+    from orchestrator.planning.estimate import RESTART_OVERHEAD_S
+    from orchestrator.planning.startup import measured_startup_s
 
     if given is not None:
         seconds, source = given, "--restart-overhead"

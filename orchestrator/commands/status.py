@@ -28,7 +28,7 @@ def status_command(
     """Show chunks, rows, throughput, ETA, cost and every worker's state."""
     from orchestrator.commands.console import LiveView, console
     from orchestrator.commands.views import status_view
-    from orchestrator.controller.status import current_status, to_json
+    from orchestrator.runview.status import current_status, to_json
 
     ctx = inv.context()
     if web:
@@ -51,9 +51,9 @@ def status_command(
 
 def _serve_web(ctx: RunContext, prices: str | None, port: int, interval: float) -> int:
     """The page of the run, read at most every --interval seconds, until Ctrl-C."""
-    from orchestrator.controller.runs import context_in_store
-    from orchestrator.controller.status import current_status
     from orchestrator.core.errors import SpecError
+    from orchestrator.runview.runs import context_in_store
+    from orchestrator.runview.status import current_status
     from orchestrator.web.local import serve_page
     from orchestrator.web.snapshots import Snapshots
 

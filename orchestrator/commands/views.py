@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator.backends.base import STATE_COLOURS, JobState
 from orchestrator.commands.console import Group, Table, Text, table
-from orchestrator.controller.estimate import Estimate
-from orchestrator.controller.pricing import GpuTable
-from orchestrator.controller.status import RunStatus, WorkerView, duration_band
-from orchestrator.controller.status import duration as _duration
-from orchestrator.controller.token_cost import tokens_line
 from orchestrator.core.protocol.clocks import SKEW_WARN_S, describe_offset
 from orchestrator.core.records import PlanRecord
+from orchestrator.planning.pricing import GpuTable
+from orchestrator.runview.sections import ArmView, ForecastCheck, ModelView, Rows, RunStatus, StageView, WorkerView
+from orchestrator.runview.states import ACTIVITY_COLOURS, RUN_STATE_COLOURS, Recovery
+from orchestrator.runview.tokens import tokens_line
+from orchestrator.runview.words import doing, duration_band, recovery_line, state_words
+from orchestrator.runview.words import duration as _duration
 
 
 def render_plan(plan: PlanRecord) -> Group:
@@ -71,51 +71,50 @@ WORKER_COLUMNS = (
 def status_view(status: RunStatus) -> Group:
     """The run at a glance: the head lines, then one row per worker (orchestrator.console prints it)."""
     c, r = status.chunks, status.rows
-    pct = 100 * c["done"] / c["total"] if c["total"] else 100.0
+    pct = 100 * c.done / c.total if c.total else 100.0
     eta = _duration(status.eta_s) if status.eta_s is not None else "unknown"
-    title = Text.assemble((f"run {status.run}", "bold"), f"  ({status.backend or 'not launched'})")
-    title.append(f"  {status.state.upper()}", style="bold " + RUN_STATE_COLOURS.get(status.state, "white"))
+    title = Text.assemble((f"run {status.run}", "bold"), f"  ({backend_words(status)})")
+    title.append(f"  {str(status.state).upper()}", style="bold " + RUN_STATE_COLOURS[status.state])
     head: list[Text] = [
         title,
         Text(
-            f"chunks {c['done']}/{c['total']} ({pct:.0f}%)   {rows_line(r)}   errors {r['errors']:,}"
-            + (f"   set aside at prepare {r['set_aside']:,}" if r.get("set_aside") else "")
-            + (f"   reused from earlier runs {r['reused']:,}" if r.get("reused") else "")
+            f"chunks {c.done}/{c.total} ({pct:.0f}%)   {rows_line(r)}   errors {r.errors:,}"
+            + (f"   set aside at prepare {r.set_aside:,}" if r.set_aside else "")
+            + (f"   reused from earlier runs {r.reused:,}" if r.reused else "")
         ),
         Text(_pace_line(status, eta)),
     ]
-    if status.tokens.get("prompt_tokens") or status.tokens.get("generated_tokens"):
+    if status.tokens.prompt_tokens or status.tokens.generated_tokens:
         head.append(Text(tokens_line(status.tokens, status.cost_per_m_tokens)))
     if status.workers and not status.complete:
         head.append(Text(f"workers: {workers_line(status)}"))
     if status.estimate and not status.complete:
         e = status.estimate
         pools = [
-            f"{name} {p['workers']} x {p['gpu']} {_duration(p['spot_hours'] * 3600)} / ${p['spot_usd']:,.2f}"
-            for name, p in e.get("pools", {}).items()
+            f"{name} {p.workers} x {p.gpu} {_duration(p.spot_hours * 3600)} / ${p.spot_usd:,.2f}"
+            for name, p in (e.pools or {}).items()
         ]
         if pools:
-            head.append(Text(f"estimate by pool (the run ends with {e['slowest_pool']}): {', '.join(pools)} on spot"))
+            head.append(Text(f"estimate by pool (the run ends with {e.slowest_pool}): {', '.join(pools)} on spot"))
         head.append(
             Text(
-                f"estimate left on {e['workers']} x {e['gpu']} ({e['basis']}): {_duration(e['spot_hours'] * 3600)} / "
-                f"${e['spot_usd']:,.2f} on spot, {_duration(e['on_demand_hours'] * 3600)} / "
-                f"${e['on_demand_usd']:,.2f} on demand"
+                f"estimate left on {e.workers} x {e.gpu} ({e.basis}): {_duration(e.spot_hours * 3600)} / "
+                f"${e.spot_usd:,.2f} on spot, {_duration(e.on_demand_hours * 3600)} / "
+                f"${e.on_demand_usd:,.2f} on demand"
             )
         )
     if status.forecast:
         head.append(Text(forecast_line(status.forecast)))
     if status.deadline:
         d = status.deadline
-        colour = {"critical": "red", "behind": "yellow", "waiting": "yellow"}.get(str(d.get("mode")), "green")
+        colour = {"critical": "red", "behind": "yellow", "waiting": "yellow"}.get(d.mode, "green")
         head.append(
             Text.assemble(
-                (f"deadline {_duration(d['deadline_s'])}", "bold"),
-                (f" [{d.get('mode')}]", colour),
-                f" progress {d.get('progress', 0):.1%} vs line {d.get('line', 0):.1%}; last decision: "
-                f"{d.get('action')}: {d.get('reason')}"
-                + (f" (budget ${d['budget_usd']:,.2f})" if d.get("budget_usd") else "")
-                + (f"; {d['speed']}" if d.get("speed") else ""),
+                (f"deadline {_duration(d.deadline_s)}", "bold"),
+                (f" [{d.mode}]", colour),
+                f" progress {d.progress:.1%} vs line {d.line:.1%}; last decision: {d.action}: {d.reason}"
+                + (f" (budget ${d.budget_usd:,.2f})" if d.budget_usd else "")
+                + (f"; {d.speed}" if d.speed else ""),
             )
         )
     if status.backend_note:
@@ -130,67 +129,95 @@ def status_view(status: RunStatus) -> Group:
     for key, why in sorted(status.corrupt_leases.items()):
         head.append(Text(f"warning: {key} is not a lease ({why})", style="yellow"))
     head.extend(_clock_warnings(status))
-    models: list[Any] = [Text(""), models_table(status.models)] if status.models else []
-    models += [Text(""), arms_table(status.arms)] if status.arms else []
-    models += [Text(""), cascade_table(status.cascade)] if status.cascade else []
-    return Group(*head, *models, Text(""), *([_workers_table(status)] if status.workers else []), *_failures(status))
+    sections: list[Text | Table] = [Text(""), models_table(status.models)] if status.models else []
+    sections += [Text(""), arms_table(status.arms)] if status.arms else []
+    sections += [Text(""), cascade_table(status.cascade)] if status.cascade else []
+    workers = [_workers_table(status)] if status.workers else []
+    return Group(*head, *sections, Text(""), *workers, *_recoveries(status), *_failures(status))
 
 
-def models_table(models: dict[str, dict[str, Any]]) -> Table:
+def backend_words(status: RunStatus) -> str:
+    """The backend, or why there is none: nothing launched yet."""
+    return status.backend or "not launched"
+
+
+def models_table(models: Mapping[str, ModelView]) -> Table:
     """A run of several models: a row per model (chunks, rows, tokens, workers, $, $ per 1M tokens)."""
     numbers = ("chunks", "rows", "errors", "tokens", "workers", "$", "$/1M tok")
     grid = table("model", *numbers, right=numbers)
     for name, m in models.items():
-        per_m = m.get("usd_per_m_tokens")
         grid.add_row(
             name,
-            f"{m['chunks']['done']}/{m['chunks']['total']}",
-            f"{m['rows']['done']:,}/{m['rows']['total']:,}",
-            f"{m['rows']['errors']:,}",
-            f"{m['tokens'].get('prompt_tokens', 0) + m['tokens'].get('generated_tokens', 0):,}",
-            str(m["workers"]),
-            f"{m['usd']:,.2f}",
-            "-" if per_m is None else f"{per_m:,.4f}",
+            f"{m.chunks.done}/{m.chunks.total}",
+            f"{m.rows.done:,}/{m.rows.total:,}",
+            f"{m.rows.errors:,}",
+            f"{m.tokens.prompt_tokens + m.tokens.generated_tokens:,}",
+            str(m.workers),
+            f"{m.usd:,.2f}",
+            "-" if m.usd_per_m_tokens is None else f"{m.usd_per_m_tokens:,.4f}",
         )
     return grid
 
 
-def arms_table(arms: dict[str, dict[str, Any]]) -> Table:
+def arms_table(arms: Mapping[str, ArmView]) -> Table:
     """A sweep: a row per arm (its model, rows done, errors, tokens, its share of its pool's $, $ per 1M tokens)."""
     numbers = ("rows", "errors", "tokens", "$", "$/1M tok")
     grid = table("arm", "model", *numbers, right=numbers)
     for name, a in arms.items():
-        per_m = a.get("usd_per_m_tokens")
         grid.add_row(
             name,
-            a["model"] or "-",
-            f"{a['rows']['done']:,}",
-            f"{a['rows']['errors']:,}",
-            f"{a['tokens'].get('prompt_tokens', 0) + a['tokens'].get('generated_tokens', 0):,}",
-            f"{a['usd']:,.4f}",
-            "-" if per_m is None else f"{per_m:,.4f}",
+            a.model or "-",
+            f"{a.rows.done:,}",
+            f"{a.rows.errors:,}",
+            f"{a.tokens.prompt_tokens + a.tokens.generated_tokens:,}",
+            f"{a.usd:,.4f}",
+            "-" if a.usd_per_m_tokens is None else f"{a.usd_per_m_tokens:,.4f}",
         )
     return grid
 
 
-def cascade_table(stages: list[dict[str, Any]]) -> Table:
+def comparison_table(comparison: Mapping[str, Any]) -> Table:
+    """A sweep's arms compared (collect/comparison.py): a row per arm, its parse errors, tokens and $
+    per row, the rows whose answers differ from the first arm's and the agreement field by field."""
+    numbers = ("rows", "errors", "parse errors", "tok/row", "$/row", f"differ from {comparison['first']}")
+    grid = table("arm", "model", *numbers, "agreement", right=numbers)
+    for name, a in comparison["arms"].items():
+        rate = a["parse_error_rate"]
+        examples = ", ".join(a["differ_examples"][:3]) + (" ..." if a["rows_differ"] and a["rows_differ"] > 3 else "")
+        grid.add_row(
+            name,
+            a["model"] or "-",
+            f"{a['rows']:,}",
+            f"{a['errors']:,}",
+            "-" if rate is None else f"{a['parse_errors']:,} ({rate:.1%})",
+            "-" if a["tokens_per_row"] is None else f"{a['tokens_per_row']:,.1f}",
+            "-" if a["usd_per_row"] is None else f"{a['usd_per_row']:,.6f}",
+            "-" if a["rows_differ"] is None else f"{a['rows_differ']:,}" + (f" ({examples})" if examples else ""),
+            "(first)"
+            if a["agreement"] is None
+            else ", ".join("-" if v is None else f"{k} {v:.0%}" for k, v in a["agreement"].items()),
+        )
+    return grid
+
+
+def cascade_table(stages: Sequence[StageView]) -> Table:
     """A cascade: a row per stage (its model and run, rows to answer, answered, passed on)."""
     numbers = ("rows", "answered", "escalated")
     grid = table("stage", "model", "run", *numbers, right=numbers)
     for s in stages:
-        shown = ["-" if s[key] is None else f"{s[key]:,}" for key in numbers]
-        grid.add_row(str(s["stage"]), s["model"], s["run"], *shown)
+        shown = ["-" if n is None else f"{n:,}" for n in (s.rows, s.answered, s.escalated)]
+        grid.add_row(str(s.stage), s.model, s.run, *shown)
     return grid
 
 
-def rows_line(rows: Mapping[str, int]) -> str:
+def rows_line(rows: Rows) -> str:
     """`rows 12/200 done (2 of them checkpointed in unfinished chunks) (+6 answered, not yet saved)`:
     rows kept whatever happens, then those only in the workers' memory until their next checkpoint."""
-    saved = rows.get("checkpointed", 0)
+    saved = rows.checkpointed
     return (
-        f"rows {rows['done']:,}/{rows['total']:,} done"
+        f"rows {rows.done:,}/{rows.total:,} done"
         + (f" ({saved:,} of them checkpointed in unfinished chunks)" if saved else "")
-        + f" (+{rows['in_progress']:,} answered, not yet saved)"
+        + f" (+{rows.in_progress:,} answered, not yet saved)"
     )
 
 
@@ -211,12 +238,11 @@ def _workers_table(status: RunStatus) -> Table:
     """One row per worker: its job's state, where it runs, its chunk and its pace."""
     workers = table(*WORKER_COLUMNS, right=("finished", "tok/s"))
     for w in status.workers:
-        state = w.state + (f" (recovered {w.recovery_count}x)" if w.recovery_count else "")
-        colour = STATE_COLOURS.get(JobState(w.state), "white") if w.state in JobState.__members__ else "white"
+        colour = STATE_COLOURS[w.state] if isinstance(w.state, JobState) else "white"
         workers.add_row(
             w.worker,
-            Text(state, style=colour),
-            _doing(w),
+            Text(state_words(w), style=colour),
+            Text(doing(w), style=ACTIVITY_COLOURS[w.activity]),
             w.accelerator or "-",
             "/".join(x for x in (w.cloud, w.region) if x) or "-",
             {True: "spot", False: "on-dem", None: "-"}[w.spot],
@@ -230,21 +256,21 @@ def _workers_table(status: RunStatus) -> Table:
     return workers
 
 
-def _doing(w: WorkerView) -> str:
-    """A worker's activity, with how long where that is known: `loading 2m10s`."""
-    return w.activity + (f" {_duration(w.activity_s, exact=True)}" if w.activity_s is not None else "")
-
-
 def workers_line(status: RunStatus) -> str:
     """The workers by activity, each with its longest time where known: `1 loading (2m10s), 2 working`."""
     groups: dict[str, list[WorkerView]] = {}
     for w in status.workers:
-        groups.setdefault(w.activity, []).append(w)
+        groups.setdefault(str(w.activity), []).append(w)
     parts = []
     for activity, views in groups.items():
         times = [w.activity_s for w in views if w.activity_s is not None]
         parts.append(f"{len(views)} {activity}" + (f" ({_duration(max(times), exact=True)})" if times else ""))
     return ", ".join(parts) or "none"
+
+
+def _recoveries(status: RunStatus) -> list[Text]:
+    lines = [(w.recovery, recovery_line(w)) for w in status.workers]
+    return [Text(line, style="yellow" if r is Recovery.SPURIOUS else "red") for r, line in lines if line]
 
 
 def _failures(status: RunStatus) -> list[Text]:
@@ -259,40 +285,36 @@ def _failures(status: RunStatus) -> list[Text]:
 
 
 def _pace_line(status: RunStatus, eta: str) -> str:
-    cost = f"cost so far ${status.cost['so_far_usd']:,.2f} ({status.cost['worker_hours']:.2f} worker-hours)"
+    cost = f"cost so far ${status.cost.so_far_usd:,.2f} ({status.cost.worker_hours:.2f} worker-hours)"
     o = status.overall
     if status.complete and o:
         return (
-            f"finished in {_duration(o['wall_s'])}: {o['rows_per_s']:,.2f} rows/s, {o['tokens_per_s']:,.0f} tok/s"
+            f"finished in {_duration(o.wall_s)}: {o.rows_per_s:,.2f} rows/s, {o.tokens_per_s:,.0f} tok/s"
             f" over the run   {cost}"
         )
     t = status.throughput
     ran = f"   run time {_duration(status.run_time_s)}" if status.run_time_s is not None else ""
-    return f"throughput {t['rows_per_s']:.2f} rows/s, {t['tokens_per_s']:,.0f} tok/s   ETA {eta}{ran}   {cost}"
+    return f"throughput {t.rows_per_s:.2f} rows/s, {t.tokens_per_s:,.0f} tok/s   ETA {eta}{ran}   {cost}"
 
 
-def forecast_line(f: dict[str, Any]) -> str:
+def forecast_line(f: ForecastCheck) -> str:
     """The forecast beside the pace: its duration band and the finish the pace projects, or how right it was."""
-    d = f["duration_s"]
-    line = f"forecast ({f['kind']}) {duration_band(d['p10'], d['p50'], d['p90'])}"
-    if f.get("projected_s") is not None:
-        line += f"; at this pace {_duration(f['projected_s'], exact=True)}: {f['projected_in_band']}"
-    if f.get("actual"):
-        a = f["actual"]
+    d = f.duration_s
+    line = f"forecast ({f.kind}) {duration_band(d.p10, d.p50, d.p90)}"
+    if f.projected_s is not None:
+        line += f"; at this pace {_duration(f.projected_s, exact=True)}: {f.projected_in_band}"
+    if f.actual:
+        a = f.actual
         line += f"; engine time {a['engine_error']:+.0%} ({'inside' if a['inside_band'] else 'outside'} p10-p90)"
     return line
 
 
-def forecast_error(f: dict[str, Any] | None) -> str:
+def forecast_error(f: ForecastCheck | None) -> str:
     """`orch runs`' forecast column: the engine time's error once collected, `-` without a forecast."""
-    if not f:
+    if f is None:
         return "-"
-    a = f.get("actual")
-    return f"{a['engine_error']:+.0%}{'' if a['inside_band'] else '!'}" if a else f"({f['kind']})"
-
-
-#: How a run's state is coloured, here and in `orch status`'s header.
-RUN_STATE_COLOURS = {"complete": "green", "damaged": "red", "cancelled": "yellow", "stopped": "yellow"}
+    a = f.actual
+    return f"{a['engine_error']:+.0%}{'' if a['inside_band'] else '!'}" if a else f"({f.kind})"
 
 
 def render_runs(runs: Sequence[RunStatus | tuple[str, str]], *, now: float) -> Table:
@@ -306,93 +328,18 @@ def render_runs(runs: Sequence[RunStatus | tuple[str, str]], *, now: float) -> T
             continue
         grid.add_row(
             r.run,
-            Text(r.state, style=RUN_STATE_COLOURS.get(r.state, "white")),
+            Text(str(r.state), style=RUN_STATE_COLOURS[r.state]),
             r.backend or "-",
             r.model or "-",
             r.input or "-",
-            f"{r.chunks['done']}/{r.chunks['total']}",
-            f"{r.rows['done']:,}/{r.rows['total']:,}",
-            f"{r.rows['errors']:,}",
-            f"${r.cost['so_far_usd']:,.2f}",
+            f"{r.chunks.done}/{r.chunks.total}",
+            f"{r.rows.done:,}/{r.rows.total:,}",
+            f"{r.rows.errors:,}",
+            f"${r.cost.so_far_usd:,.2f}",
             forecast_error(r.forecast),
             _duration(now - r.prepared_at) if r.prepared_at else "-",
         )
     return grid
-
-
-def _pool_lines(pools: dict[str, Any] | None) -> list[Text]:
-    """A run of several models: each pool's time and cost, and the run's (the slowest pool's time,
-    the pools' costs summed); the whole-run table below then blends the pools' speeds."""
-    if not pools:
-        return []
-    lines = [
-        Text(
-            f"Estimate by pool: the run ends with {pools['slowest_pool']}, {_hours(pools['spot_hours'])} for "
-            f"${pools['spot_usd']:,.2f} on spot, {_hours(pools['on_demand_hours'])} for "
-            f"${pools['on_demand_usd']:,.2f} on demand"
-        )
-    ]
-    for name, p in pools["pools"].items():
-        slowest = " (slowest)" if name == pools["slowest_pool"] else ""
-        lines.append(
-            Text(
-                f"  pool {name}{slowest}: {p['workers']} worker{'s' if p['workers'] != 1 else ''} on {p['gpu']} "
-                f"({p['basis']}), {p['rows_left']:,} rows left: {_hours(p['spot_hours'])} for "
-                f"${p['spot_usd']:,.2f} on spot, {_hours(p['on_demand_hours'])} for "
-                f"${p['on_demand_usd']:,.2f} on demand"
-            )
-        )
-    return [*lines, Text("")]
-
-
-def render_estimate(est: Estimate) -> Group:
-    tp = est.throughput
-    others = (
-        "other GPUs scaled from them by relative speed"
-        if set(tp.measured) - set(tp.unpriced)
-        else f"other GPUs from the price table of {est.price_table_date}"
-    )
-    basis = (
-        f"measured on {', '.join(f'{g} ({n} chunks)' for g, n in tp.measured.items())}; {others}"
-        if tp.measured
-        else f"price table of {est.price_table_date} (7-8B model on vLLM)"
-    )
-    pick = "what the run measured on" if tp.unpriced else "any_of's pick, the cheapest per hour when capacity allows"
-    source = "measured" if tp.tokens_per_row_measured else "assumed: half of max_tokens"
-    per_row = f"{tp.tokens_per_row:,.0f} output tokens/row ({source})"
-    numbers = ("tok/s/worker", "spot time", "spot cost", "on-demand", "on-d. cost")
-    grid = table("GPU", *numbers, right=numbers)
-    for c in est.candidates:
-        grid.add_row(
-            c.gpu + (" *" if c.gpu == est.fleet_gpu else ""),
-            f"{c.tokens_per_s:,.0f}" + (" measured" if c.measured else ""),
-            _hours(c.spot_hours),
-            f"{c.spot_usd:,.2f}",
-            _hours(c.on_demand_hours),
-            f"{c.on_demand_usd:,.2f}",
-        )
-    f = est.fleet
-    return Group(
-        *_pool_lines(est.pools),
-        Text(f"Estimate: {est.rows_left:,} of {est.rows_total:,} rows left, {per_row}, {est.workers} workers"),
-        Text(f"speed: {basis}"),
-        grid,
-        Text(
-            f"fleet (*: {pick}): {_hours(f.spot_hours)} for "
-            f"${f.spot_usd:,.2f} on spot, {_hours(f.on_demand_hours)} for ${f.on_demand_usd:,.2f} on demand"
-        ),
-        Text(
-            f"spot includes {est.preemptions_per_hour:g} preemptions per worker-hour, each a "
-            f"{est.restart_overhead_s / 60:.0f}-minute restart plus half a checkpoint interval; costs in USD "
-            f"at the prices of {est.price_table_date} (orch prices; --refresh from SkyPilot's catalog)"
-        ),
-    )
-
-
-def _hours(h: float) -> str:
-    if h == math.inf:
-        return "-"
-    return f"{h:.1f} h" if h >= 1 else f"{h * 60:.0f} min"
 
 
 def render_gpu_table(prices: GpuTable, before: GpuTable | None = None) -> Group:

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.frozen_spec import freeze_spec, read_stored_spec
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.pools import spec_for_pool
 from orchestrator.core.protocol.heartbeats import is_beating, read_heartbeats
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import Store, open_store
@@ -64,14 +64,14 @@ def resolve_spec(
 def unlocked_fields(store: Store, layout: RunLayout, spec: RunSpec, now: float | None = None) -> set[str]:
     """Frozen field groups nothing was produced with yet: a command may still change them.
 
-    1. `input` and `chunking`, while the run is not prepared (no prepare record: a prepare that
-       failed left nothing behind that was made with them).
+    1. `input`, `chunking` and `reuse`, while the run is not prepared (no prepare record: a prepare
+       that failed left nothing behind that was made with them).
     2. `model`, `sampling` and `requests`, while no chunk has outputs (parts or markers) and no worker ever
        loaded the model (its heartbeat says so) or is starting right now.
     """
     unlocked = set()
     if store.head(layout.prepare_record) is None:
-        unlocked |= {"input", "chunking"}
+        unlocked |= {"input", "chunking", "reuse"}
     produced = any(True for _ in store.list(layout.done_prefix)) or any(True for _ in store.list(layout.outputs_root))
     if not produced:
         now = time.time() if now is None else now

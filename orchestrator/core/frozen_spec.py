@@ -1,5 +1,12 @@
 """A run's frozen spec: the fields that decide its outputs, recorded once in the store, and the check
-that a later command does not change them (a null is filled by the first command that sets it)."""
+that a later command does not change them (a null is filled by the first command that sets it).
+
+The spec's JSON schema (`input.response_format`'s) is stored beside it, once, as
+`runs/<run>/schemas/<sha256>.json`, and spec.yaml holds its reference (core/json_schema.py): a
+YAML reader takes seconds over a schema of a few hundred KB, which every command reading the spec
+would pay. Written before spec.yaml, read back (its digest checked) with it: a reader gets the
+spec whole.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +15,21 @@ import json
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from orchestrator.core.errors import SpecConflict
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.chat_template import with_templates_read
+from orchestrator.core.errors import CorruptRecord, SpecConflict
+from orchestrator.core.json_schema import (
+    RunSchemas,
+    json_schema_of,
+    referenced,
+    referenced_digest,
+    schema_digest,
+    schema_text,
+    with_schema,
+)
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import SpecDocument, cas_update, read_record
 from orchestrator.core.spec import RunSpec
-from orchestrator.core.store import Store
+from orchestrator.core.store import NotFound, Store
 
 #: The fields that decide what a run's outputs are. A null in the frozen spec is filled by the
 #: first command that sets it (a model named at launch, chunking at prepare); a value is final.
@@ -31,14 +48,16 @@ FROZEN_FIELDS: tuple[str, ...] = (
     "requests",
     "input",
     "chunking",
+    "reuse",
 )
 
 #: The fields of a `models:` entry that say where its workers run (core/pools.OPERATIONAL_FIELDS):
 #: free to change, like the run's own workers and resources.
 MODEL_OPERATIONAL_FIELDS = ("workers", "resources")
 
-#: Frozen groups compared as a whole: `num_chunks: 200` then `rows_per_chunk: 100` is one change.
-_ATOMIC_FIELDS = {"chunking"}
+#: Frozen groups compared as a whole: `num_chunks: 200` then `rows_per_chunk: 100` is one change;
+#: `--reuse-from a` then `--reuse-from b` another.
+_ATOMIC_FIELDS = {"chunking", "reuse"}
 
 
 def frozen_view(spec: RunSpec) -> dict[str, Any]:
@@ -50,6 +69,8 @@ def frozen_view(spec: RunSpec) -> dict[str, Any]:
     }
     if not spec.sweep.cascade:  # no cascade: the hash of a run prepared before cascades existed
         view["sweep"] = {k: v for k, v in view["sweep"].items() if k not in ("cascade", "escalate_when")}
+    if not spec.reuse.runs:  # no reuse: the hash of a run prepared before reuse was frozen
+        del view["reuse"]
     return view
 
 
@@ -60,9 +81,56 @@ def spec_hash(spec: RunSpec) -> str:
 
 
 def read_stored_spec(store: Store, layout: RunLayout) -> tuple[dict[str, Any], str] | None:
-    """The spec frozen into the run (as a plain mapping) and its ETag, or None for a new run."""
+    """The spec frozen into the run (as a plain mapping, its schema read back) and its ETag, or None for a new run."""
     found = read_record(store, layout.spec, SpecDocument)
-    return None if found is None else (found[0].spec, found[1])
+    return None if found is None else (with_stored_schema(store, layout, found[0].spec), found[1])
+
+
+def with_stored_schema(store: Store, layout: RunLayout, spec: dict[str, Any]) -> dict[str, Any]:
+    """A stored spec mapping with its schema reference replaced by the schema stored beside it."""
+    spec_input = spec.get("input") or {}
+    response_format = spec_input.get("response_format")
+    digest = referenced_digest(json_schema_of(response_format))
+    if digest is None:
+        return spec
+    key = layout.schema(digest)
+    try:
+        data = store.get(key).data
+    except NotFound:
+        raise CorruptRecord(
+            "the run's JSON schema is missing from the store (spec.yaml names it)",
+            where=key,
+            hint="the run's store was changed outside orch: prepare the data again under a new --run",
+        ) from None
+    if schema_digest(data.decode(errors="replace")) != digest:
+        raise CorruptRecord(
+            "the run's JSON schema does not match its SHA-256 (the store changed under the run)",
+            where=key,
+            hint="prepare the data again under a new --run",
+        )
+    schema = json.loads(data)
+    return {**spec, "input": {**spec_input, "response_format": with_schema(response_format, schema)}}
+
+
+def run_schemas(store: Store, layout: RunLayout) -> RunSchemas:
+    """The schemas the run's request lines reference (none for a run with no frozen spec or schema)."""
+    found = read_stored_spec(store, layout)
+    return RunSchemas.of(((found[0].get("input") or {}) if found else {}).get("response_format"))
+
+
+def stored_schema(spec: RunSpec) -> tuple[str, str] | None:
+    """(digest, text) of the spec's JSON schema, as stored beside spec.yaml; None without one."""
+    schema = json_schema_of(spec.input.response_format)
+    if schema is None:
+        return None
+    text = schema_text(schema)
+    return schema_digest(text), text
+
+
+def stored_input(spec: RunSpec) -> dict[str, Any]:
+    """`spec.input` as spec.yaml holds it: the schema's reference in place of the schema."""
+    data = spec.input.model_dump(mode="json")
+    return {**data, "response_format": referenced(data["response_format"])}
 
 
 def freeze_spec(
@@ -91,15 +159,17 @@ def freeze_spec(
         nonlocal merged
         if stored is None:
             merged = spec
-            return spec_document(spec) if write else None
-        old = RunSpec.model_validate(stored.spec)
+            return _recorded(store, layout, spec) if write else None
+        stored_spec = with_stored_schema(store, layout, stored.spec)
+        # A run frozen by an older orch may hold a template's path: compared as the file's text.
+        old = with_templates_read(RunSpec.model_validate(stored_spec), lenient=True)
         changed: list[str] = []
         merged = _merge_frozen(old, spec, unlocked, changed)
         if notes is not None:
             notes[:] = changed
-        if not write or merged.model_dump(mode="json") == stored.spec:
+        if not write or merged.model_dump(mode="json") == stored_spec:
             return None
-        return spec_document(merged)
+        return _recorded(store, layout, merged)
 
     cas_update(store, layout.spec, SpecDocument, change)
     return merged
@@ -157,8 +227,18 @@ def _all_null(value: Any) -> bool:
     return value is None or (isinstance(value, dict) and all(v is None for v in value.values()))
 
 
+def _recorded(store: Store, layout: RunLayout, spec: RunSpec) -> SpecDocument:
+    """spec.yaml's document for `spec`, its schema stored first (the same bytes under the same
+    name, whoever writes them: no condition needed)."""
+    schema = stored_schema(spec)
+    if schema is not None:
+        store.put(layout.schema(schema[0]), schema[1].encode())
+    return spec_document(spec)
+
+
 def spec_document(spec: RunSpec) -> SpecDocument:
-    return SpecDocument(spec_hash=spec_hash(spec), spec=spec.model_dump(mode="json"))
+    """spec.yaml's document: the spec, its schema referenced, and the hash of its frozen fields."""
+    return SpecDocument(spec_hash=spec_hash(spec), spec={**spec.model_dump(mode="json"), "input": stored_input(spec)})
 
 
 def _get(data: Mapping[str, Any], path: str) -> Any:

@@ -1,5 +1,5 @@
 """What the input spec adds to every request it builds: a template over the row's columns and OpenAI's
-response_format (a JSON schema checked against its metaschema), both checked when the spec loads."""
+response_format (its JSON schema held to core/json_schema.py's check), both checked when the spec loads."""
 
 from __future__ import annotations
 
@@ -10,6 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.errors import SpecError
+from orchestrator.core.json_schema import MAX_SCHEMA_BYTES, SchemaProblem, check_json_schema, loaded_schema
+
+#: A schema file is read up to this much: its compact JSON is held to MAX_SCHEMA_BYTES, and a file
+#: may be laid out with indentation (a few times the compact size).
+MAX_SCHEMA_FILE_BYTES = 8 * MAX_SCHEMA_BYTES
 
 
 def template_columns(template: str) -> list[str]:
@@ -53,22 +58,6 @@ def check_response_format(value: dict[str, Any]) -> None:
     check_json_schema(spec.get("schema"))
 
 
-def check_json_schema(schema: Any) -> None:
-    """A JSON Schema, checked against its own metaschema (jsonschema, where installed; else only
-    that it is an object, which is what the worker's engine needs to compile it)."""
-    if not isinstance(schema, dict):
-        raise ValueError(f"a JSON schema is an object, not {type(schema).__name__}")
-    try:
-        import jsonschema
-    except ImportError:
-        return
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as e:
-        at = "/".join(map(str, e.absolute_path)) or "the top level"
-        raise ValueError(f"not a valid JSON Schema at {at}: {e.message}") from None
-
-
 def response_format_of(kind: str | None, schema_file: str | None) -> dict[str, Any] | None:
     """The response_format `--response-format KIND` and `--json-schema FILE` ask for (None: neither)."""
     if schema_file is None:
@@ -84,18 +73,26 @@ def response_format_of(kind: str | None, schema_file: str | None) -> dict[str, A
 
 
 def load_json_schema(path: str) -> dict[str, Any]:
-    """A JSON Schema file, read and checked against its metaschema; every fault names the file (and line)."""
+    """A JSON Schema file, read and held to the workers' check (core/json_schema.py); every fault
+    names the file (and line, or the place in the schema)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(MAX_SCHEMA_FILE_BYTES + 1)
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError(f"cannot read the JSON schema: {getattr(e, 'strerror', None) or e}", where=path) from None
+    if len(data) > MAX_SCHEMA_FILE_BYTES:
+        raise SpecError(
+            f"the file is over {MAX_SCHEMA_FILE_BYTES:,} bytes "
+            f"(a schema is at most {MAX_SCHEMA_BYTES:,} as compact JSON)",
+            where=path,
+        )
     try:
-        schema = json.loads(text)
+        schema = loaded_schema(text)
+        check_json_schema(schema)
     except json.JSONDecodeError as e:
         raise SpecError(f"not valid JSON: {e.msg} (column {e.colno})", where=f"{path}:{e.lineno}") from None
-    try:
-        check_json_schema(schema)
-    except ValueError as e:
+    except SchemaProblem as e:
         raise SpecError(str(e), where=path, hint="https://json-schema.org/understanding-json-schema") from None
     return schema  # type: ignore[no-any-return]
 

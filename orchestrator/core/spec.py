@@ -22,8 +22,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestrator.core.errors import SpecError
+from orchestrator.core.layout import RunLayout, run_name_problem
 from orchestrator.core.prefix import PREFIX_BYTES
-from orchestrator.core.protocol.layout import RunLayout, check_run_name
 from orchestrator.core.request_format import check_response_format, template_columns
 from orchestrator.core.store import StoreSettings
 
@@ -41,7 +41,11 @@ class ModelSpec(StrictModel):
     engine: Literal["vllm", "transformers"] = Field("vllm", description="inference engine")
     dtype: str = Field("auto", description="weights dtype: auto, float32, bfloat16, float16")
     max_model_len: int | None = Field(None, ge=16, description="context length (prompt + output)")
-    chat_template: str | None = Field(None, description="a Jinja chat template, overriding the model's")
+    chat_template: str | None = Field(
+        None,
+        description="a Jinja chat template overriding the model's: its text, or a file's path (read by each command; "
+        "the run keeps the text)",
+    )
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per model replica")
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="extra keyword arguments for the engine (vllm.LLM)"
@@ -152,6 +156,13 @@ class InputSpec(StrictModel):
     )
     text_as: Literal["chat", "completion"] = Field(
         "chat", description="text: send the filled template as a user message or as a raw prompt"
+    )
+    limit: int | None = Field(
+        None,
+        ge=1,
+        description="a pilot run: a stratified sample of this many of the input's rows (by prompt length, output "
+        "budget and prompt prefix) instead of all of them; the whole input's run with --reuse-from the pilot "
+        "then pays only for the rest",
     )
     max_line_bytes: int = Field(
         MAX_LINE_BYTES,
@@ -387,6 +398,14 @@ class ReuseSpec(StrictModel):
         False, description="also reuse rows that sample (temperature > 0, no seed): a new sample is not drawn"
     )
 
+    @field_validator("runs")
+    @classmethod
+    def _run_names(cls, runs: list[str]) -> list[str]:
+        for name in runs:
+            if (problem := run_name_problem(name)) is not None:
+                raise ValueError(problem)
+        return runs
+
 
 class EscalateSpec(StrictModel):
     """When a cascade sends a row on to its next model: any condition set and met escalates it."""
@@ -490,8 +509,15 @@ class RunSpec(StrictModel):
     def _bare_model_names(cls, value: Any) -> Any:
         return bare_model_names(value)
 
+    @field_validator("run")
+    @classmethod
+    def _run_name(cls, run: str | None) -> str | None:
+        if run is not None and (problem := run_name_problem(run)) is not None:
+            raise ValueError(problem)
+        return run
+
     @property
     def layout(self) -> RunLayout:
         if not self.run:
             raise SpecError("no run name", hint="pass --run NAME, set ORCH_RUN, or put `run:` in orch.yaml")
-        return RunLayout(check_run_name(self.run))
+        return RunLayout(self.run)

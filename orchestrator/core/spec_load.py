@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from orchestrator.core.chat_template import with_templates_read
 from orchestrator.core.errors import SpecError
 from orchestrator.core.spec import DEFAULT_SPEC_FILE, RunSpec
 from orchestrator.core.spec_errors import spec_error
@@ -52,12 +53,24 @@ def load_spec(
     merged: dict[str, Any] = {}
     spec = RunSpec()
     for source, data, lines in layers:
-        merged = _deep_merge(merged, data)
+        merged = _deep_merge(merged, _canonical_names(data, source))
         try:
             spec = RunSpec.model_validate(merged)
         except ValidationError as e:
             raise spec_error(e, source, lines, RunSpec) from None
-    return spec
+    # A template named by its file is read here: the run keeps its text (core/chat_template.py).
+    return with_templates_read(spec)
+
+
+def _canonical_names(layer: dict[str, Any], source: str) -> dict[str, Any]:
+    """A layer with each field under its one name, so layers merge field by field: `reuse.from` (the
+    spelling of files and flags) is `reuse.runs` (the field's name, as a frozen spec records it)."""
+    reuse = layer.get("reuse")
+    if not isinstance(reuse, Mapping) or "from" not in reuse:
+        return layer
+    if "runs" in reuse:
+        raise SpecError("reuse.from and reuse.runs name the same field: give one", where=source)
+    return {**layer, "reuse": {("runs" if k == "from" else k): v for k, v in reuse.items()}}
 
 
 def _spec_path(file: str | os.PathLike[str] | None, cwd: str | os.PathLike[str] | None) -> Path | None:
@@ -79,6 +92,8 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], Any]:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise SpecError(f"not valid YAML: {getattr(e, 'problem', e)}", where=where) from None
+    except RecursionError:  # the YAML reader recurses: a few thousand levels exhaust Python's stack
+        raise SpecError("mappings and lists nest too deeply to read", where=str(path)) from None
     if data is None:
         return {}, None
     if not isinstance(data, dict):

@@ -1,5 +1,5 @@
 """How an engine of static batches picks its next batch from its pool: the transformers engine
-(worker/engine/hf_engine.py) runs it, and the forecast (controller/forecast.py) replays it over a
+(worker/engine/hf_engine.py) runs it, and the forecast (planning/forecast.py) replays it over a
 probe's rows and a run's, since what such a batch costs is its longest row times its rows.
 
 The pool holds POOL_BATCHES batches' worth of requests in arrival order, refilled after every batch.

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.errors import CorruptOutput, InputError
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import AnswerIndex, IndexPart, parse_record
 from orchestrator.core.store import NotFound, Store
 from orchestrator.prepare.answer_keys import KEY_VERSION

@@ -1,21 +1,26 @@
 """Answer keys: a 16-byte key per request from what decides its answer, so a later run can reuse it.
 
-A row's key is a keyed BLAKE2b of its canonical request line without the custom_id (method, url
-and body: messages or prompt, every sampling and structured-output field the row sets), under a
-run-wide context digest of everything else that decides the answer:
+A row's key is a keyed BLAKE2b of its canonical request line without the custom_id and without
+`body.model` (method, url and the rest of the body: messages or prompt, every sampling and
+structured-output field the row sets), under a run-wide context digest of everything else that
+decides the answer:
 
 - the spec's sampling defaults (what the worker applies to fields a body leaves unset) and how
   unknown body fields are treated;
-- the model: its served name and the content identity of its weights (a local directory: the
-  bytes of every small file, config.json, generation_config.json, the tokenizer and its chat
-  template, and the names and sizes of the weight files; a hub id: the revision cached locally
-  or asked for in engine_args, else the id itself);
+- the model by content alone: a local directory's every file (config, tokenizer, chat template,
+  weights) by SHA-256 (core/file_digests.py remembers a file's digest while it is unchanged); a
+  single .gguf file likewise; a hub id by its revision (asked for in engine_args, else the one
+  the local cache resolves), else the id itself;
 - every LoRA adapter (same identity), and the engine settings that change answers (engine,
-  dtype, max_model_len, chat template, runner, tool and reasoning parsers, engine_args other than
-  memory and speed knobs).
+  dtype, max_model_len, the chat template's text, runner, tool and reasoning parsers, engine_args
+  other than memory, speed and naming knobs);
+- the spec's response_format with its JSON schema's text (the lines carry only the schema's
+  reference, core/json_schema.py).
 
-Nothing else: the row's position, file, custom_id and chunking do not enter. Two rows that differ
-only in the order of their body's keys get two keys (no reuse between them, never a wrong one).
+Nothing that only names a thing: not the model's path, its served name, a `models:` name, an
+alias or a sweep arm's name (the same weights under two names or paths share their keys), nor the
+row's position, file, custom_id or chunking. Two rows that differ only in the order of their
+body's keys get two keys (no reuse between them, never a wrong one).
 """
 
 from __future__ import annotations
@@ -23,19 +28,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.model_source import is_bucket_url, is_local_path, served_name
+import orjson
+
+from orchestrator.core.file_digests import file_sha256
+from orchestrator.core.json_schema import schema_text
+from orchestrator.core.model_source import is_bucket_url, is_local_path
 from orchestrator.core.pools import spec_for_pool
 from orchestrator.core.spec import RunSpec
 from orchestrator.prepare.formats import Request
 
 KEY_BYTES = 16
 #: Bumped when what a key covers changes: keys of another version never match.
-KEY_VERSION = 1
-#: Files of a model directory up to this size are hashed whole; larger ones (weights) by name and size.
-SMALL_FILE = 32 << 20
+#: 2: weights by content, the chat template's text, no model name or path (body.model) in a key.
+KEY_VERSION = 2
 #: engine_args that change memory use or speed, not answers.
 _NOT_ANSWERS = {
     "gpu_memory_utilization",
@@ -50,13 +59,18 @@ _NOT_ANSWERS = {
     "enable_prefix_caching",
     "download_dir",
 }
+#: engine_args that name files: keyed by the files' content, not the path.
+_PATH_ARGS = {"tokenizer"}
 #: Below this temperature sampling is greedy (vLLM's threshold, as the worker applies it).
 GREEDY_BELOW = 1e-5
 _METHOD = b',"method":'
+_URL = b'"url":"'
+_BODY = b',"body":{'
+_BODY_MODEL = _BODY + b'"model":"'
 
 
 def content_identity(name: str, engine_args: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What a model or adapter is, by content: a local directory's files, a hub id's revision."""
+    """What a model or adapter is, by content: a local file's or directory's bytes, a hub id's revision."""
     if not name:
         return {"unnamed": True}  # keys without a model are not recorded (AnswerKeys.usable)
     if is_bucket_url(name) or not is_local_path(name):
@@ -64,13 +78,9 @@ def content_identity(name: str, engine_args: dict[str, Any] | None = None) -> di
         return {"hub": name, "revision": revision}
     path = Path(name).expanduser()
     if path.is_file():
-        return {"file": path.name, "bytes": path.stat().st_size}
-    files: dict[str, Any] = {}
-    for file in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")):
-        size = file.stat().st_size
-        rel = file.relative_to(path).as_posix()
-        files[rel] = hashlib.sha256(file.read_bytes()).hexdigest() if size <= SMALL_FILE else size
-    return {"files": files}
+        return {"file": file_sha256(path)}  # a .gguf: its bytes, not its name
+    files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    return {"files": {file.relative_to(path).as_posix(): file_sha256(file) for file in files}}
 
 
 def _cached_revision(hub_id: str) -> str | None:
@@ -84,24 +94,40 @@ def key_context(spec: RunSpec) -> dict[str, Any]:
     """Everything run-wide that decides an answer (see the module docstring), as plain data."""
     model = spec.model
     name = model.name or ""
-    return {
+    context: dict[str, Any] = {
         "version": KEY_VERSION,
-        "model": {"served": served_name(name, model.engine_args), **content_identity(name, model.engine_args)},
+        "model": content_identity(name, model.engine_args),
         "engine": {
             "engine": model.engine,
             "dtype": model.dtype,
             "max_model_len": model.max_model_len,
-            "chat_template": model.chat_template,
+            # The text (spec_load reads a template's file): editing the file changes every key.
+            "chat_template": _text_digest(model.chat_template),
             "runner": model.runner,
             "tool_parser": model.tool_parser,
             "reasoning_parser": model.reasoning_parser,
             "max_lora_rank": model.max_lora_rank,
-            "engine_args": {k: v for k, v in sorted(model.engine_args.items()) if k not in _NOT_ANSWERS},
+            "engine_args": {
+                k: content_identity(v) if k in _PATH_ARGS and isinstance(v, str) else v
+                for k, v in sorted(model.engine_args.items())
+                if k not in _NOT_ANSWERS
+            },
         },
+        # A line's body.model naming an adapter stays in its key (LineKeys.adapters): the name picks these bytes.
         "lora": {n: content_identity(p) for n, p in sorted(model.lora.items())},
         "sampling": spec.sampling.model_dump(mode="json"),
         "unknown_fields": spec.requests.unknown_fields,
     }
+    if spec.input.response_format is not None:
+        # The lines hold the schema's reference (its digest: a key covers it already); the context
+        # holds the whole response_format's text too, so no key ever stands for a schema it did not
+        # see. Only when set: a run without one keys as before, its earlier runs' answers still found.
+        context["response_format"] = _text_digest(schema_text(spec.input.response_format))
+    return context
+
+
+def _text_digest(text: str | None) -> str | None:
+    return None if text is None else hashlib.sha256(text.encode()).hexdigest()
 
 
 def context_digest(context: dict[str, Any]) -> bytes:
@@ -110,18 +136,47 @@ def context_digest(context: dict[str, Any]) -> bytes:
 
 class LineKeys:
     """The key of each request line of one run, under the run's context digest (recorded at prepare,
-    so collect keys the chunks' lines without the model at hand)."""
+    so collect keys the chunks' lines without the model at hand). `adapters`: the LoRA adapter names
+    of the run's model, the only values of body.model that stay in a key (they pick the weights)."""
 
-    def __init__(self, digest: bytes):
+    def __init__(self, digest: bytes, adapters: Iterable[str] = ()):
         self.digest = digest
         self.base = hashlib.blake2b(digest_size=KEY_BYTES, key=digest)  # copied per line: cheaper than a new one
+        # As they appear between the quotes of a line written by orjson.
+        self.adapters = {orjson.dumps(name)[1:-1] for name in adapters}
 
     def of_line(self, line: bytes) -> bytes:
-        """The key of a canonical request line (prepare writes `{"custom_id":…,"method":…}`: the
-        first `,"method":` is structural, as a quote inside a JSON string is always escaped)."""
+        """The key of a canonical request line: `{"custom_id":…,"method":…,"url":…,"body":{…}}`, with
+        a string body.model first in the body (formats.encode_request). The first `,"method":` is
+        structural, as a quote inside a JSON string is always escaped; a URL holds no quote."""
         h = self.base.copy()
-        h.update(memoryview(line)[line.find(_METHOD) :])
+        view = memoryview(line)
+        start = line.find(_METHOD)
+        url = line.find(_URL, start) + len(_URL)
+        body = line.find(b'"', url) + 1
+        if line.startswith(_BODY_MODEL, body):
+            value = body + len(_BODY_MODEL)
+            end = _string_end(line, value)
+            if line[value:end] not in self.adapters:
+                # The model's name or path: the context digest holds what it is, by content.
+                h.update(view[start : body + len(_BODY)])
+                h.update(view[end + 2 if line[end + 1 : end + 2] == b"," else end + 1 :])
+                return h.digest()
+        h.update(view[start:])
         return h.digest()
+
+
+def _string_end(line: bytes, at: int) -> int:
+    """Where the JSON string that starts at `at` ends: its closing quote, one no backslash escapes."""
+    end = line.find(b'"', at)
+    while end > 0:
+        before = end - 1
+        while line[before] == 0x5C:  # a backslash
+            before -= 1
+        if (end - 1 - before) % 2 == 0:
+            return end
+        end = line.find(b'"', end + 1)
+    raise ValueError("a request line whose body.model string does not end")
 
 
 class AnswerKeys(LineKeys):
@@ -129,9 +184,10 @@ class AnswerKeys(LineKeys):
 
     def __init__(self, spec: RunSpec):
         self.context = key_context(spec)
-        super().__init__(context_digest(self.context))
+        super().__init__(context_digest(self.context), spec.model.lora)
         #: A model named only at launch is not in the keys: such a run keeps no key digest.
         self.usable = bool(spec.model.name)
+        self.adapter_names = sorted(spec.model.lora)
         sampling = spec.sampling
         self.default_temperature = sampling.temperature
         if self.default_temperature is None:  # the worker takes the model's own, else OpenAI's 1.0
@@ -166,6 +222,11 @@ class PoolKeys:
     def digests(self) -> dict[str, str]:
         """Each pool's context digest (hex), as the prepare record keeps them for collect."""
         return {name: keys.digest.hex() for name, keys in self.pools.items()} if self.usable else {}
+
+    @property
+    def adapters(self) -> dict[str, list[str]]:
+        """Each pool's adapter names, as the prepare record keeps them (PrepareRecord.key_adapters)."""
+        return {name: keys.adapter_names for name, keys in self.pools.items() if keys.adapter_names}
 
     def of_request(self, request: Request) -> bytes:
         return self.pools[request.pool or ""].of_line(request.line)

@@ -1,10 +1,11 @@
 """Prepare's request check: every request line held to the worker's own request models before anything is written.
 
 A line the workers would answer with an error row (an unknown field, a value out of range, a JSON
-schema that does not compile, a model the run does not serve) is found here, on the controller,
-before any GPU is paid for. The rules are the worker's (worker/requests.py, worker/bodies.py,
-worker/adapters.py: engine-free, so the controller imports them), plus the schema compile the
-engine would do. Every problem is counted, grouped by field, with the first few file:line examples.
+schema too large, too deep, with a `$ref` loop or that no value matches, a model the run does not
+serve) is found here, on the controller, before any GPU is paid for. The rules are the worker's
+(worker/requests.py, worker/bodies.py, worker/structured.py and the schema check they share,
+core/json_schema.py; worker/adapters.py: engine-free, so the controller imports them). Every
+problem is counted, grouped by field, with the first few file:line examples.
 
 The cost stays small on millions of lines: a body's parameters (all but its messages or prompt)
 repeat across many lines, so they are checked once per distinct set; only the content is checked
@@ -19,7 +20,7 @@ from typing import Any
 import orjson
 
 from orchestrator.core.errors import RequestsRefused
-from orchestrator.core.request_format import check_json_schema
+from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.spec import RunSpec
 from orchestrator.prepare.formats import Request
 from worker.adapters import model_problem
@@ -51,6 +52,7 @@ class RequestCheck:
         self.defaults = spec.sampling
         self.unknown_fields = spec.requests.unknown_fields
         self.model, self.adapters = spec.model.name, tuple(spec.model.lora)
+        self.schemas = RunSchemas.of(spec.input.response_format)  # what the lines' schema references name
         self.cache: dict[bytes, tuple[BadRequest, ...]] = {}
         self.fields: dict[str, FieldProblems] = {}
         self.checked = 0
@@ -97,11 +99,10 @@ class RequestCheck:
         return known
 
     def _verdict(self, url: str, body: dict[str, Any]) -> tuple[BadRequest, ...]:
-        problems = body_problems(url, body, self.defaults, self.unknown_fields)
+        problems = body_problems(url, body, self.defaults, self.unknown_fields, self.schemas)
         named = body.get("model")
         wrong_model = model_problem(named if isinstance(named, str) else None, self.model, self.adapters)
-        schema = _schema_problem(body)
-        return tuple(problems + [p for p in (wrong_model, schema) if p is not None])
+        return tuple(problems + ([wrong_model] if wrong_model is not None else []))
 
     def error(self) -> RequestsRefused:
         """The report of every problem found, as the error prepare stops with."""
@@ -123,31 +124,3 @@ class RequestCheck:
             "refused": self.refused,
             "fields": {f.name: {"rows": f.rows, "first": f.first} for f in self.fields.values()},
         }
-
-
-def _schema_problem(body: dict[str, Any]) -> BadRequest | None:
-    """A JSON schema in the body (response_format, structured_outputs.json, a Responses text.format)
-    that is not a valid JSON Schema: the engine would fail to compile it on every such row."""
-    for name, schema in _schemas(body):
-        try:
-            check_json_schema(schema)
-        except ValueError as e:
-            return BadRequest("invalid_parameter", f"{name}'s JSON schema: {e}", name)
-    return None
-
-
-def _schemas(body: dict[str, Any]) -> list[tuple[str, Any]]:
-    found = []
-    text = body.get("text")
-    for name, value in (
-        ("response_format", body.get("response_format")),
-        ("text", text.get("format") if isinstance(text, dict) else None),
-    ):
-        if isinstance(value, dict) and value.get("type") == "json_schema":
-            spec = value.get("json_schema", value)  # Responses' text.format holds the schema itself
-            if isinstance(spec, dict) and isinstance(spec.get("schema"), dict):
-                found.append((name, spec["schema"]))
-    structured = body.get("structured_outputs")
-    if isinstance(structured, dict) and isinstance(structured.get("json"), dict):
-        found.append(("structured_outputs", structured["json"]))
-    return found

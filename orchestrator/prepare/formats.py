@@ -2,6 +2,8 @@
 
 A request line carries only what the input row itself set: the spec's sampling defaults are
 applied by the worker at run time, so a default changed before launch is not baked into chunks.
+The spec's response_format is in every line, its JSON schema as a reference to the one copy the
+run stores (core/json_schema.py): a 200 KB schema is not copied into a million lines.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import orjson
 
 from orchestrator.core.errors import SpecError
+from orchestrator.core.json_schema import referenced
 from orchestrator.core.spec import InputSpec, SamplingSpec
 
 CHAT_URL = "/v1/chat/completions"
@@ -79,6 +82,8 @@ def make_converter(
     and the run's runner (a pooling run embeds: openai-batch embeddings lines, or text to embed)."""
     fmt = spec_input.format
     _check_response_format(spec_input, runner)
+    # The spec's schema is stored once in the run: each line carries its reference (core/json_schema.py).
+    response_format = referenced(spec_input.response_format)
     if fmt == "openai-batch":
         return lambda record, _source, _number: _openai_batch(record, sampling, URLS[runner])
     if runner == "pooling" and fmt != "text":
@@ -97,8 +102,8 @@ def make_converter(
             url, body = build(record)
             if model and "model" not in body:
                 body = {"model": model, **body}
-            if spec_input.response_format is not None:
-                body["response_format"] = spec_input.response_format
+            if response_format is not None:
+                body["response_format"] = response_format
             return _request(custom_id, url, body, sampling, named(record))
 
         return convert
@@ -171,6 +176,10 @@ def encode_line(record: dict[str, Any]) -> bytes:
 def _request(
     custom_id: str, url: str, body: dict[str, Any], sampling: SamplingSpec, named_model: str | None = None
 ) -> Request:
+    model = body.get("model")
+    if isinstance(model, str) and next(iter(body)) != "model":
+        # body.model first: answer keys leave a model's name out of the key (answer_keys.LineKeys).
+        body = {"model": model, **{k: v for k, v in body.items() if k != "model"}}
     line = encode_line({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
     budget = 0 if url in URLS["pooling"] else _output_budget(body, sampling)  # pooling generates nothing
     temperature = body.get("temperature")
@@ -279,8 +288,7 @@ def _text(record: dict[str, Any], spec_input: InputSpec) -> str:
             raise BadRow(
                 f"no column {spec_input.text_column!r} (the row has {_columns(record, [spec_input.text_column])})"
             )
-        value = record[spec_input.text_column]
-        return "" if value is None else str(value)
+        return format(as_field(record[spec_input.text_column]))
     missing = [c for c in spec_input.columns() or [] if c not in record]
     if missing:
         names = ", ".join(map(repr, missing))
@@ -288,9 +296,36 @@ def _text(record: dict[str, Any], spec_input: InputSpec) -> str:
             f"the template names column(s) {names}, which the row lacks (the row has {_columns(record, missing)})"
         )
     try:
-        return spec_input.template.format(**{k: ("" if v is None else v) for k, v in record.items()})
+        return spec_input.template.format(**{k: as_field(v) for k, v in record.items()})
     except (KeyError, IndexError, AttributeError, TypeError, ValueError) as e:
         raise BadRow(f"the template cannot be filled from this row ({e}; the row has {_columns(record)})") from None
+
+
+def as_field(value: Any) -> Any:
+    """A column's value as a template writes it (docs/labelling.md): a struct or a list as JSON
+    (`{"a": 0}`, `["t0"]`, not Python's `{'a': 0}`), its members still reachable (`{tags[0]}`,
+    `{meta[source]}`); true and false; a null as nothing; a number as itself (`{price:.2f}` applies);
+    anything else as its text."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list, tuple)):
+        return _JsonField(value)
+    return value
+
+
+class _JsonField:
+    """A struct or list column in a template: JSON where written whole, its members by index."""
+
+    def __init__(self, value: dict[str, Any] | list[Any] | tuple[Any, ...]):
+        self.value = value
+
+    def __getitem__(self, key: Any) -> Any:
+        return as_field(self.value[key])
+
+    def __format__(self, spec: str) -> str:
+        return format(json.dumps(self.value, ensure_ascii=False, default=str), spec)
 
 
 def _columns(record: dict[str, Any], missing: Sequence[str] = ()) -> str:

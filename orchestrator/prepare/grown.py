@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import PrepareRecord, read_manifest, read_record
 from orchestrator.prepare.answer_index import read_index, read_part
-from orchestrator.prepare.sources import SourceFile
+from orchestrator.prepare.source_file import SourceFile
 
 if TYPE_CHECKING:
     import numpy.typing as npt

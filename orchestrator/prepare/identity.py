@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.core.frozen_spec import stored_input
 from orchestrator.core.spec import RunSpec
-from orchestrator.prepare.sources import TABLE_KINDS, SourceFile, content_digest
+from orchestrator.prepare.source_file import TABLE_KINDS, SourceFile
+from orchestrator.prepare.sources import content_digest
 
 
 def input_identity(spec: RunSpec, files: list[SourceFile]) -> dict[str, Any]:
@@ -30,7 +32,7 @@ def input_identity(spec: RunSpec, files: list[SourceFile]) -> dict[str, Any]:
             }
             for f in files
         ],
-        "input": spec.input.model_dump(mode="json"),
+        "input": stored_input(spec),  # the schema by its reference, as spec.yaml holds it
         "chunking": spec.chunking.model_dump(mode="json"),
     }
 

@@ -42,7 +42,7 @@ class ModelRouter:
 def model_router(spec: RunSpec) -> ModelRouter | None:
     """The router of a run of several models (None for one model). A cascade's run is its first
     stage: every row goes to the cascade's first model, and a line naming another is set aside
-    (later stages are runs of their own, controller/cascade_run.py)."""
+    (later stages are runs of their own, fleet/cascade.py)."""
     if not spec.models:
         return None
     names, order = model_names(spec), list(spec.models)

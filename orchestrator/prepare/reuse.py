@@ -30,7 +30,7 @@ import orjson
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import ReuseRecord, ReuseSource
 from orchestrator.prepare.answer_index import PartCursor, keys_of, read_index, run_number
 from orchestrator.prepare.answer_keys import AnswerKeys, PoolKeys
@@ -73,6 +73,9 @@ class KeyCollector:
         self.keys = bytearray()
         self.positions = array.array("q")
         self.sampled = bytearray()
+
+    def before_row(self, position: int) -> None:
+        """Nothing to do before a row (the first stage of the reuse plan's pass: conversion.RowStream)."""
 
     @property
     def count(self) -> int:

@@ -7,7 +7,7 @@ from typing import Any
 
 from orchestrator.core.errors import InputError
 from orchestrator.prepare.formats import close_names
-from orchestrator.prepare.sources import PARQUET_BATCH
+from orchestrator.prepare.source_file import PARQUET_BATCH
 from orchestrator.prepare.table_ref import LATEST_SHOWN, TableRef, no_version, s3_settings, same_columns, when_utc
 
 

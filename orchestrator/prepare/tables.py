@@ -25,7 +25,7 @@ from typing import Any
 
 from orchestrator.core.errors import InputError
 from orchestrator.prepare.formats import close_names
-from orchestrator.prepare.sources import PARQUET_BATCH, SourceFile, read_ahead
+from orchestrator.prepare.source_file import PARQUET_BATCH, SourceFile, read_ahead
 from orchestrator.prepare.table_lake import (
     delta_appended,
     delta_pinned,

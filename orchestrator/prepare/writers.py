@@ -12,12 +12,13 @@ from typing import Any
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
-from orchestrator.core.protocol.layout import chunk_id
-from orchestrator.core.records import ManifestEntry, PrepareError
+from orchestrator.core.layout import chunk_id
+from orchestrator.core.records import ManifestEntry, PrepareError, write_jsonl
 from orchestrator.core.spec import InputSpec
 from orchestrator.prepare.formats import Request, fallback_custom_id
 from orchestrator.prepare.grouping import PrefixStats, Row
-from orchestrator.prepare.sources import RawRow, SourceFile
+from orchestrator.prepare.source_file import SourceFile
+from orchestrator.prepare.sources import RawRow
 
 #: How much of a bad row its error record and the report quote.
 EXCERPT = 200
@@ -159,6 +160,13 @@ class ChunkWriter:
         for name in os.listdir(self.dir):
             os.unlink(os.path.join(self.dir, name))
         os.rmdir(self.dir)
+
+
+def write_manifest(ctx: RunContext, entries: list[ManifestEntry]) -> None:
+    """The run's chunk list as later steps read it: manifest.jsonl, and metadata.txt (a chunk's key a
+    line, the SkyPilot example's shape). Written after every chunk it names."""
+    ctx.store.put(ctx.layout.metadata, "".join(f"{e.key}\n" for e in entries).encode())
+    ctx.store.put(ctx.layout.manifest, write_jsonl(entries))
 
 
 class ErrorWriter:

@@ -54,7 +54,7 @@ from orchestrator.serve.guard import RequestGuard
 from orchestrator.serve.pages import router as pages_router
 from orchestrator.serve.pages import run_snapshots
 from orchestrator.serve.settings import ServeSettings
-from orchestrator.serve.spool import open_spool
+from orchestrator.serve.spool import Spool, open_spool
 from orchestrator.serve.uploads import read_body, receive_upload
 
 log = logging.getLogger("orch.serve")
@@ -78,17 +78,18 @@ class CreateBatch(BaseModel):
     metadata: dict[str, str] | None = None
 
 
-def create_app(settings: ServeSettings) -> FastAPI:
-    """The app, its routes, and the driver thread that runs while it serves."""
+def create_app(settings: ServeSettings, spool: Spool) -> FastAPI:
+    """The app, its routes, and the driver thread that runs while it serves. Uploads are spooled in
+    `spool`, the server's own folder (opened before the server says it listens: a folder it must
+    refuse is one error, never a traceback after `listening on`), removed at shutdown."""
     batches = BatchAPI(settings)
     driver = Driver(BatchSteps(settings), settings.poll_interval)
 
     @asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
-        # Uploads are spooled in a folder of the server's own, removed at shutdown with whatever the
-        # uploads cut off there left: uvicorn re-raises SIGTERM once shut down, so their own cleanup
-        # never runs. What a killed server left is removed as the next one starts (spool.py).
-        spool = open_spool()
+        # The spool goes at shutdown with whatever the uploads cut off there left: uvicorn re-raises
+        # SIGTERM once shut down, so their own cleanup never runs. What a killed server left is
+        # removed as the next one starts (spool.py).
         api.state.spool = spool.path
         driver.start()
         try:
@@ -339,13 +340,18 @@ def serve(settings: ServeSettings, host: str, port: int, announce: Callable[[str
     port the system chose)."""
     import uvicorn
 
-    sock = listening_socket(host, port)
+    spool = open_spool()  # refused (not this user's folder) before anything is announced
+    try:
+        sock = listening_socket(host, port)
+    except OrchError:
+        spool.close()
+        raise
     bound = sock.getsockname()[1]
     announce(f"http://{f'[{host}]' if ':' in host else host or '0.0.0.0'}:{bound}/v1")
     # A request still under way at shutdown (an upload trickling in) is cut off after the grace period:
     # uvicorn would otherwise wait for it as long as its client keeps sending.
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, spool),
         host=host,
         port=port,
         log_level="info",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from orchestrator.core.errors import OrchError
-from orchestrator.core.protocol.layout import ServeLayout
+from orchestrator.core.layout import ServeLayout
 from orchestrator.core.records import BatchDocument, BatchStatus, cas_update
 from orchestrator.core.store import Store
 

@@ -19,16 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.backends import backend_for
-from orchestrator.controller.collect import collect
-from orchestrator.controller.launch import cancel_workers
-from orchestrator.controller.reconcile import Reconciler
-from orchestrator.controller.run import start_run
+from orchestrator.collect.collect import collect
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError, OrchError, SpecError
 from orchestrator.core.frozen_spec import freeze_spec, read_stored_spec
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.lines import BatchError, BatchOutputLine
-from orchestrator.core.protocol.checkpoints import read_chunk_stats
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import (
     BatchCounts,
     BatchDocument,
@@ -41,6 +37,10 @@ from orchestrator.core.records import (
     read_record,
 )
 from orchestrator.core.spec import ModelSpec, RunSpec
+from orchestrator.fleet.launch import cancel_workers
+from orchestrator.fleet.reconcile import Reconciler
+from orchestrator.fleet.start import start_run
+from orchestrator.runview.status import answered_so_far
 from orchestrator.serve.batch_states import LAYOUT, Outcome, ending_state, transition
 from orchestrator.serve.files import save_file
 from orchestrator.serve.reuse import earlier_runs, reused_custom_ids
@@ -225,18 +225,15 @@ class BatchSteps:
                 self._update(batch.id, lambda doc: _set(doc, request_counts=counts, usage=usage))
 
     def _live_counts(self, ctx: RunContext, total: int) -> tuple[BatchCounts, BatchTokens]:
-        """Counts from the finished chunks' stats (listings only), the rows set aside and those reused at prepare."""
-        stats = [s for _, s in read_chunk_stats(self.store, ctx.layout).values()]
-        prepared = read_record(self.store, ctx.layout.prepare_record, PrepareRecord)
-        set_aside, reused = (prepared[0].errors, prepared[0].reused) if prepared is not None else (0, 0)
-        errors = sum(s.errors for s in stats)
+        """The batch's counts from what its run answered so far, counted as `orch status` counts them
+        (runview/status.answered_so_far: chunks with a done marker, the rows set aside and reused at prepare)."""
+        answered = answered_so_far(self.store, ctx.layout)
         # Rows answered from earlier batches (serve.reuse) are completed requests that no chunk holds.
-        completed = sum(s.rows for s in stats) - errors + reused
-        counts = BatchCounts(total=total, completed=completed, failed=errors + set_aside)
+        completed = answered.rows - answered.errors + answered.reused
+        counts = BatchCounts(total=total, completed=completed, failed=answered.errors + answered.set_aside)
+        tokens = answered.tokens
         usage = BatchTokens(
-            input_tokens=sum(s.tokens_in for s in stats),
-            output_tokens=sum(s.tokens_out for s in stats),
-            cached_tokens=sum(s.tokens_cached for s in stats),
+            input_tokens=tokens.prompt_tokens, output_tokens=tokens.generated_tokens, cached_tokens=tokens.cached_tokens
         )
         return counts, usage
 

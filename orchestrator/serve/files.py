@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from orchestrator.core.protocol.layout import ServeLayout
+from orchestrator.core.layout import ServeLayout
 from orchestrator.core.records import FilePurpose, StoredFile, read_file_record
 from orchestrator.core.store import Store
 

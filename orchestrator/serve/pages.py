@@ -23,12 +23,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import HTMLResponse, Response
 
-from orchestrator.controller.status import RunStatus, current_status, to_json
 from orchestrator.core.errors import OrchError, RunNotFound
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import BatchDocument, read_batch
 from orchestrator.core.records.run import run_names
 from orchestrator.core.store import Store
+from orchestrator.runview.status import RunStatus, current_status, to_json
 from orchestrator.serve.auth import OPEN_OWNER
 from orchestrator.serve.batch_states import LAYOUT
 from orchestrator.serve.driver import BatchSteps
@@ -109,7 +109,7 @@ def runs_index(who: Viewer, request: Request) -> HTMLResponse:
         except APIError as e:  # a batch whose run was never prepared (it failed validation)
             raise RunNotFound(f"batch {run} has no run: {e.message}") from None
 
-    page = render_index(index_rows(names, snapshot, store), "orch serve")
+    page = render_index(index_rows(names, snapshot), "orch serve", REFRESH_S)
     return HTMLResponse(page.html, headers=page.headers)
 
 

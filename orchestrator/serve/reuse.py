@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 
 from orchestrator.core.errors import CorruptRecord, InputError
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import ReuseRecord, read_batch, read_record
 from orchestrator.core.store import NotFound, Store
 from orchestrator.prepare.answer_index import read_index

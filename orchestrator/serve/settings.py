@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.backends import backend_for
-from orchestrator.controller.deadline import parse_duration
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import SpecError
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.spec import ModelSpec, RunSpec
 from orchestrator.core.store import Store, open_store
+from orchestrator.planning.deadline import parse_duration
 from orchestrator.serve.auth import Keys, check_exposure, load_owners
 from orchestrator.serve.uploads import UploadLimits
 from orchestrator.web.hosts import AllowedHosts, is_loopback

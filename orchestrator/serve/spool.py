@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from orchestrator.core.errors import OrchError
+from orchestrator.core.tempfiles import tree_bytes
 
 log = logging.getLogger("orch.serve")
 
@@ -57,7 +58,13 @@ def open_spool(temp_dir: str | None = None) -> Spool:
     2. Remove the folders of servers that died (their locks are free), saying what was removed.
     3. Make this server's folder and lock it, before the parent's lock is released."""
     parent = spool_parent(temp_dir)
-    os.makedirs(parent, mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+    except OSError as e:
+        if not os.path.lexists(parent):  # else something else is there: _check_private says what
+            raise OrchError(
+                f"cannot make {parent}: {e.strerror or e}", hint="point TMPDIR at a folder this user can write"
+            ) from None
     _check_private(parent)
     with _locked(os.path.join(parent, LOCK)):
         _remove_abandoned(parent)
@@ -92,7 +99,7 @@ def _remove_abandoned(parent: str) -> None:
         folder = os.path.join(parent, name)
         if not name.startswith(SERVER_PREFIX) or not _abandoned(folder):
             continue
-        left = _folder_bytes(folder)
+        left = tree_bytes(folder)
         shutil.rmtree(folder, ignore_errors=True)
         log.info("removed %s: %d byte(s) of uploads left by a server that was killed", folder, left)
 
@@ -112,12 +119,3 @@ def _abandoned(folder: str) -> bool:
     finally:
         os.close(fd)
     return True
-
-
-def _folder_bytes(folder: str) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(folder):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.controller.deadline import DeadlineSettings
-from orchestrator.controller.pricing import GpuTable, load_gpu_table
-from orchestrator.core.protocol.layout import chunk_id
+from orchestrator.core.layout import chunk_id
 from orchestrator.core.records import ManifestEntry
+from orchestrator.planning.deadline import DeadlineSettings
+from orchestrator.planning.forecast import SimulatedFleet
+from orchestrator.planning.pricing import GpuTable, load_gpu_table
 from orchestrator.simulate.config import SimConfig
 from orchestrator.simulate.fleet import Fleet
 from orchestrator.simulate.policies import ORCH, POLICIES, SKYPILOT_EXAMPLE, Policy
@@ -123,12 +124,29 @@ def simulate(
     prices: GpuTable | None = None,
     deadline: DeadlineSettings | None = None,
 ) -> FleetResult:
-    """One run. With `deadline`, the deadline policy (controller/deadline.py) adds and retires
+    """One run. With `deadline`, the deadline policy (planning/deadline.py) adds and retires
     on-demand workers every control interval, as `orch watch --deadline` does."""
     prices = prices or load_gpu_table(config.prices)
     entries = list(entries) if entries is not None else synthetic_manifest(config, random.Random(seed + 104729))
     gpus, trace = scenario(config, seed, prices)
     return Fleet(config, policy, entries, gpus, trace, prices, seed, deadline=deadline).run()
+
+
+def fleet_outcome(
+    fleet: SimulatedFleet, seed: int, entries: Sequence[ManifestEntry], prices: GpuTable
+) -> tuple[float, float]:
+    """The forecast's simulator (planning/forecast.FleetSimulator): one run of orch's policy over
+    the rows left on a candidate fleet, its makespan (s) and cost ($)."""
+    config = SimConfig(
+        workers=fleet.workers,
+        gpus=[fleet.gpu],
+        spot=fleet.spot,
+        base_rows_per_s=fleet.base_rows_per_s,
+        restart_overhead_s=fleet.restart_overhead_s,
+        checkpoint_interval_s=fleet.checkpoint_interval_s,
+    )
+    result = simulate(config, ORCH, seed, entries=list(entries), prices=prices)
+    return result.makespan_s, result.cost_usd
 
 
 @dataclass

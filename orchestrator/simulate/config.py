@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from orchestrator.controller.estimate import RESTART_OVERHEAD_S
 from orchestrator.core.spec import DEFAULT_GPUS
+from orchestrator.planning.estimate import RESTART_OVERHEAD_S
 
 
 class SimConfig(BaseModel):

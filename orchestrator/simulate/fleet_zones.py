@@ -1,10 +1,10 @@
 """Spot zones in the simulated fleet, steered by the code that steers real launches.
 
 Each zone takes a spot machine away at its own Poisson rate (SimConfig.zones). A spot worker that
-(re)starts goes to the zone `rank_zones` puts first (controller/zone_steering.py), with SkyPilot's
+(re)starts goes to the zone `rank_zones` puts first (planning/zone_steering.py), with SkyPilot's
 ordered failover in mind: capacity is found in the first zone tried. What the fleet sees (a machine
 up in a zone, preempted there, finished) goes into a ZoneHistory through the same transitions the
-watch loop applies to SkyPilot's job records (controller/zone_history.py). With `ranked` off, every
+watch loop applies to SkyPilot's job records (planning/zone_history.py). With `ranked` off, every
 worker takes the first zone listed, as a task rendered in the spec's order would.
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 import random
 
-from orchestrator.controller.spot_zones import ZoneModel
-from orchestrator.controller.zone_history import ended, preempted, started
-from orchestrator.controller.zone_steering import rank_zones
 from orchestrator.core.records import ZoneHistory
+from orchestrator.planning.spot_zones import ZoneModel
+from orchestrator.planning.zone_history import ended, preempted, started
+from orchestrator.planning.zone_steering import rank_zones
 
 
 class FleetZones:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from orchestrator.controller.plan import contiguous_split, plan_chunks
 from orchestrator.core.protocol.claims import RescuePolicy
 from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment
+from orchestrator.planning.plan import contiguous_split, plan_chunks
 
 
 @dataclass(frozen=True)

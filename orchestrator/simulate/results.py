@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.controller.deadline import Decision
+from orchestrator.planning.deadline import Decision
 
 
 @dataclass

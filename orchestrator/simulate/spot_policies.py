@@ -11,14 +11,14 @@ in spot_plan.py, for the capacity they see and the spells they have seen; around
 3. Zones, by what each may see:
    - `zone-aware` sees every zone (as a launcher trying the zones in turn learns): capacity is any
      zone's; a machine stays in its zone while it has capacity, else goes to the zone whose running
-     up spell should last longest (controller/spot_zones.py's ZoneModel, the ranking real
+     up spell should last longest (planning/spot_zones.py's ZoneModel, the ranking real
      launches use);
    - `own-zone` sees only the zone it is in, as the published benchmark's interface allows. With
      no spot there and nothing or on-demand running, it moves (a move costs nothing then) to the
      zone where its looks have found capacity most often, and sees that zone the next tick.
 
-The fleet's rules, as `orch watch --deadline` runs them on a fleet (controller/deadline.py's
-`decide`, controller/spot_zones.py's `wait_for_spot`), scored for reference: a job is a fleet of
+The fleet's rules, as `orch watch --deadline` runs them on a fleet (planning/deadline.py's
+`decide`, planning/spot_zones.py's `wait_for_spot`), scored for reference: a job is a fleet of
 one, its work counted in seconds, the spot worker "up" whenever a zone has capacity, one on-demand
 worker at most. `decide`'s actions map to markets: launch (behind its line with no spot, or the
 slack gone): on-demand; retire: leave on-demand for spot; hold: keep what runs, or take spot if a
@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator.controller.deadline import DeadlineSettings, FleetState, OnDemandWorker, decide
-from orchestrator.controller.spot_zones import SpotDeadlinePolicy, ZoneModel, draw_restarts_factor
+from orchestrator.planning.deadline import DeadlineSettings, FleetState, OnDemandWorker, decide
+from orchestrator.planning.spot_zones import SpotDeadlinePolicy, ZoneModel, draw_restarts_factor
 from orchestrator.simulate.spot_baselines import UniformProgress, UniformProgressRoundRobin
 from orchestrator.simulate.spot_plan import SPELL_PRIOR, SpellPrior, SpellWatch, plan
 from orchestrator.simulate.spot_replay import Choice, Market, PolicyFactory, SpotPolicy, View
@@ -93,7 +93,7 @@ class FleetDecide:
 
 @dataclass
 class WaitForSpot:
-    """The fleet's wait-for-spot rule (controller/spot_zones.py's SpotDeadlinePolicy), driven tick by
+    """The fleet's wait-for-spot rule (planning/spot_zones.py's SpotDeadlinePolicy), driven tick by
     tick: its zone model learns from every tick's capacity, its safety rule is `decide`'s commit."""
 
     policy: SpotDeadlinePolicy

@@ -1,7 +1,7 @@
 """What a run's page shows beyond its status: each worker's log tail and last error, a few answers,
 and a few error rows, read cheaply once per status reading.
 
-1. Logs: each worker's newest local log (controller/runs.py, what `orch logs` prints), its last
+1. Logs: each worker's newest local log (runview/runs.py, what `orch logs` prints), its last
    TAIL_BYTES only: the last LOG_LINES lines and the last error line the local backend quotes
    when a job fails (backends/local.py). A SkyPilot worker's log is on its machine: the page
    names the command that shows it (the status's `log`).
@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.backends.local import last_error_in, read_log_end
-from orchestrator.controller.runs import latest_logs, log_files
-from orchestrator.controller.status import RunStatus
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError
 from orchestrator.core.lines import BatchOutputLine
@@ -30,6 +28,8 @@ from orchestrator.core.protocol.parts import iter_part_lines
 from orchestrator.core.records import PrepareError, read_marker
 from orchestrator.core.records.base import iter_jsonl
 from orchestrator.core.store import NotFound, StoreError
+from orchestrator.runview.runs import latest_logs, log_files
+from orchestrator.runview.status import RunStatus
 
 #: Lines of each worker's log shown, and how much of its end is read for them and its last error.
 LOG_LINES, TAIL_BYTES = 12, 64 * 1024
@@ -105,7 +105,7 @@ def _outputs(ctx: RunContext, status: RunStatus) -> tuple[list[Row], list[Row]]:
     errors: list[Row] = []
     for chunk, _ in [item for item in stats if item[1][1].errors][:ERROR_CHUNKS]:
         errors += _rows_of(ctx, chunk, ERRORS - len(errors), errors_only=True)
-    if len(errors) < ERRORS and status.rows.get("set_aside"):
+    if len(errors) < ERRORS and status.rows.set_aside:
         errors += _set_aside(ctx, ERRORS - len(errors))
     return samples, errors
 

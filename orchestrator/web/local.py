@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import quote, unquote, urlsplit
 
-from orchestrator.controller.runs import context_in_store
-from orchestrator.controller.status import to_json
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import OrchError
 from orchestrator.core.records.run import run_names
+from orchestrator.runview.runs import context_in_store
+from orchestrator.runview.status import to_json
 from orchestrator.web.hosts import AllowedHosts
 from orchestrator.web.metrics import CONTENT_TYPE, exposition
 from orchestrator.web.page import page_of
@@ -48,8 +48,8 @@ class RunPages:
         if path == "/":
             return self.run_page(run, json_only=False)
         if path == "/runs":
-            rows = index_rows(run_names(self.ctx.store), self.snapshots.get, self.ctx.store)
-            page = render_index(rows, self.ctx.spec.store)
+            rows = index_rows(run_names(self.ctx.store), self.snapshots.get)
+            page = render_index(rows, self.ctx.spec.store, self.refresh_s)
             return 200, "text/html; charset=utf-8", page.html.encode(), page.headers
         if path == "/metrics":
             metrics = self.snapshots.get(run).view("metrics", lambda s: exposition(lambda: [s.status]))

@@ -11,6 +11,7 @@ every series labelled with its `run`. Names (all prefixed `orch_`):
     orch_rows_in_progress{run}                   rows answered, in workers' memory until their next checkpoint
     orch_row_errors_total{run}                   error rows in finished chunks (counter)
     orch_rows_set_aside{run}                     input rows prepare set aside
+    orch_rows_reused{run}                        input rows answered by earlier runs (--reuse-from)
     orch_prompt_tokens_total{run}                prompt tokens of finished chunks (counter)
     orch_cached_tokens_total{run}                of those, the ones the engines' prefix caches held
     orch_generated_tokens_total{run}             generated tokens of finished chunks
@@ -37,7 +38,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from orchestrator.controller.status import RunStatus
+from orchestrator.runview.sections import RunStatus, Tokens
 
 #: The exposition's content type (text format 0.0.4).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -69,7 +70,8 @@ def _run_families(runs: list[RunStatus]) -> Iterator[Metric]:
     in_progress = _gauge("orch_rows_in_progress", "rows answered, held in workers' memory until their next checkpoint")
     errors = CounterMetricFamily("orch_row_errors", "error rows in finished chunks", labels=["run"])
     set_aside = _gauge("orch_rows_set_aside", "input rows prepare set aside (answered with error lines)")
-    kinds = sorted({k for s in runs for k in s.tokens if k.endswith("_tokens")} | {"prompt_tokens"})
+    reused = _gauge("orch_rows_reused", "input rows answered by earlier runs (--reuse-from)")
+    kinds = sorted(Tokens.model_fields)
     tokens = {
         kind: CounterMetricFamily(f"orch_{kind}", f"{kind.replace('_', ' ')} of finished chunks", labels=["run"])
         for kind in kinds
@@ -85,29 +87,34 @@ def _run_families(runs: list[RunStatus]) -> Iterator[Metric]:
     for s in runs:
         run = [s.run]
         complete.add_metric(run, 1.0 if s.complete else 0.0)
-        chunks.add_metric(run, s.chunks["total"])
-        chunks_done.add_metric(run, s.chunks["done"])
-        rows.add_metric(run, s.rows["total"])
-        rows_done.add_metric(run, s.rows["done"])
-        in_progress.add_metric(run, s.rows["in_progress"])
-        errors.add_metric(run, s.rows["errors"])
-        set_aside.add_metric(run, s.rows.get("set_aside", 0))
+        chunks.add_metric(run, s.chunks.total)
+        chunks_done.add_metric(run, s.chunks.done)
+        rows.add_metric(run, s.rows.total)
+        rows_done.add_metric(run, s.rows.done)
+        in_progress.add_metric(run, s.rows.in_progress)
+        errors.add_metric(run, s.rows.errors)
+        set_aside.add_metric(run, s.rows.set_aside)
+        reused.add_metric(run, s.rows.reused)
+        counts = s.tokens.model_dump()
         for kind, family in tokens.items():
-            family.add_metric(run, s.tokens.get(kind, 0))
-        for market, bought in sorted(s.cost_per_m_tokens.items()):
-            if bought.get("usd_per_m_tokens") is not None:
-                per_m.add_metric([s.run, market], bought["usd_per_m_tokens"])
-        rows_per_s.add_metric(run, s.throughput["rows_per_s"])
-        tokens_per_s.add_metric(run, s.throughput["tokens_per_s"])
+            family.add_metric(run, counts[kind])
+        for market in ("all", "on_demand", "spot"):
+            rate = getattr(s.cost_per_m_tokens, market).usd_per_m_tokens
+            if rate is not None:
+                per_m.add_metric([s.run, market], rate)
+        rows_per_s.add_metric(run, s.throughput.rows_per_s)
+        tokens_per_s.add_metric(run, s.throughput.tokens_per_s)
         if s.eta_s is not None:
             eta.add_metric(run, s.eta_s)
-        cost.add_metric(run, s.cost["so_far_usd"])
-        hours.add_metric(run, s.cost["worker_hours"])
+        cost.add_metric(run, s.cost.so_far_usd)
+        hours.add_metric(run, s.cost.worker_hours)
         if s.estimate and not s.complete:
-            for market in ("spot", "on_demand"):
-                left_usd.add_metric([s.run, market], s.estimate[f"{market}_usd"])
-                left_s.add_metric([s.run, market], s.estimate[f"{market}_hours"] * 3600)
-    yield from (complete, chunks, chunks_done, rows, rows_done, in_progress, errors, set_aside, *tokens.values())
+            left_usd.add_metric([s.run, "spot"], s.estimate.spot_usd)
+            left_usd.add_metric([s.run, "on_demand"], s.estimate.on_demand_usd)
+            left_s.add_metric([s.run, "spot"], s.estimate.spot_hours * 3600)
+            left_s.add_metric([s.run, "on_demand"], s.estimate.on_demand_hours * 3600)
+    yield from (complete, chunks, chunks_done, rows, rows_done, in_progress, errors, set_aside, reused)
+    yield from tokens.values()
     yield from (rows_per_s, tokens_per_s, eta, cost, hours, per_m, left_usd, left_s)
 
 
@@ -124,12 +131,12 @@ def _model_families(runs: list[RunStatus]) -> Iterator[Metric]:
     for s in runs:
         for model, m in s.models.items():
             at = [s.run, model]
-            rows.add_metric(at, m["rows"]["total"])
-            rows_done.add_metric(at, m["rows"]["done"])
-            tokens.add_metric(at, m["tokens"].get("prompt_tokens", 0) + m["tokens"].get("generated_tokens", 0))
-            cost.add_metric(at, m["usd"])
-            if m.get("usd_per_m_tokens") is not None:
-                per_m.add_metric(at, m["usd_per_m_tokens"])
+            rows.add_metric(at, m.rows.total)
+            rows_done.add_metric(at, m.rows.done)
+            tokens.add_metric(at, m.tokens.prompt_tokens + m.tokens.generated_tokens)
+            cost.add_metric(at, m.usd)
+            if m.usd_per_m_tokens is not None:
+                per_m.add_metric(at, m.usd_per_m_tokens)
     yield from (rows, rows_done, tokens, cost, per_m)
 
 
@@ -147,9 +154,8 @@ def _worker_families(runs: list[RunStatus]) -> Iterator[Metric]:
         states: dict[str, int] = {}
         activities: dict[str, int] = {}
         for w in s.workers:
-            states[w.state] = states.get(w.state, 0) + 1
-            activity = w.activity
-            activities[activity] = activities.get(activity, 0) + 1
+            states[w.state_word] = states.get(w.state_word, 0) + 1
+            activities[str(w.activity)] = activities.get(str(w.activity), 0) + 1
             rows_per_s.add_metric([s.run, w.worker], w.rows_per_s)
             tokens_per_s.add_metric([s.run, w.worker], w.tokens_per_s)
             recoveries.add_metric([s.run, w.worker], w.recovery_count)

@@ -1,4 +1,4 @@
-"""A run's web page: the status object (`orchestrator.controller.status.derive_status`) as HTML,
+"""A run's web page: the status object (`orchestrator.runview.status.derive_status`) as HTML,
 with the details read beside it (each worker's log tail and last error, sample answers, error rows:
 web/details.py).
 
@@ -23,17 +23,19 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from orchestrator.controller.status import RunStatus, duration
-from orchestrator.controller.token_cost import tokens_line
+from orchestrator.backends.base import JobState
 from orchestrator.core.context import RunContext
+from orchestrator.runview.sections import RunStatus, WorkerView
+from orchestrator.runview.tokens import tokens_line
+from orchestrator.runview.words import doing, duration, recovery_line, state_words
 from orchestrator.web.details import RunDetails, read_details
 from orchestrator.web.snapshots import Snapshot
 
 #: The chart's drawing area, in SVG units.
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP, RIGHT = 1200.0, 260.0, 64.0, 30.0, 14.0, 16.0
 #: Job states shown as trouble (red) or on their way (amber); the rest is neutral or green.
-BAD = ("FAILED", "CANCELLED")
-PENDING = ("PENDING", "STARTING", "RECOVERING", "UNKNOWN", "NOT LAUNCHED")
+BAD = frozenset(s for s in JobState if s.value.startswith(("FAILED", "CANCELLED")))
+PENDING = frozenset({JobState.PENDING, JobState.STARTING, JobState.RECOVERING, JobState.UNKNOWN})
 
 
 #: The page's one script: fetch the page again every REFRESH ms and swap its body, until complete.
@@ -96,7 +98,7 @@ def page_of(snap: Snapshot, context: Callable[[], RunContext | None], refresh_s:
     def make(s: Snapshot) -> Page:
         ctx = context()
         details = read_details(ctx, s.status) if ctx is not None else None
-        return render_page(s.status, details=details, refresh_s=refresh_s, taken_at=s.taken_at)
+        return render_page(s.status, details=details, refresh_s=refresh_s, taken_at=s.taken_at, problem=s.problem)
 
     return snap.view("page", make)
 
@@ -108,9 +110,11 @@ def render_page(
     now: float | None = None,
     refresh_s: float = 5.0,
     taken_at: float | None = None,
+    problem: str | None = None,
 ) -> Page:
-    """The page of one run, as of `taken_at` (when its status was read). The same status gives the
-    same page: a server renders a reading once, however many views it answers."""
+    """The page of one run, as of `taken_at` (when its status was read; `problem`: why a later
+    reading failed). The same status gives the same page: a server renders a reading once, however
+    many views it answers."""
     now = time.time() if now is None else now
     script = SCRIPT.replace("REFRESH", str(int(refresh_s * 1000)))
     script_hash = "sha256-" + base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
@@ -118,7 +122,7 @@ def render_page(
         s=status,
         d=details or RunDetails(),
         per_m=_per_m(status),
-        pct=100 * status.chunks["done"] / status.chunks["total"] if status.chunks["total"] else 100.0,
+        pct=100 * status.chunks.done / status.chunks.total if status.chunks.total else 100.0,
         chart=chart(status, now),
         workers=[_worker_row(w) for w in status.workers],
         by_state=_by_state(status),
@@ -126,55 +130,55 @@ def render_page(
         refresh_s=max(int(refresh_s), 1),
         taken=time.strftime("%H:%M:%S", time.localtime(taken_at if taken_at is not None else now)),
         taken_at=f"{taken_at if taken_at is not None else now:.3f}",
+        problem=problem,
     )
     return Page(html, script_hash)
 
 
 def _per_m(status: RunStatus) -> dict[str, Any] | None:
-    """What a million tokens cost, and `orch status`'s tokens line (controller/token_cost.py)."""
-    if not (status.tokens.get("prompt_tokens") or status.tokens.get("generated_tokens")):
+    """What a million tokens cost, and `orch status`'s tokens line (runview/tokens.py)."""
+    if not (status.tokens.prompt_tokens or status.tokens.generated_tokens):
         return None
-    every = status.cost_per_m_tokens.get("all", {})
-    rate = every.get("usd_per_m_tokens")
+    rate = status.cost_per_m_tokens.all.usd_per_m_tokens
     return {
         "value": f"${rate:,.4f}" if rate is not None else "-",
         "line": tokens_line(status.tokens, status.cost_per_m_tokens),
     }
 
 
-def _worker_row(w: Any) -> dict[str, Any]:
-    state = w.state + (f" (recovered {w.recovery_count}x)" if w.recovery_count else "")
-    tone = "bad" if w.state.startswith(BAD) else "wait" if w.state in PENDING else "ok"
+def _worker_row(w: WorkerView) -> dict[str, Any]:
+    tone = "bad" if w.state in BAD else "wait" if w.state in PENDING or not isinstance(w.state, JobState) else "ok"
     return {
         "v": w,
-        "state": state,
+        "state": state_words(w),
         "tone": tone,
+        "recovery": recovery_line(w),
         "where": "/".join(x for x in (w.cloud, w.region) if x) or "-",
         "spot": {True: "spot", False: "on-demand", None: "-"}[w.spot],
         "progress": f"{w.chunk_rows_done}/{w.chunk_rows}" if w.chunk else "-",
         "beat": duration(w.heartbeat_age_s) + " ago" if w.heartbeat_age_s is not None else "-",
-        "doing": w.activity + (f" {duration(w.activity_s, exact=True)}" if w.activity_s is not None else ""),
+        "doing": doing(w),
     }
 
 
 def _by_state(status: RunStatus) -> list[tuple[str, int]]:
     counts: dict[str, int] = {}
     for w in status.workers:
-        counts[w.state] = counts.get(w.state, 0) + 1
+        counts[w.state_word] = counts.get(w.state_word, 0) + 1
     return sorted(counts.items())
 
 
 def chart(status: RunStatus, now: float) -> dict[str, Any]:
     """Chunks done over time as SVG coordinates: a step line from the timeline, the total as a
     ceiling, and with a deadline the uniform line from the run's start to all chunks at the deadline."""
-    total = max(status.chunks["total"], 1)
+    total = max(status.chunks.total, 1)
     points = status.timeline
     d = status.deadline
     start = points[0][0] if points else now
     if d:
-        start = min(start, float(d["at"]) - float(d["elapsed_s"]))
+        start = min(start, d.at - d.elapsed_s)
     end = max([now] + [p[0] for p in points])
-    deadline_at = start + float(d["deadline_s"]) if d else None
+    deadline_at = start + d.deadline_s if d else None
     if deadline_at is not None and not status.complete:
         end = max(end, deadline_at)
     span = max(end - start, 1.0)
@@ -200,7 +204,7 @@ def chart(status: RunStatus, now: float) -> dict[str, Any]:
         "right": WIDTH - RIGHT,
         "top": y(total),
         "bottom": y(0),
-        "total": status.chunks["total"],
+        "total": status.chunks.total,
         "half": y(total / 2),
         "half_label": f"{total / 2:,.0f}" if total > 1 else "",
         "span": duration(span),

@@ -5,6 +5,10 @@ at most ~30 store requests, whatever the run's size); a later one that finds the
 older than `max_age` starts one reading in the background and waits for it at most WAIT_S: a
 small run's page is fresh, a large run's answers at once with the reading before. So a page
 answers in milliseconds on a run of 10,000 chunks, and ten open tabs cost the store what one does.
+
+A reading that fails after an earlier one succeeded leaves the earlier one in place, with what went
+wrong (`Snapshot.problem`): the views say they show an old reading and why, never pass it off as
+fresh; the next request tries again.
 """
 
 from __future__ import annotations
@@ -13,10 +17,10 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from orchestrator.controller.status import RunStatus
+from orchestrator.runview.status import RunStatus
 
 T = TypeVar("T")
 
@@ -31,6 +35,8 @@ class Snapshot:
     status: RunStatus
     #: Wall-clock time its facts were read.
     taken_at: float
+    #: Why the latest reading failed, when this one is older than it (None: this is the latest).
+    problem: str | None = None
     #: What was made of this reading (the page, its HTML), kept as long as the reading.
     made: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -86,9 +92,13 @@ class Snapshots:
         taken_at = self.clock()
         try:
             snap = Snapshot(self.read(run), taken_at)
-        except Exception as e:  # the first reading's error goes to its request; later ones keep the last
+        except Exception as e:  # the first reading's error goes to its request; later ones keep the last, said
             with self._lock:
-                self._failed[run] = e
+                held = self._taken.get(run)
+                if held is None:
+                    self._failed[run] = e
+                else:
+                    self._taken[run] = replace(held, problem=f"{type(e).__name__}: {e}", made={})
                 self._reading.pop(run, None)
             reading.set()
             return

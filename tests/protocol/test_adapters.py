@@ -5,19 +5,17 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.core.errors import OrchError, SpecConflict
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.adapters import fetch_adapters, ship_adapters
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.store import open_store
 
 L = RunLayout("r")
 
 
-@pytest.fixture(params=["local", "seaweedfs"])
+@pytest.fixture(params=["local", pytest.param("seaweedfs", marks=pytest.mark.slow)])
 def store(request, tmp_path):
-    from tests.conftest import make_store_uri
+    from tests.support.s3servers import make_store_uri
 
-    if request.param != "local":
-        request.applymarker(pytest.mark.slow)
     return open_store(make_store_uri(request.param, request, tmp_path))
 
 

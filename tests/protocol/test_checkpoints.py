@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.checkpoints import ChunkJob, IncompleteChunk, RowStat, load_resume_point
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost, acquire
 from orchestrator.core.records import DoneMarker
 from orchestrator.core.store import open_store

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.claims import (
     ChunkClaimer,
     PlanIndex,
@@ -13,7 +14,6 @@ from orchestrator.core.protocol.claims import (
     pick_rescue,
 )
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher, read_heartbeats
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import acquire
 from orchestrator.core.records import Heartbeat, HeartbeatSummary, PlanRecord, WorkerAssignment
 from orchestrator.core.store.memory import MemoryStore

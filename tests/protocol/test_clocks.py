@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.claims import PlanIndex, RunView, expired_lease_chunks
 from orchestrator.core.protocol.clocks import StoreClock
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, acquire, read_lease
 from orchestrator.core.records import Heartbeat, PlanRecord, WorkerAssignment
 from orchestrator.core.store.memory import MemoryStore

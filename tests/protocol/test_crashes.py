@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.crashes import CAREFUL_GROUP, QUICK_DEATH_S, careful_groups, poison_evidence
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost, acquire, read_lease
 from orchestrator.core.store import open_store
 from orchestrator.core.store.memory import MemoryStore

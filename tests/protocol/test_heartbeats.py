@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher, live_heartbeats
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import Heartbeat
 from orchestrator.core.store import open_store
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.core.protocol.layout import RunLayout, chunk_id, decode_key_record, encode_key_record
+from orchestrator.core.layout import RunLayout, chunk_id, decode_key_record, encode_key_record
 from orchestrator.core.records import ChunkStats, Heartbeat, HeartbeatSummary
 
 L = RunLayout("run-1")

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost, acquire, read_lease, release, renew
 from orchestrator.core.store import open_store
 from orchestrator.core.store.memory import MemoryStore

@@ -9,11 +9,11 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.core.records import JobsRecord, cas_update, read_record
 from orchestrator.core.store import open_store
-from tests.conftest import make_store_uri
 from tests.support.runs import chat_request, make_run
+from tests.support.s3servers import make_store_uri
 
 
-@pytest.mark.parametrize("kind", ["local", "moto", "seaweedfs"])
+@pytest.mark.parametrize("kind", ["local", *(pytest.param(k, marks=pytest.mark.slow) for k in ("moto", "seaweedfs"))])
 def test_cas_update_loses_no_update_when_writers_race(kind, request, tmp_path):
     """Eight threads each bump a counter in one document ten times: every bump lands exactly once."""
     store = open_store(make_store_uri(kind, request, tmp_path))
@@ -42,7 +42,7 @@ def test_cas_update_loses_no_update_when_writers_race(kind, request, tmp_path):
     assert found is not None and found[0].worker(0).relaunches == 80
 
 
-@pytest.mark.parametrize("kind", ["local", "moto"])
+@pytest.mark.parametrize("kind", ["local", pytest.param("moto", marks=pytest.mark.slow)])
 def test_cas_update_applies_two_identical_changes_twice(kind, request, tmp_path):
     """Two writers make the same change from the same version: the second must not mistake the first's
     bytes for its own (an S3 store counts identical bytes after a 412 as its own retried write)."""

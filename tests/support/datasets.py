@@ -123,3 +123,22 @@ def write_jsonl(path: str | Path, records: Sequence[Any], *, gz: bool = False) -
     )
     path.write_bytes(gzip.compress(data) if gz else data)
     return path
+
+
+def batch_lines(path: Path, models: list[str | None], **params: object) -> Path:
+    """openai-batch chat lines r0, r1, ... each naming models[i % len(models)] (None: no body.model)."""
+    with open(path, "w") as f:
+        for i in range(len(models) if not params.get("rows") else int(str(params["rows"]))):
+            body: dict[str, object] = {"messages": [{"role": "user", "content": f"Question {i}?"}]}
+            body.update({k: v for k, v in params.items() if k != "rows"})
+            model = models[i % len(models)]
+            if model is not None:
+                body["model"] = model
+            line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+            f.write(json.dumps(line) + "\n")
+    return path
+
+
+def text_questions(path: Path, n: int, **extra: object) -> Path:
+    """`n` questions, q0 to q{n-1}, in a `question` column beside their `id` (and `extra` columns)."""
+    return write_jsonl(path, [{"id": f"q{i}", "question": f"Question {i}?", **extra} for i in range(n)])

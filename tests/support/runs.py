@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.frozen_spec import freeze_spec
+from orchestrator.core.layout import RunLayout, chunk_id
 from orchestrator.core.lines import BatchError, BatchOutputLine, BatchResponse
-from orchestrator.core.protocol.layout import RunLayout, chunk_id
 from orchestrator.core.records import ManifestEntry, PlanRecord, WorkerAssignment, write_jsonl
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import Store
@@ -149,12 +149,12 @@ def answer_chunk(
     assert job.complete(worker=worker, model="m", spec_hash="h", accelerator=accelerator) is not None
 
 
-def orch_process(workdir: Path, *args: str) -> subprocess.Popen:
+def orch_process(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """`orch` as the user runs it, a process of its own (stderr read as it comes), Ctrl-C delivered
     as a terminal delivers it: where these tests run in the background of a shell without job
     control, SIGINT is ignored, and a child inherits that (a handler, unlike SIG_IGN, is reset at
-    exec), so orch would never see the tests' Ctrl-C."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    exec), so orch would never see the tests' Ctrl-C. `env`: variables set beside the tests' own."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return subprocess.Popen(

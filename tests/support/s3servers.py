@@ -17,6 +17,9 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ACCESS_KEY = "orch-test-key"
 SECRET_KEY = "orch-test-secret"
@@ -27,7 +30,7 @@ class S3Server:
     name: str
     endpoint: str
 
-    def client(self):
+    def client(self) -> Any:
         import boto3
 
         return boto3.client(
@@ -78,7 +81,7 @@ def _weed_binary() -> str:
     return found
 
 
-def _wait_ready(server: S3Server, proc: subprocess.Popen | None, log: Path, timeout: float = 30) -> None:
+def _wait_ready(server: S3Server, proc: subprocess.Popen[bytes] | None, log: Path, timeout: float = 30) -> None:
     deadline = time.time() + timeout
     last: Exception | None = None
     while time.time() < deadline:
@@ -102,7 +105,7 @@ class SeaweedFS:
         self.ports = _free_port_block(5)
         self.server = S3Server("seaweedfs", f"http://127.0.0.1:{self.ports[3]}")
         self.log = workdir / "weed.log"
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         (workdir / "data").mkdir(parents=True, exist_ok=True)
 
     def start(self) -> S3Server:
@@ -178,14 +181,14 @@ def moto_server() -> Iterator[S3Server]:
     app = DomainDispatcherApplication(create_backend_app)
     one_at_a_time = threading.Lock()
 
-    def atomic_requests(environ, start_response):
+    def atomic_requests(environ: Any, start_response: Any) -> list[bytes]:
         with one_at_a_time:
             return list(app(environ, start_response))
 
     server = make_server("127.0.0.1", 0, atomic_requests, threaded=True, request_handler=MotoRequestHandler)
     thread = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
     thread.start()
-    host, port = server.server_address[:2]
+    host, port = str(server.server_address[0]), int(server.server_address[1])
     try:
         s3 = S3Server("moto", f"http://{host}:{port}")
         _wait_ready(s3, None, Path("/dev/null"))
@@ -193,3 +196,12 @@ def moto_server() -> Iterator[S3Server]:
     finally:
         server.shutdown()
         thread.join()
+
+
+def make_store_uri(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store of the given kind, as a URI a subprocess can open too."""
+    if kind == "local":
+        return str(tmp_path / "store")
+    server = request.getfixturevalue("seaweedfs_server" if kind == "seaweedfs" else "moto_s3_server")
+    bucket = request.getfixturevalue("seaweedfs_bucket") if kind == "seaweedfs" else server.new_bucket()
+    return str(server.store_uri(bucket, f"t-{uuid.uuid4().hex[:10]}"))

@@ -1,4 +1,6 @@
-"""Worker fixtures: the test models (built once, cached in .cache/models) and one engine per session."""
+"""Worker fixtures: the test models (built once, cached in .cache/models) and one engine per session.
+
+Every test here is of the real-engine tier: vLLM (or transformers) itself is what they test."""
 
 from __future__ import annotations
 
@@ -7,14 +9,19 @@ from pathlib import Path
 
 import pytest
 
-MODELS = Path(__file__).resolve().parents[2] / ".cache" / "models"
+from tests.support.models import COMPACT_JSON, MODELS
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-COMPACT_JSON = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test of this folder is of the real-engine tier (a hook sees every item of the session)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.real_engine)
 
 
 @pytest.fixture(scope="session")

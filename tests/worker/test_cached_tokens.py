@@ -9,13 +9,13 @@ import uuid
 import pytest
 from openai.types.chat import ChatCompletion
 
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import DoneMarker, Heartbeat
 from orchestrator.core.spec import SamplingSpec
 from orchestrator.core.store import open_store
+from tests.support.engines import run
 from tests.support.runs import make_run
-from tests.worker.test_vllm_engine import run
-from tests.worker.test_worker_process import answered_lines, run_in_process
+from tests.support.worker_process import answered_lines, run_in_process
 from worker.requests import parse_request
 from worker.wire import EngineRequest
 
@@ -70,9 +70,9 @@ def test_each_line_carries_vllms_own_cached_token_count(tiny_engine, monkeypatch
 
 
 def test_a_run_reports_cached_tokens_in_summary_heartbeat_markers_status_and_collect(tiny_engine, tiny_model, tmp_path):
-    from orchestrator.controller.collect import collect
-    from orchestrator.controller.pricing import load_gpu_table
-    from orchestrator.controller.status import status_of
+    from orchestrator.collect.collect import collect
+    from orchestrator.planning.pricing import load_gpu_table
+    from orchestrator.runview.status import status_of
 
     store = open_store(str(tmp_path / "store"))
     system = system_prompt()
@@ -91,8 +91,12 @@ def test_a_run_reports_cached_tokens_in_summary_heartbeat_markers_status_and_col
     assert Heartbeat.model_validate_json(store.get(beats[-1].key).data).tokens_cached == cached
 
     status = status_of(store, layout, None, now=0.0, prices=load_gpu_table())
-    assert status.tokens == {"prompt_tokens": prompt, "cached_tokens": cached, "generated_tokens": generated}
+    assert status.tokens.model_dump() == {
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "generated_tokens": generated,
+    }
     report = collect(store, layout, tmp_path / "out.jsonl", prices=load_gpu_table())
-    assert report.tokens.to_dict() == status.tokens
+    assert report.tokens.to_dict() == status.tokens.model_dump()
     # A CPU is not in the price table: the run cost nothing, and says so per million tokens.
     assert report.cost_per_m_tokens is not None and report.cost_per_m_tokens["all"]["usd_per_m_tokens"] == 0.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.worker.test_structured import answer
+from tests.support.engines import answer
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import pytest
 from openai.types import CreateEmbeddingResponse
 
 from orchestrator.core.lines import BatchOutputLine
-from tests.worker.test_vllm_engine import requests, run
+from tests.support.engines import requests, run
 
 pytestmark = pytest.mark.slow
 
@@ -111,7 +111,7 @@ def test_pooling_worker_matches_vllm_run_batch(tiny_embed_model, tmp_path):
 
     from orchestrator.core.store import open_store
     from tests.support.runs import make_run
-    from tests.worker.test_worker_process import WorkerProcess, answered_lines
+    from tests.support.worker_process import WorkerProcess, answered_lines
 
     texts = ["Hello", "What is the capital of France?", "Write a haiku about the ocean", "1 2 3"]
     bodies = [
@@ -206,7 +206,7 @@ def vllm_run_batch(lines: list[dict], model: str, tmp_path) -> dict[str, BatchOu
     import subprocess
     import sys
 
-    from tests.worker.test_worker_process import ROOT
+    from tests.support.models import REPO
 
     batch_in, batch_out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     batch_in.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -216,7 +216,7 @@ def vllm_run_batch(lines: list[dict], model: str, tmp_path) -> dict[str, BatchOu
             "--model", model, "--runner", "pooling", "--dtype", "float32", "--enforce-eager",
             "--max-model-len", "1024", "--kv-cache-memory-bytes", str(64 * 2**20),
         ],
-        cwd=ROOT, check=True, capture_output=True, timeout=600,
+        cwd=REPO, check=True, capture_output=True, timeout=600,
     )  # fmt: skip
     theirs = {
         line.custom_id: line for line in map(BatchOutputLine.model_validate_json, batch_out.read_text().splitlines())

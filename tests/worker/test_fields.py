@@ -10,7 +10,7 @@ import pytest
 
 from model_builders import TOOLS_CHAT_TEMPLATE, WEATHER_TOOL
 from orchestrator.core.spec import ModelSpec
-from tests.worker.test_structured import answer
+from tests.support.engines import answer
 
 pytestmark = pytest.mark.slow
 

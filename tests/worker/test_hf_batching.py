@@ -56,10 +56,10 @@ def test_hf_batching_fills_batches_up_to_the_spec_limit(engine):
 
 
 def test_hf_batching_the_forecasts_replay_runs_the_batches_the_engine_ran(engine):
-    # The forecast prices a probe of this engine by replaying its batches (controller/probe_work.py):
+    # The forecast prices a probe of this engine by replaying its batches (planning/probe_work.py):
     # prompts of several lengths, heavy-tailed answers, sent in this order; the engine's batches
     # (rows, longest answer) and the replay's must be the same.
-    from orchestrator.controller.probe_work import StaticRow, static_batches
+    from orchestrator.planning.probe_work import StaticRow, static_batches
 
     lengths = [2, 3, 40, 2, 5, 2, 24, 3, 2, 9, 2, 2, 31, 4, 2, 3] * 3
     reqs = requests(*[msg("word " * (i % 11), max_tokens=n, ignore_eos=True) for i, n in enumerate(lengths)])

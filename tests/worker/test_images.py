@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.worker.test_vllm_engine import body_of, requests, run
+from tests.support.engines import body_of, requests, run
 from worker import images
 
 pytestmark = pytest.mark.slow

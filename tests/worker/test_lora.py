@@ -11,7 +11,7 @@ from orchestrator.core.protocol.adapters import ship_adapters
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
 from tests.support.runs import chat_request, make_run
-from tests.worker.test_worker_process import WorkerProcess, answered_lines
+from tests.support.worker_process import WorkerProcess, answered_lines
 
 pytestmark = pytest.mark.slow
 

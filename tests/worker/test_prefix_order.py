@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 import random
 
-from orchestrator.controller.collect import collect
-from orchestrator.core.protocol.layout import chunk_id
+from orchestrator.collect.collect import collect
+from orchestrator.core.layout import chunk_id
 from orchestrator.core.records import DoneMarker
 from orchestrator.core.store import open_store
 from tests.support.runs import make_run

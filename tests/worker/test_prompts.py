@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from orchestrator.core.chat_template import read_chat_template
 from orchestrator.core.errors import ChatTemplateError
 from orchestrator.core.spec import ModelSpec, SamplingSpec
-from worker.prompts import Prompt, read_chat_template
+from worker.prompts import Prompt
 from worker.requests import parse_request
 from worker.wire import EngineRequest, RowResult
 

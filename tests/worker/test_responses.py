@@ -25,8 +25,8 @@ import pytest
 
 from model_builders import TOOLS_CHAT_TEMPLATE, WEATHER_TOOL
 from orchestrator.core.spec import ModelSpec, SamplingSpec
-from tests.worker.conftest import COMPACT_JSON, MODELS
-from tests.worker.test_structured import SCHEMA, answer, prompt_ids
+from tests.support.engines import SCHEMA, answer, prompt_ids
+from tests.support.models import COMPACT_JSON, MODELS
 from worker.requests import parse_request
 from worker.wire import EngineRequest, RowResult
 

@@ -11,8 +11,8 @@ import pytest
 
 from model_builders import TOOLS_CHAT_TEMPLATE, WEATHER_TOOL
 from orchestrator.core.spec import ModelSpec, SamplingSpec
-from tests.worker.conftest import COMPACT_JSON
-from tests.worker.test_structured import SCHEMA, answer, prompt_ids
+from tests.support.engines import SCHEMA, answer, prompt_ids
+from tests.support.models import COMPACT_JSON
 
 pytestmark = pytest.mark.slow
 

@@ -3,6 +3,7 @@ follows the constraint because vLLM's grammar backend forces it, whatever the we
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -10,52 +11,14 @@ import jsonschema
 import pytest
 
 from orchestrator.core.spec import SamplingSpec
+from tests.support.engines import SCHEMA, answer
 from tests.support.openai_lines import check_line
 from worker.requests import parse_request
-from worker.wire import EngineRequest
+from worker.wire import Constraint, EngineRequest
 
 pytestmark = pytest.mark.slow
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "label": {"type": "string", "enum": ["positive", "negative", "neutral"]},
-        "urgent": {"type": "boolean"},
-    },
-    "required": ["label", "urgent"],
-    "additionalProperties": False,
-}
 PROMPTS = ["Great product!", "It broke after a day.", "Delivery was on time.", "1 2 3"]
-
-
-def answer(engine, *bodies, url="/v1/chat/completions", defaults=None, unknown_fields="error"):
-    """Each body's output line (checked against the openai SDK's types), in order: the engine's
-    answer, or the error row parsing gave. `defaults`: the spec's sampling (greedy unless given);
-    `unknown_fields`: the spec's `requests.unknown_fields`."""
-    defaults = defaults or SamplingSpec(temperature=0)
-    reqs, rows = [], {}
-    for i, body in enumerate(bodies):
-        parsed = parse_request(
-            json.dumps({"custom_id": f"r{i}", "url": url, "body": body}), i, defaults, unknown_fields
-        )
-        if isinstance(parsed, EngineRequest):
-            reqs.append(parsed)
-        else:
-            rows[parsed.custom_id] = parsed
-    rows |= {row.custom_id: row for step in engine.run(iter(reqs)) for row in step}
-    lines = [rows[f"r{i}"].line.model_dump(mode="json") for i in range(len(bodies))]
-    for line in lines:
-        check_line(line)
-    return lines
-
-
-def prompt_ids(engine, body, url="/v1/chat/completions"):
-    """The prompt token ids orch's vLLM engine generates from for this body (its tools included)."""
-    request = parse_request(json.dumps({"custom_id": "p", "url": url, "body": body}), 0, SamplingSpec(), "warn")
-    assert isinstance(request, EngineRequest), request
-    tools = engine._prepared_tools(request)
-    prompt = engine.prompts.build(request, tools.template_tools if tools else None)
-    return prompt.token_ids
 
 
 def chat(text, **params):
@@ -151,3 +114,59 @@ def test_logit_bias_forces_a_token(tiny_engine):
     )
     assert content(forced) == tiny_engine.tokenizer.decode([token]) * 4
     assert content(forced) != content(plain)
+
+
+def test_structured_schema_nesting_bound_is_vllms_own():
+    """The schema check's nesting bound counts as vLLM's check does: a schema vLLM would refuse on
+    every row is refused at prepare, and one it takes is taken (64 levels of objects and arrays)."""
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import check_json_nesting
+
+    from orchestrator.core.json_schema import SchemaProblem, check_json_schema
+
+    for levels in range(58, 70):
+        schema: dict = {"type": "string"}
+        for _ in range(levels):  # one object each: `not` holds one subschema
+            schema = {"not": schema}
+        try:
+            check_json_nesting(schema)
+            vllm_takes = True
+        except VLLMValidationError:
+            vllm_takes = False
+        try:
+            check_json_schema(schema)
+            orch_takes = True
+        except SchemaProblem:
+            orch_takes = False
+        assert orch_takes == vllm_takes, levels
+
+
+def test_structured_ref_loop_is_an_error_row_never_an_empty_success(tiny_engine):
+    """A `$ref` loop: vLLM answers it with an empty text and finish_reason stop (a 200 a later run
+    would reuse). The check refuses it first; and an empty answer the engine gives under a JSON
+    constraint anyway (the check bypassed here) is an error row with its own code."""
+    loop = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+    response_format = {"type": "json_schema", "json_schema": {"name": "loop", "schema": loop}}
+    (refused,) = answer(tiny_engine, chat("x", response_format=response_format))
+    assert refused["error"]["code"] == "invalid_parameter"
+    assert "a loop back to #/$defs/a" in refused["error"]["message"]
+
+    request = parse_request(
+        json.dumps(
+            {
+                "custom_id": "e",
+                "url": "/v1/chat/completions",
+                "body": chat("x", response_format={"type": "json_object"}),
+            }
+        ),
+        0,
+        SamplingSpec(temperature=0),
+    )
+    assert isinstance(request, EngineRequest)
+    unchecked = Constraint("json", json.dumps(loop), "response_format")
+    request = dataclasses.replace(request, params=dataclasses.replace(request.params, constraint=unchecked))
+    [row] = [row for step in tiny_engine.run(iter([request])) for row in step]
+    line = row.line.model_dump(mode="json")
+    check_line(line)
+    assert row.error and line["error"]["code"] == "empty_structured_output"
+    assert line["response"]["body"]["error"]["param"] == "response_format"

@@ -2,42 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from orchestrator.core.spec import SamplingSpec
-from worker.requests import parse_request
-from worker.wire import EngineRequest, RowResult
-
-#: Greedy unless a line says otherwise: the tests compare answers (OpenAI's default would sample).
-GREEDY = SamplingSpec(temperature=0)
+from tests.support.engines import body_of, requests, run
 
 pytestmark = pytest.mark.slow
-
-
-def requests(*bodies, url="/v1/chat/completions"):
-    out = []
-    for i, body in enumerate(bodies):
-        line = json.dumps({"custom_id": f"r{i}", "method": "POST", "url": url, "body": body}).encode()
-        parsed = parse_request(line, i, GREEDY)
-        assert isinstance(parsed, EngineRequest), parsed.line
-        out.append(parsed)
-    return out
-
-
-def run(engine, reqs) -> dict[str, RowResult]:
-    results = {}
-    for step in engine.run(iter(reqs)):
-        for row in step:
-            assert row.custom_id not in results, "a row answered twice"
-            results[row.custom_id] = row
-    assert len(results) == len(reqs)
-    return results
-
-
-def body_of(row: RowResult) -> dict:
-    return row.line.response.body
 
 
 def msg(text, **params):

@@ -125,7 +125,7 @@ class TransformersEngine:
     def _warm_up(self) -> None:
         """One small `generate` at load: a GPU's first call loads its kernels and sets up cuBLAS and
         the allocator. Left to the first batch, that is engine time on the first rows, which a probe
-        measures its rate from (controller/forecast.py): on an H200 a probe's 64 rows took 1.71 s
+        measures its rate from (planning/forecast.py): on an H200 a probe's 64 rows took 1.71 s
         where its run's rows took 13-18 ms each (0.9 s for 64). Paid here, it is part of the load.
         On a CPU it costs 10-20 ms (tiny Llama), and what it saves the first batch there is within
         the noise; it runs there too, so that every test of this engine runs it."""

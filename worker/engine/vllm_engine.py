@@ -23,6 +23,7 @@ from worker.adapters import engine_args as adapter_args
 from worker.images import image_urls, load_images
 from worker.outputs import Choice, TokenLogprob, success_line
 from worker.prompts import PromptBuilder
+from worker.structured import EMPTY_ANSWER, empty_answer
 from worker.tools import ToolCallRequest, ToolError, VllmTools
 from worker.wire import POOLING_KINDS, BadRequest, EngineRequest, GenerationParams, RowResult, error_row
 
@@ -247,6 +248,11 @@ class VllmEngine:
             done = [d for d in parts if d is not None]
             choices = [c for d in done for c in d[0]]
             prompt_tokens, cached = sum(d[1] for d in done), sum(d[2] for d in done)
+        constraint = request.params.constraint
+        empty = None if any(c.tool_calls for c in choices) else empty_answer(constraint, [c.text for c in choices])
+        if empty is not None:  # an error row: never a success, nor an answer a later run reuses
+            failed = error_row(request, EMPTY_ANSWER, empty, param=constraint.source if constraint else None)
+            return replace(failed, tokens_in=prompt_tokens, tokens_out=sum(c.tokens for c in choices))
         # Like the API, the answer names the model the line asked for: the adapter, when one answered.
         model = request.model if self._adapters.for_model(request.model) is not None else self.model_name
         line = success_line(request, choices, prompt_tokens, model or self.model_name, cached_tokens=cached)

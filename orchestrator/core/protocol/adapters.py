@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from orchestrator.core.errors import OrchError, SpecConflict
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import AdapterFile, AdapterManifest, read_record
 from orchestrator.core.store import Store
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from orchestrator.core.errors import ChunkBusy, CorruptRecord
-from orchestrator.core.protocol.layout import RunLayout, part_rows
+from orchestrator.core.layout import RunLayout, part_rows
 from orchestrator.core.protocol.leases import Clock, LeaseKeeper, acquire, read_lease, release
 from orchestrator.core.records import ChunkStats, DoneMarker, PartRef, read_record
 from orchestrator.core.store import NotFound, ObjectInfo, PreconditionFailed, Store, StoreError, ignore_stray

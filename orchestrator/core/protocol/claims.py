@@ -28,9 +28,9 @@ import random
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.clocks import StoreClock
 from orchestrator.core.protocol.heartbeats import read_heartbeats
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.protocol.leases import Clock, HeldLease, acquire
 from orchestrator.core.records import HeartbeatSummary, Lease, ManifestEntry, PlanRecord
 from orchestrator.core.store import Store, StoreError, ignore_stray

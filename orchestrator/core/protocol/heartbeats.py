@@ -6,8 +6,8 @@ import contextlib
 from functools import lru_cache
 from typing import Any
 
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.clocks import MEASURE_EVERY_S, StoreClock
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import Heartbeat, HeartbeatSummary
 from orchestrator.core.store import Store, StoreError, ignore_stray
 

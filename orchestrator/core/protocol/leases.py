@@ -23,9 +23,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from orchestrator.core.errors import CorruptRecord
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.clocks import StoreClock
 from orchestrator.core.protocol.crashes import alive_mark_due, inherit
-from orchestrator.core.protocol.layout import RunLayout
 from orchestrator.core.records import Lease, cas_update, read_record
 from orchestrator.core.store import NotFound, PreconditionFailed, Store, ignore_stray
 

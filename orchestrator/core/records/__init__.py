@@ -1,6 +1,6 @@
 """Every document a run keeps in the store, typed, and the one way to read and update them.
 
-A run is a prefix of the store (`runs/<run>/`, key names in core/protocol/layout.py). What lives
+A run is a prefix of the store (`runs/<run>/`, key names in core/layout.py). What lives
 there, by who writes it:
 
     prepare, plan        spec.yaml              SpecDocument (YAML): the frozen spec and its hash

@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.core.errors import CorruptRecord, StoreContention
-from orchestrator.core.protocol.layout import decode_key_record
+from orchestrator.core.layout import decode_key_record
 from orchestrator.core.store import NotFound, PreconditionFailed, Store
 
 #: How often `cas_update` re-reads and re-applies a change another writer raced (backing off up to 1 s).

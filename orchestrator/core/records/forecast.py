@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from orchestrator.core.records.base import Record
+from orchestrator.core.layout import RunLayout
+from orchestrator.core.records.base import Record, read_record
+from orchestrator.core.store import Store
 
 
 class StratumCount(Record):
-    """The run's rows of one stratum (controller/probe_carve.py: prompt length, max_tokens, prefix)."""
+    """The run's rows of one stratum (prepare/probe_carve.py: prompt length, max_tokens, prefix)."""
 
     rows: int = 0
     max_tokens: int = Field(0, description="sum over the rows of their max_tokens")
@@ -89,9 +91,18 @@ class ForecastRecord(Record):
     note: str = ""
     #: Filled by collect (or status once the run is complete): what the run really took.
     actual: dict[str, float] | None = None
-    #: A run of several models: each pool's own forecast (controller/forecast_pools.py).
+    #: A run of several models: each pool's own forecast (planning/forecast_pools.py).
     pools: dict[str, ForecastRecord] = Field(default_factory=dict)
 
     def fleet_candidate(self) -> CandidateForecast | None:
         """The candidate the run uses (the one `fleet` names)."""
         return next((c for c in self.candidates if c.key == self.fleet), None)
+
+
+def read_probes(store: Store, layout: RunLayout) -> list[ProbeRecord]:
+    """Every candidate's probe, in the order they were carved (none: no probe was made)."""
+    first = read_record(store, layout.probe, ProbeRecord)
+    if first is None:
+        return []
+    others = [ProbeRecord.from_bytes(store.get(i.key).data) for i in store.list(layout.probes_prefix)]
+    return [first[0], *sorted(others, key=lambda p: p.created_at)]

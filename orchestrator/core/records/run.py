@@ -10,7 +10,7 @@ import yaml
 from pydantic import Field
 
 from orchestrator.core.errors import RunNotFound
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records.base import (
     Document,
     KeyRecord,
@@ -105,7 +105,15 @@ class PrepareRecord(Record):
         description='a run of several models or a sweep: each model pool\'s key digest (`models:` name; "" for '
         "the run's one model), as collect keys each chunk's lines by its model; key_digest is then None",
     )
+    key_adapters: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="each model pool's LoRA adapter names (\"\" for the run's one model): a line whose body.model "
+        "names one keeps that name in its key, since it picks the adapter's weights",
+    )
     reused: int = Field(0, description="input rows answered from earlier runs (reuse.json), in no chunk")
+    sampled_from: int | None = Field(
+        None, description="a pilot (input.limit): the input's rows its stratified sample was drawn from"
+    )
 
 
 class PrepareError(Record):
@@ -200,7 +208,7 @@ class JobsRecord(Document):
     #: When the run was cancelled, while it is (the next launch moves it into `pauses`).
     cancelled_at: float | None = None
     #: [cancelled at, launched again at] of every earlier cancel: time the run sat stopped, which
-    #: its run time leaves out (controller/pace.py).
+    #: its run time leaves out (runview/pace.py).
     pauses: list[tuple[float, float]] = Field(default_factory=list)
 
     def worker(self, worker: int) -> WorkerJobs:
@@ -418,7 +426,7 @@ class Heartbeat(HeartbeatSummary):
     tokens_out: int = 0
     tokens_cached: int = 0
     #: Engine seconds (pumps under way included) and model-load seconds of this process: what a
-    #: probe measures its rates over, and the run's actual engine time (controller/forecast.py).
+    #: probe measures its rates over, and the run's actual engine time (planning/forecast.py).
     busy_s: float = 0.0
     load_s: float = 0.0
     #: CPU seconds of this process in the engine's pumps so far (those that ended).

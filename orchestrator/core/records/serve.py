@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from orchestrator.core.protocol.layout import ServeLayout
+from orchestrator.core.layout import ServeLayout
 from orchestrator.core.records.base import (
     Document,
     Record,

@@ -1,9 +1,9 @@
 """zones.json: what each zone did for a run's spot workers: up spells, preemptions, time to capacity.
 
-Written by the controller's reconcile loop (controller/zone_history.py) from the backend's job
+Written by the controller's reconcile loop (planning/zone_history.py) from the backend's job
 records, which say where each job runs (SkyPilot: cloud, region, zone). Read back to rank the zones
 of `resources.zones` for the next launch of this run and, counted at a discount, of later runs in
-the same store (controller/zone_steering.py).
+the same store (planning/zone_steering.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from pydantic import Field
 
-from orchestrator.core.protocol.layout import RunLayout
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.records.base import Document, Record, cas_update, read_record
 from orchestrator.core.store import Store
 

@@ -1,0 +1,49 @@
+"""The suite's own layout: no test module (nor a benchmark) imports a test module or a conftest; what
+they share lives in tests/support/ and tests/conftest.py. (import-linter's module patterns take whole
+names only, so no contract can say "any test_* module": the imports are read here instead.)"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.support.models import REPO
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module the file imports, at its top or inside a function, by its absolute name."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def is_test_module(name: str) -> bool:
+    parts = name.split(".")
+    return parts[0] == "tests" and any(p.startswith("test_") or p == "conftest" for p in parts[1:])
+
+
+def test_suite_no_test_module_or_benchmark_imports_a_test_module_or_a_conftest():
+    files = [*(REPO / "tests").rglob("*.py"), *(REPO / "bench").glob("*.py")]
+    found = {
+        str(path.relative_to(REPO)): sorted(name for name in imported_modules(path) if is_test_module(name))
+        for path in files
+    }
+    assert {path: names for path, names in found.items() if names} == {}
+    assert len(files) > 50  # the walk saw the suite
+
+
+def test_suite_reading_imports_sees_what_a_file_imports(tmp_path):
+    """The check above can fail: a test module importing another, at the top and inside a function."""
+    module = tmp_path / "test_x.py"
+    module.write_text("from tests.test_faults import orch\n\ndef f():\n    import tests.worker.conftest\n")
+    assert sorted(filter(is_test_module, imported_modules(module))) == [
+        "tests.test_faults",
+        "tests.test_faults.orch",
+        "tests.worker.conftest",
+    ]
+    assert not is_test_module("tests.support.cli") and not is_test_module("orchestrator.test_like")
