@@ -4,7 +4,9 @@ The traces ("Can't Be Late", NSDI'24, as packaged by the Frontier-CS benchmark) 
 two archives in $ORCH_SPOT_TRACES (default ../shared/data/spot-traces beside the repository),
 unpacked once into .cache/spot-traces. Then `orch simulate --traces .cache/spot-traces --json`
 scores every policy on the multi-zone benchmark's 8 variants, the single-zone grid and ADRS's
-multi-region setting, under orch's cost model (`--costs benchmark`: the published simulator's).
+multi-region setting, under orch's cost model; with `--benchmark-costs`, under the published
+simulator's (`--costs benchmark`: each zone's listed spot price, free spot-to-spot moves), saved
+apart (bench/results/spot_bench_benchmark_costs.json).
 
 Savings are quoted against the paper's Uniform Progress (UP, sky_spot's rc_cr_threshold): with
 failover across zones (it sees every zone) for `zone-aware`, round robin (it sees its own zone)
@@ -83,7 +85,8 @@ def main() -> None:
         print(f"\n{setting} (held-out half in brackets)")
         header = ["variant", "policy", "missed", "x on-demand", "vs UP failover", "vs UP round robin", "gap to opt"]
         print(table(rows, header))
-    save("spot_bench", {"seconds": round(seconds, 1), "quick": quick, **result})
+    name = "spot_bench" if costs == "orch" else "spot_bench_benchmark_costs"
+    save(name, {"seconds": round(seconds, 1), "quick": quick, **result})
 
 
 if __name__ == "__main__":
