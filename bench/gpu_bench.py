@@ -57,6 +57,7 @@ SIZES = {
     "gpu": {"smollm2-135m": (512, 64, 1), "llama-1b": (512, 64, 1), "llama-8b": (256, 64, 1)},
     "cpu": {"tiny": (256, 32, 3), "smollm2-135m": (16, 16, 1)},
     "cpu-quick": {"tiny": (128, 16, 1)},
+    "cpu-smoke": {"tiny": (16, 8, 1)},
 }
 OLD_BATCH = 16
 
@@ -372,10 +373,13 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"path": str(path), "seconds": seconds}))
         return 0
     device = _device()
-    mode = "gpu" if device == "cuda" else "cpu-quick" if args.quick or args.smoke else "cpu"
+    mode = "gpu" if device == "cuda" else "cpu-smoke" if args.smoke else "cpu-quick" if args.quick else "cpu"
     sizes = SIZES[mode]
     shapes = args.shapes.split(",") if args.shapes else list(sizes)
-    engines = args.engines.split(",") if args.engines else ["transformers"] + (["vllm"] if _has_vllm() else [])
+    # A smoke runs the transformers engine alone: vLLM's rows need three engine starts (minutes on a
+    # CPU), and worker_bench's and prefix_bench's smokes already run the worker on vLLM.
+    with_vllm = _has_vllm() and not args.smoke
+    engines = args.engines.split(",") if args.engines else ["transformers"] + (["vllm"] if with_vllm else [])
     results: dict[str, Any] = {"device": device, "mode": mode, "shapes": {}}
     rows = []
     for shape in shapes:

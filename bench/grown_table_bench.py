@@ -67,7 +67,7 @@ def main(rows: int) -> None:
     write_deltalake(table, _rows(rows, rows // 10), mode="append")
     incremental, said = _prepare(store, "b", table, "--reuse-from", "a")
     assert "appended rows" in said, said
-    with mock.patch("orchestrator.prepare.grown_table", return_value=(None, "")):
+    with mock.patch("orchestrator.prepare.pipeline.grown_table", return_value=(None, "")):
         whole, said = _prepare(store, "c", table, "--reuse-from", "a")
     total = rows + rows // 10
     print(f"rows {total:,} ({rows:,} + {rows // 10:,} appended)")

@@ -40,8 +40,8 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import open_store
-from orchestrator.prepare.answer_keys import AnswerKeys
-from orchestrator.prepare.reuse import KeyCollector, plan_reuse, spilled_key_dtype
+from orchestrator.prepare.answers.answer_keys import AnswerKeys
+from orchestrator.prepare.answers.reuse import KeyCollector, plan_reuse, spilled_key_dtype
 store, n, old = open_store(sys.argv[1]), int(sys.argv[2]), np.load(sys.argv[3], mmap_mode="r")
 spec = RunSpec.model_validate({"run": "new", "model": {"name": "bench/model"}, "reuse": {"from": ["src"]}})
 ctx = RunContext(spec, store, RunLayout("new"))
@@ -65,7 +65,7 @@ BUILD = r"""
 import sys, numpy as np
 from orchestrator.core.store import open_store
 from orchestrator.core.layout import RunLayout
-from orchestrator.prepare.answer_index import record_dtype, write_index
+from orchestrator.prepare.answers.answer_index import record_dtype, write_index
 store, n = open_store(sys.argv[1]), int(sys.argv[2])
 rng = np.random.default_rng(0)
 records = np.zeros(n, dtype=record_dtype())
@@ -113,8 +113,8 @@ import json, sys, numpy as np
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_manifest
 from orchestrator.core.store import open_store
-from orchestrator.prepare.answer_index import keys_of, record_dtype, write_index
-from orchestrator.prepare.answer_keys import LineKeys
+from orchestrator.prepare.answers.answer_index import keys_of, record_dtype, write_index
+from orchestrator.prepare.answers.answer_keys import LineKeys
 store, layout = open_store(sys.argv[1]), RunLayout(sys.argv[2])
 keys = LineKeys(bytes.fromhex(json.loads(store.get(layout.prepare_record).data)["key_digest"]))
 parts = []

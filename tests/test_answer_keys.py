@@ -10,7 +10,7 @@ from pathlib import Path
 
 from orchestrator.core import file_digests
 from orchestrator.core.spec_load import load_spec
-from orchestrator.prepare.answer_keys import AnswerKeys, LineKeys, content_identity
+from orchestrator.prepare.answers.answer_keys import AnswerKeys, LineKeys, content_identity
 from orchestrator.prepare.formats import encode_line
 
 ROOT = Path(__file__).resolve().parents[1]

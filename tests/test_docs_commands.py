@@ -159,5 +159,6 @@ def test_docs_commands_parse_continuations_and_shown_files():
     page = DOCS / "labelling.md"
     shown = {c.line.split()[-1]: c for c in commands(page) if c.line.startswith(("cat", "head"))}
     assert shown["label.json"].shown[0].startswith('{"type": "object"')
-    (labelled,) = [c.line for c in commands(page) if c.line.startswith("orch run")]
-    assert "--template" in labelled and "\\" not in labelled.replace("\\n", "")
+    runs = [c.line for c in commands(page) if c.line.startswith("orch run")]
+    assert len(runs) == 3  # the first day, week 2, the comparison
+    assert all("--template" in line and "\\" not in line.replace("\\n", "") for line in runs)

@@ -80,11 +80,13 @@ def test_prepare_and_plan_put_each_model_in_its_own_chunks_and_pool(tmp_path, ca
     "workers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 60\n"
     "store_settings:\n  worker_attempts: 2\n"
 )
-@pytest.mark.real_engine  # several models, each its own vLLM engine
+@pytest.mark.scripted_engine(step_s=0.05)  # every pool's worker still mid-run at each kill
 def test_kill_storm_on_two_models_answers_each_row_once_by_its_model(tmp_path, workdir, hand_workers):
     """Two pools (the tiny Llama, SmolLM2), one worker each; SIGKILLs land mid-chunk on both pools'
     workers, each started again at once (its lease taken over as a death's). Every row is answered
-    exactly once, in input order, by the model it named (body.model carries the served name)."""
+    exactly once, in input order, by the model it named (body.model carries the served name). The
+    subject is the pools' protocol, so the workers run the scripted engine; the real-engine tier
+    answers a batch naming two models with vLLM (tests/test_serve.py)."""
     store, run = str(tmp_path / "store"), "storm2"
     # SmolLM2 stops at its end token: ignore_eos keeps every answer long enough for kills to land mid-chunk.
     # The tiny Llama answers about twenty times as fast: it gets nineteen rows for SmolLM2's one.

@@ -153,7 +153,7 @@ def test_reuse_a_consistent_forgery_of_the_index_is_taken(workdir, capsys):
 
     import numpy as np
 
-    from orchestrator.prepare.answer_index import record_dtype
+    from orchestrator.prepare.answers.answer_index import record_dtype
 
     store = str(workdir / "store")
     data = text_questions(workdir / "q.jsonl", 10)
@@ -222,7 +222,8 @@ def test_reuse_lookup_spilled_in_many_key_ranges_parts_and_chunk_ranges_reuses_e
 ):
     """The lookup as it runs on a large input, at a small scale: the new keys spilled into 32 key
     ranges, an index of 10 parts, the matches into one file per source chunk; a reordered input."""
-    from orchestrator.prepare import answer_index, reuse, spill
+    from orchestrator.prepare import spill
+    from orchestrator.prepare.answers import answer_index, reuse
 
     monkeypatch.setattr(answer_index, "PART_ROWS", 32)
     monkeypatch.setattr(reuse, "PARTITION_ROWS", 16)

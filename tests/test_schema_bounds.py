@@ -1,4 +1,4 @@
-"""A JSON schema from the user's side: the one check (core/json_schema.py) refuses, at prepare and
+"""A JSON schema from the user's side: the one check (core/request/json_schema.py) refuses, at prepare and
 with where, what the workers would refuse or answer with nothing; the spec's schema is stored once
 in the run, each line naming it, and what leaves the run (the retry file) carries it whole."""
 
@@ -11,11 +11,11 @@ import os
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.core.json_schema import MAX_SCHEMA_BYTES, RunSchemas, check_json_schema, schema_text
 from orchestrator.core.layout import RunLayout
+from orchestrator.core.request.json_schema import MAX_SCHEMA_BYTES, RunSchemas, check_json_schema, schema_text
 from orchestrator.core.spec_load import load_spec
 from orchestrator.core.store import open_store
-from orchestrator.prepare.answer_keys import AnswerKeys
+from orchestrator.prepare.answers.answer_keys import AnswerKeys
 from tests.support.datasets import write_jsonl
 
 LOOP = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}

@@ -1,4 +1,4 @@
-"""A schema's mistakes found the way OpenAI's strict structured outputs finds them (core/schema_lint.py)."""
+"""A schema's mistakes found the way OpenAI's strict structured outputs finds them (core/request/schema_lint.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from orchestrator.core.schema_lint import schema_problems
+from orchestrator.core.request.schema_lint import schema_problems
 
 LABEL = {
     "type": "object",
@@ -74,7 +74,7 @@ def test_schema_lint_strict_is_set_where_the_schema_meets_its_rules_and_refused_
     import pytest
 
     from orchestrator.core.errors import SpecError
-    from orchestrator.core.request_format import check_response_format, response_format_of
+    from orchestrator.core.request.request_format import check_response_format, response_format_of
     from orchestrator.core.spec_load import load_spec
 
     def strict_of(schema: dict[str, object], path: Path) -> object:

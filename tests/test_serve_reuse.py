@@ -18,7 +18,7 @@ import pytest
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import BatchDocument, BatchStatus, ReuseRecord, read_manifest, read_record
 from orchestrator.core.store import Store, open_store
-from orchestrator.prepare.answer_index import record_dtype, write_index
+from orchestrator.prepare.answers.answer_index import record_dtype, write_index
 from orchestrator.serve.batch_states import LAYOUT
 from orchestrator.serve.reuse import earlier_runs
 from tests.support.serving import (

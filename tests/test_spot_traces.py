@@ -19,17 +19,22 @@ from orchestrator.planning.spot_zones import RESTARTS_FACTOR, draw_restarts_fact
 from orchestrator.simulate import spot_traces as st
 from orchestrator.simulate.spot_adversary import against
 from orchestrator.simulate.spot_optimum import optimum_costs
-from orchestrator.simulate.spot_policies import POLICIES, RANDOMIZED, zone_aware_randomized
+from orchestrator.simulate.spot_plan import SPELL_PRIOR, SpellFit, SpellWatch, plan
+from orchestrator.simulate.spot_policies import POLICIES, RANDOMIZED, wait_for_spot_randomized
 from orchestrator.simulate.spot_replay import Choice, View, replay, tick_work
-from orchestrator.simulate.spot_traces import Job, Trace
+from orchestrator.simulate.spot_traces import BENCHMARK_COSTS, CostModel, Job, Trace
 
 ARCHIVES = Path(os.environ.get("ORCH_SPOT_TRACES", Path(__file__).resolve().parents[2] / "shared/data/spot-traces"))
 
 
-def trace(*zones: str, gap: float = 100.0) -> Trace:
+def trace(*zones: str, gap: float = 100.0, prices: tuple[float, ...] | None = None) -> Trace:
     """Zones as strings of '1' (capacity) and '0' (none), one character a tick."""
     return Trace(
-        "hand", tuple(f"z{i}" for i in range(len(zones))), gap, tuple(tuple(c == "1" for c in z) for z in zones)
+        "hand",
+        tuple(f"z{i}" for i in range(len(zones))),
+        gap,
+        tuple(tuple(c == "1" for c in z) for z in zones),
+        prices,
     )
 
 
@@ -53,7 +58,10 @@ class SpotWhenUp:
 
 
 #: Every policy the guarantee must hold for, the randomized one under a few of its draws.
-SAFE = {**POLICIES, **{f"{RANDOMIZED}#{i}": (lambda seed, i=i: zone_aware_randomized(f"{seed}{i}")) for i in range(4)}}
+SAFE = {
+    **POLICIES,
+    **{f"{RANDOMIZED}#{i}": (lambda seed, i=i: wait_for_spot_randomized(f"{seed}{i}")) for i in range(4)},
+}
 
 SPOT_100S = 0.9701 * 100 / 3600
 OD_100S = 3.06 * 100 / 3600
@@ -104,17 +112,124 @@ def test_replay_refuses_spot_where_there_is_no_capacity():
         replay(Job(300, 500, 50), trace("0111111111"), Script([Choice("spot")]))
 
 
+def test_replay_under_the_benchmarks_costs_moves_spot_for_free_and_bills_the_final_zones_price():
+    # Zone 0 lists $1.60/h, zone 1 $0.90/h. Spot in zone 0 for two ticks, then moved to zone 1 while
+    # zone 0 still has capacity: no restart (50 + 100 + 100 = 250 s of work in three ticks). Every
+    # spot tick is billed at zone 1's price, where the job ends.
+    tr = trace("1111", "1111", prices=(1.6, 0.9))
+    choices = [Choice("spot", 0), Choice("spot", 0), Choice("spot", 1)]
+    out = replay(Job(250, 400, 50), tr, Script(choices), BENCHMARK_COSTS)
+    assert out.met and out.finished_tick == 3 and out.launches == 1 and out.zone_switches == 1
+    assert out.cost_usd == pytest.approx(3 * 0.9 * 100 / 3600)
+    # orch's model: the move is a restart (50 s lost again), one more tick at the flat price.
+    out = replay(Job(250, 400, 50), tr, Script([*choices, Choice("spot", 1)]))
+    assert out.finished_tick == 4 and out.launches == 2
+    assert out.cost_usd == pytest.approx(4 * SPOT_100S)
+
+
+def test_replay_moves_nothing_and_on_demand_to_the_zone_they_name():
+    # Waiting in zone 1 (no capacity there), then on-demand while pointing at zone 0: the policy sees
+    # its zone's capacity through View.has_spot, and on-demand keeps running across a move.
+    seen: list[tuple[int, bool]] = []
+
+    class Mover:
+        def choose(self, view: View) -> Choice:
+            seen.append((view.zone, view.has_spot))
+            return [Choice("none", 1), Choice("on-demand", 1), Choice("on-demand", 0)][min(view.tick, 2)]
+
+    out = replay(Job(250, 700, 50), trace("1111111", "0000000"), Mover())
+    assert seen == [(0, True), (1, False), (1, False), (0, True)]
+    assert out.launches == 1 and out.finished_tick == 4
+
+
+def test_trace_reads_each_zones_listed_price_of_its_first_tick(tmp_path):
+    for zone, prices in (("us-east-1a", [1.55, 1.7]), ("us-west-2a", [1.0, 0.95])):
+        path = tmp_path / st.MULTI_DIR / f"{zone}_v100_1" / "0.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"metadata": {"gap_seconds": 195}, "data": [0, 1], "prices": prices}))
+    tr = st.multi_zone_trace(tmp_path, ("us-east-1a", "us-west-2a"), 0)
+    assert tr.prices == (1.55, 1.0) and tr.up == ((True, False), (True, False))
+    assert BENCHMARK_COSTS.spot_price(tr, 0) == 1.55 and st.ORCH_COSTS.spot_price(tr, 0) == st.SPOT_USD_H
+
+
+# -- the published baselines, by hand --------------------------------------------------------------
+def test_uniform_progress_follows_the_papers_rule_tick_by_tick():
+    # 600 s of work due in 1,000 s, 100 s ticks, 50 s restarts: the line asks for 0.6 t.
+    # t0-1 spot (50, 150 done). t2 preempted, 150 >= line 120: wait. t3 150 < 180: behind, on-demand
+    # (200). t4 no spot: stay (300). t5-6 spot is back but 300 <= line(t + 2 x 50) = 360, 400 <= 420:
+    # stay (400, 500). t7 500 > 480: spot (550). t8 spot (650): done at the end of tick 8.
+    picks: list[str] = []
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.policy = POLICIES["uniform-progress"]("")
+
+        def choose(self, view: View) -> Choice:
+            choice = self.policy.choose(view)
+            picks.append(choice.market)
+            return choice
+
+    out = replay(Job(600, 1000, 50), trace("1100011111"), Recorder())
+    assert picks == ["spot", "spot", "none", "on-demand", "on-demand", "on-demand", "on-demand", "spot", "spot"]
+    assert out.met and out.finished_tick == 9
+
+
+def test_uniform_progress_round_robin_moves_on_when_it_would_wait_and_sees_the_next_zone_a_tick_later():
+    # Zone 0 has no capacity; zone 1 has. Ahead of the line, the rule would wait: it moves to zone 1
+    # (nothing runs in tick 0) and starts spot there in tick 1. With failover it starts at once.
+    tr = trace("0000000000", "1111111111")
+    job = Job(300, 1000, 50)
+    round_robin = replay(job, tr, POLICIES["uniform-progress-round-robin"](""))
+    failover = replay(job, tr, POLICIES["uniform-progress"](""))
+    assert round_robin.finished_tick == failover.finished_tick + 1 == 5
+    assert round_robin.spot_ticks == failover.spot_ticks == 4 and round_robin.on_demand_ticks == 0
+
+
+def test_own_zone_reads_only_its_zone_and_zone_aware_reads_every_zone():
+    # Zone 0 (where the job is) has no capacity, zone 1 has, with plenty of slack.
+    job = Job(3600, 20 * 3600, 180)
+    view = View(0, 600.0, job, 120, 0.0, "none", 0, 0, (False, True))
+    assert POLICIES["zone-aware"]("").choose(view) == Choice("spot", 1)
+    own = POLICIES["own-zone"]("").choose(view)
+    assert own.market != "spot" and own.zone == 1  # it moves there and looks the next tick
+
+
+# -- the planner --------------------------------------------------------------------------------
+def test_spell_fit_scales_the_hazard_up_for_short_spells_and_down_for_long_ones():
+    short, long = SpellFit(SPELL_PRIOR, True, 600.0), SpellFit(SPELL_PRIOR, True, 600.0)
+    assert short.scale == long.scale == 1.0
+    for _ in range(12):
+        short.end(1)
+        long.end(60)
+    assert short.scale > 1.0 > long.scale
+
+
+def test_plan_waits_out_an_outage_with_slack_to_spare_and_not_without():
+    # 10 h of work due in 20 h (600 s ticks, 0.05 h restarts), spot down for one tick, nothing running.
+    watch = SpellWatch(SPELL_PRIOR, 600.0)
+    watch.see(False)
+    table = plan(watch, 120, 10 * 3600.0, 180.0)
+    assert table.market(0, False, 1, "none", 0, 10 * 3600.0) == "none"
+    assert table.market(100, False, 1, "none", 0, 0.3 * 3600.0) == "on-demand"
+    assert table.market(0, True, 1, "none", 0, 10 * 3600.0) == "spot"
+
+
 # -- the optimum against brute force -------------------------------------------------------------
-def brute_force(job: Job, tr: Trace) -> float:
-    """Every schedule the trace allows, replayed: the cheapest on time (inf if none)."""
+def brute_force(job: Job, tr: Trace, costs: CostModel = st.ORCH_COSTS) -> float:
+    """Every schedule the trace allows, replayed: the cheapest on time (inf if none). Where prices are
+    per zone, nothing and on-demand may also move the job to any zone (a move costs nothing)."""
     ticks = int(job.deadline_s // tr.gap_s)
+    zones = range(len(tr.up)) if costs.final_zone_prices else [None]
     options = [
-        [Choice("none"), Choice("on-demand"), *(Choice("spot", z) for z in range(len(tr.up)) if tr.up[z][t])]
+        [
+            *(Choice(m, z) for m in ("none", "on-demand") for z in zones),
+            *(Choice("spot", z) for z in range(len(tr.up)) if tr.up[z][t]),
+        ]
         for t in range(ticks)
     ]
     best = float("inf")
-    for plan in itertools.product(*options):
-        out = replay(job, tr, Script(list(plan)))
+    for schedule in itertools.product(*options):
+        out = replay(job, tr, Script(list(schedule)), costs)
         if out.met:
             best = min(best, out.cost_usd)
     return best
@@ -126,6 +241,15 @@ def test_optimum_equals_brute_force_on_small_traces(seed):
     tr = trace(*("".join(rng.choice("01") for _ in range(7)) for _ in range(2)))
     job = Job(300, 700, rng.choice((0, 50, 150)))
     assert optimum_costs(job, [tr])[0] == pytest.approx(brute_force(job, tr))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_optimum_equals_brute_force_under_the_benchmarks_costs(seed):
+    # Per-zone prices billed at the final zone's, free spot moves: the program runs once per final zone.
+    rng = random.Random(100 + seed)
+    tr = trace(*("".join(rng.choice("01") for _ in range(6)) for _ in range(2)), prices=(1.6, 0.9))
+    job = Job(300, 600, rng.choice((50, 150)))
+    assert optimum_costs(job, [tr], BENCHMARK_COSTS)[0] == pytest.approx(brute_force(job, tr, BENCHMARK_COSTS))
 
 
 def test_optimum_of_a_hand_made_trace_and_of_an_impossible_deadline():
@@ -200,17 +324,22 @@ def synthetic_layout(root: Path) -> None:
 
 
 @pytest.mark.slow  # every policy over the published traces
-def test_simulate_traces_scores_every_variant_as_json(tmp_path, capsys):
+@pytest.mark.parametrize("costs", ["orch", "benchmark"])
+def test_simulate_traces_scores_every_variant_as_json(tmp_path, capsys, costs):
     synthetic_layout(tmp_path)
-    assert main(["simulate", "--traces", str(tmp_path), "--quick", "--randomize", "--seeds", "2", "--json"]) == 0
+    args = ["simulate", "--traces", str(tmp_path), "--quick", "--randomize", "--seeds", "2", "--costs", costs]
+    assert main([*args, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
+    assert result["cost_model"] == costs
     assert RANDOMIZED in result["multi-zone"]["total"]["policies"]
     variants = result["multi-zone"]["variants"]
     assert set(variants) == {"high/36h/0.05h", "low/36h/0.05h", "high/48h/0.05h", "low/48h/0.05h"}
-    for block in [*variants.values(), result["multi-zone"]["total"], result["single-zone"]["total"]]:
-        for m in block["policies"].values():
-            assert {"missed_deadlines", "cost_vs_on_demand", "saving_vs_up", "gap_to_optimum"} <= set(m)
-            assert m["missed_deadlines"] == 0 and m["gap_to_optimum"] >= -1e-9
+    blocks = [*variants.values(), *(result[s]["total"] for s in ("multi-zone", "single-zone", "adrs-multi-zone"))]
+    for block in blocks:
+        for name, m in block["policies"].items():
+            assert {"missed_deadlines", "cost_vs_on_demand", "saving_vs_up", "gap_to_optimum", "halves"} <= set(m)
+            assert {"saving_vs_up_round_robin", "saving_vs_up_one_zone"} <= set(m)
+            assert m["missed_deadlines"] == 0 and m["gap_to_optimum"] >= -1e-9, name
     assert result["scenarios"]["high-1"]["availability"] == pytest.approx(0.7, abs=0.1)
 
 
@@ -219,15 +348,28 @@ def test_simulate_traces_says_what_is_missing(tmp_path, capsys):
     assert "unpack both archives" in capsys.readouterr().err
 
 
-def test_zone_aware_commits_to_on_demand_when_the_slack_is_one_restart_and_one_tick():
+def test_orchs_policies_commit_to_on_demand_when_the_slack_is_one_restart_and_one_tick():
     # Tick 10 of 13 (600 s each): 1,800 s left for 1,000 s of work, 720 s restarts: slack 800 s <= 1,320 s.
     # Spot runs and has capacity, yet only on-demand is sure to finish.
     job = Job(10_000, 13 * 600, 720)
     view = View(10, 600.0, job, 13, 9000.0, "spot", 0, 5, (True,))
-    assert POLICIES["zone-aware"]("").choose(view) == Choice("on-demand")
-    assert POLICIES["uniform-progress"]("").choose(view) == Choice("on-demand")
+    for name in ("zone-aware", "own-zone", "wait-for-spot"):
+        assert POLICIES[name]("").choose(view) == Choice("on-demand"), name
     for i in range(8):  # the commit is never drawn
-        assert zone_aware_randomized(str(i)).choose(view) == Choice("on-demand")
+        assert wait_for_spot_randomized(str(i)).choose(view) == Choice("on-demand")
+
+
+def test_uniform_progress_keeps_a_started_spot_machine_at_the_deadline_and_commits_otherwise():
+    # The same tick under the paper's rule: work left plus a restart no longer fits, so a spot machine
+    # past its start-up is kept to the end (the fastest way there); one still starting is not.
+    job = Job(10_000, 13 * 600, 720)
+    up_for_a_while = View(10, 600.0, job, 13, 9000.0, "spot", 0, 5, (True,))
+    just_started = View(10, 600.0, job, 13, 9000.0, "spot", 0, 1, (True,))
+    waiting = View(10, 600.0, job, 13, 9000.0, "none", 0, 0, (True,))
+    policy = POLICIES["uniform-progress"]("")
+    assert policy.choose(up_for_a_while) == Choice("spot", 0)
+    assert policy.choose(just_started) == Choice("on-demand")
+    assert policy.choose(waiting) == Choice("on-demand")
 
 
 # -- randomization (ROSS) ---------------------------------------------------------------------------
@@ -245,10 +387,10 @@ def test_adversarial_trace_costs_the_deterministic_policy_and_not_the_randomized
     # tick after it returns: it ends on on-demand at about K (3.15) times the optimum. The same trace
     # costs the randomized policy, whose threshold the trace could not know, far less on average.
     job = Job(12 * 3600, 18 * 3600, 0.2 * 3600)
-    tr = against(POLICIES["zone-aware"], job, 600.0)
+    tr = against(POLICIES["wait-for-spot"], job, 600.0)
     best = optimum_costs(job, [tr])[0]
-    deterministic = replay(job, tr, POLICIES["zone-aware"]("any")).cost_usd / best
-    outcomes = [replay(job, tr, zone_aware_randomized(f"draw-{i}")) for i in range(24)]
+    deterministic = replay(job, tr, POLICIES["wait-for-spot"]("any")).cost_usd / best
+    outcomes = [replay(job, tr, wait_for_spot_randomized(f"draw-{i}")) for i in range(24)]
     randomized = statistics.fmean(o.cost_usd for o in outcomes) / best
     assert all(o.met for o in outcomes)
     assert deterministic > 2.5

@@ -15,7 +15,7 @@ from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import read_manifest
 from orchestrator.core.store import open_store
 from orchestrator.prepare.sources import resolve_sources
-from orchestrator.prepare.tables import appended_since
+from orchestrator.prepare.table_sources.tables import appended_since
 from tests.support.tables import Tables, answer_all, answer_by_question, answered_run, chunk_lines, prepare_table, rows
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
@@ -377,7 +377,7 @@ def test_iceberg_rows_follow_field_ids_through_renames_and_a_dropped_and_added_c
     name (a new field id: the old files' values are not its values), goes through pyiceberg."""
     from pyiceberg.types import StringType
 
-    from orchestrator.prepare.tables import table_batches
+    from orchestrator.prepare.table_sources.tables import table_batches
 
     tables.write("iceberg", rows(0, 3))
     iceberg = tables.catalog().load_table("db.q")

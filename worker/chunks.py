@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
-from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.prefix import feed_order
 from orchestrator.core.protocol.checkpoints import ChunkJob
@@ -17,6 +16,7 @@ from orchestrator.core.protocol.crashes import poison_evidence
 from orchestrator.core.protocol.leases import HeldLease, LeaseKeeper
 from orchestrator.core.protocol.parts import part_codec
 from orchestrator.core.records import ManifestEntry
+from orchestrator.core.request.json_schema import RunSchemas
 from orchestrator.core.spec import SamplingSpec
 from orchestrator.core.store import Store
 from worker.requests import parse_request

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.protocol.crashes import careful_groups
 from orchestrator.core.protocol.leases import LeaseLost
+from orchestrator.core.request.json_schema import RunSchemas
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import StoreUnavailable
 from worker.bodies import with_model_defaults

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator.core.json_schema import RunSchemas, SchemaProblem
+from orchestrator.core.request.json_schema import RunSchemas, SchemaProblem
 from orchestrator.core.spec import SamplingSpec
 from worker.bodies import ChatBody, CompletionBody, ResponsesBody, is_token
 from worker.images import content_parts

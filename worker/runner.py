@@ -39,13 +39,13 @@ from typing import Any
 from orchestrator.core.errors import RunNotFound
 from orchestrator.core.exits import WorkerStatus
 from orchestrator.core.frozen_spec import spec_hash
-from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView, pool_share
 from orchestrator.core.protocol.clocks import StoreClock
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
 from orchestrator.core.protocol.outage import Outage, OutageTooLong
 from orchestrator.core.records import ManifestEntry, PlanRecord, read_manifest, read_plan
+from orchestrator.core.request.json_schema import RunSchemas
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import Store, StoreUnavailable
 from worker.chunks import ChunksInHand, OpenChunk, open_chunk

@@ -3,7 +3,7 @@
 The result is plain data (hashable, engine-free): the vLLM engine turns it into vLLM's
 `StructuredOutputsParams` and `SamplingParams.logit_bias`; the transformers engine honours
 `logit_bias` and answers a constraint with an error row naming the engine to use. A JSON schema
-is held to the one check `orch prepare` runs too (core/json_schema.py: size, nesting, `$ref`s,
+is held to the one check `orch prepare` runs too (core/request/json_schema.py: size, nesting, `$ref`s,
 a value that can match it); whether a regex or grammar compiles is vLLM's to say: its refusal
 becomes the row's error. An empty answer under a JSON constraint is never a success (`empty_answer`).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator.core.json_schema import SchemaProblem, check_json_schema
+from orchestrator.core.request.json_schema import SchemaProblem, check_json_schema
 from worker.wire import Constraint
 
 #: The constraints of vLLM's `structured_outputs` extension that orch passes on (one per request).
@@ -130,7 +130,7 @@ def _structured_outputs(value: Any) -> Constraint | None:
 
 
 def _checked(schema: Any, name: str) -> str:
-    """The schema's text, once it passed the one schema check (core/json_schema.py)."""
+    """The schema's text, once it passed the one schema check (core/request/json_schema.py)."""
     try:
         return check_json_schema(schema)
     except SchemaProblem as e:

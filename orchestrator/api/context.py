@@ -17,7 +17,7 @@ from orchestrator.core.context import RunContext, resolve_spec
 from orchestrator.core.errors import SpecError
 from orchestrator.core.model_source import is_bucket_url, is_local_path, local_adapter_problem, local_model_problem
 from orchestrator.core.pools import run_models
-from orchestrator.core.request_format import response_format_of
+from orchestrator.core.request.request_format import response_format_of, schema_format
 
 Warn = Callable[[str], None]
 
@@ -64,11 +64,11 @@ def input_flags(
     if isinstance(json_schema, Mapping):
         if response_format not in (None, "json_schema"):
             raise SpecError(f"response_format {response_format} and a JSON schema: choose one")
-        schema_format: dict[str, Any] | None = json_schema_format(json_schema)
+        response_format_flag: dict[str, Any] | None = json_schema_format(json_schema)
     else:
-        schema_format = response_format_of(response_format, json_schema)
+        response_format_flag = response_format_of(response_format, json_schema)
     flags: dict[str, Any] = {
-        "input.response_format": schema_format,
+        "input.response_format": response_format_flag,
         "input.format": fmt,
         "input.id_column": id_column,
         "input.turns": turns,
@@ -101,11 +101,11 @@ def input_flags(
 
 
 def json_schema_format(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """OpenAI's response_format holding answers to `schema` (strict), named after its title (else
-    `schema`), as --json-schema names it after its file; checked when the spec loads."""
+    """OpenAI's response_format holding answers to `schema`, named after its title (else `schema`),
+    as --json-schema names it after its file; checked when the spec loads."""
     title = schema.get("title")
     name = re.sub(r"[^A-Za-z0-9_-]", "_", title)[:64] if isinstance(title, str) and title else "schema"
-    return {"type": "json_schema", "json_schema": {"name": name, "schema": dict(schema), "strict": True}}
+    return schema_format(dict(schema), name)
 
 
 def open_run(

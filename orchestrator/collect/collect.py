@@ -41,7 +41,6 @@ from orchestrator.collect.table import TableSpec, TableWriter, table_spec
 from orchestrator.collect.unique_ids import WrittenIds
 from orchestrator.core.errors import OutputError
 from orchestrator.core.frozen_spec import read_stored_spec, run_schemas
-from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.records import (
@@ -50,6 +49,7 @@ from orchestrator.core.records import (
     iter_jsonl,
     read_manifest,
 )
+from orchestrator.core.request.json_schema import RunSchemas
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import NotFound, Store
 from orchestrator.core.tempfiles import AtomicFile

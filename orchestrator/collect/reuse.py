@@ -22,9 +22,9 @@ from orchestrator.core.layout import RunLayout
 from orchestrator.core.lines import BatchOutputLine
 from orchestrator.core.records import ManifestEntry, PrepareRecord, ReuseRecord, read_manifest, read_record
 from orchestrator.core.store import NotFound, Store
-from orchestrator.prepare.answer_index import keys_of, record_dtype, run_number, write_index
-from orchestrator.prepare.answer_keys import LineKeys
-from orchestrator.prepare.reuse import sources_dtype
+from orchestrator.prepare.answers.answer_index import keys_of, record_dtype, run_number, write_index
+from orchestrator.prepare.answers.answer_keys import LineKeys
+from orchestrator.prepare.answers.reuse import sources_dtype
 from orchestrator.runview.chunk_answers import chunk_answers
 from orchestrator.runview.positions import InputPositions
 from orchestrator.runview.tokens import TokenCounts

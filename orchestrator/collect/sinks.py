@@ -2,7 +2,7 @@
 
 The run's rows are appended, or merged on a column (`--merge-on`), in one commit that carries the run's id.
 
-The forms (as prepare's sources, prepare/tables.py; docs/tables.md):
+The forms (as prepare's sources, prepare/table_sources/tables.py; docs/tables.md):
     iceberg://CATALOG/NAMESPACE.TABLE[?PROPERTY=VALUE&...]   created (namespace too) when absent
     delta:PATH, or a directory holding _delta_log/            created when absent
     lance:PATH, a PATH ending .lance, or a directory holding _versions/
@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.collect.scratch import scratch_dir
 from orchestrator.core.errors import OutputError
-from orchestrator.prepare.table_ref import s3_settings
-from orchestrator.prepare.tables import TableRef, iceberg_catalog, parse_table, table_kind
+from orchestrator.prepare.table_sources.table_ref import s3_settings
+from orchestrator.prepare.table_sources.tables import TableRef, iceberg_catalog, parse_table, table_kind
 
 if TYPE_CHECKING:
     from orchestrator.collect.report import CollectReport

@@ -3,7 +3,7 @@
 The template decides every chat answer, so a run keeps its text, not its path: the frozen spec
 then holds what the workers render with (a worker on another machine needs no copy of the file),
 an edited file is a changed spec (refused on an existing run, like any other frozen field), and
-the answer keys of reuse cover the text itself (prepare/answer_keys.py), never a path that can
+the answer keys of reuse cover the text itself (prepare/answers/answer_keys.py), never a path that can
 name other text tomorrow.
 """
 

@@ -1,6 +1,6 @@
 """The SHA-256 of a local file's bytes, computed once and remembered while the file stays as it was.
 
-Reuse keys a model by the content of every one of its files (prepare/answer_keys.py), weights
+Reuse keys a model by the content of every one of its files (prepare/answers/answer_keys.py), weights
 included: a fine-tune saved over another of the same size must not pass for it. Hashing a few GB
 at every prepare would cost seconds, so a digest is kept in a small cache, valid while the file's
 device, inode, size, modification and change times are those it was computed for. The change time

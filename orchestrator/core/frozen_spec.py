@@ -2,7 +2,7 @@
 that a later command does not change them (a null is filled by the first command that sets it).
 
 The spec's JSON schema (`input.response_format`'s) is stored beside it, once, as
-`runs/<run>/schemas/<sha256>.json`, and spec.yaml holds its reference (core/json_schema.py): a
+`runs/<run>/schemas/<sha256>.json`, and spec.yaml holds its reference (core/request/json_schema.py): a
 YAML reader takes seconds over a schema of a few hundred KB, which every command reading the spec
 would pay. Written before spec.yaml, read back (its digest checked) with it: a reader gets the
 spec whole.
@@ -17,7 +17,9 @@ from typing import Any
 
 from orchestrator.core.chat_template import with_templates_read
 from orchestrator.core.errors import CorruptRecord, SpecConflict
-from orchestrator.core.json_schema import (
+from orchestrator.core.layout import RunLayout
+from orchestrator.core.records import SpecDocument, cas_update, read_record
+from orchestrator.core.request.json_schema import (
     RunSchemas,
     json_schema_of,
     referenced,
@@ -26,8 +28,6 @@ from orchestrator.core.json_schema import (
     schema_text,
     with_schema,
 )
-from orchestrator.core.layout import RunLayout
-from orchestrator.core.records import SpecDocument, cas_update, read_record
 from orchestrator.core.spec import RunSpec
 from orchestrator.core.store import NotFound, Store
 

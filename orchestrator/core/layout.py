@@ -84,7 +84,7 @@ class RunLayout:
         return f"{self.root}input/{name}"
 
     def schema(self, digest: str) -> str:
-        """The spec's JSON schema, by its SHA-256: spec.yaml and request lines reference it (core/json_schema.py)."""
+        """The spec's JSON schema, by its SHA-256: spec.yaml and request lines reference it (core/request/)."""
         return f"{self.root}schemas/{digest}.json"
 
     # Written by `orch estimate`.
@@ -113,7 +113,7 @@ class RunLayout:
 
     @property
     def reuse_record(self) -> str:
-        """ReuseRecord: the rows prepare answered from earlier runs (prepare/reuse.py)."""
+        """ReuseRecord: the rows prepare answered from earlier runs (prepare/answers/reuse.py)."""
         return f"{self.root}reuse.json"
 
     @property
@@ -128,7 +128,7 @@ class RunLayout:
 
     @property
     def answer_index(self) -> str:
-        """AnswerIndex: the run's sorted answer keys, written by collect (prepare/answer_index.py)."""
+        """AnswerIndex: the run's sorted answer keys, written by collect (prepare/answers/answer_index.py)."""
         return f"{self.root}answers/index.json"
 
     @property

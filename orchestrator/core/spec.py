@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from orchestrator.core.errors import SpecError
 from orchestrator.core.layout import RunLayout, run_name_problem
 from orchestrator.core.prefix import PREFIX_BYTES
-from orchestrator.core.request_format import check_response_format, template_columns
+from orchestrator.core.request.request_format import check_response_format, template_columns
 from orchestrator.core.store import StoreSettings
 
 DEFAULT_SPEC_FILE = "orch.yaml"

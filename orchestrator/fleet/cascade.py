@@ -22,8 +22,8 @@ from pathlib import Path
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import PreconditionFailed
-from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.layout import RunLayout
+from orchestrator.core.request.json_schema import RunSchemas
 from orchestrator.core.store import Store
 from orchestrator.planning.escalation import Escalated, next_stage
 from orchestrator.runview.cascade import (

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.errors import SpecError
-from orchestrator.core.json_schema import RunSchemas
 from orchestrator.core.lines import BatchOutputLine
+from orchestrator.core.request.json_schema import RunSchemas
 from orchestrator.core.spec import EscalateSpec
 
 

@@ -21,7 +21,7 @@ from orchestrator.core.records import ChunkStats
 from orchestrator.core.records.run import run_names
 from orchestrator.planning.pricing import GpuTable
 from orchestrator.planning.startup import measured_startup_s
-from orchestrator.prepare.answer_keys import content_identity
+from orchestrator.prepare.answers.answer_keys import content_identity
 
 #: Earlier runs read at most, newest first: a store of thousands of runs is not read whole for a quote.
 EARLIER_RUNS = 50

@@ -4,7 +4,7 @@ A line the workers would answer with an error row (an unknown field, a value out
 schema too large, too deep, with a `$ref` loop or that no value matches, a model the run does not
 serve) is found here, on the controller, before any GPU is paid for. The rules are the worker's
 (worker/requests.py, worker/bodies.py, worker/structured.py and the schema check they share,
-core/json_schema.py; worker/adapters.py: engine-free, so the controller imports them). Every
+core/request/json_schema.py; worker/adapters.py: engine-free, so the controller imports them). Every
 problem is counted, grouped by field, with the first few file:line examples.
 
 The cost stays small on millions of lines: a body's parameters (all but its messages or prompt)
@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from orchestrator.core.errors import RequestsRefused
-from orchestrator.core.json_schema import RunSchemas
+from orchestrator.core.request.json_schema import RunSchemas
 from orchestrator.core.spec import RunSpec
 from orchestrator.prepare.formats import Request
 from worker.adapters import model_problem

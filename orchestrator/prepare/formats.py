@@ -3,7 +3,7 @@
 A request line carries only what the input row itself set: the spec's sampling defaults are
 applied by the worker at run time, so a default changed before launch is not baked into chunks.
 The spec's response_format is in every line, its JSON schema as a reference to the one copy the
-run stores (core/json_schema.py): a 200 KB schema is not copied into a million lines.
+run stores (core/request/json_schema.py): a 200 KB schema is not copied into a million lines.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from orchestrator.core.errors import SpecError
-from orchestrator.core.json_schema import referenced
+from orchestrator.core.request.json_schema import referenced
 from orchestrator.core.spec import InputSpec, SamplingSpec
 
 CHAT_URL = "/v1/chat/completions"
@@ -82,7 +82,7 @@ def make_converter(
     and the run's runner (a pooling run embeds: openai-batch embeddings lines, or text to embed)."""
     fmt = spec_input.format
     _check_response_format(spec_input, runner)
-    # The spec's schema is stored once in the run: each line carries its reference (core/json_schema.py).
+    # The spec's schema is stored once in the run: each line carries its reference (core/request/json_schema.py).
     response_format = referenced(spec_input.response_format)
     if fmt == "openai-batch":
         return lambda record, _source, _number: _openai_batch(record, sampling, URLS[runner])

@@ -16,7 +16,7 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import PrepareRecord, read_manifest, read_record
-from orchestrator.prepare.answer_index import read_index, read_part
+from orchestrator.prepare.answers.answer_index import read_index, read_part
 from orchestrator.prepare.source_file import SourceFile
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def old_rows_keyed(ctx: RunContext, grown: Grown) -> npt.NDArray[Any]:
     takes this path only when the spec does not sample, or reuse.sampled allows it."""
     import numpy as np
 
-    from orchestrator.prepare.reuse import spilled_key_dtype
+    from orchestrator.prepare.answers.reuse import spilled_key_dtype
 
     layout = RunLayout(grown.run)
     index = read_index(ctx.store, layout)
@@ -115,7 +115,7 @@ def _same_table(record: PrepareRecord, source: SourceFile) -> dict[str, Any] | N
 
 def _not_only_appended(source: SourceFile, since: str) -> str | None:
     """None when every commit after `since` up to the pinned version only appended, else why not."""
-    from orchestrator.prepare.tables import appended_since
+    from orchestrator.prepare.table_sources.tables import appended_since
 
     try:
         # The generator checks the history before its first batch: one batch at most is read here.

@@ -2,7 +2,7 @@
 
 A file is its name, size and content digest (not its path or mtime: the same data found from
 elsewhere, or touched, is the same input); a table is its id, pinned version and columns
-(prepare/tables.py). Collect's kept columns check the input against the same record.
+(prepare/table_sources/tables.py). Collect's kept columns check the input against the same record.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def input_identity(spec: RunSpec, files: list[SourceFile]) -> dict[str, Any]:
     """What a prepare was made from: each file's content (name, size, digest; not its path or
     mtime, so the same data found from elsewhere, or touched, is the same input); a table's id,
     version and columns; the input mapping and the chunking."""
-    from orchestrator.prepare.tables import table_identity
+    from orchestrator.prepare.table_sources.tables import table_identity
 
     return {
         "sources": [
@@ -46,7 +46,7 @@ def input_differences(identity: dict[str, Any], files: list[SourceFile]) -> list
     for then, now in zip(before, files, strict=False):
         name = then.get("name") or str(then.get("uri", "?")).rsplit("/", 1)[-1]
         if now.kind in TABLE_KINDS:
-            from orchestrator.prepare.tables import table_differences
+            from orchestrator.prepare.table_sources.tables import table_differences
 
             out.extend(table_differences(then, now))
         elif then.get("size") != now.size:

@@ -25,12 +25,12 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
 from orchestrator.core.records import ManifestEntry, PrepareRecord, read_jsonl, read_record
 from orchestrator.core.spec import DEFAULT_ROWS_PER_CHUNK, RunSpec
-from orchestrator.prepare.answer_keys import AnswerKeys, PoolKeys
+from orchestrator.prepare.answers.answer_keys import AnswerKeys, PoolKeys
+from orchestrator.prepare.answers.reuse import KeyCollector, ReusePlan, plan_reuse
 from orchestrator.prepare.check import RequestCheck
 from orchestrator.prepare.conversion import Conversion, convert_into
 from orchestrator.prepare.grown import Grown, grown_table, old_rows_keyed
 from orchestrator.prepare.identity import input_differences, input_identity
-from orchestrator.prepare.reuse import KeyCollector, ReusePlan, plan_reuse
 from orchestrator.prepare.sampling import RowStrata
 from orchestrator.prepare.source_file import SourceFile
 from orchestrator.prepare.sources import count_rows, resolve_sources

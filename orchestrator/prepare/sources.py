@@ -50,7 +50,7 @@ def content_digest(source: SourceFile) -> str:
     bytes (a pass at disk speed, far faster than converting its rows), or the object store's ETag;
     a table's id and version."""
     if source.kind in TABLE_KINDS:
-        from orchestrator.prepare.tables import table_digest
+        from orchestrator.prepare.table_sources.tables import table_digest
 
         return table_digest(source)
     if source.etag is not None:
@@ -81,7 +81,7 @@ def resolve_sources(sources: list[str]) -> list[SourceFile]:
     if not sources:
         raise InputError("no input given", hint="orch prepare PATH_OR_URI ... (a file, a directory, or s3://...)")
     files: list[SourceFile] = []
-    from orchestrator.prepare.tables import resolve_table, table_kind
+    from orchestrator.prepare.table_sources.tables import resolve_table, table_kind
 
     for source in sources:
         if table_kind(source) is not None:
@@ -255,7 +255,7 @@ def parquet_batches(source: SourceFile, columns: list[str] | None) -> Iterator[A
     import pyarrow.parquet as pq
 
     if source.kind in TABLE_KINDS:
-        from orchestrator.prepare.tables import appended_since, table_batches
+        from orchestrator.prepare.table_sources.tables import appended_since, table_batches
 
         yield from (
             table_batches(source, columns) if source.since is None else appended_since(source, source.since, columns)

@@ -26,11 +26,11 @@ from typing import Protocol
 
 from orchestrator.core.context import RunContext
 from orchestrator.core.spec import ChunkingSpec
+from orchestrator.prepare.answers.reuse import ReusePlan
 from orchestrator.prepare.conversion import RowStream
 from orchestrator.prepare.formats import Request
 from orchestrator.prepare.grouping import PrefixSorter
 from orchestrator.prepare.pools import PoolSorters
-from orchestrator.prepare.reuse import ReusePlan
 from orchestrator.prepare.writers import ChunkWriter
 
 Progress = Callable[[str], None]

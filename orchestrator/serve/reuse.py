@@ -3,7 +3,7 @@
 The runs of the key's most recent finished batches (completed, expired, cancelled or failed after
 running: their answered rows are real answers) become the batch run's `reuse.from`, newest first,
 at most REUSE_BATCHES of them. Prepare then looks each row's answer key up in their answer indexes
-(prepare/reuse.py), a part at a time; only the other rows reach the engine. Each batch's index
+(prepare/answers/reuse.py), a part at a time; only the other rows reach the engine. Each batch's index
 also holds the rows it reused itself, so the newest batches carry their predecessors' answers on.
 """
 
@@ -15,7 +15,7 @@ from orchestrator.core.errors import CorruptRecord, InputError
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import ReuseRecord, read_batch, read_record
 from orchestrator.core.store import NotFound, Store
-from orchestrator.prepare.answer_index import read_index
+from orchestrator.prepare.answers.answer_index import read_index
 from orchestrator.serve.batch_states import LAYOUT
 
 #: Earlier batches a new one reuses from, at most: prepare reads each one's index a part at a time,

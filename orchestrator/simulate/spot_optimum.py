@@ -14,6 +14,12 @@ first `overhead_s`, a zone switch a new machine):
   needs the minimum over all states once. Spot states of a zone without capacity in the tick are
   impossible. Reaching the whole work ends the job: its cost is a candidate for the optimum.
 
+Under the benchmark's cost model (`CostModel`), a spot machine that survives into a tick may move
+to any zone with capacity in it and keep its phase (a free move), and every spot tick is billed at
+the price of the zone the job ends in: the program runs once per zone f with f's prices, counting
+only jobs that end on on-demand (which may end in any zone: a move costs nothing) or on spot in f,
+and the optimum is the least of those.
+
 Vectorised with numpy over the work axis and over traces that share zones and tick length.
 """
 
@@ -24,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.simulate.spot_replay import deadline_ticks, tick_work
-from orchestrator.simulate.spot_traces import H, Job, Trace
+from orchestrator.simulate.spot_traces import ORCH_COSTS, CostModel, H, Job, Trace
 
 
 def _whole(seconds: float, what: str) -> int:
@@ -46,7 +52,7 @@ def _shift(np: Any, arr: Any, g: int, top: int) -> Any:
     return out
 
 
-def optimum_costs(job: Job, traces: Sequence[Trace]) -> list[float]:
+def optimum_costs(job: Job, traces: Sequence[Trace], costs: CostModel = ORCH_COSTS) -> list[float]:
     """The least cost (USD) meeting the deadline on each trace (math.inf where none does); the traces
     must share zones and tick length (a scenario's traces do)."""
     import numpy as np
@@ -54,6 +60,22 @@ def optimum_costs(job: Job, traces: Sequence[Trace]) -> list[float]:
     gap_s = traces[0].gap_s
     if any(t.gap_s != gap_s or len(t.up) != len(traces[0].up) for t in traces):
         raise ValueError("optimum_costs: the traces must share zones and tick length")
+    zones = len(traces[0].up)
+    if not costs.final_zone_prices:
+        return [float(b) for b in _least(np, job, traces, costs, np.full(len(traces), costs.spot_usd_h), None)]
+    best = np.full(len(traces), np.inf)
+    for final in range(zones):
+        prices = np.array([costs.spot_price(t, final) for t in traces])
+        best = np.minimum(best, _least(np, job, traces, costs, prices, final))
+    return [float(b) for b in best]
+
+
+def _least(
+    np: Any, job: Job, traces: Sequence[Trace], costs: CostModel, spot_usd_h: Any, final_zone: int | None
+) -> Any:
+    """The program (module docstring) with a spot price per trace; with `final_zone`, only jobs ending
+    on on-demand or on spot in that zone count."""
+    gap_s = traces[0].gap_s
     gap, over, work = _whole(gap_s, "the tick"), _whole(job.overhead_s, "the overhead"), _whole(job.work_s, "the work")
     phases = math.ceil(over / gap) + 1 if over else 1
     gains = [round(tick_work(i, gap, over)) for i in range(phases)]
@@ -61,7 +83,8 @@ def optimum_costs(job: Job, traces: Sequence[Trace]) -> list[float]:
     gains_u, top = [g // unit for g in gains], work // unit
     limit = deadline_ticks(job, gap_s)
     up = np.array([[u[:limit] for u in t.up] for t in traces], dtype=bool)  # (trace, zone, tick)
-    price = {"od": job.on_demand_usd_h * gap / H, "spot": job.spot_usd_h * gap / H}
+    od_price = costs.on_demand_usd_h * gap / H
+    spot_price = (spot_usd_h * gap / H)[:, None]
 
     n = len(traces)
     start = np.full((n, top + 1), np.inf)
@@ -75,22 +98,38 @@ def optimum_costs(job: Job, traces: Sequence[Trace]) -> list[float]:
         for states in markets:
             for arr in states:
                 any_state = np.minimum(any_state, arr)
+        moved = _survivors(np, markets[1:], up[:, :, t]) if costs.free_spot_moves else None
         new_markets = []
         for m, states in enumerate(markets):
-            cost = price["od"] if m == 0 else price["spot"]
-            entered = [any_state, *states[: phases - 1]]
+            cost = od_price if m == 0 else spot_price
+            # What continues into this market's phases: its own machine, or (free moves) any spot
+            # machine that survived into this tick, wherever it ran.
+            kept = moved if moved is not None and m > 0 else states
+            entered = [any_state, *kept[: phases - 1]]
             if phases > 1:
-                entered[-1] = np.minimum(entered[-1], states[-1])  # the last phase continues into itself
+                entered[-1] = np.minimum(entered[-1], kept[-1])  # the last phase continues into itself
             else:
-                entered[0] = np.minimum(any_state, states[0])
+                entered[0] = np.minimum(any_state, kept[0])
             new = [_shift(np, arr, gains_u[p], top) + cost for p, arr in enumerate(entered)]
             if m > 0:
                 unavailable = ~up[:, m - 1, t]
                 for arr in new:
                     arr[unavailable] = np.inf
             for arr in new:
-                best = np.minimum(best, arr[:, top])
+                if final_zone is None or m in (0, final_zone + 1):
+                    best = np.minimum(best, arr[:, top])
                 arr[:, top] = np.inf
             new_markets.append(new)
         markets, none = new_markets, any_state
-    return [float(b) for b in best]
+    return best
+
+
+def _survivors(np: Any, spot: list[list[Any]], up_now: Any) -> list[Any]:
+    """Per phase, the least cost of a spot machine in a zone with capacity this tick (it survives)."""
+    out = []
+    for p in range(len(spot[0])):
+        least = np.full_like(spot[0][p], np.inf)
+        for z, states in enumerate(spot):
+            least = np.minimum(least, np.where(up_now[:, z : z + 1], states[p], np.inf))
+        out.append(least)
+    return out

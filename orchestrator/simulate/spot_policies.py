@@ -1,26 +1,41 @@
-"""orch's deadline policy (planning/deadline.py's `decide`) steering one job over a spot trace, and the baselines.
+"""orch's spot/deadline policies for one job over a spot trace: the planned ones, and the fleet's rules for reference.
 
-A job is a fleet of one: its work counted in seconds (rows at one row per second), the spot
-worker "up" whenever a zone has capacity (SkyPilot keeps relaunching spot workers; the policy adds
-on-demand on top of them), one on-demand worker at most. `decide`'s actions then map to markets:
-- launch (behind the uniform line with no spot, or the slack gone): run on on-demand;
-- retire (comfortably ahead): leave on-demand for spot;
-- hold: keep what runs; with nothing running, take spot if a zone has capacity, else wait.
-A single machine runs at a time: where `decide` would keep an on-demand worker beside spot, the job
-stays on on-demand (the fleet would pay both; one job gains nothing from the second).
+The planned policies (`zone-aware`, `own-zone`) choose each tick from a table of the dynamic program
+in spot_plan.py, for the capacity they see and the spells they have seen; around it:
+1. Commit: once the slack (time left, less the work left and one start-up) is within one tick,
+   run on on-demand to the end: a tick costs at most one tick of slack, so this comes in time and
+   the deadline is kept whatever the trace does.
+2. Guard: a new spot machine only while the slack covers its start-up, an on-demand start after
+   it and a tick (otherwise on-demand): a spot machine lost right after its start still leaves
+   rule 1 room to finish.
+3. Zones, by what each may see:
+   - `zone-aware` sees every zone (as a launcher trying the zones in turn learns): capacity is any
+     zone's; a machine stays in its zone while it has capacity, else goes to the zone whose running
+     up spell should last longest (planning/spot_zones.py's ZoneModel, the ranking real
+     launches use);
+   - `own-zone` sees only the zone it is in, as the published benchmark's interface allows. With
+     no spot there and nothing or on-demand running, it moves (a move costs nothing then) to the
+     zone where its looks have found capacity most often, and sees that zone the next tick.
 
-The rates are exact in a replay, so `margin` (the allowance for rate estimates) is 0; the commit
-margin is one tick (the policy decides once a tick).
+The fleet's rules, as `orch watch --deadline` runs them on a fleet (planning/deadline.py's
+`decide`, planning/spot_zones.py's `wait_for_spot`), scored for reference: a job is a fleet of
+one, its work counted in seconds, the spot worker "up" whenever a zone has capacity, one on-demand
+worker at most. `decide`'s actions map to markets: launch (behind its line with no spot, or the
+slack gone): on-demand; retire: leave on-demand for spot; hold: keep what runs, or take spot if a
+zone has capacity. The rates are exact in a replay, so `margin` is 0; the commit margin is one tick.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from orchestrator.planning.deadline import DeadlineSettings, FleetState, OnDemandWorker, decide
 from orchestrator.planning.spot_zones import SpotDeadlinePolicy, ZoneModel, draw_restarts_factor
-from orchestrator.simulate.spot_replay import Choice, PolicyFactory, SpotPolicy, View
+from orchestrator.simulate.spot_baselines import UniformProgress, UniformProgressRoundRobin
+from orchestrator.simulate.spot_plan import SPELL_PRIOR, SpellPrior, SpellWatch, plan
+from orchestrator.simulate.spot_replay import Choice, Market, PolicyFactory, SpotPolicy, View
+from orchestrator.simulate.spot_traces import ON_DEMAND_USD_H
 
 
 def deadline_settings(view: View, *, greedy: bool) -> DeadlineSettings:
@@ -47,7 +62,7 @@ def fleet_of_one(view: View) -> FleetState:
         spot_rate=1.0 if any(view.up) else 0.0,
         on_demand=on_demand,
         new_worker_rate=1.0,
-        new_worker_usd_h=view.job.on_demand_usd_h,
+        new_worker_usd_h=ON_DEMAND_USD_H,
     )
 
 
@@ -59,17 +74,15 @@ def first_zone_up(view: View) -> int:
 
 
 @dataclass
-class UniformProgress:
-    """`decide` as orch ships it (greedy=True: the paper's greedy baseline), zones in listed order."""
+class FleetDecide:
+    """`decide` as orch's fleet controller runs it with no spot worker waiting (its Uniform Progress,
+    which leaves on-demand only 5% of the work ahead of its line; greedy=True: the paper's greedy
+    baseline), zones in listed order."""
 
     greedy: bool = False
     pick_zone: Callable[[View], int] = first_zone_up
-    #: Only the first zone listed: the published single-region baseline, for reference.
-    one_zone: bool = False
 
     def choose(self, view: View) -> Choice:
-        if self.one_zone:
-            view = replace(view, up=view.up[:1])
         decision = decide(fleet_of_one(view), deadline_settings(view, greedy=self.greedy))
         if decision.action == "launch" or (decision.action == "hold" and view.market == "on-demand"):
             return Choice("on-demand")
@@ -79,9 +92,9 @@ class UniformProgress:
 
 
 @dataclass
-class ZoneAware:
-    """The better policy (planning/spot_zones.py), driven tick by tick: its zone model learns from
-    every tick's capacity, its safety rule is `decide`'s commit."""
+class WaitForSpot:
+    """The fleet's wait-for-spot rule (planning/spot_zones.py's SpotDeadlinePolicy), driven tick by
+    tick: its zone model learns from every tick's capacity, its safety rule is `decide`'s commit."""
 
     policy: SpotDeadlinePolicy
 
@@ -98,23 +111,85 @@ class ZoneAware:
             tick_s=view.gap_s,
             committed=committed,
         )
-        return Choice(market, zone)
+        return Choice(market, zone) if market == "spot" else Choice(market)
 
 
-def zone_aware(**knobs: float) -> PolicyFactory:
-    return lambda _seed: ZoneAware(SpotDeadlinePolicy(ZoneModel(), **knobs))
+def wait_for_spot_randomized(seed: str) -> SpotPolicy:
+    """The wait-for-spot rule with its reserve multiplier drawn from the replay's seed (spot_zones rule 6)."""
+    return WaitForSpot(SpotDeadlinePolicy(ZoneModel(), restarts_factor=draw_restarts_factor(seed)))
 
 
-def zone_aware_randomized(seed: str) -> SpotPolicy:
-    """The zone-aware policy with its reserve multiplier drawn from the replay's seed (spot_zones rule 6)."""
-    return ZoneAware(SpotDeadlinePolicy(ZoneModel(), restarts_factor=draw_restarts_factor(seed)))
+@dataclass
+class _Memory:
+    """What a planned policy has seen of one trace."""
+
+    watch: SpellWatch
+    zones: ZoneModel
+    looks: list[tuple[int, int]]  # own zone: per zone, (looks, looks that found capacity)
+
+
+@dataclass
+class Planned:
+    """The planned policies (rules 1-3 of the module docstring)."""
+
+    sees_every_zone: bool
+    prior: SpellPrior
+    memory: _Memory | None = None
+
+    def choose(self, view: View) -> Choice:
+        job, tick_s = view.job, view.gap_s
+        if self.memory is None:
+            self.memory = _Memory(SpellWatch(self.prior, tick_s), ZoneModel(), [(0, 0)] * len(view.up))
+        memory = self.memory
+        seen = any(view.up) if self.sees_every_zone else view.has_spot
+        memory.watch.see(seen)
+        if self.sees_every_zone:
+            memory.zones.observe(view.up, tick_s)
+        else:
+            looks, found = memory.looks[view.zone]
+            memory.looks[view.zone] = (looks + 1, found + view.has_spot)
+        slack = view.time_left_s - view.work_left_s - job.overhead_s
+        if slack <= tick_s:
+            return self._elsewhere(view, "on-demand", memory)
+        table = plan(memory.watch, view.deadline_ticks, job.work_s, job.overhead_s)
+        running = view.market
+        market = table.market(view.tick, seen, memory.watch.age, running, view.ticks_on, slack + job.overhead_s)
+        if market != "spot":
+            return self._elsewhere(view, market, memory)
+        zone = view.zone if view.has_spot else memory.zones.best(view.up)
+        launches = running != "spot" or zone != view.zone
+        if launches and slack - job.overhead_s <= tick_s:
+            return self._elsewhere(view, "on-demand", memory)
+        return Choice("spot", zone)
+
+    def _elsewhere(self, view: View, market: Market, memory: _Memory) -> Choice:
+        """Nothing or on-demand; the own-zone policy, with no spot where it is, moves to look elsewhere:
+        to the zone whose looks found capacity most often (a look worth a Beta(1, 1) prior), ties going
+        to the next zone listed after this one."""
+        if self.sees_every_zone or view.has_spot or len(view.up) == 1:
+            return Choice(market)
+        count = len(view.up)
+
+        def odds(zone: int) -> tuple[float, int]:
+            looks, found = memory.looks[zone]
+            return (found + 1) / (looks + 2), -((zone - view.zone) % count)
+
+        return Choice(market, max((z for z in range(count) if z != view.zone), key=odds))
+
+
+def planned(*, sees_every_zone: bool, prior: SpellPrior = SPELL_PRIOR) -> PolicyFactory:
+    return lambda _seed: Planned(sees_every_zone, prior)
 
 
 #: The policies the scorer compares, by name.
 POLICIES: dict[str, PolicyFactory] = {
     "uniform-progress": lambda _seed: UniformProgress(),
     "uniform-progress-one-zone": lambda _seed: UniformProgress(one_zone=True),
-    "greedy": lambda _seed: UniformProgress(greedy=True),
-    "zone-aware": zone_aware(),
+    "uniform-progress-round-robin": lambda _seed: UniformProgressRoundRobin(),
+    "uniform-progress-fleet": lambda _seed: FleetDecide(),
+    "greedy": lambda _seed: FleetDecide(greedy=True),
+    "wait-for-spot": lambda _seed: WaitForSpot(SpotDeadlinePolicy(ZoneModel())),
+    "zone-aware": planned(sees_every_zone=True),
+    "own-zone": planned(sees_every_zone=False),
 }
-RANDOMIZED = "zone-aware-randomized"
+RANDOMIZED = "wait-for-spot-randomized"

@@ -1,19 +1,25 @@
 """Scores spot/deadline policies on the published traces: missed deadlines, cost against on-demand, against
-Uniform Progress and against the hindsight optimum, per benchmark variant and in total.
+the published Uniform Progress and against the hindsight optimum, per benchmark variant and in total.
 
-Every policy replays the same jobs over the same traces (`spot_replay`); the optimum of each is
-computed exactly (`spot_optimum`). Each setting's traces are split in two halves, scored apart:
+Every policy replays the same jobs over the same traces (`spot_replay`) under one cost model (orch's,
+or the published benchmark's: `spot_traces.CostModel`); the optimum of each is computed exactly
+(`spot_optimum`) under the same model. Each setting's traces are split in two halves, scored apart:
 "tune" (the first half of each zone's traces, the only ones a policy's knobs may be set on) and
 "held-out" (the rest).
 - multi-zone: the benchmark's 10 scenarios x traces 0..7 (tune 0..3, held-out 4..7), in 8 variants:
   the scenarios' availability label (high/low) x deadline 36/48 h x restart 0.05/0.20 h, 24 h jobs.
-- single zone: 48 h jobs, deadline 52 or 70 h, restart 0.02 or 0.20 h, 30 traces of each of six
+- single-zone: 48 h jobs, deadline 52 or 70 h, restart 0.02 or 0.20 h, 30 traces of each of six
   (zone, machine) environments (tune: the first 15 of each).
+- adrs-multi-zone: the setting ADRS evolved its multi-region policies on (48 h jobs, deadline 52 h,
+  restart 0.20 h, the high-availability scenarios, traces 0..7; tune 0..3).
 
 Measures, per group of runs: `missed_deadlines` (count), `cost_vs_on_demand` (mean of each run's
-cost over on-demand's), `saving_vs_up` (1 - mean cost / Uniform Progress's mean cost on the same
-runs), `gap_to_optimum` (mean cost / the optimum's mean cost - 1) and, for reference,
-`saving_vs_up_one_zone` (against Uniform Progress kept to the first zone listed).
+cost over on-demand's), `gap_to_optimum` (mean cost / the optimum's mean cost - 1) and savings,
+each 1 - mean cost / a baseline's mean cost on the same runs (`spot_baselines`):
+`saving_vs_up` against the paper's Uniform Progress with failover across zones (it sees every
+zone), `saving_vs_up_round_robin` against its round-robin form (it sees its own zone only, the
+published multi-region baseline) and `saving_vs_up_one_zone` against it on the first zone listed.
+In one zone the three are the same rule.
 """
 
 from __future__ import annotations
@@ -29,9 +35,27 @@ from orchestrator.simulate.spot_optimum import optimum_costs
 from orchestrator.simulate.spot_replay import PolicyFactory, deadline_ticks, on_demand_cost, replay
 
 BASELINE = "uniform-progress"
-#: Uniform Progress kept to the first zone listed: what the published multi-zone savings were quoted against.
-ONE_ZONE_BASELINE = "uniform-progress-one-zone"
+#: Each saving's key and the baseline it is quoted against (module docstring).
+SAVINGS = {
+    "saving_vs_up": BASELINE,
+    "saving_vs_up_round_robin": "uniform-progress-round-robin",
+    "saving_vs_up_one_zone": "uniform-progress-one-zone",
+}
 HALVES = ("tune", "held-out")
+#: The settings scored, in the order they are reported.
+SETTINGS = ("multi-zone", "single-zone", "adrs-multi-zone")
+#: The ADRS evolution setting on the multi-zone traces.
+ADRS_WORK_H, ADRS_DEADLINE_H, ADRS_OVERHEAD_H = 48.0, 52.0, 0.20
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What to score: `quick` (one restart overhead, 6 single-zone traces per environment), `draws`
+    (policies replayed that many times per run, each with its own seed) and the cost model."""
+
+    quick: bool = False
+    draws: Mapping[str, int] | None = None
+    costs: st.CostModel = st.ORCH_COSTS
 
 
 @dataclass
@@ -55,41 +79,57 @@ def _runs_for(
     traces: list[st.Trace],
     halves: list[str],
     policies: Mapping[str, PolicyFactory],
-    draws: Mapping[str, int] | None,
+    grid: Grid,
 ) -> list[Run]:
-    optimum = optimum_costs(job, traces)
+    optimum = optimum_costs(job, traces, grid.costs)
     out = []
     for trace, half, best in zip(traces, halves, optimum, strict=True):
         cost, met = {}, {}
         for name, make in policies.items():
-            seeds = [f"{variant}/{trace.name}/{i}" for i in range((draws or {}).get(name, 1))]
-            outcomes = [replay(job, trace, make(seed)) for seed in seeds]
+            seeds = [f"{variant}/{trace.name}/{i}" for i in range((grid.draws or {}).get(name, 1))]
+            outcomes = [replay(job, trace, make(seed), grid.costs) for seed in seeds]
             cost[name] = statistics.fmean(o.cost_usd for o in outcomes)
             met[name] = all(o.met for o in outcomes)
-        out.append(Run(setting, variant, half, trace.name, on_demand_cost(job, trace.gap_s), best, cost, met))
+        on_demand = on_demand_cost(job, trace.gap_s, grid.costs)
+        out.append(Run(setting, variant, half, trace.name, on_demand, best, cost, met))
     return out
 
 
-def multi_zone_runs(
-    root: Path, policies: Mapping[str, PolicyFactory], *, quick: bool = False, draws: Mapping[str, int] | None = None
-) -> list[Run]:
+def _scenario_traces(root: Path, scenarios: Iterable[st.Scenario]) -> dict[str, list[st.Trace]]:
+    return {s.name: [st.multi_zone_trace(root, s.zones, k) for k in st.MULTI_TRACES] for s in scenarios}
+
+
+def _multi_halves() -> list[str]:
+    return ["tune" if k < len(st.MULTI_TRACES) // 2 else "held-out" for k in st.MULTI_TRACES]
+
+
+def multi_zone_runs(root: Path, policies: Mapping[str, PolicyFactory], grid: Grid = Grid()) -> list[Run]:
     runs: list[Run] = []
-    traces_of = {s.name: [st.multi_zone_trace(root, s.zones, k) for k in st.MULTI_TRACES] for s in st.SCENARIOS}
-    halves = ["tune" if k < len(st.MULTI_TRACES) // 2 else "held-out" for k in st.MULTI_TRACES]
+    traces_of = _scenario_traces(root, st.SCENARIOS)
     for deadline_h in st.MULTI_DEADLINES_H:
-        for overhead_h in st.MULTI_OVERHEADS_H[:1] if quick else st.MULTI_OVERHEADS_H:
+        for overhead_h in st.MULTI_OVERHEADS_H[:1] if grid.quick else st.MULTI_OVERHEADS_H:
             job = st.Job(st.MULTI_WORK_H * st.H, deadline_h * st.H, overhead_h * st.H)
             for scenario in st.SCENARIOS:
                 variant = f"{scenario.availability}/{deadline_h:g}h/{overhead_h:g}h"
-                runs += _runs_for("multi-zone", variant, job, traces_of[scenario.name], halves, policies, draws)
+                traces = traces_of[scenario.name]
+                runs += _runs_for("multi-zone", variant, job, traces, _multi_halves(), policies, grid)
     return runs
 
 
-def single_zone_runs(
-    root: Path, policies: Mapping[str, PolicyFactory], *, quick: bool = False, draws: Mapping[str, int] | None = None
-) -> list[Run]:
+def adrs_runs(root: Path, policies: Mapping[str, PolicyFactory], grid: Grid = Grid()) -> list[Run]:
+    """The ADRS evolution setting (module docstring) on the high-availability scenarios."""
     runs: list[Run] = []
-    count = 6 if quick else st.SINGLE_TRACES
+    high = [s for s in st.SCENARIOS if s.availability == "high"]
+    job = st.Job(ADRS_WORK_H * st.H, ADRS_DEADLINE_H * st.H, ADRS_OVERHEAD_H * st.H)
+    variant = f"high/{ADRS_DEADLINE_H:g}h/{ADRS_OVERHEAD_H:g}h, {ADRS_WORK_H:g} h job"
+    for traces in _scenario_traces(root, high).values():
+        runs += _runs_for("adrs-multi-zone", variant, job, traces, _multi_halves(), policies, grid)
+    return runs
+
+
+def single_zone_runs(root: Path, policies: Mapping[str, PolicyFactory], grid: Grid = Grid()) -> list[Run]:
+    runs: list[Run] = []
+    count = 6 if grid.quick else st.SINGLE_TRACES
     for deadline_h in st.SINGLE_DEADLINES_H:
         traces, halves = [], []
         for env in st.SINGLE_ENVS:
@@ -99,22 +139,22 @@ def single_zone_runs(
         for overhead_h in st.SINGLE_OVERHEADS_H:
             job = st.Job(st.SINGLE_WORK_H * st.H, deadline_h * st.H, overhead_h * st.H)
             variant = f"{deadline_h:g}h/{overhead_h:g}h"
-            runs += _runs_for("single-zone", variant, job, traces, halves, policies, draws)
+            runs += _runs_for("single-zone", variant, job, traces, halves, policies, grid)
     return runs
 
 
 def measures(runs: list[Run], policy: str) -> dict[str, Any]:
     """The four measures of one policy over a group of runs."""
     mean_cost = statistics.fmean(r.cost[policy] for r in runs)
-    out = {
+    out: dict[str, Any] = {
         "runs": len(runs),
         "missed_deadlines": sum(not r.met[policy] for r in runs),
         "cost_vs_on_demand": statistics.fmean(r.cost[policy] / r.on_demand for r in runs),
-        "saving_vs_up": 1 - mean_cost / statistics.fmean(r.cost[BASELINE] for r in runs),
         "gap_to_optimum": mean_cost / statistics.fmean(r.optimum for r in runs) - 1,
     }
-    if ONE_ZONE_BASELINE in runs[0].cost:
-        out["saving_vs_up_one_zone"] = 1 - mean_cost / statistics.fmean(r.cost[ONE_ZONE_BASELINE] for r in runs)
+    for key, baseline in SAVINGS.items():
+        if baseline in runs[0].cost:
+            out[key] = 1 - mean_cost / statistics.fmean(r.cost[baseline] for r in runs)
     return out
 
 
@@ -169,19 +209,19 @@ def scenario_availability(root: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def score(
-    root: Path, policies: Mapping[str, PolicyFactory], *, quick: bool = False, draws: Mapping[str, int] | None = None
-) -> dict[str, Any]:
-    """The whole benchmark: per setting, variant and policy, the four measures; the scenarios' availability.
-    A policy named in `draws` is replayed that many times per run, each with its own seed: its cost is
-    the mean (the expected cost of a randomized policy), its deadline met only if met every time."""
+def score(root: Path, policies: Mapping[str, PolicyFactory], grid: Grid = Grid()) -> dict[str, Any]:
+    """The whole benchmark: per setting, variant and policy, the measures; the scenarios' availability.
+    A policy named in `grid.draws` is replayed that many times per run, each with its own seed: its
+    cost is the mean (the expected cost of a randomized policy), its deadline met only if met every time."""
     st.check_layout(root)
     if BASELINE not in policies:
         raise ValueError(f"the scorer needs {BASELINE!r} among the policies: savings are quoted against it")
-    runs = multi_zone_runs(root, policies, quick=quick, draws=draws)
-    runs += single_zone_runs(root, policies, quick=quick, draws=draws)
+    runs = (
+        multi_zone_runs(root, policies, grid) + single_zone_runs(root, policies, grid) + adrs_runs(root, policies, grid)
+    )
     return {
         "meaning": "1 in a trace = spot NOT available in that tick (the benchmark simulator's reading)",
+        "cost_model": grid.costs.name,
         "scenarios": scenario_availability(root),
         **summary(runs, policies),
     }

@@ -122,7 +122,7 @@ def test_structured_schema_nesting_bound_is_vllms_own():
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import check_json_nesting
 
-    from orchestrator.core.json_schema import SchemaProblem, check_json_schema
+    from orchestrator.core.request.json_schema import SchemaProblem, check_json_schema
 
     for levels in range(58, 70):
         schema: dict = {"type": "string"}

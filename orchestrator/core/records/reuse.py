@@ -8,7 +8,7 @@ from orchestrator.core.records.base import Record
 
 
 class IndexPart(Record):
-    """One object of an answer index: fixed-size records sorted by key (prepare/answer_index.py)."""
+    """One object of an answer index: fixed-size records sorted by key (prepare/answers/answer_index.py)."""
 
     key: str = Field(description="the object's key in the store")
     rows: int

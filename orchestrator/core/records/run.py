@@ -97,7 +97,7 @@ class PrepareRecord(Record):
     first_not_utf8: list[str] = Field(default_factory=list, description="the first few such rows, `file:line`")
     key_digest: str | None = Field(
         None,
-        description="the answer keys' context digest (hex, prepare/answer_keys.py): collect keys the chunks' "
+        description="the answer keys' context digest (hex, prepare/answers/answer_keys.py): collect keys the chunks' "
         "lines with it (None: prepared before answer keys; such a run cannot be reused from)",
     )
     key_digests: dict[str, str] = Field(

@@ -32,8 +32,8 @@ from orchestrator.core.context import RunContext
 from orchestrator.core.errors import InputError
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import ReuseRecord, ReuseSource
-from orchestrator.prepare.answer_index import PartCursor, keys_of, read_index, run_number
-from orchestrator.prepare.answer_keys import AnswerKeys, PoolKeys
+from orchestrator.prepare.answers.answer_index import PartCursor, keys_of, read_index, run_number
+from orchestrator.prepare.answers.answer_keys import AnswerKeys, PoolKeys
 from orchestrator.prepare.formats import Request
 from orchestrator.prepare.spill import BUFFER_ROWS, Spill
 

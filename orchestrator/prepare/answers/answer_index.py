@@ -8,7 +8,7 @@ the parts with their first and last keys, row counts and SHA-256. So a crash whi
 the old index.json (or none) naming whole parts only; a part that is changed, cut short or
 missing is refused with an error naming it, never read as fewer or other answers.
 
-Lookup (PartCursor): the new keys come in ascending slices (prepare/reuse.py spills them by key
+Lookup (PartCursor): the new keys come in ascending slices (prepare/answers/reuse.py spills them by key
 range and sorts one range at a time); each part is read, checked and matched against the keys of
 a slice that fall in its key range (searchsorted), and only the last part read is kept: memory is
 one slice plus one part, whatever the sizes of the input and the index.
@@ -26,7 +26,7 @@ from orchestrator.core.errors import CorruptOutput, InputError
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.records import AnswerIndex, IndexPart, parse_record
 from orchestrator.core.store import NotFound, Store
-from orchestrator.prepare.answer_keys import KEY_VERSION
+from orchestrator.prepare.answers.answer_keys import KEY_VERSION
 
 if TYPE_CHECKING:
     import numpy.typing as npt

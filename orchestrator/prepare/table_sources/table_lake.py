@@ -8,7 +8,14 @@ from typing import Any
 from orchestrator.core.errors import InputError
 from orchestrator.prepare.formats import close_names
 from orchestrator.prepare.source_file import PARQUET_BATCH
-from orchestrator.prepare.table_ref import LATEST_SHOWN, TableRef, no_version, s3_settings, same_columns, when_utc
+from orchestrator.prepare.table_sources.table_ref import (
+    LATEST_SHOWN,
+    TableRef,
+    no_version,
+    s3_settings,
+    same_columns,
+    when_utc,
+)
 
 
 # -- Iceberg -----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ decides the answer:
   dtype, max_model_len, the chat template's text, runner, tool and reasoning parsers, engine_args
   other than memory, speed and naming knobs);
 - the spec's response_format with its JSON schema's text (the lines carry only the schema's
-  reference, core/json_schema.py).
+  reference, core/request/json_schema.py).
 
 Nothing that only names a thing: not the model's path, its served name, a `models:` name, an
 alias or a sweep arm's name (the same weights under two names or paths share their keys), nor the
@@ -35,9 +35,9 @@ from typing import Any
 import orjson
 
 from orchestrator.core.file_digests import file_sha256
-from orchestrator.core.json_schema import schema_text
 from orchestrator.core.model_source import is_bucket_url, is_local_path
 from orchestrator.core.pools import spec_for_pool
+from orchestrator.core.request.json_schema import schema_text
 from orchestrator.core.spec import RunSpec
 from orchestrator.prepare.formats import Request
 

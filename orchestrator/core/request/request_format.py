@@ -1,5 +1,5 @@
 """What the input spec adds to every request it builds: a template over the row's columns and OpenAI's
-response_format (its JSON schema held to core/json_schema.py's check), both checked when the spec loads."""
+response_format (its JSON schema held to core/request/json_schema.py's check), both checked when the spec loads."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.errors import SpecError
-from orchestrator.core.json_schema import MAX_SCHEMA_BYTES, SchemaProblem, check_json_schema, loaded_schema
-from orchestrator.core.schema_lint import schema_problems
+from orchestrator.core.request.json_schema import MAX_SCHEMA_BYTES, SchemaProblem, check_json_schema, loaded_schema
+from orchestrator.core.request.schema_lint import schema_problems
 
 #: A schema file is read up to this much: its compact JSON is held to MAX_SCHEMA_BYTES, and a file
 #: may be laid out with indentation (a few times the compact size).
@@ -73,17 +73,19 @@ def response_format_of(kind: str | None, schema_file: str | None) -> dict[str, A
     if kind not in (None, "json_schema"):
         raise SpecError(f"--response-format {kind} and --json-schema: choose one")
     schema = load_json_schema(schema_file)
-    # Strict (OpenAI's structured outputs) where the schema meets its rules: every object closed,
-    # every property required. vLLM's grammar holds either; a line sent to OpenAI as it is is taken.
+    return schema_format(schema, _schema_name(schema_file))
+
+
+def schema_format(schema: dict[str, Any], name: str) -> dict[str, Any]:
+    """OpenAI's response_format holding answers to `schema`: strict (OpenAI's structured outputs)
+    where the schema meets its rules, every object closed and every property required; vLLM's
+    grammar holds either, and a line sent to OpenAI as it is is taken."""
     strict = not schema_problems(schema, strict=True)
-    return {
-        "type": "json_schema",
-        "json_schema": {"name": _schema_name(schema_file), "schema": schema, "strict": strict},
-    }
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict}}
 
 
 def load_json_schema(path: str) -> dict[str, Any]:
-    """A JSON Schema file, read and held to the workers' check (core/json_schema.py); every fault
+    """A JSON Schema file, read and held to the workers' check (core/request/json_schema.py); every fault
     names the file (and line, or the place in the schema)."""
     try:
         with open(path, "rb") as f:
@@ -111,7 +113,7 @@ def load_json_schema(path: str) -> dict[str, Any]:
 
 
 def _refuse_mistakes(schema: Any, path: str) -> None:
-    """What the schema's author did not mean (core/schema_lint.py: unknown keywords, `required`
+    """What the schema's author did not mean (core/request/schema_lint.py: unknown keywords, `required`
     names without a property), every one at once, naming the file."""
     try:
         mistakes = schema_problems(schema, strict=False)

@@ -26,7 +26,7 @@ from typing import Any
 from orchestrator.core.errors import InputError
 from orchestrator.prepare.formats import close_names
 from orchestrator.prepare.source_file import PARQUET_BATCH, SourceFile, read_ahead
-from orchestrator.prepare.table_lake import (
+from orchestrator.prepare.table_sources.table_lake import (
     delta_appended,
     delta_pinned,
     delta_rows,
@@ -40,7 +40,14 @@ from orchestrator.prepare.table_lake import (
     iceberg_snapshot,
     iceberg_table,
 )
-from orchestrator.prepare.table_ref import LATEST_SHOWN, TableRef, no_version, parse_table, s3_settings, table_kind
+from orchestrator.prepare.table_sources.table_ref import (
+    LATEST_SHOWN,
+    TableRef,
+    no_version,
+    parse_table,
+    s3_settings,
+    table_kind,
+)
 
 __all__ = [
     "TableRef",
