@@ -125,7 +125,9 @@ def test_a_hub_id_and_a_gguf_file_are_left_to_the_worker(project):
         assert local_model_problem(fine) is None, fine
     assert local_model_problem("a/b/c") is not None  # two slashes: only a path can be that
     run = prepared_run(project)
-    assert main(["launch", *run, "--model", "org/name", "--workers", "1", "--dry-run", "--out", "tasks"]) == 0
+    assert (
+        main(["launch", *run, "--model", "org/name", "--workers", "1", "--dry-run", "--out", "tasks"]) == 1
+    )  # not refused (2): a dry run missing prerequisites here
 
 
 def answered_run(project: Path, run: str, errors: int = 0):
@@ -229,9 +231,13 @@ def test_a_skypilot_dry_run_warns_of_what_no_cloud_machine_can_reach(project, ca
     run = prepared_run(project)
     (project / "model").mkdir()
     (project / "model" / "config.json").write_text("{}")
-    assert main(["launch", *run, "--backend", "skypilot", "--model", "./model", "--dry-run", "--out", "t"]) == 0
+    assert (
+        main(["launch", *run, "--backend", "skypilot", "--model", "./model", "--dry-run", "--out", "t"]) == 1
+    )  # prerequisites missing
     err = capsys.readouterr().err
     assert "warning: the store ./.orch is a directory on this machine: no cloud machine can reach it" in err
     assert "warning: --model ./model is a path: a cloud machine reads it from its own disk" in err
-    assert main(["launch", *run, "--backend", "skypilot", "--model", "org/model", "--dry-run", "--out", "t"]) == 0
+    assert (
+        main(["launch", *run, "--backend", "skypilot", "--model", "org/model", "--dry-run", "--out", "t"]) == 1
+    )  # prerequisites missing
     assert "--model" not in capsys.readouterr().err  # a hub id: nothing to warn of

@@ -181,6 +181,22 @@ def test_loop_leaves_skypilots_own_recovery_alone(make_ctx):
     assert loop.tick().complete
 
 
+def test_watch_asks_less_often_while_nothing_changes_and_least_when_skypilot_cannot_answer(make_ctx):
+    """`orch watch --interval 2`: 2 s after a change, then 3, 4.5, ... up to 12 s (6x) while the jobs'
+    states stay; back to 2 s when one changes; a backend that cannot be asked is asked less, not more."""
+    ctx = make_ctx(chunks=1)
+    sky = ScriptedSky(script=["STARTING"] * 6 + ["RUNNING"] * 3)
+    launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=sky), [0])
+    waits: list[float] = []
+    loop = Reconciler(ctx, SkyPilotLauncher(ctx.spec, sdk=sky))
+    watch(loop, interval=2, sleep=waits.append, max_ticks=10)
+    assert waits == [2, 3, 4.5, 6.75, 10.125, 12, 2, 3, 4.5]
+    sky.down = True
+    waits.clear()
+    report = watch(loop, interval=2, sleep=waits.append, max_ticks=4)
+    assert report.unreachable and waits == [3, 4.5, 6.75]
+
+
 def test_loop_relaunches_after_no_resource_and_failures_until_the_budget_is_spent(make_ctx):
     ctx = make_ctx(chunks=1)
     sky = ScriptedSky(script=["FAILED_NO_RESOURCE"])

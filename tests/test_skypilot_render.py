@@ -10,9 +10,10 @@ import pytest
 import yaml
 
 from orchestrator.backends.base import LaunchRequest
+from orchestrator.backends.skypilot_checks import prerequisites
 from orchestrator.backends.skypilot_render import load_task, load_template, render_worker_task, to_yaml
 from orchestrator.cli import main
-from orchestrator.core.errors import BackendError
+from orchestrator.core.errors import BackendError, SpecError
 from orchestrator.core.spec_load import load_spec
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -87,6 +88,8 @@ def test_template_paths_are_relative_to_the_template_not_to_where_orch_runs(tmp_
     monkeypatch.chdir(tmp_path)  # a user's project folder, far from orch's source
     assert load_template()["workdir"] == str(ROOT)  # what the worker's setup installs from
     (tmp_path / "mine").mkdir()
+    (tmp_path / "src" / "worker").mkdir(parents=True)  # a checkout of orch's source of one's own
+    (tmp_path / "src" / "worker" / "__main__.py").write_text("")
     (tmp_path / "mine" / "task.yaml").write_text(
         "workdir: ../src\nfile_mounts:\n  /data: data\n  /abs: /srv/x\n  /bucket: s3://b/p\n"
         "  /store: {source: cache, mode: COPY}\nrun: echo\n"
@@ -99,6 +102,34 @@ def test_template_paths_are_relative_to_the_template_not_to_where_orch_runs(tmp_
         "/bucket": "s3://b/p",
         "/store": {"source": str(tmp_path / "mine" / "cache"), "mode": "COPY"},
     }
+
+
+def test_a_template_copied_elsewhere_syncs_orchs_source_never_its_own_folder(tmp_path, monkeypatch, capsys):
+    """`orch launch --task-template FILE`: a copy of worker.yaml in a project folder, edited, renders
+    every worker (and is kept with the run for its relaunches); the task syncs orch's source, not the
+    copy's folder; a `workdir` that does not hold orch's source is refused before anything is sent."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SKYPILOT_API_SERVER_LOCAL_PORT", "1")  # none answers there: never start one
+    template = yaml.safe_load((ROOT / "task_templates" / "worker.yaml").read_text())
+    template["resources"]["disk_size"] = 64
+    (tmp_path / "task.yaml").write_text(yaml.safe_dump(template))
+    (tmp_path / "d.jsonl").write_text('{"conversation": [{"role": "user", "content": "hi"}]}\n' * 2)
+    store = str(tmp_path / "store")
+    assert main(["prepare", str(tmp_path / "d.jsonl"), "--run", "tt", "--store", store, "--num-chunks", "1"]) == 0
+    args = ["launch", "--run", "tt", "--store", store, "--model", "m", "--dry-run", "--out", str(tmp_path / "t")]
+    assert main([*args, "--task-template", "task.yaml"]) == 1  # prerequisites missing here, the task written
+    doc = yaml.safe_load((tmp_path / "t" / "worker-0.yaml").read_text())
+    assert doc["workdir"] == str(ROOT) and doc["resources"]["disk_size"] == 64
+    spec = load_spec(None, {"run": "tt", "resources.task_template": str(tmp_path / "task.yaml")}, env={})
+    assert spec.resources.task_template == str(tmp_path / "task.yaml")
+
+    template["workdir"] = ".."  # as in orch's own folder, but the copy's folder's parent is not orch
+    (tmp_path / "task.yaml").write_text(yaml.safe_dump(template))
+    capsys.readouterr()
+    assert main([*args, "--task-template", "task.yaml"]) == 6
+    err = capsys.readouterr().err
+    assert f"ERROR {tmp_path / 'task.yaml'}: workdir {tmp_path.parent} does not hold orch's source" in err
+    assert "remove `workdir:` from the template" in err
 
 
 def test_render_keeps_what_the_user_wrote_in_the_template():
@@ -145,7 +176,7 @@ def test_dry_run_writes_checked_tasks_and_never_a_secret(tmp_path, monkeypatch, 
                 str(out_dir),
             ]
         )
-        == 0
+        == 1  # written; prerequisites missing here (a local store, no API server)
     )
     files = sorted(out_dir.glob("*.yaml"))
     assert [f.name for f in files] == [f"worker-{i}.yaml" for i in range(4)]
@@ -173,7 +204,7 @@ def test_dry_run_changes_nothing_in_the_run(tmp_path, monkeypatch, capsys):
 
     before = snapshot()
     args = ["--gpus", "A100", "--spot", "--workers", "3", "--model", "m", "--out", str(tmp_path / "tasks")]
-    assert main(["launch", "--run", "dr", "--store", store, "--dry-run", *args]) == 0
+    assert main(["launch", "--run", "dr", "--store", store, "--dry-run", *args]) == 1  # missing here: a local store
     assert "nothing launched" in capsys.readouterr().out
     assert snapshot() == before
     spec = yaml.safe_load((Path(store) / "runs/dr/spec.yaml").read_text())["spec"]
@@ -196,23 +227,76 @@ def test_render_puts_cpu_workers_on_a_slurm_cluster_with_no_spot_and_a_ready_env
     assert not sky_resources.use_spot and sky_resources.accelerators is None
 
 
-def test_render_tries_the_slurm_cluster_first_then_cloud_spot_then_on_demand():
-    flags = {"run": "r", "resources.infra": ["slurm/onprem", "aws"], "resources.gpus": ["L4", "A100"]}
+def test_render_tries_the_slurm_cluster_first_then_every_cloud_spot_then_on_demand():
+    """`--infra slurm/onprem,aws,gcp --gpus L4,A100`: the cluster (no spot market) first, then spot on
+    each cloud, then on-demand on each: an on-demand machine only once no cloud has a spot one.
+    SkyPilot's own loader keeps that order."""
+    flags = {"run": "r", "resources.infra": ["slurm/onprem", "aws", "gcp"], "resources.gpus": ["L4", "A100"]}
     spec = load_spec(None, flags, env={}, default_file=False)
     task = render_worker_task(load_template(), spec, request())
-    assert [(o["infra"], *o["accelerators"], o.get("use_spot")) for o in task["resources"]["ordered"]] == [
-        ("slurm/onprem", "L4", None),
-        ("slurm/onprem", "A100", None),
-        ("aws", "L4", True),
-        ("aws", "L4", False),
-        ("aws", "A100", True),
-        ("aws", "A100", False),
+    expected = [("slurm/onprem", "L4", None), ("slurm/onprem", "A100", None)] + [
+        (cloud, gpu, spot) for spot in (True, False) for cloud in ("aws", "gcp") for gpu in ("L4", "A100")
     ]
+    assert [(o["infra"], *o["accelerators"], o.get("use_spot")) for o in task["resources"]["ordered"]] == expected
     loaded = load_task(to_yaml(task))
     candidates = list(loaded.resources)  # SkyPilot keeps an ordered preference as a list
-    assert isinstance(loaded.resources, list) and len(candidates) == 6
-    assert [str(c.cloud) for c in candidates] == ["Slurm", "Slurm", "AWS", "AWS", "AWS", "AWS"]
-    assert [c.use_spot for c in candidates] == [False, False, True, False, True, False]
+    assert isinstance(loaded.resources, list) and len(candidates) == 10
+    assert [(str(c.cloud), c.use_spot) for c in candidates] == [
+        (
+            {"slurm/onprem": "Slurm", "aws": "AWS", "gcp": "GCP"}[infra],
+            bool(spot),
+        )
+        for infra, _, spot in expected
+    ]
+
+
+def test_render_names_gpus_as_the_slurm_cluster_does_and_asks_for_its_wall_time():
+    """`resources.slurm.gpu_names` renames a GPU on Slurm only (the cloud keeps SkyPilot's name), and
+    `resources.slurm.time` becomes the allocation's sbatch --time, through the task's own SkyPilot
+    config; SkyPilot's loader accepts both. A time Slurm would not read is refused by the spec."""
+    flags = {
+        "run": "r",
+        "resources.infra": ["slurm/onprem", "aws"],
+        "resources.gpus": ["A100-80GB"],
+        "resources.slurm.gpu_names": {"A100-80GB": "a100_80g"},
+        "resources.slurm.time": "12:00:00",
+    }
+    spec = load_spec(None, flags, env={}, default_file=False)
+    task = render_worker_task(load_template(), spec, request())
+    assert [o["accelerators"] for o in task["resources"]["ordered"]] == [
+        {"a100_80g": 1},
+        {"A100-80GB": 1},
+        {"A100-80GB": 1},
+    ]
+    assert task["config"] == {"slurm": {"sbatch_options": {"time": "12:00:00"}}}
+    loaded = load_task(to_yaml(task))
+    assert [c.accelerators for c in loaded.resources] == [{"a100_80g": 1}, {"A100-80GB": 1}, {"A100-80GB": 1}]
+    one = load_spec(None, {**flags, "resources.infra": "slurm/onprem"}, env={}, default_file=False)
+    assert render_worker_task(load_template(), one, request())["resources"]["accelerators"] == {"a100_80g": 1}
+    for fine in ("90", "2-00:00:00", "1-12", "30:00", "UNLIMITED"):
+        load_spec(None, {**flags, "resources.slurm.time": fine}, env={}, default_file=False)
+    with pytest.raises(SpecError, match=r"resources.slurm.time.*'12h' is not a Slurm time"):
+        load_spec(None, {**flags, "resources.slurm.time": "12h"}, env={}, default_file=False)
+
+
+def test_store_check_refuses_a_loopback_endpoint_unless_the_login_host_is_the_only_node():
+    """A store at 127.0.0.1 is this machine: a cloud machine, or a Slurm compute node (another
+    machine, whose 127.0.0.1 is itself), cannot reach it; only a cluster whose login host is its
+    only node can, when the spec says so."""
+    store = "s3://b/p?endpoint=http://127.0.0.1:8333"
+
+    def reachable(**flags):
+        spec = load_spec(None, {"run": "r", "store": store, **flags}, env={}, default_file=False)
+        (check,) = [c for c in prerequisites(spec, {}) if c.name == "store reachable"]
+        return check
+
+    refused = reachable(**{"resources.infra": "slurm/onprem"})
+    assert not refused.ok and "a worker on slurm/onprem's machines cannot reach it" in refused.detail
+    assert "resources.slurm.single_machine: true" in refused.detail
+    assert reachable(**{"resources.infra": "slurm/onprem", "resources.slurm.single_machine": True}).ok
+    mixed = {"resources.infra": ["slurm/onprem", "aws"], "resources.slurm.single_machine": True}
+    assert not reachable(**mixed).ok and "a cloud" in reachable(**mixed).detail
+    assert not reachable(**{"resources.infra": "k8s/lab", "resources.slurm.single_machine": True}).ok
 
 
 def test_dry_run_renders_slurm_first_and_says_which_prerequisites_are_missing(tmp_path, monkeypatch, capsys):
@@ -225,18 +309,23 @@ def test_dry_run_renders_slurm_first_and_says_which_prerequisites_are_missing(tm
     store = str(tmp_path / "store")
     assert main(["prepare", str(tmp_path / "d.jsonl"), "--run", "op", "--store", store, "--num-chunks", "2"]) == 0
     args = ["--run", "op", "--store", store, "--model", "org/model", "--gpus", "L4", "--dry-run"]
-    assert main(["launch", *args, "--infra", "slurm/onprem,aws", "--out", str(tmp_path / "t")]) == 0
-    printed = capsys.readouterr().out
+    assert main(["launch", *args, "--infra", "slurm/onprem,aws", "--out", str(tmp_path / "t")]) == 1
+    said = capsys.readouterr()
+    printed = said.out
     task = load_task((tmp_path / "t" / "worker-0.yaml").read_text())
     assert [(str(r.cloud), r.use_spot) for r in task.resources] == [("Slurm", False), ("AWS", True), ("AWS", False)]
     assert "missing slurm login: no ~/.slurm/config" in printed
     assert "missing hub token: HF_TOKEN not set" in printed and "missing sky check: no SkyPilot API server" in printed
-    assert "4 prerequisite(s) missing for a real launch." in printed  # and the store: a local directory
+    # and the store: a local directory. A script gates a real launch on the exit status.
+    assert (
+        "ERROR 4 prerequisite(s) missing for a real launch: store credentials, slurm login, sky check, hub token"
+        in (said.err)
+    )
 
     (Path(os.environ["HOME"]) / ".slurm").mkdir()
     (Path(os.environ["HOME"]) / ".slurm" / "config").write_text("Host onprem\n  HostName 10.0.0.1\n  User me\n")
     monkeypatch.setenv("HF_TOKEN", CANARY)
-    assert main(["launch", *args, "--infra", "slurm/onprem", "--out", str(tmp_path / "t2")]) == 0
+    assert main(["launch", *args, "--infra", "slurm/onprem", "--out", str(tmp_path / "t2")]) == 1
     printed = capsys.readouterr().out
     assert "ok      slurm login: ~/.slurm/config names onprem" in printed and "ok      hub token" in printed
     assert CANARY not in printed
@@ -263,7 +352,7 @@ def test_dry_run_mounts_a_bucket_model_cached_and_points_the_worker_at_it(tmp_pa
     assert main(["prepare", str(tmp_path / "d.jsonl"), "--run", "b", "--store", store, "--num-chunks", "1"]) == 0
     bucket = "s3://my-weights/models/llama-8b"
     args = ["--run", "b", "--store", store, "--model", bucket]
-    assert main(["launch", *args, "--dry-run", "--out", str(tmp_path / "t")]) == 0
+    assert main(["launch", *args, "--dry-run", "--out", str(tmp_path / "t")]) == 1  # missing here: a local store
     text = (tmp_path / "t" / "worker-0.yaml").read_text()
     doc = yaml.safe_load(text)
     assert doc["file_mounts"]["/orch-model"] == {"source": bucket, "mode": "MOUNT_CACHED"}
@@ -300,7 +389,9 @@ def test_dry_run_renders_one_task_per_model_pool_with_its_model_and_machines(tmp
     store = str(tmp_path / "store")
     args = ["--run", "two", "--store", store]
     assert main(["prepare", str(tmp_path / "d.jsonl"), *args, "--format", "openai-batch", "--rows-per-chunk", "1"]) == 0
-    assert main(["launch", *args, "--workers", "3", "--dry-run", "--out", str(tmp_path / "t")]) == 0
+    assert (
+        main(["launch", *args, "--workers", "3", "--dry-run", "--out", str(tmp_path / "t")]) == 1
+    )  # missing here: a local store
     docs = {f.name: yaml.safe_load(f.read_text()) for f in sorted((tmp_path / "t").glob("*.yaml"))}
     assert [d["envs"]["ORCH_POOL"] for d in docs.values()] == ["small", "large", "large"]
     assert docs["worker-0.yaml"]["resources"]["accelerators"] == {"L4": 1}

@@ -79,7 +79,7 @@ class SkyPilotLauncher:
     ):
         self.spec = spec
         self.sdk = sdk or SkyPilotSDK()
-        self.template = template if template is not None else load_template()
+        self.template = template if template is not None else load_template(spec.resources.task_template)
         self.max_parallel = max_parallel
 
     def launch(self, requests: Sequence[LaunchRequest]) -> dict[int, str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from orchestrator.core.model_source import MODEL_MOUNT, is_bucket_url, is_local_path
-from orchestrator.core.spec import RunSpec, is_on_prem
+from orchestrator.core.spec import RunSpec, SlurmSpec, is_on_prem
 
 SLURM_CONFIG = "~/.slurm/config"
 
@@ -31,7 +31,7 @@ class Check:
 def prerequisites(spec: RunSpec, env: Mapping[str, str]) -> list[Check]:
     """Every check that can run here, in the order a first real run meets them."""
     places = list(spec.resources.infra) or ([spec.resources.cloud] if spec.resources.cloud else [])
-    checks = [_store_credentials(spec.store, env), _store_reachable(spec.store, places)]
+    checks = [_store_credentials(spec.store, env), _store_reachable(spec.store, places, spec.resources.slurm)]
     checks += [_slurm_login(place) for place in places if place.lower().startswith("slurm")]
     checks.append(_enabled_infra(places))
     if is_bucket_url(spec.model.name or ""):
@@ -63,14 +63,22 @@ def _store_credentials(store: str, env: Mapping[str, str]) -> Check:
     return Check("store credentials", True, f"{', '.join(needed)} set: passed to the workers as secrets")
 
 
-def _store_reachable(store: str, places: list[str]) -> Check:
-    """The store was just read from here; a loopback endpoint is reachable only from this machine."""
+def _store_reachable(store: str, places: list[str], slurm: SlurmSpec) -> Check:
+    """The store was just read from here; a loopback endpoint is reachable only from this machine,
+    so only by workers on it: a Slurm cluster whose only compute node is this login host, as the
+    spec says (`resources.slurm.single_machine`). Any other cluster's node is another machine, on
+    which 127.0.0.1 is that node itself."""
     endpoint = (parse_qs(urlparse(store).query).get("endpoint") or [os.environ.get("ORCH_S3_ENDPOINT_URL", "")])[0]
     host = urlparse(endpoint).hostname or ""
     loopback = host in ("localhost", "::1") or host.startswith("127.")
-    if loopback and not (places and all(is_on_prem(p) for p in places)):
+    here = bool(places) and slurm.single_machine and all(p.lower().startswith("slurm") for p in places)
+    if loopback and not here:
+        nodes = ", ".join(places) if places and all(is_on_prem(p) for p in places) else "a cloud"
+        hint = " (resources.slurm.single_machine: true if the login host is its only node)" if "slurm" in nodes else ""
         return Check(
-            "store reachable", False, f"{endpoint} is this machine's loopback: a cloud machine cannot reach it"
+            "store reachable",
+            False,
+            f"{endpoint} is this machine's loopback: a worker on {nodes}'s machines cannot reach it{hint}",
         )
     return Check("store reachable", True, f"read from here{f' ({endpoint})' if endpoint else ''}")
 

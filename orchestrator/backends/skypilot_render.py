@@ -20,15 +20,20 @@ from orchestrator.core.errors import BackendError
 from orchestrator.core.exits import WorkerExit
 from orchestrator.core.model_source import MODEL_MOUNT, MODEL_MOUNT_ENV, is_bucket_url
 from orchestrator.core.pools import spec_for_pool
-from orchestrator.core.spec import RunSpec, is_on_prem
+from orchestrator.core.spec import ResourcesSpec, RunSpec, is_on_prem
 
-DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "task_templates" / "worker.yaml"
+#: orch's source: what a worker's task syncs to its machine (`workdir`) and runs `python -m worker` from.
+ORCH_SOURCE = Path(__file__).resolve().parents[2]
+DEFAULT_TEMPLATE = ORCH_SOURCE / "task_templates" / "worker.yaml"
 
 
 def load_template(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """The task template, with its relative local paths (workdir, file mount sources) made absolute
-    against the template's own directory: `orch launch` runs from the user's project, not from here."""
-    path = Path(path or os.environ.get("ORCH_TASK_TEMPLATE") or DEFAULT_TEMPLATE)
+    """The task template (spec resources.task_template, else orch's own), with its relative local
+    paths (workdir, file mount sources) made absolute against the template's own directory: `orch
+    launch` runs from the user's project, not from here. With no `workdir` the task syncs orch's
+    source; a `workdir` that does not hold it is refused (a copy of the template elsewhere would
+    sync its whole folder to every worker, and the worker would not start from it)."""
+    path = Path(path or DEFAULT_TEMPLATE)
     try:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
@@ -36,8 +41,11 @@ def load_template(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise BackendError("a task template is a YAML mapping", where=str(path))
     base = path.absolute().parent
-    if isinstance(doc.get("workdir"), str):
+    if "workdir" not in doc:
+        doc["workdir"] = str(ORCH_SOURCE)
+    elif isinstance(doc["workdir"], str):
         doc["workdir"] = _local_path(doc["workdir"], base)
+        _check_orch_source(doc["workdir"], where=str(path))
     mounts = doc.get("file_mounts")
     if isinstance(mounts, dict):
         for target, source in mounts.items():
@@ -46,6 +54,17 @@ def load_template(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
             elif isinstance(source, dict) and isinstance(source.get("source"), str):
                 source["source"] = _local_path(source["source"], base)
     return doc
+
+
+def _check_orch_source(workdir: str, *, where: str) -> None:
+    if "://" in workdir or (Path(workdir).expanduser() / "worker" / "__main__.py").is_file():
+        return
+    raise BackendError(
+        f"workdir {workdir} does not hold orch's source (worker/__main__.py): SkyPilot would copy all of it "
+        "to every worker, and `python -m worker` would not start there",
+        where=where,
+        hint=f"remove `workdir:` from the template: orch's own source ({ORCH_SOURCE}) is synced",
+    )
 
 
 def _local_path(value: str, base: Path) -> str:
@@ -81,6 +100,13 @@ def render_worker_task(template: dict[str, Any], spec: RunSpec, request: LaunchR
         envs[MODEL_MOUNT_ENV] = MODEL_MOUNT
     task["envs"] = envs
     task["resources"] = _resources(dict(task.get("resources") or {}), spec, request.use_spot, request.zones)
+    if r.slurm.time:
+        # A task-level override of SkyPilot's config (allowed for slurm.sbatch_options): the
+        # allocation's wall-time limit, read only where the worker lands on a Slurm cluster.
+        config = dict(task.get("config") or {})
+        slurm = dict(config.get("slurm") or {})
+        slurm["sbatch_options"] = {**(slurm.get("sbatch_options") or {}), "time": r.slurm.time}
+        task["config"] = {**config, "slurm": slurm}
     # Only names, and only of secrets we can fill: a null secret left unfilled fails the launch.
     task["secrets"] = {name: None for name in request.secrets}
     if not task["secrets"]:
@@ -95,9 +121,12 @@ def _resources(
 
     One place (or none): the GPU candidates as one set, every GPU x {spot, on-demand} for SkyPilot
     to take the cheapest with capacity. Several places (`infra: [slurm/x, aws]`): an `ordered` list,
-    each place's candidates in the spec's order, on-prem clusters (no spot there) as written.
+    tried in its order: the on-prem clusters first (no spot market there), each with the GPUs in
+    the spec's order; then every cloud place's spot candidates, then their on-demand ones, places
+    as written and GPUs in the spec's order: on-demand only once no cloud has spot capacity.
     `zones`: an `ordered` list, spot in each zone in the ranked order (best first), then on-demand
-    in the same order: on-demand only once no zone has spot capacity."""
+    in the same order. On a Slurm cluster a GPU is asked for by the cluster's own name where
+    `resources.slurm.gpu_names` gives one."""
     r = spec.resources
     written = {
         k: v for k, v in resources.items() if k not in ("accelerators", "any_of", "ordered", "use_spot", "infra")
@@ -113,20 +142,24 @@ def _resources(
             {"infra": zone, **gpu, "use_spot": spot}
             for spot in spot_choices
             for zone in zones
-            for gpu in ([{"accelerators": {g: r.gpus_per_worker}} for g in r.gpus] or [{}])
+            for gpu in _gpu_choices(r, zone)
         ]
     elif len(places) > 1:
+        clouds = [place for place in places if not is_on_prem(place)]
         resources["ordered"] = [
-            {"infra": place, **gpu, **({} if is_on_prem(place) else {"use_spot": spot})}
-            for place in places
-            for gpu in ([{"accelerators": {g: r.gpus_per_worker}} for g in r.gpus] or [{}])
-            for spot in ([False] if is_on_prem(place) else spot_choices)
+            {"infra": place, **gpu} for place in places if is_on_prem(place) for gpu in _gpu_choices(r, place)
+        ] + [
+            {"infra": place, **gpu, "use_spot": spot}
+            for spot in spot_choices
+            for place in clouds
+            for gpu in _gpu_choices(r, place)
         ]
     else:
         if places:
             resources["infra"] = places[0]
         if r.gpus:
-            resources["accelerators"] = {gpu: r.gpus_per_worker for gpu in r.gpus}
+            (choice,) = _gpu_choices(r, places[0] if places else "", one_set=True)
+            resources.update(choice)
         on_prem = bool(places) and is_on_prem(places[0])  # no spot market on one's own machines
         if not on_prem and len(spot_choices) == 2:
             resources["any_of"] = [{"use_spot": True}, {"use_spot": False}]
@@ -143,6 +176,16 @@ def _resources(
         "recover_on_exit_codes": [WorkerExit.STORE_UNREACHABLE.value],
     }
     return resources
+
+
+def _gpu_choices(r: ResourcesSpec, place: str, *, one_set: bool = False) -> list[dict[str, Any]]:
+    """`accelerators` entries for one place: one per GPU in the spec's order (or all in one set),
+    each named as the place knows it (a Slurm cluster's GRES type from resources.slurm.gpu_names)."""
+    names = r.slurm.gpu_names if place.lower().startswith("slurm") else {}
+    counts = {names.get(gpu, gpu): r.gpus_per_worker for gpu in r.gpus}
+    if one_set:
+        return [{"accelerators": counts}]
+    return [{"accelerators": {name: count}} for name, count in counts.items()] or [{}]
 
 
 class _TaskDumper(yaml.SafeDumper):
@@ -193,7 +236,7 @@ def write_dry_run(
     template: dict[str, Any] | None = None,
 ) -> list[Path]:
     """Render and check every worker's task, write worker-<i>.yaml, launch nothing."""
-    template = template or load_template()
+    template = template or load_template(spec.resources.task_template)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -37,6 +37,13 @@ if TYPE_CHECKING:
 @click.option("--on-demand", "on_demand_only", is_flag=True, help="on-demand instances only")
 @click.option("--dry-run", is_flag=True, help="render the SkyPilot task of every worker and launch nothing")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="where --dry-run writes")
+@click.option(
+    "--task-template",
+    type=click.Path(exists=True, dir_okay=False, resolve_path=True),
+    default=None,
+    help="the SkyPilot task to render each worker from (a copy of task_templates/worker.yaml, edited); "
+    "kept with the run for its relaunches (spec resources.task_template)",
+)
 @click.option("--follow", is_flag=True, help="then watch: relaunch failed workers until the run is complete")
 @click.option("--interval", type=float, default=10.0, show_default=True, help="seconds between checks with --follow")
 def launch_command(
@@ -49,6 +56,7 @@ def launch_command(
     on_demand_only: bool,
     dry_run: bool,
     out_dir: str | None,
+    task_template: str | None,
     follow: bool,
     interval: float,
 ) -> int:
@@ -68,6 +76,7 @@ def launch_command(
             "resources.infra": [i.strip() for i in infra.split(",") if i.strip()] if infra else None,
             "resources.spot": False if on_demand_only else None,
             "resources.on_demand": False if spot_only else None,
+            "resources.task_template": task_template,
         },
     )
     # A dry run reads and renders: the spec is checked, not recorded, and a plan is made in memory.
@@ -87,7 +96,14 @@ def launch_command(
         for path in paths:
             click.echo(str(path))
         click.echo(f"{len(paths)} task file(s) written; nothing launched.")
-        say_prerequisites(ctx.spec)
+        missing = say_prerequisites(ctx.spec)
+        if missing:  # a script gates a real launch on the dry run's exit status
+            from orchestrator.core.errors import OrchError
+
+            raise OrchError(
+                f"{len(missing)} prerequisite(s) missing for a real launch: {', '.join(missing)}",
+                hint="each `missing` line above says what to do; the task files were written all the same",
+            )
         return 0
     needed, remaining = workers_needed(ctx, plan)
     if not remaining:
@@ -111,8 +127,9 @@ def launch_command(
     return 0
 
 
-def say_prerequisites(spec: RunSpec) -> None:
-    """What a real launch needs that can be checked from here, each met or what is missing."""
+def say_prerequisites(spec: RunSpec) -> list[str]:
+    """What a real launch needs that can be checked from here, each met or what is missing; the
+    names of those missing."""
     import os
 
     from orchestrator.backends.skypilot_checks import prerequisites
@@ -121,8 +138,10 @@ def say_prerequisites(spec: RunSpec) -> None:
     for check in checks:
         mark = click.style("ok     ", fg="green") if check.ok else click.style("missing", fg="yellow")
         click.echo(f"{mark} {check.name}: {check.detail}")
-    missing = sum(not c.ok for c in checks)
-    click.echo(f"{missing} prerequisite(s) missing for a real launch." if missing else "every prerequisite met.")
+    missing = [c.name for c in checks if not c.ok]
+    if not missing:
+        click.echo("every prerequisite met.")
+    return missing
 
 
 @click.command("watch")

@@ -74,6 +74,7 @@ FLAG_OF_FIELD = {
     "workers.count": "--workers",
     "resources.gpus": "--gpus",
     "resources.infra": "--infra",
+    "resources.task_template": "--task-template",
 }
 
 

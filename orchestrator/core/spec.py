@@ -238,6 +238,39 @@ class JobRecoverySpec(StrictModel):
     max_restarts_on_errors: int = Field(3, ge=0)
 
 
+#: sbatch's --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]].
+_SLURM_TIME = re.compile(r"(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2}|UNLIMITED|INFINITE)")
+
+
+class SlurmSpec(StrictModel):
+    """What a Slurm cluster needs to be told that SkyPilot cannot find out (resources.slurm)."""
+
+    gpu_names: dict[str, str] = Field(
+        default_factory=dict,
+        description="orch's GPU name -> the cluster's GRES type (`sinfo -o %G`), for a type SkyPilot's name "
+        "matching does not find (A100-80GB: a100_80g); clouds keep orch's names",
+    )
+    time: str | None = Field(
+        None,
+        description="wall-time limit of each worker's allocation, in sbatch's words (12:00:00, 2-00:00:00): at "
+        "most the partition's MaxTime; a worker killed at it is a lost allocation, recovered like a preemption",
+    )
+    single_machine: bool = Field(
+        False,
+        description="the login host is the cluster's only compute node (scripts/local-slurm's bed): a store on "
+        "this machine's loopback address reaches the workers",
+    )
+
+    @field_validator("time")
+    @classmethod
+    def _sbatch_time(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TIME.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a Slurm time: minutes, hours:minutes:seconds or days-hours:minutes:seconds"
+            )
+        return value
+
+
 class ResourcesSpec(StrictModel):
     gpus: list[str] = Field(default_factory=lambda: list(DEFAULT_GPUS))
     gpus_per_worker: int = Field(1, ge=1)
@@ -265,6 +298,12 @@ class ResourcesSpec(StrictModel):
     disk_size: int | None = Field(None, ge=10)
     image_id: str | None = None
     job_recovery: JobRecoverySpec = Field(default_factory=JobRecoverySpec)
+    slurm: SlurmSpec = Field(default_factory=SlurmSpec)
+    task_template: str | None = Field(
+        None,
+        description="the SkyPilot task each worker is rendered from (a copy of task_templates/worker.yaml, "
+        "edited); default: orch's own",
+    )
 
     @field_validator("infra", mode="before")
     @classmethod

@@ -21,7 +21,10 @@ reached, stops every launch.
 
 `watch` waits out a store that does not answer (or is full) as it waits out a backend that
 cannot be asked: it says so, tries again with backoff, and gives up only after
-`store_settings.watch_outage_budget` seconds.
+`store_settings.watch_outage_budget` seconds. Between ticks it waits `interval` after a tick in
+which something changed, and longer after each quiet one (PollPace): SkyPilot's API server, which
+every tick asks, is asked less while jobs are starting or running undisturbed, and least when it
+answers slowly or not at all.
 """
 
 from __future__ import annotations
@@ -282,6 +285,34 @@ class Reconciler:
             self.on_event(f"worker {worker}: job {status.job_id} ended {status.state.value}{detail}")
 
 
+class PollPace:
+    """The wait before `watch`'s next tick: `interval` after a tick that changed something (a job's
+    state, a finished chunk, a relaunch), 1.5x longer after each quiet tick, up to 6x `interval`
+    and never past 60 s (unless `interval` itself is longer). A backend that could not be asked
+    counts as quiet: a saturated API server gets fewer questions, not more."""
+
+    GROWTH = 1.5
+    MOST_FACTOR = 6.0
+    MOST_S = 60.0
+
+    def __init__(self, interval: float):
+        self.interval = interval
+        self.most = max(interval, min(interval * self.MOST_FACTOR, self.MOST_S))
+        self.wait = interval
+        self._seen: tuple[object, ...] | None = None
+
+    def next_wait(self, report: TickReport) -> float:
+        seen = (
+            report.chunks_done,
+            tuple(sorted((job, s.state.value, s.recovery_count) for job, s in report.statuses.items())),
+        )
+        changed = report.unreachable is None and (bool(report.relaunched) or seen != self._seen)
+        self.wait = self.interval if changed else min(self.most, self.wait * self.GROWTH)
+        if report.unreachable is None:
+            self._seen = seen
+        return self.wait
+
+
 def watch(
     reconciler: Reconciler,
     *,
@@ -295,6 +326,7 @@ def watch(
     A store that does not answer is waited out (see the module docstring); OutageTooLong when it
     stays down past the budget."""
     outage = Outage(reconciler.ctx.spec.store_settings.watch_outage_budget)
+    pace = PollPace(interval)
     ticks = 0
     while True:
         try:
@@ -317,4 +349,4 @@ def watch(
         done = report.complete or report.stuck or report.cancelled or bool(report.damaged)
         if done or (max_ticks is not None and ticks >= max_ticks):
             return report
-        sleep(interval)
+        sleep(pace.next_wait(report))
