@@ -18,7 +18,7 @@ MODELS := .cache/models
 export HF_HUB_OFFLINE := 1
 export SKYPILOT_DISABLE_USAGE_COLLECTION := 1
 
-.PHONY: setup system-deps lint check test test-controller test-worker demo bench bench-gpu models clean
+.PHONY: setup system-deps lint check test test-controller test-worker test-cluster demo bench bench-gpu models clean
 
 setup: $(VENV)/.installed $(WVENV)/.installed
 
@@ -86,7 +86,13 @@ test: setup system-deps
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint test-controller test-worker
 
 test-controller: setup models system-deps
-	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -n 3 --dist loadfile
+	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -m "not cluster" -n 3 --dist loadfile
+
+# SkyPilot on a one-node Slurm cluster built on this machine (scripts/local-slurm: root, Debian's
+# slurm-wlm, munge, openssh-server). Out of `make test` for now: it has not yet passed whole at the
+# load CI meets (docs/testing.md); run it alone, on a quiet machine.
+test-cluster: setup models system-deps
+	$(VENV)/bin/python -m pytest tests/test_slurm_cluster.py -m cluster
 
 # Two at a time: test_worker_process.py's processes (kills, SIGTERM, races: engine start-ups and waits)
 # beside the engines' own tests, each file on one of them (the engine fixtures are per session).
