@@ -3,6 +3,7 @@ loop in the test's own process on an engine the test holds; and what the done ma
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -10,12 +11,15 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.parts import iter_part_lines
 from orchestrator.core.records import DoneMarker
+from orchestrator.core.store import Store
 from orchestrator.core.worker_ids import planned_list
 from tests.support.models import REPO
+from tests.support.runs import chat_request
 
 
 class WorkerProcess:
@@ -70,3 +74,27 @@ def answered_lines(store, layout: RunLayout) -> list:
         for part in marker.parts:
             lines.extend(iter_part_lines(store.get(part.key).data, marker.output_format))
     return lines
+
+
+def chunk_of(prefix: str, rows: int, max_tokens: int = 8) -> list[dict[str, Any]]:
+    """`rows` chat requests `<prefix>-<i>`, each answered to exactly `max_tokens` tokens."""
+    return [
+        chat_request(f"{prefix}-{i}", f"Tell me about item {i}", max_tokens=max_tokens, ignore_eos=True)
+        for i in range(rows)
+    ]
+
+
+def answered(store: Store, layout: RunLayout) -> collections.Counter[str]:
+    """custom_id -> how often it appears in the parts that done markers list."""
+    return collections.Counter(line.custom_id for line in answered_lines(store, layout))
+
+
+def wait_for_parts(store: Store, layout: RunLayout, chunk: str, count: int, timeout: float = 180) -> list[Any]:
+    """The chunk's output parts once there are `count` of them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        parts = list(store.list(layout.outputs_prefix(chunk)))
+        if len(parts) >= count:
+            return parts
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {count} parts of {chunk} after {timeout}s")
