@@ -89,8 +89,9 @@ def answered(store: Store, layout: RunLayout) -> collections.Counter[str]:
     return collections.Counter(line.custom_id for line in answered_lines(store, layout))
 
 
-def wait_for_parts(store: Store, layout: RunLayout, chunk: str, count: int, timeout: float = 180) -> list[Any]:
-    """The chunk's output parts once there are `count` of them."""
+def wait_for_parts(store: Store, layout: RunLayout, chunk: str, count: int, timeout: float = 1000) -> list[Any]:
+    """The chunk's output parts once there are `count` of them (`timeout`: a hang guard, the worker
+    loads its engine first: 180 s ran out at load 30)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         parts = list(store.list(layout.outputs_prefix(chunk)))

@@ -90,7 +90,7 @@ def test_worker_that_loses_a_lease_mid_chunk_drops_it_and_goes_on(tiny_model, tm
     layout = make_run(
         store,
         "lost",
-        [chunk_of("l", 800, max_tokens=64), chunk_of("o", 20)],
+        [chunk_of("l", 800, max_tokens=32), chunk_of("o", 20)],
         model=tiny_model,
         lists=[[0, 1], []],
         spec_flags={"workers.lease_ttl": ttl, "workers.heartbeat_interval": 0.5},
