@@ -19,6 +19,7 @@ WORKER = ROOT / ".venv-worker" / "bin" / "python"
 BENCHMARKS = {
     "prepare_bench": CONTROLLER,
     "check_bench": CONTROLLER,
+    "schema_bench": CONTROLLER,
     "plan_bench": CONTROLLER,
     "status_bench": CONTROLLER,
     "launch_bench": CONTROLLER,

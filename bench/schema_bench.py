@@ -80,8 +80,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--quick", action="store_true", help="100,000 rows")
+    parser.add_argument("--smoke", action="store_true", help="2,000 rows, nothing saved")
     opts = parser.parse_args()
-    rows = 100_000 if opts.quick else opts.rows
+    rows = 2_000 if opts.smoke else 100_000 if opts.quick else opts.rows
     schema = CACHE / "schema-bench.json"
     schema.parent.mkdir(parents=True, exist_ok=True)
     schema.write_text(json.dumps(SCHEMA, indent=2))

@@ -17,7 +17,7 @@ from tests.support.models import REPO
 #: Benchmarks slower than a few seconds even at their smallest: local workers through `orch run`, or
 #: vLLM itself (the real-engine tier: their figures are the engine's).
 SLOW = {"forecast_bench", "forecast_gpu_bench", "models_bench", "sweep_bench", "launch_bench", "simulate_bench"}
-SLOW |= {"reuse_bench", "prepare_bench", "table_sources_bench", "spot_bench"}
+SLOW |= {"reuse_bench", "prepare_bench", "table_sources_bench", "spot_bench", "schema_bench"}
 #: Every benchmark, and the Python it runs on.
 EVERY = {**BENCHMARKS, **BY_HAND}
 REAL_ENGINE = {"prefix_bench", "gpu_bench"}

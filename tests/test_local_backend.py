@@ -131,6 +131,7 @@ def test_launch_never_duplicates_a_live_worker_and_cancel_stops_them(workdir, ti
     assert main(["collect", "--run", "c", "--out", str(workdir / "c.jsonl")]) == 0
 
 
+@pytest.mark.scripted_engine(step_s=0.05)  # the worker still at work when delete runs
 def test_delete_force_stops_the_live_worker_before_deleting(workdir, tiny_model, capsys):
     """`orch delete --yes --force` on a run whose worker works: it left the worker writing
     heartbeats into the deleted run for 61 s, a stray half-run. Now the worker is stopped (as
