@@ -376,7 +376,8 @@ def test_workers_a_test_left_running_are_stopped_and_those_running_before_it_kep
     left = launcher.launch([LaunchRequest(worker=1, name="w1", envs={})])[1]
     assert {s.state for s in launcher.statuses([kept, left]).values()} == {JobState.RUNNING}
     (stopped,) = stop_started_here(keep=before, grace_s=10)
-    assert str(stopped) in left and launcher.statuses([left])[left].state.is_terminal()
+    assert str(stopped) in left
+    wait_for("the left worker's job seen ended", lambda: launcher.statuses([left])[left].state.is_terminal())
     assert launcher.statuses([kept])[kept].state == JobState.RUNNING
     launcher.cancel([kept])
 
