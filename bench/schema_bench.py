@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from bench.check_bench import WORDS
-from bench.common import CACHE, ROOT, save, table
+from bench.common import CACHE, ROOT, save, sized, table
 
 SCHEMA = {
     "type": "object",
@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="100,000 rows")
     parser.add_argument("--smoke", action="store_true", help="2,000 rows, nothing saved")
     opts = parser.parse_args()
-    rows = 2_000 if opts.smoke else 100_000 if opts.quick else opts.rows
+    rows = sized(opts.rows, 100_000, 2_000)
     schema = CACHE / "schema-bench.json"
     schema.parent.mkdir(parents=True, exist_ok=True)
     schema.write_text(json.dumps(SCHEMA, indent=2))

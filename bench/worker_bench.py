@@ -46,7 +46,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench.common import ROOT, SMOKE, save, sized, table
+from bench.common import ROOT, save, sized, table
 from tests.support.models import COMPACT_JSON
 
 if TYPE_CHECKING:
@@ -426,7 +426,7 @@ def main() -> None:
     # which only makes the boundaries between them rarer.
     max_seqs = llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
     chunks, max_tokens = 2, sized(16, 8, 4)
-    count = chunks * max_seqs if not SMOKE else chunks * 8  # a smoke shows the code runs: 8-row chunks
+    count = chunks * sized(max_seqs, max_seqs, 8)  # a smoke shows the code runs: 8-row chunks
     prompts = conversations(count)
     # Varied: 1/4 to 4x max_tokens, so each chunk ends in a tail of long answers.
     rng = random.Random(7)

@@ -8,7 +8,6 @@ options in its own words: `--model` on the command line, `model=` in Python (`Sp
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,8 +103,7 @@ def json_schema_format(schema: Mapping[str, Any]) -> dict[str, Any]:
     """OpenAI's response_format holding answers to `schema`, named after its title (else `schema`),
     as --json-schema names it after its file; checked when the spec loads."""
     title = schema.get("title")
-    name = re.sub(r"[^A-Za-z0-9_-]", "_", title)[:64] if isinstance(title, str) and title else "schema"
-    return schema_format(dict(schema), name)
+    return schema_format(dict(schema), named_after=title if isinstance(title, str) else None)
 
 
 def open_run(

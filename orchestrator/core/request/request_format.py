@@ -73,13 +73,15 @@ def response_format_of(kind: str | None, schema_file: str | None) -> dict[str, A
     if kind not in (None, "json_schema"):
         raise SpecError(f"--response-format {kind} and --json-schema: choose one")
     schema = load_json_schema(schema_file)
-    return schema_format(schema, _schema_name(schema_file))
+    return schema_format(schema, named_after=Path(schema_file).stem)
 
 
-def schema_format(schema: dict[str, Any], name: str) -> dict[str, Any]:
-    """OpenAI's response_format holding answers to `schema`: strict (OpenAI's structured outputs)
-    where the schema meets its rules, every object closed and every property required; vLLM's
-    grammar holds either, and a line sent to OpenAI as it is is taken."""
+def schema_format(schema: dict[str, Any], named_after: str | None) -> dict[str, Any]:
+    """OpenAI's response_format holding answers to `schema`, its name from `named_after` (a file's
+    stem, a schema's title; OpenAI allows 1-64 letters, digits, _ and -; else `schema`): strict
+    (OpenAI's structured outputs) where the schema meets its rules, every object closed and every
+    property required; vLLM's grammar holds either, and a line sent to OpenAI as it is is taken."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", named_after or "")[:64] or "schema"
     strict = not schema_problems(schema, strict=True)
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict}}
 
@@ -125,8 +127,3 @@ def _refuse_mistakes(schema: Any, path: str) -> None:
             where=path,
             hint="a keyword no validator knows constrains nothing; docs/labelling.md (the schema) shows one",
         )
-
-
-def _schema_name(path: str) -> str:
-    """json_schema.name from the file's name: OpenAI allows 1-64 letters, digits, _ and -."""
-    return re.sub(r"[^A-Za-z0-9_-]", "_", Path(path).stem)[:64] or "schema"
