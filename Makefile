@@ -85,8 +85,11 @@ test: setup system-deps
 	$(VENV)/bin/python -m compileall -q orchestrator worker tests bench model_builders.py
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint test-controller test-worker
 
+# Three at a time, test by test: a module whose tests share a server of its own (serve's, SkyPilot's API
+# server) is kept on one of them by its `xdist_group` mark; the rest spread. The longest files are handed
+# out first (tests/support/schedule.py; xdist's own reordering, by test count, is off) so none is a tail.
 test-controller: setup models system-deps
-	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -m "not cluster" -n 3 --dist loadfile
+	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -m "not cluster" -n 3 --dist loadgroup --no-loadscope-reorder
 
 # SkyPilot on a one-node Slurm cluster built on this machine (scripts/local-slurm: root, Debian's
 # slurm-wlm, munge, openssh-server). Out of `make test` for now: it has not yet passed whole at the
@@ -94,10 +97,11 @@ test-controller: setup models system-deps
 test-cluster: setup models system-deps
 	$(VENV)/bin/python -m pytest tests/test_slurm_cluster.py -m cluster
 
-# Two at a time: test_worker_process.py's processes (kills, SIGTERM, races: engine start-ups and waits)
-# beside the engines' own tests, each file on one of them (the engine fixtures are per session).
+# Two at a time, a file each (the engine fixtures are per session): the worker processes' files (kills,
+# signals, races: engine start-ups and waits) first, in tests/support/schedule.py's order, beside the
+# engines' own tests.
 test-worker: setup models system-deps
-	$(WVENV)/bin/python -m pytest tests/worker -n 2 --dist loadfile
+	$(WVENV)/bin/python -m pytest tests/worker -n 2 --dist loadfile --no-loadscope-reorder
 
 # The main job on the local default: 200 conversations, SmolLM2 on vLLM-CPU, 2 local workers.
 # The demo answers with SmolLM2 alone: the other test models are not built for it.

@@ -13,12 +13,18 @@ from tests.support import s3servers
 from tests.support.cli import HandWorker
 from tests.support.models import REAL_ENGINE, TINY, built, scripted_engine
 from tests.support.s3servers import make_store_uri
+from tests.support.schedule import longest_first
 
 # Every S3 client in the tests (and in the workers they start) talks to local servers only.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", s3servers.ACCESS_KEY)
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", s3servers.SECRET_KEY)
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest files first (tests/support/schedule.py); a file's tests stay together, in their order."""
+    longest_first(items)
 
 
 @pytest.fixture(autouse=True)

@@ -20,6 +20,8 @@ from orchestrator.core.store import open_store
 from tests.support.datasets import write_jsonl
 from tests.support.runs import Answer, answer_chunk, chat_request
 
+pytestmark = pytest.mark.xdist_group("hostile_inputs")  # one xdist worker: its tests share the module's servers
+
 BATCH = ["--format", "openai-batch", "--num-chunks", "1"]
 #: Deep enough to exhaust Python's recursion (1,000 frames) while json reads it.
 DEEP = 5000

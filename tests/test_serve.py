@@ -61,7 +61,10 @@ from tests.support.serving import (
     write_requests,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("serve"),
+]  # one xdist worker: its tests share the module's server
 
 
 @pytest.fixture(scope="module")

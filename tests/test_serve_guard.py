@@ -45,6 +45,8 @@ from tests.support.serving import (
 )
 from tests.support.web import chromium, status_web
 
+pytestmark = pytest.mark.xdist_group("serve_guard")  # one xdist worker: its tests share the module's servers
+
 BOUNDARY = "orch-guard-boundary"
 #: More names the open server answers to, as an operator sets them.
 EXTRA_HOSTS = "orch.example, .corp.example"

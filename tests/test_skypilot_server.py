@@ -25,7 +25,10 @@ from tests.support import s3servers
 from tests.support.datasets import write_jsonl
 from tests.support.events import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("skypilot_server"),
+]  # one xdist worker: its tests share the module's API server
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 SKY = str(Path(sys.executable).parent / "sky")

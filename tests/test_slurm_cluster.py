@@ -44,7 +44,12 @@ from orchestrator.core.store import open_store
 from tests.support import events, s3servers
 from tests.support.datasets import write_jsonl
 
-pytestmark = [pytest.mark.slow, pytest.mark.real_engine, pytest.mark.cluster]  # its workers run vLLM (docs/testing.md)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.real_engine,
+    pytest.mark.cluster,
+    pytest.mark.xdist_group("slurm"),
+]  # its workers run vLLM (docs/testing.md)
 
 ROOT = Path(__file__).resolve().parents[1]
 ORCH = [sys.executable, "-m", "orchestrator"]

@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 from tests.support.models import REPO
+from tests.support.schedule import LONGEST_FIRST
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -47,3 +48,9 @@ def test_suite_reading_imports_sees_what_a_file_imports(tmp_path):
         "tests.worker.conftest",
     ]
     assert not is_test_module("tests.support.cli") and not is_test_module("orchestrator.test_like")
+
+
+def test_suite_schedule_names_only_test_files_that_exist():
+    """A file renamed or removed would silently drop out of the longest-first order."""
+    missing = [name for name in LONGEST_FIRST if not (REPO / "tests" / name).is_file()]
+    assert not missing, f"tests/support/schedule.py's LONGEST_FIRST names files that are not there: {missing}"
