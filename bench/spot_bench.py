@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import CACHE, QUICK, ROOT, SMOKE, save, table
+from bench.common import CACHE, QUICK, ROOT, save, sized, table
 
 ARCHIVES = ("multi-region-v100.tar.gz", "single-region.tar.gz")
 TRACES = CACHE.parent / "spot-traces"
@@ -46,12 +46,12 @@ def unpacked() -> Path:
 
 
 def main() -> None:
-    quick = QUICK or SMOKE  # the simulator's own --quick is its smallest run
+    size = sized([], ["--quick"], ["--smoke"])  # the simulator's own sizes: --smoke is its least run
     costs = "benchmark" if "--benchmark-costs" in sys.argv else "orch"
     folder = unpacked()
     cmd = [sys.executable, "-m", "orchestrator", "simulate", "--traces", str(folder), "--json", "--costs", costs]
     started = time.monotonic()
-    out = subprocess.run([*cmd, *(["--quick"] if quick else [])], cwd=ROOT, check=True, capture_output=True)
+    out = subprocess.run([*cmd, *size], cwd=ROOT, check=True, capture_output=True)
     seconds = time.monotonic() - started
     result: dict[str, Any] = json.loads(out.stdout)
     print(f"{result['meaning']}; cost model {result['cost_model']}; scored in {seconds:.0f} s")
@@ -86,7 +86,7 @@ def main() -> None:
         header = ["variant", "policy", "missed", "x on-demand", "vs UP failover", "vs UP round robin", "gap to opt"]
         print(table(rows, header))
     name = "spot_bench" if costs == "orch" else "spot_bench_benchmark_costs"
-    save(name, {"seconds": round(seconds, 1), "quick": quick, **result})
+    save(name, {"seconds": round(seconds, 1), "quick": QUICK, **result})
 
 
 if __name__ == "__main__":

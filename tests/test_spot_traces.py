@@ -343,6 +343,19 @@ def test_simulate_traces_scores_every_variant_as_json(tmp_path, capsys, costs):
     assert result["scenarios"]["high-1"]["availability"] == pytest.approx(0.7, abs=0.1)
 
 
+def test_simulate_traces_smoke_scores_every_setting_policy_and_half_on_fewer_runs(tmp_path, capsys):
+    synthetic_layout(tmp_path)
+    assert main(["simulate", "--traces", str(tmp_path), "--smoke", "--json"]) == 0
+    smoke = json.loads(capsys.readouterr().out)
+    for setting in ("multi-zone", "single-zone", "adrs-multi-zone"):
+        for name, m in smoke[setting]["total"]["policies"].items():
+            assert set(m["halves"]) == {"tune", "held-out"}, (setting, name)
+            assert m["halves"]["tune"]["runs"] == m["halves"]["held-out"]["runs"], (setting, name)
+    assert set(smoke["multi-zone"]["total"]["policies"]) == set(POLICIES)
+    assert set(smoke["multi-zone"]["variants"]) == {"high/36h/0.05h", "low/36h/0.05h"}
+    assert smoke["multi-zone"]["total"]["policies"]["zone-aware"]["runs"] == 4  # 2 scenarios x 2 traces
+
+
 def test_simulate_traces_says_what_is_missing(tmp_path, capsys):
     assert main(["simulate", "--traces", str(tmp_path)]) == 2
     assert "unpack both archives" in capsys.readouterr().err

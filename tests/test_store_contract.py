@@ -141,6 +141,17 @@ def test_store_rejects_keys_that_escape_or_are_ambiguous(store, key):
         store.put(key, b"x")
 
 
+def test_store_key_limit_counts_utf8_bytes_not_characters():
+    # 300 characters of 4 bytes each (1,200 bytes) are too long; 256 of them (1,024 bytes) are not.
+    store = MemoryStore()  # a file system limits each path segment further
+    with pytest.raises(InvalidKey):
+        store.put("\U0001f600" * 300, b"x")
+    store.put("\U0001f600" * 256, b"x")
+    store.put("a" * 1024, b"x")
+    with pytest.raises(InvalidKey):
+        store.put("a" * 1025, b"x")
+
+
 def test_store_put_if_absent_race_has_exactly_one_winner(store):
     winners, barrier = [], threading.Barrier(8)
 

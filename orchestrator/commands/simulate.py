@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from orchestrator.commands.console import Group
     from orchestrator.core.records import ManifestEntry
     from orchestrator.simulate import SimConfig, Summary
+    from orchestrator.simulate.spot_score import Grid
 
 
 @click.command("simulate")
@@ -38,6 +39,12 @@ if TYPE_CHECKING:
     "(docs/BENCHMARKS.md, spot traces)",
 )
 @click.option("--quick", is_flag=True, help="with --traces: one restart overhead, 6 single-zone traces per machine")
+@click.option(
+    "--smoke",
+    is_flag=True,
+    help="with --traces: the least that runs every setting and policy (one trace per half, one scenario per "
+    "availability label, one deadline and restart overhead): that it runs, not figures",
+)
 @click.option(
     "--randomize",
     is_flag=True,
@@ -117,6 +124,7 @@ def simulate_command(
     plot_path: str | None,
     traces_dir: str | None,
     quick: bool,
+    smoke: bool,
     randomize: bool,
     costs: str,
     **knobs: Any,
@@ -126,7 +134,12 @@ def simulate_command(
     from orchestrator.simulate import MARKETS, POLICIES
 
     if traces_dir is not None:
-        return _spot_traces(traces_dir, quick, as_json, seeds if randomize else 0, costs)
+        from orchestrator.simulate.spot_policies import RANDOMIZED
+        from orchestrator.simulate.spot_score import Grid
+        from orchestrator.simulate.spot_traces import COST_MODELS
+
+        grid = Grid(quick, smoke, draws={RANDOMIZED: seeds if randomize else 0}, costs=COST_MODELS[costs])
+        return _spot_traces(traces_dir, grid, as_json)
     knobs["restart_overhead"] = _startup_s(inv, knobs["restart_overhead"], measured=use_run or "run" in inv.flags)
     config = _sim_config(**knobs)
     entries = None
@@ -324,19 +337,19 @@ def _deadline_study(
     return 0
 
 
-def _spot_traces(folder: str, quick: bool, as_json: bool, draws: int, costs: str) -> int:
-    """The spot/deadline policies scored on the published traces: one table per setting. With `draws`,
-    the randomized wait-for-spot rule too, its cost the mean of that many seeded replays per run."""
+def _spot_traces(folder: str, grid: Grid, as_json: bool) -> int:
+    """The spot/deadline policies scored on the published traces: one table per setting. With draws of
+    the randomized wait-for-spot rule in `grid`, that rule too, its cost the mean of its seeded replays per run."""
     from pathlib import Path
 
     from orchestrator.commands.console import Group, Text, console, table
     from orchestrator.simulate.spot_policies import POLICIES as SPOT_POLICIES
     from orchestrator.simulate.spot_policies import RANDOMIZED, wait_for_spot_randomized
-    from orchestrator.simulate.spot_score import SETTINGS, Grid, score
-    from orchestrator.simulate.spot_traces import COST_MODELS
+    from orchestrator.simulate.spot_score import SETTINGS, score
 
+    draws = (grid.draws or {}).get(RANDOMIZED, 0)
     policies = {**SPOT_POLICIES, RANDOMIZED: wait_for_spot_randomized} if draws else SPOT_POLICIES
-    result = score(Path(folder), policies, Grid(quick=quick, draws={RANDOMIZED: draws}, costs=COST_MODELS[costs]))
+    result = score(Path(folder), policies, grid)
     if as_json:
         click.echo(json.dumps(result))
         return 0
@@ -347,13 +360,13 @@ def _spot_traces(folder: str, quick: bool, as_json: bool, draws: int, costs: str
     parts.append(scenarios)
     numbers = ("missed", "x on-demand", "vs UP", "vs UP round robin", "gap to optimum", "held-out: vs UP, gap")
     for setting in SETTINGS:
-        grid = table(f"{setting} variant", "policy", *numbers, right=numbers)
+        rows = table(f"{setting} variant", "policy", *numbers, right=numbers)
         blocks = {**result[setting]["variants"], "total": result[setting]["total"]}
         for variant, block in blocks.items():
-            grid.add_row(variant, "optimum", "", f"{block['optimum_cost_vs_on_demand']:.3f}", "", "", "", "")
+            rows.add_row(variant, "optimum", "", f"{block['optimum_cost_vs_on_demand']:.3f}", "", "", "", "")
             for name, m in block["policies"].items():
                 held = m["halves"].get("held-out", m)
-                grid.add_row(
+                rows.add_row(
                     "",
                     name,
                     f"{m['missed_deadlines']}/{m['runs']}",
@@ -363,7 +376,7 @@ def _spot_traces(folder: str, quick: bool, as_json: bool, draws: int, costs: str
                     f"{m['gap_to_optimum']:.1%}",
                     f"{held['saving_vs_up']:.1%}, {held['gap_to_optimum']:.1%}",
                 )
-        parts.append(grid)
+        parts.append(rows)
     parts.append(Text("savings: 1 - mean cost / the baseline's on the same runs (UP: the paper's Uniform Progress)"))
     console().print(Group(*parts))
     return 0

@@ -50,12 +50,25 @@ ADRS_WORK_H, ADRS_DEADLINE_H, ADRS_OVERHEAD_H = 48.0, 52.0, 0.20
 
 @dataclass(frozen=True)
 class Grid:
-    """What to score: `quick` (one restart overhead, 6 single-zone traces per environment), `draws`
+    """What to score: `quick` (one restart overhead, 6 single-zone traces per environment), `smoke`
+    (the least that still runs every setting, policy and half: one deadline and restart overhead,
+    one scenario per availability label, one single-zone environment, one trace per half), `draws`
     (policies replayed that many times per run, each with its own seed) and the cost model."""
 
     quick: bool = False
+    smoke: bool = False
     draws: Mapping[str, int] | None = None
     costs: st.CostModel = st.ORCH_COSTS
+
+    def multi_traces(self) -> list[int]:
+        """The multi-zone trace numbers scored: all, or (smoke) the first of each half."""
+        half = len(st.MULTI_TRACES) // 2
+        return [0, half] if self.smoke else list(st.MULTI_TRACES)
+
+    def scenarios(self, availability: str | None = None) -> list[st.Scenario]:
+        """The multi-zone scenarios scored (of one availability label if named): smoke, the first of each label."""
+        chosen = [s for s in st.SCENARIOS if availability in (None, s.availability)]
+        return [s for s in chosen if s.name.endswith("-1")] if self.smoke else chosen
 
 
 @dataclass
@@ -95,48 +108,48 @@ def _runs_for(
     return out
 
 
-def _scenario_traces(root: Path, scenarios: Iterable[st.Scenario]) -> dict[str, list[st.Trace]]:
-    return {s.name: [st.multi_zone_trace(root, s.zones, k) for k in st.MULTI_TRACES] for s in scenarios}
+def _scenario_traces(root: Path, scenarios: Iterable[st.Scenario], grid: Grid) -> dict[str, list[st.Trace]]:
+    return {s.name: [st.multi_zone_trace(root, s.zones, k) for k in grid.multi_traces()] for s in scenarios}
 
 
-def _multi_halves() -> list[str]:
-    return ["tune" if k < len(st.MULTI_TRACES) // 2 else "held-out" for k in st.MULTI_TRACES]
+def _multi_halves(grid: Grid) -> list[str]:
+    return ["tune" if k < len(st.MULTI_TRACES) // 2 else "held-out" for k in grid.multi_traces()]
 
 
 def multi_zone_runs(root: Path, policies: Mapping[str, PolicyFactory], grid: Grid = Grid()) -> list[Run]:
     runs: list[Run] = []
-    traces_of = _scenario_traces(root, st.SCENARIOS)
-    for deadline_h in st.MULTI_DEADLINES_H:
-        for overhead_h in st.MULTI_OVERHEADS_H[:1] if grid.quick else st.MULTI_OVERHEADS_H:
+    traces_of = _scenario_traces(root, grid.scenarios(), grid)
+    for deadline_h in st.MULTI_DEADLINES_H[:1] if grid.smoke else st.MULTI_DEADLINES_H:
+        for overhead_h in st.MULTI_OVERHEADS_H[:1] if grid.quick or grid.smoke else st.MULTI_OVERHEADS_H:
             job = st.Job(st.MULTI_WORK_H * st.H, deadline_h * st.H, overhead_h * st.H)
-            for scenario in st.SCENARIOS:
+            for scenario in grid.scenarios():
                 variant = f"{scenario.availability}/{deadline_h:g}h/{overhead_h:g}h"
                 traces = traces_of[scenario.name]
-                runs += _runs_for("multi-zone", variant, job, traces, _multi_halves(), policies, grid)
+                runs += _runs_for("multi-zone", variant, job, traces, _multi_halves(grid), policies, grid)
     return runs
 
 
 def adrs_runs(root: Path, policies: Mapping[str, PolicyFactory], grid: Grid = Grid()) -> list[Run]:
     """The ADRS evolution setting (module docstring) on the high-availability scenarios."""
     runs: list[Run] = []
-    high = [s for s in st.SCENARIOS if s.availability == "high"]
+    high = grid.scenarios("high")
     job = st.Job(ADRS_WORK_H * st.H, ADRS_DEADLINE_H * st.H, ADRS_OVERHEAD_H * st.H)
     variant = f"high/{ADRS_DEADLINE_H:g}h/{ADRS_OVERHEAD_H:g}h, {ADRS_WORK_H:g} h job"
-    for traces in _scenario_traces(root, high).values():
-        runs += _runs_for("adrs-multi-zone", variant, job, traces, _multi_halves(), policies, grid)
+    for traces in _scenario_traces(root, high, grid).values():
+        runs += _runs_for("adrs-multi-zone", variant, job, traces, _multi_halves(grid), policies, grid)
     return runs
 
 
 def single_zone_runs(root: Path, policies: Mapping[str, PolicyFactory], grid: Grid = Grid()) -> list[Run]:
     runs: list[Run] = []
-    count = 6 if grid.quick else st.SINGLE_TRACES
-    for deadline_h in st.SINGLE_DEADLINES_H:
+    count = 2 if grid.smoke else 6 if grid.quick else st.SINGLE_TRACES
+    for deadline_h in st.SINGLE_DEADLINES_H[:1] if grid.smoke else st.SINGLE_DEADLINES_H:
         traces, halves = [], []
-        for env in st.SINGLE_ENVS:
+        for env in st.SINGLE_ENVS[:1] if grid.smoke else st.SINGLE_ENVS:
             some = st.single_zone_traces(root, env, max(st.SINGLE_DEADLINES_H), count)
             traces += some
             halves += ["tune" if i < len(some) // 2 else "held-out" for i in range(len(some))]
-        for overhead_h in st.SINGLE_OVERHEADS_H:
+        for overhead_h in st.SINGLE_OVERHEADS_H[-1:] if grid.smoke else st.SINGLE_OVERHEADS_H:
             job = st.Job(st.SINGLE_WORK_H * st.H, deadline_h * st.H, overhead_h * st.H)
             variant = f"{deadline_h:g}h/{overhead_h:g}h"
             runs += _runs_for("single-zone", variant, job, traces, halves, policies, grid)
