@@ -252,6 +252,9 @@ class StatusWatch(threading.Thread):
         self.states: dict[str, list[tuple[str, float]]] = {}
         #: Each worker's recoveries as `orch status` judged them (`spurious`, `machine lost`).
         self.recoveries: dict[str, set[str]] = {}
+        #: Each worker's recovery count as last seen: a recovery between two looks (RECOVERING for
+        #: less than a look takes on a loaded machine) shows only there.
+        self.recovery_counts: dict[str, int] = {}
         self.workers: list[dict[str, Any]] = []
         self.unpatched: list[str] = []
         self.done = threading.Event()
@@ -285,8 +288,12 @@ class StatusWatch(threading.Thread):
             if w["recovery"]:
                 self.recoveries.setdefault(str(w["worker"]), set()).add(w["recovery"])
             seen = self.states.setdefault(str(w["worker"]), [])
-            if not seen or seen[-1][0] != w["state"]:
+            recovered = self.recovery_counts.get(str(w["worker"]))
+            self.recovery_counts[str(w["worker"])] = w["recovery_count"]
+            new_state = not seen or seen[-1][0] != w["state"]
+            if new_state:
                 seen.append((w["state"], time.monotonic()))
+            if new_state or recovered != w["recovery_count"]:
                 changed = True
                 self.evidence.note(
                     f"{self.run_args[1]} worker {w['worker']}: {w['state']} (job {w['job_id']}, "
@@ -304,6 +311,10 @@ class StatusWatch(threading.Thread):
 
     def sequence(self, worker: int) -> list[str]:
         return [state for state, _ in self.states.get(str(worker), [])]
+
+    def recovered(self, worker: int) -> int:
+        """SkyPilot's recovery count of the worker's job, as last seen."""
+        return self.recovery_counts.get(str(worker), 0)
 
     def worker(self, i: int) -> dict[str, Any] | None:
         return next((w for w in self.workers if str(w["worker"]) == str(i)), None)
@@ -541,7 +552,8 @@ def test_slurm_worker_survives_a_lost_allocation_and_cancel_leaves_nothing(
     assert store.head(layout.done(chunk)) is None, f"chunk {chunk} finished before the loss: make it bigger"
     written_before = set(parts(store, layout, chunk=chunk).values())
     watch.hurry()
-    wait_for("worker 0 recovering", lambda: "RECOVERING" in watch.sequence(0), 600)
+    # RECOVERING, or a recovery counted: at load 45 a look took a minute, and RECOVERING lasted less.
+    wait_for("worker 0 recovering", lambda: "RECOVERING" in watch.sequence(0) or watch.recovered(0), 600)
     wait_for("worker 0 answering again", lambda: new_part(store, layout, 0, gone), 1200)
     recovery = time.monotonic() - lost
     evidence.note(f"worker 0 answering again {recovery:.0f}s after the loss")
@@ -553,8 +565,8 @@ def test_slurm_worker_survives_a_lost_allocation_and_cancel_leaves_nothing(
     # from its checkpoints by the process that came after.
     watch.hurry()
     wait_for("the worker done", lambda: watch.sequence(0)[-1:] == ["SUCCEEDED"], 900)
-    states = watch.sequence(0)  # RUNNING -> RECOVERING -> RUNNING -> SUCCEEDED
-    assert states.count("RECOVERING") == 1 and "RUNNING" in states[: states.index("RECOVERING")], watch.states
+    states = watch.sequence(0)  # RUNNING -> (RECOVERING, if a look fell within it) -> RUNNING -> SUCCEEDED
+    assert "RUNNING" in states and states.count("RECOVERING") <= 1, watch.states
     w0 = watch.worker(0)
     assert w0 and w0["recovery_count"] == 1 and w0["cloud"] == "Slurm" and w0["region"] == cluster, w0
     # Its machine was lost, and `orch status` never called that recovery spurious.
