@@ -85,6 +85,24 @@ def test_launch_submits_all_workers_concurrently_with_secrets_in_memory(make_ctx
     assert {w: a.job_id for w, a in record.current_jobs().items()} == launched
 
 
+class ProgressSayingSky(ScriptedSky):
+    """Says its progress on stdout while it launches, as SkyPilot's SDK does ("Uploading files to API server")."""
+
+    def launch(self, task, name):
+        print(f"Uploading files to API server for {name}")
+        return super().launch(task, name)
+
+
+def test_launch_keeps_skypilots_progress_off_stdout(make_ctx, capsys):
+    """stdout is orch's answer to a program (`orch estimate --probe --json` launches its probe):
+    SkyPilot's progress lines go to stderr."""
+    ctx = make_ctx(chunks=2)
+    launched = launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=ProgressSayingSky()), [0, 1])
+    said = capsys.readouterr()
+    assert sorted(launched) == [0, 1] and said.out == ""
+    assert "Uploading files to API server for orch-sky-w0" in said.err, said.err
+
+
 def test_launch_reports_workers_without_capacity_and_keeps_the_others(make_ctx):
     ctx = make_ctx(chunks=3)
     sky = ScriptedSky(fail_workers=["1"])

@@ -257,6 +257,9 @@ class StatusWatch(threading.Thread):
         self.states: dict[str, list[tuple[str, float]]] = {}
         #: Each worker's recoveries as `orch status` judged them (`spurious`, `machine lost`).
         self.recoveries: dict[str, set[str]] = {}
+        #: Each worker's recovery count as last seen: a recovery between two looks (RECOVERING for
+        #: less than a look takes on a loaded machine) shows only there.
+        self.recovery_counts: dict[str, int] = {}
         self.workers: list[dict[str, Any]] = []
         self.unpatched: list[str] = []
         self.done = threading.Event()
@@ -290,8 +293,12 @@ class StatusWatch(threading.Thread):
             if w["recovery"]:
                 self.recoveries.setdefault(str(w["worker"]), set()).add(w["recovery"])
             seen = self.states.setdefault(str(w["worker"]), [])
-            if not seen or seen[-1][0] != w["state"]:
+            recovered = self.recovery_counts.get(str(w["worker"]))
+            self.recovery_counts[str(w["worker"])] = w["recovery_count"]
+            new_state = not seen or seen[-1][0] != w["state"]
+            if new_state:
                 seen.append((w["state"], time.monotonic()))
+            if new_state or recovered != w["recovery_count"]:
                 changed = True
                 self.evidence.note(
                     f"{self.run_args[1]} worker {w['worker']}: {w['state']} (job {w['job_id']}, "
@@ -309,6 +316,10 @@ class StatusWatch(threading.Thread):
 
     def sequence(self, worker: int) -> list[str]:
         return [state for state, _ in self.states.get(str(worker), [])]
+
+    def recovered(self, worker: int) -> int:
+        """SkyPilot's recovery count of the worker's job, as last seen."""
+        return self.recovery_counts.get(str(worker), 0)
 
     def worker(self, i: int) -> dict[str, Any] | None:
         return next((w for w in self.workers if str(w["worker"]) == str(i)), None)
@@ -385,17 +396,23 @@ def prepare_questions(env: dict[str, str], run: list[str], rows: int, chunks: in
 
 
 def task_template(
-    where: Path, *, envs: dict[str, str] | None = None, setup_fails: bool = False, name: str = "task.yaml"
+    env: dict[str, str],
+    where: Path,
+    *,
+    envs: dict[str, str] | None = None,
+    setup_fails: bool = False,
+    name: str = "task.yaml",
 ) -> Path:
     """A copy of orch's task template, `where`/`name` (no workdir: orch syncs its own source), with
-    more settings for the worker or a set-up that fails at its second line. Its worker runs at
-    the machine's ordinary CPU priority, below the bed's (scripts/local-slurm: its jobs inherit
-    slurmd's), which SkyPilot's own job-status checks on the node keep: a worker busy on the CPU
-    (vLLM) beside them would otherwise starve them past their 30 s."""
+    more settings for the worker or a set-up that fails at its second line. Its worker runs with
+    an ordinary program's CPU share (the bed's bin/ordinary), outside the bed's own, which
+    SkyPilot's job-status checks on the node keep (scripts/local-slurm: job steps inherit
+    slurmd's): a worker busy on the CPU (vLLM) beside them would otherwise starve them past their
+    30 s, and the bed would take more than its share of this shared machine."""
     template = yaml.safe_load((ROOT / "task_templates" / "worker.yaml").read_text())
     template["envs"] = {**template["envs"], **(envs or {})}
-    bed_nice = int(os.environ.get("ORCH_LOCAL_SLURM_NICE", "-15"))
-    template["run"] = template["run"].replace("exec ", f"exec nice -n {max(0, -bed_nice)} ", 1)
+    ordinary = Path(env["ORCH_LOCAL_SLURM_DIR"]) / "bin" / "ordinary"
+    template["run"] = template["run"].replace("exec ", f"exec {ordinary} ", 1)
     if setup_fails:
         template["setup"] = template["setup"].replace("set -e\n", "set -e\nno_such_command_orch_test --install\n", 1)
     path = where / name
@@ -475,41 +492,44 @@ def test_local_slurm_clients_never_start_an_api_server_of_their_own(slurm_env, t
     assert not unpatched(env), unpatched(env)
 
 
-# Two start-ups on SkyPilot and a recovery; the scripted engine answers (no vLLM start-up). Each
-# wait below has its own bound and names what never came; this guard (the bed's `up` within it)
-# is only for a hang, sized for a machine at load 30-50.
+# One start-up on SkyPilot and a recovery; the scripted engine answers (no vLLM start-up). Each
+# wait below has its own bound and names what never came; this guard is only for a hang, sized
+# for a machine at load 30-50.
 @pytest.mark.timeout(2400)
-def test_slurm_workers_answer_survive_a_lost_allocation_and_cancel_leaves_nothing(
+def test_slurm_worker_survives_a_lost_allocation_and_cancel_leaves_nothing(
     slurm_env, seaweedfs_server, tmp_path, request, evidence
 ):
+    """One worker as a managed job: its allocation taken away mid-chunk, SkyPilot's controller
+    recovers it (RECOVERING, then RUNNING in a new allocation), a new worker process resumes the
+    chunk from its checkpoints; every row once, `orch status` never calls that recovery spurious,
+    and cancel leaves no allocation. One worker: a second would only add a start-up (the subject
+    is the recovery) and would take the lost chunk over before the recovered worker came back."""
     env = dict(slurm_env, PWD=str(tmp_path), PYTHONPATH=str(ROOT))
     store_uri = seaweedfs_server.store_uri(seaweedfs_server.new_bucket(), "orch")
     run = ["--run", "sl", "--store", store_uri]
     (tmp_path / "orch.yaml").write_text(
         "sampling:\n  max_tokens: 8\n  temperature: 0\n"
         "model:\n  engine_args: {max_num_seqs: 4}\n"
-        # A lease outlives the lost worker's recovery: no one takes its chunk for an expired lease.
+        # The lost process's lease outlives its recovery: its chunk waits for the worker's next
+        # process (a worker takes back a lease of its own earlier process), not for an expiry.
         "workers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 900\n"
         + BED_RESOURCES
         + f"  worker_env: {(ROOT / '.venv-worker').resolve()}\n"
         "  job_recovery: {strategy: FAILOVER, max_restarts_on_errors: 1}\n"
     )
-    # The workers answer with the scripted engine (the subject is the cluster, not the model): 4
+    # The worker answers with the scripted engine (the subject is the cluster, not the model): 4
     # rows of 8 words at once, a word each 0.3 s, 1.7 rows/s: a chunk of 150 rows lasts 90 s, long
-    # enough for SkyPilot to see its worker RUNNING and for the test to take its allocation away
-    # mid-chunk, and the run about 3 minutes of answering.
-    template = task_template(tmp_path, envs=SCRIPTED_ENGINE)
-    # 3 chunks of 150 rows: worker 0 has a second chunk to answer whatever worker 1 takes.
-    rows = 450
-    model = shared_model(env)
-    prepare_questions(env, run, rows, chunks=3, model=model)
+    # enough for the test to take its allocation away mid-chunk.
+    template = task_template(env, tmp_path, envs=SCRIPTED_ENGINE)
+    rows = 150
+    prepare_questions(env, run, rows, chunks=1, model=shared_model(env))
     store, layout = open_store(store_uri), RunLayout("sl")
     cluster = env["ORCH_LOCAL_SLURM_NAME"]
     watch = StatusWatch(env, run, evidence)
 
-    # 1. Launch both workers as managed jobs on the Slurm cluster; each answers (first start-up).
+    # 1. Launch the worker as a managed job on the Slurm cluster; it answers (first start-up).
     started, started_at = time.monotonic(), time.time()
-    launch = ["launch", *run, "--backend", "skypilot", "--workers", "2", "--infra", f"slurm/{cluster}"]
+    launch = ["launch", *run, "--backend", "skypilot", "--workers", "1", "--infra", f"slurm/{cluster}"]
     launched = orch(env, *launch, "--task-template", str(template))
     assert launched.returncode == 0, launched.stdout + launched.stderr
     watch.start()
@@ -520,16 +540,14 @@ def test_slurm_workers_answer_survive_a_lost_allocation_and_cancel_leaves_nothin
     first_rows = time.monotonic() - started
     evidence.note(f"worker 0 process up {first_startup:.0f}s after launch, first rows {first_rows:.0f}s")
 
-    # 2. Take worker 0's allocation away mid-chunk; SkyPilot's controller notices (RECOVERING) and
-    # recovers the job in a new allocation, where a new worker 0 process resumes the chunk from its
-    # checkpoints and answers again. A loss SkyPilot can call a preemption is of a job it has seen
-    # RUNNING (before that, a lost allocation is a launch that failed, launched again as STARTING),
-    # and at load 30 SkyPilot says RUNNING minutes after the worker started (8.5 here, the run
-    # long done): both workers are held still mid-chunk (SIGSTOP) until it does. Worker 1 stays
-    # held until worker 0 answers again: a process killed with its allocation gives its lease back,
-    # and worker 1 would take the lost chunk over and leave the recovered worker 0 nothing to answer.
+    # 2. Take its allocation away mid-chunk; SkyPilot's controller notices (RECOVERING) and recovers
+    # the job in a new allocation, where a new worker 0 process resumes the chunk from its
+    # checkpoints. A loss SkyPilot can call a preemption is of a job it has seen RUNNING (before
+    # that, a lost allocation is a launch that failed, launched again as STARTING): the worker is
+    # held still mid-chunk (SIGSTOP) until SkyPilot says RUNNING, which on a loaded machine can
+    # come after the chunk would have ended.
     chunk = wait_for("worker 0 mid-chunk", lambda: mid_chunk(store, layout, 0, set()), every=0.5)
-    held = hold_still(store, layout, 0, signal.SIGSTOP) + hold_still(store, layout, 1, signal.SIGSTOP)
+    held = hold_still(store, layout, 0, signal.SIGSTOP)
     request.addfinalizer(lambda: resume(held))
     watch.hurry()
     wait_for("SkyPilot's worker 0 RUNNING", lambda: watch.sequence(0)[-1:] == ["RUNNING"], 1200)
@@ -539,26 +557,25 @@ def test_slurm_workers_answer_survive_a_lost_allocation_and_cancel_leaves_nothin
     assert store.head(layout.done(chunk)) is None, f"chunk {chunk} finished before the loss: make it bigger"
     written_before = set(parts(store, layout, chunk=chunk).values())
     watch.hurry()
-    wait_for("worker 0 recovering", lambda: "RECOVERING" in watch.sequence(0), 600)
+    # RECOVERING, or a recovery counted: at load 45 a look took a minute, and RECOVERING lasted less.
+    wait_for("worker 0 recovering", lambda: "RECOVERING" in watch.sequence(0) or watch.recovered(0), 600)
     wait_for("worker 0 answering again", lambda: new_part(store, layout, 0, gone), 1200)
     recovery = time.monotonic() - lost
     evidence.note(f"worker 0 answering again {recovery:.0f}s after the loss")
-    resume(held)
     installed = installs_on_nodes(env, started_at)
     evidence.note(f"installed on the nodes since launch: {installed or 'nothing'}")
     assert not installed or os.environ.get("ORCH_LOCAL_SLURM_RUNTIME") == "node", installed
 
-    # 3. All finish; every row exactly once, and no flushed row redone: the lost chunk was resumed
+    # 3. It finishes; every row exactly once, and no flushed row redone: the lost chunk was resumed
     # from its checkpoints by the process that came after.
     watch.hurry()
-    wait_for("both workers done", lambda: watch.sequence(0)[-1:] == watch.sequence(1)[-1:] == ["SUCCEEDED"], 900)
-    states = watch.sequence(0)  # RUNNING -> RECOVERING -> RUNNING -> SUCCEEDED
-    assert states.count("RECOVERING") == 1 and "RUNNING" in states[: states.index("RECOVERING")], watch.states
-    assert "RECOVERING" not in watch.sequence(1), f"worker 1 was never touched: {watch.states}"
+    wait_for("the worker done", lambda: watch.sequence(0)[-1:] == ["SUCCEEDED"], 900)
+    states = watch.sequence(0)  # RUNNING -> (RECOVERING, if a look fell within it) -> RUNNING -> SUCCEEDED
+    assert "RUNNING" in states and states.count("RECOVERING") <= 1, watch.states
     w0 = watch.worker(0)
-    assert w0 and w0["recovery_count"] >= 1 and w0["cloud"] == "Slurm" and w0["region"] == cluster, w0
-    # Its machine was lost, and `orch status` never called that recovery spurious (nor any of worker 1).
-    assert "spurious" not in watch.recoveries.get("0", set()) and not watch.recoveries.get("1"), watch.recoveries
+    assert w0 and w0["recovery_count"] == 1 and w0["cloud"] == "Slurm" and w0["region"] == cluster, w0
+    # Its machine was lost, and `orch status` never called that recovery spurious.
+    assert "spurious" not in watch.recoveries.get("0", set()), watch.recoveries
     out = tmp_path / "answers.jsonl"
     collected = orch(env, "collect", *run, "--out", str(out))
     assert collected.returncode == 0, collected.stderr
@@ -581,7 +598,7 @@ def test_slurm_workers_answer_survive_a_lost_allocation_and_cancel_leaves_nothin
     # 15-19): wait for its last word, as a user watching `orch status` would.
     ended = ("SUCCEEDED", "CANCELLED")
     watch.hurry()
-    wait_for("every job ended", lambda: all(w["state"] in ended for w in watch.workers) or None, 600)
+    wait_for("the job ended", lambda: all(w["state"] in ended for w in watch.workers) or None, 600)
     watch.stop()
     assert all(w["state"] in ended for w in watch.workers), watch.workers
     assert not watch.unpatched + unpatched(env), watch.unpatched + unpatched(env)
@@ -605,7 +622,7 @@ def test_slurm_worker_whose_setup_fails_is_said_in_skypilots_words_and_leaves_no
     relaunch left: `orch launch --follow` stops, it and `orch status` say why in SkyPilot's words,
     and no allocation of it is left behind."""
     env = dict(slurm_env, PWD=str(tmp_path), PYTHONPATH=str(ROOT))
-    template = task_template(tmp_path, setup_fails=True)
+    template = task_template(env, tmp_path, setup_fails=True)
     (tmp_path / "orch.yaml").write_text(
         "workers:\n  retries: 0\n" + BED_RESOURCES + "  job_recovery: {strategy: FAILOVER, max_restarts_on_errors: 0}\n"
     )
@@ -627,8 +644,8 @@ def test_slurm_worker_whose_setup_fails_is_said_in_skypilots_words_and_leaves_no
     assert not unpatched(env), unpatched(env)
 
 
-# Two start-ups on SkyPilot, the probe's with vLLM (the one test of the module that runs the real
-# engine on the cluster), the run's on the scripted engine: 5-10 minutes.
+# One start-up on SkyPilot, the probe's with vLLM (the one test of the module that runs the real
+# engine on the cluster); the run after it answers locally on the scripted engine: 4-8 minutes.
 @pytest.mark.timeout(2400)
 def test_slurm_probe_runs_on_a_skypilot_worker_and_its_rows_are_answered_once(
     slurm_env, seaweedfs_server, tmp_path, evidence
@@ -648,7 +665,7 @@ def test_slurm_probe_runs_on_a_skypilot_worker_and_its_rows_are_answered_once(
         f"  worker_env: {(ROOT / '.venv-worker').resolve()}\n"
     )
     with (tmp_path / "orch.yaml").open("a") as spec:
-        spec.write(f"  task_template: {task_template(tmp_path)}\n")
+        spec.write(f"  task_template: {task_template(env, tmp_path)}\n")
     rows = 120
     prepare_questions(env, run, rows, chunks=3, model=shared_model(env))
     evidence.watch_run(env, run)
@@ -663,18 +680,12 @@ def test_slurm_probe_runs_on_a_skypilot_worker_and_its_rows_are_answered_once(
     store, layout = open_store(store_uri), RunLayout("pr")
     probe_marker = read_marker(store, layout, doc["probe"]["chunk"])
     assert probe_marker is not None and probe_marker.rows == 8
-    # The run: one worker on the cluster answers the other chunks (the scripted engine: vLLM was
-    # the probe's), and the probe's is left as it was.
-    scripted = task_template(tmp_path, envs={**SCRIPTED_ENGINE, "ORCH_TEST_ENGINE_STEP_S": "0"}, name="scripted.yaml")
-    launched = orch(env, "launch", *run, "--workers", "1", "--task-template", str(scripted))
-    assert launched.returncode == 0, launched.stdout + launched.stderr
-    watch = StatusWatch(env, run, evidence)
-    watch.start()
-    try:
-        wait_for("the run's worker done", lambda: watch.sequence(0)[-1:] == ["SUCCEEDED"], 1500)
-    finally:
-        watch.stop()
-    assert not watch.unpatched, watch.unpatched
+    # The run: a local worker answers the other chunks (the scripted engine: vLLM and the cluster
+    # were the probe's; the run skipping a probed chunk is orch's, whatever runs it), and the
+    # probe's is left as it was.
+    local = dict(env, ORCH_TEST_ENGINE="scripted", ORCH_TEST_ENGINE_STEP_S="0")
+    followed = orch(local, "launch", *run, "--backend", "local", "--workers", "1", "--follow", "--interval", "2")
+    assert followed.returncode == 0, followed.stdout + followed.stderr
     assert read_marker(store, layout, doc["probe"]["chunk"]) == probe_marker
     out = tmp_path / "answers.jsonl"
     collected = orch(env, "collect", *run, "--out", str(out))
@@ -712,7 +723,7 @@ def test_local_slurm_up_after_a_run_left_its_workers_starts_with_no_managed_job(
     prepare_questions(env, run, 20, chunks=1, model=shared_model(env))
     cluster = env["ORCH_LOCAL_SLURM_NAME"]
     launch = ["launch", *run, "--backend", "skypilot", "--workers", "1", "--infra", f"slurm/{cluster}"]
-    template = task_template(tmp_path, envs=SCRIPTED_ENGINE)
+    template = task_template(env, tmp_path, envs=SCRIPTED_ENGINE)
 
     # 1. A worker launched, its allocation granted, and nothing cancelled (what a killed run leaves);
     # `up` on the bed still up cancels it and waits for its allocation to end.
@@ -723,7 +734,9 @@ def test_local_slurm_up_after_a_run_left_its_workers_starts_with_no_managed_job(
     again = bed("up")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "cancelling 1 managed job(s) left unfinished" in again.stderr, again.stderr
-    assert not squeue(env) and [j["status"] for j in managed_jobs(env)] == ["CANCELLED"], managed_jobs(env)
+    # The module's earlier tests' jobs are in the same server's records, ended: this run's, cancelled.
+    left = [j["status"] for j in managed_jobs(env) if j["name"].startswith("orch-gh-")]
+    assert not squeue(env) and left == ["CANCELLED"], managed_jobs(env)
 
     # 2. Brought down and up: the new server starts with no managed job at all (not even the
     # cancelled one), none allocated.

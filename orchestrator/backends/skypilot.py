@@ -8,7 +8,9 @@ one seam the tests replace.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -97,7 +99,12 @@ class SkyPilotLauncher:
         ]
         launched: dict[int, str] = {}
         failures: dict[int, str] = {}
-        with ThreadPoolExecutor(max_workers=max(1, min(self.max_parallel, len(tasks)))) as pool:
+        # SkyPilot's SDK says its progress ("Uploading files to API server") on stdout, which is
+        # orch's answer to a program (`orch estimate --probe --json`): it goes to stderr instead.
+        with (
+            contextlib.redirect_stdout(sys.stderr),
+            ThreadPoolExecutor(max_workers=max(1, min(self.max_parallel, len(tasks)))) as pool,
+        ):
             futures = {pool.submit(self.sdk.launch, task, r.name): r for r, task in tasks}
             for future, request in futures.items():
                 try:
