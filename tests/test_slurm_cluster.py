@@ -293,12 +293,12 @@ class StatusWatch(threading.Thread):
             if w["recovery"]:
                 self.recoveries.setdefault(str(w["worker"]), set()).add(w["recovery"])
             seen = self.states.setdefault(str(w["worker"]), [])
-            recovered = self.recovery_counts.get(str(w["worker"]))
+            count_before = self.recovery_counts.get(str(w["worker"]))
             self.recovery_counts[str(w["worker"])] = w["recovery_count"]
             new_state = not seen or seen[-1][0] != w["state"]
             if new_state:
                 seen.append((w["state"], time.monotonic()))
-            if new_state or recovered != w["recovery_count"]:
+            if new_state or count_before != w["recovery_count"]:
                 changed = True
                 self.evidence.note(
                     f"{self.run_args[1]} worker {w['worker']}: {w['state']} (job {w['job_id']}, "

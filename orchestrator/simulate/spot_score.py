@@ -25,14 +25,16 @@ In one zone the three are the same rule.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator.simulate import spot_traces as st
 from orchestrator.simulate.spot_optimum import optimum_costs
 from orchestrator.simulate.spot_replay import PolicyFactory, deadline_ticks, on_demand_cost, replay
+
+T = TypeVar("T")
 
 BASELINE = "uniform-progress"
 #: Each saving's key and the baseline it is quoted against (module docstring).
@@ -59,6 +61,10 @@ class Grid:
     smoke: bool = False
     draws: Mapping[str, int] | None = None
     costs: st.CostModel = st.ORCH_COSTS
+
+    def one_if_smoke(self, values: Sequence[T], keep: int = 0) -> Sequence[T]:
+        """`values` whole, or (smoke) only the one at `keep`."""
+        return [values[keep]] if self.smoke else values
 
     def multi_traces(self) -> list[int]:
         """The multi-zone trace numbers scored: all, or (smoke) the first of each half."""
@@ -119,7 +125,7 @@ def _multi_halves(grid: Grid) -> list[str]:
 def multi_zone_runs(root: Path, policies: Mapping[str, PolicyFactory], grid: Grid = Grid()) -> list[Run]:
     runs: list[Run] = []
     traces_of = _scenario_traces(root, grid.scenarios(), grid)
-    for deadline_h in st.MULTI_DEADLINES_H[:1] if grid.smoke else st.MULTI_DEADLINES_H:
+    for deadline_h in grid.one_if_smoke(st.MULTI_DEADLINES_H):
         for overhead_h in st.MULTI_OVERHEADS_H[:1] if grid.quick or grid.smoke else st.MULTI_OVERHEADS_H:
             job = st.Job(st.MULTI_WORK_H * st.H, deadline_h * st.H, overhead_h * st.H)
             for scenario in grid.scenarios():
@@ -143,13 +149,13 @@ def adrs_runs(root: Path, policies: Mapping[str, PolicyFactory], grid: Grid = Gr
 def single_zone_runs(root: Path, policies: Mapping[str, PolicyFactory], grid: Grid = Grid()) -> list[Run]:
     runs: list[Run] = []
     count = 2 if grid.smoke else 6 if grid.quick else st.SINGLE_TRACES
-    for deadline_h in st.SINGLE_DEADLINES_H[:1] if grid.smoke else st.SINGLE_DEADLINES_H:
+    for deadline_h in grid.one_if_smoke(st.SINGLE_DEADLINES_H):
         traces, halves = [], []
-        for env in st.SINGLE_ENVS[:1] if grid.smoke else st.SINGLE_ENVS:
+        for env in grid.one_if_smoke(st.SINGLE_ENVS):
             some = st.single_zone_traces(root, env, max(st.SINGLE_DEADLINES_H), count)
             traces += some
             halves += ["tune" if i < len(some) // 2 else "held-out" for i in range(len(some))]
-        for overhead_h in st.SINGLE_OVERHEADS_H[-1:] if grid.smoke else st.SINGLE_OVERHEADS_H:
+        for overhead_h in grid.one_if_smoke(st.SINGLE_OVERHEADS_H, keep=-1):
             job = st.Job(st.SINGLE_WORK_H * st.H, deadline_h * st.H, overhead_h * st.H)
             variant = f"{deadline_h:g}h/{overhead_h:g}h"
             runs += _runs_for("single-zone", variant, job, traces, halves, policies, grid)
