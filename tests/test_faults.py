@@ -405,7 +405,7 @@ def crashed_ids(lines: list[dict]) -> list[str]:
     return [x["custom_id"] for x in lines if x.get("error") and x["error"].get("code") == "worker_crashed"]
 
 
-@pytest.mark.real_engine  # a kill storm's exactly-once, with vLLM in the worker
+@pytest.mark.scripted_engine(step_s=0.005)  # a chunk lasts seconds: each kill lands mid-chunk
 def test_kill_storm_blames_no_row(tmp_path, workdir, tiny_model, hand_workers):
     """Five SIGKILLs at random moments mid-chunk, each worker started again at once (its lease is
     taken over as a death's: its chunk goes careful, the rows in flight become suspects and run

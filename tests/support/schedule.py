@@ -24,6 +24,7 @@ LONGEST_FIRST = [
     "test_models.py",
     "test_web_page.py",
     "test_vllm_run_batch_inputs.py",
+    "test_worker_processes.py",
     # the worker suite
     "worker/test_worker_signals.py",
     "worker/test_worker_kills.py",

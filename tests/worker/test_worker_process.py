@@ -52,22 +52,6 @@ def test_worker_answers_every_row_exactly_once(store_uri, tiny_engine, tiny_mode
     assert len(list(store.list(layout.done_prefix))) == 3
 
 
-def test_workers_racing_over_the_same_chunks_write_one_marker_each(tiny_model, tmp_path):
-    store_uri = str(tmp_path / "store")  # one store: its create-if-absent races are tests/test_store_contract.py's
-    store = open_store(store_uri)
-    chunks = [chunk_of(f"r{c}", 20, max_tokens=16) for c in range(6)]
-    # Everything is planned on worker 0; workers 1 and 2 have empty lists and steal.
-    layout = make_run(store, "race", chunks, model=tiny_model, lists=[[0, 1, 2, 3, 4, 5], [], []])
-    procs = [WorkerProcess(store_uri, "race", str(w), tmp_path) for w in range(3)]
-    results = [p.finish() for p in procs]
-    assert [code for code, _ in results] == [0, 0, 0]
-    assert sum(s["chunks_done"] for _, s in results) == 6
-    seen = answered(store, layout)
-    assert len(seen) == 120 and set(seen.values()) == {1}
-    holders = {DoneMarker.model_validate_json(store.get(o.key).data).holder for o in store.list(layout.done_prefix)}
-    assert len(holders) >= 1
-
-
 def test_worker_takes_over_an_expired_lease_and_reuses_its_parts(store_uri, tiny_engine, tiny_model):
     store = open_store(store_uri)
     ttl = 2.0
