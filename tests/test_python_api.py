@@ -105,6 +105,21 @@ def test_import_orchestrator_is_cheap_and_loads_no_engine_nor_cloud_sdk():
     assert min(costs) < 0.3, costs
 
 
+def test_the_cli_loads_only_click_until_a_command_runs():
+    """Every `orch` command starts by importing the CLI: its modules import their services inside
+    the commands (orchestrator/commands/__init__.py), so `orch --version` loads click and nothing
+    else outside the standard library (a top-level import of the run context made every command
+    pay 0.8 s for it)."""
+    probe = (
+        "import sys, json, orchestrator.cli; "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules if not m.startswith('_')} "
+        "- set(sys.stdlib_module_names))))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([str(PYTHON), "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == ["click", "orchestrator"]
+
+
 def test_the_public_names_are_the_api_and_orch_error_is_the_clis():
     assert {"run", "attach", "estimate", "Run", "Forecast", "OrchError"} <= set(dir(orchestrator))
     assert orchestrator.OrchError is OrchError

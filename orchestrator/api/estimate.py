@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.context import RunContext
+from orchestrator.core.probe_limits import PROBE_BUDGET_USD, PROBE_SHARE
 from orchestrator.core.records import read_manifest
 from orchestrator.core.records.forecast import ForecastRecord, ProbeRecord, read_probes
 from orchestrator.fleet.probe import probe_summary, run_probes
-from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD, PROBE_SHARE
 from orchestrator.planning.quote import quote
 from orchestrator.simulate import fleet_outcome
 

@@ -36,8 +36,8 @@ from orchestrator.api.progress import ProgressBar
 from orchestrator.core.context import RunContext
 from orchestrator.core.errors import IncompleteRun, RunNotFound, SpecError
 from orchestrator.core.frozen_spec import read_stored_spec
+from orchestrator.core.probe_limits import PROBE_BUDGET_USD, PROBE_SHARE
 from orchestrator.core.spec import DEFAULT_SPEC_FILE, SamplingSpec
-from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD, PROBE_SHARE
 from orchestrator.runview.status import current_status
 
 if TYPE_CHECKING:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import time
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from orchestrator.commands.reports import print_forecast
 from orchestrator.commands.shared import SECOND_INTERRUPT_S, Invocation, common_options, run_flags
-from orchestrator.core.context import RunContext
-from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD, PROBE_SHARE
+from orchestrator.core.probe_limits import PROBE_BUDGET_USD, PROBE_SHARE
+
+if TYPE_CHECKING:
+    from orchestrator.core.context import RunContext
 
 
 @click.command("estimate")

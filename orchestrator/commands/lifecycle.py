@@ -16,10 +16,10 @@ from orchestrator.commands.shared import (
     warn,
     workers_line,
 )
-from orchestrator.core.spec import RunSpec
 
 if TYPE_CHECKING:
     from orchestrator.core.context import RunContext
+    from orchestrator.core.spec import RunSpec
     from orchestrator.core.store import ObjectInfo
 
 

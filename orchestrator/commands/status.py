@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator.commands.shared import Invocation, common_options
-from orchestrator.core.context import RunContext
+
+if TYPE_CHECKING:
+    from orchestrator.core.context import RunContext
 
 
 @click.command("status")

@@ -28,11 +28,12 @@ from orchestrator.core.errors import OrchError
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.pools import run_models
 from orchestrator.core.prefix import feed_order
+from orchestrator.core.probe_limits import PROBE_BUDGET_USD
 from orchestrator.core.protocol.heartbeats import newest_heartbeat_of
 from orchestrator.core.protocol.parts import iter_part_lines
 from orchestrator.core.records import ManifestEntry, read_manifest, read_marker
 from orchestrator.core.records.forecast import ProbeRecord, RowSample, StratumCount, read_probes
-from orchestrator.fleet.probe_launch import PROBE_BUDGET_USD, Stop, launch_and_wait, on, target_name
+from orchestrator.fleet.probe_launch import Stop, launch_and_wait, on, target_name
 from orchestrator.planning.forecast import on_cpus
 from orchestrator.planning.probe_work import STATIC_BATCH_ENGINES, engine_batch, probe_size
 from orchestrator.prepare.probe_carve import (

@@ -28,10 +28,6 @@ from orchestrator.prepare.probe_carve import probe_workers
 
 #: How often the probe's chunks and jobs are looked at while they run.
 POLL_S = 1.0
-#: The spending cap of all candidates' probes together, in USD (`--probe-budget`).
-PROBE_BUDGET_USD = 20.0
-#: The share of the run's rows a probe takes by default (`--probe-share`; at least `--probe-rows`).
-PROBE_SHARE = 0.01
 BUDGET_HINT = "a larger --probe-budget, or fewer GPU types in resources.gpus"
 
 
