@@ -46,6 +46,10 @@ from typing import Any
 from bench.common import CACHE, ROOT, save, sized, table
 
 MODEL = ROOT / ".cache" / "models" / "tiny-llama"
+#: Where each workload runs and its store is kept (a folder per workload, emptied first). Each
+#: benchmark that measures through this module has its own: two of them at once must not empty
+#: each other's (forecast_gpu_bench sets its own).
+WORKDIR = CACHE / "forecast"
 ENGINE_BATCH = 8
 #: Rounds of the whole study: two or more measure the machine's floor (the module's docstring).
 ROUNDS = 3
@@ -113,8 +117,8 @@ def measure(name: str, workers: int, rows: int, make: Callable[[int, random.Rand
     from orchestrator.core.store import open_store
     from orchestrator.planning.forecast import local_parallelism
 
-    # Each workload's store is kept (.cache/bench/forecast/<n>) for a look at what the workers measured.
-    cwd = CACHE / "forecast" / name.replace(" ", "-").replace(",", "")
+    # Each workload's store is kept (WORKDIR/<n>) for a look at what the workers measured.
+    cwd = WORKDIR / name.replace(" ", "-").replace(",", "")
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
     (cwd / "orch.yaml").write_text(SPEC)

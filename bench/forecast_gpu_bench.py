@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from bench import forecast_bench
-from bench.common import save
+from bench.common import CACHE, save
 
 BATCH = 32
 ROWS = 4400
@@ -76,6 +76,7 @@ def main(argv: list[str]) -> int:
     else:
         model, rows = forecast_bench.MODEL, ROWS // (100 if args.smoke else 10)
     forecast_bench.MODEL = model
+    forecast_bench.WORKDIR = CACHE / "forecast_gpu"
     forecast_bench.SPEC = _spec(BATCH if cuda else 8)
     kinds = workloads(rows)
     first = 1 if args.smoke else args.workloads
