@@ -78,19 +78,19 @@ check: setup models
 
 # Set-up first (the small models built side by side), then the gates and the two suites side by
 # side: the worker suite keeps the cores busy with its one engine while the controller suite
-# mostly waits on real worker processes and servers, four tests at a time. Each one's
+# mostly waits on real worker processes and servers, five tests at a time. Each one's
 # output is shown whole when it ends; `make test` fails if any of them does.
 test: setup system-deps
 	$(MAKE) --no-print-directory -j4 models
 	$(VENV)/bin/python -m compileall -q orchestrator worker tests bench model_builders.py
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint test-controller test-worker
 
-# Four at a time, test by test (most of them wait on worker processes' paces and servers: a fourth fills
-# cores three left idle): a module whose tests share a server of its own (serve's, SkyPilot's API
+# Five at a time, test by test (most of them wait on worker processes' paces and servers: three left a
+# fifth of the cores idle, four still a quarter): a module whose tests share a server of its own (serve's, SkyPilot's API
 # server) is kept on one of them by its `xdist_group` mark; the rest spread. The longest files are handed
 # out first (tests/support/schedule.py; xdist's own reordering, by test count, is off) so none is a tail.
 test-controller: setup models system-deps
-	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -m "not cluster" -n 4 --dist loadgroup --no-loadscope-reorder
+	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -m "not cluster" -n 5 --dist loadgroup --no-loadscope-reorder
 
 # SkyPilot on a one-node Slurm cluster built on this machine (scripts/local-slurm: root, Debian's
 # slurm-wlm, munge, openssh-server). Out of `make test`: the whole file takes about 25 minutes at a
