@@ -85,10 +85,11 @@ test: setup system-deps
 	$(VENV)/bin/python -m compileall -q orchestrator worker tests bench model_builders.py
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint test-controller test-worker
 
-# Five at a time, test by test (most of them wait on worker processes' paces and servers: three left a
-# fifth of the cores idle, four still a quarter): a module whose tests share a server of its own (serve's, SkyPilot's API
-# server) is kept on one of them by its `xdist_group` mark; the rest spread. The longest files are handed
-# out first (tests/support/schedule.py; xdist's own reordering, by test count, is off) so none is a tail.
+# Five at a time, test by test (most of them wait on worker processes' paces and servers: three left
+# a fifth of the cores idle, four still a quarter). A module whose tests share a server of its own
+# (serve's, SkyPilot's API server) is kept on one of them by its `xdist_group` mark; the rest spread.
+# The longest files are handed out first (tests/support/schedule.py; xdist's own reordering, by test
+# count, is off) so none is a tail.
 test-controller: setup models system-deps
 	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -m "not cluster" -n 5 --dist loadgroup --no-loadscope-reorder
 
