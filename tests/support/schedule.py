@@ -26,8 +26,8 @@ LONGEST_FIRST = [
     "test_vllm_run_batch_inputs.py",
     "test_worker_processes.py",
     # the worker suite
-    "worker/test_worker_signals.py",
     "worker/test_worker_kills.py",
+    "worker/test_worker_signals.py",
     "worker/test_embeddings.py",
     "worker/test_worker_process.py",
     "worker/test_responses.py",
