@@ -227,12 +227,12 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(prog="python -m bench.prefix_bench")
     parser.add_argument("--quick", action="store_true", help="12 templates, 48 rows")
-    parser.add_argument("--smoke", action="store_true", help="4 templates, 8 rows, nothing saved")
+    parser.add_argument("--smoke", action="store_true", help="2 templates, 4 rows, nothing saved")
     parser.add_argument("--templates", type=int, help="system prompts (default 24)")
     parser.add_argument("--rows", type=int, help="rows over them (default 192)")
     args = parser.parse_args()
     quick = args.quick or os.environ.get("QUICK") == "1"
-    templates, rows, max_tokens = (4, 8, 4) if args.smoke else (12, 48, 8) if quick else (24, 192, 8)
+    templates, rows, max_tokens = (2, 4, 2) if args.smoke else (12, 48, 8) if quick else (24, 192, 8)
     templates, rows = args.templates or templates, args.rows or rows
     model = str(build_smollm2(MODELS / "smollm2-135m-instruct"))
     lines = workload(templates, rows)
