@@ -244,17 +244,23 @@ def prepare_memory(work: Path, sizes: list[int]) -> list[dict[str, Any]]:
     return out
 
 
+def merge_base() -> str:
+    """This tree's merge-base with main (a local branch, else the clone's origin/main), else HEAD itself:
+    a clone of another branch, or a detached one as CI checks out, may have no branch named main."""
+    for main in ("main", "origin/main"):
+        found = subprocess.run(["git", "merge-base", "HEAD", main], cwd=ROOT, capture_output=True, text=True)
+        if found.returncode == 0:
+            return found.stdout.strip()[:12]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, check=True, capture_output=True, text=True)
+    return head.stdout.strip()[:12]
+
+
 def prepare_speed(work: Path, n: int) -> dict[str, Any]:
     """(c): this tree's prepare against its base's (ORCH_BENCH_BASE, default the merge-base with main)."""
     data = questions(work / "prepare.jsonl", n)
     base = work / "base"
     base.mkdir()
-    ref = (
-        os.environ.get("ORCH_BENCH_BASE")
-        or subprocess.run(
-            ["git", "merge-base", "HEAD", "main"], cwd=ROOT, check=True, capture_output=True, text=True
-        ).stdout.strip()[:12]
-    )
+    ref = os.environ.get("ORCH_BENCH_BASE") or merge_base()
     archive = subprocess.run(["git", "archive", ref, "orchestrator"], cwd=ROOT, check=True, capture_output=True)
     subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
     trees = {"this tree": {"PYTHONPATH": str(ROOT)}, ref: {"PYTHONPATH": str(base)}}

@@ -41,7 +41,7 @@ def browse(url: str, *extra: str) -> str:
         [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900", *extra, url],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # a hang guard: a loaded machine may take minutes to start a browser
         check=True,
     )
     return out.stdout

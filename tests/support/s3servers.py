@@ -81,7 +81,14 @@ def _weed_binary() -> str:
     return found
 
 
-def _wait_ready(server: S3Server, proc: subprocess.Popen[bytes] | None, log: Path, timeout: float = 30) -> None:
+#: A guard against a server that hangs, not a pace: a server starting on a loaded machine (CI's, the
+#: suites' own start) may take minutes to listen, and is waited for as long as it is alive.
+READY_GUARD_S = 600
+
+
+def _wait_ready(
+    server: S3Server, proc: subprocess.Popen[bytes] | None, log: Path, timeout: float = READY_GUARD_S
+) -> None:
     deadline = time.time() + timeout
     last: Exception | None = None
     while time.time() < deadline:

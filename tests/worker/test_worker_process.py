@@ -209,7 +209,10 @@ def test_worker_progress_lines_give_the_pace_while_the_engine_works(tiny_engine,
     ).run()
     rates = [float(r) for r in re.findall(r"rows \(\d+%\), ([\d.]+) tok/s", lines.getvalue())]
     assert len(rates) >= 3 and all(r > 0 for r in rates), lines.getvalue()
-    assert 0.5 < rates[-1] / (summary["tokens_out"] / summary["busy_s"]) < 2, (rates, summary)
+    # Not below the summary's pace: a rate held back until the engine drains would be. (It may be
+    # above it: the summary's busy time also counts the chunk's end after the last row, seconds
+    # when the machine is loaded.)
+    assert rates[-1] > 0.5 * summary["tokens_out"] / summary["busy_s"], (rates, summary)
 
 
 class HeartbeatsHang:
