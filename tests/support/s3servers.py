@@ -138,7 +138,11 @@ class SeaweedFS:
         ]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        _wait_ready(self.server, self.proc, self.log)
+        try:
+            _wait_ready(self.server, self.proc, self.log)
+        except BaseException:
+            self.kill()  # a server that never answered is not left running after the test
+            raise
         return self.server
 
     def kill(self) -> None:
