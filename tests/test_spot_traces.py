@@ -20,7 +20,7 @@ from orchestrator.simulate import spot_traces as st
 from orchestrator.simulate.spot_adversary import against
 from orchestrator.simulate.spot_optimum import optimum_costs
 from orchestrator.simulate.spot_plan import SPELL_PRIOR, SpellFit, SpellWatch, plan
-from orchestrator.simulate.spot_policies import POLICIES, RANDOMIZED, wait_for_spot_randomized
+from orchestrator.simulate.spot_policies import POLICIES, RANDOMIZED, Planned, wait_for_spot_randomized
 from orchestrator.simulate.spot_replay import Choice, View, replay, tick_work
 from orchestrator.simulate.spot_traces import BENCHMARK_COSTS, CostModel, Job, Trace
 
@@ -192,6 +192,25 @@ def test_own_zone_reads_only_its_zone_and_zone_aware_reads_every_zone():
     assert POLICIES["zone-aware"]("").choose(view) == Choice("spot", 1)
     own = POLICIES["own-zone"]("").choose(view)
     assert own.market != "spot" and own.zone == 1  # it moves there and looks the next tick
+
+
+def test_own_zone_takes_a_spell_found_up_on_a_look_elsewhere_as_already_lasting():
+    # 195 s ticks: a spell found up in another zone is 780 s = 4 ticks old, and the down spell left
+    # behind in zone 0 (never seen to end) is fitted as nothing.
+    job = Job(3600, 2 * 3600, 180)
+    policy = POLICIES["own-zone"]("")
+    assert isinstance(policy, Planned)
+    assert policy.choose(View(0, 195.0, job, 36, 0.0, "none", 0, 0, (False, True))).zone == 1
+    policy.choose(View(1, 195.0, job, 36, 0.0, "none", 1, 0, (False, True)))
+    assert policy.memory is not None
+    watch = policy.memory.watch
+    assert (watch.up, watch.age) == (True, 4) and all(fit.scale == 1.0 for fit in watch.fits.values())
+    assert (
+        watch.fits.get(False) is None
+        or watch.fits[False].log_likelihood == SpellFit(SPELL_PRIOR, False, 195.0).log_likelihood
+    )
+    policy.choose(View(2, 195.0, job, 36, 0.0, "spot", 1, 1, (False, True)))
+    assert (watch.up, watch.age) == (True, 5)  # watched in the same zone, it ages tick by tick
 
 
 # -- the planner --------------------------------------------------------------------------------

@@ -215,6 +215,11 @@ class SpellWatch:
             self._fit(self.up).end(self.age)
         self.up, self.age = up, 1
 
+    def arrive(self, up: bool, age: int) -> None:
+        """A look at a zone not watched before: its spell began unseen, so nothing ends in the fits and the
+        spell is taken to be `age` ticks old."""
+        self.up, self.age = up, age
+
     def _fit(self, up: bool) -> SpellFit:
         return self.fits.setdefault(up, SpellFit(self.prior, up, self.tick_s))
 
