@@ -77,7 +77,7 @@ def markers(store: str, run: str) -> int:
 
 
 # -- 1. a store outage ----------------------------------------------------------------------------
-@pytest.mark.scripted_engine(step_s=0.02)  # both workers mid-run when the store goes
+@pytest.mark.scripted_engine(step_s=0.05)  # both workers mid-run when the store goes: about 30 s a chunk
 def test_workers_and_watch_ride_out_a_store_outage(weed, workdir, tiny_model):
     """SeaweedFS is killed mid-run and started again on the same data: no process exits, nothing
     is relaunched, and the run finishes with every row once."""
@@ -90,12 +90,16 @@ def test_workers_and_watch_ride_out_a_store_outage(weed, workdir, tiny_model):
     client = open_store(store)
 
     def mid_run() -> bool:
+        """A chunk done, and both workers mid-chunk: each must write to the store before it is done."""
         beats = read_heartbeats(client, layout)
         done = len(list(client.list(layout.done_prefix)))
-        return done >= 1 and any(b.state == "running" and b.chunk_rows_done > 0 for b in beats.values())
+        mid_chunk = [b for b in beats.values() if b.state == "running" and b.chunk_rows_done > 0]
+        return done >= 1 and len(mid_chunk) == 2
 
-    wait_for("a finished chunk and a worker mid-chunk", mid_run, every=STORE_PACE)
+    # The watch first: on a loaded machine its start (22 s seen) outlasted a worker's last chunk,
+    # and a worker with nothing left to write never saw the outage.
     wait_for("orch watch's first tick", lambda: "workers: " in watch.text)  # it has read the run
+    wait_for("a finished chunk and both workers mid-chunk", mid_run, every=STORE_PACE)
     before = markers(store, "o")
     weed.kill()
     wait_for(
