@@ -77,7 +77,7 @@ def markers(store: str, run: str) -> int:
 
 
 # -- 1. a store outage ----------------------------------------------------------------------------
-@pytest.mark.scripted_engine(step_s=0.05)  # both workers mid-run when the store goes: about 30 s a chunk
+@pytest.mark.scripted_engine(step_s=0.05)  # both workers mid-run when the store goes: about 20 s a chunk
 def test_workers_and_watch_ride_out_a_store_outage(weed, workdir, tiny_model):
     """SeaweedFS is killed mid-run and started again on the same data: no process exits, nothing
     is relaunched, and the run finishes with every row once."""

@@ -18,6 +18,7 @@ from orchestrator.core.store import StoreBusy, open_store
 from orchestrator.core.store.local import TMP_MAX_AGE_S, LocalStore
 from tests.support.cli import orch
 from tests.support.disks import small_tmpfs
+from tests.support.events import wait_for
 from tests.support.flaky_proxy import SilentServer
 from tests.support.models import REPO
 
@@ -122,10 +123,11 @@ def test_local_store_sweeps_temporary_files_left_by_killed_writers(tmp_path):
     with open(fifo, "wb") as feed:
         feed.write(b"x" * 4096)
         feed.flush()
-        deadline = time.monotonic() + 600  # a hang guard: the writer's imports take long on a loaded machine
-        while not list((root / ".orch-tmp").glob("*")):
-            assert time.monotonic() < deadline and writer.poll() is None, "the writer never started its temporary file"
-            time.sleep(0.05)
+        # The writer's imports take long on a loaded machine: wait for its file (or its death).
+        wait_for(
+            "the writer's temporary file", lambda: list((root / ".orch-tmp").glob("*")) or writer.poll() is not None
+        )
+        assert writer.poll() is None, "the writer never started its temporary file"
         writer.kill()  # mid-write: nothing can remove its temporary file now
         writer.wait()
     left = list((root / ".orch-tmp").iterdir())
