@@ -12,6 +12,7 @@ from orchestrator.cli import main
 from orchestrator.core.protocol import claims as claims_module
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.claims import ChunkClaimer
+from orchestrator.core.records import Lease
 from orchestrator.core.store.base import ObjectInfo
 from orchestrator.core.store.memory import MemoryStore
 from orchestrator.planning.plan import plan_chunks
@@ -19,6 +20,7 @@ from orchestrator.planning.pricing import load_gpu_table
 from orchestrator.simulate import ORCH, SKYPILOT_EXAMPLE, SimConfig, simulate, synthetic_manifest
 from orchestrator.simulate import fleet as fleet_module
 from orchestrator.simulate.fleet import Fleet
+from orchestrator.simulate.sim_worker import LeaseReadStore
 from orchestrator.simulate.traces import Trace, poisson_trace
 
 PRICES = load_gpu_table()
@@ -126,6 +128,34 @@ def test_the_simulator_drives_the_production_protocol(monkeypatch):
     assert ORCH.plan is plan_chunks  # the planner `orch plan` uses
 
 
+def test_a_lease_read_before_the_end_game_shows_every_renewal_due_by_then(monkeypatch):
+    """Renewals are written when a lease is read (fleet.py): whoever reads a live holder's lease
+    sees the renewal a renewal every TTL / 3 from the claim would have left last."""
+    checked: list[str] = []
+    real = Fleet._lease_read
+
+    def lease_read(fleet: Fleet, key: str | None) -> None:
+        real(fleet, key)
+        holder = fleet.holders.get(key.rsplit("/", 1)[1].removesuffix(".json")) if key else None
+        if fleet.end_game or holder is None or holder.session is None:
+            return
+        renewed, due = holder.session.start, holder.session.start + fleet.config.lease_ttl_s / 3
+        while due < fleet.clock.now:
+            renewed, due = due, due + fleet.config.lease_ttl_s / 3
+        stored = Lease.from_bytes(MemoryStore.get(fleet.store, key).data)
+        assert (stored.renewed_at, stored.expires_at) == (renewed, renewed + fleet.config.lease_ttl_s)
+        checked.append(holder.session.job.chunk)
+
+    monkeypatch.setattr(Fleet, "_lease_read", lease_read)
+    # Fast and slow GPUs: the fast ones take chunks from slow ones' lists, whose owners reach some
+    # of them while the thief still works on them (8 such reads in these five runs).
+    preempted = SimConfig(workers=8, chunks=60, rows_per_chunk=3000, preemptions_per_hour=2.0)
+    spread = SimConfig(workers=16, chunks=100, rows_per_chunk=3000, preemptions_per_hour=1.0, rows_spread=3.0)
+    for config, seed in [(preempted, 0), (preempted, 1), (preempted, 2), (spread, 1), (spread, 2)]:
+        assert simulate(config, ORCH, seed=seed).complete
+    assert len(checked) >= 5
+
+
 def test_simulate_command_compares_policies(tmp_path, capsys):
     png = tmp_path / "g.png"
     assert (
@@ -230,7 +260,7 @@ def test_simulate_command_runs_the_deadline_study(capsys):
     assert doc["markets"]["on-demand only"]["cost_vs_on_demand"] == 1.0
 
 
-class _CountingStore(MemoryStore):
+class _CountingStore(LeaseReadStore):
     """The simulator's store, counting the keys its listings hand out (the claimers' work per chunk)."""
 
     listed = 0
@@ -248,7 +278,7 @@ def test_the_simulators_work_per_chunk_grows_at_most_logarithmically_with_the_fl
     Each end-game claim listing every done marker made this workers x chunks (1e8 keys at 1,000 x
     100,000): 12 keys per chunk here at 10 workers, 106 at 80. Now 3 and 10 (the rest that grows:
     each exiting worker reads every lease and heartbeat once)."""
-    monkeypatch.setattr(fleet_module, "MemoryStore", _CountingStore)
+    monkeypatch.setattr(fleet_module, "LeaseReadStore", _CountingStore)
 
     def listed_per_chunk(workers: int, chunks: int) -> float:
         _CountingStore.listed = 0

@@ -257,7 +257,7 @@ def test_memory_store_key_blocks_stay_sorted_under_inserts_and_deletes(monkeypat
     monkeypatch.setattr(_SortedKeys, "BLOCK", 4)  # many small blocks: splits and empty blocks happen
     rng, keys, ref = random.Random(1), _SortedKeys(), set()
     for step in range(20000):
-        key = f"k{rng.randint(0, 3000):05d}"
+        key = f"k{rng.randint(0, 3000):05d}" + ("\U0010ffff" if rng.random() < 0.05 else "")
         if key in ref and rng.random() < 0.5:
             keys.remove(key)
             ref.discard(key)
@@ -266,5 +266,7 @@ def test_memory_store_key_blocks_stay_sorted_under_inserts_and_deletes(monkeypat
             ref.add(key)
         if step % 997 == 0:
             start = f"k{rng.randint(0, 3000):05d}"
-            assert list(keys.from_key(start, inclusive=True)) == sorted(k for k in ref if k >= start)
-            assert list(keys.from_key(start, inclusive=False)) == sorted(k for k in ref if k > start)
+            for prefix in (start[:4], start[:3], "k", start):
+                inside = sorted(k for k in ref if k.startswith(prefix))
+                assert keys.with_prefix(prefix, start, inclusive=True) == [k for k in inside if k >= start]
+                assert keys.with_prefix(prefix, start, inclusive=False) == [k for k in inside if k > start]

@@ -7,8 +7,16 @@ Each simulated worker follows worker/runner.py's procedure with the production o
 simulated: a chunk's rows take rows / speed seconds.
 
 What is simulated when, and why that is exact:
-- Lease renewals are real events every lease_ttl / 3 for each busy worker. Heartbeats are read
-  only by the rescue step, which runs only in the end game: they are published from then on.
+- Lease renewals fall every lease_ttl / 3 of each busy worker's time, and are written when they
+  become observable. Before the end game, a live holder's lease is never taken (it is renewed in
+  time; rescues and takeovers of expired leases come only in the end game), so a renewal is seen
+  only by whoever reads that lease: a worker reaching a chunk a thief holds, or the holder itself
+  (a flush, its chunk's end, its preemption). The store tells the fleet before any lease is read
+  (LeaseReadStore), and the holder's last renewal due by then is written, stamped with its own
+  time: what the reader sees is what a renewal every lease_ttl / 3 would have left. From the end
+  game on (leases listed, live holders' leases taken), each renewal is a real event. Heartbeats
+  are read only by the rescue step, which runs only in the end game: they are published from
+  then on.
 - Checkpoints: a chunk's parts are read only by whoever resumes the chunk next. Before the end of
   the run (while untouched chunks remain), that is its own holder after a preemption, or a worker
   taking over an expired lease, and both happen after the holder's preemption. So flushes are
@@ -37,7 +45,6 @@ from orchestrator.core.protocol.claims import ChunkClaimer, PlanIndex, RunView
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.leases import LeaseKeeper, LeaseLost
 from orchestrator.core.records import Heartbeat, ManifestEntry
-from orchestrator.core.store.memory import MemoryStore
 from orchestrator.planning.deadline import DeadlineSettings, Decision, FleetState, OnDemandWorker, decide
 from orchestrator.planning.pricing import GpuTable
 from orchestrator.planning.spot_zones import PRIOR_UP_S, ZoneModel
@@ -46,7 +53,14 @@ from orchestrator.simulate.config import SimConfig
 from orchestrator.simulate.fleet_zones import FleetZones
 from orchestrator.simulate.policies import Policy
 from orchestrator.simulate.results import FleetResult, Segment
-from orchestrator.simulate.sim_worker import Session, SimClock, SimWorker, UnitCodec, prefix_speedup
+from orchestrator.simulate.sim_worker import (
+    LeaseReadStore,
+    Session,
+    SimClock,
+    SimWorker,
+    UnitCodec,
+    prefix_speedup,
+)
 from orchestrator.simulate.traces import Trace
 
 
@@ -79,8 +93,12 @@ class Fleet:
         self.seed = seed
         self.trace = trace
         self.clock = SimClock()
-        self.store = MemoryStore(clock=self.clock, name=f"sim-{policy.name}-{seed}")
         self.layout = RunLayout("sim")
+        self.store = LeaseReadStore(
+            self.clock, f"sim-{policy.name}-{seed}", self.layout.leases_prefix, self._lease_read
+        )
+        #: Who holds each chunk being worked on, for the renewals due when its lease is read.
+        self.holders: dict[str, SimWorker] = {}
         self.entries = {e.chunk: e for e in entries}
         speeds = [config.base_rows_per_s * prices.get(g).relative_speed for g in gpus]
         # A unit takes at most half a checkpoint interval on the fastest GPU.
@@ -139,6 +157,7 @@ class Fleet:
         while self._events and self.markers < len(self.entries):
             t, _, kind, index, epoch = heapq.heappop(self._events)
             if t > self.config.horizon_s:
+                self.clock.now = self.config.horizon_s  # cut at the horizon, not at its last event
                 break
             self.clock.now = t
             w = self.workers[index]
@@ -198,10 +217,14 @@ class Fleet:
         point = job.resume()
         remaining = [i for i in range(self.units[held.chunk]) if i not in point.done_rows]
         speedup = prefix_speedup(self.config, self.policy.prefix_aware, self.entries[held.chunk], w.cached)
-        w.session = Session(job, keeper, self.clock.now, remaining, speedup=speedup)
+        w.session = Session(
+            job, keeper, self.clock.now, remaining, speedup=speedup, next_renewal_at=self._next_renewal(self.clock.now)
+        )
+        self.holders[held.chunk] = w
         w.epoch += 1
         self._at(self.clock.now + len(remaining) / (w.rate * speedup), "finish", w)
-        self._at(self.clock.now + self.config.lease_ttl_s / 3, "renew", w)
+        if self.end_game:
+            self._at(w.session.next_renewal_at, "renew", w)
         if self.end_game and self.policy.checkpoints:
             self._at(self.clock.now + self.config.checkpoint_interval_s, "checkpoint", w)
         self._beat(w)
@@ -209,6 +232,7 @@ class Fleet:
     def _finish(self, w: SimWorker) -> None:
         s = w.session
         assert s is not None
+        self._renew_due(w)
         try:
             self._flush(w, len(s.remaining), self.clock.now)
             marker = s.job.complete(worker=str(w.index), model="sim", spec_hash="sim", accelerator=w.gpu)
@@ -223,11 +247,12 @@ class Fleet:
             self.done.add(s.job.chunk)
             self.last_marker = self.clock.now
             w.chunks_done += 1
-        w.session = None
+        self._end_session(w)
         w.epoch += 1
         self._claim(w)
 
     def _renew(self, w: SimWorker) -> None:
+        """A renewal as a real event (the end game)."""
         s = w.session
         assert s is not None
         try:
@@ -237,7 +262,41 @@ class Fleet:
             self._claim(w)
             return
         self._beat(w)
-        self._at(self.clock.now + self.config.lease_ttl_s / 3, "renew", w)
+        s.next_renewal_at = self._next_renewal(self.clock.now)
+        self._at(s.next_renewal_at, "renew", w)
+
+    def _next_renewal(self, after: float) -> float:
+        return after + self.config.lease_ttl_s / 3
+
+    def _lease_read(self, key: str | None) -> None:
+        """The store is about to hand out a lease (None: list them all): before the end game, its
+        holder's renewal due by now is written first (the module docstring)."""
+        if self.end_game:
+            return  # renewals are real events by then
+        if key is None:
+            for w in list(self.holders.values()):
+                self._renew_due(w)
+        elif (holder := self.holders.get(self.layout.chunk_of(key, self.layout.leases_prefix))) is not None:
+            self._renew_due(holder)
+
+    def _renew_due(self, w: SimWorker) -> None:
+        """Before the end game: write the last renewal due before now, at its own time.
+
+        One due at this very instant is left for later, as its event would have come after the
+        event being handled (scheduled a third of a TTL ago, after it)."""
+        s = w.session
+        if self.end_game or s is None or s.next_renewal_at >= self.clock.now:
+            return
+        due = s.next_renewal_at
+        while s.next_renewal_at < self.clock.now:  # the same sums as one event per renewal
+            due, s.next_renewal_at = s.next_renewal_at, self._next_renewal(s.next_renewal_at)
+        saved, self.clock.now = self.clock.now, due
+        try:
+            s.keeper.renew()
+        except LeaseLost as e:  # nobody takes a live holder's lease before the end game
+            raise AssertionError(f"the simulator lost a live lease before the end game: {e}") from e
+        finally:
+            self.clock.now = saved
 
     def _checkpoint(self, w: SimWorker) -> None:
         s = w.session
@@ -255,6 +314,7 @@ class Fleet:
             return  # down already (restarting, or waiting for capacity), or finished
         self.preemptions += 1
         now = self.clock.now
+        self._renew_due(w)
         if self.zones is not None:
             self.zones.leave(w.index, now, by_preemption=True)
         s = w.session
@@ -318,6 +378,7 @@ class Fleet:
         now = self.clock.now
         s = w.session
         if s is not None:
+            self._renew_due(w)
             try:
                 self._flush(w, self._units_done(w, now), now)
                 s.keeper.release()
@@ -375,6 +436,12 @@ class Fleet:
             self.segments.append(Segment(w.index, "work", s.start, useful_until, s.job.chunk))
         if now > useful_until:
             self.segments.append(Segment(w.index, "lost", useful_until, now, s.job.chunk))
+        self._end_session(w)
+
+    def _end_session(self, w: SimWorker) -> None:
+        assert w.session is not None
+        if self.holders.get(w.session.job.chunk) is w:
+            del self.holders[w.session.job.chunk]
         w.session = None
 
     def _beat(self, w: SimWorker) -> None:
@@ -411,8 +478,12 @@ class Fleet:
     def _start_end_game(self) -> None:
         if self.end_game:
             return
+        for w in self.workers:
+            self._renew_due(w)
         self.end_game = True
         for w in self.workers:
+            if w.session is not None:
+                self._at(w.session.next_renewal_at, "renew", w)  # renewals are real events from now on
             if w.session is not None and w.heartbeat is not None:
                 self._beat(w)
         if not self.policy.checkpoints:

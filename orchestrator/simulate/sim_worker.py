@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +12,8 @@ from orchestrator.core.protocol.claims import ChunkClaimer
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
 from orchestrator.core.protocol.leases import LeaseKeeper
 from orchestrator.core.records import ManifestEntry
+from orchestrator.core.store import Blob, ObjectInfo
+from orchestrator.core.store.memory import MemoryStore
 from orchestrator.simulate.config import SimConfig
 
 
@@ -41,6 +43,31 @@ class UnitCodec:
         return [RowStat(i, False, 0, 0) for a, b in json.loads(data) for i in range(a, b + 1)]
 
 
+class LeaseReadStore(MemoryStore):
+    """The simulator's store: before anyone reads a lease, `before_lease_read` is told which (None:
+    a listing of them all), so the holder's renewals due by then are written first (fleet.py)."""
+
+    def __init__(self, clock: SimClock, name: str, leases_prefix: str, before_lease_read: Callable[[str | None], None]):
+        super().__init__(clock=clock, name=name)
+        self._leases_prefix = leases_prefix
+        self._before_lease_read = before_lease_read
+
+    def get(self, key: str) -> Blob:
+        if key.startswith(self._leases_prefix):
+            self._before_lease_read(key)
+        return super().get(key)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        if key.startswith(self._leases_prefix):
+            self._before_lease_read(key)
+        return super().head(key)
+
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        if prefix.startswith(self._leases_prefix) or self._leases_prefix.startswith(prefix):
+            self._before_lease_read(None)
+        return super().list(prefix, start_after)
+
+
 @dataclass
 class Session:
     """One worker's pass over one chunk."""
@@ -52,6 +79,8 @@ class Session:
     flushed: int = 0
     #: How much faster than the worker's rate this chunk goes: prefill saved by prefix-cache hits.
     speedup: float = 1.0
+    #: When the lease's next renewal is due (every lease_ttl / 3 from the claim).
+    next_renewal_at: float = 0.0
 
 
 @dataclass

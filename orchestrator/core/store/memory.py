@@ -52,13 +52,21 @@ class _SortedKeys:
         else:
             del self._blocks[i], self._firsts[i]
 
-    def from_key(self, start: str, *, inclusive: bool) -> Iterator[str]:
-        """Keys >= start (or > start), in order."""
+    def with_prefix(self, prefix: str, start: str, *, inclusive: bool) -> list[str]:
+        """Keys that start with `prefix` and are >= start (or > start), in order (`start` >= prefix)."""
+        # Every key with the prefix sorts below `bound`, except one that goes on with the highest
+        # code point: checked one by one past it.
+        bound = prefix + "\U0010ffff"
+        out: list[str] = []
         i = max(bisect.bisect_right(self._firsts, start) - 1, 0)
         for block in self._blocks[i:]:
             j = bisect.bisect_left(block, start) if inclusive else bisect.bisect_right(block, start)
-            yield from block[j:]
-            start = ""  # every key of the later blocks is greater
+            k = bisect.bisect_left(block, bound, j)
+            out += block[j:k]
+            if k < len(block):
+                out += itertools.takewhile(lambda key: key.startswith(prefix), block[k:])
+                break
+        return out
 
 
 class MemoryStore:
@@ -95,16 +103,13 @@ class MemoryStore:
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
         with self._lock:
             start = start_after if start_after is not None and start_after >= prefix else None
-            snapshot = []
-            for key in self._keys.from_key(start if start is not None else prefix, inclusive=start is None):
-                if not key.startswith(prefix):
-                    break
-                snapshot.append(self._infos[key])
+            keys = self._keys.with_prefix(prefix, start if start is not None else prefix, inclusive=start is None)
+            snapshot = list(map(self._infos.__getitem__, keys))
         self.requests.add("list")
-        for i, info in enumerate(snapshot):
-            if i and i % LIST_PAGE_SIZE == 0:
+        for page in range(0, len(snapshot), LIST_PAGE_SIZE):
+            if page:
                 self.requests.add("list")
-            yield info
+            yield from snapshot[page : page + LIST_PAGE_SIZE]
 
     @contextlib.contextmanager
     def open(self, key: str) -> Iterator[BinaryIO]:
