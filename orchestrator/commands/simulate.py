@@ -275,7 +275,7 @@ def _warn_if_long(config: SimConfig, entries: Sequence[ManifestEntry] | None, se
         small = config.model_copy(update={"rows_per_chunk": 500})
         lines.append(
             f"  --seeds 1 --rows-per-chunk 500: about {_duration(estimate_seconds(small, runs // seeds))} "
-            "(a smaller workload: each chunk's lease renewals are most of the time)"
+            "(a smaller workload: shorter chunks make a shorter end game)"
         )
     click.echo("\n".join(lines), err=True)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,14 +40,15 @@ def chunk_id(index: int, total: int) -> str:
 
 @dataclass(frozen=True)
 class RunLayout:
-    """Keys of one run, all under `runs/<run>/`."""
+    """Keys of one run, all under `runs/<run>/`. The prefixes every claim and listing uses are
+    made once per layout (a frozen dataclass: `cached_property` stores them beside the fields)."""
 
     run: str
 
     def __post_init__(self) -> None:
         check_run_name(self.run)
 
-    @property
+    @functools.cached_property
     def root(self) -> str:
         return f"runs/{self.run}/"
 
@@ -147,14 +149,14 @@ class RunLayout:
         return f"{self.root}workers/{worker}.txt"
 
     # Written by workers.
-    @property
+    @functools.cached_property
     def leases_prefix(self) -> str:
         return f"{self.root}leases/"
 
     def lease(self, chunk: str) -> str:
         return f"{self.leases_prefix}{chunk}.json"
 
-    @property
+    @functools.cached_property
     def outputs_root(self) -> str:
         return f"{self.root}outputs/"
 
@@ -167,14 +169,14 @@ class RunLayout:
         counted = f".{rows}rows" if rows is not None else ""
         return f"{self.outputs_prefix(chunk)}{holder}-{seq:05d}{counted}.{ext}"
 
-    @property
+    @functools.cached_property
     def done_prefix(self) -> str:
         return f"{self.root}done/"
 
     def done(self, chunk: str) -> str:
         return f"{self.done_prefix}{chunk}.json"
 
-    @property
+    @functools.cached_property
     def stats_prefix(self) -> str:
         return f"{self.root}stats/"
 
@@ -193,7 +195,7 @@ class RunLayout:
         millis, chunk, encoded = key[len(self.stats_prefix) :].split(".", 2)
         return int(millis) / 1000, chunk, encoded
 
-    @property
+    @functools.cached_property
     def heartbeats_prefix(self) -> str:
         return f"{self.root}heartbeats/"
 

@@ -93,23 +93,25 @@ def scenario(config: SimConfig, seed: int, prices: GpuTable) -> tuple[list[str],
 
 
 #: Seconds of this project's 2-CPU benchmark machine per simulated event (docs/BENCHMARKS.md, simulate
-#: scale): a claimed and finished chunk, a lease renewal, and the end of the run, where each
-#: exiting worker reads every lease and heartbeat.
+#: scale): a claimed and finished chunk; a renewal or checkpoint of the end game, the only ones
+#: written as events (simulate/fleet.py); and the end of the run, where each exiting worker reads
+#: every lease and heartbeat.
 _COST_PER_CHUNK_S = 3e-4
-_COST_PER_RENEWAL_S = 4e-5
+_COST_PER_END_GAME_EVENT_S = 3e-4
 _COST_PER_WORKER_PAIR_S = 6e-6
 
 
 def estimate_seconds(config: SimConfig, runs: int, prices: GpuTable | None = None) -> float:
     """About how long `runs` simulations of `config` take, before running one.
 
-    Lease renewals dominate long chunks: one every lease_ttl / 3 of each busy worker's time."""
+    Long chunks make a long end game: each worker's last chunk renews its lease every lease_ttl / 3
+    and checkpoints every interval, as events."""
     prices = prices or load_gpu_table(config.prices)
     speed = config.base_rows_per_s * statistics.fmean(prices.get(g).relative_speed for g in config.gpus)
-    busy_s = config.chunks * config.rows_per_chunk / speed
+    end_game_s = min(config.workers, config.chunks) * config.rows_per_chunk / speed
     per_run = (
         config.chunks * _COST_PER_CHUNK_S
-        + busy_s / (config.lease_ttl_s / 3) * _COST_PER_RENEWAL_S
+        + end_game_s * (3 / config.lease_ttl_s + 1 / config.checkpoint_interval_s) * _COST_PER_END_GAME_EVENT_S
         + config.workers**2 * _COST_PER_WORKER_PAIR_S
     )
     return runs * per_run

@@ -126,11 +126,10 @@ class RunView:
         # The margin makes every listing repeat the newest keys of the one before (a thousand
         # workers finishing in the same millisecond repeat a thousand): read only the new ones.
         # Those of a chunk a recheck reopened since are not taken for done again: the marker decides.
-        seen, self._listed = self._listed, set()
-        for info in self.store.list(self.layout.stats_prefix, start_after=start):
-            self._listed.add(info.key)
-            if info.key in seen:
-                continue
+        seen = self._listed
+        listing = list(self.store.list(self.layout.stats_prefix, start_after=start))
+        self._listed = {info.key for info in listing}
+        for info in [info for info in listing if info.key not in seen]:
             # Only the chunk id is needed here: no decoding of the summary.
             try:
                 finished, chunk, _ = self.layout.parse_stats(info.key)
@@ -285,8 +284,9 @@ def expired_lease_chunks(store: Store, layout: RunLayout, view: RunView, *, now:
     hint; `acquire` reads the lease itself before taking it over.
     """
     stale = []
-    for info in store.list(layout.leases_prefix):
-        chunk = layout.chunk_of(info.key, layout.leases_prefix)
+    prefix = layout.leases_prefix
+    for info in store.list(prefix):
+        chunk = layout.chunk_of(info.key, prefix)
         if chunk not in view.index.owner:
             ignore_stray(info.key, "not the lease of a chunk of this run")
             continue

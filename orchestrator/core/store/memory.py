@@ -58,13 +58,16 @@ class _SortedKeys:
         # code point: checked one by one past it.
         bound = prefix + "\U0010ffff"
         out: list[str] = []
-        i = max(bisect.bisect_right(self._firsts, start) - 1, 0)
-        for block in self._blocks[i:]:
+        blocks = self._blocks
+        for b in range(max(bisect.bisect_right(self._firsts, start) - 1, 0), len(blocks)):
+            block = blocks[b]
             j = bisect.bisect_left(block, start) if inclusive else bisect.bisect_right(block, start)
             k = bisect.bisect_left(block, bound, j)
             out += block[j:k]
+            while k < len(block) and block[k].startswith(prefix):
+                out.append(block[k])
+                k += 1
             if k < len(block):
-                out += itertools.takewhile(lambda key: key.startswith(prefix), block[k:])
                 break
         return out
 
