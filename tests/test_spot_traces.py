@@ -186,9 +186,10 @@ def test_uniform_progress_round_robin_moves_on_when_it_would_wait_and_sees_the_n
 
 
 def test_own_zone_reads_only_its_zone_and_zone_aware_reads_every_zone():
-    # Zone 0 (where the job is) has no capacity, zone 1 has, with plenty of slack.
-    job = Job(3600, 20 * 3600, 180)
-    view = View(0, 600.0, job, 120, 0.0, "none", 0, 0, (False, True))
+    # Zone 0 (where the job is) has no capacity, zone 1 has, with plenty of slack (11 h: with 19 h, a
+    # 1.5-tick slack bin shows that waiting a tick for zone 1's new spell to prove itself costs nothing).
+    job = Job(3600, 12 * 3600, 180)
+    view = View(0, 600.0, job, 72, 0.0, "none", 0, 0, (False, True))
     assert POLICIES["zone-aware"]("").choose(view) == Choice("spot", 1)
     own = POLICIES["own-zone"]("").choose(view)
     assert own.market != "spot" and own.zone == 1  # it moves there and looks the next tick

@@ -41,8 +41,13 @@ H = 3600.0
 INFEASIBLE = 1e9
 #: Spell ages in ticks where each bucket starts; the last bucket holds every older spell.
 AGE_BUCKETS = (1, 2, 3, 5, 9, 17)
-#: Slack bins per table: the program's resolution (a table is ticks x spell states x markets x bins).
+#: Slack bins per table, at least: the program's resolution (a table is ticks x spell states x markets x bins).
 SLACK_BINS = 64
+#: ... and more where the slack is long in ticks, so that no bin is wider than this many ticks: a
+#: decision turns on slack shifts of a tick or a restart, which a wider bin blurs (195 s ticks: 64
+#: bins are 3.5 ticks wide at 36 h and 6.9 at 48 h). Tune half, zone-aware below UP failover over
+#: the multi-zone variants: 2.3% uncapped, 2.7% at 2.5 ticks, 2.8% at 2.0 and 1.5 (docs/BENCHMARKS.md).
+MAX_BIN_TICKS = 1.5
 #: The factors a fit chooses among (powers of 2 from 1/4 to 4), and its prior's spread (log2). A
 #: coarse grid keeps the tables one job needs few: 25 pairs at most.
 SCALES = tuple(2.0**i for i in range(-2, 3))
@@ -154,7 +159,7 @@ def plan_table(
     spot_rows = [1 + phases + p for p in range(phases)]
 
     total_slack = ticks * tick_s - work_s
-    bin_s = max(total_slack / SLACK_BINS, 1.0)
+    bin_s = max(min(total_slack / SLACK_BINS, MAX_BIN_TICKS * tick_s), 1.0)
     bins = int(total_slack // bin_s) + 1
     slack = np.arange(bins) * bin_s
 
