@@ -136,7 +136,7 @@ def test_a_lease_read_before_the_end_game_shows_every_renewal_due_by_then(monkey
 
     def lease_read(fleet: Fleet, key: str | None) -> None:
         real(fleet, key)
-        holder = fleet.holders.get(key.rsplit("/", 1)[1].removesuffix(".json")) if key else None
+        holder = fleet.holders.get(fleet.layout.chunk_of(key, fleet.layout.leases_prefix)) if key else None
         if fleet.end_game or holder is None or holder.session is None:
             return
         renewed, due = holder.session.start, holder.session.start + fleet.config.lease_ttl_s / 3

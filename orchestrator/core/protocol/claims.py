@@ -126,10 +126,11 @@ class RunView:
         # The margin makes every listing repeat the newest keys of the one before (a thousand
         # workers finishing in the same millisecond repeat a thousand): read only the new ones.
         # Those of a chunk a recheck reopened since are not taken for done again: the marker decides.
-        seen = self._listed
         listing = list(self.store.list(self.layout.stats_prefix, start_after=start))
-        self._listed = {info.key for info in listing}
-        for info in [info for info in listing if info.key not in seen]:
+        seen, self._listed = self._listed, {info.key for info in listing}
+        for info in listing:
+            if info.key in seen:
+                continue
             # Only the chunk id is needed here: no decoding of the summary.
             try:
                 finished, chunk, _ = self.layout.parse_stats(info.key)
