@@ -103,12 +103,14 @@ test:
 	$(VENV)/bin/python -m compileall -q orchestrator worker tests bench model_builders.py
 	$(MAKE) --no-print-directory -j3 --output-sync=target test-controller test-worker lint
 
-# Eight at a time, test by test (most of them wait on worker processes' paces and servers: three left
-# a fifth of the cores idle, four still a quarter, six beside the worker suite's three a quarter:
-# docs/testing.md). A module whose tests share a server of its own (serve's, SkyPilot's API server)
-# is kept on one of them by its `xdist_group` mark; the rest spread. The longest files are handed
-# out first (tests/support/schedule.py; xdist's own reordering, by test count, is off) so none is a tail.
-CONTROLLER_WORKERS ?= 8
+# Six at a time, test by test (most of them wait on worker processes' paces and servers: three left
+# a fifth of the cores idle, four still a quarter; six beside the worker suite's three: 31 min against
+# 37 with five and two, the same afternoon; eight starved the worker suite's kill storm past its
+# 20-minute guard: docs/testing.md). A module whose tests share a server of its own (serve's,
+# SkyPilot's API server) is kept on one of them by its `xdist_group` mark; the rest spread. The
+# longest files are handed out first (tests/support/schedule.py; xdist's own reordering, by test
+# count, is off) so none is a tail.
+CONTROLLER_WORKERS ?= 6
 test-controller: setup models system-deps
 	$(VENV)/bin/python -m pytest tests --ignore=tests/worker -m "not cluster" -n $(CONTROLLER_WORKERS) --dist loadgroup --no-loadscope-reorder
 

@@ -25,7 +25,7 @@ from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.local import LocalLauncher
 from orchestrator.core.exits import WorkerExit
 from orchestrator.core.layout import RunLayout
-from orchestrator.core.protocol.heartbeats import read_heartbeats
+from orchestrator.core.protocol.heartbeats import live_heartbeats, read_heartbeats
 from orchestrator.core.records import read_jobs
 from orchestrator.core.store import open_store
 from tests.support.cli import Background, collect_lines, env_with, mid_chunk, orch, orch_ok, questions
@@ -129,6 +129,13 @@ def test_worker_out_of_outage_budget_exits_75_and_is_relaunched_for_free(weed, w
     short = env_with(ORCH_STORE_SETTINGS__OUTAGE_BUDGET="3")
     orch_ok("launch", "--run", "b", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir, env=short)
     wait_for("both workers up", lambda: len(read_heartbeats(open_store(store), RunLayout("b"))) == 2, every=STORE_PACE)
+    # Held still until the store is gone, so that they are at work when it goes: `orch watch` took 34 s
+    # to read the run beside eight test processes, and the two had answered all 160 rows by then.
+    beats = live_heartbeats(open_store(store), RunLayout("b"), now=time.time(), heartbeat_interval=600)
+    held = [beat.pid for beat in beats]
+    assert len(held) == 2 and all(held), beats
+    for pid in held:
+        os.kill(pid, signal.SIGSTOP)
     watch = Background(
         "watch",
         "--run",
@@ -144,6 +151,8 @@ def test_worker_out_of_outage_budget_exits_75_and_is_relaunched_for_free(weed, w
     )
     wait_for("orch watch's first tick", lambda: "workers: " in watch.text)  # it has read the run
     weed.kill()
+    for pid in held:
+        os.kill(pid, signal.SIGCONT)
     exits = workdir / ".orch" / "logs" / "b"
     # A hang guard, not a pace limit: a worker still loading its engine gives up once the load ends
     # (139 s at load 25).
