@@ -51,8 +51,8 @@ $(WVENV)/.installed: pyproject.toml scripts/worker-overrides.txt | $(UV)
 
 # The worker environment's bytecode, beside the models' builds (which need only the packages).
 $(WVENV)/.compiled: $(WVENV)/.installed
-	$(WVENV)/bin/python -m compileall -q -j0 -x 'torch/testing/_internal' $$($(WVENV)/bin/python -c \
-		'import importlib.util as u; print(*(u.find_spec(p).submodule_search_locations[0] for p in ("vllm", "torch", "transformers")))') >/dev/null
+	site=$$($(WVENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+		$(WVENV)/bin/python -m compileall -q -j0 -x 'torch/testing/_internal' $$site/{vllm,torch,transformers} >/dev/null
 	$(WVENV)/bin/python -c 'import vllm, worker.__main__, worker.engine.vllm_engine, worker.runner, openai, jsonschema, pytest, xdist'
 	touch $@
 

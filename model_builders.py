@@ -387,8 +387,8 @@ BUILDERS = {
 
 
 def main(argv: list[str]) -> None:
-    pairs = list(zip(argv[::2], argv[1::2], strict=False))
-    if not pairs or len(argv) % 2 or any(kind not in BUILDERS for kind, _ in pairs):
+    pairs = list(zip(argv[::2], argv[1::2], strict=False))  # an odd argv is refused below
+    if not argv or len(argv) % 2 or any(kind not in BUILDERS for kind, _ in pairs):
         raise SystemExit(f"usage: python -m model_builders {{{'|'.join(BUILDERS)}}} OUT_DIR [KIND OUT_DIR ...]")
     for kind, out in pairs:
         print(BUILDERS[kind](out), flush=True)
