@@ -5,6 +5,9 @@ names only, so no contract can say "any test_* module": the imports are read her
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.support.models import REPO
@@ -54,3 +57,30 @@ def test_suite_schedule_names_only_test_files_that_exist():
     """A file renamed or removed would silently drop out of the longest-first order."""
     missing = [name for name in LONGEST_FIRST if not (REPO / "tests" / name).is_file()]
     assert not missing, f"tests/support/schedule.py's LONGEST_FIRST names files that are not there: {missing}"
+
+
+def test_suite_xdist_group_keeps_a_group_on_one_worker(tmp_path):
+    """`make test` keeps each module that shares a server of its own on one xdist worker with
+    `--dist loadgroup` and the module's `xdist_group` mark. pytest 9.2 undid that silently (xdist
+    3.8 still writes the old node id, pytest-dev/pytest-xdist#1386): every worker then started
+    the module's server. Two groups of tests here, each of which must run on a single worker."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_grouped.py").write_text(
+        "import pytest, time\n"
+        "@pytest.mark.xdist_group('one')\n@pytest.mark.parametrize('i', range(6))\n"
+        "def test_one(i):\n    time.sleep(0.05)\n"
+        "@pytest.mark.xdist_group('two')\n@pytest.mark.parametrize('i', range(6))\n"
+        "def test_two(i):\n    time.sleep(0.05)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    workers: dict[str, set[str]] = {"one": set(), "two": set()}
+    for worker, test in re.findall(r"\[(gw\d+)\] .*PASSED test_grouped\.py::test_(one|two)\[", done.stdout):
+        workers[test].add(worker)
+    assert [len(w) for w in workers.values()] == [1, 1], (workers, done.stdout[-3000:])
