@@ -86,21 +86,35 @@ def test_launch_submits_all_workers_concurrently_with_secrets_in_memory(make_ctx
 
 
 class ProgressSayingSky(ScriptedSky):
-    """Says its progress on stdout while it launches, as SkyPilot's SDK does ("Uploading files to API server")."""
+    """Says its progress while it launches as SkyPilot's SDK does: a `print`, and a line through
+    SkyPilot's own logging ("Uploading files to API server"), whose handler holds the stdout of
+    the moment SkyPilot set it up."""
 
     def launch(self, task, name):
-        print(f"Uploading files to API server for {name}")
+        from sky import sky_logging
+
+        print(f"Printed while launching {name}")
+        sky_logging.init_logger("sky.client.common").info(f"Uploading files to API server for {name}")
         return super().launch(task, name)
 
 
 def test_launch_keeps_skypilots_progress_off_stdout(make_ctx, capsys):
     """stdout is orch's answer to a program (`orch estimate --probe --json` launches its probe):
-    SkyPilot's progress lines go to stderr."""
+    SkyPilot's progress lines go to stderr, its logging's as well as its prints (the Slurm probe's
+    JSON once began with "Uploading files to API server")."""
+    from sky import sky_logging
+
+    sky_logging.reload_logger()  # its handler made now, on the stdout this test captures
     ctx = make_ctx(chunks=2)
     launched = launch_workers(ctx, SkyPilotLauncher(ctx.spec, sdk=ProgressSayingSky()), [0, 1])
     said = capsys.readouterr()
-    assert sorted(launched) == [0, 1] and said.out == ""
+    assert sorted(launched) == [0, 1] and said.out == "", said.out
     assert "Uploading files to API server for orch-sky-w0" in said.err, said.err
+    assert "Printed while launching orch-sky-w1" in said.err, said.err
+    sky_logging.init_logger("sky.client.common").info("after the launch")
+    assert "after the launch" in capsys.readouterr().out  # SkyPilot's handler is given back as it was
+    with capsys.disabled():
+        sky_logging.reload_logger()  # on the stdout of the session again, for the tests after this one
 
 
 def test_launch_reports_workers_without_capacity_and_keeps_the_others(make_ctx):

@@ -9,9 +9,10 @@ one seam the tests replace.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -42,8 +43,37 @@ QUEUE_FIELDS = [
 _STATES = {s.value: s for s in JobState} | {"SUBMITTED": JobState.PENDING}
 
 
+@contextlib.contextmanager
+def progress_to_stderr() -> Iterator[None]:
+    """SkyPilot's SDK says its progress ("Uploading files to API server", "View logs") on stdout,
+    which is orch's answer to a program (`orch estimate --probe --json`): it goes to stderr while
+    this lasts. Its logging handlers hold the stdout of the moment SkyPilot set them up, so a
+    swapped `sys.stdout` alone does not reach them (the Slurm probe's JSON began with those
+    lines): each handler of a `sky` logger writing to stdout is pointed at stderr, then back."""
+    loggers = [logging.getLogger("sky")] + [
+        logger
+        for name, logger in list(logging.Logger.manager.loggerDict.items())
+        if name.startswith("sky.") and isinstance(logger, logging.Logger)
+    ]
+    stdout = {id(sys.stdout), id(sys.__stdout__)}
+    moved = [
+        (handler, handler.setStream(sys.stderr))
+        for logger in loggers
+        for handler in logger.handlers
+        if isinstance(handler, logging.StreamHandler) and id(handler.stream) in stdout
+    ]
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        for handler, stream in moved:
+            handler.setStream(stream)
+
+
 class SkyPilotSDK:
-    """SkyPilot's client SDK, the calls orch makes. Each blocks until the API server answers."""
+    """SkyPilot's client SDK, the calls orch makes. Each blocks until the API server answers, and
+    what SkyPilot says meanwhile goes to stderr (`launch` is called from threads: the launcher holds
+    `progress_to_stderr` around all of them at once)."""
 
     def launch(self, task: Any, name: str) -> list[int]:
         import sky
@@ -56,20 +86,23 @@ class SkyPilotSDK:
     def queue(self, job_ids: Sequence[int]) -> list[Any]:
         import sky
 
-        records, *_ = sky.get(sky.jobs.queue_v2(refresh=False, job_ids=list(job_ids), fields=QUEUE_FIELDS))
+        with progress_to_stderr():
+            records, *_ = sky.get(sky.jobs.queue_v2(refresh=False, job_ids=list(job_ids), fields=QUEUE_FIELDS))
         return list(records)
 
     def cancel(self, job_ids: Sequence[int]) -> None:
         import sky
 
-        sky.get(sky.jobs.cancel(job_ids=list(job_ids)))
+        with progress_to_stderr():
+            sky.get(sky.jobs.cancel(job_ids=list(job_ids)))
 
     def unfinished_named(self, name_part: str) -> list[Any]:
         """Managed jobs not finished yet whose name contains `name_part` (SkyPilot matches a substring)."""
         import sky
 
         request = sky.jobs.queue_v2(refresh=False, skip_finished=True, name_match=name_part, fields=QUEUE_FIELDS)
-        records, *_ = sky.get(request)
+        with progress_to_stderr():
+            records, *_ = sky.get(request)
         return list(records)
 
 
@@ -99,10 +132,8 @@ class SkyPilotLauncher:
         ]
         launched: dict[int, str] = {}
         failures: dict[int, str] = {}
-        # SkyPilot's SDK says its progress ("Uploading files to API server") on stdout, which is
-        # orch's answer to a program (`orch estimate --probe --json`): it goes to stderr instead.
         with (
-            contextlib.redirect_stdout(sys.stderr),
+            progress_to_stderr(),
             ThreadPoolExecutor(max_workers=max(1, min(self.max_parallel, len(tasks)))) as pool,
         ):
             futures = {pool.submit(self.sdk.launch, task, r.name): r for r, task in tasks}
