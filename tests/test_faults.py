@@ -201,7 +201,7 @@ def test_concurrent_launches_and_watches_start_one_process_per_worker(seaweedfs_
         assert [w.wait() for w in watches] == [0, 0], [w.text for w in watches]
         relaunches = sum(w.text.count("worker 0: relaunch after FAILED") for w in watches)
         assert relaunches == 1, [w.text for w in watches]
-        assert len(worker_logs(workdir, "c")) == 3
+        assert len(worker_logs(workdir, "c")) == 3, ([w.text for w in watches], worker_logs(workdir, "c"))
         assert collect_ids(workdir, "c", store) == [f"q{i}" for i in range(240)]
 
 
