@@ -391,10 +391,10 @@ def _build_llm(spec: ModelSpec) -> Any:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
-    # vLLM's imports leave some 600,000 objects that live as long as the process; its model
+    # vLLM's imports leave about 700,000 objects that live as long as the process; its model
     # loader then runs full collections over them while it builds (and freezes the heap itself once
-    # started). Frozen first, those collections see only what the build makes: 2.6 CPU-seconds of a
-    # 5.1-second build here, a tenth of a worker's start-up on a CPU (docs/BENCHMARKS.md).
+    # started). Frozen first, those collections see only what the build makes: about half the CPU
+    # of a small model's build, 2.5 CPU-seconds a worker start-up (docs/BENCHMARKS.md).
     gc.freeze()
     kwargs: dict[str, Any] = dict(CPU_DEFAULTS) if cpu else {}
     dtype = spec.dtype
