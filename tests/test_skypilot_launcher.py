@@ -117,6 +117,29 @@ def test_launch_keeps_skypilots_progress_off_stdout(make_ctx, capsys):
         sky_logging.reload_logger()  # on the stdout of the session again, for the tests after this one
 
 
+def test_progress_to_stderr_overlapping_in_threads_gives_stdout_back():
+    """Status calls overlap (the web page reads runs in threads): the last to leave puts stdout back."""
+    import sys
+    import threading
+
+    from orchestrator.backends.skypilot import progress_to_stderr
+
+    before, second_in, first_out = sys.stdout, threading.Event(), threading.Event()
+
+    def second() -> None:
+        with progress_to_stderr():
+            second_in.set()
+            first_out.wait(30)
+
+    with progress_to_stderr():
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert second_in.wait(30)
+    first_out.set()
+    thread.join(30)
+    assert sys.stdout is before
+
+
 def test_launch_reports_workers_without_capacity_and_keeps_the_others(make_ctx):
     ctx = make_ctx(chunks=3)
     sky = ScriptedSky(fail_workers=["1"])

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import re
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -43,37 +44,67 @@ QUEUE_FIELDS = [
 _STATES = {s.value: s for s in JobState} | {"SUBMITTED": JobState.PENDING}
 
 
-@contextlib.contextmanager
-def progress_to_stderr() -> Iterator[None]:
+class _ProgressToStderr:
     """SkyPilot's SDK says its progress ("Uploading files to API server", "View logs") on stdout,
     which is orch's answer to a program (`orch estimate --probe --json`): it goes to stderr while
-    this lasts. Its logging handlers hold the stdout of the moment SkyPilot set them up, so a
-    swapped `sys.stdout` alone does not reach them (the Slurm probe's JSON began with those
-    lines): each handler of a `sky` logger writing to stdout is pointed at stderr, then back."""
-    loggers = [logging.getLogger("sky")] + [
-        logger
-        for name, logger in list(logging.Logger.manager.loggerDict.items())
-        if name.startswith("sky.") and isinstance(logger, logging.Logger)
-    ]
-    stdout = {id(sys.stdout), id(sys.__stdout__)}
-    moved = [
-        (handler, handler.setStream(sys.stderr))
-        for logger in loggers
-        for handler in logger.handlers
-        if isinstance(handler, logging.StreamHandler) and id(handler.stream) in stdout
-    ]
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
+    any SDK call is under way. Its logging handlers hold the stdout of the moment SkyPilot set them
+    up, so a swapped `sys.stdout` alone does not reach them (the Slurm probe's JSON began with
+    those lines): each handler of a `sky` logger writing to stdout is pointed at stderr too.
+
+    Calls overlap (the launcher's threads, the web page's status threads), so the first to enter
+    swaps and the last to leave puts back: `contextlib.redirect_stdout` in two threads at once
+    would leave stdout on stderr for good (the second saves what the first swapped in)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._stdout: Any = None
+        self._moved: list[tuple[logging.StreamHandler[Any], Any]] = []
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._inside == 0:
+                self._swap()
+            self._inside += 1
+        try:
             yield
-    finally:
-        for handler, stream in moved:
+        finally:
+            with self._lock:
+                self._inside -= 1
+                if self._inside == 0:
+                    self._put_back()
+
+    def _swap(self) -> None:
+        loggers = [logging.getLogger("sky")] + [
+            logger
+            for name, logger in list(logging.Logger.manager.loggerDict.items())
+            if name.startswith("sky.") and isinstance(logger, logging.Logger)
+        ]
+        stdout = {id(sys.stdout), id(sys.__stdout__)}
+        self._moved = [
+            (handler, handler.setStream(sys.stderr))
+            for logger in loggers
+            for handler in logger.handlers
+            if isinstance(handler, logging.StreamHandler) and id(handler.stream) in stdout
+        ]
+        self._stdout, sys.stdout = sys.stdout, sys.stderr
+
+    def _put_back(self) -> None:
+        sys.stdout = self._stdout
+        for handler, stream in self._moved:
             handler.setStream(stream)
+        self._moved = []
+
+
+#: `with progress_to_stderr():` around the calls into SkyPilot's SDK.
+progress_to_stderr = _ProgressToStderr()
 
 
 class SkyPilotSDK:
     """SkyPilot's client SDK, the calls orch makes. Each blocks until the API server answers, and
-    what SkyPilot says meanwhile goes to stderr (`launch` is called from threads: the launcher holds
-    `progress_to_stderr` around all of them at once)."""
+    what SkyPilot says meanwhile goes to stderr (progress_to_stderr; the launcher holds it around
+    its concurrent launches)."""
 
     def launch(self, task: Any, name: str) -> list[int]:
         import sky
