@@ -24,6 +24,7 @@ from orchestrator.core.store import open_store
 from tests.support import s3servers
 from tests.support.datasets import write_jsonl
 from tests.support.events import wait_for
+from tests.support.ports import free_port
 
 pytestmark = [
     pytest.mark.slow,
@@ -33,8 +34,6 @@ pytestmark = [
 ORCH = [sys.executable, "-m", "orchestrator"]
 SKY = str(Path(sys.executable).parent / "sky")
 CANARY = "hf_orch_canary_4d1b"
-#: Where `sky api start` serves on this machine (SkyPilot's default local port).
-API_SERVER = "http://127.0.0.1:46580"
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +57,17 @@ def sky_env(tmp_path_factory):
         HF_TOKEN=CANARY,
         AWS_ACCESS_KEY_ID=s3servers.ACCESS_KEY,
         AWS_SECRET_ACCESS_KEY=s3servers.SECRET_KEY,
+        # Not SkyPilot's default 46580: it lies in the kernel's ephemeral range, where another test's
+        # connection can hold it (CI: "Port 46580 is not available"). Client and server both read it.
+        SKYPILOT_API_SERVER_LOCAL_PORT=str(free_port()),
     )
-    # The server listens on a fixed port: one left by another HOME would answer for the wrong state.
+    # One left on this port by another HOME would answer for the wrong state.
     subprocess.run([SKY, "api", "stop"], env=env, capture_output=True, timeout=120)
     # Started here, once: orch's first call would start it too, but SkyPilot waits only 60 s for
     # it, and on a loaded machine it takes longer (it goes on starting after SkyPilot gives up).
     start = subprocess.run([SKY, "api", "start"], env=env, capture_output=True, text=True, timeout=600)
     try:
-        wait_for("the SkyPilot API server to answer", _api_server_healthy, every=1)
+        wait_for("the SkyPilot API server to answer", lambda: _api_server_healthy(env), every=1)
     except AssertionError:
         log = home / ".sky" / "api_server" / "server.log"
         tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
@@ -74,10 +76,11 @@ def sky_env(tmp_path_factory):
     subprocess.run([SKY, "api", "stop"], env=env, capture_output=True, timeout=120)
 
 
-def _api_server_healthy() -> bool:
-    """SkyPilot's health endpoint on its default local port says healthy (no client is started)."""
+def _api_server_healthy(env: dict[str, str]) -> bool:
+    """SkyPilot's health endpoint on the env's local port says healthy (no client is started)."""
+    url = f"http://127.0.0.1:{env['SKYPILOT_API_SERVER_LOCAL_PORT']}/api/health"
     try:
-        with urllib.request.urlopen(f"{API_SERVER}/api/health", timeout=10) as answer:
+        with urllib.request.urlopen(url, timeout=10) as answer:
             return json.loads(answer.read()).get("status") == "healthy"
     except (OSError, ValueError):
         return False

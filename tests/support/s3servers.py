@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.ports import free_ports
 
 ACCESS_KEY = "orch-test-key"
 SECRET_KEY = "orch-test-secret"
@@ -52,25 +52,6 @@ class S3Server:
     def env(self) -> dict[str, str]:
         """What a subprocess (a worker) needs to reach this server."""
         return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def _free_port_block(count: int, low: int = 20000, high: int = 44000) -> list[int]:
-    """`count` consecutive-ish free ports whose +10000 twins (SeaweedFS gRPC) are free too."""
-    for _ in range(200):
-        base = random.randrange(low, high - count)
-        ports = list(range(base, base + count))
-        if all(_port_free(p) and _port_free(p + 10000) for p in ports):
-            return ports
-    raise RuntimeError("no free ports for SeaweedFS")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _weed_binary() -> str:
@@ -109,7 +90,7 @@ class SeaweedFS:
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
-        self.ports = _free_port_block(5)
+        self.ports = free_ports(5, twin_offset=10000)  # gRPC ports are +10000
         self.server = S3Server("seaweedfs", f"http://127.0.0.1:{self.ports[3]}")
         self.log = workdir / "weed.log"
         self.proc: subprocess.Popen[bytes] | None = None

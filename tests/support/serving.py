@@ -23,6 +23,7 @@ from openai.types import Batch, FileObject
 from orchestrator.cli import main
 from orchestrator.core.store import open_store
 from tests.support.models import REPO, TINY, TINY_EMBED, scripted_engine
+from tests.support.ports import free_port
 from worker.engine.scripted import TEST_ENGINE_ENV
 
 KEY, OTHER_KEY = "sk-orch-test-first-key", "sk-orch-test-second-key"
@@ -87,9 +88,7 @@ def start_server(workdir: Path, store_uri: str, spec: str = SPEC, env: Mapping[s
         pytest.fail("the tiny models are missing: run `make models` (make test does it)")
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "orch.yaml").write_text(spec)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {
         **os.environ,
         **({} if TEST_ENGINE_ENV in os.environ else scripted_engine()),
