@@ -195,6 +195,27 @@ def test_own_zone_reads_only_its_zone_and_zone_aware_reads_every_zone():
     assert own.market != "spot" and own.zone == 1  # it moves there and looks the next tick
 
 
+def test_own_zone_looks_next_in_a_zone_not_seen_down_lately_not_back_where_it_just_was():
+    # Zone 0 runs the job's spot for 10 ticks, then loses capacity, and so does zone 1; zone 2 (never
+    # looked in) has capacity from then on. Looks go to zone 1 (next listed), then zone 2: zone 0's
+    # ten good looks do not pull the job back to a zone seen down a tick ago.
+    looked: list[int] = []
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.policy = POLICIES["own-zone"]("")
+
+        def choose(self, view: View) -> Choice:
+            looked.append(view.zone)
+            return self.policy.choose(view)
+
+    out = replay(
+        Job(3600, 6 * 3600, 180), trace("1" * 10 + "0" * 110, "0" * 120, "0" * 10 + "1" * 110, gap=195.0), Recorder()
+    )
+    assert looked[:12] == [0] * 11 + [1] and looked[12] == 2
+    assert out.met and out.zone_switches == 1 and set(looked[12:]) == {2}
+
+
 def test_own_zone_takes_a_spell_found_up_on_a_look_elsewhere_as_already_lasting():
     # 195 s ticks: a spell found up in another zone is 780 s = 4 ticks old, and the down spell left
     # behind in zone 0 (never seen to end) is fitted as nothing.
