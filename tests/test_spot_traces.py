@@ -152,25 +152,37 @@ def test_trace_reads_each_zones_listed_price_of_its_first_tick(tmp_path):
     assert BENCHMARK_COSTS.spot_price(tr, 0) == 1.55 and st.ORCH_COSTS.spot_price(tr, 0) == st.SPOT_USD_H
 
 
+class Recorded:
+    """A policy of POLICIES whose every view and choice is noted in `seen`."""
+
+    def __init__(self, name: str, seen: list[tuple[View, Choice]]) -> None:
+        self.policy, self.seen = POLICIES[name](""), seen
+
+    def choose(self, view: View) -> Choice:
+        choice = self.policy.choose(view)
+        self.seen.append((view, choice))
+        return choice
+
+
 # -- the published baselines, by hand --------------------------------------------------------------
 def test_uniform_progress_follows_the_papers_rule_tick_by_tick():
     # 600 s of work due in 1,000 s, 100 s ticks, 50 s restarts: the line asks for 0.6 t.
     # t0-1 spot (50, 150 done). t2 preempted, 150 >= line 120: wait. t3 150 < 180: behind, on-demand
     # (200). t4 no spot: stay (300). t5-6 spot is back but 300 <= line(t + 2 x 50) = 360, 400 <= 420:
     # stay (400, 500). t7 500 > 480: spot (550). t8 spot (650): done at the end of tick 8.
-    picks: list[str] = []
-
-    class Recorder:
-        def __init__(self) -> None:
-            self.policy = POLICIES["uniform-progress"]("")
-
-        def choose(self, view: View) -> Choice:
-            choice = self.policy.choose(view)
-            picks.append(choice.market)
-            return choice
-
-    out = replay(Job(600, 1000, 50), trace("1100011111"), Recorder())
-    assert picks == ["spot", "spot", "none", "on-demand", "on-demand", "on-demand", "on-demand", "spot", "spot"]
+    seen: list[tuple[View, Choice]] = []
+    out = replay(Job(600, 1000, 50), trace("1100011111"), Recorded("uniform-progress", seen))
+    assert [choice.market for _, choice in seen] == [
+        "spot",
+        "spot",
+        "none",
+        "on-demand",
+        "on-demand",
+        "on-demand",
+        "on-demand",
+        "spot",
+        "spot",
+    ]
     assert out.met and out.finished_tick == 9
 
 
@@ -199,19 +211,10 @@ def test_own_zone_looks_next_in_a_zone_not_seen_down_lately_not_back_where_it_ju
     # Zone 0 runs the job's spot for 10 ticks, then loses capacity, and so does zone 1; zone 2 (never
     # looked in) has capacity from then on. Looks go to zone 1 (next listed), then zone 2: zone 0's
     # ten good looks do not pull the job back to a zone seen down a tick ago.
-    looked: list[int] = []
-
-    class Recorder:
-        def __init__(self) -> None:
-            self.policy = POLICIES["own-zone"]("")
-
-        def choose(self, view: View) -> Choice:
-            looked.append(view.zone)
-            return self.policy.choose(view)
-
-    out = replay(
-        Job(3600, 6 * 3600, 180), trace("1" * 10 + "0" * 110, "0" * 120, "0" * 10 + "1" * 110, gap=195.0), Recorder()
-    )
+    seen: list[tuple[View, Choice]] = []
+    zones = trace("1" * 10 + "0" * 110, "0" * 120, "0" * 10 + "1" * 110, gap=195.0)
+    out = replay(Job(3600, 6 * 3600, 180), zones, Recorded("own-zone", seen))
+    looked = [view.zone for view, _ in seen]
     assert looked[:12] == [0] * 11 + [1] and looked[12] == 2
     assert out.met and out.zone_switches == 1 and set(looked[12:]) == {2}
 
