@@ -121,6 +121,8 @@ class SilentServer:
         self._sock.listen(64)
         self.endpoint = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         self._held: list[socket.socket] = []
+        #: When each connection was accepted (time.monotonic()): a client's waits are timed from its first.
+        self.connected_at: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True)
 
@@ -131,6 +133,7 @@ class SilentServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 continue
+            self.connected_at.append(time.monotonic())
             self._held.append(conn)  # kept open, never read from or written to
 
     def __enter__(self) -> SilentServer:
