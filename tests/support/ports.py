@@ -49,3 +49,7 @@ def _free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+if __name__ == "__main__":  # scripts/local-slurm picks its daemons' ports by the same rule
+    print(free_port())
