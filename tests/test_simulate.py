@@ -9,9 +9,11 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol import claims as claims_module
 from orchestrator.core.protocol.checkpoints import ChunkJob
 from orchestrator.core.protocol.claims import ChunkClaimer
+from orchestrator.core.protocol.leases import LeaseLost, acquire
 from orchestrator.core.records import Lease
 from orchestrator.core.store.base import ObjectInfo
 from orchestrator.core.store.memory import MemoryStore
@@ -20,7 +22,7 @@ from orchestrator.planning.pricing import load_gpu_table
 from orchestrator.simulate import ORCH, SKYPILOT_EXAMPLE, SimConfig, simulate, synthetic_manifest
 from orchestrator.simulate import fleet as fleet_module
 from orchestrator.simulate.fleet import Fleet
-from orchestrator.simulate.sim_worker import LeaseReadStore
+from orchestrator.simulate.sim_worker import LeaseReadStore, SimClock, SimLeaseKeeper
 from orchestrator.simulate.traces import Trace, poisson_trace
 
 PRICES = load_gpu_table()
@@ -154,6 +156,25 @@ def test_a_lease_read_before_the_end_game_shows_every_renewal_due_by_then(monkey
     for config, seed in [(preempted, 0), (preempted, 1), (preempted, 2), (spread, 1), (spread, 2)]:
         assert simulate(config, ORCH, seed=seed).complete
     assert len(checked) >= 5
+
+
+def test_the_simulators_lease_keeper_skips_only_a_renewal_that_would_write_the_same_lease():
+    """The simulator's clock stands still from a chunk's last flush to its marker: the second of
+    two renewals at one instant writes nothing, unless someone changed the lease in between."""
+    layout = RunLayout("sim")
+    clock = SimClock()
+    store = LeaseReadStore(clock, "keeper", layout.leases_prefix, lambda _key: None)
+    held = acquire(store, layout, "c1", worker="1", holder="1.0", ttl=300, now=0.0)
+    assert held is not None
+    keeper = SimLeaseKeeper(store, layout, held, ttl=300, clock=clock)
+    clock.now = 100.0
+    keeper.renew()
+    keeper.renew()
+    assert store.requests.by_op["compare_and_swap"] == 1 and keeper.held.lease.expires_at == 400.0
+    theirs = acquire(store, layout, "c1", worker="2", holder="2.0", ttl=300, now=100.0, may_take=lambda _lease: True)
+    assert theirs is not None
+    with pytest.raises(LeaseLost):
+        keeper.renew()
 
 
 def test_simulate_command_compares_policies(tmp_path, capsys):

@@ -7,10 +7,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.checkpoints import ChunkJob, RowStat
 from orchestrator.core.protocol.claims import ChunkClaimer
 from orchestrator.core.protocol.heartbeats import HeartbeatPublisher
-from orchestrator.core.protocol.leases import LeaseKeeper
+from orchestrator.core.protocol.leases import HeldLease, LeaseKeeper
 from orchestrator.core.records import ManifestEntry
 from orchestrator.core.store import Blob, ObjectInfo
 from orchestrator.core.store.memory import MemoryStore
@@ -40,7 +41,19 @@ class UnitCodec:
         return json.dumps(ranges).encode()
 
     def decode(self, data: bytes) -> list[RowStat]:
-        return [RowStat(i, False, 0, 0) for a, b in json.loads(data) for i in range(a, b + 1)]
+        return unit_rows([i for a, b in json.loads(data) for i in range(a, b + 1)])
+
+
+#: One RowStat per unit index, shared: a unit never fails and counts no tokens (RowStat is frozen).
+_UNIT_ROWS: list[RowStat] = []
+
+
+def unit_rows(indices: Sequence[int]) -> list[RowStat]:
+    """The stats of these units, made once per index rather than at every flush and resume."""
+    top = max(indices, default=-1)
+    if top >= len(_UNIT_ROWS):
+        _UNIT_ROWS.extend(RowStat(i, False, 0, 0) for i in range(len(_UNIT_ROWS), top + 1))
+    return list(map(_UNIT_ROWS.__getitem__, indices))
 
 
 class LeaseReadStore(MemoryStore):
@@ -66,6 +79,32 @@ class LeaseReadStore(MemoryStore):
         if prefix.startswith(self._leases_prefix) or self._leases_prefix.startswith(prefix):
             self._before_lease_read(None)
         return super().list(prefix, start_after)
+
+    def etag_now(self, key: str) -> str | None:
+        """The object's ETag, looked up as the simulator's own bookkeeping: no request, no hook."""
+        obj = self._objects.get(key)
+        return None if obj is None else obj[1]
+
+
+class SimLeaseKeeper(LeaseKeeper):
+    """A renewal at the very clock reading of the keeper's last one, with the lease still as that
+    renewal wrote it, would write the same lease again: it is skipped. The simulator's clock
+    stands still from a chunk's last flush to its marker, each of which renews (a real worker's
+    clock has moved on by then, and a real lease may have changed)."""
+
+    def __init__(self, store: LeaseReadStore, layout: RunLayout, held: HeldLease, *, ttl: float, clock: SimClock):
+        super().__init__(store, layout, held, ttl=ttl, clock=clock)
+        self._store = store
+
+    def renew(self) -> None:
+        held = self.held
+        if (
+            self.lost is None
+            and held.lease.renewed_at == self.clock()
+            and self._store.etag_now(self.layout.lease(held.chunk)) == held.etag
+        ):
+            return
+        super().renew()
 
 
 @dataclass

@@ -90,11 +90,17 @@ class ResumePoint:
     tokens_cached: int = 0
 
     def count(self, rows: Sequence[OutputRow]) -> None:
-        """Add the rows' error and token counts."""
-        self.errors += sum(r.error for r in rows)
-        self.tokens_in += sum(r.tokens_in for r in rows)
-        self.tokens_out += sum(r.tokens_out for r in rows)
-        self.tokens_cached += sum(r.tokens_cached for r in rows)
+        """Add the rows' error and token counts (one pass: a flush of a large chunk counts many rows)."""
+        errors = tokens_in = tokens_out = tokens_cached = 0
+        for r in rows:
+            errors += r.error
+            tokens_in += r.tokens_in
+            tokens_out += r.tokens_out
+            tokens_cached += r.tokens_cached
+        self.errors += errors
+        self.tokens_in += tokens_in
+        self.tokens_out += tokens_out
+        self.tokens_cached += tokens_cached
 
 
 def load_resume_point(store: Store, layout: RunLayout, chunk: str, codec: PartCodec[Any]) -> ResumePoint:

@@ -287,11 +287,13 @@ def expired_lease_chunks(store: Store, layout: RunLayout, view: RunView, *, now:
     stale = []
     prefix = layout.leases_prefix
     for info in store.list(prefix):
+        if now - info.modified <= ttl:
+            continue  # live (most of them): a stray key is judged once it is as old
         chunk = layout.chunk_of(info.key, prefix)
         if chunk not in view.index.owner:
             ignore_stray(info.key, "not the lease of a chunk of this run")
             continue
-        if chunk not in view.done and now - info.modified > ttl:
+        if chunk not in view.done:
             stale.append((info.modified, chunk))
     return [chunk for _, chunk in sorted(stale)]
 

@@ -86,13 +86,19 @@ def _decode(encoded: str) -> HeartbeatSummary | None:
         return None
 
 
+@lru_cache(maxsize=8192)
+def _worker_and_summary(key: str, prefix: str) -> tuple[str, HeartbeatSummary | None]:
+    """A heartbeat key's worker id and summary (cached by whole key, as `_decode` is by its summary part)."""
+    worker, _, encoded = key[len(prefix) :].partition("/")
+    return worker, _decode(encoded)
+
+
 def read_heartbeats(store: Store, layout: RunLayout) -> dict[str, HeartbeatSummary]:
     """worker id -> its newest heartbeat summary, from listings alone (one request per 1,000 workers)."""
     newest: dict[str, HeartbeatSummary] = {}
     prefix = layout.heartbeats_prefix
     for info in store.list(prefix):
-        worker, _, encoded = info.key[len(prefix) :].partition("/")
-        summary = _decode(encoded)
+        worker, summary = _worker_and_summary(info.key, prefix)
         if summary is None:
             ignore_stray(info.key, "not a heartbeat of this orch version")
             continue
