@@ -235,7 +235,8 @@ class Fleet:
         keeper = SimLeaseKeeper(self.store, self.layout, held, ttl=self.config.lease_ttl_s, clock=self.clock)
         job = ChunkJob(self.store, self.layout, keeper, UnitCodec(), self.clock, chunk_rows=self.units[held.chunk])
         point = job.resume()
-        remaining = [i for i in range(self.units[held.chunk]) if i not in point.done_rows]
+        units = range(self.units[held.chunk])
+        remaining = [i for i in units if i not in point.done_rows] if point.done_rows else list(units)
         speedup = prefix_speedup(self.config, self.policy.prefix_aware, self.entries[held.chunk], w.cached)
         w.session = Session(
             job, keeper, self.clock.now, remaining, speedup=speedup, next_renewal_at=self._next_renewal(self.clock.now)
