@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from orchestrator.planning.pricing import load_gpu_table
 from orchestrator.simulate import ORCH, SKYPILOT_EXAMPLE, SimConfig, simulate, synthetic_manifest
 from orchestrator.simulate import fleet as fleet_module
 from orchestrator.simulate.fleet import Fleet
-from orchestrator.simulate.sim_worker import LeaseReadStore, SimClock, SimLeaseKeeper
+from orchestrator.simulate.sim_worker import LeaseReadStore, SimClock, SimLeaseKeeper, SimWorker
 from orchestrator.simulate.traces import Trace, poisson_trace
 
 PRICES = load_gpu_table()
@@ -175,6 +176,27 @@ def test_the_simulators_lease_keeper_skips_only_a_renewal_that_would_write_the_s
     assert theirs is not None
     with pytest.raises(LeaseLost):
         keeper.renew()
+
+
+def test_a_fleet_run_pauses_the_cyclic_collector_and_gives_it_back_even_when_it_fails(monkeypatch):
+    states: list[bool] = []
+    real = Fleet._claim
+
+    def claim(fleet: Fleet, w: SimWorker) -> None:
+        states.append(gc.isenabled())
+        real(fleet, w)
+
+    monkeypatch.setattr(Fleet, "_claim", claim)
+    assert simulate(SimConfig(workers=2, chunks=4, rows_per_chunk=600), ORCH, seed=0).complete
+    assert states and not any(states) and gc.isenabled()
+
+    def broken(_fleet: Fleet, _w: object) -> None:
+        raise RuntimeError("a bug in a handler")
+
+    monkeypatch.setattr(Fleet, "_claim", broken)
+    with pytest.raises(RuntimeError):
+        simulate(SimConfig(workers=2, chunks=4, rows_per_chunk=600), ORCH, seed=0)
+    assert gc.isenabled()
 
 
 def test_simulate_command_compares_policies(tmp_path, capsys):
