@@ -88,7 +88,8 @@ def _decode(encoded: str) -> HeartbeatSummary | None:
 
 @lru_cache(maxsize=8192)
 def _worker_and_summary(key: str, prefix: str) -> tuple[str, HeartbeatSummary | None]:
-    """A heartbeat key's worker id and summary (cached by whole key, as `_decode` is by its summary part)."""
+    """A key under the heartbeats prefix: its worker id and summary (cached by whole key, as `_decode`
+    is by its summary part); every listing of all heartbeats reads its keys through this."""
     worker, _, encoded = key[len(prefix) :].partition("/")
     return worker, _decode(encoded)
 
@@ -157,7 +158,7 @@ def _newest_beating(store: Store, prefix: str, now: float, heartbeat_interval: f
     """holder -> the key of its newest beat, for every process still beating."""
     newest: dict[str, tuple[HeartbeatSummary, str]] = {}
     for info in store.list(prefix):
-        summary = _decode(info.key[len(prefix) :].partition("/")[2])
+        _worker, summary = _worker_and_summary(info.key, prefix)
         if summary is None or not is_beating(summary, now=now, heartbeat_interval=heartbeat_interval):
             continue
         seen = newest.get(summary.holder)
@@ -170,7 +171,7 @@ def newest_heartbeat_of(store: Store, layout: RunLayout, holder: str) -> Heartbe
     """The full last heartbeat of one process (by holder), exited or not: one listing, one GET."""
     prefix = layout.heartbeats_prefix
     for info in store.list(prefix):
-        summary = _decode(info.key[len(prefix) :].partition("/")[2])
+        _worker, summary = _worker_and_summary(info.key, prefix)
         if summary is not None and summary.holder == holder:
             with contextlib.suppress(StoreError, ValueError):
                 return Heartbeat.from_bytes(store.get(info.key).data)
