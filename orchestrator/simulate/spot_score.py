@@ -9,7 +9,9 @@ or the published benchmark's: `spot_traces.CostModel`); the optimum of each is c
 - multi-zone: the benchmark's 10 scenarios x traces 0..7 (tune 0..3, held-out 4..7), in 8 variants:
   the scenarios' availability label (high/low) x deadline 36/48 h x restart 0.05/0.20 h, 24 h jobs.
 - single-zone: 48 h jobs, deadline 52 or 70 h, restart 0.02 or 0.20 h, 30 traces of each of six
-  (zone, machine) environments (tune: the first 15 of each).
+  (zone, machine) environments (tune: the first 15 of each). Its halves are not independent: an
+  environment's traces are windows of one 12-day trace, and the held-out windows replay ticks the
+  tune ones cover (docs/BENCHMARKS.md, spot traces); the multi-zone traces are disjoint periods.
 - adrs-multi-zone: the setting ADRS evolved its multi-region policies on (48 h jobs, deadline 52 h,
   restart 0.20 h, the high-availability scenarios, traces 0..7; tune 0..3).
 
