@@ -12,19 +12,20 @@ from orchestrator.core.store import open_store
 
 
 class BeatsWhileRead:
-    """The store as a reader sees it while a worker beats: the first read of that worker's listed
-    beat comes just after its next publish, which deleted it (a beat a second, on a loaded machine)."""
+    """The store as a reader sees it while a worker beats: the first `times` reads of that worker's
+    listed beat each come just after its next publish, which deleted it (a beat a second on a loaded
+    machine; several in a second as a worker starts)."""
 
-    def __init__(self, store, publisher: HeartbeatPublisher):
-        self.store, self.publisher, self.beaten = store, publisher, False
+    def __init__(self, store, publisher: HeartbeatPublisher, times: int = 1):
+        self.store, self.publisher, self.times, self.beaten = store, publisher, times, 0
 
     def __getattr__(self, name):
         return getattr(self.store, name)
 
     def get(self, key):
-        if not self.beaten and "/heartbeats/" in key:
-            self.beaten = True
-            self.publisher.publish(updated_at=time.time(), chunk_rows_done=2)
+        if self.beaten < self.times and "/heartbeats/" in key:
+            self.beaten += 1
+            self.publisher.publish(updated_at=time.time(), chunk_rows_done=2 * self.beaten)
         return self.store.get(key)
 
 
@@ -36,4 +37,17 @@ def test_a_worker_beating_between_the_listing_and_the_read_is_still_found(tmp_pa
     publisher.publish()
     racing = BeatsWhileRead(store, publisher)
     (found,) = live_heartbeats(racing, layout, now=time.time(), heartbeat_interval=1)
-    assert racing.beaten and (found.holder, found.pid, found.chunk_rows_done) == ("1.a", 4242, 2)
+    assert racing.beaten == 1 and (found.holder, found.pid, found.chunk_rows_done) == ("1.a", 4242, 2)
+
+
+def test_a_worker_beating_before_each_of_several_reads_as_it_starts_is_still_found(tmp_path):
+    """`orch cancel` just after a worker's first beat (CI: the worker missed, so not stopped at once):
+    its first beat, its claim and its loaded engine each publish, the reader's GET after each."""
+    store, layout = open_store(str(tmp_path)), RunLayout("r")
+    now = time.time()
+    beat = Heartbeat(worker="1", holder="1.a", state="running", started_at=now, updated_at=now, pid=4242)
+    publisher = HeartbeatPublisher(store, layout, beat)
+    publisher.publish()
+    racing = BeatsWhileRead(store, publisher, times=4)
+    (found,) = live_heartbeats(racing, layout, now=time.time(), heartbeat_interval=1)
+    assert racing.beaten == 4 and (found.holder, found.pid, found.chunk_rows_done) == ("1.a", 4242, 8)

@@ -131,14 +131,21 @@ def older_twin(
     return None
 
 
+#: Listings `live_heartbeats` makes at most for a process whose listed beat is gone by its read:
+#: each time it beat in between, so it lives; a starting worker beats several times in a second (its
+#: first beat, its claim, its engine loaded), and `orch cancel` comes just then in tests and scripts.
+LIVE_READ_ROUNDS = 10
+
+
 def live_heartbeats(store: Store, layout: RunLayout, *, now: float, heartbeat_interval: float) -> list[Heartbeat]:
     """The full heartbeat (host and pid included) of every process still beating (`is_beating`):
     one listing, then one GET per such process. A publish writes its new key before it deletes the
     old one, so a listing may hold two keys of one process: its newest is the one read. A process
-    whose listed key was gone by the GET (it beat in between) is listed and read once more."""
+    whose listed key was gone by the GET (it beat in between) is listed and read again, up to
+    LIVE_READ_ROUNDS listings in all."""
     keys = _newest_beating(store, layout.heartbeats_prefix, now, heartbeat_interval)
     bodies: dict[str, Heartbeat] = {}
-    for _ in range(2):
+    for _ in range(LIVE_READ_ROUNDS):
         missed = set()
         for holder, key in keys.items():
             try:
