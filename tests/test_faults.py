@@ -33,6 +33,7 @@ from tests.support.cli import Background, collect_lines, env_with, mid_chunk, or
 from tests.support.disks import small_tmpfs
 from tests.support.events import STORE_PACE, wait_for
 from tests.support.flaky_proxy import FlakyProxy
+from tests.support.models import scripted_engine
 from tests.support.s3servers import SeaweedFS
 
 pytestmark = [
@@ -219,21 +220,27 @@ def test_concurrent_launches_and_watches_start_one_process_per_worker(seaweedfs_
         assert collect_ids(workdir, "c", store) == [f"q{i}" for i in range(240)]
 
 
-@pytest.mark.scripted_engine(step_s=0.02)  # the first worker at work when the others start
+#: The hand workers' pace: 2 s an engine step (64 rows of 256 words in 512 s), so that both still
+#: hold work when `orch cancel` comes, whatever the load, while `orch resume` after it runs at the
+#: scripted engine's full speed (the whole test ran at 0.02 s a step before: 12.5 rows a second).
+HAND_PACE = scripted_engine(step_s=2.0)
+
+
 def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_server, workdir, tiny_model, hand_workers):
-    """Enough rows (4,800) that the first worker is still at work when its twin, then worker 1, start."""
+    """4,800 rows: worker 0 is at work when its twin, then worker 1, start (HAND_PACE); `orch
+    resume` finishes them after the cancel."""
     store = seaweedfs_server.store_uri(seaweedfs_server.new_bucket(), "twins")
     layout = RunLayout("t")
     prepare_questions(workdir, "t", store, rows=4800, chunks=6)
     orch_ok("plan", "--run", "t", "--store", store, "--model", tiny_model, "--workers", "2", cwd=workdir)
-    first = hand_workers(store, "t", "0", workdir)
+    first = hand_workers(store, "t", "0", workdir, **HAND_PACE)
     wait_for(
         "the first worker of id 0",
         lambda: (b := read_heartbeats(open_store(store), layout).get("0")) and b.state == "running",
         every=STORE_PACE,
     )
     older = read_heartbeats(open_store(store), layout)["0"].holder
-    twin = hand_workers(store, "t", "0", workdir)
+    twin = hand_workers(store, "t", "0", workdir, **HAND_PACE)
     assert twin.proc.wait(300) == 0 and twin.summary()["status"] == "DUPLICATE", twin.out.read_text()
     assert first.proc.poll() is None, "the older one keeps working"
     twin_log = twin.log.read_text()
@@ -242,7 +249,7 @@ def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_serv
     assert "loading" not in twin_log and twin.summary()["chunks_done"] == 0, twin_log
 
     # A second worker no job records either: `orch cancel` stops both.
-    untracked = hand_workers(store, "t", "1", workdir)
+    untracked = hand_workers(store, "t", "1", workdir, **HAND_PACE)
     wait_for("the untracked worker 1", lambda: len(read_heartbeats(open_store(store), layout)) == 2, every=STORE_PACE)
     done = orch("cancel", "--run", "t", "--store", store, cwd=workdir)
     assert done.returncode == 0, done.stderr
