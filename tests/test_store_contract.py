@@ -251,22 +251,25 @@ def test_r2_store_endpoint_comes_from_account_id(monkeypatch):
     assert store.uri == "r2://bucket/runs"
 
 
-def test_memory_store_key_blocks_stay_sorted_under_inserts_and_deletes(monkeypatch):
-    from orchestrator.core.store.memory import _SortedKeys
+def test_memory_store_entry_blocks_stay_sorted_under_writes_rewrites_and_deletes(monkeypatch):
+    from orchestrator.core.store.base import ObjectInfo
+    from orchestrator.core.store.memory import _SortedEntries
 
-    monkeypatch.setattr(_SortedKeys, "BLOCK", 4)  # many small blocks: splits and empty blocks happen
-    rng, keys, ref = random.Random(1), _SortedKeys(), set()
+    monkeypatch.setattr(_SortedEntries, "BLOCK", 4)  # many small blocks: splits and empty blocks happen
+    rng, entries, ref = random.Random(1), _SortedEntries(), {}
     for step in range(20000):
         key = f"k{rng.randint(0, 3000):05d}" + ("\U0010ffff" if rng.random() < 0.05 else "")
         if key in ref and rng.random() < 0.5:
-            keys.remove(key)
-            ref.discard(key)
-        elif key not in ref:
-            keys.add(key)
-            ref.add(key)
+            entries.remove(key)
+            del ref[key]
+        else:  # a new key, or a rewrite: the listing shows the newest entry
+            entries.put(ObjectInfo(key, step, float(step)))
+            ref[key] = step
         if step % 997 == 0:
             start = f"k{rng.randint(0, 3000):05d}"
             for prefix in (start[:4], start[:3], "k", start):
-                inside = sorted(k for k in ref if k.startswith(prefix))
-                assert keys.with_prefix(prefix, start, inclusive=True) == [k for k in inside if k >= start]
-                assert keys.with_prefix(prefix, start, inclusive=False) == [k for k in inside if k > start]
+                inside = sorted((k, n) for k, n in ref.items() if k.startswith(prefix))
+                listed = [(e.key, e.size) for e in entries.with_prefix(prefix, start, inclusive=True)]
+                assert listed == [(k, n) for k, n in inside if k >= start]
+                listed = [(e.key, e.size) for e in entries.with_prefix(prefix, start, inclusive=False)]
+                assert listed == [(k, n) for k, n in inside if k > start]

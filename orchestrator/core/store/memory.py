@@ -21,53 +21,63 @@ from orchestrator.core.store.base import (
 )
 
 
-class _SortedKeys:
-    """Keys in order, as a list of sorted blocks: inserts and deletes move one block, not every key
-    (a single sorted list of 500,000 keys makes each insert move megabytes)."""
+class _SortedEntries:
+    """Each key's listing entry, in key order, as sorted blocks: inserts and deletes move one block,
+    not every key (a single sorted list of 500,000 keys makes each insert move megabytes), and a
+    listing is slices of the blocks, no lookup per key (the simulator's end game lists every lease
+    of a thousand workers once per claim)."""
 
     BLOCK = 1024
 
     def __init__(self) -> None:
-        self._blocks: list[list[str]] = []
+        self._keys: list[list[str]] = []
+        self._infos: list[list[ObjectInfo]] = []
         self._firsts: list[str] = []
 
-    def add(self, key: str) -> None:
-        if not self._blocks:
-            self._blocks, self._firsts = [[key]], [key]
+    def put(self, info: ObjectInfo) -> None:
+        key = info.key
+        if not self._keys:
+            self._keys, self._infos, self._firsts = [[key]], [[info]], [key]
             return
         i = max(bisect.bisect_right(self._firsts, key) - 1, 0)
-        block = self._blocks[i]
-        bisect.insort(block, key)
-        self._firsts[i] = block[0]
-        if len(block) > 2 * self.BLOCK:
-            self._blocks[i : i + 1] = [block[: self.BLOCK], block[self.BLOCK :]]
-            self._firsts[i : i + 1] = [block[0], block[self.BLOCK]]
+        keys, infos = self._keys[i], self._infos[i]
+        j = bisect.bisect_left(keys, key)
+        if j < len(keys) and keys[j] == key:
+            infos[j] = info
+            return
+        keys.insert(j, key)
+        infos.insert(j, info)
+        self._firsts[i] = keys[0]
+        if len(keys) > 2 * self.BLOCK:
+            self._keys[i : i + 1] = [keys[: self.BLOCK], keys[self.BLOCK :]]
+            self._infos[i : i + 1] = [infos[: self.BLOCK], infos[self.BLOCK :]]
+            self._firsts[i : i + 1] = [keys[0], keys[self.BLOCK]]
 
     def remove(self, key: str) -> None:
         i = max(bisect.bisect_right(self._firsts, key) - 1, 0)
-        block = self._blocks[i]
-        del block[bisect.bisect_left(block, key)]
-        if block:
-            self._firsts[i] = block[0]
+        keys = self._keys[i]
+        j = bisect.bisect_left(keys, key)
+        del keys[j], self._infos[i][j]
+        if keys:
+            self._firsts[i] = keys[0]
         else:
-            del self._blocks[i], self._firsts[i]
+            del self._keys[i], self._infos[i], self._firsts[i]
 
-    def with_prefix(self, prefix: str, start: str, *, inclusive: bool) -> list[str]:
-        """Keys that start with `prefix` and are >= start (or > start), in order (`start` >= prefix)."""
+    def with_prefix(self, prefix: str, start: str, *, inclusive: bool) -> list[ObjectInfo]:
+        """Entries whose keys start with `prefix` and are >= start (or > start), in order (`start` >= prefix)."""
         # Every key with the prefix sorts below `bound`, except one that goes on with the highest
         # code point: checked one by one past it.
         bound = prefix + "\U0010ffff"
-        out: list[str] = []
-        blocks = self._blocks
+        out: list[ObjectInfo] = []
+        blocks = self._keys
         for b in range(max(bisect.bisect_right(self._firsts, start) - 1, 0), len(blocks)):
-            block = blocks[b]
-            j = bisect.bisect_left(block, start) if inclusive else bisect.bisect_right(block, start)
-            k = bisect.bisect_left(block, bound, j)
-            out += block[j:k]
-            while k < len(block) and block[k].startswith(prefix):
-                out.append(block[k])
+            keys = blocks[b]
+            j = bisect.bisect_left(keys, start) if inclusive else bisect.bisect_right(keys, start)
+            k = bisect.bisect_left(keys, bound, j)
+            while k < len(keys) and keys[k].startswith(prefix):
                 k += 1
-            if k < len(block):
+            out += self._infos[b][j:k]
+            if k < len(keys):
                 break
         return out
 
@@ -86,8 +96,7 @@ class MemoryStore:
         self._clock = clock
         self._objects: dict[str, tuple[bytes, str, float]] = {}
         # What listings hand out, made once per write: the simulator lists the same keys many times.
-        self._infos: dict[str, ObjectInfo] = {}
-        self._keys = _SortedKeys()
+        self._entries = _SortedEntries()
         self._lock = threading.Lock()
         self._generation = itertools.count(1)
 
@@ -111,8 +120,9 @@ class MemoryStore:
     def _pages(self, prefix: str, start_after: str | None) -> Iterator[Sequence[ObjectInfo]]:
         with self._lock:
             start = start_after if start_after is not None and start_after >= prefix else None
-            keys = self._keys.with_prefix(prefix, start if start is not None else prefix, inclusive=start is None)
-            snapshot = list(map(self._infos.__getitem__, keys))
+            snapshot = self._entries.with_prefix(
+                prefix, start if start is not None else prefix, inclusive=start is None
+            )
         self.requests.add("list")
         for page in range(0, len(snapshot), LIST_PAGE_SIZE):
             if page:
@@ -154,14 +164,12 @@ class MemoryStore:
         self.requests.add("delete")
         with self._lock:
             if self._objects.pop(check_key(key), None) is not None:
-                del self._infos[key]
-                self._keys.remove(key)
+                self._entries.remove(key)
 
     def _write(self, key: str, data: bytes) -> str:
         # A generation number, not a content hash: no two writes ever share an ETag here.
         etag = f"g{next(self._generation)}"
-        if key not in self._objects:
-            self._keys.add(key)
-        self._objects[key] = (bytes(data), etag, self._clock())
-        self._infos[key] = ObjectInfo(key, len(data), self._objects[key][2])
+        modified = self._clock()
+        self._objects[key] = (bytes(data), etag, modified)
+        self._entries.put(ObjectInfo(key, len(data), modified))
         return etag
