@@ -310,7 +310,6 @@ labels.to_parquet("python.parquet")
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)
 def test_the_labelling_job_in_ten_lines_of_python_gives_the_rows_of_the_clis_table(workdir, capsys):
     assert len(LABELLING_JOB.strip().splitlines()) <= 10
     tiny = model("tiny-llama")
@@ -361,7 +360,6 @@ orchestrator.attach("killed").wait(progress=False, interval=0.5).to_pandas().to_
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)
 def test_a_kernel_killed_mid_run_loses_nothing_and_attach_answers_every_row_exactly_once(workdir):
     tiny = model("tiny-llama")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -17,7 +17,6 @@ DEMO_MODEL = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)
 def test_the_labelling_notebook_runs_in_a_real_kernel(tmp_path):
     """examples/labelling.ipynb, executed by `jupyter nbconvert --execute` in a project laid out as
     the repository (the demo's model under .cache): its table holds every ticket, typed."""

@@ -90,11 +90,6 @@ def orch(env, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([*ORCH, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
-# A hang guard, not a pace: 154 s alone on this machine (server start 18 s, launch 50 s, watch 38 s), but
-# the API server's processes share two cores with `make test`'s engines there: 800-930 s in a fresh
-# clone's run here (start 150-168 s, the test 560-715 s, stop 42-47 s, which the guard counts too) and
-# past pytest's 1,200 s on CI's machine (start 198 s; the stop was cut off).
-@pytest.mark.timeout(2400)
 def test_skypilot_backend_launches_watches_and_cancels_through_a_real_api_server(sky_env, seaweedfs_server, tmp_path):
     store_uri = seaweedfs_server.store_uri(seaweedfs_server.new_bucket(), "orch")
     run = ["--run", "sky", "--store", store_uri]

@@ -17,9 +17,6 @@ from tests.support.worker_process import WorkerProcess, answered, chunk_of, wait
 pytestmark = pytest.mark.slow
 
 
-# A hang guard: four engine loads one after another; 1,062 s in a fresh clone's `make test`, and past
-# pytest's 1,200 s there with eight controller-suite processes beside it.
-@pytest.mark.timeout(2400)
 def test_kill_storm_on_vllm_each_process_resumes_from_the_parts_and_every_row_is_answered_once(tiny_model, tmp_path):
     """The real-engine tier's kill storm: kill -9 the worker on vLLM three times mid-chunk, each time
     once its process has flushed two parts of its own; each new process of the same worker resumes
