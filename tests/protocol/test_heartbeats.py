@@ -29,13 +29,18 @@ class BeatsWhileRead:
         return self.store.get(key)
 
 
-def test_a_worker_beating_between_the_listing_and_the_read_is_still_found(tmp_path):
+def _beating(tmp_path, times: int) -> tuple[BeatsWhileRead, RunLayout]:
+    """Worker 1 (pid 4242) has beaten once; the store then races its reads with `times` more beats."""
     store, layout = open_store(str(tmp_path)), RunLayout("r")
     now = time.time()
     beat = Heartbeat(worker="1", holder="1.a", state="running", started_at=now, updated_at=now, pid=4242)
     publisher = HeartbeatPublisher(store, layout, beat)
     publisher.publish()
-    racing = BeatsWhileRead(store, publisher)
+    return BeatsWhileRead(store, publisher, times), layout
+
+
+def test_a_worker_beating_between_the_listing_and_the_read_is_still_found(tmp_path):
+    racing, layout = _beating(tmp_path, times=1)
     (found,) = live_heartbeats(racing, layout, now=time.time(), heartbeat_interval=1)
     assert racing.beaten == 1 and (found.holder, found.pid, found.chunk_rows_done) == ("1.a", 4242, 2)
 
@@ -43,11 +48,6 @@ def test_a_worker_beating_between_the_listing_and_the_read_is_still_found(tmp_pa
 def test_a_worker_beating_before_each_of_several_reads_as_it_starts_is_still_found(tmp_path):
     """`orch cancel` just after a worker's first beat (CI: the worker missed, so not stopped at once):
     its first beat, its claim and its loaded engine each publish, the reader's GET after each."""
-    store, layout = open_store(str(tmp_path)), RunLayout("r")
-    now = time.time()
-    beat = Heartbeat(worker="1", holder="1.a", state="running", started_at=now, updated_at=now, pid=4242)
-    publisher = HeartbeatPublisher(store, layout, beat)
-    publisher.publish()
-    racing = BeatsWhileRead(store, publisher, times=4)
+    racing, layout = _beating(tmp_path, times=4)
     (found,) = live_heartbeats(racing, layout, now=time.time(), heartbeat_interval=1)
     assert racing.beaten == 4 and (found.holder, found.pid, found.chunk_rows_done) == ("1.a", 4242, 8)
