@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends import backend_for
-from orchestrator.backends.base import JobState
+from orchestrator.backends.base import JobState, JobStatus
+from orchestrator.backends.local import LocalLauncher
 from orchestrator.cli import main
 from orchestrator.commands.views import _duration
 from orchestrator.core.context import resolve_spec
@@ -444,6 +445,36 @@ def test_status_live_rates_and_eta_agree_with_the_workers_own_summary(workdir, t
     assert main(["status", "--run", "pace"]) == 0
     assert f"finished in {_duration(overall['wall_s'])}: {overall['rows_per_s']:,.2f} rows/s" in capsys.readouterr().out
     print(len(samples), "samples; live", last["throughput"], last["eta_s"], ended - at, "overall", overall, summary)
+
+
+@pytest.mark.scripted_engine
+def test_status_read_as_the_worker_ends_never_shows_it_succeeded_beside_chunks_not_done(
+    workdir, tiny_model, capsys, monkeypatch
+):
+    """`orch status` asks the backend before it reads the store: a worker that ends between the two
+    is shown succeeded with its chunks done, never beside a run not complete (which a CI run's
+    status once showed, the worker having ended between the store's read and the backend's). Here
+    the backend's answer waits for the worker's end: the widest gap there can be."""
+    data = questions(workdir / "q.jsonl", 8)
+    assert main(["prepare", str(data), "--run", "ends", "--num-chunks", "2", "--id-column", "id"]) == 0
+    assert main(["launch", "--run", "ends", "--model", tiny_model, "--workers", "1"]) == 0
+    capsys.readouterr()
+    asked = LocalLauncher.statuses
+
+    def once_ended(self: LocalLauncher, job_ids: list[str]) -> dict[str, JobStatus]:
+        deadline = time.monotonic() + 600  # a hang guard
+        while time.monotonic() < deadline:
+            found = asked(self, job_ids)
+            if all(s.state.is_terminal() for s in found.values()):
+                return found
+            time.sleep(STORE_PACE)
+        raise AssertionError(f"the worker did not end: {found}")
+
+    monkeypatch.setattr(LocalLauncher, "statuses", once_ended)
+    assert main(["status", "--run", "ends", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["workers"][0]["state"] == "SUCCEEDED" and doc["complete"], doc
+    assert doc["rows"]["done"] == 8, doc["rows"]
 
 
 def test_status_names_a_failed_workers_last_error_line_and_its_log(workdir, tmp_path_factory, monkeypatch, capsys):

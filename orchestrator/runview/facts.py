@@ -140,7 +140,12 @@ def gather(
 ) -> RunFacts:
     """The run's facts, as deep as `depth`. `spec`: the run's, as the command resolved it (a sweep's
     arms and a cascade's stages are read only with it); the spec frozen into the run is read once,
-    when the run's model or a worker's machine is asked for."""
+    when the run's model or a worker's machine is asked for.
+
+    The backend is asked before the store is read: a worker it reports ended wrote its markers
+    before it ended, so the listing after shows them (the other order could show a worker that
+    succeeded beside a chunk it finished, not done)."""
+    asked = _ask_backend(store, layout, launcher) if launcher is not None and depth >= Depth.FULL else None
     manifest = read_manifest(store, layout)
     done = set(list_done(store, layout))
     stats = read_chunk_stats(store, layout)
@@ -159,21 +164,42 @@ def gather(
         return facts
     stored = _StoredSpec(store, layout)
     facts.plan = read_plan(store, layout)
-    facts.jobs, _ = read_jobs(store, layout)
+    facts.jobs = asked.jobs if asked is not None else read_jobs(store, layout)[0]
     facts.heartbeats = read_heartbeats(store, layout)
     facts.replicas = dict(Counter(job_worker(w) for w in facts.heartbeats if job_worker(w) != w))
     facts.load_machine_gpus = (lambda: machine_gpus(spec)) if spec is not None else stored.machine_gpus
     if depth < Depth.FULL:
         return facts
-    _gather_the_rest(facts, store, layout, launcher, spec, stored)
+    if asked is not None:
+        facts.statuses, facts.backend_note = asked.statuses, asked.note
+    _gather_the_rest(facts, store, layout, spec, stored)
     return facts
+
+
+@dataclass
+class _Asked:
+    """The jobs record and what the backend said of its current jobs."""
+
+    jobs: JobsRecord
+    statuses: dict[str, JobStatus]
+    note: str | None = None
+
+
+def _ask_backend(store: Store, layout: RunLayout, launcher: Launcher) -> _Asked:
+    jobs, _ = read_jobs(store, layout)
+    current = list(jobs.current_jobs().values())
+    if not current:
+        return _Asked(jobs, {})
+    try:
+        return _Asked(jobs, attempt_statuses(launcher, current, time.time()))
+    except Exception as e:  # the backend's own trouble must not hide what the store knows
+        return _Asked(jobs, {}, f"cannot ask the {getattr(launcher, 'name', 'backend')} backend: {e}")
 
 
 def _gather_the_rest(
     facts: RunFacts,
     store: Store,
     layout: RunLayout,
-    launcher: Launcher | None,
     spec: RunSpec | None,
     stored: _StoredSpec,
 ) -> None:
@@ -189,12 +215,6 @@ def _gather_the_rest(
     facts.arm_tallies = read_arm_tallies(store, layout, facts, spec)
     if spec is not None and spec.sweep.cascade:
         facts.stages = stages_status(store, layout, spec.sweep.cascade)
-    current = list(facts.jobs.current_jobs().values())
-    if launcher is not None and current:
-        try:
-            facts.statuses = attempt_statuses(launcher, current, time.time())
-        except Exception as e:  # the backend's own trouble must not hide what the store knows
-            facts.backend_note = f"cannot ask the {getattr(launcher, 'name', 'backend')} backend: {e}"
 
 
 def read_arm_tallies(
