@@ -17,6 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from orchestrator.core.layout import RunLayout
@@ -63,17 +64,46 @@ def sky_env(tmp_path_factory):
     )
     # One left on this port by another HOME would answer for the wrong state.
     subprocess.run([SKY, "api", "stop"], env=env, capture_output=True, timeout=120)
-    # Started here, once: orch's first call would start it too, but SkyPilot waits only 60 s for
-    # it, and on a loaded machine it takes longer (it goes on starting after SkyPilot gives up).
-    start = subprocess.run([SKY, "api", "start"], env=env, capture_output=True, text=True, timeout=600)
-    try:
-        wait_for("the SkyPilot API server to answer", lambda: _api_server_healthy(env), every=1)
-    except AssertionError:
-        log = home / ".sky" / "api_server" / "server.log"
-        tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
-        pytest.fail(f"sky api start: {start.stdout}{start.stderr}\n{log}:\n{tail}")
+    _start_api_server(env, home)
     yield env
     subprocess.run([SKY, "api", "stop"], env=env, capture_output=True, timeout=120)
+
+
+START_ATTEMPTS = 3
+
+
+def _start_api_server(env: dict[str, str], home: Path) -> None:
+    """Started here, once: orch's first call would start it too, but SkyPilot waits only 60 s for
+    it, and on a loaded machine it takes longer (it goes on starting after SkyPilot gives up). Nor
+    does the server itself wait long for its own parts: on a loaded CI machine it exited with
+    "Request queue, named 'long', is not ready after 60 seconds" (a fixed wait in SkyPilot). A
+    server that died while starting is started again, up to START_ATTEMPTS times."""
+    said = []
+    for attempt in range(START_ATTEMPTS):
+        if attempt:  # what the dead one left (its queue manager) goes with it
+            subprocess.run([SKY, "api", "stop"], env=env, capture_output=True, timeout=120)
+        start = subprocess.run([SKY, "api", "start"], env=env, capture_output=True, text=True, timeout=600)
+        up = wait_for(
+            f"the SkyPilot API server to answer or exit (start {attempt + 1})",
+            lambda: "healthy" if _api_server_healthy(env) else (None if _api_server_running(env) else "exited"),
+            every=1,
+        )
+        if up == "healthy":
+            return
+        log = home / ".sky" / "api_server" / "server.log"
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+        said.append(f"start {attempt + 1}: {start.stdout}{start.stderr}\n{log}:\n{tail}")
+    pytest.fail("\n\n".join(said))
+
+
+def _api_server_running(env: dict[str, str]) -> bool:
+    """A SkyPilot API server process for the env's local port is alive."""
+    port = f"--port={env['SKYPILOT_API_SERVER_LOCAL_PORT']}"
+    for process in psutil.process_iter(["cmdline", "status"]):
+        line = process.info["cmdline"] or []
+        if "sky.server.server" in line and port in line and process.info["status"] != psutil.STATUS_ZOMBIE:
+            return True
+    return False
 
 
 def _api_server_healthy(env: dict[str, str]) -> bool:
