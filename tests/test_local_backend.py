@@ -447,18 +447,9 @@ def test_status_live_rates_and_eta_agree_with_the_workers_own_summary(workdir, t
     print(len(samples), "samples; live", last["throughput"], last["eta_s"], ended - at, "overall", overall, summary)
 
 
-@pytest.mark.scripted_engine
-def test_status_read_as_the_worker_ends_never_shows_it_succeeded_beside_chunks_not_done(
-    workdir, tiny_model, capsys, monkeypatch
-):
-    """`orch status` asks the backend before it reads the store: a worker that ends between the two
-    is shown succeeded with its chunks done, never beside a run not complete (which a CI run's
-    status once showed, the worker having ended between the store's read and the backend's). Here
-    the backend's answer waits for the worker's end: the widest gap there can be."""
-    data = questions(workdir / "q.jsonl", 8)
-    assert main(["prepare", str(data), "--run", "ends", "--num-chunks", "2", "--id-column", "id"]) == 0
-    assert main(["launch", "--run", "ends", "--model", tiny_model, "--workers", "1"]) == 0
-    capsys.readouterr()
+def answer_once_ended(monkeypatch) -> None:
+    """The local backend answers only once every job asked about has ended: the widest gap there
+    can be between a reading of the store before the backend's answer and that answer."""
     asked = LocalLauncher.statuses
 
     def once_ended(self: LocalLauncher, job_ids: list[str]) -> dict[str, JobStatus]:
@@ -468,13 +459,33 @@ def test_status_read_as_the_worker_ends_never_shows_it_succeeded_beside_chunks_n
             if all(s.state.is_terminal() for s in found.values()):
                 return found
             time.sleep(STORE_PACE)
-        raise AssertionError(f"the worker did not end: {found}")
+        raise AssertionError(f"the jobs did not end: {found}")
 
     monkeypatch.setattr(LocalLauncher, "statuses", once_ended)
-    assert main(["status", "--run", "ends", "--json"]) == 0
+
+
+@pytest.mark.scripted_engine
+def test_a_worker_ending_between_the_reads_is_seen_done_by_status_and_the_loop(
+    workdir, tiny_model, capsys, monkeypatch
+):
+    """`orch status` and the loop ask the backend before they read the store: a worker that ends
+    between the two is seen succeeded with its chunks done. The other order showed a worker
+    SUCCEEDED beside a run not complete (CI), and had the loop relaunch it for the chunk it had
+    just finished (its lease already given back)."""
+    data = questions(workdir / "q.jsonl", 8)
+    answer_once_ended(monkeypatch)
+    for run in ("shown", "looped"):
+        assert main(["prepare", str(data), "--run", run, "--num-chunks", "2", "--id-column", "id"]) == 0
+    assert main(["launch", "--run", "shown", "--model", tiny_model, "--workers", "1"]) == 0
+    capsys.readouterr()
+    assert main(["status", "--run", "shown", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["workers"][0]["state"] == "SUCCEEDED" and doc["complete"], doc
     assert doc["rows"]["done"] == 8, doc["rows"]
+    assert main(["launch", "--run", "looped", "--model", tiny_model, "--workers", "1"]) == 0
+    ctx = resolve_spec(None, {"run": "looped"})
+    report = Reconciler(ctx, backend_for(ctx)).tick()
+    assert report.complete and not report.relaunched, report
 
 
 def test_status_names_a_failed_workers_last_error_line_and_its_log(workdir, tmp_path_factory, monkeypatch, capsys):

@@ -2,17 +2,20 @@
 
 SkyPilot recovers a preempted managed job by itself (RECOVERING); this loop handles the rest.
 Each tick:
-1. Count markers (one listing). Every chunk has one: the run is complete, once every marker is
+1. Ask the backend about each worker's current job, before the store is read: a job it reports
+   ended wrote its markers before it ended, so step 2 sees them (read the other way round, a
+   worker that finished the last chunk between the two reads looked SUCCEEDED with that chunk
+   left, and was relaunched for it).
+2. Count markers (one listing). Every chunk has one: the run is complete, once every marker is
    read and its parts match it (checkpoints.find_damage); damaged chunks stop the loop, named,
-   for `orch redo`.
-2. Ask the backend about each worker's current job; record jobs that ended.
+   for `orch redo`. Record the jobs that ended.
 3. Relaunch a worker whose job ended with work left: FAILED*, CANCELLED by someone other than
    `orch cancel`, gone from the backend, or SUCCEEDED while chunks nobody holds remain (unless
    another process of that worker id still heartbeats). Each worker has a retry budget; a worker
    that exited because the store stayed unreachable past its outage budget (exit 75) is
    relaunched without spending it. Relaunches go through the same launcher as every launch.
 4. When no worker is live, none may be relaunched, and chunks remain: give up (exit non-zero).
-Between 2 and 3, where the backend says where jobs run (SkyPilot), each spot job's zone, preemptions
+After 2, where the backend says where jobs run (SkyPilot), each spot job's zone, preemptions
 and time to capacity go into the run's zones.json (planning/zone_history.py); relaunches try the
 spec's zones in the order that history ranks them (planning/zone_steering.py), said with the reason.
 With a deadline (`orch watch --deadline`), step 3 is preceded by the deadline policy's round
@@ -126,22 +129,29 @@ class Reconciler:
     def tick(self) -> TickReport:
         self.ctx.store.check_space()  # a full disk is waited out like an outage (`watch`), and said
         chunks = self._chunks
+        record, _ = read_jobs(self.ctx.store, self.ctx.layout)
+        current = record.current_jobs()
+        # The backend is asked before the store is read: a worker it reports ended wrote its markers
+        # before it ended, so the snapshot after shows them (the other order saw a worker that had
+        # just finished its last chunk as SUCCEEDED with that chunk left, and relaunched it).
+        unreachable: str | None = None
+        try:
+            statuses = current_statuses(self.ctx, self.launcher, current, self.clock()) if current else {}
+        except BackendError as e:
+            statuses, unreachable = {}, str(e)
         snapshot = take_snapshot(self.ctx.store, self.ctx.layout)
         report = TickReport(chunks_total=len(chunks), chunks_done=len(snapshot.done & set(chunks)))
         if report.chunks_done >= report.chunks_total:
             report.damaged = find_damage(self.ctx.store, self.ctx.layout, chunks)
             if report.damaged:
                 return report  # a person decides: `orch redo` the damaged chunks
-        record, _ = read_jobs(self.ctx.store, self.ctx.layout)
         report.cancelled = record.cancelled
-        current = record.current_jobs()
-        try:
-            report.statuses = current_statuses(self.ctx, self.launcher, current, self.clock()) if current else {}
-        except BackendError as e:
+        if unreachable is not None:
             # Not knowing is not "gone": relaunching now could duplicate live workers. Wait.
-            report.unreachable = str(e)
-            self.on_event(f"backend unreachable, nothing relaunched this round: {e}")
+            report.unreachable = unreachable
+            self.on_event(f"backend unreachable, nothing relaunched this round: {unreachable}")
             return report
+        report.statuses = statuses
         ended = {
             w: report.statuses[a.job_id]
             for w, a in current.items()
