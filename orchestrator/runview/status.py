@@ -9,7 +9,8 @@
    between the two writes) costs one GET of its marker. A lease no live heartbeat accounts for is
    read, to name a corrupt one. Once every chunk has a marker, every marker is read and the parts
    listed (checkpoints.find_damage): a run is complete only when nothing is damaged. The backend is
-   asked for the state of each worker's current job.
+   asked for the state of each worker's current job first, before the store is read, so a job it
+   reports ended has its markers in the listing.
 2. `derive_status` turns those facts into the RunStatus (runview/sections.py): plain data, no I/O,
    each section through one function. The narrow reads share those functions and read only what
    they need (facts.Depth): `cost_so_far` (collect's report, reuse's dollars saved), `sweep_arms`
