@@ -465,16 +465,16 @@ def answer_once_ended(monkeypatch) -> None:
 
 
 @pytest.mark.scripted_engine
-def test_a_worker_ending_between_the_reads_is_seen_done_by_status_and_the_loop(
+def test_a_worker_ending_between_the_reads_is_seen_done_by_status_the_loop_and_launch(
     workdir, tiny_model, capsys, monkeypatch
 ):
-    """`orch status` and the loop ask the backend before they read the store: a worker that ends
-    between the two is seen succeeded with its chunks done. The other order showed a worker
-    SUCCEEDED beside a run not complete (CI), and had the loop relaunch it for the chunk it had
-    just finished (its lease already given back)."""
+    """`orch status`, the loop and `orch launch` ask the backend before they read the store: a worker
+    that ends between the two is seen succeeded with its chunks done. The other order showed a
+    worker SUCCEEDED beside a run not complete (CI), had the loop relaunch it for the chunk it had
+    just finished (its lease already given back), and `orch launch` start it again to find nothing."""
     data = questions(workdir / "q.jsonl", 8)
     answer_once_ended(monkeypatch)
-    for run in ("shown", "looped"):
+    for run in ("shown", "looped", "relaunched"):
         assert main(["prepare", str(data), "--run", run, "--num-chunks", "2", "--id-column", "id"]) == 0
     assert main(["launch", "--run", "shown", "--model", tiny_model, "--workers", "1"]) == 0
     capsys.readouterr()
@@ -486,6 +486,14 @@ def test_a_worker_ending_between_the_reads_is_seen_done_by_status_and_the_loop(
     ctx = resolve_spec(None, {"run": "looped"})
     report = Reconciler(ctx, backend_for(ctx)).tick()
     assert report.complete and not report.relaunched, report
+    # `orch launch` again while the first launch's worker works: asked after the backend, the markers
+    # say the worker finished its list, and nothing is launched.
+    assert main(["launch", "--run", "relaunched", "--model", tiny_model, "--workers", "1"]) == 0
+    capsys.readouterr()
+    assert main(["launch", "--run", "relaunched", "--model", tiny_model, "--workers", "1"]) == 0
+    assert "nothing to launch: all 2 chunk(s) have a marker" in capsys.readouterr().out
+    ctx = resolve_spec(None, {"run": "relaunched"})
+    assert [len(w.attempts) for w in read_jobs(ctx.store, ctx.layout)[0].workers.values()] == [1]
 
 
 def test_status_names_a_failed_workers_last_error_line_and_its_log(workdir, tmp_path_factory, monkeypatch, capsys):

@@ -29,11 +29,10 @@ from orchestrator.collect.report import CollectReport
 from orchestrator.core.context import RunContext
 from orchestrator.fleet.cascade import run_stages
 from orchestrator.fleet.follow import check_complete, follow
-from orchestrator.fleet.launch import launch_workers
+from orchestrator.fleet.launch import launch_needed
 from orchestrator.fleet.reconcile import TickReport
 from orchestrator.fleet.start import StartedRun, start_run
 from orchestrator.planning.deadline import DeadlineSettings
-from orchestrator.planning.plan import workers_needed
 from orchestrator.planning.pricing import load_gpu_table
 from orchestrator.prepare import PrepareReport, prepare_run
 from orchestrator.runview.cascade import check_stage_names
@@ -107,10 +106,8 @@ class Resumed:
 def resume(ctx: RunContext) -> Resumed:
     """Step 1 for a run prepared before (`orch resume`, `Run.wait` after `orchestrator.attach`)."""
     launcher = backend_for(ctx)
-    needed, remaining = workers_needed(ctx)
-    launched = launch_workers(ctx, launcher, needed, reason="resume") if remaining else {}
-    running = sorted(w for w in needed if w not in launched) if remaining else []
-    return Resumed(launcher, launched, running, remaining)
+    found = launch_needed(ctx, launcher, reason="resume")
+    return Resumed(launcher, found.launched, found.running, found.remaining)
 
 
 def follow_to_end(

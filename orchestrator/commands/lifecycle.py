@@ -63,8 +63,8 @@ def launch_command(
     """Launch one worker per planned list with unfinished chunks (never a second copy of a live
     worker; none at all when every chunk is done)."""
     from orchestrator.backends import backend_for
-    from orchestrator.fleet.launch import launch_workers
-    from orchestrator.planning.plan import ensure_plan, workers_needed
+    from orchestrator.fleet.launch import launch_needed
+    from orchestrator.planning.plan import ensure_plan
 
     if spot_only and on_demand_only:
         raise click.UsageError("--spot and --on-demand together mean both: leave both out for that")
@@ -105,21 +105,21 @@ def launch_command(
                 hint="each `missing` line above says what to do; the task files were written all the same",
             )
         return 0
-    needed, remaining = workers_needed(ctx, plan)
-    if not remaining:
+    launcher = backend_for(ctx)
+    found = launch_needed(ctx, launcher, plan)
+    if not found.remaining:
         # Machines that would find nothing to claim cost their start-up and earn nothing.
         done = f"all {plan.chunks} chunk(s) have a marker" if plan.chunks else "the run has no chunks"
         click.echo(f"nothing to launch: {done} (orch collect gives the output)")
         return 0
-    launcher = backend_for(ctx)
-    launched = launch_workers(ctx, launcher, needed)
-    for worker, job_id in sorted(launched.items()):
+    for worker, job_id in sorted(found.launched.items()):
         click.echo(f"worker {worker}: job {job_id}")
-    if len(needed) > len(launched):
-        click.echo(f"{len(needed) - len(launched)} worker(s) already running: not launched again.")
+    if found.running:
+        click.echo(f"{len(found.running)} worker(s) already running: not launched again.")
+    needed = found.needed
     if len(plan.workers) > len(needed):
         click.echo(
-            f"{len(plan.workers) - len(needed)} planned worker(s) not launched: {len(remaining)} unfinished "
+            f"{len(plan.workers) - len(needed)} planned worker(s) not launched: {len(found.remaining)} unfinished "
             f"chunk(s) need {len(needed)} (the others' lists are done or empty)."
         )
     if follow:

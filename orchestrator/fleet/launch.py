@@ -38,6 +38,7 @@ from orchestrator.core.records import (
     read_plan,
     update_jobs,
 )
+from orchestrator.planning.plan import workers_needed
 from orchestrator.planning.zone_steering import zone_order
 
 #: Passed to workers as secrets when set here: never written to a file, a log or the store.
@@ -109,10 +110,49 @@ def live_workers(record: JobsRecord, statuses: Mapping[str, JobStatus]) -> set[i
     }
 
 
+@dataclass
+class NeededLaunch:
+    """What `launch_needed` found and did."""
+
+    #: The chunks without a done marker: none means the run needs no worker (and none was launched).
+    remaining: list[str]
+    #: worker -> job id of the workers launched now.
+    launched: dict[int, str] = field(default_factory=dict)
+    #: Workers the unfinished chunks need that were running already: not launched again.
+    running: list[int] = field(default_factory=list)
+
+    @property
+    def needed(self) -> list[int]:
+        return sorted({*self.launched, *self.running})
+
+
+def launch_needed(
+    ctx: RunContext, launcher: Launcher, plan: PlanRecord | None = None, *, reason: str = "launch"
+) -> NeededLaunch:
+    """Launch the workers the run's unfinished chunks need (planning.plan.workers_needed), except
+    those already live. The markers are listed again once the backend has been asked: a job it
+    reports ended wrote its markers before it ended, so a worker that finished its list between the
+    first listing and the backend's answer is not launched again to find nothing. The first listing
+    spares a run with nothing left the backend's question."""
+    needed, remaining = workers_needed(ctx, plan)
+    if not remaining:
+        return NeededLaunch(remaining)
+    read_again: list[tuple[list[int], list[str]]] = []
+
+    def still_needed() -> list[int]:
+        read_again.append(workers_needed(ctx, plan))
+        needed, remaining = read_again[-1]
+        return needed if remaining else []
+
+    launched = launch_workers(ctx, launcher, still_needed, reason=reason)
+    needed, remaining = read_again[-1]
+    return NeededLaunch(remaining, launched, sorted(w for w in needed if w not in launched) if remaining else [])
+
+
 def launch_workers(
     ctx: RunContext,
     launcher: Launcher,
-    workers: Iterable[int],
+    workers: Iterable[int] | Callable[[], Iterable[int]],
     *,
     reason: str = "launch",
     use_spot: bool | None = None,
@@ -123,6 +163,8 @@ def launch_workers(
     pool: str | None = None,
 ) -> dict[int, str]:
     """Launch the given workers, except those already live. Returns worker -> new job id.
+    `workers`: the workers, or a function giving them, called once the backend has been asked
+    (step 2: `launch_needed` reads the markers then).
     `pool`: a run of several models, workers outside the plan: the model they load (recorded with
     their jobs, so that a relaunch loads it again).
     `zones`: the spec's zones in the order to try (default: ranked now, planning/zone_steering.py).
@@ -144,7 +186,8 @@ def launch_workers(
     now = clock()
     statuses = current_statuses(ctx, launcher, record.current_jobs(), now)
     live = live_workers(record, statuses)
-    judged = {w: (a.job_id if (a := record.worker(w).current) else None) for w in set(workers) if w not in live}
+    chosen = set(workers() if callable(workers) else workers)
+    judged = {w: (a.job_id if (a := record.worker(w).current) else None) for w in chosen if w not in live}
     if not judged:
         return {}
     ctx.store.delete(ctx.layout.cancel)  # an earlier `orch cancel` would stop the new workers at once

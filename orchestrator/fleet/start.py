@@ -13,8 +13,8 @@ from orchestrator.backends import backend_for
 from orchestrator.backends.base import Launcher
 from orchestrator.core.context import RunContext
 from orchestrator.core.records import PlanRecord
-from orchestrator.fleet.launch import launch_workers
-from orchestrator.planning.plan import ensure_plan, workers_needed
+from orchestrator.fleet.launch import launch_needed
+from orchestrator.planning.plan import ensure_plan
 from orchestrator.prepare import PrepareReport, prepare_run
 
 
@@ -61,8 +61,6 @@ def start_run(
     if at_most_one_worker_per_chunk:
         workers = max(1, min(workers, prepared.record.chunks))
     plan = ensure_plan(ctx, workers, echo=echo)
-    needed, remaining = workers_needed(ctx, plan)
     launcher = backend_for(ctx)
-    launched = launch_workers(ctx, launcher, needed) if remaining else {}
-    running = sorted(w for w in needed if w not in launched) if remaining else []
-    return StartedRun(prepared, plan, launcher, launched, remaining, running)
+    found = launch_needed(ctx, launcher, plan)
+    return StartedRun(prepared, plan, launcher, found.launched, found.remaining, found.running)
