@@ -253,8 +253,8 @@ def fail_in_one_round(server, path: Path):
 
     client = server.client()
     created = create(client, upload(client, path).id)
-    batch, _ = wait_for(client, created.id, final, timeout=60)
-    deadline = time.monotonic() + 30  # the server logs its verdict just after recording it
+    batch, _ = wait_for(client, created.id, final)
+    deadline = time.monotonic() + 300  # a hang guard: the server logs its verdict just after recording it
     while True:
         log = (server.workdir / "server.log").read_text()
         about = [line for line in log.splitlines() if created.id in line]

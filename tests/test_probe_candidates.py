@@ -190,7 +190,7 @@ def test_a_probe_waited_on_again_keeps_the_budget_clock_of_its_launch(ctx, monke
         l4, a100 = read_probes(ctx.store, ctx.layout)
         assert a100.gpu == "A100" and a100.job is not None and a100.launched_at is not None
         # The L4's probe finishes meanwhile: the A100's share is still half the budget, not the whole.
-        wait_for("the L4's probe answered", lambda: l4.chunk in workers.answered, timeout=60)
+        wait_for("the L4's probe answered", lambda: l4.chunk in workers.answered)
         # As if that estimate had been an hour ago: the job has been paid for since.
         ctx.store.put(
             ctx.layout.probe_of("A100"), a100.model_copy(update={"launched_at": a100.launched_at - 3600}).to_bytes()

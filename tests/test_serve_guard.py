@@ -235,7 +235,7 @@ def test_serve_takes_a_batch_only_as_application_json(open_server, tmp_path):
         create_body(upload(client, empty).id),
     )
     assert code == 200, answer
-    assert wait_for(client, answer["id"], final, timeout=60)[0].status == "completed"
+    assert wait_for(client, answer["id"], final)[0].status == "completed"
 
 
 @pytest.mark.slow
