@@ -134,9 +134,8 @@ def launch_needed(
     reports ended wrote its markers before it ended, so a worker that finished its list between the
     first listing and the backend's answer is not launched again to find nothing. The first listing
     spares a run with nothing left the backend's question."""
-    needed, remaining = workers_needed(ctx, plan)
-    if not remaining:
-        return NeededLaunch(remaining)
+    if not workers_needed(ctx, plan)[1]:
+        return NeededLaunch(remaining=[])
     read_again: list[tuple[list[int], list[str]]] = []
 
     def still_needed() -> list[int]:
