@@ -254,9 +254,14 @@ def test_newer_twin_exits_and_cancel_stops_workers_no_job_records(seaweedfs_serv
     done = orch("cancel", "--run", "t", "--store", store, cwd=workdir)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("outside the recorded jobs") == 2, done.stdout
-    assert first.proc.wait(60) == 143 and untracked.proc.wait(60) == 143
+    # Each stops on the SIGTERM (143, its heartbeat saying exited), or on the SIGKILL that `orch
+    # cancel` sends once its 30 s grace is over (-9): a final CI run at load 20 killed worker 1 that
+    # way, its summary printed and its heartbeat exited, while its interpreter was still ending.
+    codes = {"0": first.proc.wait(120), "1": untracked.proc.wait(120)}
+    assert set(codes.values()) <= {143, -signal.SIGKILL}, codes
     left = markers(store, "t")
-    assert all(b.state == "exited" for b in read_heartbeats(open_store(store), layout).values())
+    beats = read_heartbeats(open_store(store), layout)
+    assert all(beats[w].state == "exited" for w, code in codes.items() if code == 143), beats
     # Nothing works for the run after the cancel; resume finishes it, every row once.
     assert markers(store, "t") == left
     orch_ok("resume", "--run", "t", "--store", store, "--model", tiny_model, "--follow", "--interval", "1", cwd=workdir)
