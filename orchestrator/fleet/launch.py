@@ -38,7 +38,7 @@ from orchestrator.core.records import (
     read_plan,
     update_jobs,
 )
-from orchestrator.planning.plan import workers_needed
+from orchestrator.planning.plan import run_plan, workers_needed
 from orchestrator.planning.zone_steering import zone_order
 
 #: Passed to workers as secrets when set here: never written to a file, a log or the store.
@@ -134,6 +134,7 @@ def launch_needed(
     reports ended wrote its markers before it ended, so a worker that finished its list between the
     first listing and the backend's answer is not launched again to find nothing. The first listing
     spares a run with nothing left the backend's question."""
+    plan = plan or run_plan(ctx)  # read once for both listings
     if not workers_needed(ctx, plan)[1]:
         return NeededLaunch(remaining=[])
     read_again: list[tuple[list[int], list[str]]] = []

@@ -131,9 +131,7 @@ class Reconciler:
         chunks = self._chunks
         record, _ = read_jobs(self.ctx.store, self.ctx.layout)
         current = record.current_jobs()
-        # The backend is asked before the store is read: a worker it reports ended wrote its markers
-        # before it ended, so the snapshot after shows them (the other order saw a worker that had
-        # just finished its last chunk as SUCCEEDED with that chunk left, and relaunched it).
+        # Step 1 before step 2: the module docstring says why.
         unreachable: str | None = None
         try:
             statuses = current_statuses(self.ctx, self.launcher, current, self.clock()) if current else {}

@@ -161,11 +161,16 @@ def _pools_fit(plan: PlanRecord, counts: Mapping[str, int]) -> bool:
     return made == dict(counts)
 
 
+def run_plan(ctx: RunContext) -> PlanRecord:
+    """The run's recorded plan, made over the spec's workers when there is none."""
+    return read_plan(ctx.store, ctx.layout) or ensure_plan(ctx, ctx.spec.workers.count)
+
+
 def workers_needed(ctx: RunContext, plan: PlanRecord | None = None) -> tuple[list[int], list[str]]:
     """(workers to launch, unfinished chunks) of `plan`, the run's own when not given. Workers whose
     own lists hold unfinished chunks come first; if the unfinished chunks are fewer than the
     workers, fewer workers are enough (the others' leftovers are stolen)."""
-    plan = plan or read_plan(ctx.store, ctx.layout) or ensure_plan(ctx, ctx.spec.workers.count)
+    plan = plan or run_plan(ctx)
     done = list_done(ctx.store, ctx.layout)
     remaining = [c for a in plan.workers for c in a.chunks if c not in done]
     # Per pool (a run of several models): a worker can only take its own model's chunks.
