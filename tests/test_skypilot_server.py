@@ -70,29 +70,42 @@ def sky_env(tmp_path_factory):
 
 
 START_ATTEMPTS = 3
+#: What SkyPilot's server logs when its start failed (sky/server/server.py). Its process may stay:
+#: the interpreter's exit then waits forever for the request-queue manager it had spawned, a child
+#: that is not a daemon, so the server neither answers nor exits (seen in CI: its 600 s hang guard).
+START_FAILED = "Failed to start SkyPilot API server: "
 
 
 def _start_api_server(env: dict[str, str], home: Path) -> None:
     """Started here, once: orch's first call would start it too, but SkyPilot waits only 60 s for
     it, and on a loaded machine it takes longer (it goes on starting after SkyPilot gives up). Nor
-    does the server itself wait long for its own parts: on a loaded CI machine it exited with
+    does the server itself wait long for its own parts: on a loaded CI machine it failed with
     "Request queue, named 'long', is not ready after 60 seconds" (a fixed wait in SkyPilot). A
-    server that died while starting is started again, up to START_ATTEMPTS times."""
+    server that died, or failed and hangs (START_FAILED), is stopped and started again, up to
+    START_ATTEMPTS times; what each start said is kept for the failure message."""
+    log = home / ".sky" / "api_server" / "server.log"  # each start truncates it
+
+    def state() -> str | None:
+        if _api_server_healthy(env):
+            return "healthy"
+        if log.exists() and START_FAILED in log.read_text(errors="replace"):
+            return "failed"
+        return None if _api_server_running(env) else "exited"
+
     said = []
     for attempt in range(START_ATTEMPTS):
-        if attempt:  # what the dead one left (its queue manager) goes with it
+        if attempt:  # kills a hung one and what it left (its queue manager)
             subprocess.run([SKY, "api", "stop"], env=env, capture_output=True, timeout=120)
         start = subprocess.run([SKY, "api", "start"], env=env, capture_output=True, text=True, timeout=600)
-        up = wait_for(
-            f"the SkyPilot API server to answer or exit (start {attempt + 1})",
-            lambda: "healthy" if _api_server_healthy(env) else (None if _api_server_running(env) else "exited"),
-            every=1,
-        )
+        try:
+            up = wait_for(f"the SkyPilot API server to answer, fail or exit (start {attempt + 1})", state, 420, every=1)
+        except AssertionError as hung:  # the hang guard: neither healthy nor failed nor gone
+            up = str(hung)
         if up == "healthy":
             return
-        log = home / ".sky" / "api_server" / "server.log"
         tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
-        said.append(f"start {attempt + 1}: {start.stdout}{start.stderr}\n{log}:\n{tail}")
+        said.append(f"start {attempt + 1}: {up}; {start.stdout}{start.stderr}\n{log}:\n{tail}")
+        print(said[-1], flush=True)
     pytest.fail("\n\n".join(said))
 
 
