@@ -49,9 +49,14 @@ SLACK_BINS = 64
 #: the multi-zone variants: 2.3% uncapped, 2.7% at 2.5 ticks, 2.8% at 2.0 and 1.5 (docs/BENCHMARKS.md).
 MAX_BIN_TICKS = 1.5
 #: The factors a fit chooses among (powers of 2 from 1/4 to 4), and its prior's spread (log2). A
-#: coarse grid keeps the tables one job needs few: 25 pairs at most.
+#: coarse grid keeps the tables one job needs few: 25 pairs at most. The spread: a factor moves off
+#: 1 only on strong evidence; a job sees few spells end, and a fit that followed them closely cost
+#: more. Tune half, zone-aware below UP, spread 1.0 -> 0.5: single zone 52 h/0.02 h 7.60 -> 8.03%,
+#: 70 h/0.02 h 5.92 -> 6.65%, 52 h/0.20 h 4.85 -> 5.25%, 70 h/0.20 h 3.25 -> 4.15%; multi-zone
+#: 2.83 -> 2.78% (own-zone below UP round robin 9.35 -> 9.30%), ADRS setting 5.75 -> 5.78% (15.20
+#: -> 14.96%) (docs/BENCHMARKS.md, spot traces).
 SCALES = tuple(2.0**i for i in range(-2, 3))
-SCALE_PRIOR_SD = 1.0
+SCALE_PRIOR_SD = 0.5
 MARKETS: tuple[Market, ...] = ("none", "on-demand", "spot")
 
 
