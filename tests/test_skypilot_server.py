@@ -22,7 +22,7 @@ import pytest
 
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.store import open_store
-from tests.support import s3servers
+from tests.support import s3servers, sky_plugins
 from tests.support.datasets import write_jsonl
 from tests.support.events import wait_for
 from tests.support.ports import free_port
@@ -35,6 +35,7 @@ pytestmark = [
 ORCH = [sys.executable, "-m", "orchestrator"]
 SKY = str(Path(sys.executable).parent / "sky")
 CANARY = "hf_orch_canary_4d1b"
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,8 @@ def sky_env(tmp_path_factory):
     home = tmp_path_factory.mktemp("sky-home")
     (home / ".sky").mkdir()
     (home / ".sky" / "config.yaml").write_text("jobs:\n  controller:\n    consolidation_mode: true\n")
+    # The request queues its config chooses for a local server (tests/support/sky_plugins.py says why).
+    (home / ".sky" / "plugins.yaml").write_text("plugins:\n  - class: tests.support.sky_plugins.LocalRequestQueues\n")
     catalog = home / ".sky" / "catalogs" / "v8" / "common"
     catalog.mkdir(parents=True)
     (catalog / "accelerators.csv").write_text(
@@ -61,6 +64,7 @@ def sky_env(tmp_path_factory):
         # Not SkyPilot's default 46580: it lies in the kernel's ephemeral range, where another test's
         # connection can hold it (CI: "Port 46580 is not available"). Client and server both read it.
         SKYPILOT_API_SERVER_LOCAL_PORT=str(free_port()),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),  # the plugin
     )
     # One left on this port by another HOME would answer for the wrong state.
     subprocess.run([SKY, "api", "stop"], env=env, capture_output=True, timeout=120)
@@ -78,9 +82,9 @@ START_FAILED = "Failed to start SkyPilot API server: "
 
 def _start_api_server(env: dict[str, str], home: Path) -> None:
     """Started here, once: orch's first call would start it too, but SkyPilot waits only 60 s for
-    it, and on a loaded machine it takes longer (it goes on starting after SkyPilot gives up). Nor
-    does the server itself wait long for its own parts: on a loaded CI machine it failed with
-    "Request queue, named 'long', is not ready after 60 seconds" (a fixed wait in SkyPilot). A
+    it, and on a loaded machine it takes longer (it goes on starting after SkyPilot gives up). The
+    server runs on process-local request queues (tests/support/sky_plugins.py: SkyPilot's spawned
+    queue manager missed its fixed 60 s three starts in a row in CI), checked in its log. A
     server that died, or failed and hangs (START_FAILED), is stopped and started again, up to
     START_ATTEMPTS times; what each start said is kept for the failure message."""
     log = home / ".sky" / "api_server" / "server.log"  # each start truncates it
@@ -102,6 +106,7 @@ def _start_api_server(env: dict[str, str], home: Path) -> None:
         except AssertionError as hung:  # the hang guard: neither healthy nor failed nor gone
             up = str(hung)
         if up == "healthy":
+            assert sky_plugins.INSTALLED in log.read_text(errors="replace"), "the plugin did not load"
             return
         tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
         said.append(f"start {attempt + 1}: {up}; {start.stdout}{start.stderr}\n{log}:\n{tail}")
