@@ -25,6 +25,7 @@ from orchestrator.core.store import open_store
 from tests.support import s3servers, sky_plugins
 from tests.support.datasets import write_jsonl
 from tests.support.events import wait_for
+from tests.support.models import REPO
 from tests.support.ports import free_port
 
 pytestmark = [
@@ -35,7 +36,6 @@ pytestmark = [
 ORCH = [sys.executable, "-m", "orchestrator"]
 SKY = str(Path(sys.executable).parent / "sky")
 CANARY = "hf_orch_canary_4d1b"
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")

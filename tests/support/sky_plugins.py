@@ -11,22 +11,37 @@ SkyPilot's own plugin API, registers SkyPilot's own `LocalQueueFactory`: what it
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from sky import sky_logging
-from sky.server import plugins
-from sky.server.requests.queues import base
+import functools
+from typing import Any
 
 #: Logged at install, so the test can tell that its server runs on them.
 INSTALLED = "orch tests: process-local request queues registered"
-logger = sky_logging.init_logger(__name__)
 
 
-class LocalRequestQueues(plugins.BasePlugin):
-    """Registers the process-local request queues before the server's main process builds them."""
+@functools.cache
+def _local_request_queues() -> type:
+    """The plugin class, made on first use: SkyPilot's server modules take seconds to import, and
+    every test process imports this module at collection only for INSTALLED."""
+    from sky import sky_logging
+    from sky.server import plugins
+    from sky.server.requests.queues import base
 
-    load_contexts: ClassVar[frozenset[plugins.PluginContext]] = frozenset({plugins.PluginContext.MAIN})
+    logger = sky_logging.init_logger(__name__)
 
-    def install(self, extension_context: plugins.ExtensionContext) -> None:
-        extension_context.register_queue_backend_factory(base.LocalQueueFactory())
-        logger.info(INSTALLED)
+    class LocalRequestQueues(plugins.BasePlugin):
+        """Registers the process-local request queues before the server's main process builds them."""
+
+        load_contexts = frozenset({plugins.PluginContext.MAIN})
+
+        def install(self, extension_context: plugins.ExtensionContext) -> None:
+            extension_context.register_queue_backend_factory(base.LocalQueueFactory())
+            logger.info(INSTALLED)
+
+    return LocalRequestQueues
+
+
+def __getattr__(name: str) -> Any:
+    """`LocalRequestQueues`, as SkyPilot's plugin loader asks for it (`getattr` on this module)."""
+    if name == "LocalRequestQueues":
+        return _local_request_queues()
+    raise AttributeError(name)
