@@ -12,9 +12,7 @@ imported on first use (PEP 562).
 
 from __future__ import annotations
 
-import os
 from importlib import import_module
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -23,6 +21,7 @@ if TYPE_CHECKING:
     from orchestrator.api.estimate import Forecast
     from orchestrator.api.runs import Run, attach, estimate, run
     from orchestrator.core.errors import OrchError
+    from orchestrator.core.home import orch_home
 
 __all__ = ["Forecast", "OrchError", "Run", "attach", "estimate", "orch_home", "run"]
 
@@ -34,6 +33,7 @@ _LAZY = {
     "Run": "orchestrator.api.runs",
     "Forecast": "orchestrator.api.estimate",
     "OrchError": "orchestrator.core.errors",
+    "orch_home": "orchestrator.core.home",
 }
 
 
@@ -48,9 +48,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
-
-
-def orch_home() -> Path:
-    """orch's own files on this machine (local workers' logs, a refreshed price table):
-    ORCH_HOME, default ./.orch."""
-    return Path(os.environ.get("ORCH_HOME", ".orch"))

@@ -31,10 +31,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from orchestrator import orch_home
 from orchestrator.backends.base import JobState, JobStatus, LaunchRequest
 from orchestrator.core.errors import LaunchFailed
 from orchestrator.core.exits import WorkerExit
+from orchestrator.core.home import orch_home
 from orchestrator.core.processes import alive, runs, session_leader, start_ticks, started_at
 from orchestrator.core.records import Heartbeat
 from orchestrator.core.spec import RunSpec

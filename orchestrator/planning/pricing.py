@@ -11,9 +11,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from orchestrator import orch_home
 from orchestrator.backends.base import Offering
 from orchestrator.core.errors import SpecError
+from orchestrator.core.home import orch_home
 from orchestrator.core.tempfiles import AtomicFile
 
 DEFAULT_TABLE = Path(__file__).parents[1] / "data" / "gpus.yaml"
