@@ -142,36 +142,43 @@ def live_heartbeats(store: Store, layout: RunLayout, *, now: float, heartbeat_in
     one listing, then one GET per such process. A publish writes its new key before it deletes the
     old one, so a listing may hold two keys of one process: its newest is the one read. A process
     whose listed key was gone by the GET (it beat in between) is listed and read again, up to
-    LIVE_READ_ROUNDS listings in all."""
-    keys = _newest_beating(store, layout.heartbeats_prefix, now, heartbeat_interval)
+    LIVE_READ_ROUNDS listings in all. One that beat before every read (beats faster than a loaded
+    reader lists and reads, or a store whose listings lag its deletes) was seen beating in every
+    listing: it is alive, and comes back as its listed summary, host and pid unknown."""
+    listed = _newest_beating(store, layout.heartbeats_prefix, now, heartbeat_interval)
     bodies: dict[str, Heartbeat] = {}
     for _ in range(LIVE_READ_ROUNDS):
         missed = set()
-        for holder, key in keys.items():
+        for holder, (key, _worker, _summary) in listed.items():
             try:
                 bodies[holder] = Heartbeat.from_bytes(store.get(key).data)
             except (StoreError, ValueError):
                 # It published a newer beat and deleted the one listed in between (a beat a second
-                # under load): listed again once, not dropped as if it had stopped.
+                # under load): listed again, not dropped as if it had stopped.
                 missed.add(holder)
         if not missed:
             break
-        listed = _newest_beating(store, layout.heartbeats_prefix, now, heartbeat_interval)
-        keys = {holder: key for holder, key in listed.items() if holder in missed}
+        again = _newest_beating(store, layout.heartbeats_prefix, now, heartbeat_interval)
+        listed = {holder: seen for holder, seen in again.items() if holder in missed}
+    for holder, (_key, worker, summary) in listed.items():
+        if holder not in bodies:
+            bodies[holder] = Heartbeat(worker=worker, **summary.model_dump())
     return list(bodies.values())
 
 
-def _newest_beating(store: Store, prefix: str, now: float, heartbeat_interval: float) -> dict[str, str]:
-    """holder -> the key of its newest beat, for every process still beating."""
-    newest: dict[str, tuple[HeartbeatSummary, str]] = {}
+def _newest_beating(
+    store: Store, prefix: str, now: float, heartbeat_interval: float
+) -> dict[str, tuple[str, str, HeartbeatSummary]]:
+    """holder -> (the key of its newest beat, its worker, that beat's summary), for every process still beating."""
+    newest: dict[str, tuple[str, str, HeartbeatSummary]] = {}
     for info in store.list(prefix):
-        _worker, summary = _worker_and_summary(info.key, prefix)
+        worker, summary = _worker_and_summary(info.key, prefix)
         if summary is None or not is_beating(summary, now=now, heartbeat_interval=heartbeat_interval):
             continue
         seen = newest.get(summary.holder)
-        if seen is None or summary.updated_at > seen[0].updated_at:
-            newest[summary.holder] = (summary, info.key)
-    return {holder: key for holder, (_summary, key) in newest.items()}
+        if seen is None or summary.updated_at > seen[2].updated_at:
+            newest[summary.holder] = (info.key, worker, summary)
+    return newest
 
 
 def newest_heartbeat_of(store: Store, layout: RunLayout, holder: str) -> Heartbeat | None:
