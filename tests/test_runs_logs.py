@@ -107,7 +107,9 @@ def test_delete_force_refuses_while_a_worker_it_told_to_stop_still_beats(store_u
     cancel, say): --force waits the heartbeats' staleness out, then refuses with nothing deleted;
     once its beats stop, --force deletes."""
     store = open_store(store_uri)
-    flags = {"workers.heartbeat_interval": 0.5}
+    # Stale after six intervals: 12 s, so that a loaded machine's pause in the beats or the S3
+    # server's answers (CI at load 20: 0.5 s, stale after 3 s, once deleted the run) is no stop.
+    flags = {"workers.heartbeat_interval": 2.0}
     layout = make_run(store, "stubborn", [[chat_request("s0", "q")]], model="m", spec_flags=flags)
     stop = threading.Event()
     began = time.time()
@@ -128,6 +130,12 @@ def test_delete_force_refuses_while_a_worker_it_told_to_stop_still_beats(store_u
         err = capsys.readouterr().err
         assert "1 worker(s) still alive after they were told to stop (worker 0 (pid 4242 on elsewhere))" in err
         assert "nothing deleted" in err and store.head(layout.manifest) is not None
+        # Cancelled now, and its worker beats on: a plain delete refuses too (it would delete a
+        # run the worker still writes into).
+        assert main(["delete", "--run", "stubborn", "--store", store_uri, "--yes"]) == 1
+        err = capsys.readouterr().err
+        assert "run 'stubborn' is cancelled with 1 worker(s) still going (0); nothing deleted" in err
+        assert "add --force" in err and store.head(layout.manifest) is not None
     finally:
         stop.set()
         beating.join()

@@ -354,17 +354,26 @@ def _delete_context(inv: Invocation) -> tuple[RunContext, str | None]:
 
 def _live_state(ctx: RunContext) -> str | None:
     """'running' when a worker of the run beats or its job is queued, starting or recovering (the
-    backend asked, as `orch status` does); 'damaged (...)' when the run's records cannot be read;
-    None otherwise, and for a run never prepared."""
+    backend asked, as `orch status` does); the run's word and the workers still going when the run
+    reads otherwise (a cancelled run whose worker still drains, or beats on cut off from the
+    cancel: it would write into the deleted run); 'damaged (...)' when the run's records cannot be
+    read; None otherwise, and for a run never prepared."""
     from orchestrator.core.errors import OrchError, RunNotFound
+    from orchestrator.runview.states import GOING
     from orchestrator.runview.status import current_status
 
     try:
-        return "running" if current_status(ctx).state == "running" else None
+        status = current_status(ctx)
     except RunNotFound:  # objects, but no manifest: a run begun and never prepared has no workers
         return None
     except OrchError as e:  # a record that does not parse: nothing can say whether workers are live
         return f"damaged ({e}): whether its workers are live cannot be told"
+    if status.state == "running":
+        return "running"
+    going = [w.worker for w in status.workers if w.activity in GOING]
+    if going:
+        return f"{status.state} with {len(going)} worker(s) still going ({', '.join(going)})"
+    return None
 
 
 def register(cli: click.Group) -> None:
