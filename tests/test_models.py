@@ -26,6 +26,7 @@ from tests.support.events import STORE_PACE, wait_for
 from tests.support.models import MODELS
 from tests.support.run_states import running_beat
 from tests.support.runs import Answer, answer_chunk
+from worker.engine.scripted import STEP_ENV
 
 
 def test_pool_workers_split_by_rows_unless_a_model_sets_its_own():
@@ -74,13 +75,18 @@ def test_prepare_and_plan_put_each_model_in_its_own_chunks_and_pool(tmp_path, ca
     assert sorted(c for a in plan.workers for c in a.chunks) == sorted(e.chunk for e in manifest)
 
 
+#: SmolLM2's worker's scripted pace in the kill storm: a step (a token of every running row) in this
+#: many seconds, against 0.05 s for the tiny Llama's.
+SMOL_STEP_S = 0.25
+
+
 @pytest.mark.slow
 @pytest.mark.orch_yaml(
     "sampling:\n  max_tokens: 48\n  temperature: 0\n"
     "workers:\n  heartbeat_interval: 1\n  checkpoint_interval: 1\n  lease_ttl: 60\n"
     "store_settings:\n  worker_attempts: 2\n"
 )
-@pytest.mark.scripted_engine(step_s=0.05)  # every pool's worker still mid-run at each kill
+@pytest.mark.scripted_engine(step_s=0.05)
 def test_kill_storm_on_two_models_answers_each_row_once_by_its_model(tmp_path, workdir, hand_workers):
     """Two pools (the tiny Llama, SmolLM2), one worker each; SIGKILLs land mid-chunk on both pools'
     workers, each started again at once (its lease taken over as a death's). Every row is answered
@@ -89,7 +95,10 @@ def test_kill_storm_on_two_models_answers_each_row_once_by_its_model(tmp_path, w
     answers a batch naming two models with vLLM (tests/test_serve.py)."""
     store, run = str(tmp_path / "store"), "storm2"
     # SmolLM2 stops at its end token: ignore_eos keeps every answer long enough for kills to land mid-chunk.
-    # The tiny Llama answers about twenty times as fast: it gets nineteen rows for SmolLM2's one.
+    # The tiny Llama answers about twenty times as fast: it gets nineteen rows for SmolLM2's one. The
+    # scripted engine paces both alike unless told: SmolLM2's six chunks then took a few seconds, and
+    # a loaded machine's slow restarts of the other pool's worker could outlast them. Its worker
+    # steps SMOL_STEP_S, so that it is still mid-run at each kill whatever the load.
     pattern: list[str | None] = ["tiny"] * 19 + ["smol"]
     data = batch_lines(workdir / "in.jsonl", pattern, rows=1200, max_tokens=24, ignore_eos=True)
     models = ["--model", f"tiny={MODELS / 'tiny-llama'}", "--model", f"smol={MODELS / 'smollm2-135m-instruct'}"]
@@ -98,20 +107,26 @@ def test_kill_storm_on_two_models_answers_each_row_once_by_its_model(tmp_path, w
     orch_ok("plan", "--run", run, "--store", store, *models, "--workers", "2", cwd=workdir)
     plan = read_plan(open_store(store), RunLayout(run))
     assert plan is not None and [a.model for a in plan.workers] == ["tiny", "smol"]
-    workers = {w: hand_workers(store, run, w, workdir) for w in ("0", "1")}
+    pace = {"0": {}, "1": {STEP_ENV: f"{SMOL_STEP_S:g}"}}
+    workers = {w: hand_workers(store, run, w, workdir, **pace[w]) for w in ("0", "1")}
     rng, killed = random.Random(36), set()
     for kill, pool in enumerate(["0", "1", "0", "1"]):  # both pools, each twice
 
-        def in_pool(pool: str = pool) -> list[tuple[str, str, bool]]:
+        def in_pool(pool: str = pool, kill: int = kill) -> list[tuple[str, str, bool]]:
+            # A worker that finished its pool's chunks is never mid-chunk again: said at once.
+            assert workers[pool].proc.poll() is None, f"worker {pool} ended before kill {kill + 1}: run too short"
             return [w for w in mid_chunk(store, run, killed) if w[0] == pool]
 
-        _, holder, _ = wait_for(f"worker {pool} mid-chunk for kill {kill + 1}", in_pool, every=STORE_PACE)[0]
+        try:
+            _, holder, _ = wait_for(f"worker {pool} mid-chunk for kill {kill + 1}", in_pool, every=STORE_PACE)[0]
+        except AssertionError as e:  # what the worker said, for a failure on a machine that kept no logs
+            raise AssertionError(f"{e}\nworker {pool}'s log:\n{workers[pool].log.read_text()[-3000:]}") from None
         time.sleep(rng.uniform(0.0, 1.0))  # the moment of the kill, not a wait for anything
         assert workers[pool].proc.poll() is None, f"worker {pool} ended before kill {kill + 1}: run too short"
         workers[pool].proc.kill()
         workers[pool].proc.wait()
         killed.add(holder)
-        workers[pool] = hand_workers(store, run, pool, workdir)
+        workers[pool] = hand_workers(store, run, pool, workdir, **pace[pool])
     assert [hand.proc.wait(900) for hand in workers.values()] == [0, 0]
     lines = collect_lines(workdir, run, store)
     assert [x["custom_id"] for x in lines] == [f"r{i}" for i in range(1200)]  # every row, exactly once, in order
