@@ -23,7 +23,7 @@ from orchestrator.planning.pricing import load_gpu_table
 from orchestrator.simulate import ORCH, SKYPILOT_EXAMPLE, SimConfig, simulate, synthetic_manifest
 from orchestrator.simulate import fleet as fleet_module
 from orchestrator.simulate.fleet import Fleet
-from orchestrator.simulate.sim_worker import LeaseReadStore, SimClock, SimLeaseKeeper, SimWorker
+from orchestrator.simulate.sim_worker import LeaseReadStore, SimClock, SimLeaseKeeper, SimWorker, UnitCodec
 from orchestrator.simulate.traces import Trace, poisson_trace
 
 PRICES = load_gpu_table()
@@ -176,6 +176,68 @@ def test_the_simulators_lease_keeper_skips_only_a_renewal_that_would_write_the_s
     assert theirs is not None
     with pytest.raises(LeaseLost):
         keeper.renew()
+
+
+def test_an_end_game_reader_of_a_lease_finds_every_checkpoint_its_holder_made(monkeypatch):
+    """End-game checkpoints are written when their chunk's lease is read (fleet.py): whoever reads
+    a live holder's lease (a rescuer, before it takes the chunk over) finds in the store every unit
+    the holder had done by its last checkpoint, as a flush every interval would have left."""
+    checked: list[str] = []
+    real = Fleet._lease_read
+    codec = UnitCodec()
+
+    def lease_read(fleet: Fleet, key: str | None) -> None:
+        real(fleet, key)
+        holder = fleet.holders.get(fleet.layout.chunk_of(key, fleet.layout.leases_prefix)) if key else None
+        if not fleet.end_game or holder is None or holder.session is None:
+            return
+        s, interval = holder.session, fleet.config.checkpoint_interval_s
+        last = s.start + (fleet.clock.now - s.start) // interval * interval
+        # A checkpoint due at this very instant may come after the read (events of one time run in turn).
+        expected = {fleet._units_done(holder, b) for b in (last, last - interval) if b >= s.start}
+        prefix = fleet.layout.outputs_prefix(s.job.chunk)
+        mine = [o.key for o in MemoryStore.list(fleet.store, prefix) if o.key.startswith(f"{prefix}{s.job.holder}-")]
+        written = sum(len(codec.decode(MemoryStore.get(fleet.store, k).data)) for k in mine)
+        done_before = fleet.units[s.job.chunk] - len(s.remaining)  # by earlier holders, in their parts
+        assert written in expected and written + done_before <= fleet.units[s.job.chunk]
+        checked.append(s.job.chunk)
+
+    monkeypatch.setattr(Fleet, "_lease_read", lease_read)
+    rescued = 0
+    for seed in range(3):  # fast GPUs rescue slow ones' last chunks: each rescue reads the lease first
+        result = simulate(SimConfig(workers=12, chunks=40, rows_per_chunk=3000, rows_spread=3.0), ORCH, seed=seed)
+        assert result.complete
+        rescued += result.rescues
+    assert rescued >= 3 and len(checked) >= rescued
+
+
+def test_the_simulators_lease_keeper_defers_a_renewal_only_until_it_could_be_read():
+    """Within `deferred()` (a chunk's last flush and marker) a renewal that would succeed is not
+    written: the marker deletes the lease at that instant. One still there at the end of the block
+    is written then, at its own time; one whose lease was taken over fails as before."""
+    layout = RunLayout("sim")
+    clock = SimClock()
+    store = LeaseReadStore(clock, "defer", layout.leases_prefix, lambda _key: None)
+    keepers = []
+    for chunk in ("c1", "c2", "c3"):
+        held = acquire(store, layout, chunk, worker="1", holder="1.0", ttl=300, now=0.0)
+        assert held is not None
+        keepers.append(SimLeaseKeeper(store, layout, held, ttl=300, clock=clock))
+    clock.now = 100.0
+    with keepers[0].deferred():  # the marker written: the lease deleted, nothing renewed
+        keepers[0].renew()
+        keepers[0].renew()
+        store.delete(layout.lease("c1"))
+    assert store.requests.by_op.get("compare_and_swap", 0) == 0
+    with keepers[1].deferred():  # another worker's marker came first: the lease stays, renewed at 100
+        keepers[1].renew()
+        clock.now = 100.0
+    assert store.requests.by_op["compare_and_swap"] == 1
+    assert Lease.from_bytes(store.get(layout.lease("c2")).data).renewed_at == 100.0
+    theirs = acquire(store, layout, "c3", worker="2", holder="2.0", ttl=300, now=100.0, may_take=lambda _lease: True)
+    assert theirs is not None
+    with pytest.raises(LeaseLost), keepers[2].deferred():
+        keepers[2].renew()
 
 
 def test_a_fleet_run_pauses_the_cyclic_collector_and_gives_it_back_even_when_it_fails(monkeypatch):

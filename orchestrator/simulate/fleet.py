@@ -23,8 +23,15 @@ What is simulated when, and why that is exact:
   written when they become observable: at a preemption, one part with the rows done by the last
   checkpoint boundary (written as of that boundary), and at completion, one part with the rest.
   Once no untouched chunk is left (the end game: rescues of live chunks become possible), every
-  busy worker flushes on a real event every checkpoint_interval. What anyone can read is then the
-  same as with a flush every interval all along.
+  busy worker checkpoints on a real event every checkpoint_interval, and the event finds out as a
+  real flush would whether its lease was taken over (the flush renews the lease first, and fails
+  then). The part itself, and the renewal that goes with it, are written when they become
+  observable: before anyone reads that chunk's lease (a rescuer reads it before it takes the
+  chunk over and resumes from its parts), stamped with the checkpoint's own time, as one part
+  with every unit flushed since the last one written. A listing of every lease reads only their
+  times, and a live holder's renewal events (every lease_ttl / 3) keep its lease within a TTL
+  either way. So what anyone can read is the same as with a flush every interval all along, in
+  fewer parts.
 - A simulated chunk has `units` rows, each standing for rows/units real rows, sized so that a unit
   takes at most half a checkpoint interval on the fastest GPU.
 """
@@ -254,10 +261,11 @@ class Fleet:
         s = w.session
         assert s is not None
         # No renewal due is written first: the flush renews the lease now, over it, and nobody
-        # reads the lease in between.
+        # reads the lease in between; nor that renewal, as the marker deletes the lease at once.
         try:
-            self._flush(w, len(s.remaining), self.clock.now)
-            marker = s.job.complete(worker=str(w.index), model="sim", spec_hash="sim", accelerator=w.gpu)
+            with s.keeper.deferred():
+                self._flush(w, len(s.remaining), self.clock.now)
+                marker = s.job.complete(worker=str(w.index), model="sim", spec_hash="sim", accelerator=w.gpu)
         except LeaseLost:
             self._lose(w)
             self._claim(w)
@@ -293,8 +301,10 @@ class Fleet:
     def _lease_read(self, key: str | None) -> None:
         """The store is about to hand out a lease (None: list them all): before the end game, its
         holder's renewal due by now is written first (the module docstring)."""
-        if self.end_game:
-            return  # renewals are real events by then
+        if self.end_game:  # renewals are real events by then; a checkpoint is written when its lease is read
+            if key is not None and (holder := self.holders.get(self.layout.chunk_of(key, self.layout.leases_prefix))):
+                self._write_flushed(holder)
+            return
         if key is None:
             for w in list(self.holders.values()):
                 self._renew_due(w)
@@ -321,15 +331,31 @@ class Fleet:
             self.clock.now = saved
 
     def _checkpoint(self, w: SimWorker) -> None:
+        """A checkpoint in the end game: flushed now, written when its lease is read (the module docstring)."""
         s = w.session
         assert s is not None
-        try:
-            self._flush(w, self._units_done(w, self.clock.now), self.clock.now)
-        except LeaseLost:
-            self._lose(w)
-            self._claim(w)
+        now = self.clock.now
+        if self.store.etag_now(self.layout.lease(s.job.chunk)) != s.keeper.held.etag:
+            try:  # taken over: the flush fails on its renewal, as a written one would
+                self._flush(w, self._units_done(w, now), now)
+            except LeaseLost:
+                self._lose(w)
+                self._claim(w)
+                return
+            raise AssertionError(f"a flush renewed the lease of {s.job.chunk} that another holder wrote")
+        s.flushed, s.flushed_at = max(s.flushed, self._units_done(w, now)), now
+        self._at(now + self.config.checkpoint_interval_s, "checkpoint", w)
+
+    def _write_flushed(self, w: SimWorker) -> None:
+        """Write what the worker flushed in the end game and nobody has read yet, stamped as of its
+        checkpoint (or its last renewal, if later: the lease never goes back in time)."""
+        s = w.session
+        if s is None or s.written >= s.flushed or s.keeper.lost is not None:
             return
-        self._at(self.clock.now + self.config.checkpoint_interval_s, "checkpoint", w)
+        try:
+            self._flush(w, s.flushed, max(s.flushed_at, s.keeper.held.lease.renewed_at))
+        except LeaseLost as e:  # the lease is read before anyone takes it over
+            raise AssertionError(f"the simulator lost a lease with checkpoints unwritten: {e}") from e
 
     def _preempt(self, w: SimWorker) -> None:
         if not w.up or w.exited_at is not None:
@@ -436,13 +462,14 @@ class Fleet:
     def _flush(self, w: SimWorker, upto: int, at: float) -> None:
         s = w.session
         assert s is not None
-        rows = unit_rows(s.remaining[s.flushed : upto])
+        upto = max(upto, s.flushed)  # with what was flushed in the end game and not written yet
+        rows = unit_rows(s.remaining[s.written : upto])
         saved, self.clock.now = self.clock.now, at
         try:
             s.job.checkpoint(rows)
         finally:
             self.clock.now = saved
-        s.flushed = max(s.flushed, upto)
+        s.flushed = s.written = upto
 
     def _lose(self, w: SimWorker) -> None:
         """Our lease was taken over (a rescue): rows since the last flush are lost."""
@@ -513,12 +540,14 @@ class Fleet:
         for w in self.workers:
             if w.session is not None:
                 # Catch up to the last boundary (flushes that were due but unobserved), then flush live.
+                s = w.session
                 boundary = (
-                    w.session.start
-                    + math.floor((self.clock.now - w.session.start) / self.config.checkpoint_interval_s)
+                    s.start
+                    + math.floor((self.clock.now - s.start) / self.config.checkpoint_interval_s)
                     * self.config.checkpoint_interval_s
                 )
-                self._flush(w, self._units_done(w, boundary), max(boundary, w.session.keeper.held.lease.renewed_at))
+                s.flushed = max(s.flushed, self._units_done(w, boundary))
+                s.flushed_at = max(boundary, s.keeper.held.lease.renewed_at)
                 self._at(boundary + self.config.checkpoint_interval_s, "checkpoint", w)
 
     def _result(self) -> FleetResult:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,8 +33,11 @@ class UnitCodec:
     ext = "sim"
 
     def encode(self, rows: Sequence[RowStat]) -> bytes:
+        indices = sorted(r.index for r in rows)
+        if indices and indices[-1] - indices[0] == len(indices) - 1 == len(set(indices)) - 1:
+            return f"[[{indices[0]}, {indices[-1]}]]".encode()  # one run of units (most parts): as json.dumps writes it
         ranges: list[list[int]] = []
-        for index in sorted(r.index for r in rows):
+        for index in indices:
             if ranges and index == ranges[-1][1] + 1:
                 ranges[-1][1] = index
             else:
@@ -90,21 +94,45 @@ class SimLeaseKeeper(LeaseKeeper):
     """A renewal at the very clock reading of the keeper's last one, with the lease still as that
     renewal wrote it, would write the same lease again: it is skipped. The simulator's clock
     stands still from a chunk's last flush to its marker, each of which renews (a real worker's
-    clock has moved on by then, and a real lease may have changed)."""
+    clock has moved on by then, and a real lease may have changed).
+
+    Within `deferred()` (a chunk's last flush and its marker, at one instant of the simulated
+    clock), a renewal that would succeed (the lease is as this keeper last wrote it) is not
+    written: the marker's tidy-up deletes the lease at that same instant, and nobody runs in
+    between to read it. If the lease is still there at the end of the block (another worker's
+    marker came first, so ours was not written), the renewal is written then, at its own time."""
 
     def __init__(self, store: LeaseReadStore, layout: RunLayout, held: HeldLease, *, ttl: float, clock: SimClock):
         super().__init__(store, layout, held, ttl=ttl, clock=clock)
+        self.clock: SimClock = clock
         self._store = store
+        self._deferring = False
+        self._deferred_at: float | None = None
+
+    def _unchanged(self) -> bool:
+        return self.lost is None and self._store.etag_now(self.layout.lease(self.held.chunk)) == self.held.etag
 
     def renew(self) -> None:
-        held = self.held
-        if (
-            self.lost is None
-            and held.lease.renewed_at == self.clock()
-            and self._store.etag_now(self.layout.lease(held.chunk)) == held.etag
-        ):
+        now = self.clock()
+        if (self.held.lease.renewed_at == now or self._deferring) and self._unchanged():
+            if self._deferring:
+                self._deferred_at = now
             return
         super().renew()
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._deferring, self._deferred_at = True, None
+        try:
+            yield
+        finally:
+            self._deferring = False
+        if self._deferred_at is not None and self._unchanged():
+            self.clock.now, saved = self._deferred_at, self.clock.now
+            try:
+                super().renew()
+            finally:
+                self.clock.now = saved
 
 
 @dataclass
@@ -112,10 +140,15 @@ class Session:
     """One worker's pass over one chunk."""
 
     job: ChunkJob[Any]
-    keeper: LeaseKeeper
+    keeper: SimLeaseKeeper
     start: float
     remaining: list[int]
+    #: Units of `remaining` checkpointed: in the store, or flushed in the end game and not yet
+    #: observable (`written` of them are in the store; the rest is written when the lease is read).
     flushed: int = 0
+    written: int = 0
+    #: When the last of the flushed units were checkpointed (the time their part is stamped with).
+    flushed_at: float = 0.0
     #: How much faster than the worker's rate this chunk goes: prefill saved by prefix-cache hits.
     speedup: float = 1.0
     #: When the lease's next renewal is due (every lease_ttl / 3 from the claim).

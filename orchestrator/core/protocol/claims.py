@@ -27,6 +27,7 @@ import heapq
 import random
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from orchestrator.core.layout import RunLayout
 from orchestrator.core.protocol.clocks import StoreClock
@@ -34,6 +35,8 @@ from orchestrator.core.protocol.heartbeats import read_heartbeats
 from orchestrator.core.protocol.leases import Clock, HeldLease, acquire
 from orchestrator.core.records import HeartbeatSummary, Lease, ManifestEntry, PlanRecord
 from orchestrator.core.store import Store, StoreError, ignore_stray
+
+_KEY = attrgetter("key")
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,9 @@ class RunView:
         self.recheck_every_s = recheck_every_s
         self.rng = rng or random.Random()
         self.done: set[str] = set()
+        #: The marker key of each chunk in `done` (key -> chunk): a recheck compares them with a
+        #: listing of every marker as sets, not chunk by chunk.
+        self._done_markers: dict[str, str] = {}
         self.taken: set[str] = set()
         self._last_finished: float | None = None
         self._rechecked_at: float | None = None
@@ -153,9 +159,9 @@ class RunView:
         """
         if self._rechecked_at is None or now - self._rechecked_at >= self.recheck_every_s:
             self._rechecked_at = now
-            prefix = self.layout.done_prefix
-            markers = {self.layout.chunk_of(o.key, prefix) for o in self.store.list(prefix)}
-            for chunk in sorted(c for c in self.done - markers if c in self.index.owner):
+            gone = self._done_markers.keys() - set(map(_KEY, self.store.list(self.layout.done_prefix)))
+            for chunk in sorted(c for c in map(self._done_markers.__getitem__, gone) if c in self.index.owner):
+                del self._done_markers[self.layout.done(chunk)]
                 self.done.discard(chunk)
                 self.taken.discard(chunk)
                 self._reopened.append(chunk)
@@ -165,6 +171,7 @@ class RunView:
     def mark_done(self, chunk: str) -> None:
         if chunk not in self.done:
             self.done.add(chunk)
+            self._done_markers[self.layout.done(chunk)] = chunk
             self._drop(chunk)
 
     def mark_taken(self, chunk: str) -> None:
@@ -284,16 +291,17 @@ def expired_lease_chunks(store: Store, layout: RunLayout, view: RunView, *, now:
     `now` is the store's time (StoreClock.now): the listing's times are the store's. They are a
     hint; `acquire` reads the lease itself before taking it over.
     """
-    stale = []
     prefix = layout.leases_prefix
-    for info in store.list(prefix):
-        if now - info.modified <= ttl:
-            continue  # live (most of them): a stray key is judged once it is as old
+    # Live leases (most of them) are passed over in one comprehension: at the end of a run every
+    # idle worker lists every lease at each claim. A stray key is judged once it is as old.
+    old = [info for info in store.list(prefix) if now - info.modified > ttl]
+    owner, done = view.index.owner, view.done
+    stale = []
+    for info in old:
         chunk = layout.chunk_of(info.key, prefix)
-        if chunk not in view.index.owner:
+        if chunk not in owner:
             ignore_stray(info.key, "not the lease of a chunk of this run")
-            continue
-        if chunk not in view.done:
+        elif chunk not in done:
             stale.append((info.modified, chunk))
     return [chunk for _, chunk in sorted(stale)]
 

@@ -57,7 +57,7 @@ class HeartbeatPublisher:
         if clock is not None and clock.offset_s is not None:
             updates = {"clock_offset_s": round(clock.offset_s, 1), **updates}
         self.heartbeat = self.heartbeat.model_copy(update=updates)
-        key = self.layout.heartbeat(self.heartbeat.worker, self.heartbeat.summary().key_values())
+        key = self.layout.heartbeat(self.heartbeat.worker, self.heartbeat.key_values())
         before = clock.clock() if clock is not None else 0.0
         self.store.put(key, self.heartbeat.to_bytes())
         if clock is not None and (self._measured_at is None or before - self._measured_at >= MEASURE_EVERY_S):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -106,7 +106,7 @@ def cas_update(
         new = change(old.model_copy(deep=True) if old is not None else None)
         if new is None:
             return old, etag
-        new = new.model_copy(update={"write_id": uuid.uuid4().hex})
+        new = new.model_copy(update={"write_id": os.urandom(16).hex()})  # 128 random bits, as uuid4 has 122
         data = new.to_bytes()
         try:
             etag = store.put_if_absent(key, data) if etag is None else store.compare_and_swap(key, data, etag)

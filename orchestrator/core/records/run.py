@@ -439,7 +439,7 @@ class Heartbeat(HeartbeatSummary):
 
     def key_values(self) -> list[Any]:
         # The key holds the summary's fields only: the fields added here live in the document.
-        return self.summary().key_values()
+        return [getattr(self, name) for name in HeartbeatSummary.model_fields]
 
     def summary(self) -> HeartbeatSummary:
         # The fields were validated when this heartbeat was made: no second validation.
