@@ -294,16 +294,15 @@ def expired_lease_chunks(store: Store, layout: RunLayout, view: RunView, *, now:
     prefix = layout.leases_prefix
     # Live leases (most of them) are passed over in one comprehension: at the end of a run every
     # idle worker lists every lease at each claim. A stray key is judged once it is as old.
-    old = [info for info in store.list(prefix) if now - info.modified > ttl]
+    old = [
+        (info.modified, layout.chunk_of(info.key, prefix), info.key)
+        for info in store.list(prefix)
+        if now - info.modified > ttl
+    ]
     owner, done = view.index.owner, view.done
-    stale = []
-    for info in old:
-        chunk = layout.chunk_of(info.key, prefix)
-        if chunk not in owner:
-            ignore_stray(info.key, "not the lease of a chunk of this run")
-        elif chunk not in done:
-            stale.append((info.modified, chunk))
-    return [chunk for _, chunk in sorted(stale)]
+    for key in [key for _, chunk, key in old if chunk not in owner]:
+        ignore_stray(key, "not the lease of a chunk of this run")
+    return [chunk for _, chunk, _ in sorted(lease for lease in old if lease[1] in owner and lease[1] not in done)]
 
 
 @dataclass
