@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -120,14 +119,17 @@ class SimLeaseKeeper(LeaseKeeper):
             return
         super().renew()
 
-    @contextlib.contextmanager
-    def deferred(self) -> Iterator[None]:
+    def deferred(self) -> SimLeaseKeeper:
+        """`with keeper.deferred():` (a plain context manager: one per chunk)."""
         self._deferring, self._deferred_at = True, None
-        try:
-            yield
-        finally:
-            self._deferring = False
-        if self._deferred_at is not None and self._unchanged():
+        return self
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self._deferring = False
+        if kind is None and self._deferred_at is not None and self._unchanged():
             self.clock.now, saved = self._deferred_at, self.clock.now
             try:
                 super().renew()

@@ -53,9 +53,10 @@ class Blob:
     etag: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ObjectInfo:
-    """One entry of a listing or a head: what a list request returns, nothing more."""
+    """One entry of a listing or a head: what a list request returns, nothing more. Slotted: a
+    simulated fleet's end game reads the times of every lease a thousand times over."""
 
     key: str
     size: int
