@@ -300,8 +300,9 @@ class Fleet:
 
     def _lease_read(self, key: str | None) -> None:
         """The store is about to hand out a lease (None: list them all): before the end game, its
-        holder's renewal due by now is written first (the module docstring)."""
-        if self.end_game:  # renewals are real events by then; a checkpoint is written when its lease is read
+        holder's renewal due by now is written first; in the end game, its holder's checkpoints
+        not written yet (the module docstring). Renewals are real events by then."""
+        if self.end_game:
             if key is not None and (holder := self.holders.get(self.layout.chunk_of(key, self.layout.leases_prefix))):
                 self._write_flushed(holder)
             return
