@@ -302,14 +302,15 @@ class Fleet:
         """The store is about to hand out a lease (None: list them all): before the end game, its
         holder's renewal due by now is written first; in the end game, its holder's checkpoints
         not written yet (the module docstring). Renewals are real events by then."""
-        if self.end_game:
-            if key is not None and (holder := self.holders.get(self.layout.chunk_of(key, self.layout.leases_prefix))):
-                self._write_flushed(holder)
-            return
         if key is None:
-            for w in list(self.holders.values()):
-                self._renew_due(w)
-        elif (holder := self.holders.get(self.layout.chunk_of(key, self.layout.leases_prefix))) is not None:
+            if not self.end_game:  # in the end game a listing reads only times (the module docstring)
+                for w in list(self.holders.values()):
+                    self._renew_due(w)
+            return
+        holder = self.holders.get(self.layout.chunk_of(key, self.layout.leases_prefix))
+        if holder is not None and self.end_game:
+            self._write_flushed(holder)
+        elif holder is not None:
             self._renew_due(holder)
 
     def _renew_due(self, w: SimWorker) -> None:
@@ -336,7 +337,7 @@ class Fleet:
         s = w.session
         assert s is not None
         now = self.clock.now
-        if self.store.etag_now(self.layout.lease(s.job.chunk)) != s.keeper.held.etag:
+        if not s.keeper.unchanged():
             try:  # taken over: the flush fails on its renewal, as a written one would
                 self._flush(w, self._units_done(w, now), now)
             except LeaseLost:

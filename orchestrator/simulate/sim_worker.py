@@ -108,12 +108,13 @@ class SimLeaseKeeper(LeaseKeeper):
         self._deferring = False
         self._deferred_at: float | None = None
 
-    def _unchanged(self) -> bool:
+    def unchanged(self) -> bool:
+        """Not lost, and the lease in the store is the one this keeper last wrote (a renewal would succeed)."""
         return self.lost is None and self._store.etag_now(self.layout.lease(self.held.chunk)) == self.held.etag
 
     def renew(self) -> None:
         now = self.clock()
-        if (self.held.lease.renewed_at == now or self._deferring) and self._unchanged():
+        if (self.held.lease.renewed_at == now or self._deferring) and self.unchanged():
             if self._deferring:
                 self._deferred_at = now
             return
@@ -129,7 +130,7 @@ class SimLeaseKeeper(LeaseKeeper):
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         self._deferring = False
-        if kind is None and self._deferred_at is not None and self._unchanged():
+        if kind is None and self._deferred_at is not None and self.unchanged():
             self.clock.now, saved = self._deferred_at, self.clock.now
             try:
                 super().renew()
