@@ -267,28 +267,43 @@ def test_the_engine_loop_never_waits_on_a_heartbeat_put(tiny_engine, tiny_model,
 
 
 class DrainTakesLong:
-    """The real engine, with the clock moving 100 s ahead each time it finishes its rows."""
+    """The real engine; each time it has finished its rows, `passed()` is called: time has gone by."""
 
-    def __init__(self, engine, skew: list[float]):
-        self.engine, self.skew = engine, skew
+    def __init__(self, engine, passed):
+        self.engine, self.passed = engine, passed
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
     def run(self, requests):
         yield from self.engine.run(requests)
-        self.skew[0] += 100
+        self.passed()
 
 
 def test_worker_looks_for_work_again_after_its_last_rows_drain(tiny_engine, tiny_model, tmp_path):
-    """A lease that expires while the worker's last chunk drains is taken over before it exits."""
+    """A lease that expires while the worker's last chunk drains is taken over before it exits.
+
+    The drain "takes" 100 s by making the dead holder's last renewal 100 s old, by its own clock
+    (`expires_at`) and by the store's (the lease file's time): leases are judged on both
+    (core/protocol/clocks.py). Moving the worker's clock alone raced its heartbeat: the worker
+    measures its offset from the store's clock, and once it had measured the jump as skew, the
+    lease was still young by the store's clock and the worker exited with one chunk."""
     from orchestrator.core.spec_load import load_spec
     from worker import runner
 
     store = open_store(str(tmp_path / "store"))
     layout = make_run(store, "drain", [chunk_of("a", 6), chunk_of("b", 6)], model=tiny_model, lists=[[0], [1]])
     acquire(store, layout, "part_00001", worker="1", holder="1.dead", ttl=60, now=time.time())  # dies holding it
-    skew = [0.0]
+
+    def dead_holder_renewed_100_s_ago() -> None:
+        found = read_lease(store, layout, "part_00001")
+        if found is None or found[0].holder != "1.dead":
+            return
+        then = time.time() - 100
+        lease = found[0].model_copy(update={"renewed_at": then, "expires_at": then + 60})
+        store.put(layout.lease("part_00001"), lease.to_bytes())
+        os.utime(tmp_path / "store" / layout.lease("part_00001"), (then, then))
+
     spec = load_spec(
         None,
         {"run": "drain", "store": store.uri, "model.name": tiny_model, "workers.lease_ttl": 60},
@@ -299,8 +314,7 @@ def test_worker_looks_for_work_again_after_its_last_rows_drain(tiny_engine, tiny
         store,
         spec,
         runner.WorkerIdentity.new("0", 0),
-        lambda: DrainTakesLong(tiny_engine, skew),
-        clock=lambda: time.time() + skew[0],
+        lambda: DrainTakesLong(tiny_engine, dead_holder_renewed_100_s_ago),
     )
     summary = worker.run()
     assert summary["chunks_done"] == 2
