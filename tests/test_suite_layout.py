@@ -1,16 +1,21 @@
 """The suite's own layout: no test module (nor a benchmark) imports a test module or a conftest; what
 they share lives in tests/support/ and tests/conftest.py. (import-linter's module patterns take whole
-names only, so no contract can say "any test_* module": the imports are read here instead.)"""
+names only, so no contract can say "any test_* module": the imports are read here instead.) And
+the suite's own machinery: xdist's grouping, and a test server's start."""
 
 from __future__ import annotations
 
 import ast
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.models import REPO
+from tests.support.s3servers import SeaweedFS
 from tests.support.schedule import LONGEST_FIRST
 
 
@@ -84,3 +89,24 @@ def test_suite_xdist_group_keeps_a_group_on_one_worker(tmp_path):
     for worker, test in re.findall(r"\[(gw\d+)\] .*PASSED test_grouped\.py::test_(one|two)\[", done.stdout):
         workers[test].add(worker)
     assert [len(w) for w in workers.values()] == [1, 1], (workers, done.stdout[-3000:])
+
+
+@pytest.mark.slow
+def test_suite_seaweedfs_first_start_moves_off_ports_taken_after_they_were_picked(tmp_path):
+    """A test's SeaweedFS picks free ports, then `weed` binds them: another server picking at the
+    same moment can take one in between (seen once at the suites' start, "Port allocation failed:
+    port 16311 for Master"). Its first start then moves to new ports; a restart keeps them."""
+    weed = SeaweedFS(tmp_path / "weed")
+    picked = list(weed.ports)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", picked[0]))  # the master's port, taken before `weed` binds it
+        taken.listen()
+        try:
+            server = weed.start()
+            assert weed.ports != picked
+            server.client().list_buckets()
+            weed.stop()
+            assert weed.start().endpoint == server.endpoint  # a restart: the same ports
+        finally:
+            weed.stop()
+    assert b"Port allocation failed" in (tmp_path / "weed" / "weed.log").read_bytes()
