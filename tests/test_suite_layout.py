@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.models import REPO
+from tests.support.ports import free_port
 from tests.support.s3servers import SeaweedFS
 from tests.support.schedule import LONGEST_FIRST
 
@@ -110,3 +111,21 @@ def test_suite_seaweedfs_first_start_moves_off_ports_taken_after_they_were_picke
         finally:
             weed.stop()
     assert b"Port allocation failed" in (tmp_path / "weed" / "weed.log").read_bytes()
+
+
+@pytest.mark.slow
+def test_suite_orch_serve_start_moves_off_a_port_taken_after_it_was_picked(tmp_path, monkeypatch):
+    """The same race for `orch serve` (tests/support/serving.py): the port it was given is taken, so
+    it exits at once, and its start tries another."""
+    from tests.support import serving
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        first = taken.getsockname()[1]
+        picks = iter([first])
+        monkeypatch.setattr(serving, "free_port", lambda: next(picks, None) or free_port())
+        with serving.running_server(tmp_path / "serve", str(tmp_path / "store")) as server:
+            assert server.port != first
+            assert server.client().models.list().data
+    assert b"address already in use" in (tmp_path / "serve" / "server.log").read_bytes().lower()

@@ -78,6 +78,11 @@ ALIAS = "gpt-4o-mini"
 ALIAS_FLAG = ("--model-alias", f"{ALIAS}=tiny")
 
 
+#: Tries of a server's start: a port free when picked can be taken before the server binds it (by
+#: another test's server picking at the same moment), and the next try picks another.
+START_TRIES = 3
+
+
 def start_server(workdir: Path, store_uri: str, spec: str = SPEC, env: Mapping[str, str] | None = None) -> Server:
     """`orch serve` in its own process, with two keys and an alias of `tiny`; returns once it accepts connections.
 
@@ -88,7 +93,6 @@ def start_server(workdir: Path, store_uri: str, spec: str = SPEC, env: Mapping[s
         pytest.fail("the tiny models are missing: run `make models` (make test does it)")
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "orch.yaml").write_text(spec)
-    port = free_port()
     env = {
         **os.environ,
         **({} if TEST_ENGINE_ENV in os.environ else scripted_engine()),
@@ -97,23 +101,35 @@ def start_server(workdir: Path, store_uri: str, spec: str = SPEC, env: Mapping[s
         "ORCH_HOME": ".orch",
         **(env or {}),
     }
-    log = open(workdir / "server.log", "ab")  # noqa: SIM115 - the server process writes it until stopped
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "serve", "--store", store_uri, "--port", str(port), *ALIAS_FLAG],
-        cwd=workdir,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.time() + 600  # a hang guard: a loaded machine takes minutes to start Python's imports
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"orch serve exited with {proc.returncode}:\n{(workdir / 'server.log').read_text()[-3000:]}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return Server(proc, port, store_uri, workdir)
-        time.sleep(0.2)
-    proc.kill()
-    pytest.fail("orch serve did not accept connections within 600 s")
+    server_log = workdir / "server.log"
+    for tries_left in reversed(range(START_TRIES)):
+        port = free_port()
+        logged = server_log.stat().st_size if server_log.exists() else 0
+        log = open(server_log, "ab")  # noqa: SIM115 - the server process writes it until stopped
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "serve", "--store", store_uri, "--port", str(port), *ALIAS_FLAG],
+            cwd=workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.time() + 600  # a hang guard: a loaded machine takes minutes to start Python's imports
+        while time.time() < deadline:
+            said = server_log.read_bytes()[logged:].decode(errors="replace")
+            if proc.poll() is not None:
+                if tries_left and "address already in use" in said.lower():
+                    log.close()
+                    break  # the port was free when picked, and taken before the server bound it
+                pytest.fail(f"orch serve exited with {proc.returncode}:\n{said[-3000:]}")
+            # Ready once it says it holds the port (a connection alone could reach whoever took it) and accepts.
+            if "orch serve: listening on" in said:
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return Server(proc, port, store_uri, workdir)
+            time.sleep(0.2)
+        else:
+            proc.kill()
+            pytest.fail("orch serve did not accept connections within 600 s")
+    raise AssertionError("unreachable: the last try returns or fails")
 
 
 @contextlib.contextmanager
