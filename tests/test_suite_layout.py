@@ -6,6 +6,7 @@ the suite's own machinery: xdist's grouping, and a test server's start."""
 from __future__ import annotations
 
 import ast
+import random
 import re
 import socket
 import subprocess
@@ -129,3 +130,40 @@ def test_suite_orch_serve_start_moves_off_a_port_taken_after_it_was_picked(tmp_p
             assert server.port != first
             assert server.client().models.list().data
     assert b"address already in use" in (tmp_path / "serve" / "server.log").read_bytes().lower()
+
+
+def test_suite_a_port_picked_by_one_test_process_is_not_picked_by_another_until_it_exits(monkeypatch):
+    """The picker itself keeps two of the suites' processes off one port (tests/support/ports.py): a
+    port another process picked, and has not bound yet, is passed over while that process lives."""
+    from tests.support import ports
+
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tests.support.ports import free_port; print(free_port(), flush=True); sys.stdin.read()",
+        ],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        held = int(holder.stdout.readline())
+        tried: list[int] = []
+        draw = random.Random().randrange
+
+        def held_first(low: int, high: int) -> int:
+            tried.append(held if not tried else draw(low, high))
+            return tried[-1]
+
+        monkeypatch.setattr(ports.random, "randrange", held_first)
+        picked = ports.free_port()
+        assert tried[0] == held and picked != held  # free to bind, but another's
+        holder.stdin.close()
+        assert holder.wait(timeout=60) == 0
+    finally:
+        holder.kill()
+    tried.clear()
+    assert ports.free_port() == held  # its picker has exited: the port is free again

@@ -3,16 +3,27 @@
 They are picked below the kernel's ephemeral range: a port in that range can be taken at any time by
 an outgoing connection of another test (the kernel hands them out), and a server given one then fails
 to bind ("Port 46580 is not available", SkyPilot's default, seen in CI). Below the range only another
-test picking the same port can collide, and a random pick among ~20,000 makes that rare."""
+test picking the same port can collide. A random pick among ~20,000 made that rare, not impossible: a
+server binds its ports a moment after they were picked, and with the suites' servers starting at once
+another test found the same port free in between ("Port allocation failed: port 16311 for Master").
+So a picked port is also reserved, by a lock on a file named after it that the picking process holds
+until it exits; no other test process picks it while that lasts."""
 
 from __future__ import annotations
 
+import fcntl
 import random
 import socket
+import tempfile
 from pathlib import Path
+from typing import IO
 
 #: Ports below this are left alone: well-known and registered services (Slurm's 6817, ...).
 LOWEST = 10000
+#: Where the suites' processes reserve the ports they picked: a file per port, locked by its picker.
+RESERVATIONS = Path(tempfile.gettempdir()) / "orch-test-ports"
+#: The reservations this process holds (their locks go when it exits).
+_held: list[IO[bytes]] = []
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -33,13 +44,32 @@ def free_ports(count: int = 1, twin_offset: int = 0) -> list[int]:
     for _ in range(200):
         base = random.randrange(LOWEST, top)
         ports = list(range(base, base + count))
-        if all(_free(p) and (not twin_offset or _free(p + twin_offset)) for p in ports):
+        wanted = ports + [p + twin_offset for p in ports] if twin_offset else ports
+        if all(map(_free, wanted)) and _reserve(wanted):
             return ports
     raise RuntimeError(f"no {count} free ports below the ephemeral range {ephemeral_range()}")
 
 
 def free_port() -> int:
     return free_ports(1)[0]
+
+
+def _reserve(ports: list[int]) -> bool:
+    """Reserve every one of `ports` for this process, or none if another process holds one of them."""
+    RESERVATIONS.mkdir(exist_ok=True)
+    got: list[IO[bytes]] = []
+    for port in ports:
+        lock = (RESERVATIONS / str(port)).open("ab")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            for other in got:
+                other.close()
+            return False
+        got.append(lock)
+    _held.extend(got)
+    return True
 
 
 def _free(port: int) -> bool:
