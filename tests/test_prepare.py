@@ -596,6 +596,16 @@ def test_prepare_missing_column_suggests_the_closest_of_the_rows(store_dir, tmp_
     assert f"tickets.jsonl:1: {expected}" in capsys.readouterr().err
 
 
+def test_prepare_chat_rows_under_another_column_name_it(store_dir, tmp_path, capsys):
+    """OpenAI's and most chat datasets' rows keep their turns in `messages`, not LMSys's `conversation`
+    (the default): the error names the column that holds turns and the flag that reads it."""
+    write_jsonl(tmp_path / "chats.jsonl", [{"id": 1, "messages": [{"role": "user", "content": "hi"}], "tags": ["a"]}])
+    assert prepare(store_dir, tmp_path / "chats.jsonl", "--num-chunks", "1") == 4
+    expected = "chats.jsonl:1: no column 'conversation' (the row has id, messages, tags); 'messages' holds chat turns"
+    assert f"{expected}: --conversation-column messages" in capsys.readouterr().err
+    assert prepare(store_dir, tmp_path / "chats.jsonl", "--num-chunks", "1", "--conversation-column", "messages") == 0
+
+
 def test_prepare_parquet_missing_column_suggests_the_closest(store_dir, tmp_path, capsys):
     write_lmsys_parquet(tmp_path / "chats", 2, files=1)
     assert prepare(store_dir, tmp_path / "chats", "--format", "chat", "--conversation-column", "conversaton") == 4

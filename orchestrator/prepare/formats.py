@@ -253,6 +253,7 @@ def _chat_messages(record: dict[str, Any], spec_input: InputSpec) -> list[dict[s
         raise BadRow(
             f"no column {spec_input.conversation_column!r} "
             f"(the row has {_columns(record, [spec_input.conversation_column])})"
+            + "".join(f"; {name!r} holds chat turns: --conversation-column {name}" for name in _turn_columns(record))
         )
     conversation = record.get(spec_input.conversation_column)
     if not isinstance(conversation, list) or not conversation:
@@ -334,6 +335,16 @@ def _columns(record: dict[str, Any], missing: Sequence[str] = ()) -> str:
     names = [str(name) for name in record]
     listed = (", ".join(names[:10]) + (", ..." if len(names) > 10 else "")) if names else "no columns"
     return listed + close_names(missing, names)
+
+
+def _turn_columns(record: dict[str, Any]) -> list[str]:
+    """The row's columns that hold chat turns (a list of objects with a `content`), such as OpenAI's and
+    most chat datasets' `messages`: what `--conversation-column` could name."""
+    return [
+        str(name)
+        for name, value in record.items()
+        if isinstance(value, list) and value and all(isinstance(t, dict) and "content" in t for t in value)
+    ]
 
 
 def close_names(missing: Sequence[str], names: Sequence[str]) -> str:
