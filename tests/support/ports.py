@@ -14,14 +14,14 @@ from __future__ import annotations
 import fcntl
 import random
 import socket
-import tempfile
 from pathlib import Path
 from typing import IO
 
 #: Ports below this are left alone: well-known and registered services (Slurm's 6817, ...).
 LOWEST = 10000
-#: Where the suites' processes reserve the ports they picked: a file per port, locked by its picker.
-RESERVATIONS = Path(tempfile.gettempdir()) / "orch-test-ports"
+#: Where the suites' processes reserve the ports they picked: a file per port, locked by its picker. A
+#: fixed place, not $TMPDIR, so that every picker sees every reservation whatever its environment.
+RESERVATIONS = Path("/tmp/orch-test-ports")
 #: The reservations this process holds (their locks go when it exits).
 _held: list[IO[bytes]] = []
 
