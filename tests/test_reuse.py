@@ -114,8 +114,11 @@ def test_reuse_sampled_rows_run_again_unless_asked(workdir, capsys):
     prepare(store, "sampled", data)
     finish(store, "sampled")
     collect_json(store, "sampled", workdir / "s.jsonl", capsys)
+    capsys.readouterr()
     prepare(store, "again", data, "--reuse-from", "sampled")
     assert reused_rows(store, "again") == 0 and run_rows(store, "again") == 10
+    said = "0 of 10 rows answered by sampled; 10 more were, but they sample (temperature > 0, no seed) and run again"
+    assert f"{said} (--reuse-sampled, or reuse.sampled: true, reuses them)" in capsys.readouterr().err
     prepare(store, "asked", data, "--reuse-from", "sampled", "--reuse-sampled")
     assert reused_rows(store, "asked") == 10
 

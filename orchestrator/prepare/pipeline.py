@@ -257,7 +257,12 @@ def _plan_reuse(
     of = f"{slots:,} requests ({total:,} rows x {arms} arms)" if arms else f"{total:,} rows"
     progress(
         f"{plan.count:,} of {of} answered by {', '.join(ctx.spec.reuse.runs)}"
-        + (f" ({plan.sampled_skipped:,} that sample run again: reuse.sampled)" if plan.sampled_skipped else "")
+        + (
+            f"; {plan.sampled_skipped:,} more were, but they sample (temperature > 0, no seed) and run again "
+            "(--reuse-sampled, or reuse.sampled: true, reuses them)"
+            if plan.sampled_skipped
+            else ""
+        )
     )
     return plan
 
