@@ -271,7 +271,7 @@ def parquet_batches(source: SourceFile, columns: list[str] | None) -> Iterator[A
                 f"column(s) {', '.join(missing)} not in the file (it has: {', '.join(parquet.schema_arrow.names)}"
                 f"{close_names(missing, parquet.schema_arrow.names)})",
                 where=source.uri,
-                hint="name the right columns (--id-column, input.conversation_column, input.text_column)",
+                hint="name the right columns: --id-column, --conversation-column, --text-column (input.* in orch.yaml)",
             )
         rows = 0
         with _parquet_errors(source, lambda: rows):
