@@ -261,11 +261,7 @@ def _chat_messages(record: dict[str, Any], spec_input: InputSpec) -> list[dict[s
         raise BadRow(f"column {spec_input.conversation_column!r} is not a list of turns ({holds})")
     turns = []
     for i, turn in enumerate(conversation):
-        if (
-            not isinstance(turn, dict)
-            or not isinstance(turn.get("content"), str)
-            or not isinstance(turn.get("role"), str)
-        ):
+        if not _is_turn(turn):
             raise BadRow(f"turn {i} has no role/content strings")
         turns.append({"role": turn["role"], "content": turn["content"]})
     users = [i for i, t in enumerate(turns) if t["role"] == "user"]
@@ -337,13 +333,16 @@ def _columns(record: dict[str, Any], missing: Sequence[str] = ()) -> str:
     return listed + close_names(missing, names)
 
 
+def _is_turn(turn: Any) -> bool:
+    """A chat turn as the chat format reads one: an object with `role` and `content` strings."""
+    return isinstance(turn, dict) and isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str)
+
+
 def _turn_columns(record: dict[str, Any]) -> list[str]:
-    """The row's columns that hold chat turns (a list of objects with a `content`), such as OpenAI's and
-    most chat datasets' `messages`: what `--conversation-column` could name."""
+    """The row's columns that hold chat turns, such as OpenAI's and most chat datasets' `messages`:
+    what `--conversation-column` could name and read."""
     return [
-        str(name)
-        for name, value in record.items()
-        if isinstance(value, list) and value and all(isinstance(t, dict) and "content" in t for t in value)
+        str(name) for name, value in record.items() if isinstance(value, list) and value and all(map(_is_turn, value))
     ]
 
 
